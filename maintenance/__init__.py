@@ -1,0 +1,1 @@
+"""Maintenance operations (snapshots, expiry, orphan cleanup) and the statekeeper command line."""

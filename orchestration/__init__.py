@@ -1,0 +1,1 @@
+"""The Dagster code location for statekeeper maintenance."""

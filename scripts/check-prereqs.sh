@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Checks the prerequisites README.md names, and says how to get what is missing.
+set -u
+python=${1:-python3}
+fail=0
+if ! command -v "$python" >/dev/null 2>&1; then
+  echo "error: $python not found. statekeeper needs Python 3.11 or newer (e.g. 'apt-get install python3 python3-venv')." >&2
+  fail=1
+elif ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "error: $python is $("$python" -V 2>&1); statekeeper needs Python 3.11 or newer. Set PYTHON=/path/to/python3.11 when calling make." >&2
+  fail=1
+elif ! "$python" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+  echo "error: $python has no venv/ensurepip module (Debian: 'apt-get install python3-venv')." >&2
+  fail=1
+fi
+if ! command -v java >/dev/null 2>&1; then
+  echo "error: java not found. The Spark integration needs Java 17 or newer (e.g. 'apt-get install openjdk-17-jre-headless') and JAVA_HOME or java on PATH." >&2
+  fail=1
+else
+  major=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -n1)
+  if [ -z "$major" ] || [ "$major" -lt 17 ]; then
+    echo "error: java reports version '${major:-unknown}'; the Spark integration needs Java 17 or newer." >&2
+    fail=1
+  fi
+fi
+exit $fail

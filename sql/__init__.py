@@ -1,0 +1,1 @@
+"""The metadata database: lineage catalog models and migrations."""

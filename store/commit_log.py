@@ -1,0 +1,104 @@
+"""Reading and writing the per-batch commit records of a checkpoint root.
+
+The driver calls :meth:`CommitLog.commit` once every partition's state is durable; the record is
+created exclusively, so a retried or zombie driver can never replace the outcome of a batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+
+from store.errors import CheckpointFileExistsError, ConfigurationError, LineageError
+from store.files.base import CheckpointFileManager
+from store.files.paths import validate_component
+from store.formats.commit import CommitRecord
+from store.layout import COMMITS_DIR, commit_path, parse_commit_name, validate_checkpoint_id, validate_version
+
+
+class CommitLog:
+    def __init__(self, fm: CheckpointFileManager) -> None:
+        self._fm = fm
+        self._cache: dict[int, CommitRecord] = {}
+
+    def _name(self, version: int) -> str:
+        return f"{self._fm.root_uri}/{commit_path(version)}"
+
+    def commit(self, version: int, checkpoint_ids: Mapping[str, Sequence[str]]) -> CommitRecord:
+        """Publish version `version`: the winning checkpoint id of every partition of every operator.
+
+        Idempotent for the same outcome (a driver retrying after a crash); a different outcome for
+        an already committed version raises and leaves the existing record untouched. The number of
+        partitions of an operator is fixed by its first commit.
+        """
+        validate_version(version)
+        if version < 1:
+            raise ConfigurationError("version 0 is the empty state and is never committed")
+        ids: dict[str, tuple[str, ...]] = {}
+        for op, lst in checkpoint_ids.items():
+            validate_component(op, "operator name")
+            ids[op] = tuple(validate_checkpoint_id(i) for i in lst)
+            if not ids[op]:
+                raise ConfigurationError(f"operator {op!r} has no partitions in the commit of version {version}")
+        if version > 1:
+            prev = self.get(version - 1)
+            if prev is None:
+                raise LineageError(f"cannot commit version {version}: version {version - 1} is not committed")
+            for op, lst in ids.items():
+                before = prev.checkpoint_ids.get(op)
+                if before is not None and len(before) != len(lst):
+                    raise ConfigurationError(
+                        f"operator {op!r} has {len(before)} partitions (fixed at its first batch); "
+                        f"the commit of version {version} names {len(lst)}"
+                    )
+        record = CommitRecord(version, ids)
+        try:
+            with self._fm.create(commit_path(version), exclusive=True) as out:
+                out.write(record.to_bytes())
+        except CheckpointFileExistsError:
+            existing = self.get(version, use_cache=False)
+            if existing is not None and existing.same_outcome(record):
+                return existing
+            raise
+        self._cache[version] = record
+        return record
+
+    def get(self, version: int, *, use_cache: bool = True) -> CommitRecord | None:
+        if use_cache and version in self._cache:
+            return self._cache[version]
+        path = commit_path(version)
+        try:
+            data = self._fm.read_bytes(path)
+        except FileNotFoundError:
+            return None
+        record = CommitRecord.from_bytes(data, self._name(version))
+        if record.version != version:
+            raise LineageError(f"commit record claims version {record.version}: {self._name(version)}")
+        self._cache[version] = record
+        return record
+
+    def committed_id(self, version: int, operator: str, partition: int) -> str:
+        record = self.get(version)
+        if record is None:
+            raise LineageError(f"version {version} is not committed in {self._fm.root_uri}")
+        ckpt = record.checkpoint_id(operator, partition)
+        if ckpt is None:
+            raise LineageError(
+                f"the commit of version {version} in {self._fm.root_uri} has no partition {partition} "
+                f"of operator {operator!r}"
+            )
+        return ckpt
+
+    def versions(self, *, start_after: int | None = None) -> Iterator[int]:
+        """Committed versions in ascending order (a paginated listing, resumable with `start_after`)."""
+        after = commit_path(start_after) if start_after is not None else None
+        for info in self._fm.list(f"{COMMITS_DIR}/", start_after=after):
+            v = parse_commit_name(info.path)
+            if v is not None:
+                yield v
+
+    def latest(self) -> int:
+        """The newest committed version (0 when nothing is committed)."""
+        latest = 0
+        for v in self.versions():
+            latest = v
+        return latest

@@ -1,0 +1,96 @@
+"""The checkpoint file manager: the one interface through which every file is written and read.
+
+It gives atomic publish (DESIGN invariant 1) and refuses to overwrite (invariant 2) for every backend,
+so callers never handle temp names, renames or multipart uploads themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import BinaryIO, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    """One listed file; `path` is relative to the manager's root."""
+
+    path: str
+    size: int
+    mtime: float
+
+
+@dataclass(slots=True)
+class DeleteResult:
+    """Outcome of `delete_many`: what went, and each path that failed with its reason."""
+
+    deleted: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def merge(self, other: DeleteResult) -> None:
+        self.deleted.extend(other.deleted)
+        self.errors.update(other.errors)
+
+
+class AtomicOutput(Protocol):
+    """A writable stream that becomes visible under its final name only on a successful `close`.
+
+    Used as a context manager: leaving the block normally publishes, an exception cancels.
+    """
+
+    path: str
+
+    def write(self, data: bytes | bytearray | memoryview) -> int: ...
+
+    def close(self) -> None:
+        """Publish the file; raises `CheckpointFileExistsError` for a taken name when exclusive."""
+
+    def cancel(self) -> None:
+        """Discard everything written; nothing becomes visible."""
+
+    def __enter__(self) -> AtomicOutput: ...
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+@runtime_checkable
+class CheckpointFileManager(Protocol):
+    """Files under one checkpoint root, addressed by validated relative paths."""
+
+    @property
+    def root_uri(self) -> str: ...
+
+    def create(self, path: str, *, exclusive: bool = True) -> AtomicOutput:
+        """Open `path` for an atomic write.
+
+        With `exclusive` (the default) publishing fails if the name exists, so no file is ever
+        replaced. Non-exclusive creates are only for content-addressed names, where the same name
+        always means the same bytes.
+        """
+
+    def put_file(self, local_path: str, path: str, *, exclusive: bool = True) -> int:
+        """Publish a complete local file under `path` atomically; returns its size."""
+
+    def open(self, path: str) -> BinaryIO:
+        """Open for streaming reads; raises `CheckpointFileNotFoundError`."""
+
+    def read_bytes(self, path: str) -> bytes: ...
+
+    def download(self, path: str, local_path: str) -> int:
+        """Copy `path` to a local file (created or replaced); returns its size."""
+
+    def exists(self, path: str) -> bool: ...
+
+    def info(self, path: str) -> FileInfo: ...
+
+    def list(self, prefix: str = "", *, start_after: str | None = None) -> Iterator[FileInfo]:
+        """Every file whose path starts with `prefix`, in lexicographic order of path.
+
+        `start_after` skips every path <= it, so a watcher lists only what is new.
+        """
+
+    def delete_many(self, paths: Iterable[str]) -> DeleteResult:
+        """Delete files under the root; missing files count as deleted."""

@@ -1,0 +1,261 @@
+"""Checkpoint files on a local (or mounted) file system.
+
+Publish is temp file in the same directory -> fsync -> link/rename -> fsync directory, so a crash at
+any instant leaves either no file or the complete file under the final name.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import BinaryIO
+from urllib.parse import unquote, urlparse
+
+from store.errors import (
+    CheckpointError,
+    CheckpointFileExistsError,
+    CheckpointFileNotFoundError,
+    ConfigurationError,
+)
+from store.files.base import DeleteResult, FileInfo
+from store.files.paths import validate_prefix, validate_relative_path
+
+TEMP_SUFFIX = ".tmp"
+
+
+def temp_name_for(final_name: str) -> str:
+    """Hidden, unique temp name beside the final one; orphan cleanup recognises the pattern."""
+    return f".{final_name}.{uuid.uuid4().hex}{TEMP_SUFFIX}"
+
+
+def is_temp_name(name: str) -> bool:
+    return name.startswith(".") and name.endswith(TEMP_SUFFIX)
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def makedirs_durable(path: str) -> None:
+    """Create `path` and its parents, fsyncing each parent whose entry list changed."""
+    missing: list[str] = []
+    p = os.path.abspath(path)
+    while not os.path.isdir(p):
+        missing.append(p)
+        p = os.path.dirname(p)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            continue
+        fsync_dir(os.path.dirname(d))
+
+
+class _LocalOutput:
+    def __init__(self, manager: LocalFileManager, path: str, final: str, exclusive: bool) -> None:
+        self.path = path
+        self._final = final
+        self._exclusive = exclusive
+        self._dir = os.path.dirname(final)
+        makedirs_durable(self._dir)
+        self._tmp = os.path.join(self._dir, temp_name_for(os.path.basename(final)))
+        self._file: BinaryIO | None = open(self._tmp, "xb")  # noqa: SIM115 - closed in close/cancel
+        self._manager = manager
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        if self._file is None:
+            raise CheckpointError("write after close or cancel", self.path)
+        return self._file.write(data)
+
+    def close(self) -> None:
+        f = self._file
+        if f is None:
+            return
+        self._file = None
+        try:
+            f.flush()
+            os.fsync(f.fileno())
+        finally:
+            f.close()
+        try:
+            if self._exclusive:
+                try:
+                    os.link(self._tmp, self._final)
+                except FileExistsError:
+                    raise CheckpointFileExistsError(
+                        "refusing to overwrite existing checkpoint file", self._manager.uri_of(self.path)
+                    ) from None
+                os.unlink(self._tmp)
+            else:
+                os.replace(self._tmp, self._final)
+            fsync_dir(self._dir)
+        finally:
+            if os.path.lexists(self._tmp):
+                os.unlink(self._tmp)
+
+    def cancel(self) -> None:
+        f = self._file
+        self._file = None
+        if f is not None:
+            f.close()
+        if os.path.lexists(self._tmp):
+            os.unlink(self._tmp)
+
+    def __enter__(self) -> _LocalOutput:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.cancel()
+
+
+class LocalFileManager:
+    """A checkpoint root that is a directory; accepts a plain path or a `file://` URI."""
+
+    def __init__(self, root: str) -> None:
+        if root.startswith("file:"):
+            parsed = urlparse(root)
+            if parsed.netloc not in ("", "localhost"):
+                raise ConfigurationError(f"file URI {root!r} names host {parsed.netloc!r}; only local paths work")
+            root = unquote(parsed.path)
+        if not root:
+            raise ConfigurationError("empty checkpoint root path")
+        self._root = os.path.abspath(root)
+        if os.path.exists(self._root) and not os.path.isdir(self._root):
+            raise ConfigurationError(f"checkpoint root {self._root!r} exists and is not a directory")
+
+    @property
+    def root_uri(self) -> str:
+        return Path(self._root).as_uri()
+
+    @property
+    def root_path(self) -> str:
+        return self._root
+
+    def uri_of(self, path: str) -> str:
+        return f"{self.root_uri}/{path}"
+
+    def _abs(self, path: str) -> str:
+        return os.path.join(self._root, validate_relative_path(path))
+
+    def create(self, path: str, *, exclusive: bool = True) -> _LocalOutput:
+        return _LocalOutput(self, path, self._abs(path), exclusive)
+
+    def put_file(self, local_path: str, path: str, *, exclusive: bool = True) -> int:
+        with self.create(path, exclusive=exclusive) as out, open(local_path, "rb") as src:
+            assert out._file is not None
+            shutil.copyfileobj(src, out._file, 1 << 20)
+            return out._file.tell()
+
+    def open(self, path: str) -> BinaryIO:
+        try:
+            return open(self._abs(path), "rb")
+        except FileNotFoundError:
+            raise CheckpointFileNotFoundError("checkpoint file not found", self.uri_of(path)) from None
+
+    def read_bytes(self, path: str) -> bytes:
+        with self.open(path) as f:
+            return f.read()
+
+    def download(self, path: str, local_path: str) -> int:
+        src = self._abs(path)
+        try:
+            shutil.copyfile(src, local_path)
+        except FileNotFoundError:
+            if not os.path.exists(src):
+                raise CheckpointFileNotFoundError("checkpoint file not found", self.uri_of(path)) from None
+            raise
+        return os.path.getsize(local_path)
+
+    def exists(self, path: str) -> bool:
+        return os.path.isfile(self._abs(path))
+
+    def info(self, path: str) -> FileInfo:
+        try:
+            st = os.stat(self._abs(path))
+        except FileNotFoundError:
+            raise CheckpointFileNotFoundError("checkpoint file not found", self.uri_of(path)) from None
+        return FileInfo(path, st.st_size, st.st_mtime)
+
+    def list(self, prefix: str = "", *, start_after: str | None = None) -> Iterator[FileInfo]:
+        validate_prefix(prefix)
+        if "/" in prefix:
+            base_rel, _, name_prefix = prefix.rpartition("/")
+        else:
+            base_rel, name_prefix = "", prefix
+        base = os.path.join(self._root, base_rel) if base_rel else self._root
+        yield from self._walk(base, base_rel, name_prefix, start_after)
+
+    def _walk(self, directory: str, rel: str, name_prefix: str, start_after: str | None) -> Iterator[FileInfo]:
+        try:
+            entries = list(os.scandir(directory))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        keyed = []
+        for e in entries:
+            if not e.name.startswith(name_prefix) or is_temp_name(e.name):
+                continue
+            is_dir = e.is_dir(follow_symlinks=False)
+            keyed.append((e.name + "/" if is_dir else e.name, e, is_dir))
+        keyed.sort(key=lambda t: t[0])
+        for sort_name, entry, is_dir in keyed:
+            rel_path = f"{rel}/{sort_name}" if rel else sort_name
+            if is_dir:
+                # Prune subtrees that lie entirely at or before `start_after`.
+                if start_after is not None and rel_path < start_after and not start_after.startswith(rel_path):
+                    continue
+                yield from self._walk(entry.path, rel_path.rstrip("/"), "", start_after)
+            else:
+                if start_after is not None and rel_path <= start_after:
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                yield FileInfo(rel_path, st.st_size, st.st_mtime)
+
+    def list_temp_files(self, prefix: str = "") -> Iterator[FileInfo]:
+        """Leftovers of writes that never published (crashed or still running)."""
+        validate_prefix(prefix)
+        base = os.path.join(self._root, prefix.rpartition("/")[0]) if "/" in prefix else self._root
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                if is_temp_name(name):
+                    full = os.path.join(dirpath, name)
+                    try:
+                        st = os.stat(full)
+                    except FileNotFoundError:
+                        continue
+                    yield FileInfo(os.path.relpath(full, self._root), st.st_size, st.st_mtime)
+
+    def delete_many(self, paths: Iterable[str]) -> DeleteResult:
+        result = DeleteResult()
+        touched: set[str] = set()
+        for path in paths:
+            full = os.path.join(self._root, validate_relative_path(path, allow_temp=True))
+            try:
+                os.unlink(full)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                result.errors[path] = f"{errno.errorcode.get(e.errno or 0, 'OSError')}: {e.strerror}"
+                continue
+            result.deleted.append(path)
+            touched.add(os.path.dirname(full))
+        for d in touched:
+            if os.path.isdir(d):
+                fsync_dir(d)
+        return result

@@ -1,0 +1,56 @@
+"""Validation of the relative paths every file manager accepts.
+
+Every path under a checkpoint root goes through :func:`validate_relative_path`, so no caller can
+address a file outside the root ("..", absolute paths, empty or hidden components).
+"""
+
+from __future__ import annotations
+
+import re
+
+from store.errors import ConfigurationError
+
+_COMPONENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,199}$")
+
+
+def validate_component(component: str, what: str = "path component") -> str:
+    """Return `component` if it is a safe single name, else raise naming it."""
+    if not isinstance(component, str) or not _COMPONENT.match(component) or ".." in component:
+        raise ConfigurationError(
+            f"invalid {what} {component!r}: use 1-200 characters of letters, digits and _ . = + -, "
+            "not starting with '.' or '-' and without '..'"
+        )
+    return component
+
+
+def validate_relative_path(path: str, *, allow_temp: bool = False) -> str:
+    """Return `path` (components joined by '/') if every component is safe.
+
+    `allow_temp` admits the hidden temp names the local manager itself creates, for cleanup code.
+    """
+    if not isinstance(path, str) or not path or path.startswith("/") or path.endswith("/"):
+        raise ConfigurationError(f"invalid checkpoint path {path!r}: must be relative, non-empty, no trailing /")
+    parts = path.split("/")
+    for part in parts[:-1]:
+        validate_component(part)
+    last = parts[-1]
+    if allow_temp and last.startswith(".") and last.endswith(".tmp"):
+        validate_component(last[1:])
+    else:
+        validate_component(last)
+    return path
+
+
+def validate_prefix(prefix: str) -> str:
+    """A listing prefix: empty, or a relative path, optionally ending in '/' or a partial name."""
+    if prefix == "":
+        return prefix
+    body = prefix.rstrip("/")
+    if not body or prefix.startswith("/") or ".." in prefix.split("/"):
+        raise ConfigurationError(f"invalid listing prefix {prefix!r}")
+    for part in body.split("/")[:-1]:
+        validate_component(part)
+    last = body.split("/")[-1]
+    if last and not re.match(r"^[A-Za-z0-9_.=+-]*$", last):
+        raise ConfigurationError(f"invalid listing prefix {prefix!r}")
+    return prefix

@@ -1,0 +1,277 @@
+"""The changelog: one commit attempt's updates to one store, streamed in compressed columnar blocks.
+
+Layout (all integers little-endian; docs/formats.md has the full table)::
+
+    frame   magic "SKCL", format version, JSON header (identity, version, checkpoint id, lineage, codec)
+    block*  0x01, cf name, record count, raw and compressed sizes, CRC32, zstd payload
+            payload = key lengths u32[n] | value lengths i32[n] (-1: delete) | keys | values
+    footer  0xFF, block count u32, record count u64, CRC32, end magic "SKCE"
+
+The writer never holds more than one block per column family in memory; the reader streams blocks
+and checks each CRC, and a missing footer (truncation) is detected before any record is applied.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import sys
+import time
+import zlib
+from array import array
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate, pairwise
+from typing import Any, BinaryIO
+
+import zstandard
+
+from store.errors import CorruptFileError
+from store.formats.framing import FRAME_HEAD, check_magic_and_version, decode_frame, encode_frame, require
+
+MAGIC = b"SKCL"
+END_MAGIC = b"SKCE"
+FORMAT_VERSION = 1
+BLOCK_DATA = 0x01
+BLOCK_END = 0xFF
+_BLOCK_HEAD = struct.Struct("<IIII")  # records, raw_len, comp_len, crc32
+_FOOTER = struct.Struct("<BIQI4s")  # kind, blocks, records, crc32(blocks, records), end magic
+FOOTER_SIZE = _FOOTER.size
+_LITTLE = sys.byteorder == "little"
+
+Lineage = tuple[tuple[int, str], ...]
+"""Ancestors of a version, newest first: ((version - 1, id), (version - 2, id), ...)."""
+
+
+@dataclass(frozen=True)
+class ChangelogHeader:
+    operator: str
+    partition: int
+    version: int
+    checkpoint_id: str
+    lineage: Lineage
+    """Committed ancestors back to (at least) the newest snapshot the writer knew of, or to version 1."""
+    codec: str = "zstd"
+    created_at: float = field(default_factory=time.time)
+
+    def to_payload(self) -> dict[str, Any]:
+        return {
+            "operator": self.operator,
+            "partition": self.partition,
+            "version": self.version,
+            "checkpoint_id": self.checkpoint_id,
+            "lineage": [[v, i] for v, i in self.lineage],
+            "codec": self.codec,
+            "created_at": self.created_at,
+        }
+
+    @classmethod
+    def from_payload(cls, p: dict[str, Any], name: str) -> ChangelogHeader:
+        raw_lineage = require(p, "lineage", list, name)
+        try:
+            lineage = tuple((int(v), str(i)) for v, i in raw_lineage)
+        except (TypeError, ValueError):
+            raise CorruptFileError("malformed lineage in changelog header", name) from None
+        codec = require(p, "codec", str, name)
+        if codec not in ("zstd", "none"):
+            raise CorruptFileError(f"unknown codec {codec!r}", name)
+        return cls(
+            operator=require(p, "operator", str, name),
+            partition=require(p, "partition", int, name),
+            version=require(p, "version", int, name),
+            checkpoint_id=require(p, "checkpoint_id", str, name),
+            lineage=lineage,
+            codec=codec,
+            created_at=float(p.get("created_at", 0.0)),
+        )
+
+
+def _u32(values: Sequence[int], typecode: str) -> bytes:
+    arr = array(typecode, values)
+    if not _LITTLE:
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def encode_block_payload(keys: Sequence[bytes], values: Sequence[bytes | None]) -> bytes:
+    """Columnar payload; `None` values are deletes. Vectorised so a block costs a few C loops."""
+    if None in values:
+        vlens = _u32([-1 if v is None else len(v) for v in values], "i")
+        vdata = b"".join([v for v in values if v is not None])
+    else:
+        vlens = _u32(list(map(len, values)), "i")  # type: ignore[arg-type]
+        vdata = b"".join(values)  # type: ignore[arg-type]
+    return b"".join((_u32(list(map(len, keys)), "I"), vlens, b"".join(keys), vdata))
+
+
+def decode_block_payload(raw: bytes, n: int, name: str) -> tuple[list[bytes], list[bytes | None]]:
+    klens = array("I")
+    vlens = array("i")
+    try:
+        klens.frombytes(raw[: 4 * n])
+        vlens.frombytes(raw[4 * n : 8 * n])
+    except ValueError:
+        raise CorruptFileError("block payload shorter than its record count", name) from None
+    if not _LITTLE:
+        klens.byteswap()
+        vlens.byteswap()
+    koffs = list(accumulate(klens, initial=8 * n))
+    keys = [raw[a:b] for a, b in pairwise(koffs)]
+    vstart = koffs[-1]
+    if min(vlens, default=0) >= 0:
+        voffs = list(accumulate(vlens, initial=vstart))
+        values: list[bytes | None] = [raw[a:b] for a, b in pairwise(voffs)]
+        end = voffs[-1]
+    else:
+        values = []
+        pos = vstart
+        for ln in vlens:
+            if ln < 0:
+                values.append(None)
+            else:
+                values.append(raw[pos : pos + ln])
+                pos += ln
+        end = pos
+    if end != len(raw) or len(keys) != n:
+        raise CorruptFileError("block payload sizes do not add up", name)
+    return keys, values
+
+
+class ChangelogWriter:
+    """Streams blocks to a local file; `finish` seals it with the footer and fsyncs."""
+
+    def __init__(self, local_path: str, header: ChangelogHeader, *, level: int = 1) -> None:
+        self.path = local_path
+        self.header = header
+        self._file: BinaryIO | None = open(local_path, "wb")  # noqa: SIM115 - closed in finish/abandon
+        self._cctx = zstandard.ZstdCompressor(level=level) if header.codec == "zstd" else None
+        self._file.write(encode_frame(MAGIC, FORMAT_VERSION, header.to_payload()))
+        self.blocks = 0
+        self.records = 0
+
+    def append_block(self, cf: str, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
+        n = len(keys)
+        if n == 0:
+            return
+        f = self._file
+        if f is None:
+            raise CorruptFileError("changelog already finished", self.path)
+        raw = encode_block_payload(keys, values)
+        payload = self._cctx.compress(raw) if self._cctx is not None else raw
+        name = cf.encode()
+        head = bytes((BLOCK_DATA, len(name))) + name
+        sizes = (n, len(raw), len(payload))
+        crc = zlib.crc32(payload, zlib.crc32(head + struct.pack("<III", *sizes)))
+        f.write(head)
+        f.write(_BLOCK_HEAD.pack(*sizes, crc))
+        f.write(payload)
+        self.blocks += 1
+        self.records += n
+
+    def finish(self) -> int:
+        """Write the footer, fsync and close; returns the file size."""
+        f = self._file
+        if f is None:
+            raise CorruptFileError("changelog already finished", self.path)
+        self._file = None
+        body = struct.pack("<IQ", self.blocks, self.records)
+        f.write(_FOOTER.pack(BLOCK_END, self.blocks, self.records, zlib.crc32(body), END_MAGIC))
+        f.flush()
+        os.fsync(f.fileno())
+        size = f.tell()
+        f.close()
+        return size
+
+    def abandon(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+
+
+def _read_exact(f: BinaryIO, n: int, name: str, what: str) -> bytes:
+    data = f.read(n)
+    if len(data) != n:
+        raise CorruptFileError(f"file is truncated in {what}", name)
+    return data
+
+
+def read_header(f: BinaryIO, name: str) -> ChangelogHeader:
+    """Read just the header frame (the O(1) metadata read that gives the lineage)."""
+    head = f.read(FRAME_HEAD.size)
+    length = check_magic_and_version(head, MAGIC, FORMAT_VERSION, name)
+    rest = _read_exact(f, length + 4, name, "the header")
+    payload, _ = decode_frame(head + rest, MAGIC, FORMAT_VERSION, name)
+    return ChangelogHeader.from_payload(payload, name)
+
+
+class ChangelogReader:
+    """Streams the blocks of one changelog, validating every checksum and the footer."""
+
+    def __init__(self, f: BinaryIO, name: str) -> None:
+        self._f = f
+        self.name = name
+        self.header = read_header(f, name)
+        self._dctx = zstandard.ZstdDecompressor() if self.header.codec == "zstd" else None
+
+    def check_footer(self) -> tuple[int, int]:
+        """On a seekable file, validate the footer before reading blocks; returns (blocks, records)."""
+        f = self._f
+        pos = f.tell()
+        end = f.seek(0, io.SEEK_END)
+        if end - pos < FOOTER_SIZE:
+            raise CorruptFileError("file is truncated (no footer)", self.name)
+        f.seek(end - FOOTER_SIZE)
+        blocks, records = self._parse_footer(f.read(FOOTER_SIZE))
+        f.seek(pos)
+        return blocks, records
+
+    def _parse_footer(self, data: bytes) -> tuple[int, int]:
+        kind, blocks, records, crc, magic = _FOOTER.unpack(data)
+        if kind != BLOCK_END or magic != END_MAGIC:
+            raise CorruptFileError("file is truncated or corrupt (no valid footer)", self.name)
+        if crc != zlib.crc32(struct.pack("<IQ", blocks, records)):
+            raise CorruptFileError("checksum mismatch in footer", self.name)
+        return int(blocks), int(records)
+
+    def blocks(self) -> Iterator[tuple[str, list[bytes], list[bytes | None]]]:
+        f, name = self._f, self.name
+        seen_blocks = seen_records = 0
+        while True:
+            kind_b = f.read(1)
+            if not kind_b:
+                raise CorruptFileError("file is truncated (no footer)", name)
+            if kind_b[0] == BLOCK_END:
+                blocks, records = self._parse_footer(kind_b + _read_exact(f, FOOTER_SIZE - 1, name, "the footer"))
+                if (blocks, records) != (seen_blocks, seen_records):
+                    raise CorruptFileError(
+                        f"footer counts {blocks} blocks / {records} records, file holds {seen_blocks} / {seen_records}",
+                        name,
+                    )
+                if f.read(1):
+                    raise CorruptFileError("unexpected bytes after the footer", name)
+                return
+            if kind_b[0] != BLOCK_DATA:
+                raise CorruptFileError(f"unknown block kind 0x{kind_b[0]:02x}", name)
+            name_len = _read_exact(f, 1, name, "a block header")[0]
+            cf_b = _read_exact(f, name_len, name, "a block header")
+            n, raw_len, comp_len, crc = _BLOCK_HEAD.unpack(_read_exact(f, _BLOCK_HEAD.size, name, "a block header"))
+            payload = _read_exact(f, comp_len, name, "a block")
+            head = kind_b + bytes((name_len,)) + cf_b + struct.pack("<III", n, raw_len, comp_len)
+            if zlib.crc32(payload, zlib.crc32(head)) != crc:
+                raise CorruptFileError(f"checksum mismatch in block {seen_blocks}", name)
+            if self._dctx is not None:
+                try:
+                    raw = self._dctx.decompress(payload, max_output_size=raw_len)
+                except zstandard.ZstdError as e:
+                    raise CorruptFileError(f"block {seen_blocks} does not decompress ({e})", name) from None
+            else:
+                raw = payload
+            if len(raw) != raw_len:
+                raise CorruptFileError(f"block {seen_blocks} has {len(raw)} bytes, header says {raw_len}", name)
+            keys, values = decode_block_payload(raw, n, name)
+            seen_blocks += 1
+            seen_records += n
+            yield cf_b.decode(), keys, values

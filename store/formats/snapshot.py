@@ -1,0 +1,81 @@
+"""The snapshot manifest: the full state of one committed (version, checkpoint id) of a store.
+
+A snapshot is a RocksDB checkpoint: its SST files are uploaded under content-derived names (shared
+between snapshots, so a new snapshot uploads only new SSTs), and the small RocksDB metadata files
+(CURRENT, MANIFEST-*, OPTIONS-*) travel inside this manifest, which is written last.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from store.errors import CorruptFileError
+from store.formats.framing import decode_whole_frame, encode_frame, require
+
+MAGIC = b"SKSM"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class SstFile:
+    local_name: str  # the RocksDB file name the DB's MANIFEST refers to, e.g. 000012.sst
+    remote_name: str  # content-derived name under the store's sst/ directory
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class SnapshotManifest:
+    operator: str
+    partition: int
+    version: int
+    checkpoint_id: str
+    sst_files: tuple[SstFile, ...]
+    db_files: dict[str, bytes]
+    column_families: tuple[str, ...]
+    num_keys: int
+    created_at: float = field(default_factory=time.time)
+
+    @property
+    def total_sst_bytes(self) -> int:
+        return sum(f.size for f in self.sst_files)
+
+    def to_bytes(self) -> bytes:
+        payload: dict[str, Any] = {
+            "operator": self.operator,
+            "partition": self.partition,
+            "version": self.version,
+            "checkpoint_id": self.checkpoint_id,
+            "created_at": self.created_at,
+            "column_families": list(self.column_families),
+            "num_keys": self.num_keys,
+            "sst_files": [[f.local_name, f.remote_name, f.size, f.sha256] for f in self.sst_files],
+            "db_files": {k: base64.b64encode(v).decode() for k, v in sorted(self.db_files.items())},
+        }
+        return encode_frame(MAGIC, FORMAT_VERSION, payload)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, name: str) -> SnapshotManifest:
+        p = decode_whole_frame(data, MAGIC, FORMAT_VERSION, name)
+        try:
+            ssts = tuple(SstFile(str(a), str(b), int(c), str(d)) for a, b, c, d in require(p, "sst_files", list, name))
+            db_files = {
+                str(k): base64.b64decode(v, validate=True) for k, v in require(p, "db_files", dict, name).items()
+            }
+            cfs = tuple(str(c) for c in require(p, "column_families", list, name))
+        except (TypeError, ValueError):
+            raise CorruptFileError("malformed file list in snapshot manifest", name) from None
+        return cls(
+            operator=require(p, "operator", str, name),
+            partition=require(p, "partition", int, name),
+            version=require(p, "version", int, name),
+            checkpoint_id=require(p, "checkpoint_id", str, name),
+            sst_files=ssts,
+            db_files=db_files,
+            column_families=cfs,
+            num_keys=require(p, "num_keys", int, name),
+            created_at=float(p.get("created_at", 0.0)),
+        )

@@ -1,0 +1,102 @@
+"""File names under a checkpoint root (documented in docs/formats.md).
+
+Versions are zero-padded to 20 digits so names sort in commit order within a prefix, which lets a
+watcher list only what is new (`start_after`). Every state file name carries its checkpoint id, so
+two attempts of one version never share a name.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+
+from store.errors import ConfigurationError
+from store.files.paths import validate_component
+
+COMMITS_DIR = "commits"
+STATE_DIR = "state"
+CHANGELOG_DIR = "changelogs"
+SNAPSHOT_DIR = "snapshots"
+SST_DIR = "sst"
+CHANGELOG_SUFFIX = ".changelog"
+MANIFEST_SUFFIX = ".manifest"
+COMMIT_SUFFIX = ".commit"
+VERSION_DIGITS = 20
+
+_ID = re.compile(r"^[0-9a-f]{32}$")
+_VERSIONED = re.compile(r"^(\d{20})_([0-9a-f]{32})(\.changelog|\.manifest)$")
+_COMMIT = re.compile(r"^(\d{20})\.commit$")
+
+
+def new_checkpoint_id() -> str:
+    return uuid.uuid4().hex
+
+
+def validate_checkpoint_id(checkpoint_id: str) -> str:
+    if not isinstance(checkpoint_id, str) or not _ID.match(checkpoint_id):
+        raise ConfigurationError(f"invalid checkpoint id {checkpoint_id!r}: expected 32 lowercase hex digits")
+    return checkpoint_id
+
+
+def validate_version(version: int) -> int:
+    if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version < 10**VERSION_DIGITS:
+        raise ConfigurationError(f"invalid version {version!r}: expected an integer >= 0")
+    return version
+
+
+def _v(version: int) -> str:
+    return f"{validate_version(version):0{VERSION_DIGITS}d}"
+
+
+@dataclass(frozen=True, slots=True)
+class StoreId:
+    """One state store instance within a checkpoint root: (operator, partition)."""
+
+    operator: str
+    partition: int
+
+    def __post_init__(self) -> None:
+        validate_component(self.operator, "operator name")
+        if not isinstance(self.partition, int) or isinstance(self.partition, bool) or not 0 <= self.partition < 100_000:
+            raise ConfigurationError(f"invalid partition {self.partition!r}: expected an integer in [0, 100000)")
+
+    @property
+    def prefix(self) -> str:
+        return f"{STATE_DIR}/{self.operator}/{self.partition:05d}"
+
+    def changelog_dir(self) -> str:
+        return f"{self.prefix}/{CHANGELOG_DIR}/"
+
+    def snapshot_dir(self) -> str:
+        return f"{self.prefix}/{SNAPSHOT_DIR}/"
+
+    def sst_dir(self) -> str:
+        return f"{self.prefix}/{SST_DIR}/"
+
+    def changelog(self, version: int, checkpoint_id: str) -> str:
+        return f"{self.prefix}/{CHANGELOG_DIR}/{_v(version)}_{validate_checkpoint_id(checkpoint_id)}{CHANGELOG_SUFFIX}"
+
+    def manifest(self, version: int, checkpoint_id: str) -> str:
+        return f"{self.prefix}/{SNAPSHOT_DIR}/{_v(version)}_{validate_checkpoint_id(checkpoint_id)}{MANIFEST_SUFFIX}"
+
+    def sst(self, content_name: str) -> str:
+        return f"{self.prefix}/{SST_DIR}/{validate_component(content_name, 'SST file name')}"
+
+    def __str__(self) -> str:
+        return f"{self.operator}/{self.partition}"
+
+
+def commit_path(version: int) -> str:
+    return f"{COMMITS_DIR}/{_v(version)}{COMMIT_SUFFIX}"
+
+
+def parse_versioned_name(name: str) -> tuple[int, str, str] | None:
+    """`<version>_<id>.changelog|.manifest` -> (version, id, suffix); None for any other name."""
+    m = _VERSIONED.match(name.rpartition("/")[2])
+    return (int(m.group(1)), m.group(2), m.group(3)) if m else None
+
+
+def parse_commit_name(name: str) -> int | None:
+    m = _COMMIT.match(name.rpartition("/")[2])
+    return int(m.group(1)) if m else None

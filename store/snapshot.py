@@ -1,0 +1,142 @@
+"""Writing and restoring snapshots (format in `store.formats.snapshot`).
+
+Writing: RocksDB checkpoint of an open DB -> upload SST files not yet in the store's sst/ directory
+(content-derived names, so an unchanged SST is never uploaded twice) -> write the manifest last.
+Restoring: download the SSTs under their RocksDB names, write the small files, open.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+
+import rocksdict as rd
+
+from store.errors import CheckpointFileExistsError, CorruptFileError
+from store.files.base import CheckpointFileManager
+from store.formats.snapshot import SnapshotManifest, SstFile
+from store.layout import StoreId
+
+log = logging.getLogger(__name__)
+
+_SKIP_PREFIXES = ("LOG",)  # RocksDB info logs are not state
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class SnapshotResult:
+    manifest_path: str
+    manifest: SnapshotManifest
+    uploaded_files: int
+    uploaded_bytes: int
+    reused_files: int
+    seconds: float
+
+
+def write_snapshot(
+    fm: CheckpointFileManager,
+    store: StoreId,
+    version: int,
+    checkpoint_id: str,
+    db: rd.Rdict,
+    work_dir: str,
+    *,
+    existing_ssts: set[str] | None = None,
+    hash_cache: dict[tuple[str, int], str] | None = None,
+) -> SnapshotResult:
+    """Snapshot `db`, which must hold exactly committed (version, checkpoint_id) of `store`.
+
+    `existing_ssts` (remote names already uploaded) saves a listing; `hash_cache` maps
+    (local name, size) -> sha256 so a warm copy does not rehash SSTs it hashed before (RocksDB never
+    rewrites an SST under the same number).
+    """
+    t0 = time.perf_counter()
+    if existing_ssts is None:
+        existing_ssts = {info.path.rpartition("/")[2] for info in fm.list(store.sst_dir())}
+    ckpt_dir = os.path.join(work_dir, f"checkpoint-{uuid.uuid4().hex}")
+    rd.Checkpoint(db).create_checkpoint(ckpt_dir)
+    try:
+        ssts: list[SstFile] = []
+        db_files: dict[str, bytes] = {}
+        uploaded = uploaded_bytes = reused = 0
+        for name in sorted(os.listdir(ckpt_dir)):
+            full = os.path.join(ckpt_dir, name)
+            if name.startswith(_SKIP_PREFIXES):
+                continue
+            size = os.path.getsize(full)
+            if not name.endswith(".sst"):
+                with open(full, "rb") as f:
+                    db_files[name] = f.read()
+                continue
+            key = (name, size)
+            digest = hash_cache.get(key) if hash_cache is not None else None
+            if digest is None:
+                digest = file_sha256(full)
+                if hash_cache is not None:
+                    hash_cache[key] = digest
+            remote = f"{digest[:40]}.sst"
+            ssts.append(SstFile(name, remote, size, digest))
+            if remote in existing_ssts:
+                reused += 1
+                continue
+            try:
+                fm.put_file(full, store.sst(remote), exclusive=True)
+                uploaded += 1
+                uploaded_bytes += size
+            except CheckpointFileExistsError:
+                reused += 1  # same name means same content
+            existing_ssts.add(remote)
+        num_keys = 0
+        cfs = tuple(rd.Rdict.list_cf(ckpt_dir, rd.Options(raw_mode=True)))
+        for cf in cfs:
+            num_keys += db.get_column_family(cf).property_int_value("rocksdb.estimate-num-keys") or 0
+        manifest = SnapshotManifest(
+            operator=store.operator,
+            partition=store.partition,
+            version=version,
+            checkpoint_id=checkpoint_id,
+            sst_files=tuple(ssts),
+            db_files=db_files,
+            column_families=cfs,
+            num_keys=num_keys,
+        )
+        path = store.manifest(version, checkpoint_id)
+        with fm.create(path, exclusive=True) as out:
+            out.write(manifest.to_bytes())
+    finally:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+    return SnapshotResult(path, manifest, uploaded, uploaded_bytes, reused, time.perf_counter() - t0)
+
+
+def read_manifest(fm: CheckpointFileManager, path: str) -> SnapshotManifest:
+    return SnapshotManifest.from_bytes(fm.read_bytes(path), getattr(fm, "root_uri", "") + "/" + path)
+
+
+def restore_snapshot(
+    fm: CheckpointFileManager, store: StoreId, manifest: SnapshotManifest, db_dir: str, *, verify: bool = True
+) -> None:
+    """Materialise the snapshot as a RocksDB directory at `db_dir` (which must not exist)."""
+    os.makedirs(db_dir)
+    for sst in manifest.sst_files:
+        target = os.path.join(db_dir, sst.local_name)
+        remote = store.sst(sst.remote_name)
+        size = fm.download(remote, target)
+        if size != sst.size:
+            raise CorruptFileError(f"SST file has {size} bytes, manifest says {sst.size}", remote)
+        if verify and file_sha256(target) != sst.sha256:
+            raise CorruptFileError("SST file content does not match its checksum in the manifest", remote)
+    for name, data in manifest.db_files.items():
+        with open(os.path.join(db_dir, name), "wb") as f:
+            f.write(data)
