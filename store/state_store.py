@@ -93,6 +93,12 @@ def _prefix_upper_bound(prefix: bytes) -> bytes | None:
     return stripped[:-1] + bytes((stripped[-1] + 1,))
 
 
+def _keep_alive(items: Iterator[tuple[bytes, bytes]], owner: object) -> Iterator[tuple[bytes, bytes]]:
+    """Yield from `items` while holding a reference to `owner` (which the iterator borrows from)."""
+    yield from items
+    del owner
+
+
 def _closed(*_args: Any) -> Any:
     raise StoreStateError("store is not loaded for writing: call load() before updating state")
 
@@ -201,7 +207,11 @@ class ColumnFamily:
         if end is not None:
             ro.set_iterate_upper_bound(end)
         items = self._db.items(read_opt=ro) if start is None else self._db.items(from_key=start, read_opt=ro)
-        return cast(Iterator[tuple[bytes, bytes]], items)
+        if end is None:
+            return cast(Iterator[tuple[bytes, bytes]], items)
+        # rocksdict's iterator points into the ReadOptions' upper bound without owning it: keep `ro`
+        # alive for as long as the iterator, or the bound is read after free (wrong results).
+        return _keep_alive(cast(Iterator[tuple[bytes, bytes]], items), ro)
 
     def __repr__(self) -> str:
         return f"ColumnFamily({self.name!r})"
