@@ -52,9 +52,14 @@ class _SharedMemory:
     def __init__(self, limits: MemoryLimits) -> None:
         self.limits = limits
         self.cache = rd.Cache(limits.total_bytes)
+        # allow_stall stays off: RocksDB only flushes the DB that is writing, so a stall waits forever on
+        # memtables held by idle stores (or pinned by an open iterator). `relieve_memory_pressure` does
+        # the flushing instead, from the writing thread, across every open store.
         self.write_buffer_manager = rd.WriteBufferManager.new_write_buffer_manager_with_cache(
             int(limits.total_bytes * limits.write_buffer_fraction), False, self.cache
         )
+        self.memtables: dict[tuple[int, str], rd.Rdict] = {}  # (owner id, cf name) -> column family
+        self.flush_lock = threading.Lock()
 
 
 _lock = threading.Lock()
@@ -81,6 +86,70 @@ def shared_memory() -> _SharedMemory:
             _shared = _SharedMemory(MemoryLimits.from_env())
             log.info("statekeeper memory limit: %d MiB", _shared.limits.total_bytes >> 20)
         return _shared
+
+
+MIN_FLUSH_BYTES = 256 << 10
+"""Active memtables smaller than this are not worth an SST file of their own."""
+
+
+def track_memtable(owner: object, name: str, cf: rd.Rdict) -> None:
+    """Make column family `cf` of `owner` (a store) a candidate for `relieve_memory_pressure`."""
+    mem = shared_memory()
+    with _lock:
+        mem.memtables[(id(owner), name)] = cf
+
+
+def untrack_memtables(owner: object) -> None:
+    """Forget every column family of `owner`; call before closing its DB."""
+    mem = _shared
+    if mem is None:
+        return
+    key = id(owner)
+    with _lock:
+        for k in [k for k in mem.memtables if k[0] == key]:
+            del mem.memtables[k]
+
+
+def relieve_memory_pressure() -> int:
+    """Keep the memtables of all stores within their share of the process-wide limit.
+
+    Writers call this between blocks of updates. Under the budget it costs one counter read. Over it,
+    the calling thread flushes the largest active memtables of any open store (idle ones included)
+    and waits for those flushes: backpressure like a write stall, but it cannot deadlock, because
+    every flush completes by itself. Returns the number of memtables flushed.
+    """
+    mem = _shared
+    if mem is None:
+        return 0
+    wbm = mem.write_buffer_manager
+    budget = wbm.get_buffer_size()
+    if wbm.get_usage() <= budget:
+        return 0
+    flushed = 0
+    with mem.flush_lock:  # one thread flushes at a time; the others wait here, which is the backpressure
+        with _lock:
+            candidates = list(mem.memtables.values())
+        sized = []
+        for cf in candidates:
+            try:
+                sized.append((cf.property_int_value("rocksdb.cur-size-active-mem-table") or 0, cf))
+            except Exception:  # closed concurrently by its owner
+                continue
+        sized.sort(key=lambda t: t[0], reverse=True)
+        excess = wbm.get_usage() - budget * 3 // 4
+        chosen = []
+        for size, cf in sized:
+            if size < MIN_FLUSH_BYTES or excess <= 0:
+                break
+            chosen.append(cf)
+            excess -= size
+        for i, cf in enumerate(chosen):
+            try:
+                cf.flush(wait=i == len(chosen) - 1)
+            except Exception:  # closed concurrently by its owner
+                continue
+            flushed += 1
+    return flushed
 
 
 def db_options() -> rd.Options:

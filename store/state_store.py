@@ -24,7 +24,15 @@ from store.errors import ConfigurationError, CorruptFileError, LineageError, Sto
 from store.files import CheckpointFileManager, open_file_manager
 from store.formats.changelog import ChangelogHeader, ChangelogReader, ChangelogWriter, Lineage, read_header
 from store.layout import StoreId, new_checkpoint_id, parse_versioned_name, validate_checkpoint_id, validate_version
-from store.rocks import DEFAULT_CF, db_options, open_db, write_options
+from store.rocks import (
+    DEFAULT_CF,
+    db_options,
+    open_db,
+    relieve_memory_pressure,
+    track_memtable,
+    untrack_memtables,
+    write_options,
+)
 from store.snapshot import read_manifest, restore_snapshot
 
 log = logging.getLogger(__name__)
@@ -409,11 +417,13 @@ class StateStore:
         sub.set_write_options(write_options())
         cf = ColumnFamily(self, name, sub, self._db.get_column_family_handle(name), self.config.block_bytes)
         self._cfs[name] = cf
+        track_memtable(self, name, sub)
         return cf
 
     def _log_block(self, cf: str, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
         assert self._writer is not None
         self._writer.append_block(cf, keys, values)
+        relieve_memory_pressure()
 
     def _start_attempt(self, version: int, checkpoint_id: str) -> None:
         self._loaded = (version, checkpoint_id)
@@ -449,6 +459,7 @@ class StateStore:
         return found
 
     def _close_db(self) -> None:
+        untrack_memtables(self)
         self._cfs.clear()
         if self._db is not None:
             self._db.close()
@@ -557,6 +568,7 @@ class StateStore:
                 if wb.size_in_bytes() >= self.config.replay_batch_bytes:
                     self._db.write(wb)
                     wb = rd.WriteBatch(raw_mode=True)
+                    relieve_memory_pressure()
             if not wb.is_empty():
                 self._db.write(wb)
             return records
