@@ -1,0 +1,341 @@
+"""Commit latency vs state size: changelog commit vs snapshot-per-commit, same run.
+
+For each state size the store is loaded with that many keys, then runs micro-batches of random
+updates to existing keys (`load` of the version just committed, `put_batch`, `commit`, commit record).
+Only `commit()` is timed. The baseline (`bench.baselines.SnapshotPerCommitStore`) starts from the
+same state (a RocksDB checkpoint, i.e. hard links, of the store's loaded DB), applies the same kind of
+batches and at each commit checkpoints its whole RocksDB and copies it to the checkpoint location
+through the same atomic file manager; its `commit()` is timed the same way.
+
+Initial state: committed as a series of changelogs of at most `load_chunk` keys each (`put_batch` of
+100k-key batches, one commit and commit record per chunk), which is what a stream that inserted the
+keys over a few batches would have produced. Then the benchmark waits for RocksDB's background
+flushes and compactions of that bulk load to finish (not timed), so the measured batches see the
+steady state rather than the load's compaction backlog.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from bench.baselines import KEY_BYTES, VALUE_BYTES, SnapshotPerCommitStore
+from bench.report import Table
+from store.commit_log import CommitLog
+from store.state_store import StateStore, StoreConfig
+
+log = logging.getLogger("bench.commit")
+
+OPERATOR = "bench"
+SPEEDUP_TARGET = 100.0
+TAIL_TARGET = 2.0  # p99 / p50
+_MULT = 0x9E3779B97F4A7C15F39CC0605CEDC835  # odd: i -> i * _MULT mod 2**128 is a bijection
+_MASK = (1 << 128) - 1
+
+
+@dataclass(frozen=True)
+class Sizes:
+    states: tuple[int, ...]
+    updates: int  # updates per batch (table 1)
+    warmup: int
+    batches: int  # measured store batches per size
+    baseline_warmup: dict[int, int]
+    baseline_batches: dict[int, int]  # measured baseline commits per state size
+    load_chunk: int  # keys per initial-state changelog
+    sweep_state: int  # table 2: state size
+    sweep_updates: tuple[int, ...]  # table 2: updates per batch
+    sweep_batches: int
+    sweep_baseline_batches: int
+
+
+FULL = Sizes(
+    states=(10_000, 1_000_000, 10_000_000),
+    updates=10_000,
+    warmup=10,
+    batches=200,
+    baseline_warmup={10_000: 3, 1_000_000: 1, 10_000_000: 1},
+    baseline_batches={10_000: 20, 1_000_000: 10, 10_000_000: 3},
+    load_chunk=1_000_000,
+    sweep_state=1_000_000,
+    sweep_updates=(1_000, 10_000, 100_000),
+    sweep_batches=50,
+    sweep_baseline_batches=3,
+)
+QUICK = Sizes(
+    states=(1_000, 20_000),
+    updates=500,
+    warmup=2,
+    batches=10,
+    baseline_warmup={1_000: 1, 20_000: 1},
+    baseline_batches={1_000: 3, 20_000: 3},
+    load_chunk=10_000,
+    sweep_state=20_000,
+    sweep_updates=(100, 1_000),
+    sweep_batches=5,
+    sweep_baseline_batches=2,
+)
+
+
+def key_of(i: int) -> bytes:
+    """The key of record `i`: distinct for distinct i, uniformly spread over the 16-byte key space."""
+    return ((i * _MULT) & _MASK).to_bytes(KEY_BYTES, "big")
+
+
+def _values(n: int, r: random.Random) -> list[bytes]:
+    raw = r.randbytes(VALUE_BYTES * n)
+    return [raw[i : i + VALUE_BYTES] for i in range(0, len(raw), VALUE_BYTES)]
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    s = sorted(samples)
+    if not s:
+        return math.nan
+    pos = (len(s) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+@dataclass
+class Stats:
+    samples_ms: list[float]
+    bytes_per_commit: float
+
+    @property
+    def p50(self) -> float:
+        return percentile(self.samples_ms, 50)
+
+    @property
+    def p99(self) -> float:
+        return percentile(self.samples_ms, 99)
+
+    @property
+    def max(self) -> float:
+        return max(self.samples_ms)
+
+
+class _Changelogged:
+    """The store under test plus the driver's commit log, one micro-batch at a time."""
+
+    def __init__(self, base: str) -> None:
+        self.store = StateStore(
+            os.path.join(base, "ckpt"), OPERATOR, 0, config=StoreConfig(local_dir=os.path.join(base, "store"))
+        )
+        self.commits = CommitLog(self.store.fm)
+        self.store.load(0)
+
+    def batch(self, keys: Sequence[bytes], values: Sequence[bytes], sub: int = 100_000) -> tuple[float, int]:
+        """Apply one batch and commit it; returns (commit seconds, changelog bytes)."""
+        cf = self.store.column_family("default")
+        for i in range(0, len(keys), sub):
+            cf.put_batch(keys[i : i + sub], values[i : i + sub])
+        t0 = time.perf_counter()
+        res = self.store.commit()
+        elapsed = time.perf_counter() - t0
+        self.commits.commit(res.version, {OPERATOR: [res.checkpoint_id]})  # the driver's record: not timed
+        self.store.load(res.version, res.checkpoint_id)
+        last = self.store.last_load
+        assert last is not None and last.reused_local, "the next batch must reuse the local DB"
+        return elapsed, res.metrics.changelog_bytes
+
+    def wait_for_compactions(self, timeout: float = 600.0) -> float:
+        db = self.store.db
+        t0 = time.perf_counter()
+        props = ("rocksdb.num-running-compactions", "rocksdb.num-running-flushes", "rocksdb.compaction-pending")
+        while time.perf_counter() - t0 < timeout:
+            if not any(db.property_int_value(p) for p in props):
+                break
+            time.sleep(0.2)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def _load_initial(cl: _Changelogged, n: int, chunk: int, r: random.Random) -> float:
+    t0 = time.perf_counter()
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        keys = [key_of(i) for i in range(start, stop)]
+        cl.batch(keys, _values(stop - start, r))
+    return time.perf_counter() - t0
+
+
+def _update_batch(state: int, updates: int, r: random.Random) -> tuple[list[bytes], list[bytes]]:
+    idx = r.sample(range(state), updates) if updates < state else list(range(state))
+    return [key_of(i) for i in idx], _values(len(idx), r)
+
+
+def _measure_store(cl: _Changelogged, state: int, updates: int, warmup: int, batches: int, seed: int) -> Stats:
+    r = random.Random(seed)
+    samples: list[float] = []
+    total_bytes = 0
+    for b in range(warmup + batches):
+        keys, values = _update_batch(state, updates, r)
+        elapsed, size = cl.batch(keys, values)
+        if b >= warmup:
+            samples.append(elapsed * 1000)
+            total_bytes += size
+    return Stats(samples, total_bytes / batches)
+
+
+def _measure_baseline(
+    cl: _Changelogged, base: str, state: int, updates: int, warmup: int, batches: int, seed: int
+) -> Stats:
+    bl = SnapshotPerCommitStore(os.path.join(base, "ckpt"), os.path.join(base, "baseline"))
+    bl.adopt_checkpoint_of(cl.store.db)
+    r = random.Random(seed)
+    samples: list[float] = []
+    total_bytes = 0
+    try:
+        for b in range(warmup + batches):
+            keys, values = _update_batch(state, updates, r)
+            bl.put_batch(keys, values)
+            t0 = time.perf_counter()
+            bl.commit()
+            elapsed = time.perf_counter() - t0
+            bl.drop_old_copies()  # disk hygiene, not timed
+            if b >= warmup:
+                samples.append(elapsed * 1000)
+                total_bytes += bl.last_commit_bytes
+            log.debug("baseline state=%d commit %d: %.0f ms", state, b, elapsed * 1000)
+    finally:
+        bl.close()
+        bl.keep_copies = 0
+        bl.drop_old_copies()
+        shutil.rmtree(bl.local_dir, ignore_errors=True)
+    return Stats(samples, total_bytes / batches)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def run(quick: bool) -> list[Table]:
+    sz = QUICK if quick else FULL
+    top = tempfile.mkdtemp(prefix="statekeeper-bench-commit-")
+    rows: list[list[object]] = []
+    speedups: list[float] = []
+    tails: list[float] = []
+    loads: list[str] = []
+    sweep_rows: list[list[object]] = []
+    try:
+        for state in sz.states:
+            base = tempfile.mkdtemp(prefix=f"state-{state}-", dir=top)
+            cl = _Changelogged(base)
+            try:
+                load_s = _load_initial(cl, state, sz.load_chunk, random.Random(state))
+                settle_s = cl.wait_for_compactions()
+                loads.append(
+                    f"{state:,} keys: initial state committed as {math.ceil(state / sz.load_chunk)} changelog(s) "
+                    f"in {load_s:.1f} s, then {settle_s:.1f} s waiting for background compaction"
+                )
+                log.info(loads[-1])
+                st = _measure_store(cl, state, sz.updates, sz.warmup, sz.batches, seed=1)
+                log.info("store state=%d: p50 %.1f ms p99 %.1f ms", state, st.p50, st.p99)
+                bl = _measure_baseline(
+                    cl, base, state, sz.updates, sz.baseline_warmup[state], sz.baseline_batches[state], seed=2
+                )
+                if state == sz.sweep_state:
+                    sweep_rows = _sweep(cl, base, sz)
+            finally:
+                cl.close()
+                shutil.rmtree(base, ignore_errors=True)
+            speedup = bl.p50 / st.p50
+            tail = st.p99 / st.p50
+            speedups.append(speedup)
+            tails.append(tail)
+            rows.append(
+                [
+                    state,
+                    sz.updates,
+                    round(st.p50, 2),
+                    round(st.p99, 2),
+                    round(st.max, 2),
+                    _fmt_bytes(st.bytes_per_commit),
+                    round(bl.p50, 1),
+                    round(bl.p99, 1),
+                    round(bl.max, 1),
+                    _fmt_bytes(bl.bytes_per_commit),
+                    round(speedup, 1),
+                    round(tail, 2),
+                ]
+            )
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+    by_state = Table(
+        title="Commit latency vs state size (ms): changelog commit vs snapshot-per-commit baseline",
+        columns=[
+            "state keys",
+            "updates/batch",
+            "store p50",
+            "store p99",
+            "store max",
+            "changelog/commit",
+            "baseline p50",
+            "baseline p99",
+            "baseline max",
+            "copied/commit",
+            "speedup (p50)",
+            "store p99/p50",
+        ],
+        rows=rows,
+        notes=[
+            f"Targets: store cost follows the batch, not the state; >= {SPEEDUP_TARGET:.0f}x faster than the "
+            f"baseline at the largest state (here {speedups[-1]:.0f}x: "
+            f"{'met' if speedups[-1] >= SPEEDUP_TARGET else 'NOT met'}); store p99 <= {TAIL_TARGET:.0f}x p50 "
+            f"({'met' if all(t <= TAIL_TARGET for t in tails) else 'NOT met'} at every size).",
+            f"{KEY_BYTES}-byte keys, {VALUE_BYTES}-byte random values; each batch updates distinct random existing "
+            "keys. Timed: `StateStore.commit()` (flush the last changelog blocks, seal, fsync, atomic publish to the "
+            "local checkpoint directory) vs the baseline's commit (RocksDB checkpoint + copy of every file through "
+            "the same file manager). The driver's commit record and the next `load` (local DB reused) are not timed.",
+            f"Store: {sz.warmup} warm-up + {sz.batches} measured batches per size; baseline: "
+            + ", ".join(f"{sz.baseline_warmup[s]} + {sz.baseline_batches[s]} at {s:,}" for s in sz.states)
+            + " (it is slow by design); percentiles interpolate linearly between ranks.",
+            *loads,
+            "Baseline state: a RocksDB checkpoint (hard links) of the store's loaded DB, so both start from "
+            "identical data; only its newest published copy is kept on disk.",
+        ],
+    )
+    sweep = Table(
+        title=f"Commit latency vs batch size at {sz.sweep_state:,} state keys (ms)",
+        columns=["updates/batch", "store p50", "store p99", "changelog/commit", "baseline p50", "speedup (p50)"],
+        rows=sweep_rows,
+        notes=[
+            f"Same store as the table above, continuing its batches; store: {sz.sweep_batches} batches per row "
+            f"after {sz.warmup} warm-up; baseline: {sz.sweep_baseline_batches} commits per row after 1 warm-up. "
+            "The store's commit grows with the updates it has to publish; the baseline's with the state.",
+        ],
+    )
+    return [by_state, sweep]
+
+
+def _sweep(cl: _Changelogged, base: str, sz: Sizes) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for updates in sz.sweep_updates:
+        st = _measure_store(cl, sz.sweep_state, updates, sz.warmup, sz.sweep_batches, seed=updates)
+        bl = _measure_baseline(cl, base, sz.sweep_state, updates, 1, sz.sweep_baseline_batches, seed=updates + 1)
+        rows.append(
+            [
+                updates,
+                round(st.p50, 2),
+                round(st.p99, 2),
+                _fmt_bytes(st.bytes_per_commit),
+                round(bl.p50, 1),
+                round(bl.p50 / st.p50, 1),
+            ]
+        )
+        log.info("sweep updates=%d: store p50 %.1f ms, baseline p50 %.0f ms", updates, st.p50, bl.p50)
+    return rows
