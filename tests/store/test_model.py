@@ -1,0 +1,190 @@
+"""Model-based test of the store: random histories against a plain dict model.
+
+Several partitions run batches of puts and deletes over a few column families; partitions commit
+one or more attempts per batch (retries with fresh ids), some attempts abort, the "driver" commits
+one winning id per partition; snapshots are taken of random committed versions, local working
+directories are wiped, and any committed version can be loaded and must equal the model.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from store import CommitLog, LineageError, StateStore, StoreConfig
+from store.snapshot import write_snapshot
+
+OPERATOR = "agg"
+PARTITIONS = 3
+CFS = ["default", "counts", "lists"]
+keys = st.binary(min_size=0, max_size=3).map(lambda b: b"k" + b)
+values = st.binary(min_size=0, max_size=40)
+
+State = dict[str, dict[bytes, bytes]]
+STATS = {"batches": 0}
+
+
+def copy_state(s: State) -> State:
+    return {cf: dict(kv) for cf, kv in s.items()}
+
+
+def normalise(s: State) -> State:
+    return {cf: kv for cf, kv in s.items() if kv}
+
+
+def store_content(store: StateStore) -> State:
+    return normalise({cf: dict(store.items(cf=cf)) for cf in store.column_families()})
+
+
+class StoreMachine(RuleBasedStateMachine):
+    root_base = ""  # set by the test: the checkpoint root fixture's URI
+
+    @initialize()
+    def setup(self) -> None:
+        self.root = f"{self.root_base.rstrip('/')}/{uuid.uuid4().hex[:12]}"  # a fresh root per example
+        self.work = tempfile.mkdtemp(prefix="sk-model-")
+        self.config = StoreConfig(block_bytes=1024, max_lineage=3, snapshot_check_interval=2)
+        self.instances = [self._new_instance(p) for p in range(PARTITIONS)]
+        self.commit_log = CommitLog(self.instances[0].fm)
+        # committed[v][p] = (checkpoint id, state); version 0 is the empty state
+        self.committed: list[list[tuple[str, State]]] = [[("", {}) for _ in range(PARTITIONS)]]
+        self.candidates: list[list[tuple[str, State]]] = [[] for _ in range(PARTITIONS)]
+        self.snapshotted: set[tuple[int, int]] = set()
+
+    def _new_instance(self, p: int) -> StateStore:
+        local = tempfile.mkdtemp(prefix=f"p{p}-", dir=self.work)
+        return StateStore(self.root, OPERATOR, p, config=StoreConfig(**{**self.config.__dict__, "local_dir": local}))
+
+    @property
+    def latest(self) -> int:
+        return len(self.committed) - 1
+
+    def teardown(self) -> None:
+        for inst in getattr(self, "instances", []):
+            inst.close()
+        shutil.rmtree(getattr(self, "work", ""), ignore_errors=True)
+
+    # -- a batch ---------------------------------------------------------------------------------
+    @rule(
+        p=st.integers(0, PARTITIONS - 1),
+        ops=st.lists(st.tuples(st.sampled_from(CFS), keys, st.one_of(st.none(), values), st.booleans()), max_size=40),
+        outcome=st.sampled_from(["commit", "commit", "commit", "abort"]),
+    )
+    def task_attempt(self, p: int, ops: list[tuple[str, bytes, bytes | None, bool]], outcome: str) -> None:
+        """One task attempt of the current batch on partition p: load, update, commit or abort."""
+        v = self.latest
+        ckpt, state = self.committed[v][p]
+        store = self.instances[p].load(v, ckpt or None)
+        assert store_content(store) == normalise(state)
+        model = copy_state(state)
+        i = 0
+        while i < len(ops):
+            cf, _, _, batched = ops[i]
+            if batched:  # a run of ops on one column family through the batch API
+                run = [o for o in ops[i : i + 8] if o[0] == cf]
+                dels = [k for _, k, val, _ in run if val is None]
+                puts = [(k, val) for _, k, val, _ in run if val is not None]
+                store.delete_batch(dels, cf=cf)
+                store.put_batch([k for k, _ in puts], [val for _, val in puts], cf=cf)
+                for k in dels:
+                    model.setdefault(cf, {}).pop(k, None)
+                for k, val in puts:
+                    model.setdefault(cf, {})[k] = val
+                i += 8
+                continue
+            _, k, val, _ = ops[i]
+            if val is None:
+                store.delete(k, cf=cf)
+                model.setdefault(cf, {}).pop(k, None)
+            else:
+                store.put(k, val, cf=cf)
+                model.setdefault(cf, {})[k] = val
+            assert store.get(k, cf=cf) == model[cf].get(k)  # read your writes
+            i += 1
+        assert store_content(store) == normalise(model)
+        if outcome == "abort":
+            store.abort()
+            return
+        result = store.commit()
+        assert result.version == v + 1
+        self.candidates[p].append((result.checkpoint_id, model))
+
+    @rule(data=st.data())
+    def driver_commits_batch(self, data: st.DataObject) -> None:
+        """Partitions without a committed attempt yet run one (no updates); then the driver commits."""
+        for p, cands in enumerate(self.candidates):
+            if not cands:
+                self.task_attempt(p, [], "commit")
+        chosen = [data.draw(st.sampled_from(c)) for c in self.candidates]
+        v = self.latest + 1
+        self.commit_log.commit(v, {OPERATOR: [ckpt for ckpt, _ in chosen]})
+        self.committed.append(chosen)
+        STATS["batches"] += 1
+        self.candidates = [[] for _ in range(PARTITIONS)]
+
+    # -- recovery and maintenance ------------------------------------------------------------------
+    @rule(p=st.integers(0, PARTITIONS - 1), data=st.data())
+    def load_any_committed_version(self, p: int, data: st.DataObject) -> None:
+        v = data.draw(st.integers(0, self.latest))
+        ckpt, state = self.committed[v][p]
+        store = self.instances[p].load(v, ckpt or None)
+        assert store_content(store) == normalise(state)
+        store.abort()
+
+    @rule(p=st.integers(0, PARTITIONS - 1))
+    def wipe_local_directory(self, p: int) -> None:
+        self.instances[p].close()
+        shutil.rmtree(self.instances[p].local_dir, ignore_errors=True)
+        self.instances[p] = self._new_instance(p)
+
+    @precondition(lambda self: self.latest > 0)
+    @rule(p=st.integers(0, PARTITIONS - 1), data=st.data())
+    def snapshot(self, p: int, data: st.DataObject) -> None:
+        v = data.draw(st.integers(1, self.latest))
+        if (v, p) in self.snapshotted:
+            return
+        ckpt, state = self.committed[v][p]
+        maint = self._new_instance(p)
+        try:
+            maint.load(v, ckpt)
+            maint.abort()
+            write_snapshot(maint.fm, maint.store_id, v, ckpt, maint.db, maint.local_dir)
+        finally:
+            maint.close()
+        self.snapshotted.add((v, p))
+
+    @rule(p=st.integers(0, PARTITIONS - 1), data=st.data())
+    def loading_a_losing_attempt_is_refused(self, p: int, data: st.DataObject) -> None:
+        if self.latest == 0:
+            return
+        v = data.draw(st.integers(1, self.latest))
+        probe = self._new_instance(p)
+        try:
+            with pytest.raises(LineageError):
+                probe.load(v, "0" * 32)
+        finally:
+            probe.close()
+
+    @invariant()
+    def commit_log_matches_model(self) -> None:
+        if hasattr(self, "commit_log"):
+            assert self.commit_log.latest() == self.latest
+
+
+def test_store_matches_model(checkpoint_root: str) -> None:
+    class Machine(StoreMachine):
+        root_base = checkpoint_root
+
+    Machine.TestCase.settings = settings(
+        max_examples=40,
+        stateful_step_count=40,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+    Machine.TestCase().runTest()
