@@ -153,6 +153,7 @@ class StoreMachine(RuleBasedStateMachine):
         maint = self._new_instance(p)
         try:
             maint.load(v, ckpt)
+            assert store_content(maint) == normalise(state)
             maint.abort()
             write_snapshot(maint.fm, maint.store_id, v, ckpt, maint.db, maint.local_dir)
         finally:
@@ -187,4 +188,6 @@ def test_store_matches_model(checkpoint_root: str) -> None:
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     )
+    before = STATS["batches"]
     Machine.TestCase().runTest()
+    assert STATS["batches"] - before > 50, "the machine should commit many batches"
