@@ -89,13 +89,13 @@ class StoreMachine(RuleBasedStateMachine):
             if batched:  # a run of ops on one column family through the batch API
                 run = [o for o in ops[i : i + 8] if o[0] == cf]
                 dels = [k for _, k, val, _ in run if val is None]
-                puts = [(k, val) for _, k, val, _ in run if val is not None]
+                puts = [(k, v) for _, k, v, _ in run if v is not None]
                 store.delete_batch(dels, cf=cf)
-                store.put_batch([k for k, _ in puts], [val for _, val in puts], cf=cf)
+                store.put_batch([k for k, _ in puts], [v for _, v in puts], cf=cf)
                 for k in dels:
                     model.setdefault(cf, {}).pop(k, None)
-                for k, val in puts:
-                    model.setdefault(cf, {})[k] = val
+                for k, v in puts:
+                    model.setdefault(cf, {})[k] = v
                 i += 8
                 continue
             _, k, val, _ = ops[i]
