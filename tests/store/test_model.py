@@ -89,13 +89,13 @@ class StoreMachine(RuleBasedStateMachine):
             if batched:  # a run of ops on one column family through the batch API
                 run = [o for o in ops[i : i + 8] if o[0] == cf]
                 dels = [k for _, k, val, _ in run if val is None]
-                puts = [(k, v) for _, k, v, _ in run if v is not None]
+                puts = [(k, pv) for _, k, pv, _ in run if pv is not None]
                 store.delete_batch(dels, cf=cf)
-                store.put_batch([k for k, _ in puts], [v for _, v in puts], cf=cf)
+                store.put_batch([k for k, _ in puts], [pv for _, pv in puts], cf=cf)
                 for k in dels:
                     model.setdefault(cf, {}).pop(k, None)
-                for k, v in puts:
-                    model.setdefault(cf, {})[k] = v
+                for k, pv in puts:
+                    model.setdefault(cf, {})[k] = pv
                 i += 8
                 continue
             _, k, val, _ = ops[i]
