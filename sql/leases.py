@@ -1,0 +1,296 @@
+"""Maintenance leases: one maintainer per store at a time (DESIGN invariant 5).
+
+A lease covers one store (scope ``'operator/partition'``) or a whole checkpoint root (scope ``'*'``);
+a root lease conflicts with every store lease of that root and the other way round. A lease expires
+`ttl` seconds after it was taken or last renewed, after which another maintainer may take it over,
+so a crashed maintainer blocks a store for at most `ttl`. A maintainer that works longer renews
+(`Lease.renew`, or `Lease.keep_alive()` in a background thread) and calls `Lease.check()` before
+each destructive step: it raises `LeaseLostError` once the lease was lost.
+
+Acquisition is one transaction that first locks the root's row (PostgreSQL: ``SELECT ... FOR
+UPDATE``; SQLite: the ``BEGIN IMMEDIATE`` write lock), so two acquirers are serialised on every
+backend. Times come from the maintainers' clocks: keep `ttl` far above the clock skew between hosts.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from types import TracebackType
+
+from sqlalchemy import Connection, delete, select, update
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from sql.catalog import Catalog
+from sql.errors import CatalogConfigError, LeaseLostError, LeaseUnavailableError
+from sql.models import ROOT_SCOPE, CheckpointRoot, MaintenanceLease, utcnow
+
+
+def default_owner() -> str:
+    """host:pid:thread, so an operator can tell who holds a lease."""
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.current_thread().name}"[:200]
+
+
+def scope_of(store: tuple[str, int] | str | None) -> str:
+    if store is None or store == ROOT_SCOPE:
+        return ROOT_SCOPE
+    if isinstance(store, str):
+        name, sep, number = store.rpartition("/")
+        if not sep or not name or not number.isdigit():
+            raise CatalogConfigError(f"invalid store {store!r}: expected 'operator/partition' or '*'")
+        return f"{name}/{int(number)}"
+    operator, partition = store
+    if not operator or "/" in operator or not isinstance(partition, int) or partition < 0:
+        raise CatalogConfigError(f"invalid store {store!r}: expected (operator, partition)")
+    return f"{operator}/{partition}"
+
+
+def _conflicts(scope: str, other: str) -> bool:
+    return scope == other or ROOT_SCOPE in (scope, other)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseInfo:
+    root: str
+    scope: str
+    owner: str
+    acquired_at: dt.datetime
+    expires_at: dt.datetime
+
+    @property
+    def expired(self) -> bool:
+        return self.expires_at <= utcnow()
+
+
+class Lease:
+    """A held lease; release it with `release()` or by leaving its `with` block."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        root: str,
+        root_id: int,
+        scope: str,
+        owner: str,
+        token: str,
+        ttl: float,
+        expires_at: dt.datetime,
+    ) -> None:
+        self.catalog = catalog
+        self.root = root
+        self.scope = scope
+        self.owner = owner
+        self.token = token
+        self.ttl = ttl
+        self.expires_at = expires_at
+        self._root_id = root_id
+        self._released = False
+        self._lost: LeaseLostError | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        return f"Lease({self.root!r}, {self.scope!r}, owner={self.owner!r}, expires_at={self.expires_at.isoformat()})"
+
+    @property
+    def held(self) -> bool:
+        return not self._released and self._lost is None and utcnow() < self.expires_at
+
+    def _lost_error(self, why: str) -> LeaseLostError:
+        what = "the whole root" if self.scope == ROOT_SCOPE else f"store {self.scope}"
+        return LeaseLostError(f"lost the maintenance lease on {what} of {self.root} ({why}); stop and rerun")
+
+    def renew(self, ttl: float | None = None) -> None:
+        """Extend the lease by `ttl` (default: the acquisition's) from now; `LeaseLostError` if lost."""
+        if self._released:
+            raise self._lost_error("it was released")
+        if self._lost is not None:
+            raise self._lost
+        ttl = self.ttl if ttl is None else ttl
+        expires = utcnow() + dt.timedelta(seconds=ttl)
+        with self.catalog.write() as conn:
+            _lock_root(conn, self._root_id)
+            n = conn.execute(
+                update(MaintenanceLease)
+                .where(
+                    MaintenanceLease.root_id == self._root_id,
+                    MaintenanceLease.scope == self.scope,
+                    MaintenanceLease.token == self.token,
+                )
+                .values(expires_at=expires)
+            ).rowcount
+        if n != 1:
+            self._lost = self._lost_error("it expired and another maintainer took it over")
+            raise self._lost
+        self.expires_at = expires
+
+    def check(self) -> None:
+        """Raise `LeaseLostError` unless the lease is still held (call before destructive steps)."""
+        if self._lost is not None:
+            raise self._lost
+        if self._released:
+            raise self._lost_error("it was released")
+        if utcnow() >= self.expires_at:
+            # Expired but maybe not taken over: renewing both checks and extends.
+            self.renew()
+
+    def release(self) -> None:
+        """Give the lease up (idempotent); a lease already taken over is left to its new holder."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+            self._thread = None
+        if self._released:
+            return
+        self._released = True
+        with self.catalog.write() as conn:
+            conn.execute(
+                delete(MaintenanceLease).where(
+                    MaintenanceLease.root_id == self._root_id,
+                    MaintenanceLease.scope == self.scope,
+                    MaintenanceLease.token == self.token,
+                )
+            )
+
+    def keep_alive(self, interval: float | None = None) -> Lease:
+        """Renew in a daemon thread every `interval` seconds (default ttl / 3) until released."""
+        if self._thread is not None:
+            return self
+        period = self.ttl / 3 if interval is None else interval
+
+        def run() -> None:
+            while not self._stop.wait(period):
+                try:
+                    self.renew()
+                except LeaseLostError:
+                    return
+                except Exception:  # transient database trouble: try again next period
+                    continue
+
+        self._thread = threading.Thread(target=run, name=f"lease-{self.scope}", daemon=True)
+        self._thread.start()
+        return self
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+
+def _lock_root(conn: Connection, root_id: int) -> None:
+    # PostgreSQL: row lock serialising every lease change of the root. SQLite renders no FOR UPDATE;
+    # there the transaction already holds the database write lock (BEGIN IMMEDIATE).
+    conn.execute(select(CheckpointRoot.id).where(CheckpointRoot.id == root_id).with_for_update()).scalar_one()
+
+
+def _try_acquire(
+    catalog: Catalog, root_id: int, scope: str, owner: str, token: str, ttl: float
+) -> tuple[dt.datetime, LeaseInfo | None]:
+    """One attempt: (expires_at, None) when taken, else (_, the conflicting lease)."""
+    with catalog.write() as conn:
+        _lock_root(conn, root_id)
+        now = utcnow()
+        rows = conn.execute(
+            select(
+                MaintenanceLease.scope,
+                MaintenanceLease.owner,
+                MaintenanceLease.token,
+                MaintenanceLease.acquired_at,
+                MaintenanceLease.expires_at,
+            ).where(MaintenanceLease.root_id == root_id)
+        ).all()
+        stale = []
+        for other_scope, other_owner, other_token, acquired, expires in rows:
+            if not _conflicts(scope, other_scope) or other_token == token:
+                continue
+            if expires > now:
+                return now, LeaseInfo("", other_scope, other_owner, acquired, expires)
+            stale.append((other_scope, other_token))
+        for other_scope, other_token in stale:  # expired: take over
+            conn.execute(
+                delete(MaintenanceLease).where(
+                    MaintenanceLease.root_id == root_id,
+                    MaintenanceLease.scope == other_scope,
+                    MaintenanceLease.token == other_token,
+                    MaintenanceLease.expires_at <= now,
+                )
+            )
+        expires = now + dt.timedelta(seconds=ttl)
+        conn.execute(
+            MaintenanceLease.__table__.insert().values(  # type: ignore[attr-defined]
+                root_id=root_id, scope=scope, owner=owner, token=token, acquired_at=now, expires_at=expires
+            )
+        )
+        return expires, None
+
+
+def acquire(
+    catalog: Catalog,
+    root: str,
+    store: tuple[str, int] | str | None = None,
+    *,
+    owner: str | None = None,
+    ttl: float = 300.0,
+    timeout: float = 0.0,
+    poll_interval: float = 0.5,
+) -> Lease:
+    """Take the lease of `store` (None or '*': the whole root), waiting up to `timeout` seconds."""
+    if not ttl > 0:
+        raise CatalogConfigError(f"lease ttl={ttl!r} must be > 0 seconds")
+    if timeout < 0 or not poll_interval > 0:
+        raise CatalogConfigError(f"invalid lease timeout={timeout!r} / poll_interval={poll_interval!r}")
+    scope = scope_of(store)
+    owner = (owner or default_owner())[:200]
+    root_id = catalog.ensure_root(root)
+    token = uuid.uuid4().hex
+    t0 = time.monotonic()
+    while True:
+        try:
+            expires, holder = _try_acquire(catalog, root_id, scope, owner, token, ttl)
+        except IntegrityError:
+            holder = None  # lost an insert race: look again
+            expires = utcnow()
+        except OperationalError as e:
+            if "locked" not in str(e).lower():  # SQLite busy beyond its timeout: keep waiting
+                raise
+            holder = None
+            expires = utcnow()
+        else:
+            if holder is None:
+                return Lease(catalog, root, root_id, scope, owner, token, ttl, expires)
+        waited = time.monotonic() - t0
+        if waited >= timeout:
+            if holder is None:
+                raise LeaseUnavailableError(root, scope, "an unknown maintainer", scope, expires, waited)
+            raise LeaseUnavailableError(root, scope, holder.owner, holder.scope, holder.expires_at, waited)
+        time.sleep(min(poll_interval, max(0.0, timeout - waited)))
+
+
+def list_leases(catalog: Catalog, root: str) -> list[LeaseInfo]:
+    """Every lease row of `root` (expired ones included: see `LeaseInfo.expired`)."""
+    rid = catalog.find_root(root)
+    if rid is None:
+        return []
+    with catalog.read() as conn:
+        rows = conn.execute(
+            select(
+                MaintenanceLease.scope,
+                MaintenanceLease.owner,
+                MaintenanceLease.acquired_at,
+                MaintenanceLease.expires_at,
+            )
+            .where(MaintenanceLease.root_id == rid)
+            .order_by(MaintenanceLease.scope)
+        ).all()
+    return [LeaseInfo(root, s, o, a, e) for s, o, a, e in rows]
+
+
+__all__ = ["Lease", "LeaseInfo", "acquire", "default_owner", "list_leases", "scope_of"]

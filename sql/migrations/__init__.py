@@ -1,0 +1,1 @@
+"""Alembic migrations of the catalog database (run through `sql.db.upgrade`)."""
