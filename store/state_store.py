@@ -111,6 +111,16 @@ def _closed(*_args: Any) -> Any:
     raise StoreStateError("store is not loaded for writing: call load() before updating state")
 
 
+class _Unloaded:
+    """Stands in for the DB of a column family handle while its store is not loaded."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise StoreStateError("store is not loaded: call load() before reading state")
+
+
+_UNLOADED: Any = _Unloaded()
+
+
 class ColumnFamily:
     """A named key space (one per state variable), with the per-record hot paths.
 
@@ -120,17 +130,28 @@ class ColumnFamily:
 
     __slots__ = ("_db", "_db_delete", "_db_put", "_handle", "_keys", "_limit", "_pending", "_store", "_vals", "name")
 
-    def __init__(self, store: StateStore, name: str, db: rd.Rdict, handle: Any, limit: int) -> None:
+    def __init__(self, store: StateStore, name: str, limit: int) -> None:
         self.name = name
         self._store = store
-        self._db = db
-        self._handle = handle
+        self._db: Any = _UNLOADED
+        self._handle: Any = None
         self._limit = limit
         self._keys: list[bytes] = []
         self._vals: list[bytes | None] = []
         self._pending = 0
         self._db_put: Any = _closed
         self._db_delete: Any = _closed
+
+    def _bind(self, db: rd.Rdict, handle: Any) -> None:
+        """Attach to the (re)opened DB; handles stay valid for users across reloads."""
+        self._db = db
+        self._handle = handle
+
+    def _unbind(self) -> None:
+        self._close_for_writes()
+        self._db = _UNLOADED
+        self._handle = None
+        self._keys, self._vals, self._pending = [], [], 0
 
     def _open_for_writes(self) -> None:
         self._db_put = self._db.put
@@ -360,12 +381,12 @@ class StateStore:
     # -- data access ----------------------------------------------------------------------------
     def column_family(self, name: str = DEFAULT_CF) -> ColumnFamily:
         """The handle of column family `name`, created on first use."""
-        cf = self._cfs.get(name)
-        if cf is not None:
-            return cf
         db = self._db
         if db is None:
             raise StoreStateError(f"store {self.store_id} is not loaded: call load() first")
+        cf = self._cfs.get(name)
+        if cf is not None:
+            return cf
         if not name or len(name.encode()) > 255:
             raise ConfigurationError(f"invalid column family name {name!r}: 1-255 bytes")
         db.create_column_family(name, db_options())
@@ -415,8 +436,10 @@ class StateStore:
         assert self._db is not None
         sub = self._db if name == DEFAULT_CF else self._db.get_column_family(name)
         sub.set_write_options(write_options())
-        cf = ColumnFamily(self, name, sub, self._db.get_column_family_handle(name), self.config.block_bytes)
-        self._cfs[name] = cf
+        cf = self._cfs.get(name)
+        if cf is None:
+            cf = self._cfs[name] = ColumnFamily(self, name, self.config.block_bytes)
+        cf._bind(sub, self._db.get_column_family_handle(name))
         track_memtable(self, name, sub)
         return cf
 
@@ -460,7 +483,8 @@ class StateStore:
 
     def _close_db(self) -> None:
         untrack_memtables(self)
-        self._cfs.clear()
+        for cf in self._cfs.values():
+            cf._unbind()
         if self._db is not None:
             self._db.close()
             self._db = None
@@ -529,7 +553,7 @@ class StateStore:
             base_lineage: Lineage = (snapshot,)
         else:
             base_lineage = ()
-        self._db = open_db(self._db_dir)
+        self._db = open_db(self._db_dir, self._cfs)  # handles given out before stay valid
         for name in rd.Rdict.list_cf(self._db_dir, db_options()):
             self._make_cf(name)
         records = 0

@@ -191,3 +191,20 @@ def test_store_matches_model(checkpoint_root: str) -> None:
     before = STATS["batches"]
     Machine.TestCase().runTest()
     assert STATS["batches"] - before > 50, "the machine should commit many batches"
+
+
+def test_column_family_handles_survive_reloads(tmp_path) -> None:
+    root = tmp_path.as_uri()
+    store = StateStore(root, "agg", 0, config=StoreConfig(local_dir=str(tmp_path / "work")))
+    counts = store.load(0).column_family("counts")
+    counts.put(b"a", b"1")
+    r1 = store.commit()
+    CommitLog(store.fm).commit(1, {"agg": [r1.checkpoint_id]})
+    store.load(1, r1.checkpoint_id)  # warm
+    assert counts.get(b"a") == b"1"
+    counts.put(b"b", b"2")
+    store.abort()  # the next load rebuilds the local DB from the checkpoint
+    store.load(1, r1.checkpoint_id)
+    assert store.last_load is not None and not store.last_load.reused_local
+    assert counts.get(b"a") == b"1" and counts.get(b"b") is None
+    store.close()
