@@ -1,0 +1,1 @@
+"""Scripts the store suites run as separate processes (crash writer, memory probe)."""
