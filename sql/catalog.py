@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import traceback
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
@@ -1081,6 +1082,7 @@ class SyncWriter:
         self._seen: set[str] = set()
         self._min_version: int | None = None  # lowest version whose attempts/files need re-deriving
         self._sst_stores: set[int] = set()  # stores whose SST states need re-deriving
+        self._frozen: set[int] = set()  # stores whose SST states must not be re-derived now
         with catalog.read() as conn:
             for sid, op, part in conn.execute(
                 select(Store.id, Store.operator, Store.partition).where(Store.root_id == self.root_id)
@@ -1113,6 +1115,26 @@ class SyncWriter:
                     list(chunk),
                 )
         self._cursors.update(changed)
+
+    def freeze_store(self, operator: str, partition: int) -> None:
+        """Leave the SST states of a store as they are in `finish` (a manifest of it could not be read)."""
+        sid = self._store_ids.get((operator, partition))
+        if sid is not None:
+            self._frozen.add(sid)
+
+    def known_commit_versions(self, versions: Iterable[int | None]) -> set[int]:
+        """Which of `versions` have their commit record in the catalog already."""
+        wanted = sorted({v for v in versions if v is not None})
+        found: set[int] = set()
+        with self.catalog.read() as conn:
+            for chunk in _chunks(wanted):
+                found.update(
+                    int(v)
+                    for v in conn.execute(
+                        select(Commit.version).where(Commit.root_id == self.root_id, Commit.version.in_(chunk))
+                    ).scalars()
+                )
+        return found
 
     def known_stores(self) -> list[tuple[str, int]]:
         return sorted(self._store_ids)
@@ -1377,23 +1399,28 @@ class SyncWriter:
                 self._note_version(s.version)
         self.stats.snapshots += len(snapshots)
 
-    def snapshot_known(self, operator: str, partition: int, version: int, checkpoint_id: str) -> bool:
-        """Whether the manifest of this snapshot was already read (a sync need not read it again)."""
-        sid = self._store_ids.get((operator, partition))
-        if sid is None:
-            return False
+    def known_snapshots(self, keys: Iterable[tuple[str, int, int, str]]) -> set[tuple[str, int, int, str]]:
+        """Which (operator, partition, version, id) snapshots the catalog holds with their manifest present."""
+        wanted = set(keys)
+        by_store: dict[int, tuple[str, int]] = {}
+        for op, part, _, _ in wanted:
+            sid = self._store_ids.get((op, part))
+            if sid is not None:
+                by_store[sid] = (op, part)
+        versions = sorted({v for _, _, v, _ in wanted})
+        found: set[tuple[str, int, int, str]] = set()
         with self.catalog.read() as conn:
-            return (
-                conn.execute(
-                    select(Snapshot.id).where(
-                        Snapshot.store_id == sid,
-                        Snapshot.version == version,
-                        Snapshot.checkpoint_id == checkpoint_id,
-                        Snapshot.deleted_at.is_(None),
-                    )
-                ).scalar_one_or_none()
-                is not None
-            )
+            for schunk in _chunks(sorted(by_store)):
+                for vchunk in _chunks(versions):
+                    for sid, v, cid in conn.execute(
+                        select(Snapshot.store_id, Snapshot.version, Snapshot.checkpoint_id).where(
+                            Snapshot.store_id.in_(schunk), Snapshot.version.in_(vchunk), Snapshot.deleted_at.is_(None)
+                        )
+                    ):
+                        key = (*by_store[int(sid)], int(v), cid)
+                        if key in wanted:
+                            found.add(key)
+        return found
 
     def finish(self) -> SyncStats:
         """Derive states for what changed (a full pass: for everything) and record the sync time."""
@@ -1406,10 +1433,10 @@ class SyncWriter:
                     ).scalars()
                 )
                 gone = sorted(present - self._seen)
-                self.stats.files_deleted = _mark_deleted(conn, self.root_id, gone, now)
-                derive_states(conn, self.root_id, None, None)
+                self.stats.files_deleted = _mark_deleted(conn, self.root_id, gone, now, self._frozen)
+                derive_states(conn, self.root_id, None, None, self._frozen)
             else:
-                derive_states(conn, self.root_id, self._min_version, self._sst_stores)
+                derive_states(conn, self.root_id, self._min_version, self._sst_stores, self._frozen)
             values: dict[str, Any] = {"last_sync_at": now}
             if self.full:
                 values["last_full_sync_at"] = now
@@ -1417,7 +1444,9 @@ class SyncWriter:
         return self.stats
 
 
-def _mark_deleted(conn: Connection, rid: int, paths: Sequence[str], at: dt.datetime) -> int:
+def _mark_deleted(
+    conn: Connection, rid: int, paths: Sequence[str], at: dt.datetime, frozen: AbstractSet[int] = frozenset()
+) -> int:
     """Mark `paths` deleted; close their snapshots; re-derive SST states of the stores concerned."""
     n = 0
     stores: set[int] = set()
@@ -1448,12 +1477,14 @@ def _mark_deleted(conn: Connection, rid: int, paths: Sequence[str], at: dt.datet
             )
             .values(deleted_at=at)
         )
-    if stores:
-        _derive_sst_states(conn, rid, stores)
+    if stores - frozen:
+        _derive_sst_states(conn, rid, stores - frozen)
     return n
 
 
-def derive_states(conn: Connection, rid: int, min_version: int | None, sst_stores: set[int] | None) -> None:
+def derive_states(
+    conn: Connection, rid: int, min_version: int | None, sst_stores: set[int] | None, frozen: set[int] | None = None
+) -> None:
     """Attempt outcomes and file states from versions, snapshots and files.
 
     Scope: attempts/files of versions >= `min_version` and SSTs of `sst_stores`; None means all.
@@ -1486,12 +1517,12 @@ def derive_states(conn: Connection, rid: int, min_version: int | None, sst_store
         conn.execute(update(File).where(*cond).values(state=STATE_ORPHAN).execution_options(synchronize_session=False))
     # 3. SSTs: live when a present manifest of the store references them, else orphan.
     if sst_stores is None:
-        _derive_sst_states(conn, rid, None)
-    elif sst_stores:
-        _derive_sst_states(conn, rid, sst_stores)
+        _derive_sst_states(conn, rid, None, frozen)
+    elif sst_stores - (frozen or set()):
+        _derive_sst_states(conn, rid, sst_stores - (frozen or set()))
 
 
-def _derive_sst_states(conn: Connection, rid: int, stores: set[int] | None) -> None:
+def _derive_sst_states(conn: Connection, rid: int, stores: set[int] | None, exclude: set[int] | None = None) -> None:
     referenced = exists().where(
         SnapshotSst.sst_path == File.path,
         Snapshot.id == SnapshotSst.snapshot_id,
@@ -1499,6 +1530,8 @@ def _derive_sst_states(conn: Connection, rid: int, stores: set[int] | None) -> N
         Snapshot.deleted_at.is_(None),
     )
     cond = [File.root_id == rid, File.kind == KIND_SST, File.state.in_((STATE_LIVE, STATE_ORPHAN))]
+    if exclude:
+        cond.append(File.store_id.not_in(sorted(exclude)))
     groups: list[Sequence[int] | None] = [None] if stores is None else list(_chunks(sorted(stores)))
     for group in groups:
         where = [*cond, File.store_id.in_(group)] if group is not None else cond
