@@ -1,0 +1,42 @@
+"""Spark Structured Streaming on the statekeeper store.
+
+    from store.spark import StatefulOperator, StatefulProcessor
+
+    class Counter(StatefulProcessor):
+        def init(self, handle):
+            self.count = handle.getValueState("count")
+        def handleInputRows(self, key, rows, timerValues):
+            n = (self.count.get() or (0,))[0] + sum(1 for _ in rows)
+            self.count.update((n,))
+            yield (key[0], n)
+
+    op = StatefulOperator("file:///tmp/state", "counts", key="user", processor=Counter(),
+                          output_schema="user string, count long", sink=lambda df, batch_id: ...)
+    query = op.start(stream_df, checkpoint_location="/tmp/spark-ckpt")
+
+`read_state(spark, root, operator)` returns any committed version of the state as a DataFrame.
+"""
+
+from store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor, TimerValues, keys_of
+from store.spark.driver import StatefulOperator, UploadTimeoutError
+from store.spark.metrics import BatchProgress, PartitionMetrics
+from store.spark.reader import StateDataSource, read_state
+from store.spark.state import ListState, MapState, StatefulProcessorHandle, ValueState
+
+__all__ = [
+    "BatchProgress",
+    "BatchStatefulProcessor",
+    "ExpiredTimerInfo",
+    "ListState",
+    "MapState",
+    "PartitionMetrics",
+    "StateDataSource",
+    "StatefulOperator",
+    "StatefulProcessor",
+    "StatefulProcessorHandle",
+    "TimerValues",
+    "UploadTimeoutError",
+    "ValueState",
+    "keys_of",
+    "read_state",
+]

@@ -1,0 +1,117 @@
+"""The user-facing processor API, shaped after PySpark's ``StatefulProcessor``.
+
+Moving a ``transformWithState`` job over means changing the imports: the processor has ``init``,
+``handleInputRows`` (per grouping key), optional ``handleExpiredTimer`` and ``close``; the handle gives
+``getValueState`` / ``getListState`` / ``getMapState`` (with ``ttlDurationMs``) and processing-time timers.
+``BatchStatefulProcessor`` is the vectorized variant: one call per partition with the whole batch as an
+Arrow table, and bulk state access (``getMany`` / ``updateMany`` / ``clearMany``).
+"""
+
+# ruff: noqa: N802, N803 - method and argument names follow PySpark's StatefulProcessor API
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from store.spark.state import StatefulProcessorHandle
+
+
+class TimerValues:
+    """Time of the current batch: the processing time is fixed per batch (the same on a re-run)."""
+
+    __slots__ = ("_processing_ms", "_watermark_ms")
+
+    def __init__(self, currentProcessingTimeInMs: int = -1, currentWatermarkInMs: int = -1) -> None:
+        self._processing_ms = currentProcessingTimeInMs
+        self._watermark_ms = currentWatermarkInMs
+
+    def getCurrentProcessingTimeInMs(self) -> int:
+        return self._processing_ms
+
+    def getCurrentWatermarkInMs(self) -> int:
+        """Always -1: event-time timers and watermarks are not supported."""
+        return self._watermark_ms
+
+    def __repr__(self) -> str:
+        return f"TimerValues(processing={self._processing_ms}, watermark={self._watermark_ms})"
+
+
+class ExpiredTimerInfo:
+    __slots__ = ("_expiry_ms",)
+
+    def __init__(self, expiryTimeInMs: int = -1) -> None:
+        self._expiry_ms = expiryTimeInMs
+
+    def getExpiryTimeInMs(self) -> int:
+        return self._expiry_ms
+
+
+class StatefulProcessor(ABC):
+    """Arbitrary stateful logic per grouping key.
+
+    With ``input_format="rows"`` (default) ``handleInputRows`` gets an iterator of
+    :class:`pyspark.sql.Row` and yields rows (``Row``, tuple in output-schema order, or dict); with
+    ``input_format="pandas"`` it gets an iterator of ``pandas.DataFrame`` and yields DataFrames, as in
+    ``transformWithStateInPandas``. ``key`` is the tuple of grouping values.
+
+    One instance is deserialized per partition task; ``init`` runs before the partition's rows and
+    ``close`` after its state is committed.
+    """
+
+    @abstractmethod
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        """Declare the state variables (``handle.getValueState(...)`` etc.)."""
+
+    @abstractmethod
+    def handleInputRows(self, key: tuple[Any, ...], rows: Iterator[Any], timerValues: TimerValues) -> Iterable[Any]:
+        """Process the rows of one key in this batch; return or yield output rows."""
+
+    def handleExpiredTimer(
+        self, key: tuple[Any, ...], timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
+    ) -> Iterable[Any]:
+        """Called for each processing-time timer of `key` at or before the batch time."""
+        return ()
+
+    def close(self) -> None:  # noqa: B027 - optional hook, as in PySpark
+        """Called once per partition task, after the state is committed."""
+
+
+class BatchStatefulProcessor(ABC):
+    """Vectorized stateful logic: one call per partition with all of the batch's rows.
+
+    ``handleBatch`` gets the partition's rows of this batch as a ``pyarrow.Table`` (every row of a key
+    is in the same call) and returns its output as a ``pyarrow.Table``, ``RecordBatch``,
+    ``pandas.DataFrame``, an iterable of those, or None. State variables are used through their bulk
+    methods with explicit keys (tuples of grouping values, see :func:`store.spark.keys_of`).
+    """
+
+    @abstractmethod
+    def init(self, handle: StatefulProcessorHandle) -> None: ...
+
+    @abstractmethod
+    def handleBatch(
+        self, rows: pa.Table, timerValues: TimerValues
+    ) -> pa.Table | pa.RecordBatch | Iterable[Any] | Any:
+        """Return the output: Arrow table / record batch, pandas DataFrame, an iterable of those, or None."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, as in PySpark
+        """Called once per partition task, after the state is committed."""
+
+
+def keys_of(table: pa.Table, columns: list[str]) -> list[tuple[Any, ...]]:
+    """The grouping-key tuples of every row of `table` (the form state variables take as keys)."""
+    return list(zip(*(table.column(c).to_pylist() for c in columns), strict=True))
+
+
+__all__ = [
+    "BatchStatefulProcessor",
+    "ExpiredTimerInfo",
+    "StatefulProcessor",
+    "TimerValues",
+    "keys_of",
+]

@@ -1,0 +1,495 @@
+"""Driver side: the ``foreachBatch`` function that runs one stateful operator on the store.
+
+Per micro-batch ``b`` (version ``b`` is loaded, ``b + 1`` committed):
+
+1. The batch is repartitioned by key into the operator's fixed number of state partitions (fixed by
+   its first commit record). One marker row per partition guarantees every partition's task runs,
+   even with no data, because every partition must commit every version.
+2. Each partition task (``mapInArrow``) loads its store at version ``b`` with the committed checkpoint
+   id, runs the processor, commits under a fresh id and returns its output rows plus one metadata row.
+   The result is persisted, so each partition's output and id come from the same winning attempt;
+   retried, speculative or failed attempts leave only uncommitted files (orphans for maintenance).
+3. In async mode the driver waits until every partition's changelog is durable in the checkpoint
+   location; a failed or lost upload fails the attempt and the whole batch is re-run from version ``b``.
+4. Only then the driver writes the commit record of version ``b + 1`` with every partition's id, and
+   passes the output to the user's sink with the batch id.
+
+Restart: Spark re-runs its last uncommitted batch ``b``. If our commit record ``b + 1`` exists, the
+state of ``b`` is already applied and is not applied again; the output is recomputed from version
+``b`` without committing (the sink sees the batch again: at-least-once, as foreachBatch documents).
+The batch's processing time is recorded before its first attempt, so a re-run sees the same time.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from store.commit_log import CommitLog
+from store.errors import CheckpointFileExistsError, CheckpointFileNotFoundError, ConfigurationError, StatekeeperError
+from store.files import CheckpointFileManager, open_file_manager
+from store.files.paths import validate_component
+from store.layout import StoreId
+from store.spark.api import BatchStatefulProcessor, StatefulProcessor
+from store.spark.executor import MARKER_COL, META_COL, PID_COL, FileManagerFactory, TaskSpec, run_task
+from store.spark.metrics import BatchProgress, PartitionMetrics
+from store.state_store import StoreConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.types import StructType
+
+log = logging.getLogger(__name__)
+
+ROUTE_COL = "__sk_route"
+SPARK_DIR = "spark"
+Sink = Callable[["DataFrame", int], None]
+
+
+class UploadTimeoutError(StatekeeperError):
+    """Some partitions' changelogs did not become durable in the checkpoint location in time."""
+
+
+class StatefulOperator:
+    """A stateful operator on the store, run through ``foreachBatch``.
+
+    ``processor`` is a :class:`StatefulProcessor` (per key) or a :class:`BatchStatefulProcessor`
+    (vectorized); ``key`` the grouping columns; ``output_schema`` a StructType or DDL string.
+    ``sink(df, batch_id)`` gets each batch's output after its state is committed.
+    """
+
+    def __init__(
+        self,
+        checkpoint_root: str,
+        name: str,
+        key: str | list[str],
+        processor: StatefulProcessor | BatchStatefulProcessor,
+        output_schema: StructType | str,
+        *,
+        num_partitions: int = 4,
+        input_format: str = "rows",
+        async_checkpoint: bool = False,
+        sink: Sink | None = None,
+        store_config: StoreConfig | None = None,
+        file_manager_factory: FileManagerFactory | None = None,
+        upload_timeout_s: float = 120.0,
+        max_batch_attempts: int = 3,
+        on_progress: Callable[[BatchProgress], None] | None = None,
+        local_dir: str | None = None,
+        history: int = 200,
+    ) -> None:
+        validate_component(name, "operator name")
+        if not isinstance(processor, StatefulProcessor | BatchStatefulProcessor):
+            raise ConfigurationError(
+                f"processor must be a StatefulProcessor or BatchStatefulProcessor, got {type(processor).__name__}"
+            )
+        keys = [key] if isinstance(key, str) else list(key)
+        if not keys or not all(isinstance(k, str) and k for k in keys):
+            raise ConfigurationError(f"key must name one or more grouping columns, got {key!r}")
+        if input_format not in ("rows", "pandas"):
+            raise ConfigurationError(f"input_format must be 'rows' or 'pandas', got {input_format!r}")
+        if not isinstance(num_partitions, int) or not 1 <= num_partitions <= 10_000:
+            raise ConfigurationError(f"num_partitions must be an integer in [1, 10000], got {num_partitions!r}")
+        if max_batch_attempts < 1:
+            raise ConfigurationError(f"max_batch_attempts must be >= 1, got {max_batch_attempts}")
+        self.root = checkpoint_root
+        self.name = name
+        self.key = tuple(keys)
+        self.processor = processor
+        self.output_schema = output_schema
+        self.num_partitions = num_partitions
+        self.input_format = input_format
+        self.async_checkpoint = async_checkpoint
+        self.sink = sink
+        self.store_config = store_config or StoreConfig()
+        self.fm_factory = file_manager_factory
+        self.upload_timeout_s = upload_timeout_s
+        self.max_batch_attempts = max_batch_attempts
+        self.on_progress = on_progress
+        self.local_dir = local_dir
+        self.fm: CheckpointFileManager = file_manager_factory(checkpoint_root) if file_manager_factory else (
+            open_file_manager(checkpoint_root)
+        )
+        self.commit_log = CommitLog(self.fm)
+        self.recent_progress: deque[BatchProgress] = deque(maxlen=history)
+        self._partitions: int | None = None
+        self._next_batch: int | None = None
+        self._route_cache: dict[int, list[int]] = {}
+        self._struct: StructType | None = None
+
+    # -- public ---------------------------------------------------------------------------------
+    @property
+    def last_progress(self) -> BatchProgress | None:
+        return self.recent_progress[-1] if self.recent_progress else None
+
+    def start(
+        self,
+        df: DataFrame,
+        checkpoint_location: str,
+        *,
+        trigger: dict[str, Any] | None = None,
+        query_name: str | None = None,
+    ) -> StreamingQuery:
+        """Start the streaming query: ``df.writeStream.foreachBatch(self.process_batch)``."""
+        writer = df.writeStream.foreachBatch(self.process_batch).option("checkpointLocation", checkpoint_location)
+        if trigger:
+            writer = writer.trigger(**trigger)
+        if query_name:
+            writer = writer.queryName(query_name)
+        return writer.start()
+
+    def process_batch(self, df: DataFrame, batch_id: int) -> None:
+        """The foreachBatch function."""
+        t0 = time.perf_counter()
+        spark = df.sparkSession
+        self._prepare(spark, df, batch_id)
+        n = self._partitions
+        assert n is not None
+        ts = self._batch_timestamp(batch_id, n)
+        version, target = batch_id, batch_id + 1
+        already = self.commit_log.get(target) is not None
+        base: dict[str, Any] = dict(
+            operator=self.name,
+            batch_id=batch_id,
+            version=target,
+            async_checkpoint=self.async_checkpoint,
+            num_partitions=n,
+            batch_timestamp_ms=ts,
+        )
+        if already and self.sink is None:
+            log.info("statekeeper %s: batch %d is already committed; nothing to do", self.name, batch_id)
+            self._finish(BatchProgress(mode="skipped", duration_ms=(time.perf_counter() - t0) * 1000, **base))
+            return
+        load_ids = self._load_ids(version, n)
+        spec = TaskSpec(
+            root=self.root,
+            operator=self.name,
+            num_partitions=n,
+            version=version,
+            load_ids=load_ids,
+            commit=not already,
+            batch_ts_ms=ts,
+            key_columns=self.key,
+            processor=self.processor,
+            output_schema=self._arrow_schema(),
+            input_format=self.input_format,
+            async_upload=self.async_checkpoint,
+            store_config=self.store_config,
+            fm_factory=self.fm_factory,
+            local_dir=self.local_dir,
+        )
+        plan = self._plan(spark, df, n)
+        attempt = 0
+        while True:
+            attempt += 1
+            t_job = time.perf_counter()
+            out = plan.mapInArrow(functools.partial(run_task, spec), self._out_struct())
+            out = out.persist(_storage_level())
+            try:
+                metas = self._collect_metas(out, n)
+                job_ms = (time.perf_counter() - t_job) * 1000
+                upload_wait_ms = 0.0
+                if spec.commit and self.async_checkpoint:
+                    t_wait = time.perf_counter()
+                    self._await_uploads(target, metas)
+                    upload_wait_ms = (time.perf_counter() - t_wait) * 1000
+            except UploadTimeoutError as e:
+                out.unpersist()
+                if attempt >= self.max_batch_attempts:
+                    raise
+                log.warning(
+                    "statekeeper %s batch %d attempt %d failed: %s; re-running", self.name, batch_id, attempt, e
+                )
+                continue
+            except BaseException:
+                out.unpersist()
+                raise
+            break
+        try:
+            t_rec = time.perf_counter()
+            if spec.commit:
+                ids = [m.checkpoint_id or "" for m in metas]
+                self._write_commit_record(target, ids)
+            commit_record_ms = (time.perf_counter() - t_rec) * 1000
+            progress = self._progress(
+                base, "commit" if spec.commit else "replay", metas, attempt, job_ms, upload_wait_ms, commit_record_ms
+            )
+            self._next_batch = batch_id + 1
+            t_sink = time.perf_counter()
+            if self.sink is not None:
+                self.sink(out.filter(out[META_COL].isNull()).drop(META_COL), batch_id)
+            sink_ms = (time.perf_counter() - t_sink) * 1000
+        finally:
+            out.unpersist()
+        duration = (time.perf_counter() - t0) * 1000
+        self._finish(_with(progress, sink_ms=sink_ms, duration_ms=duration))
+        if spec.commit and batch_id % 50 == 0:
+            self._clean_batch_files(batch_id)
+
+    # -- batch phases ---------------------------------------------------------------------------
+    def _prepare(self, spark: SparkSession, df: DataFrame, batch_id: int) -> None:
+        if self._struct is None:
+            self._struct = _to_struct(spark, self.output_schema)
+            reserved = [c for c in df.columns if c.startswith("__sk_")]
+            if reserved:
+                raise ConfigurationError(f"input columns {reserved} use the reserved prefix '__sk_'")
+            missing = [k for k in self.key if k not in df.columns]
+            if missing:
+                raise ConfigurationError(f"key columns {missing} are not in the input columns {df.columns}")
+        if self._next_batch == batch_id and self._partitions is not None:
+            return
+        latest = self.commit_log.latest()
+        if latest not in (batch_id, batch_id + 1):
+            if latest < batch_id:
+                raise ConfigurationError(
+                    f"statekeeper operator {self.name!r} in {self.fm.root_uri} has state up to version {latest}, but "
+                    f"Spark asks for batch {batch_id}: the state root is behind the query's checkpoint (a new or "
+                    "replaced state root for an existing query?). Use a fresh Spark checkpoint location with it."
+                )
+            raise ConfigurationError(
+                f"statekeeper operator {self.name!r} in {self.fm.root_uri} has state up to version {latest}, but "
+                f"Spark asks for batch {batch_id}: the query's checkpoint is behind the state root (a new or "
+                "reset Spark checkpoint location?). Use the matching Spark checkpoint or a fresh state root."
+            )
+        recorded: int | None = None
+        if latest > 0:
+            record = self.commit_log.get(latest)
+            assert record is not None
+            ids = record.checkpoint_ids.get(self.name)
+            if ids is None or len(record.checkpoint_ids) != 1:
+                raise ConfigurationError(
+                    f"the commit records in {self.fm.root_uri} belong to operators {sorted(record.checkpoint_ids)}; "
+                    f"use one state root per operator (not {self.name!r})"
+                )
+            recorded = len(ids)
+        if recorded is None:
+            recorded = self._intent_partitions(batch_id)
+        if recorded is not None and recorded != self.num_partitions:
+            log.warning(
+                "statekeeper %s: the state has %d partitions (fixed at its first batch); ignoring num_partitions=%d",
+                self.name,
+                recorded,
+                self.num_partitions,
+            )
+        self._partitions = recorded or self.num_partitions
+        self._next_batch = batch_id
+
+    def _batch_path(self, batch_id: int) -> str:
+        return f"{SPARK_DIR}/{self.name}/batches/{batch_id:020d}.json"
+
+    def _read_batch_file(self, batch_id: int) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads(self.fm.read_bytes(self._batch_path(batch_id)))
+        except (FileNotFoundError, CheckpointFileNotFoundError):
+            return None
+        except ValueError as e:
+            name = f"{self.fm.root_uri}/{self._batch_path(batch_id)}"
+            raise ConfigurationError(f"unreadable batch file {name}: {e}") from e
+        return data
+
+    def _intent_partitions(self, batch_id: int) -> int | None:
+        data = self._read_batch_file(batch_id)
+        return int(data["num_partitions"]) if data else None
+
+    def _batch_timestamp(self, batch_id: int, n: int) -> int:
+        """The batch's processing time, recorded before its first attempt and reused by re-runs."""
+        data = self._read_batch_file(batch_id)
+        if data is None:
+            data = {"batch_id": batch_id, "timestamp_ms": int(time.time() * 1000), "num_partitions": n}
+            try:
+                with self.fm.create(self._batch_path(batch_id), exclusive=True) as f:
+                    f.write(json.dumps(data).encode())
+            except CheckpointFileExistsError:
+                data = self._read_batch_file(batch_id) or data
+        return int(data["timestamp_ms"])
+
+    def _clean_batch_files(self, batch_id: int, keep: int = 100) -> None:
+        prefix = f"{SPARK_DIR}/{self.name}/batches/"
+        old = []
+        for info in self.fm.list(prefix):
+            stem = info.path.rsplit("/", 1)[-1].split(".", 1)[0]
+            if stem.isdigit() and int(stem) < batch_id - keep:
+                old.append(info.path)
+        if old:
+            result = self.fm.delete_many(old)
+            if result.errors:
+                log.warning("statekeeper %s: could not delete old batch files: %s", self.name, result.errors)
+
+    def _load_ids(self, version: int, n: int) -> tuple[str, ...]:
+        if version == 0:
+            return ("",) * n
+        ids = self.commit_log.committed_id  # for its error message on a missing record
+        record = self.commit_log.get(version)
+        if record is None:
+            ids(version, self.name, 0)  # raises LineageError naming the missing version
+        assert record is not None
+        got = record.checkpoint_ids.get(self.name, ())
+        if len(got) != n:
+            raise ConfigurationError(
+                f"the commit of version {version} names {len(got)} partitions of {self.name!r}, expected {n}"
+            )
+        return tuple(got)
+
+    def _routes(self, spark: SparkSession, n: int) -> list[int]:
+        """For each partition p, an int whose Spark hash partitioning (pmod(murmur3, n)) is p."""
+        routes = self._route_cache.get(n)
+        if routes is None:
+            from pyspark.sql import functions as sf
+
+            rows = (
+                spark.range(0, max(64, 64 * n))
+                .selectExpr("cast(id as int) as v", f"pmod(hash(cast(id as int)), {n}) as p")
+                .groupBy("p")
+                .agg(sf.min("v").alias("v"))
+                .collect()
+            )
+            found = {int(r["p"]): int(r["v"]) for r in rows}
+            if len(found) != n:
+                raise StatekeeperError(f"could not find routing values for all {n} partitions")
+            routes = [int(found[p]) for p in range(n)]
+            self._route_cache[n] = routes
+        return routes
+
+    def _plan(self, spark: SparkSession, df: DataFrame, n: int) -> DataFrame:
+        from pyspark.sql import functions as sf
+
+        data = df.select(
+            "*",
+            sf.pmod(sf.hash(*[sf.col(k) for k in self.key]), sf.lit(n)).cast("int").alias(PID_COL),
+            sf.lit(False).alias(MARKER_COL),
+        )
+        markers = spark.range(n).select(
+            *[sf.lit(None).cast(f.dataType).alias(f.name) for f in df.schema.fields],
+            sf.col("id").cast("int").alias(PID_COL),
+            sf.lit(True).alias(MARKER_COL),
+        )
+        routes = sf.array(*[sf.lit(r) for r in self._routes(spark, n)])
+        return (
+            data.unionByName(markers)
+            .withColumn(ROUTE_COL, sf.element_at(routes, sf.col(PID_COL) + 1))
+            .repartition(n, ROUTE_COL)
+            .drop(ROUTE_COL)
+        )
+
+    def _collect_metas(self, out: DataFrame, n: int) -> list[PartitionMetrics]:
+        rows = out.filter(out[META_COL].isNotNull()).select(META_COL).collect()
+        metas = [PartitionMetrics.from_meta(json.loads(r[0])) for r in rows]
+        by_partition = {m.partition: m for m in metas}
+        if len(by_partition) != len(metas) or sorted(by_partition) != list(range(n)):
+            raise StatekeeperError(
+                f"statekeeper {self.name}: expected one result from each of partitions 0..{n - 1}, got "
+                f"{sorted(m.partition for m in metas)}"
+            )
+        return [by_partition[p] for p in range(n)]
+
+    def _await_uploads(self, version: int, metas: list[PartitionMetrics]) -> None:
+        missing = {
+            StoreId(self.name, m.partition).changelog(version, m.checkpoint_id or "")
+            for m in metas
+            if m.checkpoint_id
+        }
+        deadline = time.monotonic() + self.upload_timeout_s
+        delay = 0.002
+        while missing:
+            missing = {p for p in missing if not self.fm.exists(p)}
+            if not missing:
+                return
+            if time.monotonic() >= deadline:
+                raise UploadTimeoutError(
+                    f"{len(missing)} changelog(s) of version {version} are not durable in {self.fm.root_uri} after "
+                    f"{self.upload_timeout_s}s: {sorted(missing)[:4]}"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.25)
+
+    def _write_commit_record(self, version: int, ids: list[str]) -> None:
+        try:
+            self.commit_log.commit(version, {self.name: ids})
+        except CheckpointFileExistsError as e:
+            raise StatekeeperError(
+                f"version {version} of {self.name!r} in {self.fm.root_uri} was committed by someone else with "
+                "other checkpoint ids: is a second query running on the same state root?"
+            ) from e
+
+    def _progress(
+        self,
+        base: dict[str, Any],
+        mode: str,
+        metas: list[PartitionMetrics],
+        attempts: int,
+        job_ms: float,
+        upload_wait_ms: float,
+        commit_record_ms: float,
+    ) -> BatchProgress:
+        return BatchProgress(
+            mode=mode,
+            input_rows=sum(m.input_rows for m in metas),
+            output_rows=sum(m.output_rows for m in metas),
+            num_rows_total=sum(m.rows_total for m in metas),
+            num_rows_updated=sum(m.rows_updated for m in metas),
+            num_rows_removed=sum(m.rows_removed for m in metas),
+            ttl_removed=sum(m.ttl_removed for m in metas),
+            timers_fired=sum(m.timers_fired for m in metas),
+            changelog_bytes=sum(m.changelog_bytes for m in metas),
+            load_ms=max(m.load_ms for m in metas),
+            process_ms=max(m.process_ms for m in metas),
+            commit_ms=max(m.commit_ms for m in metas),
+            upload_ms=upload_wait_ms if self.async_checkpoint else max(m.upload_ms for m in metas),
+            stores_reused=sum(1 for m in metas if m.reused_local),
+            replayed_changelogs=sum(m.replayed_changelogs for m in metas),
+            job_ms=job_ms,
+            commit_record_ms=commit_record_ms,
+            attempts=attempts,
+            partitions=metas,
+            **base,
+        )
+
+    def _finish(self, progress: BatchProgress) -> None:
+        self.recent_progress.append(progress)
+        log.info("statekeeper batch progress: %s", progress.summary())
+        if self.on_progress is not None:
+            self.on_progress(progress)
+
+    # -- schemas --------------------------------------------------------------------------------
+    def _out_struct(self) -> StructType:
+        from pyspark.sql.types import StringType, StructField, StructType
+
+        assert self._struct is not None
+        return StructType([*self._struct.fields, StructField(META_COL, StringType(), True)])
+
+    def _arrow_schema(self) -> Any:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        return to_arrow_schema(self._out_struct(), timezone="UTC")
+
+
+def _with(progress: BatchProgress, **changes: Any) -> BatchProgress:
+    from dataclasses import replace
+
+    return replace(progress, **changes)
+
+
+def _storage_level() -> Any:
+    from pyspark import StorageLevel
+
+    return StorageLevel.MEMORY_AND_DISK
+
+
+def _to_struct(spark: SparkSession, schema: StructType | str) -> StructType:
+    from pyspark.sql.types import StructType
+
+    if isinstance(schema, StructType):
+        return schema
+    parsed = spark.createDataFrame([], schema).schema
+    if not isinstance(parsed, StructType):  # pragma: no cover - createDataFrame always gives a struct
+        raise ConfigurationError(f"output schema {schema!r} is not a struct")
+    return parsed
+
+
+__all__ = ["StatefulOperator", "UploadTimeoutError"]

@@ -1,0 +1,451 @@
+"""Executor side: one partition task of one micro-batch, run inside ``mapInArrow``.
+
+A task gets every row of its state partition (plus one marker row naming the partition), loads the
+partition's store at version = batch id with the committed checkpoint id the driver passed, runs the
+user's processor, commits (or, when re-running an already committed batch for its output, aborts) and
+yields the output rows followed by one metadata row (checkpoint id and metrics) for the driver.
+
+Store instances are cached per (root, operator, partition) in the Python worker process (Spark reuses
+workers), so the warm path reuses the open RocksDB. Spark gives no affinity between a partition and a
+worker process, so a cached store may be a few versions behind: it then catches up by replaying only
+the missing changelogs, when its version is on the requested version's lineage (else it rebuilds).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from store.async_upload import AsyncUploader
+from store.errors import StoreStateError
+from store.files import CheckpointFileManager, open_file_manager
+from store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor, TimerValues
+from store.spark.state import StateContext, StatefulProcessorHandle, decode_key
+from store.state_store import LoadMetrics, StateStore, StoreConfig
+
+log = logging.getLogger(__name__)
+
+PID_COL = "__sk_partition"
+MARKER_COL = "__sk_marker"
+META_COL = "__sk_meta"
+LOCAL_DIR_ENV = "STATEKEEPER_SPARK_LOCAL_DIR"
+MAX_STORES_ENV = "STATEKEEPER_SPARK_MAX_STORES"
+OUTPUT_BATCH_ROWS = 8192
+
+FileManagerFactory = Callable[[str], CheckpointFileManager]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a partition task needs; pickled into the mapInArrow closure."""
+
+    root: str
+    operator: str
+    num_partitions: int
+    version: int
+    """The version to load (= batch id); the task commits version + 1."""
+    load_ids: tuple[str, ...]
+    """Committed checkpoint id of `version` per partition ("" for version 0)."""
+    commit: bool
+    """False when re-running an already committed batch only for its output (the store is aborted)."""
+    batch_ts_ms: int
+    key_columns: tuple[str, ...]
+    processor: StatefulProcessor | BatchStatefulProcessor
+    output_schema: pa.Schema
+    input_format: str = "rows"
+    async_upload: bool = False
+    store_config: StoreConfig = field(default_factory=StoreConfig)
+    fm_factory: FileManagerFactory | None = None
+    local_dir: str | None = None
+
+
+# -- the per-process cache ------------------------------------------------------------------------
+class WarmStore(StateStore):
+    """A StateStore whose load catches up incrementally from an older version on the same lineage."""
+
+    def load(self, version: int, checkpoint_id: str | None = None) -> StateStore:
+        loaded = self._loaded
+        if (
+            loaded is not None
+            and checkpoint_id
+            and self._writer is None
+            and self._db is not None
+            and version > 0
+            and loaded[0] < version
+        ):
+            t0 = time.perf_counter()
+            try:
+                caught = self._catch_up(loaded, version, checkpoint_id)
+            except BaseException:
+                self._discard_local()
+                raise
+            if caught is not None:
+                self._start_attempt(version, checkpoint_id)
+                self.last_load = replace(caught, load_ms=(time.perf_counter() - t0) * 1000)
+                return self
+        return super().load(version, checkpoint_id)
+
+    def _catch_up(self, loaded: tuple[int, str], version: int, checkpoint_id: str) -> LoadMetrics | None:
+        lineage = self._read_lineage(version, checkpoint_id)  # one header read
+        gap = version - 1 - loaded[0]
+        if loaded[0] == 0:
+            # the empty version: the lineage must reach down to version 1 uncut
+            if len(lineage) != version - 1:
+                return None
+        elif gap >= len(lineage) or lineage[gap] != loaded:
+            return None
+        if self.config.verify_commit:
+            committed = self.commit_log.committed_id(version, self.store_id.operator, self.store_id.partition)
+            if committed != checkpoint_id:
+                return None  # let the full load raise its LineageError
+        chain = [*reversed(lineage[:gap]), (version, checkpoint_id)]
+        records = sum(self._replay(v, c) for v, c in chain)
+        self._lineage = lineage
+        return LoadMetrics(0.0, True, None, len(chain), records)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _Cache:
+    """Stores and uploaders of this Python worker process, LRU-bounded."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.stores: OrderedDict[tuple[str, str, int], WarmStore] = OrderedDict()
+        self.uploaders: dict[str, AsyncUploader] = {}
+        self.base: str | None = None
+        self.max_stores = int(os.environ.get(MAX_STORES_ENV, "64"))
+
+    def process_dir(self, configured: str | None) -> str:
+        if self.base is None:
+            default = os.path.join(tempfile.gettempdir(), "statekeeper-spark")
+            root = configured or os.environ.get(LOCAL_DIR_ENV) or default
+            os.makedirs(root, exist_ok=True)
+            for name in os.listdir(root):  # work dirs of worker processes that died
+                if name.isdigit() and int(name) != os.getpid() and not _alive(int(name)):
+                    shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            self.base = os.path.join(root, str(os.getpid()))
+            os.makedirs(self.base, exist_ok=True)
+            atexit.register(self.close_all)
+        return self.base
+
+    def uploader(self, spec: TaskSpec) -> AsyncUploader:
+        up = self.uploaders.get(spec.root)
+        if up is None:
+            fm = spec.fm_factory(spec.root) if spec.fm_factory else open_file_manager(spec.root)
+            tag = hashlib.sha1(spec.root.encode()).hexdigest()[:16]
+            up = AsyncUploader(fm, os.path.join(self.process_dir(spec.local_dir), "uploads", tag))
+            self.uploaders[spec.root] = up
+        return up
+
+    def store(self, spec: TaskSpec, partition: int) -> WarmStore:
+        key = (spec.root, spec.operator, partition)
+        with self.lock:
+            store = self.stores.get(key)
+            if store is not None:
+                self.stores.move_to_end(key)
+                return store
+            base = self.process_dir(spec.local_dir)
+            tag = hashlib.sha1(f"{spec.root}\0{spec.operator}".encode()).hexdigest()[:16]
+            local = os.path.join(base, "stores", tag, f"{partition:05d}")
+            shutil.rmtree(local, ignore_errors=True)
+            config = replace(spec.store_config, local_dir=local)
+            store = WarmStore(self.uploader(spec), spec.operator, partition, config=config)
+            self.stores[key] = store
+            while len(self.stores) > self.max_stores:
+                _, old = self.stores.popitem(last=False)
+                self._close(old)
+            return store
+
+    def drop(self, spec: TaskSpec, partition: int) -> None:
+        with self.lock:
+            store = self.stores.pop((spec.root, spec.operator, partition), None)
+        if store is not None:
+            self._close(store)
+
+    @staticmethod
+    def _close(store: StateStore) -> None:
+        with contextlib.suppress(Exception):
+            store.close()
+        shutil.rmtree(store.local_dir, ignore_errors=True)
+
+    def close_all(self) -> None:
+        for up in self.uploaders.values():
+            with contextlib.suppress(Exception):
+                up.close(wait=True)
+        for store in list(self.stores.values()):
+            self._close(store)
+        self.stores.clear()
+
+
+CACHE = _Cache()
+
+
+# -- output ---------------------------------------------------------------------------------------
+class _Output:
+    """Buffers output rows or frames and turns them into record batches of the output schema."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.user_fields = [f for f in schema if f.name != META_COL]
+        self.names = [f.name for f in self.user_fields]
+        self.rows: list[Any] = []
+        self.tables: list[pa.Table] = []
+        self.count = 0
+
+    def add(self, result: Any) -> None:
+        if result is None:
+            return
+        if isinstance(result, pa.Table | pa.RecordBatch):
+            self._add_table(result)
+            return
+        if _is_pandas(result):
+            self._add_table(pa.Table.from_pandas(result, preserve_index=False))
+            return
+        if isinstance(result, dict | tuple):  # one row returned instead of an iterable
+            self.rows.append(result)
+            return
+        for item in result:
+            if isinstance(item, pa.Table | pa.RecordBatch) or _is_pandas(item):
+                self.add(item)
+            else:
+                self.rows.append(item)
+
+    def _add_table(self, t: pa.Table | pa.RecordBatch) -> None:
+        if t.num_rows:
+            table = t if isinstance(t, pa.Table) else pa.Table.from_batches([t])
+            missing = [n for n in self.names if n not in table.column_names]
+            if missing:
+                raise StoreStateError(f"processor output lacks columns {missing} of the output schema")
+            self.tables.append(table.select(self.names))
+
+    def pending(self) -> int:
+        return len(self.rows) + sum(int(t.num_rows) for t in self.tables)
+
+    def drain(self) -> Iterator[pa.RecordBatch]:
+        if self.rows:
+            rows, self.rows = self.rows, []
+            yield self._from_rows(rows)
+        tables, self.tables = self.tables, []
+        for t in tables:
+            arrays = [t.column(f.name).cast(f.type) for f in self.user_fields]
+            arrays.append(pa.nulls(t.num_rows, pa.string()))
+            for b in pa.Table.from_arrays(arrays, schema=self.schema).combine_chunks().to_batches():
+                self.count += b.num_rows
+                yield b
+
+    def _from_rows(self, rows: list[Any]) -> pa.RecordBatch:
+        first = rows[0]
+        if isinstance(first, dict):
+            cols = [[r.get(n) for r in rows] for n in self.names]
+        else:
+            width = len(self.names)
+            for r in rows:
+                if len(r) != width:
+                    raise StoreStateError(f"output row {r!r} has {len(r)} values; the output schema has {width}")
+            cols = [list(c) for c in zip(*rows, strict=True)]
+        arrays = [pa.array(c, type=f.type) for c, f in zip(cols, self.user_fields, strict=True)]
+        arrays.append(pa.nulls(len(rows), pa.string()))
+        self.count += len(rows)
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+    def meta(self, payload: dict[str, Any]) -> pa.RecordBatch:
+        arrays = [pa.nulls(1, f.type) for f in self.user_fields]
+        arrays.append(pa.array([json.dumps(payload)], pa.string()))
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
+def _is_pandas(obj: Any) -> bool:
+    return type(obj).__name__ == "DataFrame" and type(obj).__module__.startswith("pandas")
+
+
+# -- the task -------------------------------------------------------------------------------------
+def run_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The body of the mapInArrow function for one Spark partition."""
+    t_start = time.perf_counter()
+    received = [b for b in batches if b.num_rows]
+    if not received:
+        return
+    table = pa.Table.from_batches(received)
+    markers = table.filter(table.column(MARKER_COL))
+    if markers.num_rows == 0:
+        return  # no state partition routed here
+    partitions = sorted(set(markers.column(PID_COL).to_pylist()))
+    if len(partitions) != 1 or markers.num_rows != 1:
+        raise StoreStateError(f"a task got markers of state partitions {partitions}: routing is broken")
+    partition = int(partitions[0])
+    data = table.filter(pc.invert(table.column(MARKER_COL)))
+    if data.num_rows and not pc.all(pc.equal(data.column(PID_COL), partition)).as_py():
+        raise StoreStateError(f"the task of state partition {partition} got rows of another partition")
+    data = data.drop_columns([PID_COL, MARKER_COL])
+    yield from _run_partition(spec, partition, data, t_start)
+
+
+def _run_partition(spec: TaskSpec, partition: int, data: pa.Table, t_start: float) -> Iterator[pa.RecordBatch]:
+    attempt, task_attempt_id = _task_attempt()
+    store = CACHE.store(spec, partition)
+    uploader = CACHE.uploader(spec)
+    load_id = spec.load_ids[partition] or None
+    try:
+        store.load(spec.version, load_id)
+    except BaseException:
+        CACHE.drop(spec, partition)
+        raise
+    load = store.last_load
+    out = _Output(spec.output_schema)
+    ctx = StateContext(store, spec.batch_ts_ms)
+    timer_values = TimerValues(spec.batch_ts_ms, -1)
+    processor = spec.processor
+    committed = False
+    fired: list[tuple[bytes, int]] = []
+    try:
+        t_proc = time.perf_counter()
+        processor.init(StatefulProcessorHandle(ctx))
+        if isinstance(processor, BatchStatefulProcessor):
+            out.add(processor.handleBatch(data, timer_values))
+            yield from out.drain()
+            keys = -1  # not counted by the vectorized API
+        else:
+            keys = 0
+            for key, rows in _groups(data, spec.key_columns, spec.input_format):
+                keys += 1
+                ctx.set_key(key)
+                out.add(processor.handleInputRows(key, rows, timer_values))
+                if out.pending() >= OUTPUT_BATCH_ROWS:
+                    yield from out.drain()
+            fired = ctx.pop_expired_timers()
+            for gk, expiry in fired:
+                key = decode_key(gk)
+                ctx.set_key(key)
+                out.add(processor.handleExpiredTimer(key, timer_values, ExpiredTimerInfo(expiry)))
+                if out.pending() >= OUTPUT_BATCH_ROWS:
+                    yield from out.drain()
+            ctx.clear_key()
+        timers_fired = len(fired)
+        ctx.evict_expired()
+        rows_total = ctx.save_rows_total()
+        process_ms = (time.perf_counter() - t_proc) * 1000
+        meta: dict[str, Any] = {
+            "partition": partition,
+            "version": spec.version + 1,
+            "attempt": attempt,
+            "task_attempt_id": task_attempt_id,
+            "worker_pid": os.getpid(),
+            "input_rows": data.num_rows,
+            "keys": keys,
+            "rows_total": rows_total,
+            "rows_updated": ctx.rows_updated,
+            "rows_removed": ctx.rows_removed,
+            "ttl_removed": ctx.ttl_removed,
+            "timers_fired": timers_fired,
+            "process_ms": process_ms,
+            "load_ms": load.load_ms if load else 0.0,
+            "reused_local": bool(load and load.reused_local),
+            "replayed_changelogs": load.replayed_changelogs if load else 0,
+            "replayed_records": load.replayed_records if load else 0,
+        }
+        if spec.commit:
+            result = store.commit()
+            committed = True
+            path = store.store_id.changelog(result.version, result.checkpoint_id)
+            pending = uploader.pending(path)
+            upload_ms = 0.0
+            if pending is not None and not spec.async_upload:
+                upload_ms = pending.result().upload_ms
+                uploader.forget(path)
+            elif pending is not None:
+                _forget_when_done(uploader, pending.path)
+            meta.update(
+                checkpoint_id=result.checkpoint_id,
+                commit_ms=result.metrics.commit_ms,
+                upload_ms=upload_ms,
+                changelog_bytes=result.metrics.changelog_bytes,
+                changelog_records=result.metrics.records,
+            )
+        else:
+            store.abort()
+            meta.update(checkpoint_id=None, commit_ms=0.0, upload_ms=0.0, changelog_bytes=0, changelog_records=0)
+        processor.close()
+        yield from out.drain()
+        meta["output_rows"] = out.count
+        meta["task_ms"] = (time.perf_counter() - t_start) * 1000
+        yield out.meta(meta)
+    except BaseException:
+        if not committed:
+            store.abort()
+        raise
+
+
+def _forget_when_done(uploader: AsyncUploader, path: str) -> None:
+    pending = uploader.pending(path)
+    if pending is not None:
+        pending._future.add_done_callback(lambda _f: uploader.forget(path))
+
+
+def _task_attempt() -> tuple[int, int]:
+    try:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+    except ImportError:  # pragma: no cover - pyspark is a dependency
+        tc = None
+    if tc is None:
+        return 0, -1
+    return int(tc.attemptNumber()), int(tc.taskAttemptId())
+
+
+def _groups(data: pa.Table, key_columns: tuple[str, ...], input_format: str) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """(key tuple, rows iterator) per grouping key, in first-seen order."""
+    if data.num_rows == 0:
+        return
+    names = data.column_names
+    columns = [data.column(n).to_pylist() for n in names]
+    key_idx = [names.index(k) for k in key_columns]
+    if len(key_idx) == 1:
+        keys: Iterable[tuple[Any, ...]] = ((v,) for v in columns[key_idx[0]])
+    else:
+        keys = zip(*(columns[i] for i in key_idx), strict=True)
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, k in enumerate(keys):
+        idx = groups.get(k)
+        if idx is None:
+            groups[k] = [i]
+        else:
+            idx.append(i)
+    if input_format == "pandas":
+        pdf = data.to_pandas()
+        for k, idx in groups.items():
+            yield k, iter((pdf.iloc[idx].reset_index(drop=True),))
+        return
+    from pyspark.sql import Row
+
+    make = Row(*names)
+    rows = [make(*values) for values in zip(*columns, strict=True)]
+    for k, idx in groups.items():
+        yield k, iter([rows[i] for i in idx])
+
+
+__all__ = ["CACHE", "MARKER_COL", "META_COL", "PID_COL", "TaskSpec", "WarmStore", "run_task"]
