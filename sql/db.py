@@ -134,6 +134,20 @@ def upgrade(url: str | URL | Engine | None = None, revision: str = "head") -> st
             engine.dispose()
 
 
+def downgrade(url: str | URL | Engine | None, revision: str) -> str | None:
+    """Migrate the catalog at `url` down to `revision` ("base": drop every table); returns where it is."""
+    from alembic import command
+
+    engine, owned = _as_engine(url)
+    try:
+        with engine.begin() as conn:
+            command.downgrade(_alembic_config(conn), revision)
+        return current_revision(engine)
+    finally:
+        if owned:
+            engine.dispose()
+
+
 def current_revision(url: str | URL | Engine | None = None) -> str | None:
     """The revision the catalog at `url` is at; None for an empty (never migrated) database."""
     from alembic.runtime.migration import MigrationContext
@@ -180,6 +194,7 @@ __all__ = [
     "current_revision",
     "default_home",
     "default_url",
+    "downgrade",
     "head_revision",
     "make_engine",
     "normalize_url",
