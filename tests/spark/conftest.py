@@ -1,0 +1,43 @@
+"""One SparkSession (local[2], up to 4 attempts per task) for the whole Spark suite."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def spark_env() -> dict[str, str]:
+    """Environment for Spark's Python workers: this interpreter, and the repo on the path (tests.*)."""
+    path = os.environ.get("PYTHONPATH", "")
+    return {
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), path) if p),
+    }
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    pyspark_sql = pytest.importorskip("pyspark.sql")
+    os.environ.update(spark_env())
+    os.environ["STATEKEEPER_SPARK_LOCAL_DIR"] = str(tmp_path_factory.mktemp("spark-local"))
+    session = (
+        pyspark_sql.SparkSession.builder.master("local[2,4]")
+        .appName("statekeeper-tests")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.default.parallelism", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.driver.memory", "1g")
+        .config("spark.sql.streaming.forceDeleteTempCheckpointLocation", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -1,0 +1,75 @@
+"""Input files, a query runner and the batch-computed reference for the Spark tests."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from store.spark import StatefulOperator, read_state
+
+SCHEMA = "user string, value long"
+
+
+def write_inputs(directory: Path, files: int, rows: int, keys: int, seed: int = 7) -> list[list[tuple[str, int]]]:
+    """`files` parquet files of `rows` (user, value) rows; returns their rows in file order."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rnd = random.Random(seed)
+    batches = []
+    for f in range(files):
+        data = [(f"u{rnd.randrange(keys)}", f * 1_000_000 + i) for i in range(rows)]
+        pq.write_table(
+            pa.table({"user": [u for u, _ in data], "value": pa.array([v for _, v in data], pa.int64())}),
+            directory / f"part-{f:05d}.parquet",
+        )
+        batches.append(data)
+    return batches
+
+
+def reference(batches: list[list[tuple[str, int]]]) -> dict[str, tuple[int, int]]:
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for batch in batches:
+        for user, value in batch:
+            totals[user][0] += 1
+            totals[user][1] += value
+    return {u: (c, s) for u, (c, s) in totals.items()}
+
+
+class CollectingSink:
+    """Keeps each batch's output on the driver (a re-delivered batch replaces its earlier delivery)."""
+
+    def __init__(self) -> None:
+        self.batches: dict[int, list[tuple[Any, ...]]] = {}
+        self.deliveries: list[int] = []
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        self.batches[batch_id] = [tuple(r) for r in df.collect()]
+        self.deliveries.append(batch_id)
+
+    def latest_per_key(self) -> dict[str, tuple[Any, ...]]:
+        out: dict[str, tuple[Any, ...]] = {}
+        for b in sorted(self.batches):
+            for row in self.batches[b]:
+                out[row[0]] = tuple(row[1:])
+        return out
+
+
+def run_query(spark: Any, op: StatefulOperator, input_dir: Path, checkpoint: Path, timeout: float = 240) -> None:
+    df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(input_dir))
+    query = op.start(df, str(checkpoint), trigger={"availableNow": True})
+    try:
+        assert query.awaitTermination(timeout), "query did not finish in time"
+        if query.exception() is not None:
+            raise AssertionError(f"query failed: {query.exception()}")
+    finally:
+        query.stop()
+
+
+def state_of(spark: Any, root: str, operator: str, version: int | None = None, state: str = "totals") -> dict[str, Any]:
+    rows = read_state(spark, root, operator, version=version, state=state).collect()
+    return {json.loads(r["key"])[0]: tuple(json.loads(r["value"])) for r in rows}

@@ -1,0 +1,154 @@
+"""Processors the Spark tests run (importable by Spark's Python workers)."""
+
+# ruff: noqa: N802, N803 - PySpark's method names
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from store.spark import BatchStatefulProcessor, StatefulProcessor, StatefulProcessorHandle, TimerValues, keys_of
+
+
+class CountSum(StatefulProcessor):
+    """Per user: number of events and sum of values; outputs the running totals of updated keys."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.totals = handle.getValueState("totals", "count long, total long")
+
+    def handleInputRows(self, key: tuple[Any, ...], rows: Iterator[Any], timerValues: TimerValues) -> Iterator[Any]:
+        count, total = self.totals.get() or (0, 0)
+        for r in rows:
+            count += 1
+            total += r.value
+        self.totals.update((count, total))
+        yield (key[0], count, total)
+
+
+class CountSumPandas(StatefulProcessor):
+    """CountSum with pandas input and output (transformWithStateInPandas style)."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.totals = handle.getValueState("totals")
+
+    def handleInputRows(self, key: tuple[Any, ...], rows: Iterator[Any], timerValues: TimerValues) -> Iterator[Any]:
+        import pandas as pd
+
+        count, total = self.totals.get() or (0, 0)
+        for pdf in rows:
+            count += len(pdf)
+            total += int(pdf["value"].sum())
+        self.totals.update((count, total))
+        yield pd.DataFrame({"user": [key[0]], "count": [count], "total": [total]})
+
+
+class CountSumVectorized(BatchStatefulProcessor):
+    """CountSum on the whole batch with Arrow and bulk state access."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.totals = handle.getValueState("totals")
+
+    def handleBatch(self, rows: pa.Table, timerValues: TimerValues) -> pa.Table:
+        agg = rows.group_by("user").aggregate([("value", "count"), ("value", "sum")])
+        keys = keys_of(agg, ["user"])
+        old = self.totals.getMany(keys)
+        counts = agg.column("value_count").to_pylist()
+        sums = agg.column("value_sum").to_pylist()
+        new = [
+            ((o[0] if o else 0) + c, (o[1] if o else 0) + s) for o, c, s in zip(old, counts, sums, strict=True)
+        ]
+        self.totals.updateMany(keys, new)
+        return pa.table(
+            {
+                "user": agg.column("user"),
+                "count": pa.array([n[0] for n in new], pa.int64()),
+                "total": pa.array([n[1] for n in new], pa.int64()),
+            }
+        )
+
+
+class FailOnce(CountSum):
+    """CountSum whose first attempt of each task fails, before or after its commit.
+
+    `where` = "process" (raises in handleInputRows: nothing committed), "close" (raises after the
+    commit: an uncommitted changelog is left behind) or "kill" (the Python worker kills itself with
+    SIGKILL after the commit). Only in batches listed in `batches` (by their input file markers).
+    """
+
+    def __init__(self, where: str, fail_values: set[int]) -> None:
+        self.where = where
+        self.fail_values = fail_values
+        self._fail = False
+
+    def _first_attempt(self) -> bool:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        return tc is not None and tc.attemptNumber() == 0
+
+    def handleInputRows(self, key: tuple[Any, ...], rows: Iterator[Any], timerValues: TimerValues) -> Iterator[Any]:
+        rows_list = list(rows)
+        if any(r.value in self.fail_values for r in rows_list) and self._first_attempt():
+            if self.where == "process":
+                raise RuntimeError(f"injected failure while processing key {key}")
+            self._fail = True
+        yield from super().handleInputRows(key, iter(rows_list), timerValues)
+
+    def close(self) -> None:
+        if self._fail:
+            if self.where == "kill":
+                os.kill(os.getpid(), 9)
+            raise RuntimeError("injected failure after commit")
+
+
+class SlowCountSum(CountSum):
+    """CountSum that sleeps per batch (to give a killer time to strike mid-batch)."""
+
+    def __init__(self, sleep_s: float, marker_dir: str | None = None) -> None:
+        self.sleep_s = sleep_s
+        self.marker_dir = marker_dir
+
+    def close(self) -> None:
+        if self.marker_dir:
+            Path(self.marker_dir, f"committed-{os.getpid()}-{time.time_ns()}").touch()
+        time.sleep(self.sleep_s)
+
+
+class Sessions(StatefulProcessor):
+    """Timers and TTL: a session per user closes when no event came for `gap_ms` (a processing timer)."""
+
+    def __init__(self, gap_ms: int, ttl_ms: int | None = None) -> None:
+        self.gap_ms = gap_ms
+        self.ttl_ms = ttl_ms
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.session = handle.getValueState("session", ttlDurationMs=self.ttl_ms)
+        self.closed = handle.getValueState("closed")
+        self.history = handle.getListState("history")
+        self.per_value = handle.getMapState("per_value")
+
+    def handleInputRows(self, key: tuple[Any, ...], rows: Iterator[Any], timerValues: TimerValues) -> Iterator[Any]:
+        now = timerValues.getCurrentProcessingTimeInMs()
+        events = 0
+        for r in rows:
+            events += 1
+            self.per_value.updateValue(r.value % 3, (self.per_value.getValue(r.value % 3) or 0) + 1)
+        s = self.session.get()
+        for t in self.handle.listTimers():
+            self.handle.deleteTimer(t)
+        self.handle.registerTimer(now + self.gap_ms)
+        self.session.update(((s[0] if s else 0) + events,))
+        self.history.appendValue(events)
+        yield (key[0], "open", (s[0] if s else 0) + events)
+
+    def handleExpiredTimer(self, key: tuple[Any, ...], timerValues: TimerValues, expiredTimerInfo: Any) -> Iterator[Any]:
+        s = self.session.get()
+        self.session.clear()
+        self.closed.update(((self.closed.get() or (0,))[0] + 1,))
+        yield (key[0], "closed", s[0] if s else 0)
