@@ -928,14 +928,14 @@ class Catalog:
     def acquire_lease(
         self,
         uri: str,
-        store: tuple[str, int] | None = None,
+        store: tuple[str, int] | str | None = None,
         *,
         owner: str | None = None,
         ttl: float = 300.0,
         timeout: float = 0.0,
         poll_interval: float = 0.5,
     ) -> Lease:
-        """Take the maintenance lease of one store (or, with `store=None`, of the whole root).
+        """Take the maintenance lease of one store (or, with `store=None` or '*', of the whole root).
 
         Waits up to `timeout` seconds for a holder to release or expire, then raises
         `LeaseUnavailableError` naming the holder. Use as a context manager to release on exit.

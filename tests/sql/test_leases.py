@@ -124,7 +124,7 @@ def test_root_and_store_scopes(catalog: Catalog) -> None:
         catalog.acquire_lease(ROOT, "agg/5", owner="e")
     for bad in ("agg", "agg/x", ("", 1), ("agg", -1)):
         with pytest.raises(CatalogConfigError):
-            catalog.acquire_lease(ROOT, bad)  # type: ignore[arg-type]
+            catalog.acquire_lease(ROOT, bad)
     with pytest.raises(CatalogConfigError):
         catalog.acquire_lease(ROOT, ("agg", 0), ttl=0)
 

@@ -69,7 +69,7 @@ def test_full_sync_records_lineage(catalog: Catalog, history: History) -> None:
     assert all(f.state == "live" for f in files.values() if f.kind in ("commit", "sst", "manifest"))
     exp = catalog.export(uri)
     outcomes = {(a[0], a[1], a[2], a[3]): a[4] for a in exp["attempts"]}
-    assert outcomes[tuple(history.pending[0])] == "pending"
+    assert outcomes[(op, part, v, cid)] == "pending"
     assert sum(1 for o in outcomes.values() if o == "committed") == 6 * len(history.store_keys())
     # Every listed file is in the catalog with its size.
     listed = {i.path: i.size for i in history.fm.list("")}
@@ -81,7 +81,11 @@ def test_incremental_at_every_step_equals_rebuild(
 ) -> None:
     """Sync after every single write; the result equals a rebuild from the location alone."""
     uri = history.fm.root_uri
-    history.on_step = lambda _what: sync_catalog(catalog, history.fm)
+
+    def on_step(_what: str) -> None:
+        sync_catalog(catalog, history.fm)
+
+    history.on_step = on_step
     history.run(7, retry_every=2, snapshot_every=3)
     history.pending_attempt(("join", 0))
     history.snapshot(("agg", 1), version=5)  # an older version's snapshot, written late
