@@ -1,0 +1,250 @@
+"""The maintenance assets, one partition per checkpoint root.
+
+- ``lineage_catalog``: the catalog of a root, synced from its checkpoint location (incremental, or
+  full with ``full: true``).
+- ``state_snapshots``: snapshots of every store whose changelog chain reached the threshold.
+- ``retained_versions``: the root trimmed to the newest ``min_versions_to_retain`` versions (expiry).
+- ``orphan_cleanup``: the root without orphan files older than the grace period.
+
+They form a chain (lineage -> snapshots -> expiry -> orphans), so a run that materializes several
+works on the root one operation at a time, in the order that deletes the most.
+
+Each materialization records its maintenance run in the catalog with the Dagster run id (the
+maintenance operation does, given ``orchestrator_run_id``; a run it did not record is recorded
+here), and reports numeric metadata the UI plots (files, bytes, seconds, chain lengths) plus a
+``details`` table of what it did. A run whose operation reports errors fails, naming them.
+"""
+
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dagster import (
+    AssetExecutionContext,
+    AssetsDefinition,
+    Config,
+    Failure,
+    MaterializeResult,
+    MetadataValue,
+    PartitionsDefinition,
+    asset,
+)
+from pydantic import Field
+
+from orchestration.metadata import chain_rows, chain_stats, numeric, report_errors, report_metadata, table
+from orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
+from sql import Catalog
+from sql.models import utcnow
+
+GROUP = "statekeeper"
+LINEAGE = "lineage_catalog"
+SNAPSHOTS = "state_snapshots"
+RETAINED = "retained_versions"
+ORPHANS = "orphan_cleanup"
+ASSET_NAMES = (LINEAGE, SNAPSHOTS, RETAINED, ORPHANS)
+
+KIND_TAG = "statekeeper/kind"
+ROOT_TAG = "statekeeper/root"
+KINDS = {LINEAGE: "catalog-sync", SNAPSHOTS: "snapshot", RETAINED: "expiry", ORPHANS: "orphans"}
+"""The maintenance kind of each asset (run tag, and the kind the failure sensor records)."""
+
+
+class LineageConfig(Config):
+    full: bool = Field(default=False, description="List the whole root and mark missing files deleted.")
+
+
+class SnapshotConfig(Config):
+    stores: list[str] = Field(
+        default_factory=list,
+        description="Stores (operator/partition@version) the sensor saw cross the threshold; informational: "
+        "every store at or over the threshold is snapshotted.",
+    )
+
+
+class DeleteConfig(Config):
+    dry_run: bool = Field(default=False, description="Report what would be deleted, delete nothing.")
+
+
+def sync_lineage(catalog: Catalog, storage: CheckpointStorage, root: str) -> Any:
+    """An incremental catalog sync (not recorded as a run): the catalog is current before planning."""
+    from maintenance.catalog_sync import sync_catalog
+
+    return sync_catalog(catalog, storage.file_manager(root), raise_on_error=False)
+
+
+def ensure_recorded(
+    catalog: Catalog, root: str, kind: str, run_id: str, since: Any, report: Any, *, dry_run: bool = False
+) -> None:
+    """Record the maintenance run unless the operation already did (under this Dagster run id)."""
+    for r in catalog.runs(root, limit=50):
+        if r.orchestrator_run_id == run_id and r.started_at.replace(tzinfo=None) >= since.replace(tzinfo=None):
+            return
+    md = report.metadata()
+    errors = report_errors(report)
+    rid = catalog.start_run(root, kind, dry_run=dry_run, orchestrator_run_id=run_id, started_at=since)
+    catalog.finish_run(
+        rid,
+        status="failed" if errors else "succeeded",
+        stores=int(md.get("stores", 0)),
+        files=int(md.get("files", 0)),
+        bytes=int(md.get("bytes", 0)),
+        errors=errors,
+        details={"metadata": md},
+    )
+
+
+def _fail_on_errors(what: str, root: str, errors: list[str], metadata: dict[str, MetadataValue]) -> None:
+    if errors:
+        shown = "; ".join(errors[:5]) + (f" (and {len(errors) - 5} more)" if len(errors) > 5 else "")
+        raise Failure(description=f"{what} of {root} reported {len(errors)} error(s): {shown}", metadata=metadata)
+
+
+def run_maintenance(
+    context: AssetExecutionContext,
+    asset_name: str,
+    operation: Callable[..., Any],
+    storage: CheckpointStorage,
+    catalog: CatalogDatabase,
+    maintenance: MaintenanceConfig,
+    **kwargs: Any,
+) -> MaterializeResult[None]:
+    """Run one maintenance operation on the root of the partition and describe it for the UI."""
+    root = storage.file_manager(context.partition_key).root_uri
+    settings = maintenance.settings()
+    t0 = time.perf_counter()
+    since = utcnow()
+    with catalog.session() as cat:
+        sync_lineage(cat, storage, root)
+        report = operation(root, settings, catalog=cat, orchestrator_run_id=context.run_id, **kwargs)
+        ensure_recorded(
+            cat, root, KINDS[asset_name], context.run_id, since, report, dry_run=bool(kwargs.get("dry_run"))
+        )
+        chains = cat.chain_lengths(root)
+    md = report_metadata(report)
+    md.update(chain_stats(chains, settings.snapshot_threshold))
+    md["asset_seconds"] = MetadataValue.float(round(time.perf_counter() - t0, 3))
+    md["dry_run"] = MetadataValue.bool(bool(kwargs.get("dry_run")))
+    _fail_on_errors(KINDS[asset_name], root, report_errors(report), md)
+    context.log.info("%s of %s: %s", KINDS[asset_name], root, report.metadata())
+    return MaterializeResult(metadata=md)
+
+
+def build_assets(partitions: PartitionsDefinition) -> list[AssetsDefinition]:
+    """The four assets, partitioned by checkpoint root."""
+
+    @asset(
+        name=LINEAGE,
+        partitions_def=partitions,
+        group_name=GROUP,
+        tags={KIND_TAG: KINDS[LINEAGE]},
+        kinds={"sql"},
+        description="Lineage catalog of the checkpoint root: every committed version, attempt, snapshot and "
+        "file, synced from the checkpoint location (the source of truth).",
+    )
+    def lineage_catalog(
+        context: AssetExecutionContext,
+        config: LineageConfig,
+        storage: CheckpointStorage,
+        catalog: CatalogDatabase,
+        maintenance: MaintenanceConfig,
+    ) -> MaterializeResult[None]:
+        from maintenance.catalog_sync import sync_catalog
+
+        fm = storage.file_manager(context.partition_key)
+        threshold = maintenance.snapshot_threshold
+        with catalog.session() as cat:
+            result = sync_catalog(
+                cat, fm, full=config.full, raise_on_error=False, record_run=True, orchestrator_run_id=context.run_id
+            )
+            chains = cat.chain_lengths(fm.root_uri)
+        values = result.to_json()
+        md = numeric({k: v for k, v in values.items() if k != "errors"})
+        md["errors"] = MetadataValue.int(len(result.errors))
+        md.update(chain_stats(chains, threshold))
+        md["details"] = table(chain_rows(chains))
+        _fail_on_errors("catalog sync", fm.root_uri, list(result.errors), md)
+        return MaterializeResult(metadata=md)
+
+    @asset(
+        name=SNAPSHOTS,
+        partitions_def=partitions,
+        group_name=GROUP,
+        deps=[LINEAGE],
+        tags={KIND_TAG: KINDS[SNAPSHOTS]},
+        description="Snapshots of every store whose changelog chain since its last snapshot reached the "
+        "threshold: recovery replays few changelogs.",
+    )
+    def state_snapshots(
+        context: AssetExecutionContext,
+        config: SnapshotConfig,
+        storage: CheckpointStorage,
+        catalog: CatalogDatabase,
+        maintenance: MaintenanceConfig,
+    ) -> MaterializeResult[None]:
+        from maintenance.snapshots import create_snapshots
+
+        if config.stores:
+            context.log.info("requested for %s", ", ".join(config.stores))
+        return run_maintenance(context, SNAPSHOTS, create_snapshots, storage, catalog, maintenance)
+
+    @asset(
+        name=RETAINED,
+        partitions_def=partitions,
+        group_name=GROUP,
+        deps=[SNAPSHOTS],
+        tags={KIND_TAG: KINDS[RETAINED]},
+        description="The checkpoint trimmed to the newest min_versions_to_retain committed versions: older "
+        "changelogs, manifests, SST files and commit records deleted in parallel batches.",
+    )
+    def retained_versions(
+        context: AssetExecutionContext,
+        config: DeleteConfig,
+        storage: CheckpointStorage,
+        catalog: CatalogDatabase,
+        maintenance: MaintenanceConfig,
+    ) -> MaterializeResult[None]:
+        from maintenance.expiry import expire_versions
+
+        return run_maintenance(
+            context, RETAINED, expire_versions, storage, catalog, maintenance, dry_run=config.dry_run
+        )
+
+    @asset(
+        name=ORPHANS,
+        partitions_def=partitions,
+        group_name=GROUP,
+        deps=[RETAINED],
+        tags={KIND_TAG: KINDS[ORPHANS]},
+        description="The checkpoint without orphans older than the grace period: files of losing attempts, "
+        "unreferenced SST files, leftovers of crashed writes.",
+    )
+    def orphan_cleanup(
+        context: AssetExecutionContext,
+        config: DeleteConfig,
+        storage: CheckpointStorage,
+        catalog: CatalogDatabase,
+        maintenance: MaintenanceConfig,
+    ) -> MaterializeResult[None]:
+        from maintenance.orphans import clean_orphans
+
+        return run_maintenance(context, ORPHANS, clean_orphans, storage, catalog, maintenance, dry_run=config.dry_run)
+
+    return [lineage_catalog, state_snapshots, retained_versions, orphan_cleanup]
+
+
+__all__ = [
+    "ASSET_NAMES",
+    "GROUP",
+    "KINDS",
+    "KIND_TAG",
+    "LINEAGE",
+    "ORPHANS",
+    "RETAINED",
+    "ROOT_TAG",
+    "SNAPSHOTS",
+    "build_assets",
+    "ensure_recorded",
+    "run_maintenance",
+    "sync_lineage",
+]

@@ -1,0 +1,126 @@
+"""Asset checks, per checkpoint root (the partitions of the assets they check).
+
+- ``retained_versions_loadable`` (on ``retained_versions``): every retained committed version of every
+  store is loadable: files present, checksums and lineage good (`maintenance.verify.verify_root`).
+- ``chain_lengths_within_threshold`` (on ``state_snapshots``): no store replays more than
+  ``snapshot_threshold`` changelogs on recovery (warning: the sensor snapshots it on its next tick).
+- ``no_orphans_past_grace`` (on ``orphan_cleanup``): a dry run of orphan cleanup finds no orphan older
+  than the grace period.
+"""
+
+
+import warnings
+
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetChecksDefinition,
+    AssetCheckSeverity,
+    MetadataValue,
+    PartitionsDefinition,
+    asset_check,
+)
+
+from orchestration.assets import ORPHANS, RETAINED, SNAPSHOTS, sync_lineage
+from orchestration.metadata import chain_rows, chain_stats, numeric, report_errors, table
+from orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
+
+LOADABLE = "retained_versions_loadable"
+CHAINS = "chain_lengths_within_threshold"
+NO_ORPHANS = "no_orphans_past_grace"
+CHECK_NAMES = (LOADABLE, CHAINS, NO_ORPHANS)
+
+
+def _root(context: AssetCheckExecutionContext, storage: CheckpointStorage) -> str:
+    return storage.file_manager(context.partition_key).root_uri
+
+
+def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition]:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*partitions_def.*")  # partitioned checks are a preview
+
+        @asset_check(
+            asset=RETAINED,
+            name=LOADABLE,
+            partitions_def=partitions,
+            description="Every retained committed version of every store of the root is loadable "
+            "(files present, checksums, lineage).",
+        )
+        def retained_versions_loadable(
+            context: AssetCheckExecutionContext,
+            storage: CheckpointStorage,
+            catalog: CatalogDatabase,
+            maintenance: MaintenanceConfig,
+        ) -> AssetCheckResult:
+            from maintenance.verify import verify_root
+
+            root = _root(context, storage)
+            with catalog.session() as cat:
+                sync_lineage(cat, storage, root)
+                report = verify_root(root, maintenance.settings(), catalog=cat)
+            errors = report_errors(report)
+            md = numeric(report.metadata())
+            md["errors"] = MetadataValue.int(len(errors))
+            md["details"] = table(report.rows())
+            if errors:
+                md["first_errors"] = MetadataValue.md("\n".join(f"- {e}" for e in errors[:20]))
+            return AssetCheckResult(passed=not errors, metadata=md, severity=AssetCheckSeverity.ERROR)
+
+        @asset_check(
+            asset=SNAPSHOTS,
+            name=CHAINS,
+            partitions_def=partitions,
+            description="No store of the root replays more than snapshot_threshold changelogs on recovery.",
+        )
+        def chain_lengths_within_threshold(
+            context: AssetCheckExecutionContext,
+            storage: CheckpointStorage,
+            catalog: CatalogDatabase,
+            maintenance: MaintenanceConfig,
+        ) -> AssetCheckResult:
+            root = _root(context, storage)
+            threshold = maintenance.snapshot_threshold
+            with catalog.session() as cat:
+                sync_lineage(cat, storage, root)
+                chains = cat.chain_lengths(root)
+            over = [c for c in chains if c.chain_length > threshold]
+            md = chain_stats(chains, threshold)
+            md["stores_over_threshold"] = MetadataValue.int(len(over))
+            md["details"] = table(chain_rows(over or chains))
+            return AssetCheckResult(passed=not over, metadata=md, severity=AssetCheckSeverity.WARN)
+
+        @asset_check(
+            asset=ORPHANS,
+            name=NO_ORPHANS,
+            partitions_def=partitions,
+            description="A dry run of orphan cleanup finds no orphan older than the grace period.",
+        )
+        def no_orphans_past_grace(
+            context: AssetCheckExecutionContext,
+            storage: CheckpointStorage,
+            catalog: CatalogDatabase,
+            maintenance: MaintenanceConfig,
+        ) -> AssetCheckResult:
+            from maintenance.orphans import clean_orphans
+
+            root = _root(context, storage)
+            with catalog.session() as cat:
+                sync_lineage(cat, storage, root)
+                report = clean_orphans(
+                    root,
+                    maintenance.settings(),
+                    catalog=cat,
+                    orchestrator_run_id=context.op_execution_context.run_id,
+                    dry_run=True,
+                )
+            values = report.metadata()
+            files = int(values.get("files", 0))
+            md = numeric(values)
+            md["orphans_past_grace"] = MetadataValue.int(files)
+            md["details"] = table(report.rows())
+            return AssetCheckResult(passed=files == 0, metadata=md, severity=AssetCheckSeverity.WARN)
+
+    return [retained_versions_loadable, chain_lengths_within_threshold, no_orphans_past_grace]
+
+
+__all__ = ["CHAINS", "CHECK_NAMES", "LOADABLE", "NO_ORPHANS", "build_checks"]

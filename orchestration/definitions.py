@@ -1,0 +1,45 @@
+"""The code location: ``dagster dev -w workspace.yaml`` loads ``defs`` from here.
+
+Everything is built from `OrchestrationConfig.from_env()` (see orchestration/config.py and
+docs/orchestration.md); `build_definitions` takes an explicit configuration for tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dagster import Definitions, StaticPartitionsDefinition
+
+from orchestration.assets import ORPHANS, RETAINED, SNAPSHOTS, build_assets
+from orchestration.checks import build_checks
+from orchestration.config import OrchestrationConfig
+from orchestration.jobs import build_jobs
+from orchestration.resources import build_resources
+from orchestration.schedules import build_schedules
+from orchestration.sensors import build_checkpoint_sensor, build_failure_sensor
+
+
+def root_partitions(config: OrchestrationConfig) -> StaticPartitionsDefinition:
+    """One partition per checkpoint root; the key is the root's normalised URI."""
+    return StaticPartitionsDefinition(list(config.roots))
+
+
+def build_definitions(
+    config: OrchestrationConfig | None = None, resources: dict[str, Any] | None = None
+) -> Definitions:
+    config = config or OrchestrationConfig.from_env()
+    partitions = root_partitions(config)
+    jobs = build_jobs(partitions)
+    return Definitions(
+        assets=build_assets(partitions),
+        asset_checks=build_checks(partitions),
+        jobs=list(jobs.values()),
+        sensors=[build_checkpoint_sensor(config, jobs[SNAPSHOTS]), build_failure_sensor(config)],
+        schedules=build_schedules(config, partitions, jobs[RETAINED], jobs[ORPHANS]),
+        resources=resources if resources is not None else build_resources(config),
+    )
+
+
+defs = build_definitions()
+
+__all__ = ["build_definitions", "defs", "root_partitions"]

@@ -1,0 +1,151 @@
+"""Dagster resources: the checkpoint storage, the catalog database and the maintenance settings.
+
+Each is a `ConfigurableResource`, so its configuration shows on the code location's resource page
+and can be overridden per run from the launchpad. `build_resources` fills them from the
+environment (`orchestration.config`); the catalog URL is passed through `EnvVar` when it comes
+from STATEKEEPER_DB_URL, so a password in it is never shown in the UI.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from dagster import ConfigurableResource, EnvVar
+from pydantic import Field
+
+from orchestration.config import ENV_DB_URL, OrchestrationConfig, normalize_root
+from sql import Catalog
+from sql.db import default_url, normalize_url
+from store.errors import ConfigurationError
+from store.files import CheckpointFileManager, open_file_manager
+
+if TYPE_CHECKING:
+    from maintenance.settings import MaintenanceSettings
+
+_upgraded: set[str] = set()
+_upgraded_lock = threading.Lock()
+
+
+class CheckpointStorage(ConfigurableResource):  # type: ignore[type-arg]
+    """Where the checkpoints are: one or several root URIs (local path, file:// or s3://bucket/prefix)."""
+
+    roots: list[str] = Field(description="Checkpoint root URIs; each is one partition of every asset.")
+    s3_endpoint_url: str | None = Field(
+        default=None, description="S3-compatible endpoint for s3:// roots (MinIO, moto...); None: AWS."
+    )
+    s3_region: str | None = Field(default=None, description="Region of the S3 buckets.")
+
+    def root_uris(self) -> list[str]:
+        return [normalize_root(r, "CheckpointStorage.roots") for r in self.roots]
+
+    def s3_options(self, root: str) -> dict[str, Any]:
+        if not root.startswith(("s3://", "s3a://")):
+            return {}
+        opts: dict[str, Any] = {}
+        if self.s3_endpoint_url:
+            opts["endpoint_url"] = self.s3_endpoint_url
+        if self.s3_region:
+            opts["region_name"] = self.s3_region
+        return opts
+
+    def file_manager(self, root: str) -> CheckpointFileManager:
+        """The file manager of `root`, which must be one of the configured roots."""
+        uri = normalize_root(root, "the partition key")
+        if uri not in self.root_uris():
+            raise ConfigurationError(f"checkpoint root {root!r} is not configured; configured: {self.root_uris()}")
+        return open_file_manager(uri, **self.s3_options(uri))
+
+
+class CatalogDatabase(ConfigurableResource):  # type: ignore[type-arg]
+    """The lineage catalog (SQLite file or PostgreSQL); migrated to this release on first use."""
+
+    url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL of the catalog; None: STATEKEEPER_DB_URL, else ~/.statekeeper/catalog.db.",
+    )
+
+    def resolved_url(self) -> str:
+        return self.url or default_url()
+
+    def open(self) -> Catalog:
+        url = self.resolved_url()
+        key = normalize_url(url).render_as_string(hide_password=False)
+        with _upgraded_lock:
+            first = key not in _upgraded
+        catalog = Catalog.open(url, upgrade=first)
+        if first:
+            with _upgraded_lock:
+                _upgraded.add(key)
+        return catalog
+
+    @contextmanager
+    def session(self) -> Iterator[Catalog]:
+        """An open catalog, closed when the block ends."""
+        catalog = self.open()
+        try:
+            yield catalog
+        finally:
+            catalog.close()
+
+
+class MaintenanceConfig(ConfigurableResource):  # type: ignore[type-arg]
+    """Maintenance settings (`maintenance.settings.MaintenanceSettings`), defaults from its `from_env()`."""
+
+    snapshot_threshold: int = Field(default=10, description="Snapshot a store once its changelog chain is this long.")
+    min_versions_to_retain: int = Field(default=20, description="Newest committed versions kept loadable.")
+    orphan_grace_seconds: float = Field(
+        default=3600, description="Orphan candidates younger than this may be in flight: kept."
+    )
+    parallelism: int = Field(default=4, description="Stores / delete batches worked on in parallel.")
+    lease_ttl_seconds: float = Field(default=600, description="Expiry of the catalog lease a maintainer holds.")
+    lease_timeout_seconds: float = Field(default=0, description="How long to wait for a store's lease.")
+    work_dir: str | None = Field(default=None, description="Warm local copies of stores for snapshots.")
+    delete_batch_size: int = Field(default=1000, description="Keys per delete request (S3 takes at most 1000).")
+
+    def settings(self) -> MaintenanceSettings:
+        from maintenance.settings import MaintenanceSettings
+
+        return MaintenanceSettings(
+            snapshot_threshold=self.snapshot_threshold,
+            min_versions_to_retain=self.min_versions_to_retain,
+            orphan_grace_seconds=self.orphan_grace_seconds,
+            parallelism=self.parallelism,
+            lease_ttl_seconds=self.lease_ttl_seconds,
+            lease_timeout_seconds=self.lease_timeout_seconds,
+            work_dir=self.work_dir,
+            delete_batch_size=self.delete_batch_size,
+        )
+
+    @classmethod
+    def from_settings(cls, settings: MaintenanceSettings) -> MaintenanceConfig:
+        return cls(
+            snapshot_threshold=settings.snapshot_threshold,
+            min_versions_to_retain=settings.min_versions_to_retain,
+            orphan_grace_seconds=settings.orphan_grace_seconds,
+            parallelism=settings.parallelism,
+            lease_ttl_seconds=settings.lease_ttl_seconds,
+            lease_timeout_seconds=settings.lease_timeout_seconds,
+            work_dir=settings.work_dir,
+            delete_batch_size=settings.delete_batch_size,
+        )
+
+    @classmethod
+    def from_env(cls) -> MaintenanceConfig:
+        from maintenance.settings import MaintenanceSettings
+
+        return cls.from_settings(MaintenanceSettings.from_env())
+
+
+def build_resources(config: OrchestrationConfig) -> dict[str, Any]:
+    """The resources of the code location, keyed as the assets, checks and sensors ask for them."""
+    storage = CheckpointStorage(
+        roots=list(config.roots), s3_endpoint_url=config.s3_endpoint_url, s3_region=config.s3_region
+    )
+    catalog = CatalogDatabase(url=EnvVar(ENV_DB_URL) if config.db_url_from_env else config.db_url or default_url())
+    return {"storage": storage, "catalog": catalog, "maintenance": MaintenanceConfig.from_env()}
+
+
+__all__ = ["CatalogDatabase", "CheckpointStorage", "MaintenanceConfig", "build_resources"]

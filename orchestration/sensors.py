@@ -1,0 +1,340 @@
+"""Sensors: the checkpoint-location sensor and the run-failure sensor.
+
+**checkpoint_sensor** watches every configured root (local directory or S3 bucket). Its cursor keeps,
+per root, the last commit record name it listed; a tick lists only names after it (``start_after``,
+S3 ``StartAfter``, paginated), at most ``STATEKEEPER_SENSOR_MAX_NAMES`` of them, so an idle root
+costs one short LIST per tick and a huge ``commits/`` prefix is never listed again from the start.
+When new commits appeared (or the root is not yet in the catalog) it syncs the lineage catalog
+incrementally (catalog sync keeps its own per-prefix cursors), then asks the catalog for stores whose
+chain since their last snapshot reached the threshold and requests one snapshot run per root for the
+stores that newly crossed it. A store "crosses" at version ``snapshot_version + k * threshold``;
+the run key names each ``operator/partition@version`` it was requested for, and the cursor remembers
+them, so a crossing is requested once (Dagster also drops a repeated run key); a store whose chain
+keeps growing without a snapshot is requested again at the next multiple of the threshold.
+
+**maintenance_failure_sensor** records every failed maintenance run in the catalog: a catalog run
+row that the failed run left ``running`` (a killed process) is marked failed; a run that failed
+before its operation recorded anything (a resource, a lease, a crash) gets a failed row of its own.
+"""
+
+import datetime as dt
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from dagster import (
+    DagsterRun,
+    DefaultSensorStatus,
+    RunConfig,
+    RunFailureSensorContext,
+    RunRequest,
+    SensorDefinition,
+    SensorEvaluationContext,
+    SensorResult,
+    SkipReason,
+    run_failure_sensor,
+    sensor,
+)
+from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
+from dagster._core.storage.tags import PARTITION_NAME_TAG
+
+from orchestration.assets import KIND_TAG, KINDS, SNAPSHOTS, SnapshotConfig
+from orchestration.config import ENV_FAILURE_SENSOR, ENV_SENSOR, OrchestrationConfig
+from orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
+from sql import Catalog, StoreChain
+from sql.errors import CatalogError
+from sql.models import RUN_FAILED, RUN_RUNNING
+from store.errors import StatekeeperError
+from store.files import CheckpointFileManager
+from store.layout import COMMITS_DIR
+
+SENSOR_NAME = "checkpoint_sensor"
+FAILURE_SENSOR_NAME = "maintenance_failure_sensor"
+TRIGGER_TAG = "statekeeper/trigger"
+COMMITS_PREFIX = f"{COMMITS_DIR}/"
+CURSOR_VERSION = 1
+RUN_KEY_LISTED_STORES = 8
+"""Run keys name up to this many store@version crossings; more are named by a digest."""
+
+
+# -- cursor --------------------------------------------------------------------------------------
+
+
+@dataclass
+class RootCursor:
+    listed: dict[str, str] = field(default_factory=dict)
+    """prefix -> the last name listed under it."""
+    requested: dict[str, int] = field(default_factory=dict)
+    """'operator/partition' -> the crossing version a snapshot run was requested for."""
+
+
+@dataclass
+class SensorCursor:
+    roots: dict[str, RootCursor] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str | None) -> "SensorCursor":
+        if not text:
+            return cls()
+        try:
+            raw = json.loads(text)
+            if raw.get("v") != CURSOR_VERSION:
+                return cls()
+            return cls(
+                {
+                    root: RootCursor(
+                        dict(rc.get("listed", {})), {k: int(v) for k, v in rc.get("requested", {}).items()}
+                    )
+                    for root, rc in raw.get("roots", {}).items()
+                }
+            )
+        except (ValueError, AttributeError, TypeError):
+            return cls()  # an unreadable cursor: start over (listing is idempotent, run keys dedupe)
+
+    def dump(self) -> str:
+        return json.dumps(
+            {
+                "v": CURSOR_VERSION,
+                "roots": {r: {"listed": c.listed, "requested": c.requested} for r, c in sorted(self.roots.items())},
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+
+    def root(self, uri: str) -> RootCursor:
+        return self.roots.setdefault(uri, RootCursor())
+
+
+# -- one root per tick ---------------------------------------------------------------------------
+
+
+def list_new(fm: CheckpointFileManager, prefix: str, start_after: str | None, limit: int) -> list[str]:
+    """Names under `prefix` after `start_after`, ascending, at most `limit` (the rest next tick)."""
+    names: list[str] = []
+    for info in fm.list(prefix, start_after=start_after):
+        names.append(info.path)
+        if len(names) >= limit:
+            break
+    return names
+
+
+def crossing_version(chain: StoreChain, threshold: int) -> int:
+    """The version at which the store's chain last reached a multiple of the threshold."""
+    base = chain.snapshot_version or 0
+    return base + threshold * (chain.chain_length // threshold)
+
+
+def snapshot_run_key(root: str, crossings: list[str]) -> str:
+    if len(crossings) <= RUN_KEY_LISTED_STORES:
+        return f"snapshot:{root}:{','.join(crossings)}"
+    digest = hashlib.sha256("\n".join(crossings).encode()).hexdigest()[:24]
+    return f"snapshot:{root}:{len(crossings)}-stores-{digest}"
+
+
+@dataclass
+class RootTick:
+    root: str
+    new_names: list[str] = field(default_factory=list)
+    synced: bool = False
+    sync_errors: list[str] = field(default_factory=list)
+    crossings: list[str] = field(default_factory=list)
+    """New store@version crossings (those a run is requested for this tick)."""
+    run_request: RunRequest | None = None
+
+
+def evaluate_root(
+    catalog: Catalog,
+    fm: CheckpointFileManager,
+    rc: RootCursor,
+    *,
+    threshold: int,
+    max_names: int,
+) -> RootTick:
+    """One tick for one root: list what is new, sync lineage, request snapshots. Updates `rc`."""
+    from maintenance.catalog_sync import sync_catalog
+
+    root = fm.root_uri
+    tick = RootTick(root)
+    tick.new_names = list_new(fm, COMMITS_PREFIX, rc.listed.get(COMMITS_PREFIX), max_names)
+    known = catalog.find_root(root) is not None
+    if tick.new_names or not known:
+        result = sync_catalog(catalog, fm, raise_on_error=False)
+        tick.synced = True
+        tick.sync_errors = list(result.errors)
+    if tick.new_names and not tick.sync_errors:
+        rc.listed[COMMITS_PREFIX] = tick.new_names[-1]  # unreadable files: list them again next tick
+    if catalog.find_root(root) is None:
+        return tick
+    crossed = {
+        f"{c.operator}/{c.partition}": crossing_version(c, threshold)
+        for c in catalog.chain_lengths(root, min_length=threshold)
+    }
+    fresh = {store: v for store, v in crossed.items() if rc.requested.get(store) != v}
+    rc.requested = {store: v for store, v in rc.requested.items() if crossed.get(store) == v}
+    if fresh:
+        rc.requested.update(fresh)
+        tick.crossings = sorted(f"{store}@{v}" for store, v in fresh.items())
+        tick.run_request = RunRequest(
+            run_key=snapshot_run_key(root, tick.crossings),
+            partition_key=root,
+            run_config=RunConfig(ops={SNAPSHOTS: SnapshotConfig(stores=tick.crossings)}),
+            tags={TRIGGER_TAG: SENSOR_NAME},
+        )
+    return tick
+
+
+def build_checkpoint_sensor(
+    config: OrchestrationConfig, snapshot_job: UnresolvedAssetJobDefinition
+) -> SensorDefinition:
+    @sensor(
+        name=SENSOR_NAME,
+        job=snapshot_job,
+        minimum_interval_seconds=config.sensor_interval_seconds,
+        default_status=DefaultSensorStatus.RUNNING if config.sensor_enabled else DefaultSensorStatus.STOPPED,
+        description=(
+            "Lists new commit records of every checkpoint root after its cursor, syncs the lineage catalog and "
+            "requests a snapshot run for stores whose chain crossed the threshold."
+            + ("" if config.sensor_enabled else f" Turned off by {ENV_SENSOR}=off.")
+        ),
+    )
+    def checkpoint_sensor(
+        context: SensorEvaluationContext,
+        storage: CheckpointStorage,
+        catalog: CatalogDatabase,
+        maintenance: MaintenanceConfig,
+    ) -> SensorResult | SkipReason:
+        if not config.sensor_enabled:
+            return SkipReason(f"turned off by {ENV_SENSOR}=off")
+        state = SensorCursor.parse(context.cursor)
+        requests: list[RunRequest] = []
+        notes: list[str] = []
+        roots = storage.root_uris()
+        with catalog.session() as cat:
+            for root in roots:
+                try:
+                    tick = evaluate_root(
+                        cat,
+                        storage.file_manager(root),
+                        state.root(root),
+                        threshold=maintenance.snapshot_threshold,
+                        max_names=config.sensor_max_names,
+                    )
+                except (StatekeeperError, CatalogError, OSError) as e:
+                    context.log.error("checkpoint sensor: %s: %s", root, e)
+                    notes.append(f"{root}: {e}")
+                    continue
+                for err in tick.sync_errors:
+                    context.log.warning("catalog sync of %s: %s", root, err)
+                if tick.new_names:
+                    notes.append(f"{root}: {len(tick.new_names)} new commit(s)")
+                if tick.run_request is not None:
+                    context.log.info("snapshots requested for %s: %s", root, ", ".join(tick.crossings))
+                    requests.append(tick.run_request)
+        state.roots = {r: c for r, c in state.roots.items() if r in roots}
+        if requests:
+            return SensorResult(run_requests=requests, cursor=state.dump())
+        reason = "; ".join(notes) if notes else "no new commits"
+        return SensorResult(skip_reason=SkipReason(f"no store crossed the threshold ({reason})"), cursor=state.dump())
+
+    return checkpoint_sensor
+
+
+# -- failures ------------------------------------------------------------------------------------
+
+
+def maintenance_kind(run: DagsterRun) -> str | None:
+    """The maintenance kind of a run (its tag, else its selected assets), None if not maintenance."""
+    kind = run.tags.get(KIND_TAG)
+    if kind:
+        return kind
+    selected = {key.to_user_string() for key in (run.asset_selection or ())}
+    kinds = [KINDS[name] for name in KINDS if name in selected]
+    if not kinds:
+        return None
+    return kinds[0] if len(kinds) == 1 else "maintenance"
+
+
+def record_failed_run(
+    catalog: Catalog,
+    root: str,
+    kind: str,
+    run_id: str,
+    message: str,
+    *,
+    started_at: dt.datetime | None = None,
+    details: dict[str, Any] | None = None,
+) -> list[int]:
+    """Mark the catalog runs of Dagster run `run_id` failed, or record one; returns the catalog run ids."""
+    mine = [r for r in catalog.runs(root, limit=500) if r.orchestrator_run_id == run_id]
+    error = f"Dagster run {run_id} failed: {message}"[:4000]
+    touched: list[int] = []
+    for r in mine:
+        if r.status == RUN_RUNNING:
+            catalog.finish_run(
+                r.id,
+                status=RUN_FAILED,
+                stores=r.store_count,
+                files=r.file_count,
+                bytes=r.byte_count,
+                errors=[*(r.errors.splitlines() if r.errors else []), error],
+                details={**(r.details or {}), "recorded_by": FAILURE_SENSOR_NAME},
+            )
+            touched.append(r.id)
+    if not mine:
+        rid = catalog.start_run(root, kind[:32], orchestrator_run_id=run_id, started_at=started_at)
+        catalog.finish_run(
+            rid, status=RUN_FAILED, errors=[error], details={**(details or {}), "recorded_by": FAILURE_SENSOR_NAME}
+        )
+        touched.append(rid)
+    return touched
+
+
+def build_failure_sensor(config: OrchestrationConfig) -> SensorDefinition:
+    @run_failure_sensor(
+        name=FAILURE_SENSOR_NAME,
+        default_status=DefaultSensorStatus.RUNNING if config.failure_sensor_enabled else DefaultSensorStatus.STOPPED,
+        description="Records every failed maintenance run of this code location in the catalog."
+        + ("" if config.failure_sensor_enabled else f" Turned off by {ENV_FAILURE_SENSOR}=off."),
+    )
+    def maintenance_failure_sensor(
+        context: RunFailureSensorContext, storage: CheckpointStorage, catalog: CatalogDatabase
+    ) -> SkipReason | None:
+        run = context.dagster_run
+        kind = maintenance_kind(run)
+        if kind is None:
+            return SkipReason(f"run {run.run_id} ({run.job_name}) is not a maintenance run")
+        partition = run.tags.get(PARTITION_NAME_TAG)
+        if not partition:
+            return SkipReason(f"run {run.run_id} has no checkpoint root (no partition)")
+        root = storage.file_manager(partition).root_uri
+        record = context.instance.get_run_record_by_id(run.run_id)
+        started = None
+        if record is not None and record.start_time is not None:
+            started = dt.datetime.fromtimestamp(record.start_time, dt.UTC)
+        message = context.failure_event.message or "run failed"
+        with catalog.session() as cat:
+            ids = record_failed_run(
+                cat, root, kind, run.run_id, message, started_at=started, details={"dagster_job": run.job_name}
+            )
+        context.log.info("recorded failed %s run %s of %s in the catalog (runs %s)", kind, run.run_id, root, ids)
+        return None
+
+    return maintenance_failure_sensor
+
+
+__all__ = [
+    "FAILURE_SENSOR_NAME",
+    "SENSOR_NAME",
+    "RootCursor",
+    "RootTick",
+    "SensorCursor",
+    "build_checkpoint_sensor",
+    "build_failure_sensor",
+    "crossing_version",
+    "evaluate_root",
+    "list_new",
+    "maintenance_kind",
+    "record_failed_run",
+    "snapshot_run_key",
+]
