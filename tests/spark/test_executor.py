@@ -1,0 +1,213 @@
+"""The partition task without Spark: speculative duplicates, stale worker caches, catch-up, state API."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from store import CommitLog, StateStore, StoreConfig, open_file_manager
+from store.errors import ConfigurationError, StoreStateError
+from store.spark import executor
+from store.spark.api import StatefulProcessor, TimerValues
+from store.spark.executor import MARKER_COL, META_COL, PID_COL, TaskSpec, _Cache, run_task
+from store.spark.state import StateContext, StatefulProcessorHandle, decode_value
+from tests.spark.processors import CountSum
+
+SCHEMA = pa.schema([("user", pa.string()), ("count", pa.int64()), ("total", pa.int64()), (META_COL, pa.string())])
+
+
+def _input(rows: list[tuple[str, int]], partition: int = 0) -> list[pa.RecordBatch]:
+    data = pa.RecordBatch.from_pydict(
+        {
+            "user": [u for u, _ in rows] + [None],
+            "value": pa.array([v for _, v in rows] + [None], pa.int64()),
+            PID_COL: pa.array([partition] * (len(rows) + 1), pa.int32()),
+            MARKER_COL: [False] * len(rows) + [True],
+        }
+    )
+    return [data]
+
+
+def _spec(root: str, version: int, load_id: str, tmp: Path, processor: Any = None) -> TaskSpec:
+    return TaskSpec(
+        root=root,
+        operator="op",
+        num_partitions=1,
+        version=version,
+        load_ids=(load_id,),
+        commit=True,
+        batch_ts_ms=1_000_000 + version,
+        key_columns=("user",),
+        processor=processor or CountSum(),
+        output_schema=SCHEMA,
+        local_dir=str(tmp / "local"),
+    )
+
+
+def _run(spec: TaskSpec, rows: list[tuple[str, int]]) -> tuple[list[tuple[Any, ...]], dict[str, Any]]:
+    out = list(run_task(spec, _input(rows)))
+    table = pa.Table.from_batches(out)
+    metas = [json.loads(m) for m in table.column(META_COL).to_pylist() if m]
+    assert len(metas) == 1
+    data = [(u, c, t) for u, c, t, m in zip(*(table.column(i).to_pylist() for i in range(4)), strict=True) if not m]
+    return data, metas[0]
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[list[_Cache]]:
+    """Two simulated Python worker processes (each its own store cache and local directory)."""
+    caches = [_Cache(), _Cache()]
+    for i, c in enumerate(caches):
+        c.base = str(tmp_path / f"worker{i}")
+    yield caches
+    for c in caches:
+        c.close_all()
+
+
+def _on(monkeypatch: pytest.MonkeyPatch, cache: _Cache) -> None:
+    monkeypatch.setattr(executor, "CACHE", cache)
+
+
+def test_speculative_duplicates_and_stale_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[_Cache]
+) -> None:
+    root = (tmp_path / "state").as_uri()
+    log = CommitLog(open_file_manager(root))
+    b0 = [("a", 1), ("b", 2), ("a", 3)]
+    b1 = [("b", 10), ("c", 20)]
+    b2 = [("a", 100)]
+
+    # batch 0 runs twice at once (a speculative duplicate) on two workers: two ids, one is committed
+    _on(monkeypatch, workers[0])
+    out_a, meta_a = _run(_spec(root, 0, "", tmp_path), b0)
+    _on(monkeypatch, workers[1])
+    out_b, meta_b = _run(_spec(root, 0, "", tmp_path), b0)
+    assert meta_a["checkpoint_id"] != meta_b["checkpoint_id"]
+    assert sorted(out_a) == sorted(out_b) == [("a", 2, 4), ("b", 1, 2)]
+    log.commit(1, {"op": [meta_b["checkpoint_id"]]})
+
+    # batch 1 lands on worker 0, which holds the losing attempt: it must not reuse it
+    _on(monkeypatch, workers[0])
+    out, meta = _run(_spec(root, 1, meta_b["checkpoint_id"], tmp_path), b1)
+    assert not meta["reused_local"]
+    assert sorted(out) == [("b", 2, 12), ("c", 1, 20)]
+    log.commit(2, {"op": [meta["checkpoint_id"]]})
+
+    # batch 2 lands on worker 1, one version behind on the same lineage: it catches up
+    _on(monkeypatch, workers[1])
+    out, meta = _run(_spec(root, 2, meta["checkpoint_id"], tmp_path), b2)
+    assert meta["reused_local"] and meta["replayed_changelogs"] == 1
+    assert out == [("a", 3, 104)]
+    assert meta["rows_total"] == 3
+    log.commit(3, {"op": [meta["checkpoint_id"]]})
+
+    fresh = StateStore(root, "op", 0, config=StoreConfig(local_dir=str(tmp_path / "fresh"))).load(3)
+    got = {k: decode_value(v)[0] for k, v in fresh.column_family("totals").items()}
+    fresh.close()
+    import pickle
+
+    assert {pickle.loads(k)[0]: v for k, v in got.items()} == {"a": (3, 104), "b": (2, 12), "c": (1, 20)}
+
+
+def test_replay_mode_aborts_and_gives_the_same_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[_Cache]
+) -> None:
+    root = (tmp_path / "state").as_uri()
+    _on(monkeypatch, workers[0])
+    out1, meta1 = _run(_spec(root, 0, "", tmp_path), [("a", 1)])
+    CommitLog(open_file_manager(root)).commit(1, {"op": [meta1["checkpoint_id"]]})
+    spec = _spec(root, 0, "", tmp_path)
+    from dataclasses import replace
+
+    out2, meta2 = _run(replace(spec, commit=False), [("a", 1)])
+    assert out2 == out1 and meta2["checkpoint_id"] is None
+
+
+class _AllStates(StatefulProcessor):
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.h = handle
+        self.v = handle.getValueState("v", ttlDurationMs=1000)
+        self.lst = handle.getListState("l")
+        self.m = handle.getMapState("m", ttlDurationMs=5000)
+
+    def handleInputRows(self, key: tuple[Any, ...], rows: Iterator[Any], timerValues: TimerValues) -> Iterator[Any]:
+        return iter(())
+
+
+def _ctx(tmp_path: Path, now: int) -> tuple[StateStore, StateContext, _AllStates]:
+    store = StateStore((tmp_path / "root").as_uri(), "op", 0, config=StoreConfig(local_dir=str(tmp_path / "l")))
+    store.load(0)
+    ctx = StateContext(store, now)
+    p = _AllStates()
+    p.init(StatefulProcessorHandle(ctx))
+    return store, ctx, p
+
+
+def test_state_variables_ttl_timers_and_counts(tmp_path: Path) -> None:
+    store, ctx, p = _ctx(tmp_path, now=10_000)
+    ctx.set_key(("k",))
+    assert not p.v.exists() and p.v.get() is None
+    p.v.update((1,))
+    p.v.update((2,))
+    assert p.v.get() == (2,)
+    p.lst.appendValue(1)
+    p.lst.appendList([2, 3])
+    assert list(p.lst.get()) == [1, 2, 3]
+    p.m.updateValue("x", 1)
+    p.m.updateValue("y", 2)
+    assert dict(p.m.iterator()) == {"x": 1, "y": 2} and sorted(p.m.keys()) == ["x", "y"]
+    p.m.removeKey("x")
+    assert not p.m.containsKey("x") and p.m.getValue("y") == 2
+    p.h.registerTimer(10_500)
+    p.h.registerTimer(20_000)
+    assert list(p.h.listTimers()) == [10_500, 20_000]
+    p.h.deleteTimer(20_000)
+    ctx.set_key(("other",))
+    p.v.update((9,))
+    assert ctx.rows_delta == 4  # v(k), l(k), m(k,y), v(other)
+    assert ctx.rows_updated == 7  # 3 value updates (2 of k, 1 of other), 2 list writes, 2 map writes
+    assert ctx.rows_removed == 1
+    ctx.clear_key()
+    with pytest.raises(StoreStateError, match="no current grouping key"):
+        p.v.get()
+    # bulk access with explicit keys
+    assert p.v.getMany([("k",), ("other",), ("none",)]) == [(2,), (9,), None]
+    p.v.updateMany([("n1",), ("n2",)], [(1,), (2,)])
+    p.v.clearMany([("n1",), ("zz",)])
+    assert ctx.rows_delta == 5
+    assert ctx.save_rows_total() == 5
+
+    # later: value TTL (1 s) has passed, map TTL (5 s) not; the timer at 10.5 s fires
+    ctx.now_ms = 12_000
+    ctx.set_key(("k",))
+    assert p.v.get() is None and p.m.getValue("y") == 2
+    assert ctx.pop_expired_timers() == [(ctx.gk, 10_500)]
+    assert ctx.pop_expired_timers() == []
+    removed = ctx.evict_expired()
+    assert removed == 3  # v of k, other, n2
+    assert p.v.getMany([("k",), ("other",), ("n2",)]) == [None, None, None]
+    assert list(p.lst.get()) == [1, 2, 3]
+    store.abort()
+    store.close()
+
+
+def test_state_names_and_kinds_are_checked(tmp_path: Path) -> None:
+    store, ctx, p = _ctx(tmp_path, now=0)
+    h = StatefulProcessorHandle(ctx)
+    with pytest.raises(ConfigurationError, match="invalid state variable name"):
+        h.getValueState("__x")
+    with pytest.raises(ConfigurationError, match="already declared"):
+        h.getListState("v")
+    ctx.set_key(("k",))
+    p.lst.put([1])
+    h.deleteIfExists("l")
+    assert "l" not in ctx.states
+    h2 = StatefulProcessorHandle(ctx)
+    h2.getMapState("l")  # may come back as another kind after deleteIfExists
+    store.abort()
+    store.close()
