@@ -1,0 +1,116 @@
+"""Deleting planned files: validated first, then in parallel batches through the file manager.
+
+Every path is checked before the first deletion (relative, inside the root, in the statekeeper
+layout, not foreign), so a bad plan or argument deletes nothing (DESIGN invariants 4 and 7).
+Incomplete S3 multipart uploads are aborted instead of deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from maintenance.inventory import FOREIGN, TEMP, UPLOAD, FileEntry, classify
+from store.errors import ConfigurationError
+from store.files import CheckpointFileManager, DeleteResult
+from store.files.paths import validate_relative_path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DeleteOutcome:
+    deleted: list[FileEntry] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    stopped: bool = False
+    """Something failed: steps that depend on every deletion having happened must not run."""
+
+    @property
+    def bytes(self) -> int:
+        return sum(e.size for e in self.deleted)
+
+    def merge(self, other: DeleteOutcome) -> None:
+        self.deleted.extend(other.deleted)
+        self.errors.extend(other.errors)
+
+
+def validate_deletable(entries: Sequence[FileEntry]) -> None:
+    """Raise `ConfigurationError` naming the first path maintenance must not delete."""
+    for e in entries:
+        if not isinstance(e.path, str) or e.path.startswith("/") or ".." in e.path.split("/"):
+            raise ConfigurationError(f"refusing to delete {e.path!r}: it is not a path inside the checkpoint root")
+        validate_relative_path(e.path, allow_temp=e.kind == TEMP)
+        k = classify(e.path, temp_listing=e.kind == TEMP)
+        if FOREIGN in (e.kind, k.kind):
+            raise ConfigurationError(f"refusing to delete {e.path!r}: not a file of the statekeeper layout")
+        if e.kind not in (UPLOAD, k.kind):
+            raise ConfigurationError(f"refusing to delete {e.path!r}: it is a {k.kind} file, the plan says {e.kind}")
+        if e.kind == UPLOAD and not e.upload_id:
+            raise ConfigurationError(f"refusing to abort the upload of {e.path!r}: no upload id")
+
+
+def delete_entries(
+    fm: CheckpointFileManager,
+    entries: Sequence[FileEntry],
+    *,
+    batch_size: int,
+    pool: ThreadPoolExecutor | None = None,
+    check: Callable[[], None] | None = None,
+) -> DeleteOutcome:
+    """Delete `entries` in batches of `batch_size` (in parallel on `pool`); `check()` runs before each batch.
+
+    A failing `check` (a lost lease) or request stops the batches not yet started; what went and
+    what failed is in the outcome (`stopped` tells the caller to skip dependent steps).
+    """
+    validate_deletable(entries)
+    outcome = DeleteOutcome()
+    uploads = [e for e in entries if e.kind == UPLOAD]
+    files = [e for e in entries if e.kind != UPLOAD]
+    by_path = {e.path: e for e in files}
+    batches = [files[i : i + batch_size] for i in range(0, len(files), batch_size)]
+    stop = threading.Event()
+
+    def run(batch: list[FileEntry]) -> DeleteResult | str:
+        if stop.is_set():
+            return f"skipped {len(batch)} file(s) after an earlier failure"
+        try:
+            if check is not None:
+                check()
+            return fm.delete_many([e.path for e in batch])
+        except Exception as e:
+            stop.set()
+            return f"delete batch of {len(batch)} file(s) failed: {e}"
+
+    if pool is None or len(batches) <= 1:
+        results = [run(b) for b in batches]
+    else:
+        futures: list[Future[DeleteResult | str]] = [pool.submit(run, b) for b in batches]
+        results = [f.result() for f in futures]
+    for r in results:
+        if isinstance(r, str):
+            outcome.errors.append(r)
+            continue
+        outcome.deleted.extend(by_path[p] for p in r.deleted if p in by_path)
+        outcome.errors.extend(f"cannot delete {p}: {why}" for p, why in sorted(r.errors.items()))
+    abort = getattr(fm, "abort_incomplete_upload", None)
+    for e in uploads:
+        if stop.is_set():
+            break
+        try:
+            if check is not None:
+                check()
+            if not callable(abort):
+                raise ConfigurationError("the checkpoint backend has no multipart uploads")
+            abort(e.path, e.upload_id)
+        except Exception as err:
+            outcome.errors.append(f"cannot abort the incomplete upload of {e.path}: {err}")
+        else:
+            outcome.deleted.append(e)
+    outcome.stopped = stop.is_set() or bool(outcome.errors)
+    return outcome
+
+
+__all__ = ["DeleteOutcome", "delete_entries", "validate_deletable"]

@@ -1,0 +1,510 @@
+"""One listing pass over a checkpoint root: every file classified, commit records and manifests read.
+
+Every maintenance operation works from an :class:`Inventory` instead of listing on its own, so one
+run costs one paginated listing of the root (plus, per store it changes, one listing of that store's
+prefix taken *after* its lease is held: `Inventory.rescan_store`). What each file is *for* (needed by
+a retained version, expired, orphan, in flight) is decided in `maintenance.plan`.
+
+Commit records and manifests never change once written (DESIGN invariant 2), so their parsed content
+is cached per process by (root, path, size): a maintainer that runs every few minutes reads only the
+new ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from maintenance.progress import bar as progress_bar
+from store.errors import CheckpointError, ConfigurationError
+from store.files import CheckpointFileManager, LocalFileManager, open_file_manager
+from store.files.paths import validate_component
+from store.formats.commit import CommitRecord
+from store.formats.snapshot import SnapshotManifest
+from store.layout import (
+    CHANGELOG_DIR,
+    CHANGELOG_SUFFIX,
+    COMMITS_DIR,
+    MANIFEST_SUFFIX,
+    SNAPSHOT_DIR,
+    SST_DIR,
+    STATE_DIR,
+    StoreId,
+    parse_commit_name,
+    parse_versioned_name,
+)
+from store.snapshot import read_manifest
+
+log = logging.getLogger(__name__)
+
+# File kinds (the same names the catalog uses, plus "upload" for incomplete S3 multipart uploads).
+COMMIT = "commit"
+CHANGELOG = "changelog"
+MANIFEST = "manifest"
+SST = "sst"
+TEMP = "temp"
+UPLOAD = "upload"
+FOREIGN = "foreign"
+
+_SST_NAME = re.compile(r"^[0-9a-f]{40}\.sst$")
+_TEMP_NAME = re.compile(r"^\.(.+)\.[0-9a-f]{32}\.tmp$")
+_CACHE_LIMIT = 200_000
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    """One file (or incomplete upload) under the root; `path` is relative to the root."""
+
+    path: str
+    kind: str
+    size: int
+    mtime: float
+    store: StoreId | None = None
+    version: int | None = None
+    checkpoint_id: str | None = None
+    upload_id: str | None = None
+    """Only for kind "upload": the multipart upload to abort."""
+
+    @property
+    def name(self) -> str:
+        return self.path.rpartition("/")[2]
+
+
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    kind: str
+    store: StoreId | None = None
+    version: int | None = None
+    checkpoint_id: str | None = None
+
+
+def _store_of(operator: str, partition: str) -> StoreId | None:
+    if len(partition) != 5 or not partition.isdigit():
+        return None
+    try:
+        validate_component(operator, "operator name")
+        return StoreId(operator, int(partition))
+    except ConfigurationError:
+        return None
+
+
+def classify(path: str, *, temp_listing: bool = False) -> _Kind:
+    """What `path` is by the layout of docs/formats.md; anything else is foreign.
+
+    Temp names are only ours when the local file manager's temp listing reports them and the name
+    they would have been published under is itself a checkpoint file.
+    """
+    parts = path.split("/")
+    name = parts[-1]
+    if temp_listing:
+        m = _TEMP_NAME.match(name)
+        final = classify("/".join([*parts[:-1], m.group(1)])) if m is not None else None
+        if final is None or final.kind == FOREIGN:
+            store = _store_of(parts[1], parts[2]) if len(parts) == 5 and parts[0] == STATE_DIR else None
+            return _Kind(FOREIGN, store)
+        return _Kind(TEMP, final.store, final.version, final.checkpoint_id)
+    if len(parts) == 2 and parts[0] == COMMITS_DIR:
+        v = parse_commit_name(name)
+        if v is not None and name == f"{v:020d}.commit":
+            return _Kind(COMMIT, version=v)
+        return _Kind(FOREIGN)
+    if len(parts) == 5 and parts[0] == STATE_DIR:
+        store = _store_of(parts[1], parts[2])
+        if store is None:
+            return _Kind(FOREIGN)
+        sub = parts[3]
+        if sub in (CHANGELOG_DIR, SNAPSHOT_DIR):
+            parsed = parse_versioned_name(name)
+            if parsed is not None:
+                v, cid, suffix = parsed
+                if sub == CHANGELOG_DIR and suffix == CHANGELOG_SUFFIX:
+                    return _Kind(CHANGELOG, store, v, cid)
+                if sub == SNAPSHOT_DIR and suffix == MANIFEST_SUFFIX:
+                    return _Kind(MANIFEST, store, v, cid)
+        elif sub == SST_DIR and _SST_NAME.match(name):
+            return _Kind(SST, store)
+        return _Kind(FOREIGN, store)
+    return _Kind(FOREIGN)
+
+
+@dataclass
+class StoreFiles:
+    """Everything listed under one store's prefix, by kind."""
+
+    store: StoreId
+    changelogs: dict[tuple[int, str], FileEntry] = field(default_factory=dict)
+    manifests: dict[tuple[int, str], FileEntry] = field(default_factory=dict)
+    ssts: dict[str, FileEntry] = field(default_factory=dict)
+    """Content-derived SST name -> entry."""
+    temps: list[FileEntry] = field(default_factory=list)
+    """Temp files of unfinished local writes and incomplete multipart uploads."""
+    foreign: list[FileEntry] = field(default_factory=list)
+    manifest_data: dict[tuple[int, str], SnapshotManifest] = field(default_factory=dict)
+    unreadable: dict[str, str] = field(default_factory=dict)
+    """Path -> why it could not be read (corrupt, unknown format, content does not match its name)."""
+
+    def add(self, entry: FileEntry) -> None:
+        if entry.kind == CHANGELOG:
+            assert entry.version is not None and entry.checkpoint_id is not None
+            self.changelogs[(entry.version, entry.checkpoint_id)] = entry
+        elif entry.kind == MANIFEST:
+            assert entry.version is not None and entry.checkpoint_id is not None
+            self.manifests[(entry.version, entry.checkpoint_id)] = entry
+        elif entry.kind == SST:
+            self.ssts[entry.name] = entry
+        elif entry.kind in (TEMP, UPLOAD):
+            self.temps.append(entry)
+        else:
+            self.foreign.append(entry)
+
+    def entries(self) -> Iterator[FileEntry]:
+        yield from self.changelogs.values()
+        yield from self.manifests.values()
+        yield from self.ssts.values()
+        yield from self.temps
+        yield from self.foreign
+
+
+_cache_lock = threading.Lock()
+_record_cache: dict[tuple[str, str, int], CommitRecord] = {}
+_manifest_cache: dict[tuple[str, str, int], SnapshotManifest] = {}
+
+
+def _cache_put(cache: dict[tuple[str, str, int], Any], key: tuple[str, str, int], value: Any) -> None:
+    with _cache_lock:
+        if len(cache) >= _CACHE_LIMIT:
+            cache.clear()
+        cache[key] = value
+
+
+def clear_caches() -> None:
+    """Forget parsed commit records and manifests (tests that rewrite a root in place)."""
+    with _cache_lock:
+        _record_cache.clear()
+        _manifest_cache.clear()
+
+
+def _map(fn: Callable[[T], R], items: list[T], workers: int) -> list[R]:
+    if workers <= 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(max_workers=min(workers, len(items)), thread_name_prefix="inventory") as pool:
+        return list(pool.map(fn, items))
+
+
+class Inventory:
+    """The classified content of one checkpoint root at one point in time."""
+
+    def __init__(self, fm: CheckpointFileManager, *, parallelism: int = 4) -> None:
+        self.fm = fm
+        self.root_uri = fm.root_uri
+        self.parallelism = parallelism
+        self.scanned_at = 0.0
+        self.commit_files: dict[int, FileEntry] = {}
+        self.records: dict[int, CommitRecord] = {}
+        self.unreadable: dict[str, str] = {}
+        """Root-level files that could not be read (commit records)."""
+        self.stores: dict[StoreId, StoreFiles] = {}
+        self.temps: list[FileEntry] = []
+        """Unfinished writes outside any store (commit records)."""
+        self.foreign: list[FileEntry] = []
+        """Files outside any store that are not in the layout; never deleted."""
+        self.listings = 0
+        self.reads = 0
+        self.seconds = 0.0
+        self._committed: dict[StoreId, dict[int, str]] | None = None
+
+    # -- scanning ---------------------------------------------------------------------------------
+    @classmethod
+    def scan(
+        cls,
+        root: str | CheckpointFileManager,
+        *,
+        parallelism: int = 4,
+        progress: bool = False,
+        stores: Iterable[StoreId] | None = None,
+    ) -> Inventory:
+        """List `root` once and read every commit record and manifest not read before.
+
+        With `stores`, only those stores' prefixes (and the commit records) are listed.
+        """
+        fm = open_file_manager(root) if isinstance(root, str) else root
+        inv = cls(fm, parallelism=parallelism)
+        check_root(fm)
+        t0 = time.perf_counter()
+        inv.scanned_at = time.time()
+        bar = progress_bar(progress, f"listing {fm.root_uri}")
+        try:
+            if stores is None:
+                prefixes = [""]
+            else:
+                prefixes = [f"{COMMITS_DIR}/", *(f"{s.prefix}/" for s in sorted(stores, key=_store_key))]
+            for prefix in prefixes:
+                inv.listings += 1
+                for info in fm.list(prefix):
+                    inv._add(FileEntry(info.path, "", info.size, info.mtime), temp_listing=False)
+                    bar.update(1)
+                for entry in _unfinished_writes(fm, prefix):
+                    inv._add(entry, temp_listing=True)
+            if stores is not None:
+                for s in stores:
+                    inv.stores.setdefault(s, StoreFiles(s))
+        finally:
+            bar.close()
+        inv._read_commits(list(inv.commit_files.values()))
+        for files in inv.stores.values():
+            inv._read_manifests(files)
+        inv.seconds = time.perf_counter() - t0
+        log.info(
+            "inventory of %s: %d commit records, %d stores, %d foreign files (%.2fs)",
+            inv.root_uri,
+            len(inv.commit_files),
+            len(inv.stores),
+            len(inv.foreign) + sum(len(f.foreign) for f in inv.stores.values()),
+            inv.seconds,
+        )
+        return inv
+
+    def rescan_store(self, store: StoreId) -> StoreFiles:
+        """List one store's prefix again (after taking its lease) and read its new manifests.
+
+        Commit records are not listed again: a stale view of them only keeps more files.
+        """
+        files = StoreFiles(store)
+        prefix = f"{store.prefix}/"
+        self.listings += 1
+        for info in self.fm.list(prefix):
+            entry = self._entry(FileEntry(info.path, "", info.size, info.mtime), temp_listing=False)
+            if entry.store == store:
+                files.add(entry)
+        for raw in _unfinished_writes(self.fm, prefix):
+            entry = self._entry(raw, temp_listing=True)
+            if entry.store == store:
+                files.add(entry)
+        self._read_manifests(files)
+        self.stores[store] = files
+        return files
+
+    def _entry(self, raw: FileEntry, *, temp_listing: bool) -> FileEntry:
+        k = classify(raw.path, temp_listing=temp_listing and raw.kind == TEMP)
+        kind = k.kind
+        if raw.kind == UPLOAD and kind != FOREIGN:
+            kind = UPLOAD
+        return FileEntry(raw.path, kind, raw.size, raw.mtime, k.store, k.version, k.checkpoint_id, raw.upload_id)
+
+    def _add(self, raw: FileEntry, *, temp_listing: bool) -> None:
+        entry = self._entry(raw, temp_listing=temp_listing)
+        if entry.kind == COMMIT:
+            assert entry.version is not None
+            self.commit_files[entry.version] = entry
+        elif entry.store is not None:
+            files = self.stores.get(entry.store)
+            if files is None:
+                files = self.stores[entry.store] = StoreFiles(entry.store)
+            files.add(entry)
+        elif entry.kind in (TEMP, UPLOAD):
+            self.temps.append(entry)
+        else:
+            self.foreign.append(entry)
+
+    def _read_commits(self, entries: list[FileEntry]) -> None:
+        todo = []
+        for e in entries:
+            cached = _record_cache.get((self.root_uri, e.path, e.size))
+            if cached is not None:
+                self.records[cached.version] = cached
+            else:
+                todo.append(e)
+
+        def read(e: FileEntry) -> CommitRecord | str | None:
+            name = f"{self.root_uri}/{e.path}"
+            try:
+                record = CommitRecord.from_bytes(self.fm.read_bytes(e.path), name)
+            except FileNotFoundError:
+                return None  # deleted since the listing (another maintainer's expiry)
+            except (CheckpointError, OSError) as err:
+                return str(err)
+            if record.version != e.version:
+                return f"commit record claims version {record.version}: {name}"
+            return record
+
+        for e, res in zip(todo, _map(read, todo, self.parallelism), strict=True):
+            self.reads += 1
+            if res is None:
+                del self.commit_files[e.version]  # type: ignore[arg-type]
+            elif isinstance(res, str):
+                self.unreadable[e.path] = res
+            else:
+                self.records[res.version] = res
+                _cache_put(_record_cache, (self.root_uri, e.path, e.size), res)
+        self._committed = None
+
+    def _read_manifests(self, files: StoreFiles) -> None:
+        todo = []
+        for key, e in files.manifests.items():
+            cached = _manifest_cache.get((self.root_uri, e.path, e.size))
+            if cached is not None:
+                files.manifest_data[key] = cached
+            else:
+                todo.append((key, e))
+
+        def read(item: tuple[tuple[int, str], FileEntry]) -> SnapshotManifest | str | None:
+            (version, ckpt), e = item
+            name = f"{self.root_uri}/{e.path}"
+            try:
+                m = read_manifest(self.fm, e.path)
+            except FileNotFoundError:
+                return None
+            except (CheckpointError, OSError) as err:
+                return str(err)
+            got = (m.operator, m.partition, m.version, m.checkpoint_id)
+            want = (files.store.operator, files.store.partition, version, ckpt)
+            if got != want:
+                return f"snapshot manifest says {got}, its name says {want}: {name}"
+            for sst in m.sst_files:
+                if not _SST_NAME.match(sst.remote_name):
+                    return f"snapshot manifest names an invalid SST file {sst.remote_name!r}: {name}"
+            return m
+
+        for (key, e), res in zip(todo, _map(read, todo, self.parallelism), strict=True):
+            self.reads += 1
+            if res is None:
+                del files.manifests[key]
+            elif isinstance(res, str):
+                files.unreadable[e.path] = res
+            else:
+                files.manifest_data[key] = res
+                _cache_put(_manifest_cache, (self.root_uri, e.path, e.size), res)
+
+    # -- derived views ----------------------------------------------------------------------------
+    @property
+    def latest(self) -> int:
+        """Newest committed version of the root (0: none); anything newer may be in flight."""
+        return max(self.commit_files, default=0)
+
+    @property
+    def oldest_record(self) -> int | None:
+        return min(self.commit_files, default=None)
+
+    def committed_ids(self, store: StoreId) -> dict[int, str]:
+        """Version -> committed checkpoint id of `store`, from the commit records read."""
+        if self._committed is None:
+            out: dict[StoreId, dict[int, str]] = {}
+            for v, rec in self.records.items():
+                for op, ids in rec.checkpoint_ids.items():
+                    for p, cid in enumerate(ids):
+                        try:
+                            sid = StoreId(op, p)
+                        except ConfigurationError:
+                            continue
+                        out.setdefault(sid, {})[v] = cid
+            self._committed = out
+        return self._committed.get(store, {})
+
+    def store_ids(self) -> list[StoreId]:
+        """Every store with files or commits, in (operator, partition) order."""
+        ids = set(self.stores)
+        if self._committed is None:
+            self.committed_ids(StoreId("x", 0))
+        assert self._committed is not None
+        ids.update(self._committed)
+        return sorted(ids, key=_store_key)
+
+    def files_of(self, store: StoreId) -> StoreFiles:
+        files = self.stores.get(store)
+        if files is None:
+            files = self.stores[store] = StoreFiles(store)
+        return files
+
+    def all_entries(self) -> Iterator[FileEntry]:
+        yield from self.commit_files.values()
+        for files in self.stores.values():
+            yield from files.entries()
+        yield from self.temps
+        yield from self.foreign
+
+    def summary(self) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        sizes: dict[str, int] = {}
+        for e in self.all_entries():
+            counts[e.kind] = counts.get(e.kind, 0) + 1
+            sizes[e.kind] = sizes.get(e.kind, 0) + e.size
+        return {
+            "root": self.root_uri,
+            "latest_version": self.latest,
+            "oldest_commit_record": self.oldest_record,
+            "stores": len(self.store_ids()),
+            "files": counts,
+            "bytes": sizes,
+            "unreadable": dict(self.unreadable)
+            | {p: why for f in self.stores.values() for p, why in f.unreadable.items()},
+            "listings": self.listings,
+            "reads": self.reads,
+            "seconds": self.seconds,
+        }
+
+
+def _store_key(s: StoreId) -> tuple[str, int]:
+    return (s.operator, s.partition)
+
+
+def _unfinished_writes(fm: CheckpointFileManager, prefix: str) -> Iterator[FileEntry]:
+    """Local temp files and S3 incomplete multipart uploads under `prefix` (duck-typed per backend)."""
+    list_temp = getattr(fm, "list_temp_files", None)
+    if callable(list_temp):
+        for info in list_temp(prefix):
+            if info.path.startswith(prefix):
+                yield FileEntry(info.path, TEMP, info.size, info.mtime)
+    list_uploads = getattr(fm, "list_incomplete_uploads", None)
+    if callable(list_uploads):
+        for up in list_uploads(prefix):
+            yield FileEntry(up.path, UPLOAD, 0, float(up.initiated), upload_id=up.upload_id)
+
+
+def check_root(fm: CheckpointFileManager) -> None:
+    """Refuse a root that is clearly not a checkpoint root (a typo, a parent directory, a home dir).
+
+    Cheap: at most three first-page listings. An empty or absent root is a valid, empty checkpoint
+    location, except a local root that does not exist at all (almost always a typo).
+    """
+    if isinstance(fm, LocalFileManager):
+        path = fm.root_path
+        if not os.path.exists(path):
+            raise ConfigurationError(f"checkpoint root {fm.root_uri} does not exist")
+        if os.path.realpath(path) == os.path.sep:
+            raise ConfigurationError("refusing to maintain the file system root as a checkpoint root")
+    for prefix in (f"{COMMITS_DIR}/", f"{STATE_DIR}/"):
+        if next(iter(fm.list(prefix)), None) is not None:
+            return
+    first = next(iter(fm.list("")), None)
+    if first is not None:
+        raise ConfigurationError(
+            f"{fm.root_uri} does not look like a statekeeper checkpoint root: it has files (e.g. {first.path!r}) "
+            f"but no {COMMITS_DIR}/ or {STATE_DIR}/ directory; nothing was read or deleted"
+        )
+
+
+__all__ = [
+    "CHANGELOG",
+    "COMMIT",
+    "FOREIGN",
+    "MANIFEST",
+    "SST",
+    "TEMP",
+    "UPLOAD",
+    "FileEntry",
+    "Inventory",
+    "StoreFiles",
+    "check_root",
+    "classify",
+    "clear_caches",
+]

@@ -1,0 +1,105 @@
+"""One maintainer per store (DESIGN invariant 5).
+
+With a catalog, the lease is a row in the catalog (`sql.leases`): it works across hosts, expires
+`lease_ttl_seconds` after a crash, and is renewed in the background while the work runs; every
+destructive step calls `check()` first, which raises once the lease was lost.
+
+Without a catalog, a lock file (``flock``) per store under ``<work_dir or $TMPDIR>/statekeeper-locks``
+keeps maintainers **on the same host** apart; maintainers on different hosts are not excluded, so
+production deployments pass a catalog.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Protocol
+
+from maintenance.settings import MaintenanceSettings
+from store.errors import StatekeeperError
+from store.layout import StoreId
+
+if TYPE_CHECKING:
+    from sql.catalog import Catalog
+
+LOCK_DIR = "statekeeper-locks"
+
+
+class MaintenanceBusyError(StatekeeperError):
+    """Another maintainer works on the store and did not finish within the lease timeout."""
+
+
+class LeaseGuard(Protocol):
+    def check(self) -> None:
+        """Raise unless this maintainer still holds the store (call before each destructive step)."""
+
+
+class _FileLockGuard:
+    def check(self) -> None:
+        return None  # a held flock cannot be lost
+
+
+def lock_path(root_uri: str, store: StoreId, work_dir: str | None) -> str:
+    base = os.path.join(work_dir or tempfile.gettempdir(), LOCK_DIR)
+    digest = hashlib.sha256(root_uri.encode()).hexdigest()[:16]
+    return os.path.join(base, f"{digest}.{store.operator}.{store.partition:05d}.lock")
+
+
+@contextmanager
+def store_lease(
+    root_uri: str, store: StoreId, settings: MaintenanceSettings, catalog: Catalog | None
+) -> Iterator[LeaseGuard]:
+    """Hold the maintenance lease of `store` for the block; `MaintenanceBusyError` if another has it."""
+    if catalog is not None:
+        from sql.errors import LeaseUnavailableError
+
+        try:
+            lease = catalog.acquire_lease(
+                root_uri,
+                (store.operator, store.partition),
+                ttl=settings.lease_ttl_seconds,
+                timeout=settings.lease_timeout_seconds,
+                poll_interval=min(0.5, max(0.05, settings.lease_timeout_seconds / 20)),
+            )
+        except LeaseUnavailableError as e:
+            raise MaintenanceBusyError(str(e)) from None
+        try:
+            lease.keep_alive()
+            yield lease
+        finally:
+            lease.release()
+        return
+    path = lock_path(root_uri, store, settings.work_dir)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + settings.lease_timeout_seconds
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise MaintenanceBusyError(
+                        f"cannot maintain store {store} of {root_uri}: another maintainer on this host holds "
+                        f"its lock file {path} (waited {settings.lease_timeout_seconds:.1f}s)"
+                    ) from None
+                time.sleep(0.05)
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        yield _FileLockGuard()
+    finally:
+        os.close(fd)  # closing releases the flock
+
+
+__all__ = ["LeaseGuard", "MaintenanceBusyError", "lock_path", "store_lease"]

@@ -1,0 +1,283 @@
+"""What every file of a store is for: the retention rules, in one place, from an `Inventory`.
+
+For a store whose newest committed version is ``L`` the versions ``R = max(1, L - N + 1) .. L`` are
+*retained* (``N = min_versions_to_retain``). A load of version ``r`` starts from the newest snapshot
+of a committed ``(v, id)`` with ``v <= r`` (its *base*) and replays the committed changelogs after
+it; the base of the oldest retained version is the store's **base**. Then:
+
+- **needed** (never deleted): commit records from the root's *floor* on, committed changelogs after
+  the base, committed manifests from the base on and every SST they reference.
+- **expired** (expiry deletes them; they are committed, so nothing writes them any more): committed
+  changelogs at or below the base, committed manifests below it, SSTs only those manifests
+  reference, and commit records below the floor (the lowest base of any store).
+- **orphan** (orphan cleanup deletes them once older than the grace period): changelogs and manifests
+  of ids that lost a committed version, files below the oldest commit record that no retained version
+  can need, SSTs no surviving manifest references, temp files and incomplete uploads.
+- **in flight** (kept): anything of a version newer than the newest commit record (the driver may
+  still commit it), and orphans younger than the grace period.
+
+A store with a file maintenance cannot read, a snapshot missing an SST, a foreign file or a gap in
+its committed chain has *problems*: nothing of it is deleted until they are fixed (DESIGN invariant 7).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from maintenance.inventory import FOREIGN, MANIFEST, FileEntry, Inventory
+from maintenance.settings import MaintenanceSettings
+from store.formats.snapshot import SnapshotManifest
+from store.layout import COMMITS_DIR, StoreId
+
+MAX_PROBLEMS = 20
+"""Problems listed per store (the count is always exact)."""
+
+
+@dataclass
+class StorePlan:
+    store: StoreId
+    latest: int | None
+    """Newest committed version of the store (None: nothing committed yet)."""
+    latest_id: str | None
+    committed: dict[int, str]
+    retain_from: int | None
+    base: tuple[int, str] | None
+    """The snapshot the oldest retained version loads from (None: it replays from version 1)."""
+    snapshot: tuple[int, str] | None
+    """The newest intact committed snapshot (what a load of `latest` starts from)."""
+    chain_length: int
+    """Changelogs a load of `latest` replays."""
+    intact_snapshots: dict[int, str] = field(default_factory=dict)
+    needed: list[FileEntry] = field(default_factory=list)
+    expired: list[FileEntry] = field(default_factory=list)
+    """In deletion order: manifests, then SSTs only they reference, then changelogs."""
+    orphans: list[tuple[FileEntry, str]] = field(default_factory=list)
+    """(file, why), deletable now; in deletion order: manifests, SSTs, then the rest."""
+    in_flight: list[tuple[FileEntry, str]] = field(default_factory=list)
+    """(file, why it is kept) for files that are not needed but may still be being written."""
+    problems: list[str] = field(default_factory=list)
+    problem_count: int = 0
+
+    @property
+    def blocked(self) -> bool:
+        return self.problem_count > 0
+
+    def problem(self, text: str) -> None:
+        self.problem_count += 1
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(f"store {self.store}: {text}")
+
+    def base_for(self, version: int) -> int:
+        """Version of the snapshot a load of `version` starts from (0: the empty version)."""
+        return max((v for v in self.intact_snapshots if v <= version), default=0)
+
+
+def plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, *, now: float | None = None) -> StorePlan:
+    """Classify every file of `store` (see the module docstring)."""
+    now = time.time() if now is None else now
+    grace = settings.orphan_grace_seconds
+    files = inv.files_of(store)
+    committed = inv.committed_ids(store)
+    latest = max(committed, default=None)
+    plan = StorePlan(store, latest, committed.get(latest) if latest else None, committed, None, None, None, 0)
+    for path, why in sorted(files.unreadable.items()):
+        plan.problem(f"cannot read {path}: {why}")
+    for e in files.foreign:
+        plan.problem(f"foreign file under the store (not in the statekeeper layout; left alone): {e.path}")
+    for path in sorted(inv.unreadable):
+        plan.problem(f"commit record {path} cannot be read, so no version can be classified safely")
+
+    # Intact committed snapshots: readable, and every SST present with the size the manifest names.
+    for (v, cid), entry in sorted(files.manifests.items()):
+        m = files.manifest_data.get((v, cid))
+        if m is None or committed.get(v) != cid:
+            continue
+        bad = _missing_ssts(files.ssts, m)
+        if bad:
+            plan.problem(f"snapshot {entry.path} is broken: {bad}")
+            continue
+        plan.intact_snapshots[v] = cid
+
+    if latest is not None:
+        plan.retain_from = max(1, latest - settings.min_versions_to_retain + 1)
+        b = plan.base_for(plan.retain_from)
+        plan.base = (b, plan.intact_snapshots[b]) if b else None
+        s = plan.base_for(latest)
+        plan.snapshot = (s, plan.intact_snapshots[s]) if s else None
+        plan.chain_length = latest - s
+        _check_chain(plan, inv, files.changelogs)
+    needed_from = plan.base[0] if plan.base else 0
+
+    def orphan(e: FileEntry, why: str) -> bool:
+        """Deletable now if older than the grace period; returns whether it is."""
+        if now - e.mtime >= grace:
+            plan.orphans.append((e, why))
+            return True
+        plan.in_flight.append((e, f"{why}; younger than the grace period"))
+        return False
+
+    def unknown(e: FileEntry, v: int) -> None:
+        plan.problem(f"no commit record for version {v} although it is within the committed range; kept: {e.path}")
+
+    oldest = inv.oldest_record
+    expired_manifests: list[FileEntry] = []
+    orphan_manifest_keys: set[tuple[int, str]] = set()
+    for (v, cid), e in sorted(files.manifests.items()):
+        if v > inv.latest:
+            plan.in_flight.append((e, "snapshot of a version newer than the newest commit record"))
+        elif v in inv.commit_files:
+            if v not in inv.records:
+                continue  # unreadable commit record: a problem already; keep
+            if committed.get(v) == cid:
+                if plan.base is not None and v < plan.base[0]:
+                    expired_manifests.append(e)
+                else:
+                    plan.needed.append(e)
+            elif orphan(e, "snapshot of an attempt that lost its version"):
+                orphan_manifest_keys.add((v, cid))
+        elif oldest is not None and v < oldest and plan.base is not None and v < plan.base[0]:
+            if orphan(e, "snapshot below the oldest commit record"):
+                orphan_manifest_keys.add((v, cid))
+        else:
+            unknown(e, v)
+
+    # SSTs: expired when only expired manifests reference them; orphan when no surviving manifest does.
+    refs = {k: {s.remote_name for s in m.sst_files} for k, m in files.manifest_data.items()}
+    all_keys = set(files.manifests)
+    sst_knowable = not files.unreadable  # an unreadable manifest may reference any SST
+    expired_keys = {k for k, e in files.manifests.items() if e in expired_manifests}
+    needed_ssts: set[str] = set()
+    for k in all_keys - expired_keys:
+        needed_ssts |= refs.get(k, set())
+    doomed: set[str] = set()
+    for k in expired_keys:
+        doomed |= refs.get(k, set())
+    expired_ssts = sorted(doomed - needed_ssts) if sst_knowable else []
+    referenced_after_orphans: set[str] = set()
+    for k in all_keys - orphan_manifest_keys:
+        referenced_after_orphans |= refs.get(k, set())
+    sst_orphans: list[tuple[FileEntry, str]] = []
+    for name, e in sorted(files.ssts.items()):
+        if name in referenced_after_orphans or not sst_knowable:
+            if name in needed_ssts:
+                plan.needed.append(e)
+            continue
+        if now - e.mtime >= grace:
+            sst_orphans.append((e, "referenced by no snapshot manifest"))
+        else:
+            plan.in_flight.append((e, "referenced by no snapshot manifest; younger than the grace period"))
+
+    expired_changelogs: list[FileEntry] = []
+    for (v, cid), e in sorted(files.changelogs.items()):
+        if v > inv.latest:
+            plan.in_flight.append((e, "version newer than the newest commit record: may still be committed"))
+        elif v in inv.commit_files:
+            if v not in inv.records:
+                continue
+            if committed.get(v) == cid:
+                if v > needed_from:
+                    plan.needed.append(e)
+                else:
+                    expired_changelogs.append(e)
+            else:
+                orphan(e, "attempt that lost its version")
+        elif oldest is not None and v < oldest and plan.base is not None and v <= plan.base[0]:
+            orphan(e, "changelog below the oldest commit record")
+        else:
+            unknown(e, v)
+    for e in files.temps:
+        orphan(e, "unfinished write (temp file or incomplete upload)")
+
+    plan.expired = [*expired_manifests, *(files.ssts[n] for n in expired_ssts), *expired_changelogs]
+    manifests = [o for o in plan.orphans if o[0].kind == MANIFEST]
+    rest = [o for o in plan.orphans if o[0].kind != MANIFEST]
+    plan.orphans = [*manifests, *sst_orphans, *rest]
+    return plan
+
+
+def _missing_ssts(present: dict[str, FileEntry], m: SnapshotManifest) -> str:
+    problems = []
+    for s in m.sst_files:
+        e = present.get(s.remote_name)
+        if e is None:
+            problems.append(f"SST {s.remote_name} is missing")
+        elif e.size != s.size:
+            problems.append(f"SST {s.remote_name} has {e.size} bytes, the manifest says {s.size}")
+    return "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
+
+
+def _check_chain(plan: StorePlan, inv: Inventory, changelogs: dict[tuple[int, str], FileEntry]) -> None:
+    """Every changelog some retained version replays must be committed and present."""
+    assert plan.latest is not None and plan.retain_from is not None
+    start = plan.base[0] if plan.base else 0
+    for v in range(start + 1, plan.latest + 1):
+        if plan.base_for(max(v, plan.retain_from)) >= v:
+            continue  # every retained version from v on loads from a snapshot at or after v
+        cid = plan.committed.get(v)
+        if cid is None:
+            plan.problem(
+                f"retained versions need version {v}, which no commit record names (oldest commit record: "
+                f"{inv.oldest_record})"
+            )
+        elif (v, cid) not in changelogs:
+            plan.problem(f"retained versions need the missing changelog {plan.store.changelog(v, cid)}")
+
+
+@dataclass
+class RootPlan:
+    """The plans of every store plus what lives outside the stores."""
+
+    stores: dict[StoreId, StorePlan]
+    floor: int
+    """Commit records below this version are expired (1: none)."""
+    expired_commits: list[FileEntry]
+    orphans: list[tuple[FileEntry, str]]
+    in_flight: list[tuple[FileEntry, str]]
+    problems: list[str]
+    foreign: list[FileEntry]
+
+
+def plan_root(
+    inv: Inventory,
+    settings: MaintenanceSettings,
+    *,
+    now: float | None = None,
+    all_stores: bool = True,
+) -> RootPlan:
+    """Plan every store; commit records expire only when every store of the root was planned."""
+    now = time.time() if now is None else now
+    stores = {s: plan_store(inv, s, settings, now=now) for s in inv.store_ids()}
+    floor: int | None = None
+    for p in stores.values():
+        if p.latest is None:
+            continue
+        contribution = p.base[0] if p.base is not None and not p.blocked else 1
+        floor = contribution if floor is None else min(floor, contribution)
+    problems: list[str] = []
+    foreign = list(inv.foreign)
+    for e in foreign:
+        problems.append(f"foreign file under the checkpoint root (not in the statekeeper layout; left alone): {e.path}")
+    commits_foreign = any(e.path.startswith(f"{COMMITS_DIR}/") for e in foreign)
+    if not all_stores or inv.unreadable or commits_foreign or floor is None:
+        floor = 1
+    expired_commits = [e for v, e in sorted(inv.commit_files.items()) if v < floor and v in inv.records]
+    orphans: list[tuple[FileEntry, str]] = []
+    in_flight: list[tuple[FileEntry, str]] = []
+    for e in inv.temps:
+        why = "unfinished write (temp file or incomplete upload)"
+        if now - e.mtime >= settings.orphan_grace_seconds:
+            orphans.append((e, why))
+        else:
+            in_flight.append((e, f"{why}; younger than the grace period"))
+    for path, why in sorted(inv.unreadable.items()):
+        problems.append(f"cannot read {path}: {why}")
+    return RootPlan(stores, floor, expired_commits, orphans, in_flight, problems, foreign)
+
+
+def never_delete(e: FileEntry) -> bool:
+    """Kinds maintenance refuses to delete whatever a plan says."""
+    return e.kind == FOREIGN
+
+
+__all__ = ["RootPlan", "StorePlan", "never_delete", "plan_root", "plan_store"]

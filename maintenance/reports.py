@@ -1,0 +1,168 @@
+"""Reports of maintenance operations: counts for dashboards, rows for people, JSON for tools.
+
+Every report has `kind`, `stores`, `files`, `bytes`, `seconds`, `errors`; `metadata()` gives every
+numeric field (what Dagster plots), `rows()` a table of what the run did per store or per file.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sql.catalog import Catalog
+
+log = logging.getLogger(__name__)
+
+_NOT_METADATA = frozenset({"kind", "root", "errors", "items", "run_id", "dry_run"})
+
+
+@dataclass
+class Report:
+    kind: str
+    root: str
+    dry_run: bool = False
+    stores: int = 0
+    """Stores examined."""
+    files: int = 0
+    """Files acted on (deleted, uploaded or checked; with dry_run: that would be)."""
+    bytes: int = 0
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+    items: list[dict[str, Any]] = field(default_factory=list)
+    run_id: int | None = None
+    """The catalog's id of the recorded maintenance run, if one was recorded."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def error(self, text: str) -> None:
+        log.error("%s of %s: %s", self.kind, self.root, text)
+        self.errors.append(text)
+
+    def metadata(self) -> dict[str, int | float]:
+        """Every numeric field, plus the error count (for Dagster's metadata plots)."""
+        out: dict[str, int | float] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in _NOT_METADATA or isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            out[f.name] = value
+        out["errors"] = len(self.errors)
+        out["dry_run"] = int(self.dry_run)
+        return out
+
+    def rows(self) -> list[dict[str, Any]]:
+        return list(self.items)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "root": self.root,
+            "dry_run": self.dry_run,
+            "ok": self.ok,
+            **self.metadata(),
+            "errors": list(self.errors),
+            "error_count": len(self.errors),
+            "run_id": self.run_id,
+            "rows": self.rows(),
+        }
+
+    def summary(self) -> str:
+        verb = "would act on" if self.dry_run else "acted on"
+        text = (
+            f"{self.kind} {self.root}: {self.stores} store(s), {verb} {self.files} file(s), "
+            f"{self.bytes:,} bytes in {self.seconds:.2f}s"
+        )
+        return text + (f"; {len(self.errors)} error(s)" if self.errors else "")
+
+
+@dataclass
+class SnapshotReport(Report):
+    kind: str = "snapshot"
+    root: str = ""
+    candidates: int = 0
+    """Stores whose chain since their last snapshot reached the threshold."""
+    snapshots: int = 0
+    """Snapshots written."""
+    changelogs_replayed: int = 0
+    records_replayed: int = 0
+    warm_builds: int = 0
+    """Stores built from a warm local copy (only changelogs newer than it replayed)."""
+    cold_builds: int = 0
+    """Stores restored from a snapshot (or replayed from version 1) first."""
+    ssts_uploaded: int = 0
+    ssts_reused: int = 0
+    max_chain_length: int = 0
+    """Longest chain since a snapshot of any store before this run."""
+
+
+@dataclass
+class ExpiryReport(Report):
+    kind: str = "expire"
+    root: str = ""
+    changelogs: int = 0
+    manifests: int = 0
+    ssts: int = 0
+    commit_records: int = 0
+    blocked_stores: int = 0
+    """Stores left untouched because of a problem (named in errors)."""
+    retained_versions: int = 0
+
+
+@dataclass
+class OrphanReport(Report):
+    kind: str = "clean-orphans"
+    root: str = ""
+    changelogs: int = 0
+    manifests: int = 0
+    ssts: int = 0
+    temp_files: int = 0
+    incomplete_uploads: int = 0
+    kept_in_flight: int = 0
+    """Files that are not needed but may still be being written (younger than the grace period or
+    of a version newer than the newest commit)."""
+    foreign_files: int = 0
+    blocked_stores: int = 0
+
+
+@dataclass
+class VerifyReport(Report):
+    kind: str = "verify"
+    root: str = ""
+    versions: int = 0
+    """Retained versions checked."""
+    stores_ok: int = 0
+    stores_failed: int = 0
+    changelogs: int = 0
+    snapshots: int = 0
+    ssts: int = 0
+    rebuilt: int = 0
+    """Snapshots compared with a replay of their changelogs (and latest versions loaded), with rebuild."""
+
+
+@contextmanager
+def recorded(catalog: Catalog | None, report: Report, *, orchestrator_run_id: str | None = None) -> Iterator[Report]:
+    """Record the run in the catalog around a block (the catalog marks it failed on errors)."""
+    if catalog is None:
+        yield report
+        return
+    with catalog.record_run(
+        report.root, report.kind, dry_run=report.dry_run, orchestrator_run_id=orchestrator_run_id
+    ) as run:
+        report.run_id = run.run_id
+        try:
+            yield report
+        finally:
+            run.stores = report.stores
+            run.files = report.files
+            run.bytes = report.bytes
+            run.errors = list(report.errors)
+            run.details = {k: v for k, v in report.metadata().items() if k not in ("stores", "files", "bytes")}
+
+
+__all__ = ["ExpiryReport", "OrphanReport", "Report", "SnapshotReport", "VerifyReport", "recorded"]

@@ -1,0 +1,97 @@
+"""Settings of the maintenance operations, validated once so a bad value never reaches a deletion.
+
+Every field has a ``STATEKEEPER_<FIELD>`` environment variable (`MaintenanceSettings.from_env`), so
+the command line, a Dagster resource and a cron job configure the same thing the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from store.errors import ConfigurationError
+
+ENV_PREFIX = "STATEKEEPER_"
+
+
+@dataclass(frozen=True)
+class MaintenanceSettings:
+    snapshot_threshold: int = 10
+    """Snapshot a store once this many changelogs were committed since its last snapshot."""
+    min_versions_to_retain: int = 20
+    """Newest committed versions of each store that stay loadable (at least 1)."""
+    orphan_grace_seconds: float = 3600.0
+    """Files that are not committed are deleted only when older than this (they may be in flight)."""
+    parallelism: int = 4
+    """Stores worked on at once, and delete batches in flight at once."""
+    lease_ttl_seconds: float = 600.0
+    """A crashed maintainer blocks a store for at most this long (the lease is renewed while running)."""
+    lease_timeout_seconds: float = 0.0
+    """How long to wait for another maintainer's lease on a store; 0 fails at once."""
+    work_dir: str | None = None
+    """Local directory for warm copies of stores between snapshot runs; None: a per-process temp dir."""
+    delete_batch_size: int = 1000
+    """Paths per delete request (S3 DeleteObjects takes at most 1000)."""
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, name: str, why: str) -> None:
+            if not ok:
+                raise ConfigurationError(f"invalid maintenance setting {name}={getattr(self, name)!r}: {why}")
+
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "work_dir":
+                need(value is None or (isinstance(value, str) and value.strip() != ""), f.name, "empty path")
+                continue
+            numeric = isinstance(value, int | float) and not isinstance(value, bool)
+            need(numeric and math.isfinite(value), f.name, "expected a finite number")
+            if f.type in ("int", int):
+                need(isinstance(value, int), f.name, "expected an integer")
+        need(self.snapshot_threshold >= 1, "snapshot_threshold", "must be >= 1")
+        need(self.min_versions_to_retain >= 1, "min_versions_to_retain", "at least 1 version must be retained")
+        need(self.orphan_grace_seconds >= 0, "orphan_grace_seconds", "must be >= 0")
+        need(1 <= self.parallelism <= 256, "parallelism", "must be within [1, 256]")
+        need(self.lease_ttl_seconds > 0, "lease_ttl_seconds", "must be > 0")
+        need(self.lease_timeout_seconds >= 0, "lease_timeout_seconds", "must be >= 0")
+        need(1 <= self.delete_batch_size <= 1000, "delete_batch_size", "must be within [1, 1000]")
+
+    @staticmethod
+    def env_name(field_name: str) -> str:
+        return ENV_PREFIX + field_name.upper()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> MaintenanceSettings:
+        """Defaults, overridden by ``STATEKEEPER_<FIELD>`` variables, overridden by `overrides` (not None)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(cls.env_name(f.name))
+            if raw is None or raw.strip() == "":
+                continue
+            if f.name == "work_dir":
+                values[f.name] = raw
+                continue
+            try:
+                values[f.name] = int(raw) if f.type in ("int", int) else float(raw)
+            except ValueError:
+                raise ConfigurationError(
+                    f"invalid maintenance setting {cls.env_name(f.name)}={raw!r}: expected a number"
+                ) from None
+        unknown = set(overrides) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ConfigurationError(f"unknown maintenance setting(s) {sorted(unknown)}")
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def with_(self, **changes: Any) -> MaintenanceSettings:
+        """A copy with some settings changed (validated again)."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+__all__ = ["MaintenanceSettings"]
