@@ -116,9 +116,9 @@ def run_maintenance(
     since = utcnow()
     with catalog.session() as cat:
         sync_lineage(cat, storage, root)
-        report = operation(root, settings, catalog=cat, orchestrator_run_id=context.run_id, **kwargs)
+        report = operation(root, settings, catalog=cat, orchestrator_run_id=context.run.run_id, **kwargs)
         ensure_recorded(
-            cat, root, KINDS[asset_name], context.run_id, since, report, dry_run=bool(kwargs.get("dry_run"))
+            cat, root, KINDS[asset_name], context.run.run_id, since, report, dry_run=bool(kwargs.get("dry_run"))
         )
         chains = cat.chain_lengths(root)
     md = report_metadata(report)
@@ -155,7 +155,7 @@ def build_assets(partitions: PartitionsDefinition) -> list[AssetsDefinition]:
         threshold = maintenance.snapshot_threshold
         with catalog.session() as cat:
             result = sync_catalog(
-                cat, fm, full=config.full, raise_on_error=False, record_run=True, orchestrator_run_id=context.run_id
+                cat, fm, full=config.full, raise_on_error=False, record_run=True, orchestrator_run_id=context.run.run_id
             )
             chains = cat.chain_lengths(fm.root_uri)
         values = result.to_json()

@@ -29,7 +29,7 @@ def build_definitions(
 ) -> Definitions:
     config = config or OrchestrationConfig.from_env()
     partitions = root_partitions(config)
-    jobs = build_jobs(partitions)
+    jobs = build_jobs()
     return Definitions(
         assets=build_assets(partitions),
         asset_checks=build_checks(partitions),

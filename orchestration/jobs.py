@@ -7,7 +7,7 @@ per checkpoint root is in progress at a time, whatever launched it (sensor, sche
 
 from __future__ import annotations
 
-from dagster import AssetSelection, PartitionsDefinition, define_asset_job
+from dagster import AssetSelection, define_asset_job
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from orchestration.assets import KIND_TAG, KINDS, LINEAGE, ORPHANS, RETAINED, SNAPSHOTS
@@ -27,13 +27,12 @@ DESCRIPTIONS = {
 }
 
 
-def build_jobs(partitions: PartitionsDefinition) -> dict[str, UnresolvedAssetJobDefinition]:
-    """Asset name -> its job (the asset and its checks)."""
+def build_jobs() -> dict[str, UnresolvedAssetJobDefinition]:
+    """Asset name -> its job (the asset and its checks; partitioned as the asset, by root)."""
     return {
         asset_name: define_asset_job(
             name=job_name,
             selection=AssetSelection.assets(asset_name),
-            partitions_def=partitions,
             description=DESCRIPTIONS[asset_name],
             tags={KIND_TAG: KINDS[asset_name], MAINTENANCE_TAG: "true"},
         )

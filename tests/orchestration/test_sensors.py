@@ -1,0 +1,175 @@
+"""The checkpoint-location sensor over several ticks (local and S3 through moto, listings paginated)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from dagster import RunRequest, SensorResult, build_sensor_context
+
+from orchestration.assets import SNAPSHOTS
+from orchestration.sensors import (
+    COMMITS_PREFIX,
+    SENSOR_NAME,
+    RootCursor,
+    SensorCursor,
+    evaluate_root,
+    snapshot_run_key,
+)
+from store.files import CheckpointFileManager, FileInfo, open_file_manager
+from store.layout import commit_path
+from tests.orchestration.conftest import THRESHOLD, Orch
+
+
+class CountingFileManager:
+    """Wraps a file manager; records each listing (prefix, start_after, names returned)."""
+
+    def __init__(self, fm: CheckpointFileManager) -> None:
+        self._fm = fm
+        self.listings: list[tuple[str, str | None, int]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fm, name)
+
+    @property
+    def root_uri(self) -> str:
+        return self._fm.root_uri
+
+    def list(self, prefix: str = "", *, start_after: str | None = None) -> Iterator[FileInfo]:
+        n = 0
+        try:
+            for info in self._fm.list(prefix, start_after=start_after):
+                n += 1
+                yield info
+        finally:
+            self.listings.append((prefix, start_after, n))
+
+
+def tick(orch: Orch, cursor: str | None) -> SensorResult:
+    sensor = orch.defs.get_repository_def().get_sensor_def(SENSOR_NAME)
+    ctx = build_sensor_context(cursor=cursor, resources=orch.resources, instance=orch.instance)
+    result = sensor(ctx)
+    assert isinstance(result, SensorResult)
+    return result
+
+
+def test_sensor_ticks_request_each_crossing_once(orch: Orch) -> None:
+    run_keys: list[str] = []
+
+    def step(cursor: str | None) -> tuple[str, list[RunRequest]]:
+        result = tick(orch, cursor)
+        assert result.cursor is not None
+        requests = list(result.run_requests or [])
+        run_keys.extend(r.run_key for r in requests if r.run_key)
+        return result.cursor, requests
+
+    # an empty root: nothing to list, the root enters the catalog
+    cursor, requests = step(None)
+    assert requests == []
+    assert orch.catalog.find_root(orch.root) is not None
+
+    # below the threshold: lineage synced, nothing requested; the cursor holds the last commit name
+    orch.writer.commit(THRESHOLD - 1)
+    cursor, requests = step(cursor)
+    assert requests == []
+    state = SensorCursor.parse(cursor)
+    assert state.roots[orch.root].listed[COMMITS_PREFIX] == commit_path(THRESHOLD - 1)
+    assert len(orch.catalog.committed_versions(orch.root, "agg", 0)) == THRESHOLD - 1
+
+    # the chains cross the threshold: one snapshot run for the root, naming both stores
+    orch.writer.commit(1)
+    cursor, requests = step(cursor)
+    assert len(requests) == 1
+    req = requests[0]
+    assert req.partition_key == orch.root
+    assert req.run_key == snapshot_run_key(orch.root, [f"agg/0@{THRESHOLD}", f"agg/1@{THRESHOLD}"])
+    assert req.run_config["ops"][SNAPSHOTS]["config"]["stores"] == [f"agg/0@{THRESHOLD}", f"agg/1@{THRESHOLD}"]
+
+    # no new commit; then commits that leave the crossing where it was: nothing requested again
+    cursor, requests = step(cursor)
+    assert requests == []
+    orch.writer.commit(1)
+    cursor, requests = step(cursor)
+    assert requests == []
+
+    # still no snapshot at the next multiple of the threshold: requested again, under a new key
+    orch.writer.commit(THRESHOLD - 1)
+    cursor, requests = step(cursor)
+    assert [r.run_key for r in requests] == [
+        snapshot_run_key(orch.root, [f"agg/0@{2 * THRESHOLD}", f"agg/1@{2 * THRESHOLD}"])
+    ]
+    assert len(run_keys) == len(set(run_keys)) == 2
+    assert SensorCursor.parse(cursor).roots[orch.root].requested == {"agg/0": 2 * THRESHOLD, "agg/1": 2 * THRESHOLD}
+
+
+def test_sensor_lists_only_new_names_and_misses_none(orch: Orch) -> None:
+    """Capped at 5 names a tick over S3 pages of 7: every commit seen exactly once, in order."""
+    total = 23
+    orch.writer.commit(total)
+    fm = CountingFileManager(open_file_manager(orch.root))
+    rc = RootCursor()
+    seen: list[str] = []
+    afters: list[str | None] = []
+    ticks = 0
+    while True:
+        ticks += 1
+        fm.listings.clear()
+        result = evaluate_root(orch.catalog, fm, rc, threshold=100, max_names=5)
+        assert len(result.new_names) <= 5
+        commit_listings = [(after, n) for prefix, after, n in fm.listings if prefix == COMMITS_PREFIX]
+        afters.append(commit_listings[0][0])  # the sensor's own listing comes first
+        if ticks > 1:  # never again a listing of commits/ from its start
+            assert all(after is not None for after, _ in commit_listings)
+        if not result.new_names:
+            break
+        seen.extend(result.new_names)
+    assert seen == [commit_path(v) for v in range(1, total + 1)]
+    assert ticks == 6
+    # each tick listed commits/ after the name the previous tick ended on
+    assert afters == [None, *(commit_path(v) for v in (5, 10, 15, 20, 23))]
+    # an idle tick: one listing that returns nothing, and no catalog sync
+    fm.listings.clear()
+    idle = evaluate_root(orch.catalog, fm, rc, threshold=100, max_names=5)
+    assert not idle.synced and idle.new_names == []
+    assert fm.listings == [(COMMITS_PREFIX, commit_path(total), 0)]
+
+    # new commits after the backlog: exactly those
+    orch.writer.commit(2)
+    more = evaluate_root(orch.catalog, fm, rc, threshold=100, max_names=5)
+    assert more.new_names == [commit_path(total + 1), commit_path(total + 2)]
+    assert more.synced
+    assert len(orch.catalog.committed_versions(orch.root, "agg", 1)) == total + 2
+
+
+def test_sensor_keeps_going_when_a_root_fails(tmp_path, db_url: str, s3_endpoint: str) -> None:
+    good = str(tmp_path / "good")
+    orch = Orch([good, "s3://sk-no-such-bucket-here/ckpt"], db_url)
+    try:
+        orch.writer.commit(THRESHOLD)
+        result = tick(orch, None)
+        assert [r.partition_key for r in result.run_requests or []] == [orch.root]
+        state = json.loads(result.cursor or "{}")
+        assert orch.root in state["roots"]
+        assert "s3://sk-no-such-bucket-here/ckpt" not in state["roots"] or not state["roots"][
+            "s3://sk-no-such-bucket-here/ckpt"
+        ]["listed"]
+    finally:
+        orch.close()
+
+
+@pytest.mark.parametrize("text", [None, "", "garbage", '{"v": 99}', '{"v": 1, "roots": []}'])
+def test_unreadable_cursor_starts_over(text: str | None) -> None:
+    assert SensorCursor.parse(text).roots == {}
+
+
+def test_sensor_turned_off(tmp_path, db_url: str) -> None:
+    orch = Orch([str(tmp_path / "r")], db_url, sensor_enabled=False)
+    try:
+        sensor = orch.defs.get_repository_def().get_sensor_def(SENSOR_NAME)
+        ctx = build_sensor_context(resources=orch.resources, instance=orch.instance)
+        result = sensor(ctx)
+        assert "turned off" in str(result)
+    finally:
+        orch.close()
