@@ -219,10 +219,12 @@ class ColumnFamily:
 
     # -- reads ----------------------------------------------------------------------------------
     def get(self, key: bytes) -> bytes | None:
-        return cast(bytes | None, self._db.get(key))
+        value: bytes | None = self._db.get(key)  # annotated, not typing.cast: a call per get costs ~8%
+        return value
 
     def multi_get(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        return cast(list[bytes | None], self._db.get(list(keys)))
+        values: list[bytes | None] = self._db.get(list(keys))
+        return values
 
     def items(
         self, start: bytes | None = None, end: bytes | None = None, *, prefix: bytes | None = None
