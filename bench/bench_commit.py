@@ -244,8 +244,16 @@ def _probe_percentile(st: Stats, q: float) -> float:
     return percentile(st.probe_ms or [], q)
 
 
+def _load_note(start: float) -> str:
+    return (
+        f"1-minute load average at the start / end of this suite: {start:.1f} / {os.getloadavg()[0]:.1f} "
+        f"({os.cpu_count()} cores; other work on the machine shows up as noise)."
+    )
+
+
 def run(quick: bool) -> list[Table]:
     sz = QUICK if quick else FULL
+    load_start = os.getloadavg()[0]
     top = tempfile.mkdtemp(prefix="statekeeper-bench-commit-")
     rows: list[list[object]] = []
     speedups: list[float] = []
@@ -335,6 +343,7 @@ def run(quick: bool) -> list[Table]:
             *loads,
             "Baseline state: a RocksDB checkpoint (hard links) of the store's loaded DB, so both start from "
             "identical data; only its newest published copy is kept on disk.",
+            _load_note(load_start),
         ],
     )
     sweep = Table(

@@ -224,8 +224,16 @@ def _breakdown(base: str, sz: Sizes, data: dict[str, list[bytes]]) -> list[list[
     return rows
 
 
+def _load_note(start: float) -> str:
+    return (
+        f"1-minute load average at the start / end of this suite: {start:.1f} / {os.getloadavg()[0]:.1f} "
+        f"({os.cpu_count()} cores; other work on the machine shows up as noise)."
+    )
+
+
 def run(quick: bool) -> list[Table]:
     sz = QUICK if quick else FULL
+    load_start = os.getloadavg()[0]
     single_keys = random_keys(sz.single, seed=11)
     bulk_random = random_keys(sz.bulk, seed=12)
     data = {
@@ -284,6 +292,7 @@ def run(quick: bool) -> list[Table]:
             "(seal, fsync, atomic publish); raw rocksdict writes nothing durable (no WAL).",
             f"Batch put: {sz.batch:,} records per call (one WriteBatch each); multi-get: {sz.mget:,} keys per call.",
             f"Best of {sz.rounds} rounds in fresh DBs, alternating which side runs first (shared 2-core machine).",
+            _load_note(load_start),
         ],
     )
     where = Table(
