@@ -15,7 +15,7 @@ here), and reports numeric metadata the UI plots (files, bytes, seconds, chain l
 ``details`` table of what it did. A run whose operation reports errors fails, naming them.
 """
 
-
+import datetime as dt
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,7 +46,7 @@ ASSET_NAMES = (LINEAGE, SNAPSHOTS, RETAINED, ORPHANS)
 
 KIND_TAG = "statekeeper/kind"
 ROOT_TAG = "statekeeper/root"
-KINDS = {LINEAGE: "catalog-sync", SNAPSHOTS: "snapshot", RETAINED: "expiry", ORPHANS: "orphans"}
+KINDS = {LINEAGE: "catalog-sync", SNAPSHOTS: "snapshot", RETAINED: "expire", ORPHANS: "clean-orphans"}
 """The maintenance kind of each asset (run tag, and the kind the failure sensor records)."""
 
 
@@ -74,12 +74,12 @@ def sync_lineage(catalog: Catalog, storage: CheckpointStorage, root: str) -> Any
 
 
 def ensure_recorded(
-    catalog: Catalog, root: str, kind: str, run_id: str, since: Any, report: Any, *, dry_run: bool = False
-) -> None:
-    """Record the maintenance run unless the operation already did (under this Dagster run id)."""
-    for r in catalog.runs(root, limit=50):
-        if r.orchestrator_run_id == run_id and r.started_at.replace(tzinfo=None) >= since.replace(tzinfo=None):
-            return
+    catalog: Catalog, root: str, kind: str, run_id: str, since: dt.datetime, report: Any, *, dry_run: bool = False
+) -> int:
+    """The catalog run id of the operation; records the run when the operation did not (`report.run_id`)."""
+    recorded = getattr(report, "run_id", None)
+    if isinstance(recorded, int):
+        return recorded
     md = report.metadata()
     errors = report_errors(report)
     rid = catalog.start_run(root, kind, dry_run=dry_run, orchestrator_run_id=run_id, started_at=since)
@@ -92,6 +92,7 @@ def ensure_recorded(
         errors=errors,
         details={"metadata": md},
     )
+    return rid
 
 
 def _fail_on_errors(what: str, root: str, errors: list[str], metadata: dict[str, MetadataValue]) -> None:
@@ -117,14 +118,14 @@ def run_maintenance(
     with catalog.session() as cat:
         sync_lineage(cat, storage, root)
         report = operation(root, settings, catalog=cat, orchestrator_run_id=context.run.run_id, **kwargs)
-        ensure_recorded(
+        catalog_run = ensure_recorded(
             cat, root, KINDS[asset_name], context.run.run_id, since, report, dry_run=bool(kwargs.get("dry_run"))
         )
         chains = cat.chain_lengths(root)
     md = report_metadata(report)
     md.update(chain_stats(chains, settings.snapshot_threshold))
     md["asset_seconds"] = MetadataValue.float(round(time.perf_counter() - t0, 3))
-    md["dry_run"] = MetadataValue.bool(bool(kwargs.get("dry_run")))
+    md["catalog_run_id"] = MetadataValue.int(catalog_run)
     _fail_on_errors(KINDS[asset_name], root, report_errors(report), md)
     context.log.info("%s of %s: %s", KINDS[asset_name], root, report.metadata())
     return MaterializeResult(metadata=md)

@@ -8,7 +8,6 @@
   than the grace period.
 """
 
-
 import warnings
 
 from dagster import (

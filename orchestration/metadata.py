@@ -63,9 +63,7 @@ def table(rows: list[dict[str, Any]], limit: int = MAX_TABLE_ROWS) -> MetadataVa
     if not columns:
         columns = ["result"]
         shown = [{"result": "nothing to do"}]
-    schema = TableSchema(
-        columns=[TableColumn(name=c, type=_column_type(r.get(c) for r in shown)) for c in columns]
-    )
+    schema = TableSchema(columns=[TableColumn(name=c, type=_column_type(r.get(c) for r in shown)) for c in columns])
     records = [TableRecord(data={c: row.get(c) for c in columns}) for row in shown]
     return MetadataValue.table(records=records, schema=schema)
 

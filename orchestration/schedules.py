@@ -4,7 +4,6 @@ Each is turned off by its environment variable (``off``): it is then defined sto
 started anyway, so the UI still shows it and why it does not run.
 """
 
-
 from dagster import (
     DefaultScheduleStatus,
     PartitionsDefinition,

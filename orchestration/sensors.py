@@ -290,6 +290,19 @@ def record_failed_run(
     return touched
 
 
+def failure_message(context: RunFailureSensorContext) -> str:
+    """The run's failure message and the error of each failed step."""
+    parts = [context.failure_event.message or "run failed"]
+    for event in context.get_step_failure_events():
+        data = event.step_failure_data
+        error = data.error if data is not None else None
+        while error is not None and error.cause is not None:  # the user error under Dagster's wrapper
+            error = error.cause
+        if error is not None:
+            parts.append(f"{event.step_key}: {error.message.strip()}")
+    return "\n".join(parts)
+
+
 def build_failure_sensor(config: OrchestrationConfig) -> SensorDefinition:
     @run_failure_sensor(
         name=FAILURE_SENSOR_NAME,
@@ -312,7 +325,7 @@ def build_failure_sensor(config: OrchestrationConfig) -> SensorDefinition:
         started = None
         if record is not None and record.start_time is not None:
             started = dt.datetime.fromtimestamp(record.start_time, dt.UTC)
-        message = context.failure_event.message or "run failed"
+        message = failure_message(context)
         with catalog.session() as cat:
             ids = record_failed_run(
                 cat, root, kind, run.run_id, message, started_at=started, details={"dagster_job": run.job_name}

@@ -33,7 +33,11 @@ def make_config() -> Callable[..., OrchestrationConfig]:
 
 
 def make_resources(config: OrchestrationConfig, db_url: str, **settings: Any) -> dict[str, Any]:
-    values = {"snapshot_threshold": THRESHOLD, "min_versions_to_retain": RETAIN, "orphan_grace_seconds": 0.0}
+    values: dict[str, Any] = {
+        "snapshot_threshold": THRESHOLD,
+        "min_versions_to_retain": RETAIN,
+        "orphan_grace_seconds": 0.0,
+    }
     values.update(settings)
     return {
         "storage": CheckpointStorage(roots=list(config.roots)),

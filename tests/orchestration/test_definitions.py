@@ -63,7 +63,7 @@ def test_config_from_env(tmp_path: Path) -> None:
     assert repo.get_schedule_def(ORPHAN_SCHEDULE).default_status == DefaultScheduleStatus.RUNNING
     assert repo.get_sensor_def(SENSOR_NAME).default_status == DefaultSensorStatus.STOPPED
     # the password never shows in the resource's configuration: it is read through EnvVar
-    assert "secret" not in repr(defs.resources["catalog"])
+    assert "secret" not in repr((defs.resources or {})["catalog"])
 
 
 @pytest.mark.parametrize(
@@ -101,6 +101,7 @@ def test_dagster_definitions_validate(tmp_path: Path) -> None:
     dagster = Path(sys.executable).with_name("dagster")
     proc = subprocess.run(
         [str(dagster), "definitions", "validate", "-w", "workspace.yaml"],
+        check=False,
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -152,9 +152,10 @@ def test_sensor_keeps_going_when_a_root_fails(tmp_path, db_url: str, s3_endpoint
         assert [r.partition_key for r in result.run_requests or []] == [orch.root]
         state = json.loads(result.cursor or "{}")
         assert orch.root in state["roots"]
-        assert "s3://sk-no-such-bucket-here/ckpt" not in state["roots"] or not state["roots"][
-            "s3://sk-no-such-bucket-here/ckpt"
-        ]["listed"]
+        assert (
+            "s3://sk-no-such-bucket-here/ckpt" not in state["roots"]
+            or not state["roots"]["s3://sk-no-such-bucket-here/ckpt"]["listed"]
+        )
     finally:
         orch.close()
 

@@ -1,0 +1,62 @@
+"""The expiry and orphan-cleanup schedules: one run per root per tick, turned off by configuration."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+from dagster import RunRequest, ScheduleEvaluationContext, SkipReason, build_schedule_context
+
+from orchestration.jobs import JOB_NAMES
+from orchestration.schedules import EXPIRY_SCHEDULE, ORPHAN_SCHEDULE
+from tests.orchestration.conftest import Orch
+
+
+def ctx_at(orch: Orch, repo: Any, when: dt.datetime) -> ScheduleEvaluationContext:
+    return build_schedule_context(instance=orch.instance, repository_def=repo, scheduled_execution_time=when)
+
+
+def test_schedules_request_one_run_per_root(tmp_path: Path, db_url: str) -> None:
+    orch = Orch([str(tmp_path / "a"), str(tmp_path / "b")], db_url)
+    try:
+        repo = orch.defs.get_repository_def()
+        when = dt.datetime(2025, 3, 1, 5, 0, tzinfo=dt.UTC)
+        for name, job in ((EXPIRY_SCHEDULE, "expiry_job"), (ORPHAN_SCHEDULE, "orphan_cleanup_job")):
+            sched = repo.get_schedule_def(name)
+            assert sched.job_name == job and job in JOB_NAMES.values()
+            data = sched.evaluate_tick(
+                build_schedule_context(instance=orch.instance, repository_def=repo, scheduled_execution_time=when)
+            )
+            requests = list(data.run_requests or [])
+            assert [r.partition_key for r in requests] == list(orch.config.roots)
+            assert all(isinstance(r, RunRequest) and when.isoformat() in (r.run_key or "") for r in requests)
+            assert len({r.run_key for r in requests}) == 2
+            # the next tick has other run keys
+            later = sched.evaluate_tick(
+                build_schedule_context(
+                    instance=orch.instance, repository_def=repo, scheduled_execution_time=when + dt.timedelta(hours=1)
+                )
+            )
+            assert not {r.run_key for r in later.run_requests or []} & {r.run_key for r in requests}
+        assert repo.get_schedule_def(EXPIRY_SCHEDULE).cron_schedule == "0 * * * *"
+        assert repo.get_schedule_def(ORPHAN_SCHEDULE).cron_schedule == "30 3 * * *"
+    finally:
+        orch.close()
+
+
+def test_schedules_turned_off(tmp_path: Path, db_url: str) -> None:
+    orch = Orch([str(tmp_path / "a")], db_url, expiry_cron=None, orphan_cron="0 4 * * 1")
+    try:
+        repo = orch.defs.get_repository_def()
+        ctx = build_schedule_context(
+            instance=orch.instance, repository_def=repo, scheduled_execution_time=dt.datetime.now(dt.UTC)
+        )
+        off = repo.get_schedule_def(EXPIRY_SCHEDULE).evaluate_tick(ctx)
+        assert not off.run_requests and off.skip_message and "STATEKEEPER_EXPIRY_SCHEDULE=off" in off.skip_message
+        on = repo.get_schedule_def(ORPHAN_SCHEDULE)
+        assert on.cron_schedule == "0 4 * * 1"
+        assert len(on.evaluate_tick(ctx).run_requests or []) == 1
+        assert isinstance(SkipReason("x"), SkipReason)
+    finally:
+        orch.close()
