@@ -12,11 +12,16 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from maintenance.inventory import FOREIGN, TEMP, UPLOAD, FileEntry, classify
+from maintenance.inventory import FOREIGN, MANIFEST, SST, TEMP, UPLOAD, FileEntry, classify
+from maintenance.settings import MaintenanceSettings
 from store.errors import ConfigurationError
 from store.files import CheckpointFileManager, DeleteResult
 from store.files.paths import validate_relative_path
+
+if TYPE_CHECKING:
+    from sql.catalog import Catalog
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +40,7 @@ class DeleteOutcome:
     def merge(self, other: DeleteOutcome) -> None:
         self.deleted.extend(other.deleted)
         self.errors.extend(other.errors)
+        self.stopped = self.stopped or other.stopped
 
 
 def validate_deletable(entries: Sequence[FileEntry]) -> None:
@@ -113,4 +119,56 @@ def delete_entries(
     return outcome
 
 
-__all__ = ["DeleteOutcome", "delete_entries", "validate_deletable"]
+def delete_recorded(
+    fm: CheckpointFileManager,
+    catalog: Catalog | None,
+    entries: Sequence[FileEntry],
+    settings: MaintenanceSettings,
+    pool: ThreadPoolExecutor | None,
+    check: Callable[[], None] | None,
+    *,
+    mark_expired: bool,
+) -> DeleteOutcome:
+    """`delete_entries`, telling the catalog (if any) what is about to go and what went."""
+    if not entries:
+        return DeleteOutcome()
+    validate_deletable(entries)
+    if catalog is not None and mark_expired:
+        catalog.mark_expired(fm.root_uri, [e.path for e in entries])
+    out = delete_entries(fm, entries, batch_size=settings.delete_batch_size, pool=pool, check=check)
+    if catalog is not None and out.deleted:
+        catalog.mark_deleted(fm.root_uri, [e.path for e in out.deleted])
+    return out
+
+
+def delete_in_order(
+    fm: CheckpointFileManager,
+    catalog: Catalog | None,
+    entries: Sequence[FileEntry],
+    settings: MaintenanceSettings,
+    pool: ThreadPoolExecutor | None,
+    check: Callable[[], None] | None,
+    *,
+    mark_expired: bool,
+) -> DeleteOutcome:
+    """Manifests, then SSTs (kept if a manifest could not be deleted), then everything else.
+
+    So no manifest that survives a failure or crash ever names a deleted SST.
+    """
+    validate_deletable(entries)
+    outcome = DeleteOutcome()
+    manifests = [e for e in entries if e.kind == MANIFEST]
+    ssts = [e for e in entries if e.kind == SST]
+    rest = [e for e in entries if e.kind not in (MANIFEST, SST)]
+    first = delete_recorded(fm, catalog, manifests, settings, pool, check, mark_expired=mark_expired)
+    outcome.merge(first)
+    if first.stopped:
+        outcome.errors.append(f"kept {len(ssts)} SST file(s): a manifest could not be deleted")
+        outcome.stopped = True
+    else:
+        outcome.merge(delete_recorded(fm, catalog, ssts, settings, pool, check, mark_expired=mark_expired))
+    outcome.merge(delete_recorded(fm, catalog, rest, settings, pool, check, mark_expired=mark_expired))
+    return outcome
+
+
+__all__ = ["DeleteOutcome", "delete_entries", "delete_in_order", "delete_recorded", "validate_deletable"]

@@ -65,7 +65,7 @@ class Report:
             "root": self.root,
             "dry_run": self.dry_run,
             "ok": self.ok,
-            **self.metadata(),
+            **{k: v for k, v in self.metadata().items() if k not in ("dry_run", "errors")},
             "errors": list(self.errors),
             "error_count": len(self.errors),
             "run_id": self.run_id,

@@ -1,0 +1,133 @@
+"""Expiry: keep the newest `min_versions_to_retain` committed versions of each store loadable, delete
+the committed files none of them needs (rules in `maintenance.plan`).
+
+Per store, under its lease, after listing the store again: manifests first, then the SSTs only they
+referenced (so no surviving manifest ever names a deleted SST), then changelogs. Commit records go
+last, only those below every store's base, and only in a run over every store of the root. A crash
+at any point leaves every retained version loadable; a rerun finishes the job (files left without a
+commit record below the base are deleted as orphans). Changelogs of versions newer than the newest
+commit record are never touched: they may belong to a batch still in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from maintenance.deletion import DeleteOutcome, delete_in_order, delete_recorded
+from maintenance.inventory import CHANGELOG, COMMIT, MANIFEST, SST, FileEntry, Inventory
+from maintenance.leasing import store_lease
+from maintenance.plan import plan_root, plan_store
+from maintenance.reports import ExpiryReport, recorded
+from maintenance.settings import MaintenanceSettings
+from maintenance.workers import run_each
+from store.files import CheckpointFileManager, open_file_manager
+from store.layout import StoreId
+
+if TYPE_CHECKING:
+    from sql.catalog import Catalog
+
+log = logging.getLogger(__name__)
+
+_COUNTERS = {CHANGELOG: "changelogs", MANIFEST: "manifests", SST: "ssts", COMMIT: "commit_records"}
+
+
+def expire_versions(
+    root_uri: str | CheckpointFileManager,
+    settings: MaintenanceSettings,
+    *,
+    catalog: Catalog | None = None,
+    orchestrator_run_id: str | None = None,
+    dry_run: bool = False,
+    progress: bool = False,
+    stores: Iterable[StoreId] | None = None,
+) -> ExpiryReport:
+    """Delete what no retained version needs; `dry_run` reports the files and bytes instead.
+
+    With `catalog`: the run is recorded, stores are leased in the catalog, files are marked expired
+    before and deleted after. A store with problems (unreadable or foreign files, a broken snapshot,
+    a gap in its chain) is left untouched and named in the errors.
+    """
+    t0 = time.perf_counter()
+    fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
+    wanted = None if stores is None else list(stores)
+    report = ExpiryReport(root=fm.root_uri, dry_run=dry_run)
+    with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
+        try:
+            inv = Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
+            root = plan_root(inv, settings, all_stores=wanted is None)
+            plans = [p for s, p in root.stores.items() if wanted is None or s in wanted]
+            report.stores = len(plans)
+            for text in root.problems:
+                report.error(text)
+            for p in plans:
+                if p.latest is not None and p.retain_from is not None:
+                    report.retained_versions += p.latest - p.retain_from + 1
+                if p.blocked:
+                    report.blocked_stores += 1
+                    for text in p.problems:
+                        report.error(text)
+            todo = [p for p in plans if p.expired and not p.blocked]
+            if dry_run:
+                for p in todo:
+                    _account(report, str(p.store), p.expired, "would delete")
+                _account(report, None, root.expired_commits, "would delete")
+                return report
+            with ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="expire-delete") as pool:
+                results = run_each(
+                    [p.store for p in todo],
+                    lambda s: _expire_store(fm, inv, s, settings, catalog, pool),
+                    parallelism=settings.parallelism,
+                    progress=progress,
+                    desc="expire",
+                )
+                for p, res in zip(todo, results, strict=True):
+                    if isinstance(res, Exception):
+                        report.error(f"store {p.store}: {res}")
+                        continue
+                    _account(report, str(p.store), res.deleted, "deleted")
+                    for text in res.errors:
+                        report.error(f"store {p.store}: {text}")
+                if root.expired_commits:
+                    out = delete_recorded(fm, catalog, root.expired_commits, settings, pool, None, mark_expired=True)
+                    _account(report, None, out.deleted, "deleted")
+                    for text in out.errors:
+                        report.error(text)
+        finally:
+            report.seconds = time.perf_counter() - t0
+    log.info(report.summary())
+    return report
+
+
+def _expire_store(
+    fm: CheckpointFileManager,
+    inv: Inventory,
+    store: StoreId,
+    settings: MaintenanceSettings,
+    catalog: Catalog | None,
+    pool: ThreadPoolExecutor,
+) -> DeleteOutcome:
+    with store_lease(fm.root_uri, store, settings, catalog) as lease:
+        inv.rescan_store(store)
+        plan = plan_store(inv, store, settings)
+        if plan.blocked:
+            raise RuntimeError("; ".join(plan.problems))
+        return delete_in_order(fm, catalog, plan.expired, settings, pool, lease.check, mark_expired=True)
+
+
+def _account(report: ExpiryReport, store: str | None, entries: Iterable[FileEntry], action: str) -> None:
+    for e in entries:
+        report.files += 1
+        report.bytes += e.size
+        name = _COUNTERS.get(e.kind)
+        if name is not None:
+            setattr(report, name, getattr(report, name) + 1)
+        report.items.append(
+            {"store": store, "path": e.path, "kind": e.kind, "version": e.version, "bytes": e.size, "action": action}
+        )
+
+
+__all__ = ["expire_versions"]

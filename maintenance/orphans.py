@@ -1,0 +1,155 @@
+"""Orphan cleanup: delete files no committed version will ever read, once they cannot be in flight.
+
+Orphans (rules in `maintenance.plan`): changelogs and manifests of attempts that lost an already
+committed version, files left below the oldest commit record that no retained version needs, SST
+files no surviving manifest references, temp files of unfinished local writes and incomplete S3
+multipart uploads. Each is deleted only when older than `orphan_grace_seconds` (a slow task, a
+zombie attempt or a snapshot upload may still be writing it); anything of a version newer than the
+newest commit record is never touched. Foreign files are reported, never deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from maintenance.deletion import DeleteOutcome, delete_in_order, delete_recorded
+from maintenance.inventory import CHANGELOG, MANIFEST, SST, TEMP, UPLOAD, FileEntry, Inventory
+from maintenance.leasing import store_lease
+from maintenance.plan import plan_root, plan_store
+from maintenance.reports import OrphanReport, recorded
+from maintenance.settings import MaintenanceSettings
+from maintenance.workers import run_each
+from store.files import CheckpointFileManager, open_file_manager
+from store.layout import StoreId
+
+if TYPE_CHECKING:
+    from sql.catalog import Catalog
+
+log = logging.getLogger(__name__)
+
+_COUNTERS = {
+    CHANGELOG: "changelogs",
+    MANIFEST: "manifests",
+    SST: "ssts",
+    TEMP: "temp_files",
+    UPLOAD: "incomplete_uploads",
+}
+
+
+def clean_orphans(
+    root_uri: str | CheckpointFileManager,
+    settings: MaintenanceSettings,
+    *,
+    catalog: Catalog | None = None,
+    orchestrator_run_id: str | None = None,
+    dry_run: bool = False,
+    progress: bool = False,
+    stores: Iterable[StoreId] | None = None,
+) -> OrphanReport:
+    """Delete orphans older than the grace period; `dry_run` reports the files and bytes instead.
+
+    With `catalog`: the run is recorded, stores are leased in the catalog and deleted files are
+    marked deleted. A store with problems is left untouched and named in the errors.
+    """
+    t0 = time.perf_counter()
+    fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
+    wanted = None if stores is None else list(stores)
+    report = OrphanReport(root=fm.root_uri, dry_run=dry_run)
+    with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
+        try:
+            inv = Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
+            root = plan_root(inv, settings, all_stores=wanted is None)
+            plans = [p for s, p in root.stores.items() if wanted is None or s in wanted]
+            report.stores = len(plans)
+            report.foreign_files = len(root.foreign) + sum(len(inv.files_of(p.store).foreign) for p in plans)
+            report.kept_in_flight = len(root.in_flight) + sum(len(p.in_flight) for p in plans)
+            for text in root.problems:
+                report.error(text)
+            for p in plans:
+                if p.blocked:
+                    report.blocked_stores += 1
+                    for text in p.problems:
+                        report.error(text)
+            for e, why in [*root.in_flight, *(x for p in plans for x in p.in_flight)]:
+                report.items.append(_row(e, "kept", why))
+            todo = [p for p in plans if p.orphans and not p.blocked]
+            if dry_run:
+                for p in todo:
+                    _account(report, [e for e, _ in p.orphans], dict(p.orphans), "would delete")
+                if wanted is None:
+                    _account(report, [e for e, _ in root.orphans], dict(root.orphans), "would delete")
+                return report
+            with ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="orphan-delete") as pool:
+                results = run_each(
+                    [p.store for p in todo],
+                    lambda s: _clean_store(fm, inv, s, settings, catalog, pool),
+                    parallelism=settings.parallelism,
+                    progress=progress,
+                    desc="clean-orphans",
+                )
+                for p, res in zip(todo, results, strict=True):
+                    if isinstance(res, Exception):
+                        report.error(f"store {p.store}: {res}")
+                        continue
+                    out, reasons = res
+                    _account(report, out.deleted, reasons, "deleted")
+                    for text in out.errors:
+                        report.error(f"store {p.store}: {text}")
+                if root.orphans and wanted is None:
+                    entries = [e for e, _ in root.orphans]
+                    out = delete_recorded(fm, catalog, entries, settings, pool, None, mark_expired=False)
+                    _account(report, out.deleted, dict(root.orphans), "deleted")
+                    for text in out.errors:
+                        report.error(text)
+        finally:
+            report.seconds = time.perf_counter() - t0
+    log.info(report.summary())
+    return report
+
+
+def _clean_store(
+    fm: CheckpointFileManager,
+    inv: Inventory,
+    store: StoreId,
+    settings: MaintenanceSettings,
+    catalog: Catalog | None,
+    pool: ThreadPoolExecutor,
+) -> tuple[DeleteOutcome, dict[FileEntry, str]]:
+    with store_lease(fm.root_uri, store, settings, catalog) as lease:
+        inv.rescan_store(store)
+        plan = plan_store(inv, store, settings)
+        if plan.blocked:
+            raise RuntimeError("; ".join(plan.problems))
+        entries = [e for e, _ in plan.orphans]
+        out = delete_in_order(fm, catalog, entries, settings, pool, lease.check, mark_expired=False)
+        return out, dict(plan.orphans)
+
+
+def _row(e: FileEntry, action: str, reason: str) -> dict[str, object]:
+    return {
+        "store": str(e.store) if e.store else None,
+        "path": e.path,
+        "kind": e.kind,
+        "version": e.version,
+        "bytes": e.size,
+        "age_seconds": round(time.time() - e.mtime, 1),
+        "action": action,
+        "reason": reason,
+    }
+
+
+def _account(report: OrphanReport, entries: Iterable[FileEntry], reasons: dict[FileEntry, str], action: str) -> None:
+    for e in entries:
+        report.files += 1
+        report.bytes += e.size
+        name = _COUNTERS.get(e.kind)
+        if name is not None:
+            setattr(report, name, getattr(report, name) + 1)
+        report.items.append(_row(e, action, reasons.get(e, "")))
+
+
+__all__ = ["clean_orphans"]

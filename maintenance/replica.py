@@ -1,0 +1,340 @@
+"""A warm local copy of one store's committed state, for snapshot creation and verification.
+
+`StateStore.load` rebuilds from the newest snapshot whenever the requested version is not exactly the
+one it holds; for maintenance that would mean downloading the whole snapshot it wrote last time. A
+`Replica` instead keeps its RocksDB between runs and *advances* by replaying only the committed
+changelogs after the version it holds, checking that each one's lineage starts at the version
+before it. It never writes changelogs, so it can hold a version without a pending attempt.
+
+Across processes the copy is reused through a marker file (``warm.json``: root, store, version, id,
+SST hashes) written only after the DB was flushed; it is removed before any change, so a crash mid
+replay leaves no marker and the next run rebuilds. A ``flock`` on the directory keeps two processes
+on one host from sharing it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, BinaryIO, cast
+
+import rocksdict as rd
+
+from store.errors import CorruptFileError, LineageError, StoreStateError
+from store.files import CheckpointFileManager
+from store.formats.changelog import ChangelogReader
+from store.formats.snapshot import SnapshotManifest
+from store.layout import StoreId
+from store.rocks import DEFAULT_CF, db_options, open_db, relieve_memory_pressure, track_memtable, untrack_memtables
+from store.snapshot import SnapshotResult, restore_snapshot, write_snapshot
+
+log = logging.getLogger(__name__)
+
+MARKER = "warm.json"
+LOCK = "replica.lock"
+REPLAY_BATCH_BYTES = 32 << 20
+
+
+class ReplicaBusyError(StoreStateError):
+    """Another process on this host uses the replica directory."""
+
+
+@dataclass(frozen=True)
+class BuildStats:
+    warm: bool
+    """True when only changelogs after the held version were replayed."""
+    base_version: int | None
+    """Snapshot restored first (cold builds with a snapshot)."""
+    changelogs: int
+    records: int
+    seconds: float
+
+
+class Replica:
+    """Read-only RocksDB copy of `store` in `directory` (created if missing)."""
+
+    def __init__(self, fm: CheckpointFileManager, store: StoreId, directory: str) -> None:
+        self.fm = fm
+        self.store = store
+        self.dir = os.path.abspath(directory)
+        self.db_dir = os.path.join(self.dir, "db")
+        os.makedirs(self.dir, exist_ok=True)
+        self._lock_fd: int | None = os.open(os.path.join(self.dir, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise ReplicaBusyError(f"replica directory {self.dir} is in use by another process") from None
+            raise
+        self._db: rd.Rdict | None = None
+        self._cfs: dict[str, rd.Rdict] = {}
+        self._handles: dict[str, Any] = {}
+        self.state: tuple[int, str] | None = None
+        self.hash_cache: dict[tuple[str, int], str] = {}
+        self._load_marker()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    @property
+    def db(self) -> rd.Rdict:
+        if self._db is None:
+            raise StoreStateError(f"replica of store {self.store} holds no version")
+        return self._db
+
+    def close(self) -> None:
+        """Close the DB (the directory and its marker stay for the next run)."""
+        self._close_db()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def destroy(self) -> None:
+        self.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _close_db(self) -> None:
+        untrack_memtables(self)
+        self._cfs.clear()
+        self._handles.clear()
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def _open_db(self) -> None:
+        self._db = open_db(self.db_dir)
+        for name in rd.Rdict.list_cf(self.db_dir, db_options()):
+            self._bind(name)
+
+    def _bind(self, name: str) -> None:
+        assert self._db is not None
+        cf = self._db if name == DEFAULT_CF else self._db.get_column_family(name)
+        self._cfs[name] = cf
+        self._handles[name] = self._db.get_column_family_handle(name)
+        track_memtable(self, name, cf)
+
+    def _discard(self) -> None:
+        self._drop_marker()
+        self._close_db()
+        shutil.rmtree(self.db_dir, ignore_errors=True)
+        self.state = None
+        self.hash_cache = {}  # a new DB reuses SST numbers with other content
+
+    # -- the marker -------------------------------------------------------------------------------
+    def _marker_path(self) -> str:
+        return os.path.join(self.dir, MARKER)
+
+    def _load_marker(self) -> None:
+        try:
+            with open(self._marker_path()) as f:
+                data = json.load(f)
+            if (data["root"], data["operator"], data["partition"]) != (
+                self.fm.root_uri,
+                self.store.operator,
+                self.store.partition,
+            ):
+                raise ValueError("marker of another store")
+            state = (int(data["version"]), str(data["checkpoint_id"]))
+            cache = {(str(n), int(s)): str(h) for n, s, h in data.get("sst_hashes", [])}
+            if not os.path.exists(os.path.join(self.db_dir, "CURRENT")):
+                raise ValueError("the marker names a version but the DB is gone")
+            self._open_db()
+        except FileNotFoundError:
+            if os.path.exists(self.db_dir):
+                shutil.rmtree(self.db_dir, ignore_errors=True)  # a crash mid replay: start over
+            return
+        except Exception as e:  # unreadable marker or DB: rebuild from the checkpoint
+            log.warning("discarding warm copy of store %s in %s: %s", self.store, self.dir, e)
+            self._discard()
+            return
+        self.state = state
+        self.hash_cache = cache
+        log.debug("warm copy of store %s at version %d from %s", self.store, state[0], self.dir)
+
+    def _drop_marker(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._marker_path())
+
+    def _save_marker(self) -> None:
+        assert self.state is not None
+        for cf in self._cfs.values():
+            cf.flush(True)  # no WAL: only flushed data survives a crash
+        live = set(os.listdir(self.db_dir))
+        data = {
+            "root": self.fm.root_uri,
+            "operator": self.store.operator,
+            "partition": self.store.partition,
+            "version": self.state[0],
+            "checkpoint_id": self.state[1],
+            "sst_hashes": [[n, s, h] for (n, s), h in sorted(self.hash_cache.items()) if n in live],
+            "saved_at": time.time(),
+        }
+        tmp = self._marker_path() + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._marker_path())
+
+    # -- building ---------------------------------------------------------------------------------
+    def ensure(
+        self,
+        version: int,
+        checkpoint_id: str,
+        committed: Mapping[int, str],
+        snapshots: Mapping[int, SnapshotManifest],
+    ) -> BuildStats:
+        """Hold committed `(version, checkpoint_id)`.
+
+        `committed` maps versions to committed ids (at least those after the base); `snapshots` the
+        intact committed snapshots to start a cold build from. Warm when the held version is an
+        ancestor of the target: then only the changelogs after it are replayed.
+        """
+        t0 = time.perf_counter()
+        target = (version, checkpoint_id)
+        if self.state == target and self._db is not None:
+            return BuildStats(True, None, 0, 0, time.perf_counter() - t0)
+        held = self.state
+        if held is not None and self._db is not None and held[0] < version and committed.get(held[0]) == held[1]:
+            try:
+                n, records = self._replay_range(held[0], version, committed)
+            except (FileNotFoundError, CorruptFileError, LineageError) as e:
+                log.info("warm copy of store %s cannot advance (%s): rebuilding", self.store, e)
+            else:
+                self.state = target
+                self._save_marker()
+                return BuildStats(True, None, n, records, time.perf_counter() - t0)
+        self._discard()
+        base = max((v for v in snapshots if v <= version), default=0)
+        if base:
+            restore_snapshot(self.fm, self.store, snapshots[base], self.db_dir)
+        os.makedirs(self.db_dir, exist_ok=True)
+        self._open_db()
+        try:
+            n, records = self._replay_range(base, version, committed)
+        except BaseException:
+            self._discard()
+            raise
+        self.state = target
+        self._save_marker()
+        return BuildStats(False, base or None, n, records, time.perf_counter() - t0)
+
+    def _replay_range(self, start: int, end: int, committed: Mapping[int, str]) -> tuple[int, int]:
+        """Replay the committed changelogs of versions start+1 .. end onto the open DB."""
+        self._drop_marker()
+        self.state = None  # the DB is between versions until the replay completes
+        records = 0
+        for v in range(start + 1, end + 1):
+            cid = committed.get(v)
+            if cid is None:
+                raise LineageError(f"version {v} of store {self.store} is not committed (no commit record names it)")
+            records += self._replay(v, cid, committed.get(v - 1) if v > 1 else None)
+        return end - start, records
+
+    def _open_changelog(self, path: str, v: int) -> tuple[BinaryIO, str | None]:
+        f = self.fm.open(path)
+        if f.seekable():
+            return f, None
+        f.close()
+        tmp = os.path.join(self.dir, f"replay-{v}.changelog")
+        self.fm.download(path, tmp)
+        return open(tmp, "rb"), tmp
+
+    def _replay(self, version: int, checkpoint_id: str, parent_id: str | None) -> int:
+        path = self.store.changelog(version, checkpoint_id)
+        name = f"{self.fm.root_uri}/{path}"
+        f, tmp = self._open_changelog(path, version)
+        try:
+            reader = ChangelogReader(f, name)
+            h = reader.header
+            if (h.operator, h.partition, h.version, h.checkpoint_id) != (
+                self.store.operator,
+                self.store.partition,
+                version,
+                checkpoint_id,
+            ):
+                raise CorruptFileError("changelog header does not match its name", name)
+            if version > 1 and parent_id is not None and (not h.lineage or h.lineage[0] != (version - 1, parent_id)):
+                raise LineageError(
+                    f"the changelog of committed version {version} of store {self.store} extends "
+                    f"{h.lineage[0] if h.lineage else 'nothing'}, not committed ({version - 1}, {parent_id}): {name}"
+                )
+            reader.check_footer()
+            db = self.db
+            wb = rd.WriteBatch(raw_mode=True)
+            records = 0
+            for cf_name, keys, values in reader.blocks():
+                handle = self._handles.get(cf_name)
+                if handle is None:
+                    db.create_column_family(cf_name, db_options())
+                    self._bind(cf_name)
+                    handle = self._handles[cf_name]
+                put, delete = wb.put, wb.delete
+                for k, val in zip(keys, values, strict=True):
+                    if val is None:
+                        delete(k, handle)
+                    else:
+                        put(k, val, handle)
+                records += len(keys)
+                if wb.size_in_bytes() >= REPLAY_BATCH_BYTES:
+                    db.write(wb)
+                    wb = rd.WriteBatch(raw_mode=True)
+                    relieve_memory_pressure()
+            if not wb.is_empty():
+                db.write(wb)
+            return records
+        finally:
+            f.close()
+            if tmp is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+
+    # -- using ------------------------------------------------------------------------------------
+    def snapshot(self, existing_ssts: set[str]) -> SnapshotResult:
+        """Write a snapshot of the held version (uploads only SSTs not in `existing_ssts`; manifest last)."""
+        if self.state is None:
+            raise StoreStateError(f"replica of store {self.store} holds no version")
+        return write_snapshot(
+            self.fm,
+            self.store,
+            self.state[0],
+            self.state[1],
+            self.db,
+            self.dir,
+            existing_ssts=existing_ssts,
+            hash_cache=self.hash_cache,
+        )
+
+    def column_families(self) -> list[str]:
+        return sorted(self._cfs)
+
+    def items(self, cf: str) -> Iterator[tuple[bytes, bytes]]:
+        return cast(Iterator[tuple[bytes, bytes]], self._cfs[cf].items())
+
+
+def content_digest(items_by_cf: Mapping[str, Iterator[tuple[bytes, bytes]]]) -> tuple[int, str]:
+    """(key count, SHA-256 over every non-empty column family's sorted items): compare states cheaply."""
+    import hashlib
+
+    h = hashlib.sha256()
+    keys = 0
+    for cf in sorted(items_by_cf):
+        first = True
+        for k, v in items_by_cf[cf]:
+            if first:
+                h.update(b"\x00cf" + len(cf).to_bytes(2, "little") + cf.encode())
+                first = False
+            h.update(len(k).to_bytes(4, "little") + k + len(v).to_bytes(4, "little") + v)
+            keys += 1
+    return keys, h.hexdigest()
+
+
+__all__ = ["BuildStats", "Replica", "ReplicaBusyError", "content_digest"]

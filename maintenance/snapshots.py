@@ -1,0 +1,324 @@
+"""Snapshot creation: bound the changelogs a load replays, without pausing the streaming job.
+
+For each store whose chain of changelogs since its last snapshot is at or above
+`snapshot_threshold`, rebuild its latest committed version in a warm local copy (`Replica`: only
+changelogs newer than the copy are replayed), upload the SST files the checkpoint location does not
+have yet (content-named, so shared SSTs are never uploaded twice) and write the manifest last.
+Stores run in parallel on a bounded pool; each under its maintenance lease.
+
+Warm copies live in ``<work_dir>/replicas/<root hash>/<operator>/<partition>``; this process keeps
+up to `MAX_OPEN_REPLICAS` of them open between runs, and a later process reuses the directories.
+Without `work_dir` they live in a temp directory removed when the process exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from maintenance.inventory import Inventory
+from maintenance.leasing import store_lease
+from maintenance.plan import plan_store
+from maintenance.progress import bar
+from maintenance.replica import Replica, ReplicaBusyError
+from maintenance.reports import SnapshotReport, recorded
+from maintenance.settings import MaintenanceSettings
+from store.errors import CheckpointFileExistsError, ConfigurationError
+from store.files import CheckpointFileManager, LocalFileManager, open_file_manager
+from store.layout import StoreId
+
+if TYPE_CHECKING:
+    from sql.catalog import Catalog
+
+log = logging.getLogger(__name__)
+
+MAX_OPEN_REPLICAS = 32
+"""Warm copies kept open in this process; older ones are closed (their directories stay)."""
+
+
+@dataclass
+class _Slot:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    replica: Replica | None = None
+
+
+_registry_lock = threading.Lock()
+_slots: OrderedDict[tuple[str, str, StoreId], _Slot] = OrderedDict()
+_process_dir: str | None = None
+
+
+def _default_work_dir() -> str:
+    global _process_dir
+    with _registry_lock:
+        if _process_dir is None:
+            _process_dir = tempfile.mkdtemp(prefix="statekeeper-maintenance-")
+            atexit.register(shutil.rmtree, _process_dir, True)
+        return _process_dir
+
+
+def work_root(settings: MaintenanceSettings) -> str:
+    return os.path.abspath(settings.work_dir) if settings.work_dir else _default_work_dir()
+
+
+def replica_dir(work: str, root_uri: str, store: StoreId) -> str:
+    digest = hashlib.sha256(root_uri.encode()).hexdigest()[:16]
+    return os.path.join(work, "replicas", digest, store.operator, f"{store.partition:05d}")
+
+
+def check_work_dir(fm: CheckpointFileManager, settings: MaintenanceSettings) -> None:
+    """The work directory must not lie inside a local checkpoint root (its files would be foreign there)."""
+    if settings.work_dir is None or not isinstance(fm, LocalFileManager):
+        return
+    work = os.path.realpath(settings.work_dir)
+    root = os.path.realpath(fm.root_path)
+    if work == root or work.startswith(root + os.sep):
+        raise ConfigurationError(
+            f"work_dir {settings.work_dir!r} is inside the checkpoint root {fm.root_uri}: use a directory outside it"
+        )
+
+
+@contextmanager
+def _checkout(fm: CheckpointFileManager, store: StoreId, settings: MaintenanceSettings) -> Iterator[Replica]:
+    """The warm replica of `store` (opened on first use), exclusively for the block."""
+    work = work_root(settings)
+    key = (work, fm.root_uri, store)
+    with _registry_lock:
+        slot = _slots.get(key)
+        if slot is None:
+            slot = _slots[key] = _Slot()
+        _slots.move_to_end(key)
+    with slot.lock:
+        if slot.replica is None:
+            try:
+                slot.replica = Replica(fm, store, replica_dir(work, fm.root_uri, store))
+            except ReplicaBusyError as e:
+                log.warning("%s; building store %s in a temporary copy", e, store)
+                temp = tempfile.mkdtemp(prefix="statekeeper-replica-")
+                replica = Replica(fm, store, temp)
+                try:
+                    yield replica
+                finally:
+                    replica.destroy()
+                return
+        slot.replica.fm = fm
+        yield slot.replica
+    _evict()
+
+
+def _evict() -> None:
+    with _registry_lock:
+        open_slots = [(k, s) for k, s in _slots.items() if s.replica is not None]
+        excess = len(open_slots) - MAX_OPEN_REPLICAS
+        victims = []
+        for k, s in open_slots:
+            if excess <= 0:
+                break
+            if s.lock.acquire(blocking=False):
+                victims.append((k, s))
+                excess -= 1
+    for k, s in victims:
+        try:
+            if s.replica is not None:
+                s.replica.close()
+                s.replica = None
+        finally:
+            s.lock.release()
+        with _registry_lock:
+            if _slots.get(k) is s and s.replica is None:
+                del _slots[k]
+
+
+def close_replicas() -> None:
+    """Close every warm copy this process holds open (their directories stay for later runs)."""
+    with _registry_lock:
+        slots = list(_slots.values())
+        _slots.clear()
+    for s in slots:
+        with s.lock:
+            if s.replica is not None:
+                s.replica.close()
+                s.replica = None
+
+
+atexit.register(close_replicas)
+
+
+def create_snapshots(
+    root_uri: str | CheckpointFileManager,
+    settings: MaintenanceSettings,
+    *,
+    catalog: Catalog | None = None,
+    orchestrator_run_id: str | None = None,
+    dry_run: bool = False,
+    progress: bool = False,
+    stores: Iterable[StoreId] | None = None,
+) -> SnapshotReport:
+    """Snapshot every store (or those in `stores`) whose chain reached `settings.snapshot_threshold`.
+
+    With `catalog`: the run is recorded, each store is leased in the catalog, and the catalog is
+    synced incrementally afterwards so it knows the new snapshots. `dry_run` only reports which
+    stores would be snapshotted.
+    """
+    t0 = time.perf_counter()
+    fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
+    check_work_dir(fm, settings)
+    wanted = None if stores is None else list(stores)
+    report = SnapshotReport(root=fm.root_uri, dry_run=dry_run)
+    with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
+        try:
+            inv = Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
+            ids = wanted if wanted is not None else inv.store_ids()
+            plans = [plan_store(inv, s, settings) for s in ids]
+            report.stores = len(plans)
+            report.max_chain_length = max((p.chain_length for p in plans), default=0)
+            todo = [p.store for p in plans if p.latest is not None and p.chain_length >= settings.snapshot_threshold]
+            report.candidates = len(todo)
+            if dry_run:
+                for p in plans:
+                    if p.store in todo:
+                        report.items.append(
+                            {
+                                "store": str(p.store),
+                                "version": p.latest,
+                                "snapshot_version": p.snapshot[0] if p.snapshot else None,
+                                "chain_length": p.chain_length,
+                                "action": "would snapshot",
+                            }
+                        )
+                return report
+            _run_all(fm, inv, todo, settings, catalog, report, progress)
+            if catalog is not None and report.snapshots:
+                _sync(catalog, fm, report)
+        finally:
+            report.seconds = time.perf_counter() - t0
+    log.info(report.summary())
+    return report
+
+
+def _run_all(
+    fm: CheckpointFileManager,
+    inv: Inventory,
+    todo: list[StoreId],
+    settings: MaintenanceSettings,
+    catalog: Catalog | None,
+    report: SnapshotReport,
+    progress: bool,
+) -> None:
+    lock = threading.Lock()
+    pbar = bar(progress, "snapshots", total=len(todo), unit="store")
+
+    def one(store: StoreId) -> None:
+        try:
+            row = _snapshot_store(fm, inv, store, settings, catalog)
+        except Exception as e:
+            log.debug("snapshot of store %s failed", store, exc_info=True)
+            with lock:
+                report.error(f"store {store}: {e}")
+                report.items.append({"store": str(store), "action": "failed", "error": str(e)})
+        else:
+            with lock:
+                _account(report, row)
+        finally:
+            with lock:
+                pbar.update(1)
+
+    try:
+        if settings.parallelism == 1 or len(todo) <= 1:
+            for s in todo:
+                one(s)
+        else:
+            with ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="snapshot") as pool:
+                list(pool.map(one, todo))
+    finally:
+        pbar.close()
+
+
+def _account(report: SnapshotReport, row: dict[str, Any]) -> None:
+    report.items.append(row)
+    if row["action"] != "snapshot":
+        return
+    report.snapshots += 1
+    report.files += row["ssts_uploaded"] + 1
+    report.bytes += row["bytes_uploaded"]
+    report.ssts_uploaded += row["ssts_uploaded"]
+    report.ssts_reused += row["ssts_reused"]
+    report.changelogs_replayed += row["changelogs_replayed"]
+    report.records_replayed += row["records_replayed"]
+    if row["build"] == "warm":
+        report.warm_builds += 1
+    else:
+        report.cold_builds += 1
+
+
+def _snapshot_store(
+    fm: CheckpointFileManager,
+    inv: Inventory,
+    store: StoreId,
+    settings: MaintenanceSettings,
+    catalog: Catalog | None,
+) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    with store_lease(fm.root_uri, store, settings, catalog) as lease:
+        files = inv.rescan_store(store)  # what the store holds now that no other maintainer changes it
+        plan = plan_store(inv, store, settings)
+        row: dict[str, Any] = {"store": str(store), "version": plan.latest, "chain_length": plan.chain_length}
+        if plan.latest is None or plan.latest_id is None or plan.chain_length < settings.snapshot_threshold:
+            return {**row, "action": "skipped", "reason": "already snapshotted"}
+        snapshots = {v: files.manifest_data[(v, cid)] for v, cid in plan.intact_snapshots.items()}
+        with _checkout(fm, store, settings) as replica:
+            stats = replica.ensure(plan.latest, plan.latest_id, plan.committed, snapshots)
+            lease.check()
+            try:
+                result = replica.snapshot(set(files.ssts))
+            except CheckpointFileExistsError:
+                return {**row, "action": "skipped", "reason": "the manifest exists already"}
+        manifest_bytes = len(result.manifest.to_bytes())
+        log.info(
+            "snapshot of store %s at version %d: %s build, %d changelogs replayed, %d/%d SSTs uploaded",
+            store,
+            plan.latest,
+            "warm" if stats.warm else "cold",
+            stats.changelogs,
+            result.uploaded_files,
+            result.uploaded_files + result.reused_files,
+        )
+        return {
+            **row,
+            "action": "snapshot",
+            "checkpoint_id": plan.latest_id,
+            "manifest": result.manifest_path,
+            "build": "warm" if stats.warm else "cold",
+            "base_version": stats.base_version,
+            "changelogs_replayed": stats.changelogs,
+            "records_replayed": stats.records,
+            "ssts_uploaded": result.uploaded_files,
+            "ssts_reused": result.reused_files,
+            "bytes_uploaded": result.uploaded_bytes + manifest_bytes,
+            "num_keys": result.manifest.num_keys,
+            "build_seconds": round(stats.seconds, 3),
+            "seconds": round(time.perf_counter() - t0, 3),
+        }
+
+
+def _sync(catalog: Catalog, fm: CheckpointFileManager, report: SnapshotReport) -> None:
+    """Tell the catalog about the new snapshots (an incremental sync); its read errors are logged."""
+    from maintenance.catalog_sync import sync_catalog
+
+    result = sync_catalog(catalog, fm, raise_on_error=False)
+    for err in result.errors:
+        log.warning("catalog sync after snapshots of %s: %s", report.root, err)
+
+
+__all__ = ["MAX_OPEN_REPLICAS", "check_work_dir", "close_replicas", "create_snapshots", "replica_dir", "work_root"]

@@ -1,0 +1,299 @@
+"""Verification: every retained version of every store is loadable from the checkpoint location.
+
+For each retained version the check follows the loader's rules (`StateStore.load`): the commit record
+names the id, the chain of committed changelogs down to the newest snapshot on it is present, each
+changelog is read in full (header, every block's checksum, footer) and its lineage names the
+committed ancestors, and the snapshot's manifest is readable and all its SSTs are present with the
+right size (and, with `checksums`, the right SHA-256).
+
+With `rebuild`, the latest version of each store is also loaded through `StateStore` itself and
+compared with a replay from the oldest base still available, and every retained snapshot that has
+an older base is compared with a replay of its changelogs from that base.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from maintenance.inventory import Inventory, StoreFiles
+from maintenance.plan import StorePlan, plan_store
+from maintenance.replica import Replica, content_digest
+from maintenance.reports import VerifyReport, recorded
+from maintenance.settings import MaintenanceSettings
+from maintenance.workers import run_each
+from store.errors import CheckpointError, CorruptFileError, LineageError, StatekeeperError
+from store.files import CheckpointFileManager, open_file_manager
+from store.formats.changelog import ChangelogReader
+from store.layout import StoreId
+from store.state_store import StateStore, StoreConfig
+
+if TYPE_CHECKING:
+    from sql.catalog import Catalog
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _StoreResult:
+    store: StoreId
+    errors: list[str] = field(default_factory=list)
+    versions: int = 0
+    changelogs: int = 0
+    snapshots: int = 0
+    ssts: int = 0
+    bytes: int = 0
+    rebuilt: int = 0
+    row: dict[str, Any] = field(default_factory=dict)
+
+
+def verify_root(
+    root_uri: str | CheckpointFileManager,
+    settings: MaintenanceSettings,
+    *,
+    catalog: Catalog | None = None,
+    rebuild: bool = False,
+    checksums: bool = True,
+    orchestrator_run_id: str | None = None,
+    progress: bool = False,
+    stores: Iterable[StoreId] | None = None,
+) -> VerifyReport:
+    """Check that every retained version of every store (or of `stores`) is loadable; read-only."""
+    t0 = time.perf_counter()
+    fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
+    wanted = None if stores is None else list(stores)
+    report = VerifyReport(root=fm.root_uri)
+    with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
+        try:
+            inv = Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
+            for path, why in sorted(inv.unreadable.items()):
+                report.error(f"cannot read {path}: {why}")
+            ids = wanted if wanted is not None else inv.store_ids()
+            report.stores = len(ids)
+            results = run_each(
+                ids,
+                lambda s: _verify_store(fm, inv, s, settings, rebuild=rebuild, checksums=checksums),
+                parallelism=settings.parallelism,
+                progress=progress,
+                desc="verify",
+            )
+            for s, outcome in zip(ids, results, strict=True):
+                if isinstance(outcome, Exception):
+                    res = _StoreResult(s, [f"store {s}: verification failed: {outcome}"])
+                else:
+                    res = outcome
+                report.versions += res.versions
+                report.changelogs += res.changelogs
+                report.snapshots += res.snapshots
+                report.ssts += res.ssts
+                report.rebuilt += res.rebuilt
+                report.files += res.changelogs + res.snapshots + res.ssts
+                report.bytes += res.bytes
+                for text in res.errors:
+                    report.error(text)
+                if res.errors:
+                    report.stores_failed += 1
+                else:
+                    report.stores_ok += 1
+                report.items.append({"store": str(s), **res.row, "ok": not res.errors, "errors": len(res.errors)})
+        finally:
+            report.seconds = time.perf_counter() - t0
+    log.info(report.summary())
+    return report
+
+
+def _verify_store(
+    fm: CheckpointFileManager,
+    inv: Inventory,
+    store: StoreId,
+    settings: MaintenanceSettings,
+    *,
+    rebuild: bool,
+    checksums: bool,
+) -> _StoreResult:
+    plan = plan_store(inv, store, settings)
+    files = inv.files_of(store)
+    res = _StoreResult(store, list(plan.problems))
+    res.row = {"latest": plan.latest, "retain_from": plan.retain_from}
+    if plan.latest is None or plan.retain_from is None:
+        return res
+    committed = plan.committed
+
+    def loader_base(r: int) -> int:
+        """The snapshot version a load of r starts from: the newest manifest present on its chain."""
+        for v in range(r, 0, -1):
+            cid = committed.get(v)
+            if cid is None:
+                return -v  # the chain is broken below v + 1 (reported by the plan)
+            if (v, cid) in files.manifests:
+                return v
+        return 0
+
+    bases: dict[int, int] = {}
+    lowest = plan.latest
+    for r in range(plan.retain_from, plan.latest + 1):
+        b = loader_base(r)
+        bases[r] = b
+        lowest = min(lowest, max(b, 0))
+        if r not in inv.records:
+            res.errors.append(f"store {store}: the commit record of retained version {r} is missing or unreadable")
+    res.versions = plan.latest - plan.retain_from + 1
+    res.row["base_version"] = bases[plan.retain_from]
+    needed = {v for r, b in bases.items() for v in range(max(b, 0) + 1, r + 1)}
+    work = tempfile.mkdtemp(prefix="statekeeper-verify-")
+    try:
+        for v in sorted(needed):
+            cid = committed.get(v)
+            if cid is None:
+                continue  # reported by the plan
+            try:
+                res.bytes += _verify_changelog(fm, store, files, v, cid, committed, work)
+                res.changelogs += 1
+            except (StatekeeperError, OSError) as e:
+                res.errors.append(f"store {store}: retained versions cannot load: {e}")
+        for b in sorted({b for b in bases.values() if b > 0}):
+            cid = committed[b]
+            if b not in plan.intact_snapshots:
+                path = files.manifests[(b, cid)].path
+                res.errors.append(f"store {store}: retained versions load from the broken snapshot {path}")
+                continue
+            res.snapshots += 1
+            n, size, errors = _verify_ssts(fm, store, files, b, cid, work, checksums)
+            res.ssts += n
+            res.bytes += size
+            res.errors += errors
+        if rebuild and not res.errors:
+            _rebuild_and_compare(fm, store, plan, files, min(bases.values()), work, res)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return res
+
+
+def _verify_changelog(
+    fm: CheckpointFileManager,
+    store: StoreId,
+    files: StoreFiles,
+    version: int,
+    cid: str,
+    committed: dict[int, str],
+    work: str,
+) -> int:
+    path = store.changelog(version, cid)
+    name = f"{fm.root_uri}/{path}"
+    if (version, cid) not in files.changelogs:
+        raise CheckpointError(f"changelog of committed version {version} is missing", name)
+    tmp = os.path.join(work, "changelog")
+    size = fm.download(path, tmp)
+    with open(tmp, "rb") as f:
+        reader = ChangelogReader(f, name)
+        h = reader.header
+        if (h.operator, h.partition, h.version, h.checkpoint_id) != (store.operator, store.partition, version, cid):
+            raise CorruptFileError("changelog header does not match its name", name)
+        if version > 1 and (not h.lineage or h.lineage[0][0] != version - 1):
+            raise LineageError(f"changelog lineage does not start at version {version - 1}: {name}")
+        for u, uid in h.lineage:
+            if u in committed and committed[u] != uid:
+                raise LineageError(f"changelog lineage names ({u}, {uid}), which is not the committed attempt: {name}")
+        reader.check_footer()
+        for _ in reader.blocks():
+            pass
+    return size
+
+
+def _verify_ssts(
+    fm: CheckpointFileManager, store: StoreId, files: StoreFiles, version: int, cid: str, work: str, checksums: bool
+) -> tuple[int, int, list[str]]:
+    manifest = files.manifest_data[(version, cid)]
+    errors: list[str] = []
+    size = 0
+    for sst in manifest.sst_files:
+        path = store.sst(sst.remote_name)
+        if not checksums:
+            continue
+        tmp = os.path.join(work, "sst")
+        try:
+            got = fm.download(path, tmp)
+            size += got
+            digest = _sha256(tmp)
+        except (StatekeeperError, OSError) as e:
+            errors.append(f"store {store}: SST {path} of snapshot {version} cannot be read: {e}")
+            continue
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        if got != sst.size or digest != sst.sha256:
+            errors.append(f"store {store}: SST {path} of snapshot {version} does not match the manifest's checksum")
+    return len(manifest.sst_files), size, errors
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _digest_of(replica: Replica) -> tuple[int, str]:
+    return content_digest({cf: replica.items(cf) for cf in replica.column_families()})
+
+
+def _rebuild_and_compare(
+    fm: CheckpointFileManager,
+    store: StoreId,
+    plan: StorePlan,
+    files: StoreFiles,
+    lowest_base: int,
+    work: str,
+    res: _StoreResult,
+) -> None:
+    """Load the latest version with `StateStore`; compare snapshots and it with replays from older bases."""
+    assert plan.latest is not None and plan.latest_id is not None
+    manifests = {v: files.manifest_data[(v, c)] for v, c in plan.intact_snapshots.items()}
+    older = {v: m for v, m in manifests.items() if v <= lowest_base}
+
+    def replay(target: int, bases: dict[int, Any], tag: str) -> tuple[int, str]:
+        r = Replica(fm, store, os.path.join(work, tag))
+        try:
+            r.ensure(target, plan.committed[target], plan.committed, bases)
+            return _digest_of(r)
+        finally:
+            r.destroy()
+
+    probe = StateStore(fm, store.operator, store.partition, config=StoreConfig(local_dir=os.path.join(work, "load")))
+    try:
+        probe.load(plan.latest, plan.latest_id)
+        loaded = content_digest({cf: probe.items(cf=cf) for cf in probe.column_families()})
+        probe.abort()
+    finally:
+        probe.close()
+    replayed = replay(plan.latest, older, "latest")
+    res.rebuilt += 1
+    if loaded != replayed:
+        res.errors.append(
+            f"store {store}: version {plan.latest} loaded from the checkpoint ({loaded[0]} keys) differs from a "
+            f"replay from version {lowest_base} ({replayed[0]} keys)"
+        )
+    for v in sorted(manifests):
+        if v <= lowest_base:
+            continue  # no older base whose changelogs are still present
+        below = {u: m for u, m in manifests.items() if lowest_base <= u < v}
+        from_snapshot = replay(v, {v: manifests[v]}, f"snap-{v}")
+        from_changelogs = replay(v, below, f"replay-{v}")
+        res.rebuilt += 1
+        if from_snapshot != from_changelogs:
+            res.errors.append(
+                f"store {store}: snapshot {files.manifests[(v, plan.committed[v])].path} ({from_snapshot[0]} keys) "
+                f"differs from the replay of its changelogs ({from_changelogs[0]} keys)"
+            )
+
+
+__all__ = ["verify_root"]

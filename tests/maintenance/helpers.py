@@ -1,0 +1,150 @@
+"""A small streaming "job" for maintenance tests: batches over a few stores, with losing attempts,
+pending attempts and a dict model of every committed version, plus checks against the model."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from maintenance.inventory import Inventory
+from maintenance.plan import plan_root
+from maintenance.settings import MaintenanceSettings
+from store import CommitLog, StateStore, StoreConfig
+from store.files import open_file_manager
+from store.layout import StoreId
+
+State = dict[str, dict[bytes, bytes]]
+CFS = ("default", "counts")
+
+
+def normalise(s: State) -> State:
+    return {cf: dict(kv) for cf, kv in s.items() if kv}
+
+
+def content(store: StateStore) -> State:
+    return normalise({cf: dict(store.items(cf=cf)) for cf in store.column_families()})
+
+
+@dataclass
+class History:
+    """Writes batches to `root` like a streaming query, remembering every committed state."""
+
+    root: str
+    operators: dict[str, int] = field(default_factory=lambda: {"agg": 2})
+    seed: int = 0
+    keys: int = 30
+    config: StoreConfig = field(default_factory=lambda: StoreConfig(block_bytes=1024, snapshot_check_interval=3))
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self.work = tempfile.mkdtemp(prefix="sk-history-")
+        self.fm = open_file_manager(self.root)
+        self.commit_log = CommitLog(self.fm)
+        self.stores = [StoreId(op, p) for op, n in sorted(self.operators.items()) for p in range(n)]
+        self.instances: dict[StoreId, StateStore] = {s: self._instance(s, "w") for s in self.stores}
+        # committed[v][store] = (checkpoint id, state); version 0 is empty
+        self.committed: list[dict[StoreId, tuple[str, State]]] = [{s: ("", {}) for s in self.stores}]
+        self.pending: list[tuple[StoreId, int, str]] = []
+
+    def _instance(self, s: StoreId, tag: str) -> StateStore:
+        local = tempfile.mkdtemp(prefix=f"{s.operator}-{s.partition}-{tag}-", dir=self.work)
+        return StateStore(self.fm, s.operator, s.partition, config=StoreConfig(**{**self.config.__dict__, "local_dir": local}))
+
+    @property
+    def latest(self) -> int:
+        return len(self.committed) - 1
+
+    def _updates(self) -> list[tuple[str, bytes, bytes | None]]:
+        out: list[tuple[str, bytes, bytes | None]] = []
+        for _ in range(self.rng.randint(1, 8)):
+            cf = self.rng.choice(CFS)
+            k = b"k%d" % self.rng.randrange(self.keys)
+            v = None if self.rng.random() < 0.2 else os.urandom(self.rng.randint(0, 24))
+            out.append((cf, k, v))
+        return out
+
+    def _attempt(self, inst: StateStore, s: StoreId, v: int) -> tuple[str, State]:
+        ckpt, state = self.committed[v][s]
+        inst.load(v, ckpt or None)
+        model = {cf: dict(kv) for cf, kv in state.items()}
+        for cf, k, val in self._updates():
+            if val is None:
+                inst.delete(k, cf=cf)
+                model.setdefault(cf, {}).pop(k, None)
+            else:
+                inst.put(k, val, cf=cf)
+                model.setdefault(cf, {})[k] = val
+        return inst.commit().checkpoint_id, normalise(model)
+
+    def batch(self, *, losing: int = 0, commit: bool = True) -> int:
+        """One batch: `losing` extra attempts per store that lose, then the winners (committed if `commit`)."""
+        v = self.latest
+        for s in self.stores:
+            for _ in range(losing):
+                probe = self._instance(s, "lose")
+                try:
+                    self._attempt(probe, s, v)
+                finally:
+                    probe.close()
+                    shutil.rmtree(probe.local_dir, ignore_errors=True)
+        winners = {s: self._attempt(self.instances[s], s, v) for s in self.stores}
+        if not commit:
+            for s, (ckpt, _) in winners.items():
+                self.pending.append((s, v + 1, ckpt))
+                self.instances[s].close()
+                shutil.rmtree(self.instances[s].local_dir, ignore_errors=True)
+                self.instances[s] = self._instance(s, "w")
+            return v
+        ids: dict[str, list[str]] = {}
+        for s in self.stores:
+            ids.setdefault(s.operator, []).append(winners[s][0])
+        self.commit_log.commit(v + 1, ids)
+        self.committed.append(winners)
+        self.pending = [p for p in self.pending if p[1] > v + 1]
+        return v + 1
+
+    def batches(self, n: int, **kw: object) -> None:
+        for _ in range(n):
+            self.batch(**kw)  # type: ignore[arg-type]
+
+    def retained(self, settings: MaintenanceSettings) -> list[int]:
+        return list(range(max(1, self.latest - settings.min_versions_to_retain + 1), self.latest + 1))
+
+    def check_loadable(self, versions: Iterable[int], stores: Iterable[StoreId] | None = None) -> None:
+        """Every given version of every store loads, in a fresh instance, to the model's state."""
+        for s in stores or self.stores:
+            probe = self._instance(s, "check")
+            try:
+                for v in versions:
+                    ckpt, state = self.committed[v][s]
+                    probe.load(v, ckpt)
+                    got = content(probe)
+                    assert got == state, f"version {v} of store {s} differs from the model"
+                    probe.abort()
+            finally:
+                probe.close()
+                shutil.rmtree(probe.local_dir, ignore_errors=True)
+
+    def close(self) -> None:
+        for inst in self.instances.values():
+            inst.close()
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def leftovers(root: str, settings: MaintenanceSettings) -> list[str]:
+    """Files that are neither needed by a retained version nor possibly in flight (should be none
+    after expiry and orphan cleanup with a grace period of 0)."""
+    inv = Inventory.scan(open_file_manager(root))
+    rp = plan_root(inv, settings)
+    out = [e.path for e in rp.expired_commits] + [e.path for e, _ in rp.orphans]
+    for p in rp.stores.values():
+        out += [e.path for e in p.expired] + [e.path for e, _ in p.orphans]
+    return sorted(out)
+
+
+def all_files(root: str) -> dict[str, int]:
+    return {i.path: i.size for i in open_file_manager(root).list("")}
