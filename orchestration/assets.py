@@ -36,6 +36,8 @@ from orchestration.metadata import chain_rows, chain_stats, numeric, report_erro
 from orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
 from sql import Catalog
 from sql.models import utcnow
+from store.errors import ConfigurationError
+from store.layout import StoreId
 
 GROUP = "statekeeper"
 LINEAGE = "lineage_catalog"
@@ -57,8 +59,8 @@ class LineageConfig(Config):
 class SnapshotConfig(Config):
     stores: list[str] = Field(
         default_factory=list,
-        description="Stores (operator/partition@version) the sensor saw cross the threshold; informational: "
-        "every store at or over the threshold is snapshotted.",
+        description="Only these stores (operator/partition, optionally @version as the sensor names them); "
+        "empty: every store whose chain reached the threshold.",
     )
 
 
@@ -66,8 +68,23 @@ class DeleteConfig(Config):
     dry_run: bool = Field(default=False, description="Report what would be deleted, delete nothing.")
 
 
+def parse_stores(specs: list[str]) -> list[StoreId] | None:
+    """``operator/partition[@version]`` -> store ids (None for an empty list: every store)."""
+    if not specs:
+        return None
+    out: list[StoreId] = []
+    for spec in specs:
+        name, sep, number = spec.partition("@")[0].rpartition("/")
+        if not sep or not number.isdigit():
+            raise ConfigurationError(f"invalid store {spec!r}: expected operator/partition[@version]")
+        store = StoreId(name, int(number))
+        if store not in out:
+            out.append(store)
+    return out
+
+
 def sync_lineage(catalog: Catalog, storage: CheckpointStorage, root: str) -> Any:
-    """An incremental catalog sync (not recorded as a run): the catalog is current before planning."""
+    """An incremental catalog sync, not recorded as a run (it keeps chain lengths and checks current)."""
     from maintenance.catalog_sync import sync_catalog
 
     return sync_catalog(catalog, storage.file_manager(root), raise_on_error=False)
@@ -111,16 +128,17 @@ def run_maintenance(
     **kwargs: Any,
 ) -> MaterializeResult[None]:
     """Run one maintenance operation on the root of the partition and describe it for the UI."""
-    root = storage.file_manager(context.partition_key).root_uri
+    fm = storage.file_manager(context.partition_key)
+    root = fm.root_uri
     settings = maintenance.settings()
     t0 = time.perf_counter()
     since = utcnow()
     with catalog.session() as cat:
-        sync_lineage(cat, storage, root)
-        report = operation(root, settings, catalog=cat, orchestrator_run_id=context.run.run_id, **kwargs)
+        report = operation(fm, settings, catalog=cat, orchestrator_run_id=context.run.run_id, **kwargs)
         catalog_run = ensure_recorded(
             cat, root, KINDS[asset_name], context.run.run_id, since, report, dry_run=bool(kwargs.get("dry_run"))
         )
+        sync_lineage(cat, storage, root)  # chain lengths as they are now
         chains = cat.chain_lengths(root)
     md = report_metadata(report)
     md.update(chain_stats(chains, settings.snapshot_threshold))
@@ -185,9 +203,10 @@ def build_assets(partitions: PartitionsDefinition) -> list[AssetsDefinition]:
     ) -> MaterializeResult[None]:
         from maintenance.snapshots import create_snapshots
 
-        if config.stores:
+        stores = parse_stores(config.stores)
+        if stores is not None:
             context.log.info("requested for %s", ", ".join(config.stores))
-        return run_maintenance(context, SNAPSHOTS, create_snapshots, storage, catalog, maintenance)
+        return run_maintenance(context, SNAPSHOTS, create_snapshots, storage, catalog, maintenance, stores=stores)
 
     @asset(
         name=RETAINED,

@@ -1,0 +1,93 @@
+"""Snapshot, expiry and orphan-cleanup jobs (with their checks) on real local and S3 checkpoints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dagster import AssetKey
+
+from orchestration.assets import ORPHANS, RETAINED, SNAPSHOTS
+from orchestration.checks import CHAINS, LOADABLE, NO_ORPHANS
+from orchestration.jobs import JOB_NAMES
+from store import StateStore
+from tests.orchestration.conftest import RETAIN, THRESHOLD, Orch
+
+
+def run_job(orch: Orch, asset: str, **kw: Any) -> Any:
+    job = orch.defs.resolve_job_def(JOB_NAMES[asset])
+    result = job.execute_in_process(partition_key=orch.root, instance=orch.instance, **kw)
+    assert result.success
+    return result
+
+
+def materialization(result: Any, asset: str) -> dict[str, Any]:
+    mats = [e for e in result.get_asset_materialization_events() if e.asset_key == AssetKey(asset)]
+    assert len(mats) == 1
+    return {k: v.value for k, v in mats[0].materialization.metadata.items()}
+
+
+def check(result: Any, name: str) -> tuple[bool, dict[str, Any]]:
+    evals = [e for e in result.get_asset_check_evaluations() if e.check_name == name]
+    assert len(evals) == 1
+    return evals[0].passed, {k: v.value for k, v in evals[0].metadata.items()}
+
+
+def catalog_run(orch: Orch, run_id: str) -> Any:
+    runs = [r for r in orch.catalog.runs(orch.root) if r.orchestrator_run_id == run_id and not r.dry_run]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def test_snapshot_job(orch: Orch) -> None:
+    orch.writer.commit(THRESHOLD + 1)
+    result = run_job(orch, SNAPSHOTS)
+    md = materialization(result, SNAPSHOTS)
+    assert md["snapshots"] == 2 and md["candidates"] == 2
+    assert md["max_chain_length"] == 0  # after the run: every store loads from its snapshot
+    assert md["files"] > 0 and md["bytes"] > 0 and md["seconds"] > 0
+    assert {r.data["store"] for r in md["details"].records} >= {"agg/0", "agg/1"}
+    passed, chk = check(result, CHAINS)
+    assert passed and chk["max_chain_length"] == 0
+    run = catalog_run(orch, result.run_id)
+    assert run.kind == "snapshot" and run.status == "succeeded" and md["catalog_run_id"] == run.id
+    # a fresh store loads the latest version from the snapshot
+    with StateStore(orch.root, "agg", 0) as fresh:
+        fresh.load(THRESHOLD + 1)
+        assert fresh.get(b"p0-k0") is not None
+
+    # only the stores the sensor named
+    orch.writer.commit(THRESHOLD)
+    result = run_job(orch, SNAPSHOTS, run_config={"ops": {SNAPSHOTS: {"config": {"stores": [f"agg/1@{THRESHOLD}"]}}}})
+    md = materialization(result, SNAPSHOTS)
+    assert md["snapshots"] == 1
+    passed, chk = check(result, CHAINS)
+    assert passed is True and chk["max_chain_length"] == THRESHOLD  # agg/0 waits at the threshold: within
+
+
+def test_expiry_job(orch: Orch) -> None:
+    orch.writer.commit(THRESHOLD)
+    run_job(orch, SNAPSHOTS)
+    orch.writer.commit(RETAIN + 2)
+    dry = run_job(orch, RETAINED, run_config={"ops": {RETAINED: {"config": {"dry_run": True}}}})
+    would = materialization(dry, RETAINED)
+    assert would["dry_run"] == 1 and would["files"] > 0
+    result = run_job(orch, RETAINED)
+    md = materialization(result, RETAINED)
+    assert md["dry_run"] == 0 and md["files"] == would["files"] and md["bytes"] > 0
+    assert md["changelogs"] > 0
+    passed, chk = check(result, LOADABLE)
+    assert passed, chk
+    run = catalog_run(orch, result.run_id)
+    assert run.kind == "expire" and run.file_count == md["files"]
+
+
+def test_orphan_cleanup_job(orch: Orch) -> None:
+    orch.writer.commit(2)
+    orch.writer.losing_attempt()  # a losing attempt of version 3 ...
+    orch.writer.commit(1)  # ... once version 3 is committed with another id
+    result = run_job(orch, ORPHANS)
+    md = materialization(result, ORPHANS)
+    assert md["files"] >= 1 and md["changelogs"] >= 1
+    passed, chk = check(result, NO_ORPHANS)
+    assert passed and chk["orphans_past_grace"] == 0
+    assert catalog_run(orch, result.run_id).kind == "clean-orphans"
