@@ -371,7 +371,7 @@ class _S3Output:
             raise CheckpointError(f"file exceeds {MAX_PARTS} multipart parts", self._fm.uri_of(self.path))
         chunk = bytes(self._buf[:size])
         del self._buf[:size]
-        self._pending = self._fm._upload_pool().submit(self._upload_part, number, chunk)
+        self._pending = _shared_upload_pool().submit(self._upload_part, number, chunk)
 
     def _upload_part(self, number: int, chunk: bytes) -> CompletedPartTypeDef:
         assert self._upload_id is not None
@@ -613,17 +613,72 @@ class _S3Reader(io.RawIOBase):
 # -- the manager ---------------------------------------------------------------------------------
 
 
+_shared_lock = threading.Lock()
+_clients: dict[tuple[Any, ...], S3Client] = {}
+_upload_pool: tuple[int, ThreadPoolExecutor] | None = None
+UPLOAD_THREADS = 32
+"""Part uploads in flight per process; each open output has at most one (memory stays bounded)."""
+
+
+def _shared_client(options: S3Options) -> S3Client:
+    """One boto3 client per process and client settings: making one costs ~0.1-0.5 s of CPU, and a
+    Spark executor opens a manager per partition. boto3 clients are thread-safe; refreshable
+    credentials (roles, SSO) refresh inside the client."""
+    style = options.addressing_style or ("path" if options.endpoint_url else "auto")
+    key = (
+        os.getpid(),
+        options.endpoint_url,
+        options.region_name,
+        style,
+        options.retry_mode,
+        options.max_attempts,
+        options.connect_timeout,
+        options.read_timeout,
+        options.max_pool_connections,
+    )
+    with _shared_lock:
+        client = _clients.get(key)
+        if client is not None:
+            return client
+        config = Config(
+            retries=cast(Any, {"mode": options.retry_mode, "max_attempts": options.max_attempts}),
+            connect_timeout=options.connect_timeout,
+            read_timeout=options.read_timeout,
+            max_pool_connections=options.max_pool_connections,
+            s3=cast(Any, {"addressing_style": style}),
+        )
+        session = boto3.session.Session()
+        region = options.region_name or session.region_name or "us-east-1"
+        client = session.client("s3", endpoint_url=options.endpoint_url, region_name=region, config=config)
+        _clients[key] = client
+        # Endpoint and settings only: credentials are never logged.
+        log.info(
+            "new S3 client: endpoint %s, region %s, addressing %s, retries %s x%d",
+            client.meta.endpoint_url,
+            region,
+            style,
+            options.retry_mode,
+            options.max_attempts,
+        )
+        return client
+
+
+def _shared_upload_pool() -> ThreadPoolExecutor:
+    global _upload_pool
+    with _shared_lock:
+        if _upload_pool is None or _upload_pool[0] != os.getpid():  # a forked child needs its own threads
+            _upload_pool = (os.getpid(), ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="statekeeper-s3-upload"))
+        return _upload_pool[1]
+
+
 class S3FileManager:
-    """Checkpoint files under `s3://bucket/prefix`; thread-safe, one boto3 client per instance."""
+    """Checkpoint files under `s3://bucket/prefix`; thread-safe and cheap to make (clients are shared)."""
 
     def __init__(self, root_uri: str, **options: Any) -> None:
         self._scheme, self.bucket, self.prefix = parse_s3_uri(root_uri)
         self._key_prefix = f"{self.prefix}/" if self.prefix else ""
         self.options = S3Options.resolve(options)
-        self._lock = threading.Lock()
         self._client: S3Client | None = None
-        self._uploads: ThreadPoolExecutor | None = None
-        self._deletes: ThreadPoolExecutor | None = None
         self._bucket_verified = False
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -636,69 +691,13 @@ class S3FileManager:
 
     @property
     def client(self) -> S3Client:
-        """The boto3 client, made on first use (so a manager can be pickled to executors)."""
+        """The boto3 client, looked up on first use (so a manager can be pickled to executors)."""
         client = self._client
         if client is None:
-            with self._lock:
-                if self._client is None:
-                    self._client = self._make_client()
-                client = self._client
+            client = _shared_client(self.options)
+            self._client = client
+            log.debug("S3 checkpoint root %s at endpoint %s", self.root_uri, client.meta.endpoint_url)
         return client
-
-    def _make_client(self) -> S3Client:
-        o = self.options
-        style = o.addressing_style or ("path" if o.endpoint_url else "auto")
-        config = Config(
-            retries=cast(Any, {"mode": o.retry_mode, "max_attempts": o.max_attempts}),
-            connect_timeout=o.connect_timeout,
-            read_timeout=o.read_timeout,
-            max_pool_connections=o.max_pool_connections,
-            s3=cast(Any, {"addressing_style": style}),
-        )
-        session = boto3.session.Session()
-        region = o.region_name or session.region_name or "us-east-1"
-        client = session.client("s3", endpoint_url=o.endpoint_url, region_name=region, config=config)
-        # Endpoint, region and bucket only: credentials are never logged.
-        log.info(
-            "S3 checkpoint root %s: endpoint %s, region %s, addressing %s, retries %s x%d",
-            self.root_uri,
-            client.meta.endpoint_url,
-            region,
-            style,
-            o.retry_mode,
-            o.max_attempts,
-        )
-        return client
-
-    def _upload_pool(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._uploads is None:
-                self._uploads = ThreadPoolExecutor(
-                    self.options.max_pool_connections, thread_name_prefix="statekeeper-s3-upload"
-                )
-            return self._uploads
-
-    def _delete_pool(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._deletes is None:
-                self._deletes = ThreadPoolExecutor(
-                    self.options.delete_parallelism, thread_name_prefix="statekeeper-s3-delete"
-                )
-            return self._deletes
-
-    def close(self) -> None:
-        """Stop the worker threads; the manager stays usable (pools are made again on demand)."""
-        with self._lock:
-            pools, self._uploads, self._deletes = (self._uploads, self._deletes), None, None
-        for pool in pools:
-            if pool is not None:
-                pool.shutdown(wait=True)
-
-    def __enter__(self) -> S3FileManager:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"root_uri": self.root_uri, "options": self.options}
@@ -707,9 +706,7 @@ class S3FileManager:
         self._scheme, self.bucket, self.prefix = parse_s3_uri(state["root_uri"])
         self._key_prefix = f"{self.prefix}/" if self.prefix else ""
         self.options = state["options"]
-        self._lock = threading.Lock()
         self._client = None
-        self._uploads = self._deletes = None
         self._bucket_verified = False
 
     def with_options(self, **options: Any) -> S3FileManager:
@@ -879,7 +876,7 @@ class S3FileManager:
         items = list(unique.items())
         size = self.options.delete_batch_size
         batches = (items[i : i + size] for i in range(0, len(items), size))
-        pool = self._delete_pool()
+        pool = ThreadPoolExecutor(self.options.delete_parallelism, thread_name_prefix="statekeeper-s3-delete")
         inflight: set[Future[DeleteResult]] = set()
         try:
             for batch in batches:
@@ -893,6 +890,7 @@ class S3FileManager:
         finally:
             for f in inflight:
                 f.cancel()
+            pool.shutdown(wait=True)
         log.info("deleted %d objects under %s (%d errors)", len(result.deleted), self.root_uri, len(result.errors))
         return result
 
