@@ -1,0 +1,52 @@
+"""Fixtures of the maintenance suites: histories on every checkpoint backend, settings, a catalog."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from maintenance.inventory import clear_caches
+from maintenance.settings import MaintenanceSettings
+from maintenance.snapshots import close_replicas
+from sql import Catalog
+from tests.maintenance.helpers import History
+
+
+@pytest.fixture
+def make_history(checkpoint_root: str) -> Iterator[Callable[..., History]]:
+    """Histories on fresh roots under the backend's checkpoint root."""
+    made: list[History] = []
+
+    def make(**kw: object) -> History:
+        h = History(f"{checkpoint_root.rstrip('/')}/{uuid.uuid4().hex[:10]}", **kw)  # type: ignore[arg-type]
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.close()
+    close_replicas()
+    clear_caches()
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> MaintenanceSettings:
+    """Small numbers so a few batches exercise every rule; no grace period."""
+    return MaintenanceSettings(
+        snapshot_threshold=4,
+        min_versions_to_retain=3,
+        orphan_grace_seconds=0,
+        parallelism=2,
+        lease_ttl_seconds=30,
+        work_dir=str(tmp_path / "work"),
+    )
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> Iterator[Catalog]:
+    cat = Catalog.open(f"sqlite:///{tmp_path / 'catalog.db'}", upgrade=True)
+    yield cat
+    cat.close()

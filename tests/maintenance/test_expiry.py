@@ -1,0 +1,147 @@
+"""Expiry keeps the newest versions loadable and deletes exactly what none of them needs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from maintenance.expiry import expire_versions
+from maintenance.inventory import Inventory
+from maintenance.settings import MaintenanceSettings
+from maintenance.snapshots import create_snapshots
+from sql import Catalog
+from store import StateStore, StoreConfig
+from store.errors import LineageError
+from store.layout import commit_path
+from tests.maintenance.helpers import History, all_files
+
+
+def _kinds(paths: set[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for p in paths:
+        kind = p.rsplit(".", 1)[1]
+        out[kind] = out.get(kind, 0) + 1
+    return out
+
+
+def test_expiry_keeps_retained_versions_and_deletes_the_rest(
+    make_history: Callable[..., History], settings: MaintenanceSettings, tmp_path
+) -> None:
+    h = make_history()
+    h.batches(5)  # versions 1..5
+    assert create_snapshots(h.root, settings).snapshots == 2  # snapshot at 5
+    h.batches(4)  # 6..9
+    assert create_snapshots(h.root, settings).snapshots == 2  # snapshot at 9
+    h.batches(3)  # 10..12: retained 10..12 load from the snapshot at 9
+    before = all_files(h.root)
+    report = expire_versions(h.root, settings)
+    assert report.ok, report.errors
+    gone = set(before) - set(all_files(h.root))
+    # changelogs 1..9 and the manifest at 5 of both stores; commit records 1..8 (below the base, 9)
+    assert _kinds(gone)["changelog"] == 2 * 9
+    assert _kinds(gone)["manifest"] == 2
+    assert _kinds(gone)["commit"] == 8
+    assert commit_path(9) in all_files(h.root)
+    assert (report.changelogs, report.manifests, report.commit_records) == (18, 2, 8)
+    assert report.files == len(gone) and report.bytes == sum(before[p] for p in gone)
+    assert report.retained_versions == 2 * 3
+    h.check_loadable(h.retained(settings))
+    probe = StateStore(h.fm, "agg", 0, config=StoreConfig(local_dir=str(tmp_path / "probe")))
+    with pytest.raises((LineageError, FileNotFoundError)):
+        probe.load(4, h.committed[4][h.stores[0]][0])  # expired for good
+    probe.close()
+    again = expire_versions(h.root, settings)
+    assert again.ok and again.files == 0
+
+
+def test_expired_ssts_go_only_when_no_surviving_snapshot_references_them(
+    make_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    h = make_history(keys=2000)
+    s = MaintenanceSettings(**{**settings.to_json(), "min_versions_to_retain": 1})
+    for _ in range(3):
+        h.batches(4)
+        create_snapshots(h.root, s)
+    inv = Inventory.scan(h.fm)
+    refs = {
+        st: [{x.remote_name for x in m.sst_files} for _, m in sorted(inv.files_of(st).manifest_data.items())]
+        for st in h.stores
+    }
+    report = expire_versions(h.root, s)
+    assert report.ok and report.manifests == 4
+    after = Inventory.scan(h.fm)
+    for st in h.stores:
+        kept = set(after.files_of(st).ssts)
+        assert kept == refs[st][-1], "exactly the SSTs of the surviving (newest) snapshot remain"
+        assert report.ssts >= 0
+    h.check_loadable([h.latest])
+
+
+def test_no_snapshot_means_nothing_expires(make_history: Callable[..., History], settings: MaintenanceSettings) -> None:
+    h = make_history()
+    h.batches(8)
+    before = all_files(h.root)
+    report = expire_versions(h.root, settings)
+    assert report.ok and report.files == 0
+    assert all_files(h.root) == before
+    h.check_loadable([1, h.latest])
+
+
+def test_dry_run_reports_exactly_what_a_real_run_deletes(
+    make_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    h = make_history()
+    h.batches(5)
+    create_snapshots(h.root, settings)
+    h.batches(4)
+    before = all_files(h.root)
+    dry = expire_versions(h.root, settings, dry_run=True)
+    assert all_files(h.root) == before, "a dry run deletes nothing"
+    assert dry.ok and dry.files > 0
+    assert {r["action"] for r in dry.rows()} == {"would delete"}
+    real = expire_versions(h.root, settings)
+    assert {r["path"] for r in real.rows()} == {r["path"] for r in dry.rows()}
+    assert (real.files, real.bytes) == (dry.files, dry.bytes)
+
+
+def test_in_flight_changelogs_are_never_touched(
+    make_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    h = make_history()
+    h.batches(5)
+    create_snapshots(h.root, settings)
+    h.batches(3)
+    h.batch(commit=False)  # a batch whose commit record is not written yet
+    pending = {s.changelog(v, c) for s, v, c in h.pending}
+    s = MaintenanceSettings(**{**settings.to_json(), "min_versions_to_retain": 1})
+    expire_versions(h.root, s, dry_run=False)
+    assert pending <= set(all_files(h.root))
+    h.commit_log.commit(h.latest + 1, {"agg": [c for _, _, c in h.pending]})  # the driver catches up
+
+
+def test_small_batches_in_parallel_and_catalog_bookkeeping(
+    make_history: Callable[..., History], settings: MaintenanceSettings, catalog: Catalog
+) -> None:
+    from maintenance.catalog_sync import sync_catalog
+
+    h = make_history(operators={"agg": 3})
+    h.batches(5)
+    create_snapshots(h.root, settings)
+    h.batches(4)
+    sync_catalog(catalog, h.root)
+    plan = catalog.retention_plan(h.fm.root_uri, settings.min_versions_to_retain, commit_records=True)
+    s = MaintenanceSettings(**{**settings.to_json(), "delete_batch_size": 2, "parallelism": 3})
+    report = expire_versions(h.root, s, catalog=catalog, orchestrator_run_id="run-7")
+    assert report.ok, report.errors
+    deleted = {r["path"] for r in report.rows()}
+    state_files = {p for p in deleted if not p.startswith("commits/")}
+    assert state_files == {p for p in plan.paths if not p.startswith("commits/")}, "expiry and the catalog agree"
+    # Commit records: expiry keeps them from the base snapshot on (so the chain after it stays classifiable);
+    # the catalog's query would delete down to the oldest retained version.
+    assert deleted - state_files <= set(plan.paths)
+    states = {f.path: f.state for f in catalog.files(h.fm.root_uri, states=["deleted"])}
+    assert deleted <= set(states)
+    (run,) = catalog.runs(h.fm.root_uri, kind="expire")
+    assert (run.status, run.file_count, run.orchestrator_run_id) == ("succeeded", report.files, "run-7")
+    h.check_loadable(h.retained(settings))

@@ -1,0 +1,140 @@
+"""Snapshot creation: loading from maintenance snapshots gives exactly the replayed state; warm copies
+replay only new changelogs; only new SSTs are uploaded."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+
+from maintenance.inventory import Inventory
+from maintenance.replica import MARKER
+from maintenance.settings import MaintenanceSettings
+from maintenance.snapshots import close_replicas, create_snapshots, replica_dir, work_root
+from sql import Catalog
+from store import StateStore, StoreConfig
+from tests.maintenance.helpers import History, all_files, content
+
+
+def _load_latest(h: History, tmp: str) -> list[int | None]:
+    """Load every store's latest version in a fresh instance; returns the snapshot versions used."""
+    used = []
+    for s in h.stores:
+        probe = StateStore(h.fm, s.operator, s.partition, config=StoreConfig(local_dir=os.path.join(tmp, str(s))))
+        try:
+            ckpt, state = h.committed[h.latest][s]
+            probe.load(h.latest, ckpt)
+            assert content(probe) == state
+            assert probe.last_load is not None
+            used.append(probe.last_load.snapshot_version)
+            probe.abort()
+        finally:
+            probe.close()
+    return used
+
+
+def test_snapshots_load_to_the_replayed_state(make_history: Callable[..., History], settings: MaintenanceSettings, tmp_path) -> None:
+    h = make_history(operators={"agg": 2, "dedup": 1})
+    h.batches(6, losing=1)
+    report = create_snapshots(h.root, settings)
+    assert report.ok, report.errors
+    assert (report.candidates, report.snapshots, report.cold_builds) == (3, 3, 0 + 3)
+    assert report.files == report.ssts_uploaded + 3 and report.bytes > 0
+    assert {r["store"] for r in report.rows()} == {"agg/0", "agg/1", "dedup/0"}
+    assert _load_latest(h, str(tmp_path / "a")) == [6, 6, 6]  # the loader starts from the new snapshots
+    h.check_loadable(range(h.latest + 1))  # every version, snapshot or not, is still the model's
+
+    again = create_snapshots(h.root, settings)
+    assert again.ok and again.candidates == 0 and again.snapshots == 0 and again.files == 0
+
+
+def test_second_snapshot_is_warm_and_uploads_only_new_ssts(
+    make_history: Callable[..., History], settings: MaintenanceSettings, tmp_path
+) -> None:
+    h = make_history(keys=400)
+    h.batches(5)
+    first = create_snapshots(h.root, settings)
+    assert first.snapshots == 2 and first.cold_builds == 2
+    h.batches(4)
+    second = create_snapshots(h.root, settings)
+    assert second.ok, second.errors
+    assert second.snapshots == 2 and second.warm_builds == 2 and second.cold_builds == 0
+    assert second.changelogs_replayed == 2 * 4, "a warm copy replays only the changelogs after it"
+    assert second.ssts_reused > 0, "SSTs shared with the first snapshot are not uploaded again"
+    inv = Inventory.scan(h.fm)
+    for s in h.stores:
+        assert len(inv.files_of(s).ssts) == sum(1 for _ in inv.files_of(s).ssts)  # content-named, no dupes
+    assert _load_latest(h, str(tmp_path / "b")) == [9, 9]
+
+
+def test_warm_copy_is_reused_by_a_later_process_and_dropped_after_a_crash(
+    make_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    h = make_history()
+    h.batches(4)
+    assert create_snapshots(h.root, settings).cold_builds == 2
+    close_replicas()  # what a new process sees: only the directories and their markers
+    h.batches(4)
+    report = create_snapshots(h.root, settings)
+    assert report.warm_builds == 2 and report.changelogs_replayed == 8
+    close_replicas()
+    # A crash in the middle of a replay leaves no marker: the next run rebuilds from the checkpoint.
+    crashed = replica_dir(work_root(settings), h.fm.root_uri, h.stores[0])
+    os.unlink(os.path.join(crashed, MARKER))
+    h.batches(4)
+    report = create_snapshots(h.root, settings)
+    assert report.ok and (report.warm_builds, report.cold_builds) == (1, 1)
+    assert [r["base_version"] for r in report.rows() if r["build"] == "cold"] == [8]
+    h.check_loadable([h.latest])
+
+
+def test_below_the_threshold_and_dry_run_write_nothing(
+    make_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    h = make_history()
+    h.batches(3)
+    before = all_files(h.root)
+    report = create_snapshots(h.root, settings)
+    assert report.ok and report.candidates == 0 and report.max_chain_length == 3
+    assert all_files(h.root) == before
+    h.batch()
+    before = all_files(h.root)
+    dry = create_snapshots(h.root, settings, dry_run=True)
+    assert dry.candidates == 2 and dry.snapshots == 0
+    assert [r["action"] for r in dry.rows()] == ["would snapshot"] * 2
+    assert all_files(h.root) == before
+
+
+def test_without_a_work_dir_copies_are_warm_within_the_process(
+    make_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    h = make_history()
+    s = MaintenanceSettings(**{**settings.to_json(), "work_dir": None})
+    h.batches(4)
+    assert create_snapshots(h.root, s).cold_builds == 2
+    h.batches(4)
+    assert create_snapshots(h.root, s).warm_builds == 2
+    shutil.rmtree(work_root(s), ignore_errors=True)
+    close_replicas()
+
+
+def test_snapshot_run_is_recorded_and_cataloged(
+    make_history: Callable[..., History], settings: MaintenanceSettings, catalog: Catalog
+) -> None:
+    h = make_history()
+    h.batches(5)
+    report = create_snapshots(h.root, settings, catalog=catalog, orchestrator_run_id="dagster-123")
+    assert report.ok and report.run_id is not None
+    (run,) = catalog.runs(h.fm.root_uri)
+    assert (run.kind, run.status, run.orchestrator_run_id, run.file_count, run.byte_count) == (
+        "snapshot",
+        "succeeded",
+        "dagster-123",
+        report.files,
+        report.bytes,
+    )
+    assert {(c.operator, c.partition, c.snapshot_version, c.chain_length) for c in catalog.chain_lengths(h.fm.root_uri)} == {
+        ("agg", 0, 5, 0),
+        ("agg", 1, 5, 0),
+    }
+    assert catalog.leases(h.fm.root_uri) == []  # released
