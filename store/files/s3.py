@@ -641,7 +641,7 @@ def _shared_client(options: S3Options) -> S3Client:
         if client is not None:
             return client
         config = Config(
-            retries=cast(Any, {"mode": options.retry_mode, "max_attempts": options.max_attempts}),
+            retries=cast(Any, {"mode": options.retry_mode, "total_max_attempts": options.max_attempts}),
             connect_timeout=options.connect_timeout,
             read_timeout=options.read_timeout,
             max_pool_connections=options.max_pool_connections,
