@@ -52,7 +52,9 @@ class History:
 
     def _instance(self, s: StoreId, tag: str) -> StateStore:
         local = tempfile.mkdtemp(prefix=f"{s.operator}-{s.partition}-{tag}-", dir=self.work)
-        return StateStore(self.fm, s.operator, s.partition, config=StoreConfig(**{**self.config.__dict__, "local_dir": local}))
+        return StateStore(
+            self.fm, s.operator, s.partition, config=StoreConfig(**{**self.config.__dict__, "local_dir": local})
+        )
 
     @property
     def latest(self) -> int:

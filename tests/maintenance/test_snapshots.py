@@ -33,7 +33,9 @@ def _load_latest(h: History, tmp: str) -> list[int | None]:
     return used
 
 
-def test_snapshots_load_to_the_replayed_state(make_history: Callable[..., History], settings: MaintenanceSettings, tmp_path) -> None:
+def test_snapshots_load_to_the_replayed_state(
+    make_history: Callable[..., History], settings: MaintenanceSettings, tmp_path
+) -> None:
     h = make_history(operators={"agg": 2, "dedup": 1})
     h.batches(6, losing=1)
     report = create_snapshots(h.root, settings)
@@ -133,7 +135,9 @@ def test_snapshot_run_is_recorded_and_cataloged(
         report.files,
         report.bytes,
     )
-    assert {(c.operator, c.partition, c.snapshot_version, c.chain_length) for c in catalog.chain_lengths(h.fm.root_uri)} == {
+    assert {
+        (c.operator, c.partition, c.snapshot_version, c.chain_length) for c in catalog.chain_lengths(h.fm.root_uri)
+    } == {
         ("agg", 0, 5, 0),
         ("agg", 1, 5, 0),
     }
