@@ -462,7 +462,10 @@ def rebuild_catalog(
     record_run: bool = False,
     orchestrator_run_id: str | None = None,
 ) -> CatalogSyncResult:
-    """Forget everything the catalog knows of `root` (maintenance history included), then a full sync."""
+    """Forget what the catalog derived from `root`, then a full sync: the catalog from the location alone.
+
+    Maintenance run history and leases (not derived from the location) are kept.
+    """
     fm = _open(root)
     catalog.reset_root(fm.root_uri)
     return _run(catalog, fm, "rebuild", workers, raise_on_error, record_run, orchestrator_run_id)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Connection, Engine, Table, and_, case, delete, exists, func, select, update
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
 
 from sql.db import check_current, make_engine, read_only
 from sql.db import upgrade as upgrade_db
@@ -345,7 +346,11 @@ class Catalog:
         self.engine = engine
         self._ro = read_only(engine)
         if check_schema:
-            check_current(engine)
+            try:
+                check_current(engine)
+            except DBAPIError as e:
+                where = engine.url.render_as_string(hide_password=True)
+                raise CatalogError(f"cannot use the catalog database {where}: {e.orig or e}") from e
 
     @classmethod
     def open(cls, url: str | URL | None = None, *, upgrade: bool = False, **engine_kwargs: Any) -> Catalog:
@@ -457,20 +462,27 @@ class Catalog:
         return str(conn.execute(select(CheckpointRoot.uri).where(CheckpointRoot.id == rid)).scalar_one())
 
     def reset_root(self, uri: str) -> None:
-        """Forget everything about root `uri` (files, versions, runs, leases); a rebuild starts from empty."""
+        """Forget what the catalog derived from root `uri` (stores, versions, attempts, snapshots, files,
+        cursors), so that a full sync rebuilds it from the checkpoint location alone. Maintenance run
+        history and leases are not derived from the location and are kept.
+        """
         rid = self.find_root(uri)
         if rid is None:
             return
         with self.write() as conn:
-            # Explicit deletes, children first: SQLite only cascades with foreign keys on.
-            store_ids = select(Store.id).where(Store.root_id == rid).scalar_subquery()
-            snap_ids = select(Snapshot.id).where(Snapshot.store_id.in_(store_ids)).scalar_subquery()
-            conn.execute(delete(SnapshotSst).where(SnapshotSst.snapshot_id.in_(snap_ids)))
-            for by_store in (_t(Snapshot), _t(Attempt), _t(Version)):
-                conn.execute(delete(by_store).where(by_store.c.store_id.in_(store_ids)))
-            conn.execute(delete(File).where(File.root_id == rid))
-            conn.execute(delete(Store).where(Store.root_id == rid))
-            for by_root in (_t(Commit), _t(SyncCursor), _t(MaintenanceRun), _t(MaintenanceLease)):
+            _delete_derived(conn, rid)
+            conn.execute(
+                update(CheckpointRoot).where(CheckpointRoot.id == rid).values(last_sync_at=None, last_full_sync_at=None)
+            )
+
+    def forget_root(self, uri: str) -> None:
+        """Remove root `uri` and everything about it, run history and leases included."""
+        rid = self.find_root(uri)
+        if rid is None:
+            return
+        with self.write() as conn:
+            _delete_derived(conn, rid)
+            for by_root in (_t(MaintenanceRun), _t(MaintenanceLease)):
                 conn.execute(delete(by_root).where(by_root.c.root_id == rid))
             conn.execute(delete(CheckpointRoot).where(CheckpointRoot.id == rid))
 
@@ -1442,6 +1454,19 @@ class SyncWriter:
                 values["last_full_sync_at"] = now
             conn.execute(update(CheckpointRoot).where(CheckpointRoot.id == self.root_id).values(**values))
         return self.stats
+
+
+def _delete_derived(conn: Connection, rid: int) -> None:
+    # Explicit deletes, children first (no reliance on ON DELETE CASCADE).
+    store_ids = select(Store.id).where(Store.root_id == rid).scalar_subquery()
+    snap_ids = select(Snapshot.id).where(Snapshot.store_id.in_(store_ids)).scalar_subquery()
+    conn.execute(delete(SnapshotSst).where(SnapshotSst.snapshot_id.in_(snap_ids)))
+    for by_store in (_t(Snapshot), _t(Attempt), _t(Version)):
+        conn.execute(delete(by_store).where(by_store.c.store_id.in_(store_ids)))
+    conn.execute(delete(File).where(File.root_id == rid))
+    conn.execute(delete(Store).where(Store.root_id == rid))
+    for by_root in (_t(Commit), _t(SyncCursor)):
+        conn.execute(delete(by_root).where(by_root.c.root_id == rid))
 
 
 def _mark_deleted(

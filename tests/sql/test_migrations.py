@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,8 @@ from sql.models import (
     SyncCursor,
     Version,
 )
+
+REPO = Path(__file__).resolve().parents[2]
 
 TABLES = {
     "checkpoint_roots",
@@ -170,3 +175,22 @@ def test_urls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     assert upgrade() == head_revision()
     with Catalog.open() as cat:
         assert cat.roots() == []
+
+
+def test_sql_imports_nothing_of_the_other_packages() -> None:
+    code = (
+        "import sys, sql, sql.catalog, sql.leases, sql.db, sql.models; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('store', 'maintenance', 'orchestration')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]"
+
+
+def test_unreachable_database_is_a_clear_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    with pytest.raises(
+        CatalogError, match=f"cannot use the catalog database postgresql\\+psycopg://u:\\*\\*\\*@127.0.0.1:{port}/db"
+    ):
+        Catalog.open(f"postgresql://u:secret@127.0.0.1:{port}/db", connect_args={"connect_timeout": 5})

@@ -183,8 +183,13 @@ def test_roots_are_kept_apart(catalog: Catalog, tmp_path: Path) -> None:
         assert [c.latest_version for c in catalog.chain_lengths(a.fm.root_uri)] == [3]
         assert [c.chain_length for c in catalog.chain_lengths(b.fm.root_uri)] == [5]
         assert all(f.path in {i.path for i in a.fm.list("")} for f in catalog.files(a.fm.root_uri))
-        catalog.reset_root(a.fm.root_uri)
-        assert catalog.roots() == [b.fm.root_uri]
+        with catalog.record_run(a.fm.root_uri, "snapshot"), catalog.acquire_lease(a.fm.root_uri, ("agg", 0)):
+            catalog.reset_root(a.fm.root_uri)  # derived rows only: run history and leases stay
+            assert catalog.files(a.fm.root_uri) == [] and catalog.stores(a.fm.root_uri) == []
+            assert len(catalog.leases(a.fm.root_uri)) == 1
+        assert len(catalog.runs(a.fm.root_uri)) == 1
+        catalog.forget_root(a.fm.root_uri)
+        assert catalog.roots() == [b.fm.root_uri] and catalog.runs(a.fm.root_uri) == []
         assert len(catalog.files(b.fm.root_uri)) == len(list(b.fm.list("")))
     finally:
         a.close()
