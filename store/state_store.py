@@ -599,6 +599,10 @@ class StateStore:
                 self._db.write(wb)
             return records
         finally:
+            # A traceback keeps this frame alive: drop its references into the DB (column family
+            # handle, write batch), or closing the DB after a failed replay leaves it locked and
+            # the next load of this store fails with "lock hold by current process".
+            wb = handle = put = delete = cf = None  # type: ignore[assignment]
             f.close()
             if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
