@@ -536,6 +536,56 @@ class Catalog:
         with self.read() as conn:
             return [FileRecord(*row) for row in conn.execute(q.order_by(File.path))]
 
+    def summary(self, uri: str) -> dict[str, Any]:
+        """Counts and bytes of root `uri` (JSON-ready): stores, versions, files by kind and state, syncs."""
+        rid = self.root_id(uri)
+        with self.read() as conn:
+            stores = conn.execute(select(func.count()).select_from(Store).where(Store.root_id == rid)).scalar_one()
+            latest = conn.execute(select(func.max(Commit.version)).where(Commit.root_id == rid)).scalar()
+            losing = conn.execute(
+                select(func.count())
+                .select_from(Attempt)
+                .join(Store, Store.id == Attempt.store_id)
+                .where(Store.root_id == rid, Attempt.outcome == OUTCOME_LOSING)
+            ).scalar_one()
+            snapshots = conn.execute(
+                select(func.count())
+                .select_from(Snapshot)
+                .join(Store, Store.id == Snapshot.store_id)
+                .where(Store.root_id == rid, Snapshot.deleted_at.is_(None))
+            ).scalar_one()
+            by_kind = conn.execute(
+                select(File.kind, File.state, func.count(), func.coalesce(func.sum(File.size), 0))
+                .where(File.root_id == rid)
+                .group_by(File.kind, File.state)
+                .order_by(File.kind, File.state)
+            ).all()
+            synced = conn.execute(
+                select(CheckpointRoot.last_sync_at, CheckpointRoot.last_full_sync_at).where(CheckpointRoot.id == rid)
+            ).one()
+        files: dict[str, dict[str, dict[str, int]]] = {}
+        for kind, state, count, size in by_kind:
+            files.setdefault(kind, {})[state] = {"files": int(count), "bytes": int(size)}
+        present = [
+            (c, b)
+            for k in files.values()
+            for st, v in k.items()
+            if st != STATE_DELETED
+            for c, b in [(v["files"], v["bytes"])]
+        ]
+        return {
+            "root": uri,
+            "stores": int(stores),
+            "latest_version": None if latest is None else int(latest),
+            "snapshots": int(snapshots),
+            "losing_attempts": int(losing),
+            "files": files,
+            "present_files": sum(c for c, _ in present),
+            "present_bytes": sum(b for _, b in present),
+            "last_sync_at": synced[0].isoformat() if synced[0] else None,
+            "last_full_sync_at": synced[1].isoformat() if synced[1] else None,
+        }
+
     def committed_versions(self, uri: str, operator: str, partition: int) -> list[tuple[int, str, str | None]]:
         """(version, checkpoint id, parent id) of every committed version of a store, ascending."""
         rid = self.root_id(uri)

@@ -74,6 +74,12 @@ def test_full_sync_records_lineage(catalog: Catalog, history: History) -> None:
     # Every listed file is in the catalog with its size.
     listed = {i.path: i.size for i in history.fm.list("")}
     assert {p: f.size for p, f in files.items()} == listed
+    summary = catalog.summary(uri)
+    assert (summary["stores"], summary["latest_version"], summary["snapshots"]) == (3, 6, 6)
+    assert summary["losing_attempts"] == len(history.losing)
+    assert (summary["present_files"], summary["present_bytes"]) == (len(listed), sum(listed.values()))
+    assert summary["files"]["changelog"]["orphan"]["files"] == len(history.losing)
+    assert summary["last_full_sync_at"] is not None
 
 
 def test_incremental_at_every_step_equals_rebuild(
