@@ -566,13 +566,11 @@ class Catalog:
         files: dict[str, dict[str, dict[str, int]]] = {}
         for kind, state, count, size in by_kind:
             files.setdefault(kind, {})[state] = {"files": int(count), "bytes": int(size)}
-        present = [
-            (c, b)
-            for k in files.values()
-            for st, v in k.items()
-            if st != STATE_DELETED
-            for c, b in [(v["files"], v["bytes"])]
-        ]
+        present_files = present_bytes = 0
+        for _kind, state, count, size in by_kind:
+            if state != STATE_DELETED:
+                present_files += int(count)
+                present_bytes += int(size)
         return {
             "root": uri,
             "stores": int(stores),
@@ -580,8 +578,8 @@ class Catalog:
             "snapshots": int(snapshots),
             "losing_attempts": int(losing),
             "files": files,
-            "present_files": sum(c for c, _ in present),
-            "present_bytes": sum(b for _, b in present),
+            "present_files": present_files,
+            "present_bytes": present_bytes,
             "last_sync_at": synced[0].isoformat() if synced[0] else None,
             "last_full_sync_at": synced[1].isoformat() if synced[1] else None,
         }
