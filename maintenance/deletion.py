@@ -48,7 +48,10 @@ def validate_deletable(entries: Sequence[FileEntry]) -> None:
     for e in entries:
         if not isinstance(e.path, str) or e.path.startswith("/") or ".." in e.path.split("/"):
             raise ConfigurationError(f"refusing to delete {e.path!r}: it is not a path inside the checkpoint root")
-        validate_relative_path(e.path, allow_temp=e.kind == TEMP)
+        try:
+            validate_relative_path(e.path, allow_temp=e.kind == TEMP)
+        except ConfigurationError as err:
+            raise ConfigurationError(f"refusing to delete {e.path!r}: {err}") from None
         k = classify(e.path, temp_listing=e.kind == TEMP)
         if FOREIGN in (e.kind, k.kind):
             raise ConfigurationError(f"refusing to delete {e.path!r}: not a file of the statekeeper layout")

@@ -6,8 +6,8 @@ prefix taken *after* its lease is held: `Inventory.rescan_store`). What each fil
 a retained version, expired, orphan, in flight) is decided in `maintenance.plan`.
 
 Commit records and manifests never change once written (DESIGN invariant 2), so their parsed content
-is cached per process by (root, path, size): a maintainer that runs every few minutes reads only the
-new ones.
+is cached per process by (root, path, size, mtime): a maintainer that runs every few minutes reads
+only the new ones; verification reads everything again.
 """
 
 from __future__ import annotations
@@ -176,11 +176,12 @@ class StoreFiles:
 
 
 _cache_lock = threading.Lock()
-_record_cache: dict[tuple[str, str, int], CommitRecord] = {}
-_manifest_cache: dict[tuple[str, str, int], SnapshotManifest] = {}
+_CacheKey = tuple[str, str, int, float]
+_record_cache: dict[_CacheKey, CommitRecord] = {}
+_manifest_cache: dict[_CacheKey, SnapshotManifest] = {}
 
 
-def _cache_put(cache: dict[tuple[str, str, int], Any], key: tuple[str, str, int], value: Any) -> None:
+def _cache_put(cache: dict[_CacheKey, Any], key: _CacheKey, value: Any) -> None:
     with _cache_lock:
         if len(cache) >= _CACHE_LIMIT:
             cache.clear()
@@ -204,8 +205,9 @@ def _map(fn: Callable[[T], R], items: list[T], workers: int) -> list[R]:
 class Inventory:
     """The classified content of one checkpoint root at one point in time."""
 
-    def __init__(self, fm: CheckpointFileManager, *, parallelism: int = 4) -> None:
+    def __init__(self, fm: CheckpointFileManager, *, parallelism: int = 4, use_cache: bool = True) -> None:
         self.fm = fm
+        self.use_cache = use_cache
         self.root_uri = fm.root_uri
         self.parallelism = parallelism
         self.scanned_at = 0.0
@@ -232,13 +234,15 @@ class Inventory:
         parallelism: int = 4,
         progress: bool = False,
         stores: Iterable[StoreId] | None = None,
+        use_cache: bool = True,
     ) -> Inventory:
         """List `root` once and read every commit record and manifest not read before.
 
-        With `stores`, only those stores' prefixes (and the commit records) are listed.
+        With `stores`, only those stores' prefixes (and the commit records) are listed. Without
+        `use_cache` every commit record and manifest is read again (verification).
         """
         fm = open_file_manager(root) if isinstance(root, str) else root
-        inv = cls(fm, parallelism=parallelism)
+        inv = cls(fm, parallelism=parallelism, use_cache=use_cache)
         check_root(fm)
         t0 = time.perf_counter()
         inv.scanned_at = time.time()
@@ -316,10 +320,14 @@ class Inventory:
         else:
             self.foreign.append(entry)
 
+    def _key(self, e: FileEntry) -> _CacheKey:
+        """Immutable files are cached by name, size and mtime (a file damaged in place gets a new mtime)."""
+        return (self.root_uri, e.path, e.size, e.mtime)
+
     def _read_commits(self, entries: list[FileEntry]) -> None:
         todo = []
         for e in entries:
-            cached = _record_cache.get((self.root_uri, e.path, e.size))
+            cached = _record_cache.get(self._key(e)) if self.use_cache else None
             if cached is not None:
                 self.records[cached.version] = cached
             else:
@@ -345,13 +353,13 @@ class Inventory:
                 self.unreadable[e.path] = res
             else:
                 self.records[res.version] = res
-                _cache_put(_record_cache, (self.root_uri, e.path, e.size), res)
+                _cache_put(_record_cache, self._key(e), res)
         self._committed = None
 
     def _read_manifests(self, files: StoreFiles) -> None:
         todo = []
         for key, e in files.manifests.items():
-            cached = _manifest_cache.get((self.root_uri, e.path, e.size))
+            cached = _manifest_cache.get(self._key(e)) if self.use_cache else None
             if cached is not None:
                 files.manifest_data[key] = cached
             else:
@@ -383,7 +391,7 @@ class Inventory:
                 files.unreadable[e.path] = res
             else:
                 files.manifest_data[key] = res
-                _cache_put(_manifest_cache, (self.root_uri, e.path, e.size), res)
+                _cache_put(_manifest_cache, self._key(e), res)
 
     # -- derived views ----------------------------------------------------------------------------
     @property

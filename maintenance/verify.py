@@ -73,7 +73,9 @@ def verify_root(
     report = VerifyReport(root=fm.root_uri)
     with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
         try:
-            inv = Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
+            inv = Inventory.scan(
+                fm, parallelism=settings.parallelism, progress=progress, stores=wanted, use_cache=False
+            )
             for path, why in sorted(inv.unreadable.items()):
                 report.error(f"cannot read {path}: {why}")
             ids = wanted if wanted is not None else inv.store_ids()

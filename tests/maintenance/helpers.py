@@ -150,3 +150,32 @@ def leftovers(root: str, settings: MaintenanceSettings) -> list[str]:
 
 def all_files(root: str) -> dict[str, int]:
     return {i.path: i.size for i in open_file_manager(root).list("")}
+
+
+def clobber(root: str, path: str, data: bytes | None) -> None:
+    """Replace (or with None delete) a file behind the file manager's back: what corruption looks like.
+
+    Clears the maintenance caches of parsed files: they are keyed by (path, size, mtime), and S3's
+    one-second mtime cannot tell a file damaged within a second of its creation.
+    """
+    from maintenance.inventory import clear_caches
+    from store.files import LocalFileManager
+    from store.files.s3 import S3FileManager
+
+    clear_caches()
+    fm = open_file_manager(root)
+    if isinstance(fm, LocalFileManager):
+        full = os.path.join(fm.root_path, path)
+        if data is None:
+            os.unlink(full)
+        else:
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(full, "wb") as f:
+                f.write(data)
+        return
+    assert isinstance(fm, S3FileManager)
+    key = fm._key_prefix + path  # no validation: foreign names too
+    if data is None:
+        fm.client.delete_object(Bucket=fm.bucket, Key=key)
+    else:
+        fm.client.put_object(Bucket=fm.bucket, Key=key, Body=data)
