@@ -160,7 +160,7 @@ def test_a_path_outside_the_root_is_refused_before_anything_is_deleted(
     before = all_files(h.root)
     victim = next(p for p in before if p.endswith(".changelog"))
     entries = [FileEntry(victim, CHANGELOG, 1, 0.0), FileEntry(path, CHANGELOG, 1, 0.0)]
-    with pytest.raises(ConfigurationError, match="refusing to delete|invalid checkpoint path"):
+    with pytest.raises(ConfigurationError, match=r"refusing to delete"):
         delete_entries(h.fm, entries, batch_size=10)
     assert all_files(h.root) == before
     with pytest.raises(ConfigurationError):
@@ -205,7 +205,7 @@ def test_a_work_dir_inside_the_root_is_refused(tmp_path, settings: MaintenanceSe
     try:
         h.batches(5)
         inside = MaintenanceSettings(**{**settings.to_json(), "work_dir": str(tmp_path / "root" / "work")})
-        with pytest.raises(ConfigurationError, match="work_dir .* is inside the checkpoint root"):
+        with pytest.raises(ConfigurationError, match=r"work_dir .* is inside the checkpoint root"):
             create_snapshots(h.root, inside)
         assert not (tmp_path / "root" / "work").exists()
     finally:
