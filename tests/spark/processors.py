@@ -154,3 +154,37 @@ class Sessions(StatefulProcessor):
         self.session.clear()
         self.closed.update(((self.closed.get() or (0,))[0] + 1,))
         yield (key[0], "closed", s[0] if s else 0)
+
+
+class FailingUploads:
+    """A file manager factory whose first upload of a changelog of `version` fails (once, across processes)."""
+
+    def __init__(self, marker_dir: str, version: int) -> None:
+        self.marker_dir = marker_dir
+        self.version = version
+
+    def __call__(self, root: str) -> Any:
+        from store.files import open_file_manager
+
+        return _FailOnceFM(open_file_manager(root), self.marker_dir, self.version)
+
+
+class _FailOnceFM:
+    def __init__(self, inner: Any, marker_dir: str, version: int) -> None:
+        self.inner = inner
+        self.marker = Path(marker_dir, "failed-once")
+        self.version = version
+
+    def put_file(self, local_path: str, path: str, *, exclusive: bool = True) -> int:
+        if path.endswith(".changelog") and path.rsplit("/", 1)[-1].startswith(f"{self.version:020d}_"):
+            try:
+                fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                pass
+            else:
+                os.close(fd)
+                raise OSError(f"injected upload failure of {path}")
+        return int(self.inner.put_file(local_path, path, exclusive=exclusive))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from store import CommitLog, open_file_manager
-from store.spark import StatefulOperator
+from store.spark import StatefulOperator, read_state
 from tests.spark.helpers import CollectingSink, reference, run_query, state_of, write_inputs
-from tests.spark.processors import CountSum, CountSumPandas, CountSumVectorized
+from tests.spark.processors import CountSum, CountSumPandas, CountSumVectorized, Sessions
 
 OUT = "user string, count long, total long"
 
@@ -68,3 +69,44 @@ def test_async_checkpointing_gives_the_sync_results(spark: Any, tmp_path: Path) 
         results[mode] = (state_of(spark, root, "counts"), sink.batches)
     assert results[True] == results[False]
     assert results[True][0] == reference(batches)
+
+
+def test_timers_list_and_map_state_through_the_reader(spark: Any, tmp_path: Path) -> None:
+    """Processing-time timers close a user's session in the first batch without the user."""
+    batches = write_inputs(tmp_path / "in", files=4, rows=40, keys=30, seed=13)
+    root = (tmp_path / "state").as_uri()
+    sink = CollectingSink()
+    op = StatefulOperator(
+        root, "sessions", "user", Sessions(gap_ms=1, ttl_ms=3_600_000), "user string, event string, n long",
+        num_partitions=2, sink=sink,
+    )
+    run_query(spark, op, tmp_path / "in", tmp_path / "ckpt")
+
+    present = [{u for u, _ in b} for b in batches]
+    closed: dict[str, int] = {}
+    for prev, cur in zip(present, present[1:], strict=False):
+        for u in prev - cur:
+            closed[u] = closed.get(u, 0) + 1
+    assert state_of(spark, root, "sessions", state="closed") == {u: (n,) for u, n in closed.items()}
+    closed_rows = [r for b in sink.batches.values() for r in b if r[1] == "closed"]
+    assert len(closed_rows) == sum(closed.values())
+    assert sum(p.timers_fired for p in op.recent_progress) == sum(closed.values())
+    open_now = state_of(spark, root, "sessions", state="session")
+    assert set(open_now) == present[-1]
+
+    history = state_of(spark, root, "sessions", state="history")
+    for u in reference(batches):
+        counts = [sum(1 for x, _ in b if x == u) for b in batches]
+        assert list(history[u]) == [c for c in counts if c]
+    rows = read_state(spark, root, "sessions", state="per_value").collect()
+    per_value: dict[tuple[str, int], int] = {}
+    for r in rows:
+        assert r["kind"] == "map" and r["expires_at_ms"] is None
+        per_value[(json.loads(r["key"])[0], json.loads(r["user_key"]))] = json.loads(r["value"])
+    want: dict[tuple[str, int], int] = {}
+    for b in batches:
+        for u, v in b:
+            want[(u, v % 3)] = want.get((u, v % 3), 0) + 1
+    assert per_value == want
+    raw = read_state(spark, root, "sessions", state="session", raw=True).collect()
+    assert raw and all(r["expires_at_ms"] is not None and bytes(r["value"])[0] == 1 for r in raw)

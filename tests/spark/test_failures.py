@@ -11,7 +11,7 @@ from store import CommitLog, open_file_manager
 from store.layout import StoreId
 from store.spark import StatefulOperator
 from tests.spark.helpers import CollectingSink, reference, run_query, state_of, write_inputs
-from tests.spark.processors import FailOnce
+from tests.spark.processors import CountSum, FailingUploads, FailOnce
 
 OUT = "user string, count long, total long"
 
@@ -46,3 +46,32 @@ def test_task_failures_are_retried_without_lost_or_doubled_updates(spark: Any, t
                 same_version = [n for n in names if n.startswith(f"{p.version:020d}_")]
                 assert len(same_version) >= 2
                 assert f"{p.version:020d}_{m.checkpoint_id}.changelog" in same_version
+
+
+@pytest.mark.parametrize("async_checkpoint", [False, True])
+def test_failed_upload_fails_the_attempt_and_nothing_is_lost(
+    spark: Any, tmp_path: Path, async_checkpoint: bool
+) -> None:
+    """Sync: the task fails and Spark retries it. Async: the driver's wait fails and the batch is re-run."""
+    batches = write_inputs(tmp_path / "in", files=3, rows=200, keys=30, seed=9)
+    root = (tmp_path / "state").as_uri()
+    (tmp_path / "marker").mkdir()
+    op = StatefulOperator(
+        root,
+        "counts",
+        "user",
+        CountSum(),
+        OUT,
+        num_partitions=2,
+        async_checkpoint=async_checkpoint,
+        file_manager_factory=FailingUploads(str(tmp_path / "marker"), version=2),
+        upload_timeout_s=3.0,
+    )
+    run_query(spark, op, tmp_path / "in", tmp_path / "ckpt")
+    assert (tmp_path / "marker" / "failed-once").exists()
+    assert state_of(spark, root, "counts") == reference(batches)
+    batch1 = op.recent_progress[1]
+    if async_checkpoint:
+        assert batch1.attempts == 2
+    else:
+        assert batch1.attempts == 1 and any(m.attempt > 0 for m in batch1.partitions)
