@@ -32,6 +32,7 @@ from botocore.config import Config
 log = logging.getLogger(__name__)
 
 S3_NS = "http://s3.amazonaws.com/doc/2006-03-01/"
+ET.register_namespace("", S3_NS)  # rewritten XML keeps S3's default namespace (no ns0: prefixes)
 TEST_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing-access-key",
     "AWS_SECRET_ACCESS_KEY": "testing-secret-key-do-not-leak",
@@ -383,7 +384,6 @@ class FaultProxy:
             ET.SubElement(err, f"{rns}Key").text = key
             ET.SubElement(err, f"{rns}Code").text = code
             ET.SubElement(err, f"{rns}Message").text = f"injected {code}"
-        ET.register_namespace("", S3_NS)
         return status, reason, resp_headers, ET.tostring(result, encoding="utf-8", xml_declaration=True)
 
     @staticmethod
