@@ -94,9 +94,7 @@ class BatchStatefulProcessor(ABC):
     def init(self, handle: StatefulProcessorHandle) -> None: ...
 
     @abstractmethod
-    def handleBatch(
-        self, rows: pa.Table, timerValues: TimerValues
-    ) -> pa.Table | pa.RecordBatch | Iterable[Any] | Any:
+    def handleBatch(self, rows: pa.Table, timerValues: TimerValues) -> pa.Table | pa.RecordBatch | Iterable[Any] | Any:
         """Return the output: Arrow table / record batch, pandas DataFrame, an iterable of those, or None."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, as in PySpark

@@ -113,8 +113,8 @@ class StatefulOperator:
         self.max_batch_attempts = max_batch_attempts
         self.on_progress = on_progress
         self.local_dir = local_dir
-        self.fm: CheckpointFileManager = file_manager_factory(checkpoint_root) if file_manager_factory else (
-            open_file_manager(checkpoint_root)
+        self.fm: CheckpointFileManager = (
+            file_manager_factory(checkpoint_root) if file_manager_factory else (open_file_manager(checkpoint_root))
         )
         self.commit_log = CommitLog(self.fm)
         self.recent_progress: deque[BatchProgress] = deque(maxlen=history)
@@ -390,9 +390,7 @@ class StatefulOperator:
 
     def _await_uploads(self, version: int, metas: list[PartitionMetrics]) -> None:
         missing = {
-            StoreId(self.name, m.partition).changelog(version, m.checkpoint_id or "")
-            for m in metas
-            if m.checkpoint_id
+            StoreId(self.name, m.partition).changelog(version, m.checkpoint_id or "") for m in metas if m.checkpoint_id
         }
         deadline = time.monotonic() + self.upload_timeout_s
         delay = 0.002

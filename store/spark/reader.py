@@ -34,12 +34,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-SCHEMA = (
-    "partition INT, state STRING, kind STRING, key STRING, user_key STRING, value STRING, expires_at_ms BIGINT"
-)
-RAW_SCHEMA = (
-    "partition INT, state STRING, kind STRING, key BINARY, user_key BINARY, value BINARY, expires_at_ms BIGINT"
-)
+SCHEMA = "partition INT, state STRING, kind STRING, key STRING, user_key STRING, value STRING, expires_at_ms BIGINT"
+RAW_SCHEMA = "partition INT, state STRING, kind STRING, key BINARY, user_key BINARY, value BINARY, expires_at_ms BIGINT"
 
 
 def _json(value: Any) -> str:

@@ -1,7 +1,5 @@
 """Processors the Spark tests run (importable by Spark's Python workers)."""
 
-
-
 from __future__ import annotations
 
 import importlib
@@ -59,9 +57,7 @@ class CountSumVectorized(BatchStatefulProcessor):
         old = self.totals.getMany(keys)
         counts = agg.column("value_count").to_pylist()
         sums = agg.column("value_sum").to_pylist()
-        new = [
-            ((o[0] if o else 0) + c, (o[1] if o else 0) + s) for o, c, s in zip(old, counts, sums, strict=True)
-        ]
+        new = [((o[0] if o else 0) + c, (o[1] if o else 0) + s) for o, c, s in zip(old, counts, sums, strict=True)]
         self.totals.updateMany(keys, new)
         return pa.table(
             {

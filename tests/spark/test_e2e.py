@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -77,14 +78,19 @@ def test_timers_list_and_map_state_through_the_reader(spark: Any, tmp_path: Path
     root = (tmp_path / "state").as_uri()
     sink = CollectingSink()
     op = StatefulOperator(
-        root, "sessions", "user", Sessions(gap_ms=1, ttl_ms=3_600_000), "user string, event string, n long",
-        num_partitions=2, sink=sink,
+        root,
+        "sessions",
+        "user",
+        Sessions(gap_ms=1, ttl_ms=3_600_000),
+        "user string, event string, n long",
+        num_partitions=2,
+        sink=sink,
     )
     run_query(spark, op, tmp_path / "in", tmp_path / "ckpt")
 
     present = [{u for u, _ in b} for b in batches]
     closed: dict[str, int] = {}
-    for prev, cur in zip(present, present[1:], strict=False):
+    for prev, cur in itertools.pairwise(present):
         for u in prev - cur:
             closed[u] = closed.get(u, 0) + 1
     assert state_of(spark, root, "sessions", state="closed") == {u: (n,) for u, n in closed.items()}
