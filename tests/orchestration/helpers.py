@@ -62,3 +62,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def main(argv: list[str]) -> int:
+    """`python -m tests.orchestration.helpers ROOT BATCHES`: a tiny main job for run_local tests."""
+    root, batches = argv[0], int(argv[1])
+    with CheckpointWriter(root) as writer:
+        version = writer.commit(batches)
+    print(f"main job committed up to version {version} in {root}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(main(sys.argv[1:]))
