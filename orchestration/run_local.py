@@ -44,7 +44,7 @@ STOP_TIMEOUT_S = 30.0
 DAGSTER_YAML = Path(__file__).resolve().with_name("dagster.yaml")
 
 
-class Stop(Exception):
+class StopRequestedError(Exception):
     """Raised by the signal handlers to leave the wait loop."""
 
 
@@ -97,10 +97,8 @@ def stop_group(proc: subprocess.Popen[bytes], first: signal.Signals, timeout: fl
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, first)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pass
     # children of the leader (webserver, daemon, code server, run workers) may outlive it briefly
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -146,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     dagster = shutil.which("dagster", path=str(Path(sys.executable).parent)) or "dagster"
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
-        raise Stop(signal.Signals(signum).name)
+        raise StopRequestedError(signal.Signals(signum).name)
 
     old_int = signal.signal(signal.SIGINT, on_signal)
     old_term = signal.signal(signal.SIGTERM, on_signal)
@@ -192,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"RUN_SECONDS={args.seconds:g} elapsed: stopping", flush=True)
                 break
             time.sleep(0.5)
-    except Stop as e:
+    except StopRequestedError as e:
         print(f"{e}: stopping", flush=True)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the shutdown short

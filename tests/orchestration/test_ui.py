@@ -86,7 +86,7 @@ class Launcher:
 
     def descendants(self) -> list[psutil.Process]:
         try:
-            return psutil.Process(self.proc.pid).children(recursive=True)
+            return list(psutil.Process(self.proc.pid).children(recursive=True))
         except psutil.NoSuchProcess:
             return []
 
@@ -114,11 +114,9 @@ def launched(tmp_path: Path) -> Iterator[tuple[Launcher, Path]]:
     root = tmp_path / "ckpt"
     with CheckpointWriter(str(root)) as writer:
         writer.commit(3)
-    launcher = Launcher(
-        ["--dagster-home", str(tmp_path / "dagster_home"), "--port", str(free_port()), "--", sys.executable]
-        + ["-m", "tests.orchestration.helpers", str(root), "2"],
-        launcher_env(tmp_path, root),
-    )
+    main_job = [sys.executable, "-m", "tests.orchestration.helpers", str(root), "2"]
+    args = ["--dagster-home", str(tmp_path / "dagster_home"), "--port", str(free_port()), "--", *main_job]
+    launcher = Launcher(args, launcher_env(tmp_path, root))
     try:
         yield launcher, root
     finally:
