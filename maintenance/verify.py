@@ -260,7 +260,6 @@ def _rebuild_and_compare(
     """Load the latest version with `StateStore`; compare snapshots and it with replays from older bases."""
     assert plan.latest is not None and plan.latest_id is not None
     manifests = {v: files.manifest_data[(v, c)] for v, c in plan.intact_snapshots.items()}
-    older = {v: m for v, m in manifests.items() if v <= lowest_base}
 
     def replay(target: int, bases: dict[int, Any], tag: str) -> tuple[int, str]:
         r = Replica(fm, store, os.path.join(work, tag))
@@ -277,7 +276,7 @@ def _rebuild_and_compare(
         probe.abort()
     finally:
         probe.close()
-    replayed = replay(plan.latest, older, "latest")
+    replayed = replay(plan.latest, {v: m for v, m in manifests.items() if v <= lowest_base}, "latest")
     res.rebuilt += 1
     if loaded != replayed:
         res.errors.append(
@@ -285,17 +284,27 @@ def _rebuild_and_compare(
             f"replay from version {lowest_base} ({replayed[0]} keys)"
         )
     for v in sorted(manifests):
-        if v <= lowest_base:
-            continue  # no older base whose changelogs are still present
-        below = {u: m for u, m in manifests.items() if lowest_base <= u < v}
+        if v < lowest_base:
+            continue  # not used by any retained version
+        older = _replayable_base(plan, files, v)
+        if older is None:
+            continue  # no older base whose changelogs are all still present
         from_snapshot = replay(v, {v: manifests[v]}, f"snap-{v}")
-        from_changelogs = replay(v, below, f"replay-{v}")
+        from_changelogs = replay(v, {older: manifests[older]} if older else {}, f"replay-{v}")
         res.rebuilt += 1
         if from_snapshot != from_changelogs:
             res.errors.append(
                 f"store {store}: snapshot {files.manifests[(v, plan.committed[v])].path} ({from_snapshot[0]} keys) "
-                f"differs from the replay of its changelogs ({from_changelogs[0]} keys)"
+                f"differs from the replay of its changelogs from version {older} ({from_changelogs[0]} keys)"
             )
+
+
+def _replayable_base(plan: StorePlan, files: StoreFiles, version: int) -> int | None:
+    """The newest intact snapshot below `version` (0: the empty version) whose changelogs up to it are present."""
+    for base in sorted([0, *(v for v in plan.intact_snapshots if v < version)], reverse=True):
+        if all((v, plan.committed.get(v)) in files.changelogs for v in range(base + 1, version + 1)):
+            return base
+    return None
 
 
 __all__ = ["verify_root"]

@@ -15,13 +15,11 @@ from sql import Catalog
 from tests.maintenance.helpers import History
 
 
-@pytest.fixture
-def make_history(checkpoint_root: str) -> Iterator[Callable[..., History]]:
-    """Histories on fresh roots under the backend's checkpoint root."""
+def _histories(root: str) -> Iterator[Callable[..., History]]:
     made: list[History] = []
 
     def make(**kw: object) -> History:
-        h = History(f"{checkpoint_root.rstrip('/')}/{uuid.uuid4().hex[:10]}", **kw)  # type: ignore[arg-type]
+        h = History(f"{root.rstrip('/')}/{uuid.uuid4().hex[:10]}", **kw)  # type: ignore[arg-type]
         made.append(h)
         return h
 
@@ -30,6 +28,18 @@ def make_history(checkpoint_root: str) -> Iterator[Callable[..., History]]:
         h.close()
     close_replicas()
     clear_caches()
+
+
+@pytest.fixture
+def make_history(checkpoint_root: str) -> Iterator[Callable[..., History]]:
+    """Histories on fresh roots under the backend's checkpoint root (local disk and S3)."""
+    yield from _histories(checkpoint_root)
+
+
+@pytest.fixture
+def make_local_history(tmp_path: Path) -> Iterator[Callable[..., History]]:
+    """Histories on local disk only, for behaviour that does not depend on the backend."""
+    yield from _histories((tmp_path / "ckpt").as_uri())
 
 
 @pytest.fixture

@@ -44,11 +44,22 @@ def _maintain(h: History, settings: MaintenanceSettings) -> list[str]:
     return errors
 
 
-@pytest.mark.parametrize("damage", ["corrupt manifest", "truncated manifest", "missing SST", "resized SST"])
+@pytest.mark.parametrize("damage", ["corrupt manifest", "missing SST"])
 def test_a_broken_snapshot_stops_deletions_in_its_store(
     make_history: Callable[..., History], settings: MaintenanceSettings, damage: str
 ) -> None:
-    h = _prepared(make_history, settings)
+    _broken_snapshot(make_history, settings, damage)
+
+
+@pytest.mark.parametrize("damage", ["truncated manifest", "resized SST"])
+def test_more_broken_snapshots_on_local_disk(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings, damage: str
+) -> None:
+    _broken_snapshot(make_local_history, settings, damage)
+
+
+def _broken_snapshot(make: Callable[..., History], settings: MaintenanceSettings, damage: str) -> None:
+    h = _prepared(make, settings)
     bad, good = h.stores
     inv = Inventory.scan(h.fm)
     (key, manifest) = max(inv.files_of(bad).manifests.items())
@@ -111,9 +122,9 @@ def test_foreign_files_are_reported_never_deleted(
 
 
 def test_an_unreadable_commit_record_stops_every_deletion(
-    make_history: Callable[..., History], settings: MaintenanceSettings
+    make_local_history: Callable[..., History], settings: MaintenanceSettings
 ) -> None:
-    h = _prepared(make_history, settings)
+    h = _prepared(make_local_history, settings)
     clobber(h.root, commit_path(3), b"SKCR garbage")
     before = all_files(h.root)
     errors = _maintain(h, settings)
@@ -153,9 +164,9 @@ def test_settings_from_the_environment() -> None:
 
 @pytest.mark.parametrize("path", ["../outside.changelog", "/etc/passwd", "state/../../x.changelog", "a//b"])
 def test_a_path_outside_the_root_is_refused_before_anything_is_deleted(
-    make_history: Callable[..., History], path: str
+    make_local_history: Callable[..., History], path: str
 ) -> None:
-    h = make_history()
+    h = make_local_history()
     h.batches(2, losing=1)
     before = all_files(h.root)
     victim = next(p for p in before if p.endswith(".changelog"))

@@ -78,8 +78,10 @@ def test_expired_ssts_go_only_when_no_surviving_snapshot_references_them(
     h.check_loadable([h.latest])
 
 
-def test_no_snapshot_means_nothing_expires(make_history: Callable[..., History], settings: MaintenanceSettings) -> None:
-    h = make_history()
+def test_no_snapshot_means_nothing_expires(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    h = make_local_history()
     h.batches(8)
     before = all_files(h.root)
     report = expire_versions(h.root, settings)
@@ -89,9 +91,9 @@ def test_no_snapshot_means_nothing_expires(make_history: Callable[..., History],
 
 
 def test_dry_run_reports_exactly_what_a_real_run_deletes(
-    make_history: Callable[..., History], settings: MaintenanceSettings
+    make_local_history: Callable[..., History], settings: MaintenanceSettings
 ) -> None:
-    h = make_history()
+    h = make_local_history()
     h.batches(5)
     create_snapshots(h.root, settings)
     h.batches(4)
@@ -121,11 +123,11 @@ def test_in_flight_changelogs_are_never_touched(
 
 
 def test_small_batches_in_parallel_and_catalog_bookkeeping(
-    make_history: Callable[..., History], settings: MaintenanceSettings, catalog: Catalog
+    make_local_history: Callable[..., History], settings: MaintenanceSettings, catalog: Catalog
 ) -> None:
     from maintenance.catalog_sync import sync_catalog
 
-    h = make_history(operators={"agg": 3})
+    h = make_local_history(operators={"agg": 3})
     h.batches(5)
     create_snapshots(h.root, settings)
     h.batches(4)

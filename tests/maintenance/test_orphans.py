@@ -118,11 +118,11 @@ def test_dry_run_reports_files_and_bytes_and_deletes_nothing(
 
 
 def test_orphan_run_is_recorded_and_marks_files_deleted(
-    make_history: Callable[..., History], settings: MaintenanceSettings, catalog: Catalog
+    make_local_history: Callable[..., History], settings: MaintenanceSettings, catalog: Catalog
 ) -> None:
     from maintenance.catalog_sync import sync_catalog
 
-    h = make_history()
+    h = make_local_history()
     h.batches(3, losing=1)
     sync_catalog(catalog, h.root, full=True)
     assert len(catalog.losing_attempts(h.fm.root_uri)) == 6

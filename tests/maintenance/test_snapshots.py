@@ -91,9 +91,9 @@ def test_warm_copy_is_reused_by_a_later_process_and_dropped_after_a_crash(
 
 
 def test_below_the_threshold_and_dry_run_write_nothing(
-    make_history: Callable[..., History], settings: MaintenanceSettings
+    make_local_history: Callable[..., History], settings: MaintenanceSettings
 ) -> None:
-    h = make_history()
+    h = make_local_history()
     h.batches(3)
     before = all_files(h.root)
     report = create_snapshots(h.root, settings)
@@ -108,9 +108,9 @@ def test_below_the_threshold_and_dry_run_write_nothing(
 
 
 def test_without_a_work_dir_copies_are_warm_within_the_process(
-    make_history: Callable[..., History], settings: MaintenanceSettings
+    make_local_history: Callable[..., History], settings: MaintenanceSettings
 ) -> None:
-    h = make_history()
+    h = make_local_history()
     s = MaintenanceSettings(**{**settings.to_json(), "work_dir": None})
     h.batches(4)
     assert create_snapshots(h.root, s).cold_builds == 2
@@ -121,9 +121,9 @@ def test_without_a_work_dir_copies_are_warm_within_the_process(
 
 
 def test_snapshot_run_is_recorded_and_cataloged(
-    make_history: Callable[..., History], settings: MaintenanceSettings, catalog: Catalog
+    make_local_history: Callable[..., History], settings: MaintenanceSettings, catalog: Catalog
 ) -> None:
-    h = make_history()
+    h = make_local_history()
     h.batches(5)
     report = create_snapshots(h.root, settings, catalog=catalog, orchestrator_run_id="dagster-123")
     assert report.ok and report.run_id is not None
