@@ -16,7 +16,6 @@ from maintenance.settings import MaintenanceSettings
 from maintenance.snapshots import create_snapshots
 from maintenance.verify import verify_root
 from store.errors import ConfigurationError
-from store.files import open_file_manager
 from store.layout import StoreId, commit_path
 from tests.maintenance.helpers import History, all_files, clobber
 
@@ -239,4 +238,3 @@ def test_inventory_classifies_by_the_exact_layout() -> None:
     assert classify(tmp, temp_listing=True).kind == "temp"
     assert classify("state/agg/00000/changelogs/.notes.tmp", temp_listing=True).kind == "foreign"
     assert classify(tmp).kind == "foreign"  # a temp name in a normal listing (S3) is not ours
-    assert open_file_manager  # imported for the fixtures' sake

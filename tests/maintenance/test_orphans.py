@@ -138,16 +138,18 @@ def test_old_temp_file_of_a_commit_record_is_removed_but_a_young_one_stays(tmp_p
     h = History((tmp_path / "root").as_uri())
     try:
         h.batches(2)
-        out = h.fm.create("commits/00000000000000000009.commit")
+        fm = h.fm
+        assert isinstance(fm, LocalFileManager)
+        out = fm.create("commits/00000000000000000009.commit")
         out.write(b"partial")
-        temp = next(h.fm.list_temp_files("commits/"))
+        temp = next(fm.list_temp_files("commits/"))
         patient = MaintenanceSettings(**{**settings.to_json(), "orphan_grace_seconds": 60})
         assert clean_orphans(h.root, patient).kept_in_flight == 1
-        old = os.path.getmtime(os.path.join(h.fm.root_path, temp.path)) - 120
-        os.utime(os.path.join(h.fm.root_path, temp.path), (old, old))
+        old = os.path.getmtime(os.path.join(fm.root_path, temp.path)) - 120
+        os.utime(os.path.join(fm.root_path, temp.path), (old, old))
         report = clean_orphans(h.root, patient)
         assert report.temp_files == 1 and report.ok
-        assert list(h.fm.list_temp_files("")) == []
+        assert list(fm.list_temp_files("")) == []
         out.cancel()
     finally:
         h.close()
