@@ -132,7 +132,7 @@ def test_read_resumes_many_times_then_gives_up_naming_the_file(fm: S3FileManager
     assert fm.read_bytes("r.bin") == data, "four broken bodies, four ranged resumes"
     proxy.rules[:] = [lambda req: TRUNCATE if req.operation == "GetObject" else None]
     with pytest.raises(CheckpointError, match=r"read broke off .* s3://.*/root/r\.bin"):
-        fm.read_bytes("r.bin")
+        fm.with_options(max_attempts=3).read_bytes("r.bin")
 
 
 @pytest.mark.parametrize("kind", WRITE_FAULTS)
@@ -166,6 +166,7 @@ def test_delete_many_survives_request_faults(
 def test_failure_between_multipart_parts_aborts_and_publishes_nothing(
     fm: S3FileManager, proxy: FaultProxy, raw: Any, s3_bucket: str
 ) -> None:
+    fm = fm.with_options(max_attempts=3)  # part 2 always fails: keep the backoff short
     proxy.rules.append(lambda r: INTERNAL if r.operation == "UploadPart" and r.query["partNumber"] == ["2"] else None)
     with (
         pytest.raises(CheckpointError, match=r"UploadPart failed: InternalError .* s3://.*/root/big\.bin"),
@@ -173,7 +174,7 @@ def test_failure_between_multipart_parts_aborts_and_publishes_nothing(
     ):
         for _ in range(4):
             out.write(data_of(PART, 4))
-    assert proxy.requests["UploadPart"] >= 10, "part 2 was retried max_attempts times"
+    assert proxy.requests["UploadPart"] >= 4, "part 2 was tried max_attempts times"
     assert proxy.requests["AbortMultipartUpload"] == 1
     assert all_keys(raw, s3_bucket) == {}
     assert incomplete_uploads(raw, s3_bucket) == []
@@ -182,6 +183,7 @@ def test_failure_between_multipart_parts_aborts_and_publishes_nothing(
 def test_failed_abort_leaves_an_upload_for_maintenance_but_no_object(
     fm: S3FileManager, proxy: FaultProxy, raw: Any, s3_bucket: str
 ) -> None:
+    fm = fm.with_options(max_attempts=3)
     proxy.rules += [
         lambda r: INTERNAL if r.operation == "UploadPart" and r.query["partNumber"] == ["2"] else None,
         lambda r: DENY if r.operation == "AbortMultipartUpload" else None,
