@@ -174,3 +174,24 @@ def test_sensor_turned_off(tmp_path, db_url: str) -> None:
         assert "turned off" in str(result)
     finally:
         orch.close()
+
+
+def test_requested_snapshot_run_clears_the_crossing(orch: Orch) -> None:
+    """The run the sensor asks for, executed: the chains are short again and nothing is re-requested."""
+    orch.writer.commit(THRESHOLD)
+    first = tick(orch, None)
+    [req] = list(first.run_requests or [])
+    job = orch.defs.resolve_job_def("snapshot_job")
+    result = job.execute_in_process(
+        partition_key=req.partition_key, run_config=req.run_config, instance=orch.instance, tags=req.tags
+    )
+    assert result.success
+    assert {c.chain_length for c in orch.catalog.chain_lengths(orch.root)} == {0}
+    second = tick(orch, first.cursor)
+    assert not second.run_requests
+    assert SensorCursor.parse(second.cursor).roots[orch.root].requested == {}
+    orch.writer.commit(THRESHOLD)
+    third = tick(orch, second.cursor)
+    assert [r.run_key for r in third.run_requests or []] == [
+        snapshot_run_key(orch.root, [f"agg/0@{2 * THRESHOLD}", f"agg/1@{2 * THRESHOLD}"])
+    ]
