@@ -65,7 +65,8 @@ class Launcher:
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.output: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -93,7 +94,13 @@ class Launcher:
     def stop(self, sig: signal.Signals = signal.SIGINT, timeout: float = 120) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        return self.proc.wait(timeout=timeout)
+        return self.wait(timeout)
+
+    def wait(self, timeout: float) -> int:
+        """The exit status, once the process ended and all its output was read."""
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return code
 
 
 def launcher_env(tmp_path: Path, root: Path) -> dict[str, str]:
@@ -213,7 +220,7 @@ def test_run_seconds_stops_by_itself(tmp_path: Path) -> None:
         time.sleep(1.5)
         tree = launcher.descendants()
         assert tree, "dagster dev is running"
-        assert launcher.proc.wait(timeout=120) == 0
+        assert launcher.wait(timeout=120) == 0
         out = "".join(launcher.output)
         assert "RUN_SECONDS=3 elapsed: stopping" in out and "stopped" in out
         time.sleep(1)
