@@ -1,0 +1,182 @@
+"""The `statekeeper` command line, run as a subprocess: commands, --json output and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.maintenance.helpers import History, all_files, clobber
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(
+    *args: str, home: Path, check: int | None = 0, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "STATEKEEPER_HOME": str(home), **(env or {})}
+    full_env.pop("STATEKEEPER_DB_URL", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "maintenance", *args],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    if check is not None:
+        assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc
+
+
+def as_json(proc: subprocess.CompletedProcess[str]) -> Any:
+    return json.loads(proc.stdout)
+
+
+def test_operations_on_every_backend(make_history: Callable[..., History], tmp_path: Path) -> None:
+    h = make_history()
+    h.batches(6, losing=1)
+    home = tmp_path / "home"
+    ops = ["--retain", "2", "--threshold", "4", "--grace", "0", "--work-dir", str(tmp_path / "work"), "--json"]
+    assert as_json(run_cli("snapshot", h.root, *ops, home=home))["snapshots"] == 2
+    h.batches(1)
+    before = all_files(h.root)
+    dry = as_json(run_cli("expire", h.root, "--dry-run", *ops, home=home))
+    assert all_files(h.root) == before and dry["files"] == 2 * 6 + 5
+    assert as_json(run_cli("clean-orphans", h.root, *ops, home=home))["changelogs"] == 2 * 6
+    assert as_json(run_cli("verify", h.root, "--rebuild", *ops, home=home))["stores_ok"] == 2
+    h.check_loadable(range(1, h.latest + 1))
+
+
+def test_every_command_end_to_end(make_local_history: Callable[..., History], tmp_path: Path) -> None:
+    h = make_local_history()
+    h.batches(6, losing=1)
+    home = tmp_path / "home"
+    ops = ["--retain", "3", "--threshold", "4", "--grace", "0", "--work-dir", str(tmp_path / "work")]
+
+    inspect = as_json(run_cli("inspect", h.root, "--json", *ops, home=home))
+    assert inspect["latest_version"] == 6 and [s["chain"] for s in inspect["stores"]] == [6, 6]
+
+    snap = as_json(run_cli("snapshot", h.root, "--json", *ops, home=home))
+    assert snap["ok"] and snap["snapshots"] == 2 and snap["kind"] == "snapshot"
+    h.batches(2)
+
+    before = all_files(h.root)
+    dry = as_json(run_cli("expire", h.root, "--dry-run", "--json", *ops, home=home))
+    assert dry["dry_run"] and dry["files"] > 0 and all_files(h.root) == before
+    real = as_json(run_cli("expire", h.root, "--json", *ops, home=home))
+    assert (real["files"], real["bytes"]) == (dry["files"], dry["bytes"])
+
+    orphans = as_json(run_cli("clean-orphans", h.root, "--json", *ops, home=home))
+    assert orphans["changelogs"] == 2 * 6 and orphans["ok"]
+
+    text = run_cli("verify", h.root, "--rebuild", *ops, home=home).stdout
+    assert "verify" in text and "stores_ok=2" in text
+
+    runs = as_json(run_cli("runs", h.root, "--json", home=home))
+    assert [r["kind"] for r in runs] == ["verify", "clean-orphans", "expire", "expire", "snapshot"]
+    assert [r["dry_run"] for r in runs] == [False, False, False, True, False]
+
+    run_cli("catalog", "sync", h.root, "--full", home=home)
+    chains = as_json(run_cli("catalog", "chains", h.root, "--json", home=home))
+    assert [(c["snapshot_version"], c["chain_length"]) for c in chains] == [(6, 2), (6, 2)]
+    files = as_json(run_cli("catalog", "files", h.root, "--store", "agg/1", "--version", "8", "--json", home=home))
+    assert files["snapshot_version"] == 6 and files["missing"] == []
+    assert {f["kind"] for f in files["files"]} == {"sst", "manifest", "changelog"}
+    retention = as_json(run_cli("catalog", "retention", h.root, "--retain", "1", "--json", home=home))
+    assert retention["min_versions_to_retain"] == 1
+    version_files = as_json(run_cli("inspect", h.root, "--store", "agg/1", "--version", "8", "--json", *ops, home=home))
+    assert [f["kind"] for f in version_files["version_files"]["files"]][-2:] == ["changelog", "changelog"]
+    run_cli("catalog", "rebuild", h.root, home=home)
+    assert as_json(run_cli("db", "current", "--json", home=home))["current"] is True
+
+
+def test_exit_codes_and_json_errors(make_local_history: Callable[..., History], tmp_path: Path) -> None:
+    h = make_local_history()
+    h.batches(5)
+    home = tmp_path / "home"
+    usage = [
+        ("bogus",),
+        ("expire",),
+        ("expire", h.root, "--retain", "0"),
+        ("expire", h.root, "--store", "agg"),
+        ("expire", h.root, "--store", "../x/0"),
+        ("expire", h.root, "--grace", "soon"),
+        ("expire", str(tmp_path / "typo")),
+        ("expire", str(tmp_path)),  # a parent of the root: not a checkpoint root
+        ("snapshot", h.root, "--work-dir", str(Path(h.fm.root_path) / "w")),  # type: ignore[attr-defined]
+        ("inspect", h.root, "--version", "3"),
+    ]
+    for args in usage:
+        proc = (
+            run_cli(*args, "--no-catalog", home=home, check=None)
+            if len(args) > 1
+            else run_cli(*args, home=home, check=None)
+        )
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert "error" in proc.stderr, args
+    proc = run_cli("expire", h.root, "--retain", "0", "--json", "--no-catalog", home=home, check=2)
+    doc = as_json(proc)
+    assert doc["ok"] is False and "min_versions_to_retain=0" in doc["error"] and doc["exit_code"] == 2
+    env = {"STATEKEEPER_MIN_VERSIONS_TO_RETAIN": "zero"}
+    assert "STATEKEEPER_MIN_VERSIONS_TO_RETAIN" in run_cli("expire", h.root, home=home, env=env, check=2).stderr
+
+    # A server database (or any explicit --db) is not migrated behind the operator's back.
+    proc = run_cli("expire", h.root, "--db", f"sqlite:///{tmp_path / 'new.db'}", home=home, check=2)
+    assert "statekeeper db upgrade" in proc.stderr
+    run_cli("db", "upgrade", "--db", f"sqlite:///{tmp_path / 'new.db'}", home=home)
+    run_cli("expire", h.root, "--db", f"sqlite:///{tmp_path / 'new.db'}", home=home)
+
+    # Errors found: exit 1, named on stderr and in the JSON document.
+    clobber(h.root, "notes.txt", b"foreign")
+    proc = run_cli("clean-orphans", h.root, "--json", home=home, check=1)
+    assert "notes.txt" in proc.stderr and any("notes.txt" in e for e in as_json(proc)["errors"])
+    assert "notes.txt" in all_files(h.root)
+    run_cli("inspect", h.root, home=home, check=1)
+    manifest = (
+        next(p for p in all_files(h.root) if p.endswith(".manifest"))
+        if any(p.endswith(".manifest") for p in all_files(h.root))
+        else None
+    )
+    assert manifest is None
+    run_cli("snapshot", h.root, "--threshold", "2", home=home)
+    manifest = next(p for p in all_files(h.root) if p.endswith(".manifest"))
+    clobber(h.root, manifest, b"SKSM" + b"\0" * 20)
+    proc = run_cli("verify", h.root, home=home, check=1)
+    assert manifest in proc.stderr
+
+
+def test_catalog_queries_need_a_synced_root(make_local_history: Callable[..., History], tmp_path: Path) -> None:
+    h = make_local_history()
+    h.batches(2)
+    home = tmp_path / "home"
+    proc = run_cli("catalog", "chains", h.root, home=home, check=1)
+    assert "not in the catalog" in proc.stderr and "catalog sync" in proc.stderr
+    run_cli("catalog", "sync", h.root, home=home)
+    proc = run_cli("catalog", "files", h.root, "--store", "agg/0", "--version", "9", home=home, check=1)
+    assert "version 9" in proc.stderr
+
+
+@pytest.mark.parametrize("command", ["snapshot", "expire", "clean-orphans"])
+def test_a_busy_store_fails_clearly(make_local_history: Callable[..., History], tmp_path: Path, command: str) -> None:
+    from sql import Catalog
+
+    h = make_local_history()
+    h.batches(6, losing=1)
+    home = tmp_path / "home"
+    run_cli("snapshot", h.root, "--threshold", "4", home=home)
+    h.batches(4)
+    cat = Catalog.open(f"sqlite:///{home / 'catalog.db'}")
+    try:
+        with cat.acquire_lease(h.fm.root_uri, ("agg", 1), owner="nightly-job@host-b", ttl=120):
+            proc = run_cli(command, h.root, "--retain", "2", "--threshold", "4", "--grace", "0", home=home, check=1)
+    finally:
+        cat.close()
+    assert "nightly-job@host-b" in proc.stderr and "agg/1" in proc.stderr
