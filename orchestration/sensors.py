@@ -40,7 +40,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 from dagster._core.storage.tags import PARTITION_NAME_TAG
 
 from orchestration.assets import KIND_TAG, KINDS, SNAPSHOTS, SnapshotConfig
-from orchestration.config import ENV_FAILURE_SENSOR, ENV_SENSOR, OrchestrationConfig
+from orchestration.config import ENV_FAILURE_SENSOR, ENV_SENSOR, OrchestrationConfig, normalize_root
 from orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
 from sql import Catalog, StoreChain
 from sql.errors import CatalogError
@@ -310,9 +310,7 @@ def build_failure_sensor(config: OrchestrationConfig) -> SensorDefinition:
         description="Records every failed maintenance run of this code location in the catalog."
         + ("" if config.failure_sensor_enabled else f" Turned off by {ENV_FAILURE_SENSOR}=off."),
     )
-    def maintenance_failure_sensor(
-        context: RunFailureSensorContext, storage: CheckpointStorage, catalog: CatalogDatabase
-    ) -> SkipReason | None:
+    def maintenance_failure_sensor(context: RunFailureSensorContext, catalog: CatalogDatabase) -> SkipReason | None:
         run = context.dagster_run
         kind = maintenance_kind(run)
         if kind is None:
@@ -320,7 +318,7 @@ def build_failure_sensor(config: OrchestrationConfig) -> SensorDefinition:
         partition = run.tags.get(PARTITION_NAME_TAG)
         if not partition:
             return SkipReason(f"run {run.run_id} has no checkpoint root (no partition)")
-        root = storage.file_manager(partition).root_uri
+        root = normalize_root(partition, "the run's partition")  # also a root no longer configured
         record = context.instance.get_run_record_by_id(run.run_id)
         started = None
         if record is not None and record.start_time is not None:
