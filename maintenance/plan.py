@@ -58,6 +58,8 @@ class StorePlan:
     """(file, why it is kept) for files that are not needed but may still be being written."""
     problems: list[str] = field(default_factory=list)
     problem_count: int = 0
+    notes: list[str] = field(default_factory=list)
+    """Things worth knowing that are not problems (e.g. retention shortened by an earlier run)."""
 
     @property
     def blocked(self) -> bool:
@@ -100,13 +102,12 @@ def plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, *,
         plan.intact_snapshots[v] = cid
 
     if latest is not None:
-        plan.retain_from = max(1, latest - settings.min_versions_to_retain + 1)
+        plan.retain_from = _retain_from(plan, inv, files.changelogs, settings.min_versions_to_retain)
         b = plan.base_for(plan.retain_from)
         plan.base = (b, plan.intact_snapshots[b]) if b else None
         s = plan.base_for(latest)
         plan.snapshot = (s, plan.intact_snapshots[s]) if s else None
         plan.chain_length = latest - s
-        _check_chain(plan, inv, files.changelogs)
     needed_from = plan.base[0] if plan.base else 0
 
     def orphan(e: FileEntry, why: str) -> bool:
@@ -207,21 +208,46 @@ def _missing_ssts(present: dict[str, FileEntry], m: SnapshotManifest) -> str:
     return "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
 
 
-def _check_chain(plan: StorePlan, inv: Inventory, changelogs: dict[tuple[int, str], FileEntry]) -> None:
-    """Every changelog some retained version replays must be committed and present."""
-    assert plan.latest is not None and plan.retain_from is not None
-    start = plan.base[0] if plan.base else 0
+def _retain_from(
+    plan: StorePlan, inv: Inventory, changelogs: dict[tuple[int, str], FileEntry], retain: int
+) -> int:
+    """The oldest retained version: normally `latest - retain + 1`.
+
+    When versions in that range cannot load because an earlier run with a smaller retention expired
+    them (every changelog up to a snapshot gone, the snapshot intact), retention starts at that
+    snapshot. Any other gap in the chain is damage: a problem, which stops deletions in the store.
+    """
+    assert plan.latest is not None
+    wanted = max(1, plan.latest - retain + 1)
+    start = plan.base_for(wanted)
+    loadable = {start: True}
     for v in range(start + 1, plan.latest + 1):
-        if plan.base_for(max(v, plan.retain_from)) >= v:
-            continue  # every retained version from v on loads from a snapshot at or after v
+        cid = plan.committed.get(v)
+        loadable[v] = v in plan.intact_snapshots or (cid is not None and (v, cid) in changelogs and loadable[v - 1])
+    bad = [r for r in range(wanted, plan.latest + 1) if not loadable[r]]
+    if not bad:
+        return wanted
+    first_ok = bad[-1] + 1
+    if first_ok <= plan.latest and first_ok in plan.intact_snapshots:
+        present = [v for v in range(wanted, first_ok + 1) if (v, plan.committed.get(v)) in changelogs]
+        if not present:
+            plan.notes.append(
+                f"store {plan.store}: versions {wanted}..{first_ok - 1} were expired by an earlier run; "
+                f"retained versions start at {first_ok}"
+            )
+            return first_ok
+    for v in range(start + 1, plan.latest + 1):
+        if loadable[v] or not loadable[v - 1]:
+            continue  # report where each break starts
         cid = plan.committed.get(v)
         if cid is None:
             plan.problem(
                 f"retained versions need version {v}, which no commit record names (oldest commit record: "
                 f"{inv.oldest_record})"
             )
-        elif (v, cid) not in changelogs:
+        else:
             plan.problem(f"retained versions need the missing changelog {plan.store.changelog(v, cid)}")
+    return wanted
 
 
 @dataclass
