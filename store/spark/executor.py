@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
+import gc
 import hashlib
 import json
 import logging
+import operator
 import os
 import shutil
 import tempfile
@@ -212,60 +215,65 @@ class _Output:
         self.schema = schema
         self.user_fields = [f for f in schema if f.name != META_COL]
         self.names = [f.name for f in self.user_fields]
-        self.rows: list[Any] = []
-        self.tables: list[pa.Table] = []
+        self.items: list[Any] = []
         self.count = 0
 
     def add(self, result: Any) -> None:
+        """Take what a handler returned: an iterable of rows / tables / frames, or one of those."""
         if result is None:
             return
-        if isinstance(result, pa.Table | pa.RecordBatch):
-            self._add_table(result)
-            return
-        if _is_pandas(result):
-            self._add_table(pa.Table.from_pandas(result, preserve_index=False))
-            return
-        if isinstance(result, dict | tuple):  # one row returned instead of an iterable
-            self.rows.append(result)
-            return
-        for item in result:
-            if isinstance(item, pa.Table | pa.RecordBatch) or _is_pandas(item):
-                self.add(item)
-            else:
-                self.rows.append(item)
-
-    def _add_table(self, t: pa.Table | pa.RecordBatch) -> None:
-        if t.num_rows:
-            table = t if isinstance(t, pa.Table) else pa.Table.from_batches([t])
-            missing = [n for n in self.names if n not in table.column_names]
-            if missing:
-                raise StoreStateError(f"processor output lacks columns {missing} of the output schema")
-            self.tables.append(table.select(self.names))
+        if isinstance(result, tuple | dict | pa.Table | pa.RecordBatch) or _is_pandas(result):
+            self.items.append(result)
+        else:
+            self.items.extend(result)
 
     def pending(self) -> int:
-        return len(self.rows) + sum(int(t.num_rows) for t in self.tables)
+        return len(self.items)
 
     def drain(self) -> Iterator[pa.RecordBatch]:
-        if self.rows:
-            rows, self.rows = self.rows, []
+        items, self.items = self.items, []
+        rows: list[Any] = []
+        for item in items:
+            if isinstance(item, tuple | dict):
+                rows.append(item)
+                continue
+            if rows:
+                yield self._from_rows(rows)
+                rows = []
+            yield from self._from_table(item)
+        if rows:
             yield self._from_rows(rows)
-        tables, self.tables = self.tables, []
-        for t in tables:
-            arrays = [t.column(f.name).cast(f.type) for f in self.user_fields]
-            arrays.append(pa.nulls(t.num_rows, pa.string()))
-            for b in pa.Table.from_arrays(arrays, schema=self.schema).combine_chunks().to_batches():
-                self.count += b.num_rows
-                yield b
+
+    def _from_table(self, item: Any) -> Iterator[pa.RecordBatch]:
+        if isinstance(item, pa.RecordBatch):
+            table = pa.Table.from_batches([item])
+        elif isinstance(item, pa.Table):
+            table = item
+        elif _is_pandas(item):
+            table = pa.Table.from_pandas(item, preserve_index=False)
+        else:
+            raise StoreStateError(
+                f"a handler produced {type(item).__name__}: yield Rows, tuples, dicts, Arrow tables or pandas DataFrames"
+            )
+        if table.num_rows == 0:
+            return
+        missing = [n for n in self.names if n not in table.column_names]
+        if missing:
+            raise StoreStateError(f"processor output lacks columns {missing} of the output schema")
+        arrays = [table.column(f.name).cast(f.type) for f in self.user_fields]
+        arrays.append(pa.nulls(table.num_rows, pa.string()))
+        for b in pa.Table.from_arrays(arrays, schema=self.schema).combine_chunks().to_batches():
+            self.count += b.num_rows
+            yield b
 
     def _from_rows(self, rows: list[Any]) -> pa.RecordBatch:
-        first = rows[0]
-        if isinstance(first, dict):
+        if isinstance(rows[0], dict):
             cols = [[r.get(n) for r in rows] for n in self.names]
         else:
             width = len(self.names)
-            for r in rows:
-                if len(r) != width:
-                    raise StoreStateError(f"output row {r!r} has {len(r)} values; the output schema has {width}")
+            if any(len(r) != width for r in rows):
+                bad = next(r for r in rows if len(r) != width)
+                raise StoreStateError(f"output row {bad!r} has {len(bad)} values; the output schema has {width}")
             cols = [list(c) for c in zip(*rows, strict=True)]
         arrays = [pa.array(c, type=f.type) for c, f in zip(cols, self.user_fields, strict=True)]
         arrays.append(pa.nulls(len(rows), pa.string()))
@@ -305,6 +313,17 @@ def run_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.R
 
 
 def _run_partition(spec: TaskSpec, partition: int, data: pa.Table, t_start: float) -> Iterator[pa.RecordBatch]:
+    # Many small objects, no cycles worth collecting mid-task: pause the cyclic GC for the task.
+    gc_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield from _run_partition_body(spec, partition, data, t_start)
+    finally:
+        if gc_enabled:
+            gc.enable()
+
+
+def _run_partition_body(spec: TaskSpec, partition: int, data: pa.Table, t_start: float) -> Iterator[pa.RecordBatch]:
     attempt, task_attempt_id = _task_attempt()
     store = CACHE.store(spec, partition)
     uploader = CACHE.uploader(spec)
@@ -440,12 +459,22 @@ def _groups(data: pa.Table, key_columns: tuple[str, ...], input_format: str) -> 
         for k, idx in groups.items():
             yield k, iter((pdf.iloc[idx].reset_index(drop=True),))
         return
-    from pyspark.sql import Row
-
-    make = Row(*names)
-    rows = [make(*values) for values in zip(*columns, strict=True)]
+    make = functools.partial(tuple.__new__, _row_class(tuple(names)))
+    rows = list(map(make, zip(*columns, strict=True)))
     for k, idx in groups.items():
         yield k, iter([rows[i] for i in idx])
+
+
+@functools.lru_cache(maxsize=64)
+def _row_class(names: tuple[str, ...]) -> type:
+    """A :class:`pyspark.sql.Row` subclass with the fields as class-level properties (fast access)."""
+    from pyspark.sql import Row
+
+    attrs: dict[str, Any] = {"__fields__": list(names), "__slots__": ()}
+    for i, name in enumerate(names):
+        if name.isidentifier() and not hasattr(Row, name):
+            attrs[name] = property(operator.itemgetter(i))
+    return type("Row", (Row,), attrs)
 
 
 __all__ = ["CACHE", "MARKER_COL", "META_COL", "PID_COL", "TaskSpec", "WarmStore", "run_task"]

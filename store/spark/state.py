@@ -292,18 +292,41 @@ class ValueState(_State):
 
     kind = "value"
 
+    def __init__(self, ctx: StateContext, name: str, ttl_ms: int | None) -> None:
+        super().__init__(ctx, name, ttl_ms)
+        self._seen_gk: bytes | None = None  # the key of the last read, and whether a row was there
+        self._seen_row = False
+
+    def _read(self) -> Any:
+        gk = self._ctx.require_gk()
+        raw = self._cf.get(gk)
+        self._seen_gk = gk
+        self._seen_row = raw is not None
+        return self._live(raw)
+
     def exists(self) -> bool:
-        return self._live(self._cf.get(self._ctx.require_gk())) is not _MISSING
+        return self._read() is not _MISSING
 
     def get(self) -> Any:
-        v = self._live(self._cf.get(self._ctx.require_gk()))
+        v = self._read()
         return None if v is _MISSING else v
 
     def update(self, newValue: Any) -> None:
-        gk = self._ctx.require_gk()
-        self._write(gk, newValue, self._cf.get(gk) is not None)
+        ctx = self._ctx
+        gk = ctx.require_gk()
+        existed = self._seen_row if gk is self._seen_gk else self._cf.get(gk) is not None
+        self._seen_gk = gk
+        self._seen_row = True
+        if self._ttl is None:
+            self._cf.put(gk, _PLAIN + _dumps(newValue, PROTOCOL))
+            ctx.rows_updated += 1
+            if not existed:
+                ctx.rows_delta += 1
+        else:
+            self._write(gk, newValue, existed)
 
     def clear(self) -> None:
+        self._seen_gk = None
         self._remove(self._ctx.require_gk())
 
     # -- bulk, with explicit keys ---------------------------------------------------------------
@@ -317,6 +340,7 @@ class ValueState(_State):
     def updateMany(self, keys: Sequence[tuple[Any, ...]], values: Sequence[Any]) -> None:
         if len(keys) != len(values):
             raise ConfigurationError(f"updateMany got {len(keys)} keys and {len(values)} values for {self.name!r}")
+        self._seen_gk = None
         gks = [_dumps(k, PROTOCOL) for k in keys]
         existed = self._cf.multi_get(gks)
         ctx = self._ctx
@@ -331,6 +355,7 @@ class ValueState(_State):
         ctx.rows_delta += sum(1 for e in existed if e is None)
 
     def clearMany(self, keys: Sequence[tuple[Any, ...]]) -> None:
+        self._seen_gk = None
         gks = [_dumps(k, PROTOCOL) for k in keys]
         present = [gk for gk, raw in zip(gks, self._cf.multi_get(gks), strict=True) if raw is not None]
         if present:

@@ -1,0 +1,396 @@
+"""Stateful streaming on Spark: Spark's own state operators vs statekeeper, same workload, same run.
+
+Workload (issue 6): per key, a running count and sum; keys uniform over 100k; 50k rows per batch from
+a file source reading one parquet file per trigger; 50 batches; 4 state partitions; local[2].
+
+- Spark ``applyInPandasWithState`` with the RocksDB state store provider and changelog checkpointing
+- Spark ``transformWithStateInPandas`` (RocksDB provider, changelog checkpointing)
+- statekeeper, per-key ``StatefulProcessor`` (rows), sync and async checkpointing
+- statekeeper, per-key ``StatefulProcessor`` with pandas input (transformWithStateInPandas semantics)
+- statekeeper, vectorized ``BatchStatefulProcessor``
+
+Batch duration is Spark's own ``durationMs.triggerExecution`` of every batch of each query (for
+statekeeper it includes the foreachBatch function: tasks, upload wait, commit record and the sink, which
+writes the output to the ``noop`` sink like the Spark queries do). Every variant ends with the same state
+(checked against the batch-computed totals for statekeeper's variants).
+"""
+
+# ruff: noqa: N802, N803 - PySpark's StatefulProcessor method names
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from bench.report import Table
+
+log = logging.getLogger(__name__)
+
+FULL = {"keys": 100_000, "rows": 50_000, "batches": 50, "partitions": 4}
+QUICK = {"keys": 2_000, "rows": 2_000, "batches": 4, "partitions": 4}
+OUTPUT = "key string, count long, total long"
+STATE = "count long, total long"
+
+
+# -- inputs ---------------------------------------------------------------------------------------
+def write_inputs(directory: Path, batches: int, rows: int, keys: int, seed: int = 42) -> dict[str, tuple[int, int]]:
+    """One parquet file per batch; returns the expected final (count, total) per key."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    counts = np.zeros(keys, dtype=np.int64)
+    totals = np.zeros(keys, dtype=np.int64)
+    names = np.array([f"k{i:06d}" for i in range(keys)], dtype=object)
+    for b in range(batches):
+        k = rng.integers(0, keys, rows)
+        v = rng.integers(0, 1000, rows)
+        np.add.at(counts, k, 1)
+        np.add.at(totals, k, v)
+        path = directory / f"batch-{b:05d}.parquet"
+        pq.write_table(pa.table({"key": pa.array(names[k], pa.string()), "value": pa.array(v, pa.int64())}), path)
+        os.utime(path, (1_700_000_000 + b, 1_700_000_000 + b))  # the file source goes by mtime
+    return {str(names[i]): (int(counts[i]), int(totals[i])) for i in np.nonzero(counts)[0]}
+
+
+# -- the processors (module level, so Spark's workers import them) --------------------------------
+def apply_in_pandas_with_state_func(key: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
+    import pandas as pd
+
+    count, total = state.get if state.exists else (0, 0)
+    for pdf in pdfs:
+        count += len(pdf)
+        total += int(pdf["value"].sum())
+    state.update((count, total))
+    yield pd.DataFrame({"key": [key[0]], "count": [count], "total": [total]})
+
+
+def _spark_tws_processor() -> Any:
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor as SparkProcessor
+
+    class SparkCountSum(SparkProcessor):
+        def init(self, handle: Any) -> None:
+            self.state = handle.getValueState("totals", STATE)
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Any]:
+            import pandas as pd
+
+            count, total = self.state.get() if self.state.exists() else (0, 0)
+            for pdf in rows:
+                count += len(pdf)
+                total += int(pdf["value"].sum())
+            self.state.update((count, total))
+            yield pd.DataFrame({"key": [key[0]], "count": [count], "total": [total]})
+
+        def close(self) -> None:
+            pass
+
+    return SparkCountSum()
+
+
+def _statekeeper_processors() -> dict[str, Any]:
+    from store.spark import BatchStatefulProcessor, StatefulProcessor, keys_of
+
+    class CountSum(StatefulProcessor):
+        def init(self, handle: Any) -> None:
+            self.state = handle.getValueState("totals", STATE)
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Any]:
+            count, total = self.state.get() or (0, 0)
+            for r in rows:
+                count += 1
+                total += r.value
+            self.state.update((count, total))
+            yield (key[0], count, total)
+
+    class CountSumPandas(StatefulProcessor):
+        def init(self, handle: Any) -> None:
+            self.state = handle.getValueState("totals", STATE)
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Any]:
+            import pandas as pd
+
+            count, total = self.state.get() or (0, 0)
+            for pdf in rows:
+                count += len(pdf)
+                total += int(pdf["value"].sum())
+            self.state.update((count, total))
+            yield pd.DataFrame({"key": [key[0]], "count": [count], "total": [total]})
+
+    class CountSumVectorized(BatchStatefulProcessor):
+        def init(self, handle: Any) -> None:
+            self.state = handle.getValueState("totals", STATE)
+
+        def handleBatch(self, rows: pa.Table, timerValues: Any) -> pa.Table:
+            agg = rows.group_by("key").aggregate([("value", "count"), ("value", "sum")])
+            keys = keys_of(agg, ["key"])
+            old = self.state.getMany(keys)
+            new = [
+                ((o[0] if o else 0) + c, (o[1] if o else 0) + s)
+                for o, c, s in zip(
+                    old, agg.column("value_count").to_pylist(), agg.column("value_sum").to_pylist(), strict=True
+                )
+            ]
+            self.state.updateMany(keys, new)
+            return pa.table(
+                {
+                    "key": agg.column("key"),
+                    "count": pa.array([n[0] for n in new], pa.int64()),
+                    "total": pa.array([n[1] for n in new], pa.int64()),
+                }
+            )
+
+    return {"rows": CountSum(), "pandas": CountSumPandas(), "vectorized": CountSumVectorized()}
+
+
+# -- running --------------------------------------------------------------------------------------
+def _session(local_dir: Path) -> Any:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    root = str(Path(__file__).resolve().parent.parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    os.environ["STATEKEEPER_SPARK_LOCAL_DIR"] = str(local_dir)
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("statekeeper-bench")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "3g")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config(
+            "spark.sql.streaming.stateStore.providerClass",
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        )
+        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+        .config("spark.sql.streaming.numRecentProgressUpdates", "1000")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _run(query: Any, name: str, timeout: float) -> list[float]:
+    t0 = time.time()
+    try:
+        if not query.awaitTermination(int(timeout)):
+            raise RuntimeError(f"{name}: did not finish within {timeout}s")
+        if query.exception() is not None:
+            raise RuntimeError(f"{name}: {query.exception()}")
+    finally:
+        query.stop()
+    durations = [float(p["durationMs"]["triggerExecution"]) for p in query.recentProgress if p["numInputRows"] > 0]
+    log.info("%s: %d batches in %.1fs", name, len(durations), time.time() - t0)
+    return durations
+
+
+def _stream(spark: Any, inputs: Path) -> Any:
+    return spark.readStream.schema("key string, value long").option("maxFilesPerTrigger", 1).parquet(str(inputs))
+
+
+def run_spark_apply_in_pandas(spark: Any, inputs: Path, work: Path, timeout: float) -> list[float]:
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    df = (
+        _stream(spark, inputs)
+        .groupBy("key")
+        .applyInPandasWithState(apply_in_pandas_with_state_func, OUTPUT, STATE, "Update", GroupStateTimeout.NoTimeout)
+    )
+    q = (
+        df.writeStream.format("noop")
+        .outputMode("update")
+        .option("checkpointLocation", str(work / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    return _run(q, "applyInPandasWithState", timeout)
+
+
+def run_spark_tws_in_pandas(spark: Any, inputs: Path, work: Path, timeout: float) -> list[float]:
+    df = (
+        _stream(spark, inputs)
+        .groupBy("key")
+        .transformWithStateInPandas(
+            _spark_tws_processor(), outputStructType=OUTPUT, outputMode="Update", timeMode="None"
+        )
+    )
+    q = (
+        df.writeStream.format("noop")
+        .outputMode("update")
+        .option("checkpointLocation", str(work / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    return _run(q, "transformWithStateInPandas", timeout)
+
+
+def _noop_sink(df: Any, batch_id: int) -> None:
+    df.write.format("noop").mode("overwrite").save()
+
+
+def run_statekeeper(
+    spark: Any,
+    inputs: Path,
+    work: Path,
+    timeout: float,
+    *,
+    api: str,
+    async_checkpoint: bool,
+    partitions: int,
+    expected: dict[str, tuple[int, int]],
+) -> tuple[list[float], dict[str, float]]:
+    from store.spark import StatefulOperator, read_state
+
+    processor = _statekeeper_processors()[api]
+    root = (work / "state").as_uri()
+    op = StatefulOperator(
+        root,
+        "counts",
+        "key",
+        processor,
+        OUTPUT,
+        num_partitions=partitions,
+        input_format="pandas" if api == "pandas" else "rows",
+        async_checkpoint=async_checkpoint,
+        sink=_noop_sink,
+    )
+    name = f"statekeeper {api} {'async' if async_checkpoint else 'sync'}"
+    durations = _run(
+        op.start(_stream(spark, inputs), str(work / "ckpt"), trigger={"availableNow": True}), name, timeout
+    )
+    got = {json.loads(r["key"])[0]: r["value"] for r in read_state(spark, root, "counts").collect()}
+    if len(got) != len(expected) or any(tuple(json.loads(got[k])) != v for k, v in expected.items()):
+        raise RuntimeError(f"{name}: the final state differs from the batch-computed totals")
+    progress = list(op.recent_progress)
+    steady = progress[len(progress) // 5 :] or progress
+    phases = {
+        "process_ms": float(np.median([p.process_ms for p in steady])),
+        "load_ms": float(np.median([p.load_ms for p in steady])),
+        "commit_ms": float(np.median([p.commit_ms for p in steady])),
+        "upload_ms": float(np.median([p.upload_ms for p in steady])),
+        "job_ms": float(np.median([p.job_ms for p in steady])),
+        "sink_ms": float(np.median([p.sink_ms for p in steady])),
+        "changelog_bytes": float(np.median([p.changelog_bytes for p in steady])),
+        "warm": float(sum(p.stores_reused for p in progress)) / max(1, sum(p.num_partitions for p in progress)),
+    }
+    return durations, phases
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def run(quick: bool) -> list[Table]:
+    size = QUICK if quick else FULL
+    baseline_batches = int(os.environ.get("BENCH_SPARK_BASELINE_BATCHES", size["batches"]))
+    work = Path(tempfile.mkdtemp(prefix="statekeeper-bench-spark-"))
+    try:
+        inputs = work / "inputs"
+        expected = write_inputs(inputs, size["batches"], size["rows"], size["keys"])
+        base_inputs = inputs
+        if baseline_batches < size["batches"]:
+            base_inputs = work / "inputs-baseline"
+            base_inputs.mkdir()
+            for f in sorted(inputs.iterdir())[:baseline_batches]:
+                shutil.copy2(f, base_inputs / f.name)
+        spark = _session(work / "local")
+        timeout = 7200.0
+        rows: list[list[Any]] = []
+        notes: list[str] = []
+        results: dict[str, list[float]] = {}
+        variants: list[tuple[str, Any]] = [
+            ("statekeeper per-key rows, sync", dict(api="rows", async_checkpoint=False)),
+            ("statekeeper per-key rows, async", dict(api="rows", async_checkpoint=True)),
+            ("statekeeper vectorized, sync", dict(api="vectorized", async_checkpoint=False)),
+            ("statekeeper per-key pandas, sync", dict(api="pandas", async_checkpoint=False)),
+        ]
+        phases: dict[str, dict[str, float]] = {}
+        for name, kw in variants:
+            results[name], phases[name] = run_statekeeper(
+                spark,
+                inputs,
+                work / name.replace(" ", "_").replace(",", ""),
+                timeout,
+                partitions=size["partitions"],
+                expected=expected,
+                **kw,
+            )
+        results["Spark applyInPandasWithState (RocksDB, changelog)"] = run_spark_apply_in_pandas(
+            spark, base_inputs, work / "spark-apply", timeout
+        )
+        results["Spark transformWithStateInPandas (RocksDB, changelog)"] = run_spark_tws_in_pandas(
+            spark, base_inputs, work / "spark-tws", timeout
+        )
+        spark.stop()
+        ref = results["Spark applyInPandasWithState (RocksDB, changelog)"]
+        ref_p50 = _pct(ref, 50)
+        for name, d in results.items():
+            p50, p99 = _pct(d, 50), _pct(d, 99)
+            rows.append([name, len(d), round(p50), round(p99), round(p99 / p50, 2), round(ref_p50 / p50, 1)])
+        notes.append(
+            f"{size['keys']:,} keys, {size['rows']:,} rows per batch, {size['batches']} batches, "
+            f"{size['partitions']} state partitions, local[2], parquet file source (1 file per trigger)."
+        )
+        if baseline_batches < size["batches"]:
+            notes.append(f"Spark's own operators ran the first {baseline_batches} of the batches (time budget).")
+        notes.append("Batch duration = Spark's durationMs.triggerExecution per batch; speedup = baseline p50 / p50.")
+        tables = [
+            Table(
+                "Stateful streaming batch duration (ms): Spark state operators vs statekeeper",
+                ["query", "batches", "p50 ms", "p99 ms", "p99/p50", "speedup vs applyInPandasWithState"],
+                rows,
+                notes,
+            )
+        ]
+        prow = []
+        for name, ph in phases.items():
+            prow.append(
+                [
+                    name,
+                    round(ph["job_ms"]),
+                    round(ph["process_ms"]),
+                    round(ph["load_ms"], 1),
+                    round(ph["commit_ms"], 1),
+                    round(ph["upload_ms"], 1),
+                    round(ph["sink_ms"]),
+                    int(ph["changelog_bytes"]),
+                    f"{ph['warm']:.0%}",
+                ]
+            )
+        tables.append(
+            Table(
+                "statekeeper per-batch phases (median over the last 80% of batches)",
+                [
+                    "query",
+                    "tasks job ms",
+                    "slowest partition process ms",
+                    "load ms",
+                    "local commit ms",
+                    "upload ms",
+                    "sink ms",
+                    "changelog bytes",
+                    "loads warm",
+                ],
+                prow,
+                [
+                    "upload ms: sync = slowest task's upload inside its task; async = the driver's wait for the "
+                    "uploads after the tasks finished.",
+                    "loads warm: share of partition loads that reused a worker's open RocksDB (possibly catching up "
+                    "a few changelogs), the rest rebuilt from the checkpoint.",
+                ],
+            )
+        )
+        return tables
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
