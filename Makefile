@@ -17,8 +17,10 @@ $(STAMP): pyproject.toml | check-prereqs
 
 setup: $(STAMP)
 
+# The main job with the Dagster webserver and daemon beside it on 127.0.0.1; Ctrl-C stops everything,
+# RUN_SECONDS=N stops by itself after N seconds.
 run: $(STAMP)
-	$(PY) -m store.demo
+	$(PY) -m orchestration.run_local -- $(PY) -m store.demo
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
