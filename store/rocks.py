@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -59,6 +60,8 @@ class _SharedMemory:
             int(limits.total_bytes * limits.write_buffer_fraction), False, self.cache
         )
         self.memtables: dict[tuple[int, str], rd.Rdict] = {}  # (owner id, cf name) -> column family
+        # owner id -> finalizer that forgets its entries when the owner is garbage collected
+        self.owners: dict[int, weakref.finalize[[_SharedMemory, int], object]] = {}
         self.flush_lock = threading.Lock()
 
 
@@ -93,10 +96,24 @@ MIN_FLUSH_BYTES = 256 << 10
 
 
 def track_memtable(owner: object, name: str, cf: rd.Rdict) -> None:
-    """Make column family `cf` of `owner` (a store) a candidate for `relieve_memory_pressure`."""
+    """Make column family `cf` of `owner` (a store) a candidate for `relieve_memory_pressure`.
+
+    The entry holds `cf` (and so its DB) until `untrack_memtables(owner)` or until `owner` is
+    garbage collected, so a store dropped without `close()` still frees its DB.
+    """
     mem = shared_memory()
+    key = id(owner)
     with _lock:
-        mem.memtables[(id(owner), name)] = cf
+        mem.memtables[(key, name)] = cf
+        if key not in mem.owners:
+            mem.owners[key] = weakref.finalize(owner, _forget_owner, mem, key)
+
+
+def _forget_owner(mem: _SharedMemory, key: int) -> None:
+    with _lock:
+        mem.owners.pop(key, None)
+        for k in [k for k in mem.memtables if k[0] == key]:
+            del mem.memtables[k]
 
 
 def untrack_memtables(owner: object) -> None:
