@@ -29,6 +29,7 @@ assertions below catch that reliably, the RSS ones catch gross leaks.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -120,3 +121,22 @@ def test_32_stores_at_20x_the_limit(tmp_path: Path, order: str) -> None:
     """32 stores x 40 MiB: 1.25 GiB through a 64 MiB limit."""
     r = run_probe(tmp_path, stores=32, mb_per_store=40, order=order)
     check_bounded(r, FIXED_OVERHEAD, PER_STORE_OVERHEAD)
+
+
+def test_store_dropped_without_close_frees_its_db(tmp_path: Path) -> None:
+    """The memtable registry must not keep a forgotten store's DB open (memory, files, its LOCK)."""
+    from store import StateStore, StoreConfig
+    from store.rocks import shared_memory
+
+    config = StoreConfig(local_dir=str(tmp_path / "work"))
+
+    def use_and_forget() -> None:
+        s = StateStore(str(tmp_path / "ckpt"), "mem", 0, config=config).load(0)
+        s.put(b"k", b"v")
+
+    tracked_before = len(shared_memory().memtables)  # other tests' stores may be open too
+    use_and_forget()
+    gc.collect()
+    assert len(shared_memory().memtables) == tracked_before, "a collected store is still tracked"
+    with StateStore(str(tmp_path / "ckpt"), "mem", 0, config=config) as again:
+        again.load(0)  # the same local DB directory: fails with a RocksDB lock error if still open
