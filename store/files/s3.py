@@ -428,11 +428,16 @@ class _S3Output:
                     Key=self._key,
                     Body=bytes(self._buf),
                     Metadata={WRITE_ID_META: self._write_id},
+                    ChecksumAlgorithm="CRC32",
                     IfNoneMatch="*",
                 )
             else:
                 fm.client.put_object(
-                    Bucket=fm.bucket, Key=self._key, Body=bytes(self._buf), Metadata={WRITE_ID_META: self._write_id}
+                    Bucket=fm.bucket,
+                    Key=self._key,
+                    Body=bytes(self._buf),
+                    Metadata={WRITE_ID_META: self._write_id},
+                    ChecksumAlgorithm="CRC32",
                 )
         except bce.ClientError as e:
             self._conflict_or_raise(e, "PutObject")
