@@ -399,6 +399,7 @@ class _S3Output:
         if self._state == "closed":
             return
         if self._state != "open":
+            self._abort()  # a failed write may have left a multipart upload behind
             raise CheckpointError(f"close after {self._state}", self._fm.uri_of(self.path))
         try:
             if self._exclusive and self._fm.options.head_before_create and self._fm.exists(self.path):
@@ -820,15 +821,16 @@ class S3FileManager:
     def download(self, path: str, local_path: str) -> int:
         """Streamed GET into `local_path`; a failed download leaves no partial local file."""
         size = 0
-        try:
-            with _S3Reader(self, path, self._key(path)) as raw, open(local_path, "wb") as dst:
-                for chunk in raw.iter_chunks():
-                    dst.write(chunk)
-                    size += len(chunk)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(local_path)
-            raise
+        with _S3Reader(self, path, self._key(path)) as raw:
+            try:
+                with open(local_path, "wb") as dst:
+                    for chunk in raw.iter_chunks():
+                        dst.write(chunk)
+                        size += len(chunk)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(local_path)
+                raise
         return size
 
     def exists(self, path: str) -> bool:

@@ -255,3 +255,19 @@ def test_random_faults_on_a_mixed_workload(
     assert sum(proxy.injected.values()) >= 20
     assert len([k for k in ALL_FAULTS if proxy.injected[k]]) >= 5, proxy.injected
     assert_no_partial_uploads(raw, s3_bucket)
+
+
+def test_close_after_a_failed_write_aborts_the_upload(
+    fm: S3FileManager, proxy: FaultProxy, raw: Any, s3_bucket: str
+) -> None:
+    """Without a `with` block: the write that meets a failed part raises, and close() still cleans up."""
+    fm = fm.with_options(max_attempts=2)
+    proxy.rules.append(lambda r: INTERNAL if r.operation == "UploadPart" else None)
+    out = fm.create("w.bin")
+    with pytest.raises(CheckpointError, match="UploadPart failed"):
+        for _ in range(4):
+            out.write(data_of(PART, 6))
+    with pytest.raises(CheckpointError, match="close after failed"):
+        out.close()
+    assert all_keys(raw, s3_bucket) == {}
+    assert incomplete_uploads(raw, s3_bucket) == []
