@@ -8,6 +8,7 @@ Throughout: nothing written is lost and no partial object is ever visible.
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -199,10 +200,20 @@ def test_failed_abort_leaves_an_upload_for_maintenance_but_no_object(
 
 
 def test_delete_many_retries_throttled_keys(fm: S3FileManager, proxy: FaultProxy, raw: Any, s3_bucket: str) -> None:
-    rng = random.Random(11)
-    proxy.key_fault = lambda key: "SlowDown" if rng.random() < 0.3 else None
-    proxy.set_faults(0.1, WRITE_FAULTS)
     names = [f"t/{i:04d}" for i in range(400)]
+    rng = random.Random(11)  # each key is throttled 0-4 times (< delete_retries), then deleted
+    throttle = {f"root/{n}": rng.choice([0, 0, 1, 2, 4]) for n in names}
+    lock = threading.Lock()
+
+    def key_fault(key: str) -> str | None:
+        with lock:
+            if throttle[key] > 0:
+                throttle[key] -= 1
+                return "SlowDown"
+        return None
+
+    proxy.key_fault = key_fault
+    proxy.set_faults(0.1, WRITE_FAULTS)
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda n: raw.put_object(Bucket=s3_bucket, Key=f"root/{n}", Body=b""), names))
     result = fm.delete_many(names)
@@ -210,6 +221,7 @@ def test_delete_many_retries_throttled_keys(fm: S3FileManager, proxy: FaultProxy
     assert sorted(result.deleted) == names
     assert all_keys(raw, s3_bucket) == {}
     assert proxy.injected["delete-key-SlowDown"] >= 5
+    assert not any(throttle.values()), "every throttled key was retried until deleted"
 
 
 def test_delete_many_reports_per_key_errors(fm: S3FileManager, proxy: FaultProxy, raw: Any, s3_bucket: str) -> None:
