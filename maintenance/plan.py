@@ -6,7 +6,9 @@ of a committed ``(v, id)`` with ``v <= r`` (its *base*) and replays the committe
 it; the base of the oldest retained version is the store's **base**. Then:
 
 - **needed** (never deleted): commit records from the root's *floor* on, committed changelogs after
-  the base, committed manifests from the base on and every SST they reference.
+  the base, committed manifests from the base on and every SST they reference. A snapshot becomes
+  the base only once it is older than the grace period (a load that listed the snapshots before it
+  existed may still be reading the older files).
 - **expired** (expiry deletes them; they are committed, so nothing writes them any more): committed
   changelogs at or below the base, committed manifests below it, SSTs only those manifests
   reference, and commit records below the floor (the lowest base of any store).
@@ -103,8 +105,22 @@ def plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, *,
 
     if latest is not None:
         plan.retain_from = _retain_from(plan, inv, files.changelogs, settings.min_versions_to_retain)
-        b = plan.base_for(plan.retain_from)
+        # The base is the newest snapshot the oldest retained version can load from that is older than
+        # the grace period: a load that listed the snapshots before a newer one existed may still be
+        # reading the older snapshot and the changelogs after it.
+        newest = plan.base_for(plan.retain_from)
+        settled = [
+            v
+            for v, cid in plan.intact_snapshots.items()
+            if v <= newest and now - files.manifests[(v, cid)].mtime >= grace
+        ]
+        b = max(settled, default=0)
         plan.base = (b, plan.intact_snapshots[b]) if b else None
+        if b != newest:
+            plan.notes.append(
+                f"store {plan.store}: the snapshot at version {newest} is younger than the grace period; "
+                f"expiry keeps everything after version {b}"
+            )
         s = plan.base_for(latest)
         plan.snapshot = (s, plan.intact_snapshots[s]) if s else None
         plan.chain_length = latest - s

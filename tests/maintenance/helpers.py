@@ -179,3 +179,26 @@ def clobber(root: str, path: str, data: bytes | None) -> None:
         fm.client.delete_object(Bucket=fm.bucket, Key=key)
     else:
         fm.client.put_object(Bucket=fm.bucket, Key=key, Body=data)
+
+
+def scripted_updates(store_index: int, version: int) -> list[tuple[str, bytes, bytes | None]]:
+    """The updates batch `version - 1` makes to a store, a pure function so another process can replay it."""
+    rng = random.Random(store_index * 1_000_003 + version)
+    out: list[tuple[str, bytes, bytes | None]] = []
+    for _ in range(rng.randint(1, 12)):
+        key = b"k%d" % rng.randrange(60)
+        value = None if rng.random() < 0.15 else b"v%d-%d-" % (version, store_index)
+        out.append((rng.choice(CFS), key, value))
+    return out
+
+
+def scripted_state(store_index: int, version: int) -> State:
+    """The state of a store at `version` under `scripted_updates`."""
+    state: State = {}
+    for v in range(1, version + 1):
+        for cf, k, val in scripted_updates(store_index, v):
+            if val is None:
+                state.setdefault(cf, {}).pop(k, None)
+            else:
+                state.setdefault(cf, {})[k] = val
+    return normalise(state)

@@ -1,0 +1,88 @@
+"""Maintenance in this process while a streaming job commits in another: the job never breaks (it
+checks every state it rebuilds from the checkpoint) and every retained version stays loadable."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from maintenance.expiry import expire_versions
+from maintenance.orphans import clean_orphans
+from maintenance.settings import MaintenanceSettings
+from maintenance.snapshots import close_replicas, create_snapshots
+from maintenance.verify import verify_root
+from store import StateStore, StoreConfig
+from store.errors import ConfigurationError
+from store.files import open_file_manager
+from tests.maintenance.helpers import content, scripted_state
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("batches", [pytest.param(24, id="fast"), pytest.param(150, id="long", marks=pytest.mark.slow)])
+def test_maintenance_while_a_writer_commits(checkpoint_root: str, tmp_path: Path, batches: int) -> None:
+    root = f"{checkpoint_root.rstrip('/')}/{uuid.uuid4().hex[:10]}"
+    out = tmp_path / "writer.json"
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "tests.maintenance.writer_proc", root, str(batches), str(out), "0.25"],
+        cwd=ROOT,
+        env=dict(os.environ),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    # The grace period must outlast the writer's slowest write and slowest load (a rebuild that listed
+    # the snapshots before a newer one existed reads the older files); a few seconds do here.
+    settings = MaintenanceSettings(
+        snapshot_threshold=3,
+        min_versions_to_retain=2,
+        orphan_grace_seconds=6,
+        parallelism=2,
+        work_dir=str(tmp_path / "work"),
+    )
+    rounds = snapshots = deleted = 0
+    try:
+        while writer.poll() is None:
+            try:
+                s = create_snapshots(root, settings)
+                e = expire_versions(root, settings)
+                o = clean_orphans(root, settings)
+            except ConfigurationError as err:
+                if "does not exist" in str(err) or "does not look like" in str(err):
+                    time.sleep(0.2)  # the job has not written its first file yet
+                    continue
+                raise
+            for r in (s, e, o):
+                assert r.ok, r.errors
+            rounds += 1
+            snapshots += s.snapshots
+            deleted += e.files + o.files
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+        _, err = writer.communicate(timeout=60)
+    assert writer.returncode == 0, err
+    assert rounds >= 3 and snapshots > 0 and deleted > 0, (rounds, snapshots, deleted)
+    ids = json.loads(out.read_text())["ids"]
+
+    settle = MaintenanceSettings(**{**settings.to_json(), "orphan_grace_seconds": 0})
+    assert expire_versions(root, settle).ok and clean_orphans(root, settle).ok
+    assert verify_root(root, settle, rebuild=True).ok
+    fm = open_file_manager(root)
+    latest = len(ids) - 1
+    for p in range(2):
+        probe = StateStore(fm, "agg", p, config=StoreConfig(local_dir=str(tmp_path / f"probe{p}")))
+        try:
+            for v in range(latest - settle.min_versions_to_retain + 1, latest + 1):
+                probe.load(v, ids[v][p])
+                assert content(probe) == scripted_state(p, v), f"version {v} of partition {p}"
+                probe.abort()
+        finally:
+            probe.close()
+    close_replicas()
