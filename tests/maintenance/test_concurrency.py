@@ -66,8 +66,8 @@ def test_maintenance_while_a_writer_commits(checkpoint_root: str, tmp_path: Path
     finally:
         if writer.poll() is None:
             writer.kill()
-        _, err = writer.communicate(timeout=60)
-    assert writer.returncode == 0, err
+        _, writer_err = writer.communicate(timeout=60)
+    assert writer.returncode == 0, writer_err
     assert rounds >= 3 and snapshots > 0 and deleted > 0, (rounds, snapshots, deleted)
     ids = json.loads(out.read_text())["ids"]
 
