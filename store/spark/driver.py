@@ -121,6 +121,7 @@ class StatefulOperator:
         self._partitions: int | None = None
         self._next_batch: int | None = None
         self._route_cache: dict[int, list[int]] = {}
+        self._plan_parts: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
         self._struct: StructType | None = None
 
     # -- public ---------------------------------------------------------------------------------
@@ -359,23 +360,20 @@ class StatefulOperator:
     def _plan(self, spark: SparkSession, df: DataFrame, n: int) -> DataFrame:
         from pyspark.sql import functions as sf
 
-        data = df.select(
-            "*",
-            sf.pmod(sf.hash(*[sf.col(k) for k in self.key]), sf.lit(n)).cast("int").alias(PID_COL),
-            sf.lit(False).alias(MARKER_COL),
-        )
-        markers = spark.range(n).select(
-            *[sf.lit(None).cast(f.dataType).alias(f.name) for f in df.schema.fields],
-            sf.col("id").cast("int").alias(PID_COL),
-            sf.lit(True).alias(MARKER_COL),
-        )
-        routes = sf.array(*[sf.lit(r) for r in self._routes(spark, n)])
-        return (
-            data.unionByName(markers)
-            .withColumn(ROUTE_COL, sf.element_at(routes, sf.col(PID_COL) + 1))
-            .repartition(n, ROUTE_COL)
-            .drop(ROUTE_COL)
-        )
+        schema_key = (df.schema.json(), n)
+        cached = self._plan_parts.get(schema_key)
+        if cached is None:
+            markers = spark.range(n).select(
+                *[sf.lit(None).cast(f.dataType).alias(f.name) for f in df.schema.fields],
+                sf.col("id").cast("int").alias(PID_COL),
+                sf.lit(True).alias(MARKER_COL),
+            )
+            pid = sf.pmod(sf.hash(*[sf.col(k) for k in self.key]), sf.lit(n)).cast("int").alias(PID_COL)
+            route = sf.element_at(sf.array(*[sf.lit(r) for r in self._routes(spark, n)]), sf.col(PID_COL) + 1)
+            cached = self._plan_parts[schema_key] = (markers, pid, route)
+        markers, pid, route = cached
+        data = df.select("*", pid, sf.lit(False).alias(MARKER_COL))
+        return data.unionByName(markers).withColumn(ROUTE_COL, route).repartition(n, ROUTE_COL)
 
     def _collect_metas(self, out: DataFrame, n: int) -> list[PartitionMetrics]:
         rows = out.filter(out[META_COL].isNotNull()).select(META_COL).collect()

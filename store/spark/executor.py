@@ -43,6 +43,7 @@ from store.state_store import LoadMetrics, StateStore, StoreConfig
 
 log = logging.getLogger(__name__)
 
+INTERNAL_COL_PREFIX = "__sk_"
 PID_COL = "__sk_partition"
 MARKER_COL = "__sk_marker"
 META_COL = "__sk_meta"
@@ -253,7 +254,8 @@ class _Output:
             table = pa.Table.from_pandas(item, preserve_index=False)
         else:
             raise StoreStateError(
-                f"a handler produced {type(item).__name__}: yield Rows, tuples, dicts, Arrow tables or pandas DataFrames"
+                f"a handler produced {type(item).__name__}: yield Rows, tuples, dicts, Arrow tables or "
+                "pandas DataFrames"
             )
         if table.num_rows == 0:
             return
@@ -308,7 +310,7 @@ def run_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.R
     data = table.filter(pc.invert(table.column(MARKER_COL)))
     if data.num_rows and not pc.all(pc.equal(data.column(PID_COL), partition)).as_py():
         raise StoreStateError(f"the task of state partition {partition} got rows of another partition")
-    data = data.drop_columns([PID_COL, MARKER_COL])
+    data = data.drop_columns([c for c in data.column_names if c.startswith(INTERNAL_COL_PREFIX)])
     yield from _run_partition(spec, partition, data, t_start)
 
 
