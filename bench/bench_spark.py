@@ -19,6 +19,7 @@ writes the output to the ``noop`` sink like the Spark queries do). Every variant
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -69,7 +70,7 @@ def write_inputs(directory: Path, batches: int, rows: int, keys: int, seed: int 
 
 # -- the processors (module level, so Spark's workers import them) --------------------------------
 def apply_in_pandas_with_state_func(key: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
-    import pandas as pd
+    pd = importlib.import_module("pandas")
 
     count, total = state.get if state.exists else (0, 0)
     for pdf in pdfs:
@@ -87,7 +88,7 @@ def _spark_tws_processor() -> Any:
             self.state = handle.getValueState("totals", STATE)
 
         def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Any]:
-            import pandas as pd
+            pd = importlib.import_module("pandas")
 
             count, total = self.state.get() if self.state.exists() else (0, 0)
             for pdf in rows:
@@ -122,7 +123,7 @@ def _statekeeper_processors() -> dict[str, Any]:
             self.state = handle.getValueState("totals", STATE)
 
         def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Any]:
-            import pandas as pd
+            pd = importlib.import_module("pandas")
 
             count, total = self.state.get() or (0, 0)
             for pdf in rows:
