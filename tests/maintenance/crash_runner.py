@@ -40,7 +40,8 @@ def _wrap_close(cls: Any) -> None:
     def close(self: Any) -> None:
         if getattr(self, "_crash_counted", False) or not _tick():
             self._crash_counted = True
-            return original(self)
+            original(self)
+            return
         if _mid and isinstance(self, local._LocalOutput) and self._file is not None:
             self._file.flush()  # the temp file is on disk, never published
         _die()
@@ -79,10 +80,10 @@ def main(argv: list[str]) -> int:
     opts, cli_args = argv[:sep], argv[sep + 1 :]
     _kill_at = int(opts[0])
     _mid = "--mid" in opts
-    for cls in (local._LocalOutput, s3._S3Output):
-        _wrap_close(cls)
-    for cls in (local.LocalFileManager, s3.S3FileManager):
-        _wrap_delete(cls)
+    for output in (local._LocalOutput, s3._S3Output):
+        _wrap_close(output)
+    for manager in (local.LocalFileManager, s3.S3FileManager):
+        _wrap_delete(manager)
     _wrap_abort(s3.S3FileManager)
     from maintenance.cli import main as cli_main
 
