@@ -147,3 +147,40 @@ def test_small_batches_in_parallel_and_catalog_bookkeeping(
     (run,) = catalog.runs(h.fm.root_uri, kind="expire")
     assert (run.status, run.file_count, run.orchestrator_run_id) == ("succeeded", report.files, "run-7")
     h.check_loadable(h.retained(settings))
+
+
+def test_a_snapshot_younger_than_the_grace_period_is_not_yet_the_base(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    """A load that listed the snapshots just before a new one was written may still read the old files."""
+    h = make_local_history()
+    h.batches(5)
+    create_snapshots(h.root, settings)
+    h.batches(4)
+    patient = MaintenanceSettings(**{**settings.to_json(), "orphan_grace_seconds": 3600})
+    before = all_files(h.root)
+    report = expire_versions(h.root, patient)
+    assert report.ok and report.files == 0 and all_files(h.root) == before
+    assert expire_versions(h.root, settings).changelogs == 2 * 5
+
+
+def test_raising_the_retention_after_an_expiry_is_not_an_error(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    from maintenance.orphans import clean_orphans
+    from maintenance.plan import plan_store
+
+    h = make_local_history()
+    h.batches(5, losing=1)
+    create_snapshots(h.root, settings)
+    h.batches(2)
+    short = MaintenanceSettings(**{**settings.to_json(), "min_versions_to_retain": 1})
+    assert expire_versions(h.root, short).ok
+    long = MaintenanceSettings(**{**settings.to_json(), "min_versions_to_retain": 5})
+    inv = Inventory.scan(h.fm)
+    plan = plan_store(inv, h.stores[0], long)
+    assert not plan.blocked and plan.retain_from == 5 and plan.notes  # versions 3 and 4 are gone for good
+    for op in (expire_versions, clean_orphans):
+        report = op(h.root, long)
+        assert report.ok, report.errors
+    h.check_loadable(range(5, h.latest + 1))
