@@ -224,9 +224,7 @@ def _missing_ssts(present: dict[str, FileEntry], m: SnapshotManifest) -> str:
     return "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
 
 
-def _retain_from(
-    plan: StorePlan, inv: Inventory, changelogs: dict[tuple[int, str], FileEntry], retain: int
-) -> int:
+def _retain_from(plan: StorePlan, inv: Inventory, changelogs: dict[tuple[int, str], FileEntry], retain: int) -> int:
     """The oldest retained version: normally `latest - retain + 1`.
 
     When versions in that range cannot load because an earlier run with a smaller retention expired
