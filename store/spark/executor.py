@@ -234,16 +234,36 @@ class _Output:
     def drain(self) -> Iterator[pa.RecordBatch]:
         items, self.items = self.items, []
         rows: list[Any] = []
+        frames: list[Any] = []  # consecutive pandas frames are concatenated, then converted once
         for item in items:
             if isinstance(item, tuple | dict):
+                if frames:
+                    yield from self._from_frames(frames)
+                    frames = []
                 rows.append(item)
                 continue
             if rows:
                 yield self._from_rows(rows)
                 rows = []
+            if _is_pandas(item):
+                frames.append(item)
+                continue
+            if frames:
+                yield from self._from_frames(frames)
+                frames = []
             yield from self._from_table(item)
         if rows:
             yield self._from_rows(rows)
+        if frames:
+            yield from self._from_frames(frames)
+
+    def _from_frames(self, frames: list[Any]) -> Iterator[pa.RecordBatch]:
+        if len(frames) == 1:
+            yield from self._from_table(frames[0])
+            return
+        import pandas
+
+        yield from self._from_table(pandas.concat(frames, ignore_index=True, copy=False))
 
     def _from_table(self, item: Any) -> Iterator[pa.RecordBatch]:
         if isinstance(item, pa.RecordBatch):
@@ -457,9 +477,14 @@ def _groups(data: pa.Table, key_columns: tuple[str, ...], input_format: str) -> 
         else:
             idx.append(i)
     if input_format == "pandas":
-        pdf = data.to_pandas()
+        # one frame sorted by group, then a cheap positional slice per key
+        order = [i for idx in groups.values() for i in idx]
+        pdf = data.take(pa.array(order, pa.int64())).to_pandas()
+        start = 0
         for k, idx in groups.items():
-            yield k, iter((pdf.iloc[idx].reset_index(drop=True),))
+            end = start + len(idx)
+            yield k, iter((pdf.iloc[start:end],))
+            start = end
         return
     make = functools.partial(tuple.__new__, _row_class(tuple(names)))
     rows = list(map(make, zip(*columns, strict=True)))
