@@ -18,6 +18,7 @@ import contextlib
 import functools
 import gc
 import hashlib
+import importlib
 import json
 import logging
 import operator
@@ -261,8 +262,7 @@ class _Output:
         if len(frames) == 1:
             yield from self._from_table(frames[0])
             return
-        import pandas
-
+        pandas: Any = importlib.import_module("pandas")
         yield from self._from_table(pandas.concat(frames, ignore_index=True, copy=False))
 
     def _from_table(self, item: Any) -> Iterator[pa.RecordBatch]:
