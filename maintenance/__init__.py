@@ -1,1 +1,11 @@
-"""Maintenance operations (snapshots, expiry, orphan cleanup) and the statekeeper command line."""
+"""Maintenance operations, usable without Dagster, and the `statekeeper` command line.
+
+- `maintenance.snapshots.create_snapshots`: snapshot stores whose changelog chain reached the threshold
+- `maintenance.expiry.expire_versions`: keep the newest versions loadable, delete what none of them needs
+- `maintenance.orphans.clean_orphans`: delete losing attempts, unreferenced SSTs and unfinished writes
+- `maintenance.verify.verify_root`: check that every retained version is loadable
+- `maintenance.catalog_sync`: fill the lineage catalog from the checkpoint location
+
+All of them start from one listing (`maintenance.inventory`) and one set of rules (`maintenance.plan`);
+docs/maintenance.md describes what is kept, what is deleted and when.
+"""
