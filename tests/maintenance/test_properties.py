@@ -69,7 +69,7 @@ class MaintenanceMachine(RuleBasedStateMachine):
         import hashlib
 
         name = hashlib.sha256(data).hexdigest()[:40] + ".sst"
-        with self.h.fm.create(self.h.stores[0].sst(name)) as out:
+        with self.h.fm.create(self.h.stores[0].sst(name), exclusive=False) as out:  # content-named
             out.write(data)
 
     # -- maintenance ------------------------------------------------------------------------------
