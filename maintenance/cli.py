@@ -493,7 +493,9 @@ def cmd_catalog_retention(args: argparse.Namespace) -> int:
         raise UsageError(f"--retain {retain}: at least 1 version must be retained")
     catalog = _open_catalog(args)
     try:
-        plan = catalog.retention_plan(_catalog_root(args), retain, commit_records=True)
+        # State files only: `expire` keeps commit records from the lowest base snapshot on, which the
+        # catalog's query does not model (`statekeeper expire --dry-run` lists exactly what would go).
+        plan = catalog.retention_plan(_catalog_root(args), retain, commit_records=False)
     finally:
         catalog.close()
     doc = plan.to_json()
@@ -501,8 +503,9 @@ def cmd_catalog_retention(args: argparse.Namespace) -> int:
 
     def text() -> str:
         return (
-            f"keeping {retain} version(s) per store would delete {plan.total_files} file(s), "
-            f"{plan.total_bytes:,} bytes\n" + _table(rows, limit=None if args.all else MAX_ROWS)
+            f"keeping {retain} version(s) per store would delete {plan.total_files} state file(s), "
+            f"{plan.total_bytes:,} bytes (as the catalog knows them; `expire --dry-run` reads the location)\n"
+            + _table(rows, limit=None if args.all else MAX_ROWS)
         )
 
     _emit(args, doc, text)
@@ -553,6 +556,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     if args.verbose == 0:
         logging.getLogger("maintenance").setLevel(logging.CRITICAL)  # errors are printed once, below
+    from sqlalchemy.exc import SQLAlchemyError
+
     from sql.errors import CatalogConfigError, CatalogError, NotInCatalogError
 
     try:
@@ -566,7 +571,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CatalogError as e:
         _fail(args, e, EXIT_USAGE if "statekeeper db upgrade" in str(e) else EXIT_ERRORS)
         return EXIT_USAGE if "statekeeper db upgrade" in str(e) else EXIT_ERRORS
-    except (StatekeeperError, OSError) as e:
+    except (StatekeeperError, OSError, SQLAlchemyError) as e:
         _fail(args, e, EXIT_ERRORS)
         return EXIT_ERRORS
     except KeyboardInterrupt:

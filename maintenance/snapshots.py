@@ -64,8 +64,13 @@ def _default_work_dir() -> str:
     with _registry_lock:
         if _process_dir is None:
             _process_dir = tempfile.mkdtemp(prefix="statekeeper-maintenance-")
-            atexit.register(shutil.rmtree, _process_dir, True)
+            atexit.register(_remove_process_dir, _process_dir)
         return _process_dir
+
+
+def _remove_process_dir(path: str) -> None:
+    close_replicas()  # before their directories go
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def work_root(settings: MaintenanceSettings) -> str:
