@@ -165,6 +165,18 @@ class StatefulOperator:
         )
         if already and self.sink is None:
             log.info("statekeeper %s: batch %d is already committed; nothing to do", self.name, batch_id)
+            self._next_batch = batch_id + 1
+            self._finish(BatchProgress(mode="skipped", duration_ms=(time.perf_counter() - t0) * 1000, **base))
+            return
+        if already and version > 0 and self.commit_log.get(version) is None:
+            log.warning(
+                "statekeeper %s: batch %d is already committed and version %d has expired, so its output cannot be "
+                "recomputed for the sink; skipping it (keep at least 2 versions to re-deliver after a restart)",
+                self.name,
+                batch_id,
+                version,
+            )
+            self._next_batch = batch_id + 1
             self._finish(BatchProgress(mode="skipped", duration_ms=(time.perf_counter() - t0) * 1000, **base))
             return
         load_ids = self._load_ids(version, n)

@@ -116,3 +116,49 @@ def test_timers_list_and_map_state_through_the_reader(spark: Any, tmp_path: Path
     assert per_value == want
     raw = read_state(spark, root, "sessions", state="session", raw=True).collect()
     assert raw and all(r["expires_at_ms"] is not None and bytes(r["value"])[0] == 1 for r in raw)
+
+
+def test_restart_of_an_already_committed_batch_redelivers_without_reapplying(spark: Any, tmp_path: Path) -> None:
+    """Spark re-runs a batch whose state we committed (its own commit was lost): not applied twice."""
+    batches = write_inputs(tmp_path / "in", files=3, rows=200, keys=30, seed=17)
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    (tmp_path / "in" / "part-00002.parquet").rename(staged / "part-00002.parquet")
+    root = (tmp_path / "state").as_uri()
+    ckpt = tmp_path / "ckpt"
+
+    def forget_spark_commit(batch_id: int) -> None:
+        for name in (str(batch_id), f".{batch_id}.crc"):
+            (ckpt / "commits" / name).unlink(missing_ok=True)
+
+    first = CollectingSink()
+    run_query(
+        spark,
+        StatefulOperator(root, "counts", "user", CountSum(), OUT, num_partitions=2, sink=first),
+        tmp_path / "in",
+        ckpt,
+    )
+    assert sorted(first.batches) == [0, 1]
+
+    # Spark forgets it committed batch 1: the re-run recomputes its output from version 1, state untouched
+    forget_spark_commit(1)
+    again = CollectingSink()
+    op = StatefulOperator(root, "counts", "user", CountSum(), OUT, num_partitions=2, sink=again)
+    run_query(spark, op, tmp_path / "in", ckpt)
+    assert [p.mode for p in op.recent_progress] == ["replay"]
+    assert sorted(again.batches[1]) == sorted(first.batches[1])
+    assert state_of(spark, root, "counts") == reference(batches[:2])
+
+    # the same, but version 1 has expired meanwhile: the batch is skipped (its state is committed)
+    forget_spark_commit(1)
+    open_file_manager(root).delete_many([f"commits/{1:020d}.commit"])
+    op = StatefulOperator(root, "counts", "user", CountSum(), OUT, num_partitions=2, sink=CollectingSink())
+    run_query(spark, op, tmp_path / "in", ckpt)
+    assert [p.mode for p in op.recent_progress] == ["skipped"]
+
+    # and the query goes on from there
+    (staged / "part-00002.parquet").rename(tmp_path / "in" / "part-00002.parquet")
+    op = StatefulOperator(root, "counts", "user", CountSum(), OUT, num_partitions=2, sink=CollectingSink())
+    run_query(spark, op, tmp_path / "in", ckpt)
+    assert [(p.batch_id, p.mode) for p in op.recent_progress] == [(2, "commit")]
+    assert state_of(spark, root, "counts") == reference(batches)
