@@ -1,6 +1,6 @@
 """A streaming job the driver-kill test runs in its own process (and kills with SIGKILL).
 
-python -m tests.spark.driver_job INPUT_DIR STATE_ROOT SPARK_CHECKPOINT OUTPUT_DIR TASK_SLEEP SINK_SLEEP
+python -m tests.spark.driver_job INPUT_DIR STATE_ROOT SPARK_CHECKPOINT OUTPUT_DIR TASK_SLEEP SINK_SLEEP [async]
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from tests.spark.processors import SlowCountSum
 
 
 def main(argv: list[str]) -> int:
-    input_dir, root, checkpoint, output_dir, task_sleep, sink_sleep = argv
+    input_dir, root, checkpoint, output_dir, task_sleep, sink_sleep = argv[:6]
+    async_checkpoint = argv[6:] == ["async"]
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     spark = (
         SparkSession.builder.master("local[2]")
@@ -50,6 +51,7 @@ def main(argv: list[str]) -> int:
         "user string, count long, total long",
         num_partitions=3,
         sink=sink,
+        async_checkpoint=async_checkpoint,
     )
     df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(input_dir)
     query = op.start(df, checkpoint, trigger={"availableNow": True})
