@@ -61,7 +61,7 @@ class _SharedMemory:
         )
         self.memtables: dict[tuple[int, str], rd.Rdict] = {}  # (owner id, cf name) -> column family
         # owner id -> finalizer that forgets its entries when the owner is garbage collected
-        self.owners: dict[int, weakref.finalize[[_SharedMemory, int], object]] = {}
+        self.owners: dict[int, weakref.finalize[[int], object]] = {}
         self.flush_lock = threading.Lock()
 
 
@@ -104,16 +104,34 @@ def track_memtable(owner: object, name: str, cf: rd.Rdict) -> None:
     mem = shared_memory()
     key = id(owner)
     with _lock:
+        _reap_dead_owners(mem)  # before reuse of a dead owner's id can confuse the two
         mem.memtables[(key, name)] = cf
         if key not in mem.owners:
-            mem.owners[key] = weakref.finalize(owner, _forget_owner, mem, key)
+            mem.owners[key] = weakref.finalize(owner, _dead_owners.append, key)
 
 
-def _forget_owner(mem: _SharedMemory, key: int) -> None:
-    with _lock:
+_dead_owners: list[int] = []
+"""Ids of stores collected without `close()`. The garbage collector can run the finalizer in any
+thread at any allocation, also while that thread holds `_lock` (a lock taken there would deadlock,
+and a dict changed there would break an iteration), so the finalizer only appends here."""
+
+
+def _reap_dead_owners(mem: _SharedMemory) -> None:
+    """Forget the column families of collected stores; call with `_lock` held."""
+    while _dead_owners:
+        key = _dead_owners.pop()
         mem.owners.pop(key, None)
         for k in [k for k in mem.memtables if k[0] == key]:
             del mem.memtables[k]
+
+
+def forget_collected_stores() -> None:
+    """Drop the registry's references to stores collected without `close()` (also done on every
+    track/untrack), releasing their DBs."""
+    mem = _shared
+    if mem is not None:
+        with _lock:
+            _reap_dead_owners(mem)
 
 
 def untrack_memtables(owner: object) -> None:
@@ -125,6 +143,7 @@ def untrack_memtables(owner: object) -> None:
     with _lock:
         for k in [k for k in mem.memtables if k[0] == key]:
             del mem.memtables[k]
+        _reap_dead_owners(mem)
 
 
 def relieve_memory_pressure() -> int:

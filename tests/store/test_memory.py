@@ -126,7 +126,7 @@ def test_32_stores_at_20x_the_limit(tmp_path: Path, order: str) -> None:
 def test_store_dropped_without_close_frees_its_db(tmp_path: Path) -> None:
     """The memtable registry must not keep a forgotten store's DB open (memory, files, its LOCK)."""
     from store import StateStore, StoreConfig
-    from store.rocks import shared_memory
+    from store.rocks import forget_collected_stores, shared_memory
 
     config = StoreConfig(local_dir=str(tmp_path / "work"))
 
@@ -137,6 +137,31 @@ def test_store_dropped_without_close_frees_its_db(tmp_path: Path) -> None:
     tracked_before = len(shared_memory().memtables)  # other tests' stores may be open too
     use_and_forget()
     gc.collect()
+    forget_collected_stores()  # the finalizer only queues (it may run while the registry is locked)
     assert len(shared_memory().memtables) == tracked_before, "a collected store is still tracked"
     with StateStore(str(tmp_path / "ckpt"), "mem", 0, config=config) as again:
         again.load(0)  # the same local DB directory: fails with a RocksDB lock error if still open
+
+
+def test_collector_finalizer_never_blocks_on_the_registry_lock(tmp_path: Path) -> None:
+    """The garbage collector may finalize a forgotten store while this thread holds the registry lock
+    (e.g. inside untrack_memtables); a finalizer that took the lock deadlocked the whole process."""
+    import threading
+
+    from store import StateStore, StoreConfig, rocks
+
+    store = StateStore(str(tmp_path / "ckpt"), "mem", 1, config=StoreConfig(local_dir=str(tmp_path / "w")))
+    store.load(0)
+    finalizer = rocks.shared_memory().owners[id(store)]
+
+    def finalize_under_lock() -> None:
+        with rocks._lock:
+            finalizer()
+
+    t = threading.Thread(target=finalize_under_lock, daemon=True)
+    t.start()
+    t.join(timeout=10)
+    assert not t.is_alive(), "the finalizer blocked on the registry lock"
+    rocks.forget_collected_stores()
+    assert all(k[0] != id(store) for k in rocks.shared_memory().memtables)
+    store.close()
