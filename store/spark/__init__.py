@@ -17,16 +17,26 @@
 `read_state(spark, root, operator)` returns any committed version of the state as a DataFrame.
 """
 
-from store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor, TimerValues, keys_of
+from store.spark.api import (
+    ApplyInPandasWithState,
+    BatchStatefulProcessor,
+    ExpiredTimerInfo,
+    GroupState,
+    StatefulProcessor,
+    TimerValues,
+    keys_of,
+)
 from store.spark.driver import StatefulOperator, UploadTimeoutError
 from store.spark.metrics import BatchProgress, PartitionMetrics
 from store.spark.reader import StateDataSource, read_state
 from store.spark.state import ListState, MapState, StatefulProcessorHandle, ValueState
 
 __all__ = [
+    "ApplyInPandasWithState",
     "BatchProgress",
     "BatchStatefulProcessor",
     "ExpiredTimerInfo",
+    "GroupState",
     "ListState",
     "MapState",
     "PartitionMetrics",

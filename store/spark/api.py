@@ -106,9 +106,88 @@ def keys_of(table: pa.Table, columns: list[str]) -> list[tuple[Any, ...]]:
     return list(zip(*(table.column(c).to_pylist() for c in columns), strict=True))
 
 
+class GroupState:
+    """The ``state`` argument of an ``applyInPandasWithState`` function, on a ValueState and timers."""
+
+    def __init__(self, value: Any, handle: StatefulProcessorHandle, timer_values: TimerValues, timed_out: bool) -> None:
+        self._value = value
+        self._handle = handle
+        self._timer_values = timer_values
+        self._timed_out = timed_out
+
+    @property
+    def exists(self) -> bool:
+        return bool(self._value.exists())
+
+    @property
+    def get(self) -> tuple[Any, ...]:
+        v = self._value.get()
+        if v is None:
+            raise ValueError("state is not set: check state.exists first")
+        return v  # type: ignore[no-any-return]
+
+    @property
+    def getOption(self) -> tuple[Any, ...] | None:
+        return self._value.get()  # type: ignore[no-any-return]
+
+    @property
+    def hasTimedOut(self) -> bool:
+        return self._timed_out
+
+    def update(self, newValue: tuple[Any, ...]) -> None:
+        self._value.update(tuple(newValue))
+
+    def remove(self) -> None:
+        self._value.clear()
+
+    def setTimeoutDuration(self, durationMs: int) -> None:
+        """Processing-time timeout: the function is called with no rows once it passes without data."""
+        for t in list(self._handle.listTimers()):
+            self._handle.deleteTimer(t)
+        self._handle.registerTimer(self._timer_values.getCurrentProcessingTimeInMs() + int(durationMs))
+
+    def setTimeoutTimestamp(self, timestampMs: int) -> None:
+        raise NotImplementedError("event-time timeouts are not supported; use setTimeoutDuration")
+
+    def getCurrentProcessingTimeMs(self) -> int:
+        return self._timer_values.getCurrentProcessingTimeInMs()
+
+    def getCurrentWatermarkMs(self) -> int:
+        return self._timer_values.getCurrentWatermarkInMs()
+
+
+class ApplyInPandasWithState(StatefulProcessor):
+    """Runs an ``applyInPandasWithState`` function ``func(key, Iterator[pd.DataFrame], state)`` unchanged.
+
+    Use with ``input_format="pandas"``. The group state is a ValueState named `state_name`;
+    ``setTimeoutDuration`` maps to a processing-time timer (on expiry the function gets no rows and
+    ``state.hasTimedOut`` is true). Keys on which every row of a batch arrives in one DataFrame.
+    """
+
+    def __init__(self, func: Any, state_name: str = "group_state") -> None:
+        self.func = func
+        self.state_name = state_name
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self._handle = handle
+        self._value = handle.getValueState(self.state_name)
+
+    def handleInputRows(self, key: tuple[Any, ...], rows: Iterator[Any], timerValues: TimerValues) -> Iterable[Any]:
+        for t in list(self._handle.listTimers()):  # data arrived: the pending timeout no longer applies
+            self._handle.deleteTimer(t)
+        return self.func(key, rows, GroupState(self._value, self._handle, timerValues, False))  # type: ignore[no-any-return]
+
+    def handleExpiredTimer(
+        self, key: tuple[Any, ...], timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
+    ) -> Iterable[Any]:
+        return self.func(key, iter(()), GroupState(self._value, self._handle, timerValues, True))  # type: ignore[no-any-return]
+
+
 __all__ = [
+    "ApplyInPandasWithState",
     "BatchStatefulProcessor",
     "ExpiredTimerInfo",
+    "GroupState",
     "StatefulProcessor",
     "TimerValues",
     "keys_of",

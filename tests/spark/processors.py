@@ -184,3 +184,28 @@ class _FailOnceFM:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+def count_sum_group_state(key: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
+    """An applyInPandasWithState function, unchanged from Spark."""
+    pd = importlib.import_module("pandas")
+    count, total = state.get if state.exists else (0, 0)
+    for pdf in pdfs:
+        count += len(pdf)
+        total += int(pdf["value"].sum())
+    state.update((count, total))
+    yield pd.DataFrame({"user": [key[0]], "count": [count], "total": [total]})
+
+
+def expiring_count(key: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
+    """applyInPandasWithState with a processing-time timeout: emits the count when the key goes quiet."""
+    pd = importlib.import_module("pandas")
+    if state.hasTimedOut:
+        count = state.get[0]
+        state.remove()
+        yield pd.DataFrame({"user": [key[0]], "count": [count], "total": [-1]})
+        return
+    count = state.get[0] if state.exists else 0
+    count += sum(len(p) for p in pdfs)
+    state.update((count,))
+    state.setTimeoutDuration(1000)

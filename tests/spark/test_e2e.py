@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from store import CommitLog, open_file_manager
-from store.spark import StatefulOperator, read_state
+from store.spark import ApplyInPandasWithState, StatefulOperator, read_state
 from tests.spark.helpers import CollectingSink, reference, run_query, state_of, write_inputs
-from tests.spark.processors import CountSum, CountSumPandas, CountSumVectorized, Sessions
+from tests.spark.processors import CountSum, CountSumPandas, CountSumVectorized, Sessions, count_sum_group_state
 
 OUT = "user string, count long, total long"
 
@@ -45,7 +45,14 @@ def test_counts_equal_batch_reference_and_reader(spark: Any, tmp_path: Path) -> 
     assert sop["numRowsTotal"] == len(expected) and "uploadMs" in sop["customMetrics"]
 
 
-@pytest.mark.parametrize("processor,fmt", [(CountSumVectorized(), "rows"), (CountSumPandas(), "pandas")])
+@pytest.mark.parametrize(
+    "processor,fmt",
+    [
+        (CountSumVectorized(), "rows"),
+        (CountSumPandas(), "pandas"),
+        (ApplyInPandasWithState(count_sum_group_state, state_name="totals"), "pandas"),
+    ],
+)
 def test_vectorized_and_pandas_apis_match(spark: Any, tmp_path: Path, processor: Any, fmt: str) -> None:
     batches = write_inputs(tmp_path / "in", files=3, rows=300, keys=40, seed=3)
     root = (tmp_path / "state").as_uri()

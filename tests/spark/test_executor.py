@@ -211,3 +211,30 @@ def test_state_names_and_kinds_are_checked(tmp_path: Path) -> None:
     h2.getMapState("l")  # may come back as another kind after deleteIfExists
     store.abort()
     store.close()
+
+
+def test_apply_in_pandas_with_state_timeout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[_Cache]
+) -> None:
+    from dataclasses import replace
+
+    from store.spark import ApplyInPandasWithState
+    from tests.spark.processors import expiring_count
+
+    _on(monkeypatch, workers[0])
+    root = (tmp_path / "state").as_uri()
+    log = CommitLog(open_file_manager(root))
+    proc = ApplyInPandasWithState(expiring_count)
+    spec = replace(_spec(root, 0, "", tmp_path, proc), input_format="pandas", batch_ts_ms=10_000)
+    out, meta = _run(spec, [("a", 1), ("a", 2), ("b", 3)])
+    assert out == [] and meta["rows_total"] == 2
+    log.commit(1, {"op": [meta["checkpoint_id"]]})
+    # 0.5 s later "a" has data again (its timeout moves), "b" has none yet
+    spec = replace(spec, version=1, load_ids=(meta["checkpoint_id"],), batch_ts_ms=10_500)
+    out, meta = _run(spec, [("a", 4)])
+    assert out == [] and meta["timers_fired"] == 0
+    log.commit(2, {"op": [meta["checkpoint_id"]]})
+    # 1.2 s after the first batch: "b" times out (called with no rows), "a" not yet
+    spec = replace(spec, version=2, load_ids=(meta["checkpoint_id"],), batch_ts_ms=11_200)
+    out, meta = _run(spec, [("c", 5)])
+    assert out == [("b", 1, -1)] and meta["timers_fired"] == 1 and meta["rows_total"] == 2
