@@ -14,7 +14,19 @@
                           output_schema="user string, count long", sink=lambda df, batch_id: ...)
     query = op.start(stream_df, checkpoint_location="/tmp/spark-ckpt")
 
-`read_state(spark, root, operator)` returns any committed version of the state as a DataFrame.
+Three ways to write the logic, all on the same state encoding:
+
+- :class:`StatefulProcessor` -- per key, after PySpark's ``transformWithState``: ``init`` /
+  ``handleInputRows`` / ``handleExpiredTimer`` / ``close``; ValueState, ListState, MapState with TTL;
+  processing-time timers. Rows are ``pyspark.sql.Row`` (``input_format="rows"``) or pandas DataFrames
+  (``input_format="pandas"``, as ``transformWithStateInPandas``).
+- :class:`ApplyInPandasWithState` -- runs an ``applyInPandasWithState`` function unchanged.
+- :class:`BatchStatefulProcessor` -- vectorized: the partition's whole batch as an Arrow table, with
+  bulk state access (``getMany`` / ``updateMany`` / ``clearMany``).
+
+Progress per batch (``op.last_progress``, ``op.recent_progress``, ``on_progress=``, and the log) has the
+figures of Spark's ``stateOperators`` progress. ``read_state(spark, root, operator, version=...)`` returns
+any committed version of the state as a DataFrame (Python Data Source ``statekeeper``).
 """
 
 from store.spark.api import (
