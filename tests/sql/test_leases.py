@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -131,19 +132,30 @@ def test_root_and_store_scopes(catalog: Catalog) -> None:
 
 CHILD = textwrap.dedent(
     """
-    import json, sys, time
+    import json, os, sys, time
     from sql import Catalog, LeaseUnavailableError
     url, name = sys.argv[1], sys.argv[2]
-    start, timeout, hold = (float(x) for x in sys.argv[3:6])
+    timeout, hold = (float(x) for x in sys.argv[3:5])
+    sync_dir, n, hold_until_all_tried = sys.argv[5], int(sys.argv[6]), sys.argv[7] == "1"
+
+    def barrier(stage):
+        open(os.path.join(sync_dir, f"{stage}-{name}"), "w").close()
+        deadline = time.time() + 90
+        while sum(f.startswith(stage + "-") for f in os.listdir(sync_dir)) < n and time.time() < deadline:
+            time.sleep(0.01)
+
     cat = Catalog.open(url)
-    time.sleep(max(0.0, start - time.time()))
+    barrier("ready")  # every child is connected before the race starts, however slow its start
     try:
         lease = cat.acquire_lease("file:///ckpt", ("agg", 0), owner=name, ttl=60, timeout=timeout, poll_interval=0.02)
     except LeaseUnavailableError as e:
+        barrier("tried")
         print(json.dumps({"name": name, "won": False, "error": str(e)}))
         sys.exit(0)
     t0 = time.time()
     time.sleep(hold)
+    if hold_until_all_tried:
+        barrier("tried")  # hold until every other child has tried
     t1 = time.time()
     lease.release()
     print(json.dumps({"name": name, "won": True, "start": t0, "end": t1}))
@@ -151,29 +163,33 @@ CHILD = textwrap.dedent(
 )
 
 
-def run_children(url: str, n: int, timeout: float, hold: float) -> list[dict[str, object]]:
-    start = time.time() + 3.0  # every child is connected before the race starts
+def run_children(
+    url: str, n: int, timeout: float, hold: float, *, hold_until_all_tried: bool = False
+) -> list[dict[str, object]]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", CHILD, url, f"proc-{i}", str(start), str(timeout), str(hold)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for i in range(n)
-    ]
-    out = []
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=120)
-        assert p.returncode == 0, stderr
-        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    with tempfile.TemporaryDirectory() as sync_dir:
+        args = [str(timeout), str(hold), sync_dir, str(n), "1" if hold_until_all_tried else "0"]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", CHILD, url, f"proc-{i}", *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for i in range(n)
+        ]
+        out = []
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=180)
+            assert p.returncode == 0, stderr
+            out.append(json.loads(stdout.strip().splitlines()[-1]))
     return out
 
 
 def test_processes_race_exactly_one_wins(catalog: Catalog) -> None:
-    results = run_children(catalog.engine.url.render_as_string(hide_password=False), 4, timeout=0, hold=1.0)
+    url = catalog.engine.url.render_as_string(hide_password=False)
+    results = run_children(url, 4, timeout=0, hold=0.2, hold_until_all_tried=True)
     winners = [r for r in results if r["won"]]
     assert len(winners) == 1
     for r in results:
