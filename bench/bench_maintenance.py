@@ -284,7 +284,9 @@ def _moto() -> Iterator[str]:
 
 def expiry(sizes: Sizes, base: str) -> Table:
     rows: list[list[object]] = []
-    settings = MaintenanceSettings(min_versions_to_retain=5, orphan_grace_seconds=0, parallelism=8)
+    settings = MaintenanceSettings(
+        min_versions_to_retain=5, orphan_grace_seconds=0, parallelism=8, work_dir=os.path.join(base, "expiry-work")
+    )
     for backend in ("local disk", "S3 (moto on 127.0.0.1)"):
         with _moto() if backend.startswith("S3") else _local(base) as root:
             for label, baseline in (("statekeeper expire_versions", False), ("baseline: 1 delete per file", True)):

@@ -37,8 +37,9 @@ def run(args: list[str], env: dict[str, str], kill_at: int | None = None, mid: b
     return proc.returncode
 
 
-def crash_loop(h: History, tmp: Path, rounds: int, seed: int) -> int:
-    """Rounds of new batches then each operation killed at random points until it completes."""
+def crash_loop(h: History, tmp: Path, rounds: int, seed: int, max_kills: int = 2) -> int:
+    """Rounds of new batches, then each operation killed at random points (at most `max_kills`
+    times) and run again until it completes."""
     rng = random.Random(seed)
     db = f"sqlite:///{tmp / 'catalog.db'}"
     env = {
@@ -55,14 +56,13 @@ def crash_loop(h: History, tmp: Path, rounds: int, seed: int) -> int:
     for _ in range(rounds):
         h.batches(rng.randint(2, 4), losing=rng.randint(0, 1))
         for op, extra in OPS.items():
-            for _attempt in range(20):
-                code = run([op, h.root, *extra], env, kill_at=rng.randint(1, 6), mid=rng.random() < 0.5)
+            for attempt in range(max_kills + 1):
+                kill_at = rng.randint(1, 6) if attempt < max_kills else None
+                code = run([op, h.root, *extra], env, kill_at=kill_at, mid=rng.random() < 0.5)
                 if code == 0:
                     break
                 kills += 1
                 h.check_loadable(range(max(1, h.latest - 2), h.latest + 1))  # no retained version lost
-            else:
-                raise AssertionError(f"{op} never completed")
     for op, extra in OPS.items():  # reruns without crashes converge
         run([op, h.root, *extra], env)
     h.check_loadable(range(max(1, h.latest - 2), h.latest + 1))
@@ -95,8 +95,8 @@ def test_killed_maintenance_runs_lose_nothing_and_converge(
 ) -> None:
     h = make_history()
     h.batches(4, losing=1)
-    kills = crash_loop(h, tmp_path, rounds=2, seed=1)
-    assert kills >= 4
+    kills = crash_loop(h, tmp_path, rounds=1 if h.root.startswith("s3:") else 2, seed=1)
+    assert kills >= 3
 
 
 @pytest.mark.slow
@@ -106,5 +106,5 @@ def test_killed_maintenance_runs_at_many_more_points(
 ) -> None:
     h = make_history(operators={"agg": 2, "dedup": 1})
     h.batches(4, losing=1)
-    kills = crash_loop(h, tmp_path, rounds=6, seed=100 + seed)
-    assert kills >= 15
+    kills = crash_loop(h, tmp_path, rounds=6, seed=100 + seed, max_kills=6)
+    assert kills >= 20
