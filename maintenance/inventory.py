@@ -403,8 +403,7 @@ class Inventory:
     def oldest_record(self) -> int | None:
         return min(self.commit_files, default=None)
 
-    def committed_ids(self, store: StoreId) -> dict[int, str]:
-        """Version -> committed checkpoint id of `store`, from the commit records read."""
+    def _committed_map(self) -> dict[StoreId, dict[int, str]]:
         if self._committed is None:
             out: dict[StoreId, dict[int, str]] = {}
             for v, rec in self.records.items():
@@ -416,16 +415,15 @@ class Inventory:
                             continue
                         out.setdefault(sid, {})[v] = cid
             self._committed = out
-        return self._committed.get(store, {})
+        return self._committed
+
+    def committed_ids(self, store: StoreId) -> dict[int, str]:
+        """Version -> committed checkpoint id of `store`, from the commit records read."""
+        return self._committed_map().get(store, {})
 
     def store_ids(self) -> list[StoreId]:
         """Every store with files or commits, in (operator, partition) order."""
-        ids = set(self.stores)
-        if self._committed is None:
-            self.committed_ids(StoreId("x", 0))
-        assert self._committed is not None
-        ids.update(self._committed)
-        return sorted(ids, key=_store_key)
+        return sorted(set(self.stores) | set(self._committed_map()), key=_store_key)
 
     def files_of(self, store: StoreId) -> StoreFiles:
         files = self.stores.get(store)
