@@ -17,10 +17,13 @@ $(STAMP): pyproject.toml | check-prereqs
 
 setup: $(STAMP)
 
-# The main job with the Dagster webserver and daemon beside it on 127.0.0.1; Ctrl-C stops everything,
-# RUN_SECONDS=N stops by itself after N seconds.
+# The main job (a Spark streaming query on the store, JOB_SECONDS long) with the Dagster webserver and
+# daemon maintaining its checkpoint beside it on 127.0.0.1. Ctrl-C stops everything; RUN_SECONDS=N
+# stops everything by itself after N seconds. Run it again to resume from run/sessions.
+JOB_SECONDS ?= 60
 run: $(STAMP)
-	$(PY) -m orchestration.run_local -- $(PY) -m store.demo
+	STATEKEEPER_CHECKPOINT_ROOTS=$(CURDIR)/run/sessions/state $(PY) -m orchestration.run_local -- \
+		env RUN_SECONDS=$(JOB_SECONDS) WORK_DIR=$(CURDIR)/run/sessions $(PY) examples/session_count.py
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
