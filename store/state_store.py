@@ -299,9 +299,11 @@ class StateStore:
     def load(self, version: int, checkpoint_id: str | None = None) -> StateStore:
         """Make the store hold committed `version` and open it for this batch's updates.
 
-        Reuses the local DB when it holds exactly (version, checkpoint_id); otherwise rebuilds it
-        from the newest snapshot on the lineage plus changelog replay. Without `checkpoint_id` the
-        committed one is read from the commit record.
+        Reuses the local DB when it holds exactly (version, checkpoint_id); catches it up by replaying
+        only the missing changelogs when it holds an older version on the same lineage (a task that
+        last ran this partition a few batches ago); otherwise rebuilds it from the newest snapshot on
+        the lineage plus changelog replay. Without `checkpoint_id` the committed one is read from the
+        commit record.
         """
         validate_version(version)
         if self._writer is not None:
@@ -318,7 +320,7 @@ class StateStore:
             metrics = LoadMetrics(0.0, True, None, 0, 0)
         else:
             try:
-                metrics = self._rebuild(version, checkpoint_id)
+                metrics = self._catch_up(version, checkpoint_id) or self._rebuild(version, checkpoint_id)
             except BaseException:
                 self._discard_local()
                 raise
@@ -510,6 +512,30 @@ class StateStore:
         got = (header.operator, header.partition, header.version, header.checkpoint_id)
         if got != expected:
             raise CorruptFileError(f"changelog header says {got}, its name says {expected}", name)
+
+    def _catch_up(self, version: int, checkpoint_id: str) -> LoadMetrics | None:
+        """Replay only the changelogs between the loaded version and `version`, if the loaded one is
+        on `version`'s lineage; None when it is not (the caller rebuilds)."""
+        loaded = self._loaded
+        if loaded is None or self._db is None or version == 0 or loaded[0] >= version:
+            return None
+        if not os.path.exists(os.path.join(self._db_dir, "CURRENT")):
+            return None
+        lineage = self._read_lineage(version, checkpoint_id)  # one header read
+        gap = version - 1 - loaded[0]
+        if loaded[0] == 0:
+            if len(lineage) != version - 1:  # from the empty version the lineage must reach version 1
+                return None
+        elif gap >= len(lineage) or lineage[gap] != loaded:
+            return None
+        if self.config.verify_commit:
+            committed = self.commit_log.committed_id(version, self.store_id.operator, self.store_id.partition)
+            if committed != checkpoint_id:
+                return None  # the rebuild raises the LineageError
+        chain = [*reversed(lineage[:gap]), (version, checkpoint_id)]
+        records = sum(self._replay(v, c) for v, c in chain)
+        self._lineage = lineage
+        return LoadMetrics(0.0, True, None, len(chain), records)
 
     def _rebuild(self, version: int, checkpoint_id: str) -> LoadMetrics:
         """Snapshot + replay. Metadata reads before data: commit record, one header, one listing."""

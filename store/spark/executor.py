@@ -40,7 +40,7 @@ from store.errors import StoreStateError
 from store.files import CheckpointFileManager, open_file_manager
 from store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor, TimerValues
 from store.spark.state import StateContext, StatefulProcessorHandle, decode_key
-from store.state_store import LoadMetrics, StateStore, StoreConfig
+from store.state_store import StateStore, StoreConfig
 
 log = logging.getLogger(__name__)
 
@@ -80,50 +80,6 @@ class TaskSpec:
 
 
 # -- the per-process cache ------------------------------------------------------------------------
-class WarmStore(StateStore):
-    """A StateStore whose load catches up incrementally from an older version on the same lineage."""
-
-    def load(self, version: int, checkpoint_id: str | None = None) -> StateStore:
-        loaded = self._loaded
-        if (
-            loaded is not None
-            and checkpoint_id
-            and self._writer is None
-            and self._db is not None
-            and version > 0
-            and loaded[0] < version
-        ):
-            t0 = time.perf_counter()
-            try:
-                caught = self._catch_up(loaded, version, checkpoint_id)
-            except BaseException:
-                self._discard_local()
-                raise
-            if caught is not None:
-                self._start_attempt(version, checkpoint_id)
-                self.last_load = replace(caught, load_ms=(time.perf_counter() - t0) * 1000)
-                return self
-        return super().load(version, checkpoint_id)
-
-    def _catch_up(self, loaded: tuple[int, str], version: int, checkpoint_id: str) -> LoadMetrics | None:
-        lineage = self._read_lineage(version, checkpoint_id)  # one header read
-        gap = version - 1 - loaded[0]
-        if loaded[0] == 0:
-            # the empty version: the lineage must reach down to version 1 uncut
-            if len(lineage) != version - 1:
-                return None
-        elif gap >= len(lineage) or lineage[gap] != loaded:
-            return None
-        if self.config.verify_commit:
-            committed = self.commit_log.committed_id(version, self.store_id.operator, self.store_id.partition)
-            if committed != checkpoint_id:
-                return None  # let the full load raise its LineageError
-        chain = [*reversed(lineage[:gap]), (version, checkpoint_id)]
-        records = sum(self._replay(v, c) for v, c in chain)
-        self._lineage = lineage
-        return LoadMetrics(0.0, True, None, len(chain), records)
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -139,7 +95,7 @@ class _Cache:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.stores: OrderedDict[tuple[str, str, int], WarmStore] = OrderedDict()
+        self.stores: OrderedDict[tuple[str, str, int], StateStore] = OrderedDict()
         self.uploaders: dict[str, AsyncUploader] = {}
         self.base: str | None = None
         self.max_stores = int(os.environ.get(MAX_STORES_ENV, "64"))
@@ -166,7 +122,7 @@ class _Cache:
             self.uploaders[spec.root] = up
         return up
 
-    def store(self, spec: TaskSpec, partition: int) -> WarmStore:
+    def store(self, spec: TaskSpec, partition: int) -> StateStore:
         key = (spec.root, spec.operator, partition)
         with self.lock:
             store = self.stores.get(key)
@@ -178,7 +134,7 @@ class _Cache:
             local = os.path.join(base, "stores", tag, f"{partition:05d}")
             shutil.rmtree(local, ignore_errors=True)
             config = replace(spec.store_config, local_dir=local)
-            store = WarmStore(self.uploader(spec), spec.operator, partition, config=config)
+            store = StateStore(self.uploader(spec), spec.operator, partition, config=config)
             self.stores[key] = store
             while len(self.stores) > self.max_stores:
                 _, old = self.stores.popitem(last=False)
@@ -504,4 +460,4 @@ def _row_class(names: tuple[str, ...]) -> type:
     return type("Row", (Row,), attrs)
 
 
-__all__ = ["CACHE", "MARKER_COL", "META_COL", "PID_COL", "TaskSpec", "WarmStore", "run_task"]
+__all__ = ["CACHE", "MARKER_COL", "META_COL", "PID_COL", "TaskSpec", "run_task"]

@@ -210,3 +210,28 @@ def test_column_family_handles_survive_reloads(tmp_path) -> None:
     assert store.last_load is not None and not store.last_load.reused_local
     assert counts.get(b"a") == b"1" and counts.get(b"b") is None
     store.close()
+
+
+def test_load_catches_up_an_older_local_copy_by_replaying_only_the_gap(tmp_path) -> None:
+    root = tmp_path.as_uri()
+    first = StateStore(root, "agg", 0, config=StoreConfig(local_dir=str(tmp_path / "first")))
+    later = StateStore(root, "agg", 0, config=StoreConfig(local_dir=str(tmp_path / "later")))
+    log = CommitLog(first.fm)
+    for v in range(5):  # `first` commits version 1, `later` versions 2..5
+        store = first if v == 0 else later
+        store.load(v)
+        store.put(b"k%d" % v, b"v%d" % v)
+        store.delete(b"k%d" % (v - 1))
+        log.commit(v + 1, {"agg": [store.commit().checkpoint_id]})
+    first.load(5)  # the local copy holds committed version 1: replay versions 2..5 only
+    assert first.last_load is not None
+    assert first.last_load.reused_local and first.last_load.replayed_changelogs == 4
+    assert dict(first.items()) == {b"k4": b"v4"}
+    first.abort()
+    later.load(5)
+    later.abort()  # an aborted attempt leaves the local copy unknown: the next load rebuilds
+    later.load(3)
+    assert later.last_load is not None and not later.last_load.reused_local
+    assert dict(later.items()) == {b"k2": b"v2"}
+    first.close()
+    later.close()
