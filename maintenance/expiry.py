@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 from maintenance.deletion import DeleteOutcome, delete_in_order, delete_recorded
 from maintenance.inventory import CHANGELOG, COMMIT, MANIFEST, SST, FileEntry, Inventory
-from maintenance.leasing import store_lease
-from maintenance.plan import plan_root, plan_store
+from maintenance.leasing import planned_store
+from maintenance.plan import plan_root
 from maintenance.reports import ExpiryReport, recorded
 from maintenance.settings import MaintenanceSettings
 from maintenance.workers import run_each
@@ -110,11 +110,7 @@ def _expire_store(
     catalog: Catalog | None,
     pool: ThreadPoolExecutor,
 ) -> DeleteOutcome:
-    with store_lease(fm.root_uri, store, settings, catalog) as lease:
-        inv.rescan_store(store)
-        plan = plan_store(inv, store, settings)
-        if plan.blocked:
-            raise RuntimeError("; ".join(plan.problems))
+    with planned_store(fm.root_uri, inv, store, settings, catalog) as (plan, lease):
         return delete_in_order(fm, catalog, plan.expired, settings, pool, lease.check, mark_expired=True)
 
 

@@ -27,6 +27,8 @@ from store.errors import StatekeeperError
 from store.layout import StoreId
 
 if TYPE_CHECKING:
+    from maintenance.inventory import Inventory
+    from maintenance.plan import StorePlan
     from sql.catalog import Catalog
 
 LOCK_DIR = "statekeeper-locks"
@@ -103,3 +105,18 @@ def store_lease(
 
 
 __all__ = ["LeaseGuard", "MaintenanceBusyError", "lock_path", "store_lease"]
+
+
+@contextmanager
+def planned_store(
+    root_uri: str, inv: Inventory, store: StoreId, settings: MaintenanceSettings, catalog: Catalog | None
+) -> Iterator[tuple[StorePlan, LeaseGuard]]:
+    """Under the store's lease, re-list it and plan it; a plan with problems deletes nothing."""
+    from maintenance.plan import plan_store
+
+    with store_lease(root_uri, store, settings, catalog) as lease:
+        inv.rescan_store(store)
+        plan = plan_store(inv, store, settings)
+        if plan.blocked:
+            raise RuntimeError("; ".join(plan.problems))
+        yield plan, lease

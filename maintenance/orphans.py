@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from maintenance.deletion import DeleteOutcome, delete_in_order, delete_recorded
 from maintenance.inventory import CHANGELOG, MANIFEST, SST, TEMP, UPLOAD, FileEntry, Inventory
-from maintenance.leasing import store_lease
-from maintenance.plan import plan_root, plan_store
+from maintenance.leasing import planned_store
+from maintenance.plan import plan_root
 from maintenance.reports import OrphanReport, recorded
 from maintenance.settings import MaintenanceSettings
 from maintenance.workers import run_each
@@ -119,11 +119,7 @@ def _clean_store(
     catalog: Catalog | None,
     pool: ThreadPoolExecutor,
 ) -> tuple[DeleteOutcome, dict[FileEntry, str]]:
-    with store_lease(fm.root_uri, store, settings, catalog) as lease:
-        inv.rescan_store(store)
-        plan = plan_store(inv, store, settings)
-        if plan.blocked:
-            raise RuntimeError("; ".join(plan.problems))
+    with planned_store(fm.root_uri, inv, store, settings, catalog) as (plan, lease):
         entries = [e for e, _ in plan.orphans]
         out = delete_in_order(fm, catalog, entries, settings, pool, lease.check, mark_expired=False)
         return out, dict(plan.orphans)
