@@ -72,7 +72,10 @@ class CheckpointFileManager(Protocol):
         """
 
     def put_file(self, local_path: str, path: str, *, exclusive: bool = True) -> int:
-        """Publish a complete local file under `path` atomically; returns its size."""
+        """Publish a complete local file under `path` atomically; returns its size.
+
+        The file must not change afterwards (a local manager may publish it by hard link).
+        """
 
     def open(self, path: str) -> BinaryIO:
         """Open for streaming reads; raises `CheckpointFileNotFoundError`."""

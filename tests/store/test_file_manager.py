@@ -25,6 +25,7 @@ from store import (
     LineageError,
     open_file_manager,
 )
+from store.files import LocalFileManager
 from store.layout import commit_path, new_checkpoint_id
 
 
@@ -148,13 +149,31 @@ def test_put_file(file_manager: CheckpointFileManager, tmp_path: Path) -> None:
     src.write_bytes(data)
     assert file_manager.put_file(str(src), "up/loaded.bin") == len(data)
     assert file_manager.read_bytes("up/loaded.bin") == data
-    src.write_bytes(b"other")
+    other = tmp_path / "other.bin"  # a new file: put_file's sources are never modified once published
+    other.write_bytes(b"other")
     with pytest.raises(CheckpointFileExistsError):
-        file_manager.put_file(str(src), "up/loaded.bin")
+        file_manager.put_file(str(other), "up/loaded.bin")
     assert file_manager.read_bytes("up/loaded.bin") == data
-    assert file_manager.put_file(str(src), "up/loaded.bin", exclusive=False) == 5
+    assert file_manager.put_file(str(other), "up/loaded.bin", exclusive=False) == 5
+    assert file_manager.read_bytes("up/loaded.bin") == b"other"
+    src.unlink()
+    other.unlink()  # the published files outlive their sources
     assert file_manager.read_bytes("up/loaded.bin") == b"other"
     assert leftover_temp_files(file_manager) == []
+
+
+def test_local_put_file_links_on_the_same_file_system(tmp_path: Path) -> None:
+    """The commit path's publish: no second copy (and fsync) of the bytes when a link will do."""
+    fm = LocalFileManager(str(tmp_path / "root"))
+    src = tmp_path / "sealed.changelog"
+    src.write_bytes(b"sealed bytes")
+    os.utime(src, (1_000_000, 1_000_000))  # a source written long ago
+    assert fm.put_file(str(src), "a/b.changelog") == 12
+    assert time.time() - fm.info("a/b.changelog").mtime < 60, "the published file is dated by its publish"
+    assert os.stat(fm.root_path + "/a/b.changelog").st_ino == src.stat().st_ino
+    with pytest.raises(CheckpointFileExistsError):
+        fm.put_file(str(src), "a/b.changelog")
+    assert leftover_temp_files(fm) == []
 
 
 def test_put_file_missing_source_publishes_nothing(file_manager: CheckpointFileManager, tmp_path: Path) -> None:

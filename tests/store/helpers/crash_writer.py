@@ -148,7 +148,9 @@ def run_files(root: str, progress: Progress, run: int, count: int) -> None:
         name = f"r{run:03d}-{i:05d}"
         data = blob_bytes(name)
         kind = i % 4
-        if kind == 3:  # put_file of a complete local file
+        if kind == 3:  # put_file of a complete local file (a new one: published sources stay unchanged)
+            if os.path.exists(local):
+                os.unlink(local)
             with open(local, "wb") as f:
                 f.write(data)
             fm.put_file(local, f"blobs/{name}.blob")
