@@ -26,7 +26,7 @@ import zstandard
 
 from bench.baselines import KEY_BYTES, VALUE_BYTES, RawRocks, random_keys, random_values, sequential_keys
 from bench.report import Table
-from store.formats.changelog import encode_block_payload
+from store.formats.changelog import encode_block_parts
 from store.state_store import ColumnFamily, StateStore, StoreConfig
 
 log = logging.getLogger("bench.store")
@@ -199,11 +199,14 @@ def _breakdown(base: str, sz: Sizes, data: dict[str, list[bytes]]) -> list[list[
                 t1 = time.perf_counter()
                 raw.db.write(wb)
                 t2 = time.perf_counter()
-                payload = encode_block_payload(ks, vs)
+                parts = encode_block_parts(ks, vs)
                 t3 = time.perf_counter()
-                comp = cctx.compress(payload)
+                stream = cctx.compressobj(size=sum(map(len, parts)))
+                comp = [stream.compress(part) for part in parts]
+                comp.append(stream.flush())
                 t4 = time.perf_counter()
-                out.write(comp)
+                for c in comp:
+                    out.write(c)
                 t5 = time.perf_counter()
                 t_build += t1 - t0
                 t_write += t2 - t1
@@ -219,8 +222,8 @@ def _breakdown(base: str, sz: Sizes, data: dict[str, list[bytes]]) -> list[list[
             raw.close()
             shutil.rmtree(d, ignore_errors=True)
         n = len(keys)
-        parts = [t_build, t_write, t_encode, t_zstd, t_file]
-        rows.append([f"{kind} keys", *(t * 1e9 / n for t in parts), sum(parts) * 1e9 / n])
+        steps = [t_build, t_write, t_encode, t_zstd, t_file]
+        rows.append([f"{kind} keys", *(t * 1e9 / n for t in steps), sum(steps) * 1e9 / n])
     return rows
 
 
@@ -264,6 +267,7 @@ def run(quick: bool) -> list[Table]:
         "batch put (sequential keys)": sz.bulk,
     }
     rows: list[list[object]] = []
+    bounded_by_raw: list[str] = []  # batch puts where raw rocksdict itself misses the target
     for op in ("put", "get", "delete", "multi-get", "batch put (random keys)", "batch put (sequential keys)"):
         n = records[op]
         raw_best = n / min(r for r, _ in res[op])
@@ -272,6 +276,8 @@ def run(quick: bool) -> list[Table]:
         if op.startswith("batch put"):
             target = f">= {BATCH_TARGET / 1e6:.1f} M/s"
             met = store_best >= BATCH_TARGET
+            if raw_best < BATCH_TARGET:
+                bounded_by_raw.append(f"{op}: raw rocksdict {raw_best / 1e6:.2f} M/s")
         else:
             target = f">= {SINGLE_TARGET}x raw"
             met = ratio >= SINGLE_TARGET
@@ -293,6 +299,16 @@ def run(quick: bool) -> list[Table]:
             f"Batch put: {sz.batch:,} records per call (one WriteBatch each); multi-get: {sz.mget:,} keys per call.",
             f"Best of {sz.rounds} rounds in fresh DBs, alternating which side runs first (shared 2-core machine).",
             _load_note(load_start),
+            *(
+                [
+                    "The batch-put target is out of reach of raw rocksdict itself here ("
+                    + "; ".join(bounded_by_raw)
+                    + "): inserting random keys into RocksDB's memtable skiplist costs more per record than the "
+                    "target allows (see the table below), so no store built on it can meet it on that input."
+                ]
+                if bounded_by_raw
+                else []
+            ),
         ],
     )
     where = Table(

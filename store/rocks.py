@@ -199,6 +199,7 @@ def db_options() -> rd.Options:
     opts.set_max_write_buffer_number(3)
     opts.set_compression_type(rd.DBCompressionType.lz4())
     opts.set_max_background_jobs(2)
+    opts.set_bytes_per_sync(1 << 20)
     opts.set_keep_log_file_num(2)
     opts.set_max_open_files(256)
     table = rd.BlockBasedOptions()
