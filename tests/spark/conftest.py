@@ -25,6 +25,7 @@ def spark_env() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     import pyspark.sql as pyspark_sql  # a hard dependency: a broken install must fail here, not skip
+
     os.environ.update(spark_env())
     os.environ["STATEKEEPER_SPARK_LOCAL_DIR"] = str(tmp_path_factory.mktemp("spark-local"))
     session = (
