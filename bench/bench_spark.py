@@ -39,10 +39,11 @@ from bench.report import Table
 
 log = logging.getLogger(__name__)
 
-FULL = {"keys": 100_000, "rows": 50_000, "batches": 50, "partitions": 4, "baseline_batches": 12}
+FULL = {"keys": 100_000, "rows": 50_000, "batches": 50, "partitions": 4, "baseline_batches": 50}
 QUICK = {"keys": 2_000, "rows": 2_000, "batches": 4, "partitions": 4, "baseline_batches": 4}
 BASELINE_BATCHES_ENV = "BENCH_SPARK_BASELINE_BATCHES"
-"""Spark's own operators take 20-50 s per batch here, so by default they run the first 12 batches."""
+"""Spark's own operators take 15-30 s per batch here (about 40 minutes for both): a smaller value runs only
+the first batches of theirs, to save time."""
 WARMUP_BATCHES = 1
 """The first batch of every query (JVM, Python workers and imports warming up) is left out of the figures."""
 OUTPUT = "key string, count long, total long"
@@ -298,6 +299,7 @@ def _pct(values: list[float], q: float) -> float:
 
 def run(quick: bool) -> list[Table]:
     size = QUICK if quick else FULL
+    load_start = os.getloadavg()[0]
     baseline_batches = min(size["batches"], int(os.environ.get(BASELINE_BATCHES_ENV, size["baseline_batches"])))
     work = Path(tempfile.mkdtemp(prefix="statekeeper-bench-spark-"))
     try:
@@ -354,7 +356,11 @@ def run(quick: bool) -> list[Table]:
             )
         notes.append(
             "Batch duration = Spark's durationMs.triggerExecution of each batch after the first (warm-up); "
-            "speedup = applyInPandasWithState p50 / p50. The machine's 2 cores were shared with other work."
+            "speedup = applyInPandasWithState p50 / p50."
+        )
+        notes.append(
+            f"1-minute load average at the start / end of this suite: {load_start:.1f} / {os.getloadavg()[0]:.1f} "
+            f"({os.cpu_count()} cores; other work on the machine shows up as noise)."
         )
         tables = [
             Table(
