@@ -360,15 +360,22 @@ class StateStore:
         return CommitResult(header.version, header.checkpoint_id, metrics)
 
     def abort(self) -> None:
-        """Discard this batch's updates; the next load rebuilds the local DB from the checkpoint."""
+        """Discard this batch's updates; if there were any, the next load rebuilds the local DB.
+
+        An attempt that wrote nothing (a read-only task, a batch without input) leaves the local DB
+        holding the loaded version, so the next load of that version stays warm.
+        """
         writer = self._writer
         self._writer = None
+        wrote = writer is not None and writer.records > 0
         for cf in self._cfs.values():
+            wrote = wrote or bool(cf._keys)
             cf._keys, cf._vals, cf._pending = [], [], 0
             cf._close_for_writes()
         if writer is not None:
             writer.abandon()
-            self._loaded = None
+            if wrote:
+                self._loaded = None
 
     def close(self) -> None:
         self.abort()

@@ -212,6 +212,24 @@ def test_column_family_handles_survive_reloads(tmp_path) -> None:
     store.close()
 
 
+def test_abort_without_updates_keeps_the_local_copy_warm(tmp_path) -> None:
+    store = StateStore(tmp_path.as_uri(), "agg", 0, config=StoreConfig(local_dir=str(tmp_path / "work")))
+    store.load(0).put(b"a", b"1")
+    r1 = store.commit()
+    CommitLog(store.fm).commit(1, {"agg": [r1.checkpoint_id]})
+    store.load(1, r1.checkpoint_id)
+    assert store.get(b"a") == b"1"
+    store.abort()  # read only: nothing to undo
+    store.load(1, r1.checkpoint_id)
+    assert store.last_load is not None and store.last_load.reused_local
+    store.delete(b"a")
+    store.abort()  # the delete went into the local DB: the next load must rebuild
+    store.load(1, r1.checkpoint_id)
+    assert store.last_load is not None and not store.last_load.reused_local
+    assert store.get(b"a") == b"1"
+    store.close()
+
+
 def test_load_catches_up_an_older_local_copy_by_replaying_only_the_gap(tmp_path) -> None:
     root = tmp_path.as_uri()
     first = StateStore(root, "agg", 0, config=StoreConfig(local_dir=str(tmp_path / "first")))
@@ -229,7 +247,8 @@ def test_load_catches_up_an_older_local_copy_by_replaying_only_the_gap(tmp_path)
     assert dict(first.items()) == {b"k4": b"v4"}
     first.abort()
     later.load(5)
-    later.abort()  # an aborted attempt leaves the local copy unknown: the next load rebuilds
+    later.put(b"k9", b"v9")
+    later.abort()  # an aborted attempt with updates leaves the local copy unknown: the next load rebuilds
     later.load(3)
     assert later.last_load is not None and not later.last_load.reused_local
     assert dict(later.items()) == {b"k2": b"v2"}
