@@ -109,11 +109,6 @@ def encode_block_parts(keys: Sequence[bytes], values: Sequence[bytes | None]) ->
     return _u32(list(map(len, keys)), "I"), vlens, b"".join(keys), vdata
 
 
-def encode_block_payload(keys: Sequence[bytes], values: Sequence[bytes | None]) -> bytes:
-    """The uncompressed payload of one block, in one piece."""
-    return b"".join(encode_block_parts(keys, values))
-
-
 def decode_block_payload(raw: bytes, n: int, name: str) -> tuple[list[bytes], list[bytes | None]]:
     klens = array("I")
     vlens = array("i")
