@@ -112,6 +112,16 @@ def percentile(samples: Sequence[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
+LATENCY_COLUMNS = [
+    "store p50",
+    "store p99",
+    "store max",
+    "store p99/p50",
+    "commits with no RocksDB flush/compaction running",
+]
+"""The columns of `Stats.cells()`."""
+
+
 @dataclass
 class Stats:
     samples_ms: list[float]
@@ -130,6 +140,17 @@ class Stats:
     @property
     def max(self) -> float:
         return max(self.samples_ms)
+
+    def cells(self) -> list[object]:
+        """Table cells: p50, p99, max, p99/p50, and how many commits began with no background work."""
+        tail = round(self.p99 / self.p50, 2)
+        return [
+            round(self.p50, 2),
+            round(self.p99, 2),
+            round(self.max, 2),
+            tail,
+            f"{len(self.quiet())} of {len(self.samples_ms)}",
+        ]
 
     def quiet(self) -> list[float]:
         """The samples of commits that began while RocksDB did no background I/O."""
@@ -313,11 +334,7 @@ def run(quick: bool) -> list[Table]:
                     [
                         state,
                         sz.updates,
-                        round(paced.p50, 2),
-                        round(paced.p99, 2),
-                        round(paced.max, 2),
-                        round(paced_tails[-1], 2),
-                        f"{len(paced.quiet())} of {len(paced.samples_ms)}",
+                        *paced.cells(),
                         round(_probe_percentile(paced, 50), 2),
                         round(_probe_percentile(paced, 99), 2),
                     ]
@@ -338,11 +355,7 @@ def run(quick: bool) -> list[Table]:
                 [
                     state,
                     sz.updates,
-                    round(st.p50, 2),
-                    round(st.p99, 2),
-                    round(st.max, 2),
-                    round(tails[-1], 2),
-                    f"{len(quiet)} of {len(st.samples_ms)}",
+                    *st.cells(),
                     round(percentile(quiet, 99) / percentile(quiet, 50), 2),
                     round(_probe_percentile(st, 50), 2),
                     round(_probe_percentile(st, 99), 2),
@@ -361,11 +374,7 @@ def run(quick: bool) -> list[Table]:
         columns=[
             "state keys",
             "updates/batch",
-            "store p50",
-            "store p99",
-            "store max",
-            "store p99/p50",
-            "commits with no RocksDB flush/compaction running",
+            *LATENCY_COLUMNS,
             "their p99/p50",
             "disk fsync p50",
             "disk fsync p99",
@@ -429,11 +438,7 @@ def run(quick: bool) -> list[Table]:
         columns=[
             "state keys",
             "updates/batch",
-            "store p50",
-            "store p99",
-            "store max",
-            "store p99/p50",
-            "commits with no RocksDB flush/compaction running",
+            *LATENCY_COLUMNS,
             "disk fsync p50",
             "disk fsync p99",
         ],
