@@ -1,4 +1,4 @@
-"""Per-user session counting over Spark's rate source, with state in statekeeper.
+"""Per-user session counting over Spark's rate-micro-batch source, with state in statekeeper.
 
 A user's session is a run of events with gaps shorter than GAP_MS; a processing-time timer closes it.
 State per user: the open session (start, last event, events; with a TTL) and totals (sessions, events).
@@ -7,8 +7,12 @@ back through the state reader and checks that every input event was counted exac
 
     RUN_SECONDS=60 python examples/session_count.py
 
-Users come in bursts: the rate source's n-th event belongs to user (n // BURST) % USERS, so each user
-is busy for a moment, goes quiet (its session closes after GAP_MS) and comes back a while later.
+Users come in bursts: the source's n-th event belongs to user (n // BURST) % USERS, so each user is
+busy for a moment, goes quiet (its session closes after GAP_MS) and comes back a while later.
+
+A batch starts every 2 s with ROWS_PER_SECOND * 2 events. The rate-micro-batch source (unlike `rate`,
+whose offsets follow the wall clock) gives every batch exactly that many, also after a restart: a run
+resumed hours later continues with the next batch instead of catching up the whole pause in one.
 
 Environment: RUN_SECONDS (60), ROWS_PER_SECOND (2000), USERS (200), BURST (50), GAP_MS (3000),
 PARTITIONS (4), ASYNC (0/1: asynchronous checkpointing), WORK_DIR (default: a fresh temp dir; set it to
@@ -42,6 +46,7 @@ from store.spark import (
 )
 
 OUTPUT = "user string, event string, sessions long, session_events long, total_events long"
+TRIGGER_SECONDS = 2
 
 
 class SessionCounter(StatefulProcessor):
@@ -123,7 +128,7 @@ def main() -> int:
     root = (work / "state").as_uri()
     print(f"state root: {root}\nspark checkpoint: {work / 'spark-checkpoint'}", flush=True)
     print(
-        f"rate source {rate} rows/s over {users} users in bursts of {burst}, session gap {gap_ms} ms, "
+        f"rate-micro-batch source {rate} rows/s over {users} users in bursts of {burst}, session gap {gap_ms} ms, "
         f"{partitions} state partitions, "
         f"{'async' if async_checkpoint else 'sync'} checkpointing, {run_seconds:.0f} s",
         flush=True,
@@ -159,10 +164,13 @@ def main() -> int:
         sink=sink,
         on_progress=on_progress,
     )
+    rows_per_batch = rate * TRIGGER_SECONDS
     events = (
-        spark.readStream.format("rate")
-        .option("rowsPerSecond", rate)
+        spark.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", rows_per_batch)
         .option("numPartitions", 2)
+        .option("startTimestamp", int(time.time() * 1000))
+        .option("advanceMillisPerBatch", TRIGGER_SECONDS * 1000)
         .load()
         .select(
             sf.concat(sf.lit("user-"), (sf.floor(sf.col("value") / burst) % users).cast("string")).alias("user"),
@@ -170,9 +178,13 @@ def main() -> int:
             "value",
         )
     )
-    query = op.start(events, str(work / "spark-checkpoint"), trigger={"processingTime": "2 seconds"})
+    query = op.start(events, str(work / "spark-checkpoint"), trigger={"processingTime": f"{TRIGGER_SECONDS} seconds"})
     query.awaitTermination(max(1, int(run_seconds)))
     _stop_between_batches(query)
+    rc = 0
+    if query.exception() is not None:
+        print(f"the query failed: {query.exception()}", file=sys.stderr)
+        rc = 1
 
     committed = [p for p in op.recent_progress if p.mode == "commit"]
     steady = latencies[1:]  # the first batch starts Spark's Python workers and warms everything up
@@ -197,14 +209,15 @@ def main() -> int:
         )
         top = sorted(totals, key=lambda r: -json.loads(r["value"])[0])[:3]
         print("most sessions:", ", ".join(f"{json.loads(r['key'])[0]}={json.loads(r['value'])[0]}" for r in top))
-        if fresh_work:
-            expected = sum(p.input_rows for p in committed)
-            status = "OK" if counted == expected else f"MISMATCH (expected {expected})"
-            print(f"exactly-once check: {counted} events in state vs {expected} input rows committed: {status}")
+        expected = rows_per_batch * (last.batch_id + 1)  # every batch, of this run and earlier ones, is full
+        status = "OK" if counted == expected else f"MISMATCH (expected {expected})"
+        print(f"exactly-once check: {counted} events in state vs {expected} input rows committed: {status}")
+        if status != "OK":
+            rc = 1
     spark.stop()
     if fresh_work:
         shutil.rmtree(work, ignore_errors=True)
-    return 0
+    return rc
 
 
 if __name__ == "__main__":
