@@ -8,7 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
-from bench.report import render_doc, save
+from bench.report import machine, render_doc, save
 
 
 def available() -> list[str]:
@@ -27,11 +27,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown suite(s) {sorted(unknown)}; available: {available()}")
     for name in names:
         module = importlib.import_module(f"bench.bench_{name}")
+        measured_on = machine()
         tables = module.run(quick=args.quick)
         for t in tables:
             print(t.markdown())
         if not args.quick:
-            path = save(name, tables, f"python -m bench {name}")
+            path = save(name, tables, f"python -m bench {name}", measured_on)
             print(f"results: {path}")
     if not args.quick:
         render_doc()

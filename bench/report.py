@@ -37,6 +37,8 @@ class Table:
 
 
 def machine() -> dict[str, Any]:
+    """The machine and the code measured: call it when a suite starts (the commit gets "+changes" when
+    the working tree differs from it)."""
     cpu = "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -50,6 +52,15 @@ def machine() -> dict[str, Any]:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT, check=False
         ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=False,
+        ).stdout.strip()
+        if commit and dirty:
+            commit += "+changes"
     except OSError:
         commit = ""
     return {
@@ -63,10 +74,11 @@ def machine() -> dict[str, Any]:
     }
 
 
-def save(name: str, tables: list[Table], command: str) -> Path:
+def save(name: str, tables: list[Table], command: str, measured_on: dict[str, Any]) -> Path:
+    """Store a suite's tables with `measured_on` (`machine()` as the suite started)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    payload = {"name": name, "command": command, "machine": machine(), "tables": [asdict(t) for t in tables]}
+    payload = {"name": name, "command": command, "machine": measured_on, "tables": [asdict(t) for t in tables]}
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
 
