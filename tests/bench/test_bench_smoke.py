@@ -27,6 +27,7 @@ def test_quick_benchmarks_run_and_print_tables(tmp_path: Path) -> None:
         "### Store vs raw rocksdict: throughput",
         "### Where a batch put's time goes",
         "### Commit latency vs state size",
+        "### Commit latency at a steady",
         "### Commit latency vs batch size",
     ):
         assert title in out, f"missing table {title!r} in:\n{out}"
