@@ -208,6 +208,18 @@ def _stream(spark: Any, inputs: Path) -> Any:
     return spark.readStream.schema("key string, value long").option("maxFilesPerTrigger", 1).parquet(str(inputs))
 
 
+def _run_to_noop(df: Any, work: Path, name: str, timeout: float) -> list[float]:
+    """Run a Spark stateful query over every input file into the noop sink; its batch durations."""
+    q = (
+        df.writeStream.format("noop")
+        .outputMode("update")
+        .option("checkpointLocation", str(work / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    return _run(q, name, timeout)
+
+
 def run_spark_apply_in_pandas(spark: Any, inputs: Path, work: Path, timeout: float) -> list[float]:
     from pyspark.sql.streaming.state import GroupStateTimeout
 
@@ -216,14 +228,7 @@ def run_spark_apply_in_pandas(spark: Any, inputs: Path, work: Path, timeout: flo
         .groupBy("key")
         .applyInPandasWithState(apply_in_pandas_with_state_func, OUTPUT, STATE, "Update", GroupStateTimeout.NoTimeout)
     )
-    q = (
-        df.writeStream.format("noop")
-        .outputMode("update")
-        .option("checkpointLocation", str(work / "ckpt"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    return _run(q, "applyInPandasWithState", timeout)
+    return _run_to_noop(df, work, "applyInPandasWithState", timeout)
 
 
 def run_spark_tws_in_pandas(spark: Any, inputs: Path, work: Path, timeout: float) -> list[float]:
@@ -234,14 +239,7 @@ def run_spark_tws_in_pandas(spark: Any, inputs: Path, work: Path, timeout: float
             _spark_tws_processor(), outputStructType=OUTPUT, outputMode="Update", timeMode="None"
         )
     )
-    q = (
-        df.writeStream.format("noop")
-        .outputMode("update")
-        .option("checkpointLocation", str(work / "ckpt"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    return _run(q, "transformWithStateInPandas", timeout)
+    return _run_to_noop(df, work, "transformWithStateInPandas", timeout)
 
 
 def _noop_sink(df: Any, batch_id: int) -> None:
