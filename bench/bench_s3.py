@@ -262,7 +262,8 @@ def bench_commit(endpoint: str, sizes: Sizes) -> Table:
         notes=[
             f"Same batches both sides: `put_batch` of {sizes.updates:,} random 16-byte keys from a "
             f"{sizes.keyspace:,}-key space with 64-byte random values, then `commit()` (seal, compress, publish "
-            "the changelog: local = fsync, hard link of the sealed file, fsync dir; S3 = one PutObject with If-None-Match).",
+            "the changelog: local = fsync, hard link of the sealed file, fsync dir; "
+            "S3 = one PutObject with If-None-Match).",
             "'+ commit record' adds the driver's exclusive commit record (CommitLog.commit) to the same timing.",
             f"S3 / local commit p50 = {ratio:.1f}x; one warm-up batch per backend is not counted; with "
             f"{sizes.batches} batches the p99 is the slowest batch.",
