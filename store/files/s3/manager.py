@@ -23,7 +23,6 @@ from store.files.s3 import deletion, listing
 from store.files.s3.download import S3Reader, download
 from store.files.s3.errors import is_conflict
 from store.files.s3.listing import IncompleteUpload
-from store.files.s3.options import S3Options
 from store.files.s3.root import S3Root
 from store.files.s3.upload import S3Output, put_file
 
@@ -35,30 +34,21 @@ class S3FileManager:
     """Checkpoint files under `s3://bucket/prefix`; thread-safe and cheap to make (clients are shared)."""
 
     def __init__(self, root_uri: str, **options: Any) -> None:
-        self._root = S3Root(root_uri, options)
+        self._attach(S3Root(root_uri, options))
+
+    def _attach(self, root: S3Root) -> None:
+        self._root = root
+        self.bucket = root.bucket
+        self.prefix = root.prefix
+        """The key prefix of the root inside its bucket, without a trailing '/' ("" for the bucket)."""
+        self.key_prefix = root.key_prefix
+        """What every key under the root starts with: `prefix/`, or "" for a whole bucket."""
+        self.options = root.options
 
     # -- where, and with what -------------------------------------------------------------------
     @property
     def root_uri(self) -> str:
         return self._root.root_uri
-
-    @property
-    def bucket(self) -> str:
-        return self._root.bucket
-
-    @property
-    def prefix(self) -> str:
-        """The key prefix of the root inside its bucket, without a trailing '/' ("" for the bucket)."""
-        return self._root.prefix
-
-    @property
-    def key_prefix(self) -> str:
-        """What every key under the root starts with: `prefix/`, or "" for a whole bucket."""
-        return self._root.key_prefix
-
-    @property
-    def options(self) -> S3Options:
-        return self._root.options
 
     @property
     def client(self) -> S3Client:
@@ -72,7 +62,7 @@ class S3FileManager:
         return {"root_uri": self.root_uri, "options": self.options}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._root = S3Root(state["root_uri"], state["options"])
+        self._attach(S3Root(state["root_uri"], state["options"]))
 
     def with_options(self, **options: Any) -> S3FileManager:
         """A manager on the same root with some settings changed (tests, tools)."""
