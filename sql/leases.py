@@ -26,7 +26,7 @@ from types import TracebackType
 from sqlalchemy import Connection, delete, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from sql.catalog import Catalog
+from sql.base import CatalogBase
 from sql.errors import CatalogConfigError, LeaseLostError, LeaseUnavailableError
 from sql.models import ROOT_SCOPE, CheckpointRoot, MaintenanceLease, utcnow
 
@@ -72,7 +72,7 @@ class Lease:
 
     def __init__(
         self,
-        catalog: Catalog,
+        catalog: CatalogBase,
         root: str,
         root_id: int,
         scope: str,
@@ -192,7 +192,7 @@ def _lock_root(conn: Connection, root_id: int) -> None:
 
 
 def _try_acquire(
-    catalog: Catalog, root_id: int, scope: str, owner: str, token: str, ttl: float
+    catalog: CatalogBase, root_id: int, scope: str, owner: str, token: str, ttl: float
 ) -> tuple[dt.datetime, LeaseInfo | None]:
     """One attempt: (expires_at, None) when taken, else (_, the conflicting lease)."""
     with catalog.write() as conn:
@@ -233,7 +233,7 @@ def _try_acquire(
 
 
 def acquire(
-    catalog: Catalog,
+    catalog: CatalogBase,
     root: str,
     store: tuple[str, int] | str | None = None,
     *,
@@ -274,7 +274,7 @@ def acquire(
         time.sleep(min(poll_interval, max(0.0, timeout - waited)))
 
 
-def list_leases(catalog: Catalog, root: str) -> list[LeaseInfo]:
+def list_leases(catalog: CatalogBase, root: str) -> list[LeaseInfo]:
     """Every lease row of `root` (expired ones included: see `LeaseInfo.expired`)."""
     rid = catalog.find_root(root)
     if rid is None:
@@ -293,4 +293,29 @@ def list_leases(catalog: Catalog, root: str) -> list[LeaseInfo]:
     return [LeaseInfo(root, s, o, a, e) for s, o, a, e in rows]
 
 
-__all__ = ["Lease", "LeaseInfo", "acquire", "default_owner", "list_leases", "scope_of"]
+class LeaseAccess(CatalogBase):
+    """`Catalog.acquire_lease` and `Catalog.leases`."""
+
+    def acquire_lease(
+        self,
+        uri: str,
+        store: tuple[str, int] | str | None = None,
+        *,
+        owner: str | None = None,
+        ttl: float = 300.0,
+        timeout: float = 0.0,
+        poll_interval: float = 0.5,
+    ) -> Lease:
+        """Take the maintenance lease of one store (or, with `store=None` or '*', of the whole root).
+
+        Waits up to `timeout` seconds for a holder to release or expire, then raises
+        `LeaseUnavailableError` naming the holder. Use as a context manager to release on exit.
+        """
+        return acquire(self, uri, store, owner=owner, ttl=ttl, timeout=timeout, poll_interval=poll_interval)
+
+    def leases(self, uri: str) -> list[LeaseInfo]:
+        """Every lease row of root `uri`, expired ones included."""
+        return list_leases(self, uri)
+
+
+__all__ = ["Lease", "LeaseAccess", "LeaseInfo", "acquire", "default_owner", "list_leases", "scope_of"]
