@@ -232,67 +232,6 @@ def _try_acquire(
         return expires, None
 
 
-def acquire(
-    catalog: CatalogBase,
-    root: str,
-    store: tuple[str, int] | str | None = None,
-    *,
-    owner: str | None = None,
-    ttl: float = 300.0,
-    timeout: float = 0.0,
-    poll_interval: float = 0.5,
-) -> Lease:
-    """Take the lease of `store` (None or '*': the whole root), waiting up to `timeout` seconds."""
-    if not ttl > 0:
-        raise CatalogConfigError(f"lease ttl={ttl!r} must be > 0 seconds")
-    if timeout < 0 or not poll_interval > 0:
-        raise CatalogConfigError(f"invalid lease timeout={timeout!r} / poll_interval={poll_interval!r}")
-    scope = scope_of(store)
-    owner = (owner or default_owner())[:200]
-    root_id = catalog.ensure_root(root)
-    token = uuid.uuid4().hex
-    t0 = time.monotonic()
-    while True:
-        try:
-            expires, holder = _try_acquire(catalog, root_id, scope, owner, token, ttl)
-        except IntegrityError:
-            holder = None  # lost an insert race: look again
-            expires = utcnow()
-        except OperationalError as e:
-            if "locked" not in str(e).lower():  # SQLite busy beyond its timeout: keep waiting
-                raise
-            holder = None
-            expires = utcnow()
-        else:
-            if holder is None:
-                return Lease(catalog, root, root_id, scope, owner, token, ttl, expires)
-        waited = time.monotonic() - t0
-        if waited >= timeout:
-            if holder is None:
-                raise LeaseUnavailableError(root, scope, "an unknown maintainer", scope, expires, waited)
-            raise LeaseUnavailableError(root, scope, holder.owner, holder.scope, holder.expires_at, waited)
-        time.sleep(min(poll_interval, max(0.0, timeout - waited)))
-
-
-def list_leases(catalog: CatalogBase, root: str) -> list[LeaseInfo]:
-    """Every lease row of `root` (expired ones included: see `LeaseInfo.expired`)."""
-    rid = catalog.find_root(root)
-    if rid is None:
-        return []
-    with catalog.read() as conn:
-        rows = conn.execute(
-            select(
-                MaintenanceLease.scope,
-                MaintenanceLease.owner,
-                MaintenanceLease.acquired_at,
-                MaintenanceLease.expires_at,
-            )
-            .where(MaintenanceLease.root_id == rid)
-            .order_by(MaintenanceLease.scope)
-        ).all()
-    return [LeaseInfo(root, s, o, a, e) for s, o, a, e in rows]
-
-
 class LeaseAccess(CatalogBase):
     """`Catalog.acquire_lease` and `Catalog.leases`."""
 
@@ -311,11 +250,53 @@ class LeaseAccess(CatalogBase):
         Waits up to `timeout` seconds for a holder to release or expire, then raises
         `LeaseUnavailableError` naming the holder. Use as a context manager to release on exit.
         """
-        return acquire(self, uri, store, owner=owner, ttl=ttl, timeout=timeout, poll_interval=poll_interval)
+        if not ttl > 0:
+            raise CatalogConfigError(f"lease ttl={ttl!r} must be > 0 seconds")
+        if timeout < 0 or not poll_interval > 0:
+            raise CatalogConfigError(f"invalid lease timeout={timeout!r} / poll_interval={poll_interval!r}")
+        scope = scope_of(store)
+        owner = (owner or default_owner())[:200]
+        root_id = self.ensure_root(uri)
+        token = uuid.uuid4().hex
+        t0 = time.monotonic()
+        while True:
+            try:
+                expires, holder = _try_acquire(self, root_id, scope, owner, token, ttl)
+            except IntegrityError:
+                holder = None  # lost an insert race: look again
+                expires = utcnow()
+            except OperationalError as e:
+                if "locked" not in str(e).lower():  # SQLite busy beyond its timeout: keep waiting
+                    raise
+                holder = None
+                expires = utcnow()
+            else:
+                if holder is None:
+                    return Lease(self, uri, root_id, scope, owner, token, ttl, expires)
+            waited = time.monotonic() - t0
+            if waited >= timeout:
+                if holder is None:
+                    raise LeaseUnavailableError(uri, scope, "an unknown maintainer", scope, expires, waited)
+                raise LeaseUnavailableError(uri, scope, holder.owner, holder.scope, holder.expires_at, waited)
+            time.sleep(min(poll_interval, max(0.0, timeout - waited)))
 
     def leases(self, uri: str) -> list[LeaseInfo]:
-        """Every lease row of root `uri`, expired ones included."""
-        return list_leases(self, uri)
+        """Every lease row of root `uri` (expired ones included: see `LeaseInfo.expired`)."""
+        rid = self.find_root(uri)
+        if rid is None:
+            return []
+        with self.read() as conn:
+            rows = conn.execute(
+                select(
+                    MaintenanceLease.scope,
+                    MaintenanceLease.owner,
+                    MaintenanceLease.acquired_at,
+                    MaintenanceLease.expires_at,
+                )
+                .where(MaintenanceLease.root_id == rid)
+                .order_by(MaintenanceLease.scope)
+            ).all()
+        return [LeaseInfo(uri, s, o, a, e) for s, o, a, e in rows]
 
 
-__all__ = ["Lease", "LeaseAccess", "LeaseInfo", "acquire", "default_owner", "list_leases", "scope_of"]
+__all__ = ["Lease", "LeaseAccess", "LeaseInfo", "default_owner", "scope_of"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, and_, func, select
@@ -34,6 +34,13 @@ from sql.models import (
 
 FILE_RECORD_COLUMNS = (File.path, File.kind, File.size, File.mtime, File.state, File.version, File.checkpoint_id)
 """The columns of a `FileRecord`, in its field order."""
+
+SNAPSHOT_OF_VERSION = and_(
+    Version.store_id == Snapshot.store_id,
+    Version.version == Snapshot.version,
+    Version.checkpoint_id == Snapshot.checkpoint_id,
+)
+"""Joins a snapshot to the committed version it is of (a snapshot of a losing attempt joins none)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,14 +129,7 @@ class StoreChain:
     """Changelogs a load of the latest version replays: latest - snapshot version (or latest)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "operator": self.operator,
-            "partition": self.partition,
-            "latest_version": self.latest_version,
-            "latest_checkpoint_id": self.latest_checkpoint_id,
-            "snapshot_version": self.snapshot_version,
-            "chain_length": self.chain_length,
-        }
+        return asdict(self)
 
 
 def file_record(conn: Connection, rid: int, path: str) -> FileRecord | None:
@@ -144,14 +144,7 @@ def base_snapshot(conn: Connection, sid: int, version: int) -> tuple[int, int, s
     """(snapshot id, version, manifest path) of the newest present committed snapshot <= version."""
     row = conn.execute(
         select(Snapshot.id, Snapshot.version, Snapshot.manifest_path)
-        .join(
-            Version,
-            and_(
-                Version.store_id == Snapshot.store_id,
-                Version.version == Snapshot.version,
-                Version.checkpoint_id == Snapshot.checkpoint_id,
-            ),
-        )
+        .join(Version, SNAPSHOT_OF_VERSION)
         .where(Snapshot.store_id == sid, Snapshot.version <= version, Snapshot.deleted_at.is_(None))
         .order_by(Snapshot.version.desc())
         .limit(1)
@@ -353,14 +346,7 @@ class LineageQueries(CatalogBase):
         snaps = (
             select(Snapshot.store_id.label("sid"), func.max(Snapshot.version).label("v"))
             .join(Store, Store.id == Snapshot.store_id)
-            .join(
-                Version,
-                and_(
-                    Version.store_id == Snapshot.store_id,
-                    Version.version == Snapshot.version,
-                    Version.checkpoint_id == Snapshot.checkpoint_id,
-                ),
-            )
+            .join(Version, SNAPSHOT_OF_VERSION)
             .where(Store.root_id == rid, Snapshot.deleted_at.is_(None))
             .group_by(Snapshot.store_id)
             .subquery()

@@ -163,24 +163,18 @@ class RunRecords(CatalogBase):
             yield rec
         except BaseException as e:
             text = "".join(traceback.format_exception_only(type(e), e)).strip()
-            self.finish_run(
-                rec.run_id,
-                status=RUN_FAILED,
-                stores=rec.stores,
-                files=rec.files,
-                bytes=rec.bytes,
-                errors=[*rec.errors, text],
-                details=rec.details,
-            )
+            self._finish_recorded(rec, RUN_FAILED, [*rec.errors, text])
             raise
-        status = rec.status or (RUN_FAILED if rec.errors else RUN_SUCCEEDED)
+        self._finish_recorded(rec, rec.status or (RUN_FAILED if rec.errors else RUN_SUCCEEDED), rec.errors)
+
+    def _finish_recorded(self, rec: RunRecorder, status: str, errors: Sequence[str]) -> None:
         self.finish_run(
             rec.run_id,
             status=status,
             stores=rec.stores,
             files=rec.files,
             bytes=rec.bytes,
-            errors=rec.errors,
+            errors=errors,
             details=rec.details,
         )
 
