@@ -1,9 +1,10 @@
 """The ground floor of the catalog: connections to its database and the registry of checkpoint roots.
 
 Everything else in `sql` that reads or writes catalog rows builds on `CatalogBase`: the catalog's
-facets (`sql.ingest`, `sql.lineage`, `sql.retention`, `sql.runs`, `sql.export`) and the maintenance
-leases (`sql.leases`). It sits below all of them so that none needs the assembled `sql.catalog.Catalog`,
-which keeps the package free of import circles. Also here: the small bulk-write helpers they share.
+facets (`sql.ingest`, `sql.file_states`, `sql.lineage`, `sql.retention`, `sql.runs`, `sql.export`)
+and the maintenance leases (`sql.leases`). It sits below all of them so that none needs the assembled
+`sql.catalog.Catalog`, which keeps the package free of import circles (`tests/test_import_graph.py`).
+Also here: the small bulk-write helpers they share.
 
 Roots are identified by the URI string callers pass; use the file manager's normalised ``root_uri``.
 """
@@ -159,6 +160,7 @@ class CatalogBase:
         return row[0], row[1]
 
     def store_id(self, conn: Connection, rid: int, operator: str, partition: int) -> int:
+        """The id of store (operator, partition) of root `rid`; `NotInCatalogError` naming it if unknown."""
         sid = conn.execute(
             select(Store.id).where(Store.root_id == rid, Store.operator == operator, Store.partition == partition)
         ).scalar_one_or_none()
@@ -168,6 +170,7 @@ class CatalogBase:
 
     @staticmethod
     def uri_of(conn: Connection, rid: int) -> str:
+        """The URI of root `rid` (for messages)."""
         return str(conn.execute(select(CheckpointRoot.uri).where(CheckpointRoot.id == rid)).scalar_one())
 
     def reset_root(self, uri: str) -> None:
