@@ -5,12 +5,12 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import textwrap
 import threading
-import re
 import time
 from pathlib import Path
 
