@@ -24,7 +24,7 @@ from store.files.s3.root import S3Root
 log = logging.getLogger(__name__)
 
 
-def delete_many(root: S3Root, paths: Iterable[str]) -> DeleteResult:
+def delete_objects(root: S3Root, paths: Iterable[str]) -> DeleteResult:
     """DeleteObjects in batches of <= 1000 keys on a bounded pool; throttled keys are retried."""
     items = [(root.key_prefix + p, p) for p in validate_paths_to_delete(paths)]
     result = DeleteResult()
@@ -100,7 +100,7 @@ def _delete_batch(root: S3Root, pending: dict[str, str]) -> DeleteResult:
     return result
 
 
-def abort_incomplete_upload(root: S3Root, path: str, upload_id: str) -> bool:
+def abort_upload(root: S3Root, path: str, upload_id: str) -> bool:
     """Abort one multipart upload; False if it was already gone (completed or aborted)."""
     if not isinstance(upload_id, str) or not upload_id:
         raise ConfigurationError(f"invalid multipart upload id {upload_id!r} for {root.uri_of(path)}")

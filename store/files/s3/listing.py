@@ -52,7 +52,7 @@ def list_objects(root: S3Root, prefix: str, start_after: str | None) -> Iterator
                 yield FileInfo(rel, int(obj.get("Size", 0)), obj["LastModified"].timestamp())
 
 
-def list_incomplete_uploads(root: S3Root, prefix: str) -> Iterator[IncompleteUpload]:
+def list_uploads(root: S3Root, prefix: str) -> Iterator[IncompleteUpload]:
     """Multipart uploads started under `prefix` and neither completed nor aborted."""
     paginator = root.client.get_paginator("list_multipart_uploads")
     pages = paginator.paginate(

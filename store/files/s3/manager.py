@@ -19,10 +19,10 @@ import botocore.exceptions as bce
 
 from store.files.base import DeleteResult, FileInfo, file_not_found
 from store.files.paths import validate_listing, validate_prefix
-from store.files.s3 import deletion, listing
+from store.files.s3.deletion import abort_upload, delete_objects
 from store.files.s3.download import S3Reader, download
 from store.files.s3.errors import is_conflict
-from store.files.s3.listing import IncompleteUpload
+from store.files.s3.listing import IncompleteUpload, list_objects, list_uploads
 from store.files.s3.root import S3Root
 from store.files.s3.upload import S3Output, put_file
 
@@ -104,14 +104,14 @@ class S3FileManager:
     def list(self, prefix: str = "", *, start_after: str | None = None) -> Iterator[FileInfo]:
         """ListObjectsV2 page by page (never assuming one page); S3 order is the lexicographic one."""
         validate_listing(prefix, start_after)
-        return listing.list_objects(self._root, prefix, start_after)
+        return list_objects(self._root, prefix, start_after)
 
     def delete_many(self, paths: Iterable[str]) -> DeleteResult:
         """DeleteObjects in batches of <= 1000 keys on a bounded pool; throttled keys are retried.
 
         Every path is validated before anything is deleted, so bad input deletes nothing.
         """
-        return deletion.delete_many(self._root, paths)
+        return delete_objects(self._root, paths)
 
     # -- S3 only --------------------------------------------------------------------------------
     def check(self) -> None:
@@ -148,11 +148,11 @@ class S3FileManager:
         Some are writes still in flight: maintenance aborts only those older than its grace period.
         """
         validate_prefix(prefix)
-        return listing.list_incomplete_uploads(self._root, prefix)
+        return list_uploads(self._root, prefix)
 
     def abort_incomplete_upload(self, path: str, upload_id: str) -> bool:
         """Abort one multipart upload; False if it was already gone (completed or aborted)."""
-        return deletion.abort_incomplete_upload(self._root, path, upload_id)
+        return abort_upload(self._root, path, upload_id)
 
 
 __all__ = ["S3FileManager"]
