@@ -342,7 +342,10 @@ def test_load_refuses_changelog_truncated_at_many_offsets(pristine: Pristine, ck
 
 
 @pytest.mark.parametrize("damage", ["bit flip", "truncated", "missing"])
-def test_load_refuses_damaged_snapshot_sst(pristine: Pristine, ckpt: Path, tmp_path: Path, damage: str) -> None:
+def test_damaged_snapshot_sst_is_repaired_or_refused(
+    pristine: Pristine, ckpt: Path, tmp_path: Path, damage: str
+) -> None:
+    """Repaired by replay from version 0 while the changelogs are there; refused naming the SST once not."""
     manifest = SnapshotManifest.from_bytes((ckpt / pristine.manifest).read_bytes(), pristine.manifest)
     sst = StoreId(OP, 0).sst(manifest.sst_files[0].remote_name)
     data = (ckpt / sst).read_bytes()
@@ -354,11 +357,18 @@ def test_load_refuses_damaged_snapshot_sst(pristine: Pristine, ckpt: Path, tmp_p
         (ckpt / sst).unlink()
     before = tree_digest(ckpt)
     with StateStore(str(ckpt), OP, 0, config=StoreConfig(local_dir=str(tmp_path / "w"))) as s:
+        s.load(SNAPSHOT_AT)
+        assert state_of(s) == pristine.expected[(0, SNAPSHOT_AT)]
+        assert s.last_load is not None and s.last_load.repaired_snapshots == 1
+        assert s.last_plan is not None and s.last_plan.skipped[0].path.endswith(sst)
+    assert tree_digest(ckpt) == before
+    (ckpt / pristine.changelog(0, 1)).unlink()  # no intact path left
+    before = tree_digest(ckpt)
+    with StateStore(str(ckpt), OP, 0, config=StoreConfig(local_dir=str(tmp_path / "w2"))) as s:
         with pytest.raises(CheckpointError) as ei:
             s.load(SNAPSHOT_AT)
-        assert sst in str(ei.value)
-        s.load(1)
-        assert state_of(s) == pristine.expected[(0, 1)]
+        assert sst in str(ei.value) and "no intact" in str(ei.value)
+        assert s.version is None
     assert tree_digest(ckpt) == before
 
 
