@@ -23,6 +23,7 @@ from maintenance.leasing import planned_store
 from maintenance.plan import plan_root
 from maintenance.reports import ExpiryReport, recorded
 from maintenance.settings import MaintenanceSettings
+from maintenance.snapshot_health import base_problem
 from maintenance.workers import run_each
 from store.files import CheckpointFileManager, open_file_manager
 from store.layout import StoreId
@@ -111,6 +112,10 @@ def _expire_store(
     pool: ThreadPoolExecutor,
 ) -> DeleteOutcome:
     with planned_store(fm.root_uri, inv, store, settings, catalog) as (plan, lease):
+        # Snapshot repair (invariant 10): never delete the changelogs below a base that cannot be restored.
+        corrupt = base_problem(fm, plan, inv.files_of(store).manifest_data) if plan.expired else None
+        if corrupt is not None:
+            return DeleteOutcome(errors=[corrupt], stopped=True)
         return delete_in_order(fm, catalog, plan.expired, settings, pool, lease.check, mark_expired=True)
 
 

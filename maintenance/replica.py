@@ -28,7 +28,7 @@ from typing import Any, BinaryIO, cast
 
 import rocksdict as rd
 
-from store.errors import CorruptFileError, LineageError, StoreStateError
+from store.errors import CheckpointError, CorruptFileError, LineageError, StoreStateError
 from store.files import CheckpointFileManager
 from store.formats.changelog import ChangelogReader
 from store.formats.snapshot import SnapshotManifest
@@ -212,10 +212,7 @@ class Replica:
                 self.state = target
                 self._save_marker()
                 return BuildStats(True, None, n, records, time.perf_counter() - t0)
-        self._discard()
-        base = max((v for v in snapshots if v <= version), default=0)
-        if base:
-            restore_snapshot(self.fm, self.store, snapshots[base], self.db_dir)
+        base = self._restore_newest_sound(version, snapshots)
         os.makedirs(self.db_dir, exist_ok=True)
         self._open_db()
         try:
@@ -226,6 +223,21 @@ class Replica:
         self.state = target
         self._save_marker()
         return BuildStats(False, base or None, n, records, time.perf_counter() - t0)
+
+    def _restore_newest_sound(self, version: int, snapshots: Mapping[int, SnapshotManifest]) -> int:
+        """Restore the newest snapshot at or below `version` that restores (0: none); as a load would,
+        pass over unreadable ones (snapshot repair), logging each."""
+        for base in sorted((v for v in snapshots if v <= version), reverse=True):
+            self._discard()
+            try:
+                restore_snapshot(self.fm, self.store, snapshots[base], self.db_dir)
+                return base
+            except (CheckpointError, FileNotFoundError) as e:
+                log.warning(
+                    "store %s: the snapshot of version %d cannot be restored (%s); trying older", self.store, base, e
+                )
+        self._discard()
+        return 0
 
     def _replay_range(self, start: int, end: int, committed: Mapping[int, str]) -> tuple[int, int]:
         """Replay the committed changelogs of versions start+1 .. end onto the open DB."""
