@@ -176,7 +176,9 @@ def plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, *,
     doomed: set[str] = set()
     for k in expired_keys:
         doomed |= refs.get(k, set())
-    expired_ssts = sorted(doomed - needed_ssts) if sst_knowable else []
+    expired_ssts = (
+        sorted((doomed - needed_ssts) & set(files.ssts)) if sst_knowable else []
+    )  # a broken one may miss some
     referenced_after_orphans: set[str] = set()
     for k in all_keys - orphan_manifest_keys:
         referenced_after_orphans |= refs.get(k, set())

@@ -97,6 +97,10 @@ class Replica:
             os.close(self._lock_fd)
             self._lock_fd = None
 
+    def reset(self) -> None:
+        """Forget the held version (the next `ensure` builds cold): after damage it may share."""
+        self._discard()
+
     def destroy(self) -> None:
         self.close()
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -310,8 +314,9 @@ class Replica:
                     os.unlink(tmp)
 
     # -- using ------------------------------------------------------------------------------------
-    def snapshot(self, existing_ssts: set[str]) -> SnapshotResult:
-        """Write a snapshot of the held version (uploads only SSTs not in `existing_ssts`; manifest last)."""
+    def snapshot(self, existing_ssts: set[str], corrupt_ssts: frozenset[str] = frozenset()) -> SnapshotResult:
+        """Write a snapshot of the held version (uploads only SSTs not in `existing_ssts`; manifest last);
+        SSTs whose content name holds a corrupt copy (`corrupt_ssts`) go under their full digest."""
         if self.state is None:
             raise StoreStateError(f"replica of store {self.store} holds no version")
         return write_snapshot(
@@ -323,6 +328,7 @@ class Replica:
             self.dir,
             existing_ssts=existing_ssts,
             hash_cache=self.hash_cache,
+            corrupt_ssts=corrupt_ssts,
         )
 
     def column_families(self) -> list[str]:

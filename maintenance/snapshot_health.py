@@ -6,7 +6,9 @@ threshold, and (3) never move the expiry base onto a bad snapshot, which would d
 the repair replays. The plan (`maintenance.plan`) sees structural damage from the inventory (an
 unreadable manifest, a missing or resized SST); a bit flip inside an SST shows only in its SHA-256,
 which this module checks by downloading the SST. SST names derive from their content, so an SST
-checked once in this process is not downloaded again: checking a new snapshot costs its new SSTs.
+checked once in this process (or uploaded by it) is not downloaded again: checking a new snapshot
+costs its new SSTs. (A copy damaged after this process checked it is noticed by `verify`, which
+always reads the bytes, and by the next maintainer process.)
 """
 
 from __future__ import annotations
@@ -26,6 +28,21 @@ from store.snapshot import file_sha256
 _sound_lock = threading.Lock()
 _sound: set[tuple[str, str, str]] = set()
 """(root, store, SST name) whose content matched its checksum in this process."""
+_corrupt: set[tuple[str, str, str]] = set()
+"""(root, store, SST name) whose content did not match (a fresh snapshot must not reuse them)."""
+
+
+def forget() -> None:
+    """Drop what this process learnt about SST contents (as a new maintainer process starts)."""
+    with _sound_lock:
+        _sound.clear()
+        _corrupt.clear()
+
+
+def corrupt_ssts(root: str, store: StoreId) -> frozenset[str]:
+    """SST names of `store` found corrupt in this process."""
+    with _sound_lock:
+        return frozenset(name for r, s, name in _corrupt if r == root and s == str(store))
 
 
 def mark_sound(root: str, store: StoreId, manifest: SnapshotManifest) -> None:
@@ -54,6 +71,8 @@ def checksum_problem(fm: CheckpointFileManager, store: StoreId, manifest: Snapsh
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
         if size != sst.size or digest != sst.sha256:
+            with _sound_lock:
+                _corrupt.add(key)
             return f"SST {root}/{path} does not match the checksum in its snapshot manifest"
         with _sound_lock:
             _sound.add(key)
@@ -100,4 +119,4 @@ def newest_snapshot_problem(
     return None if why is None else f"snapshot {plan.store.manifest(*ref)} is corrupt: {why}"
 
 
-__all__ = ["base_problem", "checksum_problem", "mark_sound", "newest_snapshot_problem"]
+__all__ = ["base_problem", "checksum_problem", "corrupt_ssts", "forget", "mark_sound", "newest_snapshot_problem"]

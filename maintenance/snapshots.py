@@ -35,7 +35,7 @@ from maintenance.progress import bar
 from maintenance.replica import Replica, ReplicaBusyError
 from maintenance.reports import SnapshotReport, recorded
 from maintenance.settings import MaintenanceSettings
-from maintenance.snapshot_health import mark_sound, newest_snapshot_problem
+from maintenance.snapshot_health import corrupt_ssts, mark_sound, newest_snapshot_problem
 from store.errors import CheckpointFileExistsError, ConfigurationError
 from store.files import CheckpointFileManager, LocalFileManager, open_file_manager
 from store.layout import StoreId
@@ -280,14 +280,20 @@ def _snapshot_store(
         files = inv.rescan_store(store)  # what the store holds now that no other maintainer changes it
         plan = plan_store(inv, store, settings)
         row: dict[str, Any] = {"store": str(store), "version": plan.latest, "chain_length": plan.chain_length}
-        if plan.latest is None or plan.latest_id is None or not _due(fm, inv, plan, settings):
+        repair = _repair_reason(fm, inv, plan)
+        if plan.latest is None or plan.latest_id is None:
+            return {**row, "action": "skipped", "reason": "nothing committed"}
+        if plan.chain_length < settings.snapshot_threshold and repair is None:
             return {**row, "action": "skipped", "reason": "already snapshotted"}
         snapshots = {v: files.manifest_data[(v, cid)] for v, cid in plan.intact_snapshots.items()}
         with _checkout(fm, store, settings) as replica:
+            if repair is not None:
+                log.warning("store %s: %s; writing a fresh snapshot from a cold build", store, repair)
+                replica.reset()  # a warm copy may share the damaged files (hard links on local disk)
             stats = replica.ensure(plan.latest, plan.latest_id, plan.committed, snapshots)
             lease.check()
             try:
-                result = replica.snapshot(set(files.ssts))
+                result = replica.snapshot(set(files.ssts), corrupt_ssts(fm.root_uri, store))
             except CheckpointFileExistsError:
                 return {**row, "action": "skipped", "reason": "the manifest exists already"}
         mark_sound(fm.root_uri, store, result.manifest)
@@ -323,12 +329,14 @@ def _due(fm: CheckpointFileManager, inv: Inventory, plan: StorePlan, settings: M
     """Snapshot when the chain reached the threshold, or at once when the newest snapshot is bad (a repair)."""
     if plan.latest is None:
         return False
-    if plan.chain_length >= settings.snapshot_threshold:
-        return True
-    why = newest_snapshot_problem(fm, plan, inv.files_of(plan.store).manifest_data, checksums=True)
-    if why is not None:
-        log.warning("store %s: %s; writing a fresh snapshot", plan.store, why)
-    return why is not None
+    return plan.chain_length >= settings.snapshot_threshold or _repair_reason(fm, inv, plan) is not None
+
+
+def _repair_reason(fm: CheckpointFileManager, inv: Inventory, plan: StorePlan) -> str | None:
+    """Why the store's newest snapshot cannot be restored (None: it can, or there is none)."""
+    if plan.latest is None:
+        return None
+    return newest_snapshot_problem(fm, plan, inv.files_of(plan.store).manifest_data, checksums=True)
 
 
 def _sync(catalog: Catalog, fm: CheckpointFileManager, report: SnapshotReport) -> None:

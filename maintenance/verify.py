@@ -184,7 +184,7 @@ def _loader_base(
     while load.base is not None and load.base[0] not in plan.intact_snapshots:
         bad = load.base
         path = files.manifests[bad].path
-        why = plan.broken_snapshots.get(bad[0], "broken")
+        why = plan.broken_snapshots.get(bad[0], f"snapshot {path} is broken")
         try:
             load = fall_back(source, load, path, why)
         except (LineageError, CheckpointError) as e:
@@ -198,7 +198,7 @@ def _loader_base(
         gap = f", but the changelogs of versions {missing[:5]} are missing" if missing else ""
         repairs.setdefault(
             bad[0],
-            f"snapshot {path} is broken ({why}): loads repair around it by replaying from version {start}{gap}; "
+            f"{why}: loads repair around it by replaying from version {start}{gap}; "
             "the next snapshot run writes a fresh one",
         )
     return load.base[0] if load.base is not None else 0
