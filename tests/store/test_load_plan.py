@@ -110,7 +110,7 @@ def test_store_executes_the_plan_it_exposes(tmp_path: Path) -> None:
     root = str(tmp_path / "root")
     s = StateStore(root, "agg", 0, config=StoreConfig(local_dir=str(tmp_path / "w")))
     log = CommitLog(s.fm)
-    ids = {}
+    ids: dict[int, str] = {}
     for v in range(1, 8):
         s.load(v - 1, ids.get(v - 1))
         s.put(b"k%d" % v, b"v%d" % v)
