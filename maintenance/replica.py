@@ -28,7 +28,7 @@ from typing import Any, BinaryIO, cast
 
 import rocksdict as rd
 
-from store.errors import CheckpointError, CorruptFileError, LineageError, StoreStateError
+from store.errors import CorruptFileError, LineageError, StoreStateError, UnsupportedFormatError
 from store.files import CheckpointFileManager
 from store.formats.changelog import ChangelogReader
 from store.formats.snapshot import SnapshotManifest
@@ -236,7 +236,7 @@ class Replica:
             try:
                 restore_snapshot(self.fm, self.store, snapshots[base], self.db_dir)
                 return base
-            except (CheckpointError, FileNotFoundError) as e:
+            except (CorruptFileError, UnsupportedFormatError, FileNotFoundError) as e:
                 log.warning(
                     "store %s: the snapshot of version %d cannot be restored (%s); trying older", self.store, base, e
                 )

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import rocksdict as rd
 
-from store.errors import CheckpointError, CorruptFileError, LineageError
+from store.errors import CorruptFileError, LineageError, UnsupportedFormatError
 from store.formats.changelog import ChangelogReader, Lineage
 from store.load_plan import CheckpointPlanSource, LoadPlan, LoadSource, SkippedSnapshot, check_header, fall_back
 from store.rocks import DEFAULT_CF, db_options, open_db, relieve_memory_pressure
@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_UNREADABLE_SNAPSHOT = (CheckpointError, FileNotFoundError)
-"""What restoring a snapshot raises when one of its files is missing, truncated or corrupt."""
+_UNREADABLE_SNAPSHOT = (CorruptFileError, UnsupportedFormatError, FileNotFoundError)
+"""What restoring a snapshot raises when one of its files is missing, truncated or corrupt (not a
+transient or permission error of the storage: those propagate, a fallback would not help)."""
 
 
 @dataclass(frozen=True)
