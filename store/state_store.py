@@ -304,7 +304,8 @@ class StateStore(PlanExecution):
         t0 = time.perf_counter()
         try:
             plan = self.plan_load(version, checkpoint_id)
-            log.debug("%s", plan.describe())
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s", plan.describe())
             plan, metrics = self._execute(plan)
         except BaseException:
             self._discard_local()
