@@ -7,6 +7,7 @@ local disk checks that `StateStore.load` executes exactly the plan it exposes.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -106,7 +107,7 @@ def test_catch_up_and_reuse_plans() -> None:
     assert off.source is LoadSource.SNAPSHOT and off.base == (4, h.cid(4))
 
 
-def test_store_executes_the_plan_it_exposes(tmp_path: Path) -> None:
+def test_store_executes_the_plan_it_exposes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     root = str(tmp_path / "root")
     s = StateStore(root, "agg", 0, config=StoreConfig(local_dir=str(tmp_path / "w")))
     log = CommitLog(s.fm)
@@ -124,7 +125,9 @@ def test_store_executes_the_plan_it_exposes(tmp_path: Path) -> None:
         plan = probe.plan_load(7)
         assert plan.base == (4, ids[4]) and [v for v, _ in plan.replay] == [5, 6, 7]
         assert plan.fallbacks == (None,) and plan.manifest_path() == probe.store_id.manifest(4, ids[4])
-        probe.load(7)
+        with caplog.at_level(logging.DEBUG, logger="store.state_store"):
+            probe.load(7)
+        assert plan.describe() in caplog.text  # the plan is logged at debug level
         assert probe.last_plan == plan
         assert probe.last_load is not None and probe.last_load.snapshot_version == 4
         assert probe.last_load.replayed_changelogs == 3 and probe.last_load.repaired_snapshots == 0
