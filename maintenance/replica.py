@@ -33,7 +33,8 @@ from store.files import CheckpointFileManager
 from store.formats.changelog import ChangelogReader
 from store.formats.snapshot import SnapshotManifest
 from store.layout import StoreId
-from store.rocks import DEFAULT_CF, db_options, open_db, relieve_memory_pressure, track_memtable, untrack_memtables
+from store.loading import apply_changelog
+from store.rocks import DEFAULT_CF, db_options, open_db, track_memtable, untrack_memtables
 from store.snapshot import SnapshotResult, restore_snapshot, write_snapshot
 
 log = logging.getLogger(__name__)
@@ -264,6 +265,14 @@ class Replica:
         self.fm.download(path, tmp)
         return open(tmp, "rb"), tmp
 
+    def _handle_of(self, cf_name: str) -> Any:
+        handle = self._handles.get(cf_name)
+        if handle is None:
+            self.db.create_column_family(cf_name, db_options())
+            self._bind(cf_name)
+            handle = self._handles[cf_name]
+        return handle
+
     def _replay(self, version: int, checkpoint_id: str, parent_id: str | None) -> int:
         path = self.store.changelog(version, checkpoint_id)
         name = f"{self.fm.root_uri}/{path}"
@@ -284,29 +293,7 @@ class Replica:
                     f"{h.lineage[0] if h.lineage else 'nothing'}, not committed ({version - 1}, {parent_id}): {name}"
                 )
             reader.check_footer()
-            db = self.db
-            wb = rd.WriteBatch(raw_mode=True)
-            records = 0
-            for cf_name, keys, values in reader.blocks():
-                handle = self._handles.get(cf_name)
-                if handle is None:
-                    db.create_column_family(cf_name, db_options())
-                    self._bind(cf_name)
-                    handle = self._handles[cf_name]
-                put, delete = wb.put, wb.delete
-                for k, val in zip(keys, values, strict=True):
-                    if val is None:
-                        delete(k, handle)
-                    else:
-                        put(k, val, handle)
-                records += len(keys)
-                if wb.size_in_bytes() >= REPLAY_BATCH_BYTES:
-                    db.write(wb)
-                    wb = rd.WriteBatch(raw_mode=True)
-                    relieve_memory_pressure()
-            if not wb.is_empty():
-                db.write(wb)
-            return records
+            return apply_changelog(reader, self.db, self._handle_of, REPLAY_BATCH_BYTES)
         finally:
             f.close()
             if tmp is not None:

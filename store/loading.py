@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -124,7 +125,6 @@ class PlanExecution:
         name = f"{self.fm.root_uri}/{path}"
         tmp: str | None = None
         f: BinaryIO = self.fm.open(path)
-        handle: Any = None
         try:
             if not f.seekable():
                 f.close()
@@ -135,33 +135,44 @@ class PlanExecution:
             check_header(self.store_id, reader.header, version, checkpoint_id, name)
             reader.check_footer()
             assert self._db is not None
-            wb = rd.WriteBatch(raw_mode=True)
-            records = 0
-            for cf_name, keys, values in reader.blocks():
-                cf = self._cfs.get(cf_name) or self.column_family(cf_name)
-                handle = cf._handle
-                put, delete = wb.put, wb.delete
-                for k, val in zip(keys, values, strict=True):
-                    if val is None:
-                        delete(k, handle)
-                    else:
-                        put(k, val, handle)
-                records += len(keys)
-                if wb.size_in_bytes() >= self.config.replay_batch_bytes:
-                    self._db.write(wb)
-                    wb = rd.WriteBatch(raw_mode=True)
-                    relieve_memory_pressure()
-            if not wb.is_empty():
-                self._db.write(wb)
-            return records
+            return apply_changelog(reader, self._db, self._handle_of, self.config.replay_batch_bytes)
         finally:
-            # A traceback keeps this frame alive: drop its references into the DB (column family
-            # handle, write batch), or closing the DB after a failed replay leaves it locked and
-            # the next load of this store fails with "lock hold by current process".
-            wb = handle = put = delete = cf = None  # type: ignore[assignment]
             f.close()
             if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
+
+    def _handle_of(self, cf_name: str) -> Any:
+        return (self._cfs.get(cf_name) or self.column_family(cf_name))._handle
+
+
+def apply_changelog(reader: ChangelogReader, db: rd.Rdict, handle_of: Callable[[str], Any], batch_bytes: int) -> int:
+    """Write every record of a checked changelog into `db` in write batches of ~`batch_bytes`; returns
+    the record count. `handle_of` maps a column family name to its handle (creating it if need be)."""
+    wb = rd.WriteBatch(raw_mode=True)
+    handle: Any = None
+    records = 0
+    try:
+        for cf_name, keys, values in reader.blocks():
+            handle = handle_of(cf_name)
+            put, delete = wb.put, wb.delete
+            for k, val in zip(keys, values, strict=True):
+                if val is None:
+                    delete(k, handle)
+                else:
+                    put(k, val, handle)
+            records += len(keys)
+            if wb.size_in_bytes() >= batch_bytes:
+                db.write(wb)
+                wb = rd.WriteBatch(raw_mode=True)
+                relieve_memory_pressure()
+        if not wb.is_empty():
+            db.write(wb)
+        return records
+    finally:
+        # A traceback keeps this frame alive: drop its references into the DB (column family handle,
+        # write batch), or closing the DB after a failed replay leaves it locked and the next load of
+        # the store fails with "lock hold by current process".
+        wb = handle = put = delete = None  # type: ignore[assignment]
 
 
 def _no_intact_path(plan: LoadPlan, why: BaseException) -> CorruptFileError:
@@ -174,4 +185,4 @@ def _no_intact_path(plan: LoadPlan, why: BaseException) -> CorruptFileError:
     )
 
 
-__all__ = ["LoadMetrics", "PlanExecution"]
+__all__ = ["LoadMetrics", "PlanExecution", "apply_changelog"]
