@@ -12,22 +12,21 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 import rocksdict as rd
 
 from store.errors import CorruptFileError, LineageError, UnsupportedFormatError
 from store.formats.changelog import ChangelogReader, Lineage
 from store.load_plan import CheckpointPlanSource, LoadPlan, LoadSource, SkippedSnapshot, check_header, fall_back
-from store.rocks import DEFAULT_CF, db_options, open_db, relieve_memory_pressure
+from store.rocks import db_options, open_db, relieve_memory_pressure
 from store.snapshot import read_manifest, restore_snapshot
 
 if TYPE_CHECKING:
     from store.files import CheckpointFileManager
     from store.layout import StoreId
-    from store.state_store import ColumnFamily, StoreConfig
 
 log = logging.getLogger(__name__)
 
@@ -47,23 +46,34 @@ class LoadMetrics:
     """Unreadable snapshots the load passed over (each logged as a warning naming the file)."""
 
 
+class LoadSettings(Protocol):
+    """The settings a load reads (`StoreConfig` has them)."""
+
+    @property
+    def max_lineage(self) -> int: ...
+
+    @property
+    def replay_batch_bytes(self) -> int: ...
+
+
 class PlanExecution:
     """The load half of `StateStore` (a mixin): executes plans on the local DB it owns."""
 
     fm: CheckpointFileManager
     store_id: StoreId
-    config: StoreConfig
+    config: LoadSettings
     plan_source: CheckpointPlanSource
     _db: rd.Rdict | None
     _db_dir: str
     _work: str
-    _cfs: dict[str, ColumnFamily]
+    _cfs: Mapping[str, object]
     _lineage: Lineage
 
-    def _make_cf(self, name: str) -> ColumnFamily:
+    def _make_cf(self, name: str) -> object:
         raise NotImplementedError
 
-    def column_family(self, name: str = DEFAULT_CF) -> ColumnFamily:
+    def _handle_of(self, cf_name: str) -> Any:
+        """The handle of column family `cf_name`, created on first use."""
         raise NotImplementedError
 
     def _discard_local(self) -> None:
@@ -140,9 +150,6 @@ class PlanExecution:
             f.close()
             if tmp is not None and os.path.exists(tmp):
                 os.unlink(tmp)
-
-    def _handle_of(self, cf_name: str) -> Any:
-        return (self._cfs.get(cf_name) or self.column_family(cf_name))._handle
 
 
 def apply_changelog(reader: ChangelogReader, db: rd.Rdict, handle_of: Callable[[str], Any], batch_bytes: int) -> int:

@@ -245,6 +245,9 @@ class StateStore(PlanExecution):
     Not thread-safe: one task uses one instance at a time, as in Spark.
     """
 
+    config: StoreConfig
+    _cfs: dict[str, ColumnFamily]
+
     def __init__(
         self,
         root: str | CheckpointFileManager,
@@ -454,6 +457,9 @@ class StateStore(PlanExecution):
         cf._bind(sub, self._db.get_column_family_handle(name))
         track_memtable(self, name, sub)
         return cf
+
+    def _handle_of(self, cf_name: str) -> Any:
+        return (self._cfs.get(cf_name) or self.column_family(cf_name))._handle
 
     def _log_block(self, cf: str, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
         assert self._writer is not None
