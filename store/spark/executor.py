@@ -38,8 +38,10 @@ import pyarrow.compute as pc
 from store.async_upload import AsyncUploader
 from store.errors import StoreStateError
 from store.files import CheckpointFileManager, open_file_manager
+from store.formats.typed_schema import Field, from_arrow, struct
 from store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor, TimerValues
-from store.spark.state import StateContext, StatefulProcessorHandle, decode_key
+from store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
+from store.spark.state import StateContext, StatefulProcessorHandle
 from store.state_store import StateStore, StoreConfig
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,13 @@ class TaskSpec:
     store_config: StoreConfig = field(default_factory=StoreConfig)
     fm_factory: FileManagerFactory | None = None
     local_dir: str | None = None
+    max_key_groups: int = DEFAULT_MAX_KEY_GROUPS
+    """Key groups of the grouping-key hash; recorded in the checkpoint at the first batch."""
+
+
+def _key_schema(schema: pa.Schema, key_columns: tuple[str, ...]) -> Any:
+    """The grouping key's struct: the types of the key columns."""
+    return struct(*(Field(c, from_arrow(schema.field(c).type, f"grouping key column {c!r}")) for c in key_columns))
 
 
 # -- the per-process cache ------------------------------------------------------------------------
@@ -313,7 +322,7 @@ def _run_partition_body(spec: TaskSpec, partition: int, data: pa.Table, t_start:
         raise
     load = store.last_load
     out = _Output(spec.output_schema)
-    ctx = StateContext(store, spec.batch_ts_ms)
+    ctx = StateContext(store, spec.batch_ts_ms, _key_schema(data.schema, spec.key_columns), spec.max_key_groups)
     timer_values = TimerValues(spec.batch_ts_ms, -1)
     processor = spec.processor
     committed = False
@@ -335,7 +344,7 @@ def _run_partition_body(spec: TaskSpec, partition: int, data: pa.Table, t_start:
                     yield from out.drain()
             fired = ctx.pop_expired_timers()
             for gk, expiry in fired:
-                key = decode_key(gk)
+                key = ctx.decode_gk(gk)
                 ctx.set_key(key)
                 out.add(processor.handleExpiredTimer(key, timer_values, ExpiredTimerInfo(expiry)))
                 if out.pending() >= OUTPUT_BATCH_ROWS:

@@ -15,7 +15,8 @@ from store.errors import ConfigurationError, StoreStateError
 from store.spark import executor
 from store.spark.api import StatefulProcessor, TimerValues
 from store.spark.executor import MARKER_COL, META_COL, PID_COL, TaskSpec, _Cache, run_task
-from store.spark.state import StateContext, StatefulProcessorHandle, decode_value
+from store.spark.state import StateContext, StatefulProcessorHandle
+from store.spark.state_view import StateView
 from tests.spark.processors import CountSum
 
 SCHEMA = pa.schema([("user", pa.string()), ("count", pa.int64()), ("total", pa.int64()), (META_COL, pa.string())])
@@ -107,11 +108,9 @@ def test_speculative_duplicates_and_stale_workers(
     log.commit(3, {"op": [meta["checkpoint_id"]]})
 
     fresh = StateStore(root, "op", 0, config=StoreConfig(local_dir=str(tmp_path / "fresh"))).load(3)
-    got = {k: decode_value(v)[0] for k, v in fresh.column_family("totals").items()}
+    got = {key[0]: v for key, _, v, _ in StateView(fresh).rows("totals")}
     fresh.close()
-    import pickle
-
-    assert {pickle.loads(k)[0]: v for k, v in got.items()} == {"a": (3, 104), "b": (2, 12), "c": (1, 20)}
+    assert got == {"a": (3, 104), "b": (2, 12), "c": (1, 20)}
 
 
 def test_replay_mode_aborts_and_gives_the_same_output(
