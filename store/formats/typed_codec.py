@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import math
 import operator
 import struct
 import zlib
@@ -116,7 +117,7 @@ def _blob(v: Any) -> bytes:
 
 def _double_bits(v: Any) -> int:
     f = float(v) + 0.0  # -0.0 -> 0.0
-    if f != f:
+    if math.isnan(f):
         return 0xFFF8000000000000  # one NaN, after +inf
     bits: int = _U64.unpack(_D.pack(f))[0]
     return bits ^ 0xFFFFFFFFFFFFFFFF if bits & _SIGN else bits | _SIGN

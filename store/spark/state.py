@@ -619,7 +619,7 @@ class StatefulProcessorHandle:
         what = f"the schema of state variable {name!r}"
         value_schema = to_schema(schema, what)
         key_schema = to_schema(user_key_schema, f"the map key schema of state variable {name!r}")
-        state = cls(self._ctx, name, ttl, value_schema, key_schema)  # type: ignore[call-arg]
+        state = cls(self._ctx, name, ttl, value_schema, key_schema)
         self._ctx.states[name] = state
         return state
 
