@@ -208,7 +208,11 @@ class _Tokens:
 
 
 def _name(tok: str) -> str:
-    return tok[1:] if tok.startswith("`") else tok
+    if tok.startswith("`"):
+        return tok[1:]
+    if not (tok[0].isalnum() or tok[0] == "_"):
+        raise SchemaError(f"expected a field name, found {tok!r}")
+    return tok
 
 
 def _ddl_type(t: _Tokens) -> DataType:
@@ -252,6 +256,15 @@ def _ddl_field_rest(t: _Tokens, name: str) -> Field:
 
 def parse_ddl(text: str) -> DataType:
     """A DDL schema: ``"a int, b string not null"`` (a struct) or a single type (``"long"``, ``"struct<...>"``)."""
+    try:
+        return _parse_ddl(text)
+    except SchemaError as e:
+        if "cannot parse schema" in str(e):
+            raise
+        raise SchemaError(f"cannot parse schema {text!r}: {e}") from None
+
+
+def _parse_ddl(text: str) -> DataType:
     t = _Tokens(text)
     if not t.items:
         raise SchemaError("empty schema string")
