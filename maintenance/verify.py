@@ -273,6 +273,10 @@ def _rebuild_and_compare(
     try:
         probe.load(plan.latest, plan.latest_id)
         loaded = content_digest({cf: probe.items(cf=cf) for cf in probe.column_families()})
+        from store.spark.state_view import check_typed_state  # typed state: every value decodes (no code runs)
+
+        logs = [(v, c) for v, c in sorted(plan.committed.items()) if (v, c) in files.changelogs]
+        res.errors.extend(f"store {store}: {e}" for e in check_typed_state(probe, fm, logs))
         probe.abort()
     finally:
         probe.close()

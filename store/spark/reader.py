@@ -75,7 +75,8 @@ def _expiry_ts(ms: int | None) -> dt.datetime | None:
 class _Options:
     """The parsed options, and the committed checkpoint ids they select."""
 
-    def __init__(self, options: dict[str, Any]) -> None:
+    def __init__(self, given: Any) -> None:
+        options = {str(k).lower(): v for k, v in dict(given).items()}  # Spark's options ignore case
         root = options.get("root") or options.get("path")
         operator = options.get("operator")
         if not root or not operator:
@@ -85,18 +86,18 @@ class _Options:
         self.raw = _flag(options, "raw")
         state = options.get("state")
         self.states = [s.strip() for s in str(state).split(",") if s.strip()] if state else None
-        self.var = options.get("stateVarName") or None
-        self.timers = _flag(options, "readRegisteredTimers")
-        self.flatten = _flag(options, "flattenCollectionTypes", True)
-        self.change_feed = _flag(options, "readChangeFeed")
+        self.var = options.get("statevarname") or None
+        self.timers = _flag(options, "readregisteredtimers")
+        self.flatten = _flag(options, "flattencollectiontypes", True)
+        self.change_feed = _flag(options, "readchangefeed")
         log = CommitLog(open_file_manager(self.root))
         latest = log.latest()
         version = _int_option(options, "version")
-        batch_id = _int_option(options, "batchId")
+        batch_id = _int_option(options, "batchid")
         if version is None and batch_id is not None:
             version = batch_id + 1
-        self.change_start = _int_option(options, "changeStartBatchId")
-        end_batch = _int_option(options, "changeEndBatchId")
+        self.change_start = _int_option(options, "changestartbatchid")
+        end_batch = _int_option(options, "changeendbatchid")
         if self.change_feed:
             if not self.var:
                 raise ConfigurationError("readChangeFeed needs the option stateVarName")

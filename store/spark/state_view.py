@@ -147,4 +147,23 @@ class StateView:
                         )
 
 
-__all__ = ["Change", "StateView"]
+__all__ = ["Change", "StateView", "check_typed_state"]
+
+
+def check_typed_state(store: StateStore, fm: CheckpointFileManager, versions: list[tuple[int, str]]) -> list[str]:
+    """Decode every row of the loaded store and every record of the given changelogs through the
+    recorded schemas; one error per variable that does not decode (naming the changelog file).
+
+    Stores without schema records (the raw key-value API) are not typed and have nothing to check.
+    """
+    view = StateView(store)
+    errors: list[str] = []
+    for name in sorted(view.records):
+        try:
+            for _ in view.changes(fm, name, versions):
+                pass
+            for _ in view.rows(name):
+                pass
+        except CorruptStateError as e:
+            errors.append(str(e))
+    return errors
