@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import pickle
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 
 from store import CommitLog, StateStore, StoreConfig, open_file_manager
@@ -15,9 +15,10 @@ from tests.spark.helpers import run_query, write_inputs
 from tests.spark.processors import TypedAll
 
 OUT = "user string, count long, total long"
+pd: Any = importlib.import_module("pandas")  # no pandas stubs in the project
 
 
-def _frame(batches: list[list[tuple[str, int]]]) -> pd.DataFrame:
+def _frame(batches: list[list[tuple[str, int]]]) -> Any:
     return pd.DataFrame(
         [(b, u, v) for b, rows in enumerate(batches) for u, v in rows], columns=["batch", "user", "value"]
     )
@@ -95,7 +96,8 @@ def test_pickle_payload_in_a_changelog_is_refused_and_never_runs(spark: Any, tmp
     marker = tmp_path / "executed"
     _inject_pickle(root, "typed", marker)
 
-    for options in ({}, {"readChangeFeed": True, "changeStartBatchId": 0}):
+    feed: dict[str, Any] = {"readChangeFeed": True, "changeStartBatchId": 0}
+    for options in ({}, feed):
         with pytest.raises(Exception, match="not a statekeeper typed value") as err:
             read_state(spark, root, "typed", stateVarName="totals", **options).collect()
         if options:
