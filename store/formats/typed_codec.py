@@ -143,15 +143,10 @@ def _escape(b: bytes) -> bytes:
 
 
 def _read_escaped(raw: bytes, pos: int) -> tuple[bytes, int]:
-    start = pos
-    while True:
-        i = raw.index(b"\x00", pos)
-        if raw[i + 1 : i + 2] == b"\xff":
-            pos = i + 2
-            continue
-        if raw[i + 1 : i + 2] != b"\x00":
-            raise CorruptStateError("unterminated string in a key")
-        return raw[start:i].replace(b"\x00\xff", b"\x00"), i + 2
+    # an escaped body never holds 0x00 0x00 (each 0x00 is followed by 0xFF), so the first one ends it
+    end = raw.index(b"\x00\x00", pos)
+    body = raw[pos:end]
+    return (body.replace(b"\x00\xff", b"\x00") if b"\x00" in body else body), end + 2
 
 
 def _key_parts(typ: DataType, what: str, path: str) -> tuple[KeyEncoder, KeyDecoder]:
@@ -263,6 +258,8 @@ class KeyCodec:
         self._enc, self._dec = _key_parts(schema, what, "" if schema.is_struct else "key")
         single = schema.fields[0].type.name if schema.is_struct and len(schema.fields) == 1 else None
         self._single_string = single == "string"
+        self.single_kind = "string" if single == "string" else "integral" if single in INTEGRAL else None
+        """The kind of a one-field key with a hot path (``string`` / ``integral``), else None."""
 
     def encode(self, key: Any) -> bytes:
         if self._single_string and type(key) is tuple and len(key) == 1 and type(key[0]) is str:
@@ -274,6 +271,10 @@ class KeyCodec:
         return b"".join(out)
 
     def decode(self, raw: bytes, pos: int = 0) -> Any:
+        if self._single_string and raw[pos] == 1 and raw.endswith(b"\x00\x00"):
+            body = raw[pos + 1 : -2]
+            if b"\x00" not in body:
+                return (body.decode(),)  # hot path
         try:
             value, end = self._dec(raw, pos)
         except (IndexError, ValueError, struct.error, OverflowError) as e:
@@ -298,6 +299,46 @@ def key_group(encoded: bytes, max_key_groups: int) -> int:
 
 def with_key_group(encoded: bytes, max_key_groups: int) -> bytes:
     return _KEY_GROUP.pack(zlib.crc32(encoded) % max_key_groups) + encoded
+
+
+def stored_key_encoder(codec: KeyCodec, max_key_groups: int) -> Callable[[Any], bytes]:
+    """``key -> key group | key bytes`` in one Python call (the per-key hot path)."""
+    groups = [_KEY_GROUP.pack(g) for g in range(max_key_groups)]
+    crc32 = zlib.crc32
+    encode = codec.encode
+    if codec.single_kind == "string":
+
+        def encode_string(key: Any) -> bytes:
+            try:
+                if len(key) == 1:
+                    b = b"\x01%b\x00\x00" % key[0].encode().replace(b"\x00", b"\x00\xff")
+                    return groups[crc32(b) % max_key_groups] + b
+            except (AttributeError, TypeError):
+                pass  # not a 1-tuple of str: the general encoder converts or names the problem
+            b = encode(key)
+            return groups[crc32(b) % max_key_groups] + b
+
+        return encode_string
+    if codec.single_kind == "integral":
+        pack = _U64.pack
+
+        def encode_int(key: Any) -> bytes:
+            try:
+                if len(key) == 1:
+                    b = b"\x01" + pack(key[0] + _SIGN)
+                    return groups[crc32(b) % max_key_groups] + b
+            except (struct.error, TypeError):
+                pass
+            b = encode(key)
+            return groups[crc32(b) % max_key_groups] + b
+
+        return encode_int
+
+    def encode_any(key: Any) -> bytes:
+        b = encode(key)
+        return groups[crc32(b) % max_key_groups] + b
+
+    return encode_any
 
 
 # -- values ---------------------------------------------------------------------------------------
@@ -380,7 +421,14 @@ class ValueCodec:
         self._from = [s[2] for s in slots]
         self._var = [s[3] for s in slots]
         self._plain = not any(self._to) and not any(self._var)
+        self._not_null = sum(1 << i for i, ok in enumerate(self.nullable) if not ok)
         self._plain_decode = not any(self._from) and not any(self._var)
+
+    def fixed_row_format(self) -> str | None:
+        """The struct format of the fields when every field is fixed-width with no conversion."""
+        if not self._plain or not self._plain_decode:
+            return None
+        return "".join(c.format[1:] for c in self._checks)
 
     def encode(self, value: Any) -> bytes:
         row = (value,) if self.bare else value
@@ -388,8 +436,15 @@ class ValueCodec:
             try:
                 return self._row.pack(self._zero, *row)
             except (struct.error, TypeError):
-                pass  # nulls, a wrong arity or a bad value: the checked path says which
-        return self._encode_checked(row)
+                if None in row and len(row) == self.n:  # nulls: zeros in their slots, bits in the bitmap
+                    nulls = sum(1 << i for i, v in enumerate(row) if v is None)
+                    if not nulls & self._not_null:
+                        try:
+                            slots = [0 if v is None else v for v in row]
+                            return self._row.pack(nulls.to_bytes(self.nbytes, "little"), *slots)
+                        except (struct.error, TypeError):
+                            pass
+        return self._encode_checked(row)  # nulls, a wrong arity or a bad value: it says which
 
     def _encode_checked(self, row: Any) -> bytes:
         if isinstance(row, dict):
@@ -424,8 +479,12 @@ class ValueCodec:
 
     def decode(self, raw: bytes, pos: int = 0) -> Any:
         t = self._row.unpack_from(raw, pos)
-        if self._plain_decode and t[0] == self._zero:
-            return t[1] if self.bare else t[1:]
+        if self._plain_decode:
+            if t[0] == self._zero:
+                return t[1] if self.bare else t[1:]
+            nulls = int.from_bytes(t[0], "little")
+            row = tuple(None if nulls >> i & 1 else x for i, x in enumerate(t[1:]))
+            return row[0] if self.bare else row
         nulls = int.from_bytes(t[0], "little")
         at = pos + self._row.size
         out: list[Any] = []
@@ -489,5 +548,6 @@ __all__ = [
     "ListCodec",
     "ValueCodec",
     "key_group",
+    "stored_key_encoder",
     "with_key_group",
 ]

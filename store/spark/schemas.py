@@ -148,6 +148,10 @@ class ValueFormat:
         self._decode: Callable[[bytes, int], Any] = self._decode_empty
         self._plain_head = b""
         self._old: dict[int, Callable[[bytes, int], Any]] = {}
+        self.encode: Callable[..., bytes] = self.encode_any
+        """``encode(value, expiry_ms=None)``: compiled to one ``struct.pack`` for rows without nulls."""
+        self.decode: Callable[..., Any] = self.decode_any
+        """``decode(raw, now_ms=None)``: compiled to one ``struct.unpack`` for such rows."""
 
     def _codec(self, schema: DataType) -> ValueCodec | ListCodec:
         return ListCodec(schema, self.what) if self.is_list else ValueCodec(schema, self.what)
@@ -165,6 +169,37 @@ class ValueFormat:
             self._encode = codec.encode
             self._decode = codec.decode
         self._plain_head = bytes((TAG_PLAIN,)) + varint(schema_id)
+        self.encode, self.decode = self.encode_any, self.decode_any
+        if schema is not None and isinstance(codec, ValueCodec):
+            self._compile(codec)
+
+    def _compile(self, codec: ValueCodec) -> None:
+        """One C call per value for the common case: plain header, no nulls, fixed-width fields only."""
+        fast = codec.fixed_row_format()
+        if fast is None:
+            return
+        prefix = self._plain_head + bytes(codec.nbytes)
+        row = struct.Struct(f"<{len(prefix)}s{fast}")
+        pack, unpack, size = row.pack, row.unpack, row.size
+        encode_any, decode_any = self.encode_any, self.decode_any
+        bare = codec.bare
+
+        def encode(value: Any, expiry_ms: int | None = None) -> bytes:
+            if expiry_ms is None:
+                try:
+                    return pack(prefix, value) if bare else pack(prefix, *value)
+                except (struct.error, TypeError):
+                    pass  # nulls or a value the schema cannot hold: the checked path handles or names it
+            return encode_any(value, expiry_ms)
+
+        def decode(raw: bytes, now_ms: int | None = None) -> Any:
+            if len(raw) == size:
+                t = unpack(raw)
+                if t[0] == prefix:
+                    return t[1] if bare else t[1:]
+            return decode_any(raw, now_ms)
+
+        self.encode, self.decode = encode, decode
 
     @staticmethod
     def _decode_empty(raw: bytes, pos: int) -> Any:
@@ -172,7 +207,7 @@ class ValueFormat:
             return []
         raise CorruptStateError("a value of schema id 0 that is not an empty list")
 
-    def encode(self, value: Any, expiry_ms: int | None = None) -> bytes:
+    def encode_any(self, value: Any, expiry_ms: int | None = None) -> bytes:
         enc = self._encode
         if enc is None:
             raise SchemaError(f"{self.what} has no schema yet")
@@ -184,7 +219,7 @@ class ValueFormat:
         head = bytes((TAG_PLAIN,)) if expiry_ms is None else bytes((TAG_TTL,)) + _U64.pack(max(0, expiry_ms))
         return head + varint(0 if self._encode is None else self.schema_id) + b"\x00\x00\x00\x00"
 
-    def decode(self, raw: bytes, now_ms: int | None = None) -> Any:
+    def decode_any(self, raw: bytes, now_ms: int | None = None) -> Any:
         """The value in the current schema; MISSING when expired at `now_ms`."""
         try:
             tag = raw[0]

@@ -25,7 +25,7 @@ from typing import Any
 
 from store.errors import ConfigurationError, StoreStateError
 from store.formats.typed_codec import MAX_KEY_GROUPS as KEY_GROUP_LIMIT
-from store.formats.typed_codec import KeyCodec, with_key_group
+from store.formats.typed_codec import KeyCodec, stored_key_encoder
 from store.formats.typed_schema import (
     DataType,
     SchemaError,
@@ -123,6 +123,8 @@ class StateContext:
         recorded = read_grouping_key(self._meta)
         self.key_schema: DataType | None = recorded
         self._key_codec: KeyCodec | None = None
+        self.encode_gk: Any = self._encode_first_gk
+        """``key tuple -> stored grouping key`` (key group | order-preserving key bytes)."""
         if key_schema is not None:
             if recorded is not None and not key_compatible(recorded, key_schema):
                 raise SchemaEvolutionError(
@@ -131,30 +133,28 @@ class StateContext:
                 )
             if recorded is None:
                 self._record_key_schema(key_schema)
-        if self.key_schema is not None:
-            self._key_codec = grouping_key_codec(self.key_schema)
+        if self.key_schema is not None and self._key_codec is None:
+            self._use_key_codec(grouping_key_codec(self.key_schema))
+
+    def _use_key_codec(self, codec: KeyCodec) -> None:
+        self._key_codec = codec
+        self.encode_gk = stored_key_encoder(codec, self.max_key_groups)
+
+    def _encode_first_gk(self, key: tuple[Any, ...]) -> bytes:
+        """The first key of a store with no recorded key schema: infer and record it."""
+        self._record_key_schema(infer(tuple(key), "grouping key"))
+        encode: bytes = self.encode_gk(key)
+        return encode
 
     def _record_key_schema(self, schema: DataType) -> None:
         self.key_schema = schema
-        self._key_codec = grouping_key_codec(schema)
+        self._use_key_codec(grouping_key_codec(schema))
         self._meta.put(GROUPING_KEY, schema.to_json().encode())
         if not self._groups_recorded:
             self._meta.put(MAX_KEY_GROUPS, _U32.pack(self.max_key_groups))
             self._groups_recorded = True
 
-    def _codec_for(self, key: Any) -> KeyCodec:
-        codec = self._key_codec
-        if codec is None:
-            self._record_key_schema(infer(tuple(key), "grouping key"))
-            codec = self._key_codec
-            assert codec is not None
-        return codec
-
     # -- current key ----------------------------------------------------------------------------
-    def encode_gk(self, key: tuple[Any, ...]) -> bytes:
-        codec = self._key_codec or self._codec_for(key)
-        return with_key_group(codec.encode(key), self.max_key_groups)
-
     def decode_gk(self, gk: bytes) -> Any:
         codec = self._key_codec
         if codec is None:

@@ -15,7 +15,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from store import StateStore, StoreConfig
-from store.formats.typed_codec import CorruptStateError, KeyCodec, ListCodec, ValueCodec, key_group
+from store.formats.typed_codec import (
+    CorruptStateError,
+    KeyCodec,
+    ListCodec,
+    ValueCodec,
+    key_group,
+    stored_key_encoder,
+    with_key_group,
+)
 from store.formats.typed_schema import (
     DataType,
     SchemaError,
@@ -280,3 +288,28 @@ def test_key_groups_are_stable_and_spread() -> None:
             KeyCodec(parse_ddl("d decimal(5,3)"), "k").encode((decimal.Decimal("1"),))
         )[0]
     )
+
+
+_plain_rows = st.tuples(st.none() | st.integers(-(2**63), 2**63 - 1), st.none() | st.floats(allow_nan=False))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_plain_rows, max_size=6), st.none() | st.integers(0, 2**40))
+def test_compiled_fast_paths_agree_with_the_checked_codec(rows: list[tuple[Any, ...]], expiry: int | None) -> None:
+    schema = parse_ddl("n long, x double")
+    fmt = ValueFormat("v", False)
+    fmt.use(3, schema, {3: schema})
+    for row in rows:
+        raw = fmt.encode(row, expiry)
+        assert raw == fmt.encode_any(row, expiry)
+        assert fmt.decode(raw) == fmt.decode_any(raw) == row
+    for kind, ddl, keys in (
+        ("string", "k string", [("a",), ("a\x00b",), ("",)]),
+        ("integral", "k int", [(0,), (-(2**31),), (7.0,)]),
+    ):
+        codec = KeyCodec(parse_ddl(ddl), "k")
+        assert codec.single_kind == kind
+        encode = stored_key_encoder(codec, 64)
+        for key in keys:
+            assert encode(key) == with_key_group(codec.encode(key), 64)
+            assert codec.decode(encode(key), 2) == tuple(int(k) if kind == "integral" else k for k in key)
