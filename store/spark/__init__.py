@@ -41,9 +41,10 @@ from store.spark.api import (
     keys_of,
 )
 from store.spark.driver import StatefulOperator, UploadTimeoutError
+from store.spark.handle import StatefulProcessorHandle
 from store.spark.metrics import BatchProgress, PartitionMetrics
 from store.spark.reader import StateDataSource, read_state
-from store.spark.state import ListState, MapState, StatefulProcessorHandle, ValueState
+from store.spark.state import ListState, MapState, ValueState
 
 __all__ = [
     "ApplyInPandasWithState",

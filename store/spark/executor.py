@@ -40,8 +40,9 @@ from store.errors import StoreStateError
 from store.files import CheckpointFileManager, open_file_manager
 from store.formats.typed_schema import Field, from_arrow, struct
 from store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor, TimerValues
+from store.spark.handle import StatefulProcessorHandle
 from store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
-from store.spark.state import StateContext, StatefulProcessorHandle
+from store.spark.state import StateContext
 from store.state_store import StateStore, StoreConfig
 
 log = logging.getLogger(__name__)

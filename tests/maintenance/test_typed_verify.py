@@ -8,7 +8,8 @@ from typing import Any
 
 from store import CommitLog, StateStore, StoreConfig
 from store.formats.typed_schema import parse_ddl
-from store.spark.state import StateContext, StatefulProcessorHandle
+from store.spark.handle import StatefulProcessorHandle
+from store.spark.state import StateContext
 from tests.maintenance.test_cli import run_cli
 
 

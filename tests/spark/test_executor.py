@@ -15,7 +15,8 @@ from store.errors import ConfigurationError, StoreStateError
 from store.spark import executor
 from store.spark.api import StatefulProcessor, TimerValues
 from store.spark.executor import MARKER_COL, META_COL, PID_COL, TaskSpec, _Cache, run_task
-from store.spark.state import StateContext, StatefulProcessorHandle
+from store.spark.handle import StatefulProcessorHandle
+from store.spark.state import StateContext
 from store.spark.state_view import StateView
 from tests.spark.processors import CountSum
 

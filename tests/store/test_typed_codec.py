@@ -34,8 +34,9 @@ from store.formats.typed_schema import (
     parse_ddl,
     projector,
 )
+from store.spark.handle import StatefulProcessorHandle
 from store.spark.schemas import ValueFormat
-from store.spark.state import StateContext, StatefulProcessorHandle
+from store.spark.state import StateContext
 
 UTC = dt.UTC
 KEY_DDL = "i long, d double, s string, b binary, f boolean, day date, ts timestamp, amount decimal(12,3), n int"
