@@ -232,3 +232,24 @@ class TypedAll(StatefulProcessor):
         if not list(self.handle.listTimers()):
             self.handle.registerTimer(10**15)
         yield (key[0], count, total)
+
+
+class EvolvingCounter(StatefulProcessor):
+    """Keeps a count and a sum under a schema given at construction (for restarts with a new schema)."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.totals = handle.getValueState("totals", self.schema)
+
+    def handleInputRows(self, key: tuple[Any, ...], rows: Iterator[Any], timerValues: TimerValues) -> Iterator[Any]:
+        old = self.totals.get()
+        names = [f.strip().split()[0] for f in self.schema.split(",")]
+        values = dict(zip(names, old, strict=True)) if old else {}
+        count, total = values.get("count") or 0, values.get("total") or 0
+        for r in rows:
+            count += 1
+            total += r.value
+        self.totals.update(tuple({"count": count, "total": total, "note": None}[n] for n in names))
+        yield (key[0], count, total)

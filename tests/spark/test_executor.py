@@ -12,6 +12,7 @@ import pytest
 
 from store import CommitLog, StateStore, StoreConfig, open_file_manager
 from store.errors import ConfigurationError, StoreStateError
+from store.formats.typed_schema import SchemaEvolutionError
 from store.spark import executor
 from store.spark.api import StatefulProcessor, TimerValues
 from store.spark.executor import MARKER_COL, META_COL, PID_COL, TaskSpec, _Cache, run_task
@@ -238,3 +239,31 @@ def test_apply_in_pandas_with_state_timeout(
     spec = replace(spec, version=2, load_ids=(meta["checkpoint_id"],), batch_ts_ms=11_200)
     out, meta = _run(spec, [("c", 5)])
     assert out == [("b", 1, -1)] and meta["timers_fired"] == 1 and meta["rows_total"] == 2
+
+
+def test_restart_with_an_evolved_schema_and_an_incompatible_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[_Cache]
+) -> None:
+    """A new task (restart) reads old values through a compatible new schema; an incompatible one
+    fails the task before anything is committed."""
+    from tests.spark.processors import EvolvingCounter
+
+    root = (tmp_path / "state").as_uri()
+    fm = open_file_manager(root)
+    log = CommitLog(fm)
+    _on(monkeypatch, workers[0])
+    out, meta = _run(_spec(root, 0, "", tmp_path, EvolvingCounter("count int")), [("a", 1), ("a", 2)])
+    log.commit(1, {"op": [meta["checkpoint_id"]]})
+    assert out == [("a", 2, 3)]  # the total is output, not stored
+    # restart on another worker with a wider, reordered schema: old values read through it
+    _on(monkeypatch, workers[1])
+    schema = "total long, note string, count long"
+    out, meta = _run(_spec(root, 1, meta["checkpoint_id"], tmp_path, EvolvingCounter(schema)), [("a", 5)])
+    assert out == [("a", 3, 5)]
+    log.commit(2, {"op": [meta["checkpoint_id"]]})
+    before = {i.path for i in fm.list("")}
+    _on(monkeypatch, workers[0])
+    bad = _spec(root, 2, meta["checkpoint_id"], tmp_path, EvolvingCounter("total string, count long"))
+    with pytest.raises(SchemaEvolutionError, match=r"'totals': field 'value.total' was long .* declared string"):
+        _run(bad, [("a", 1)])
+    assert {i.path for i in fm.list("")} == before  # nothing written
