@@ -198,11 +198,12 @@ def main() -> int:
             f"p99 {p99:.0f} ms, max {ordered[-1]:.0f} ms"
         )
     if committed:
-        totals = read_state(spark, root, "sessions", stateVarName="totals").collect()
+        last = committed[-1]
+        # the version this run last reported (a stop mid-batch may have committed one more, unreported)
+        totals = read_state(spark, root, "sessions", version=last.version, stateVarName="totals").collect()
         counted = sum(r.value.events for r in totals)
         sessions = sum(r.value.sessions for r in totals)
         fed = len(closed_sessions)
-        last = committed[-1]
         print(
             f"state at version {last.version}: {len(totals)} users, {sessions} sessions, {counted} events counted "
             f"over {last.batch_id + 1} batches; the sink got {fed} batches, {sum(closed_sessions.values())} "
