@@ -267,3 +267,36 @@ def test_restart_with_an_evolved_schema_and_an_incompatible_one(
     with pytest.raises(SchemaEvolutionError, match=r"'totals': field 'value.total' was long .* declared string"):
         _run(bad, [("a", 1)])
     assert {i.path for i in fm.list("")} == before  # nothing written
+
+
+class _Exploit:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (self.marker,))
+
+
+def test_a_pickle_payload_fails_the_task_naming_its_changelog(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[_Cache]
+) -> None:
+    import pickle
+
+    from store.formats.typed_codec import CorruptStateError
+
+    root = (tmp_path / "state").as_uri()
+    log = CommitLog(open_file_manager(root))
+    _on(monkeypatch, workers[0])
+    _, meta = _run(_spec(root, 0, "", tmp_path), [("a", 1)])
+    log.commit(1, {"op": [meta["checkpoint_id"]]})
+    marker = tmp_path / "executed"
+    store = StateStore(root, "op", 0, config=StoreConfig(local_dir=str(tmp_path / "inject"))).load(1)
+    cf = store.column_family("totals")
+    cf.put(next(k for k, _ in cf.items()), pickle.dumps(_Exploit(marker)))
+    result = store.commit()
+    store.close()
+    log.commit(2, {"op": [result.checkpoint_id]})
+    with pytest.raises(CorruptStateError, match="not a statekeeper typed value") as err:
+        _run(_spec(root, 2, result.checkpoint_id, tmp_path), [("a", 1)])
+    assert f"op/00000/changelogs/{2:020d}_{result.checkpoint_id}.changelog" in str(err.value)
+    assert not marker.exists()
