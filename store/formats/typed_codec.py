@@ -509,7 +509,6 @@ class ListCodec:
 
     def __init__(self, element: DataType, what: str, path: str = "") -> None:
         self.element = ValueCodec(element, what, path)
-        self.nullable = True
 
     def encode(self, values: Sequence[Any]) -> bytes:
         if not isinstance(values, list | tuple):

@@ -39,7 +39,6 @@ ATOMIC = (
     "timestamp_ntz",
 )
 INTEGRAL = ("byte", "short", "integer", "long")
-FRACTIONAL = ("float", "double")
 _WIDENS = {
     "byte": ("short", "integer", "long"),
     "short": ("integer", "long"),
