@@ -422,6 +422,7 @@ class ValueCodec:
         self._var = [s[3] for s in slots]
         self._plain = not any(self._to) and not any(self._var)
         self._not_null = sum(1 << i for i, ok in enumerate(self.nullable) if not ok)
+        self._bits = [1 << i for i in range(self.n)]
         self._plain_decode = not any(self._from) and not any(self._var)
 
     def fixed_row_format(self) -> str | None:
@@ -433,17 +434,19 @@ class ValueCodec:
     def encode(self, value: Any) -> bytes:
         row = (value,) if self.bare else value
         if self._plain and type(row) is tuple:
-            try:
-                return self._row.pack(self._zero, *row)
-            except (struct.error, TypeError):
-                if None in row and len(row) == self.n:  # nulls: zeros in their slots, bits in the bitmap
-                    nulls = sum(1 << i for i, v in enumerate(row) if v is None)
-                    if not nulls & self._not_null:
-                        try:
-                            slots = [0 if v is None else v for v in row]
-                            return self._row.pack(nulls.to_bytes(self.nbytes, "little"), *slots)
-                        except (struct.error, TypeError):
-                            pass
+            if None not in row:
+                try:
+                    return self._row.pack(self._zero, *row)
+                except (struct.error, TypeError):
+                    pass  # a wrong arity or a bad value: the checked path names it
+            elif len(row) == self.n:  # nulls: zeros in their slots, bits in the bitmap
+                nulls = sum([b for b, v in zip(self._bits, row, strict=True) if v is None])
+                if not nulls & self._not_null:
+                    try:
+                        slots = [0 if v is None else v for v in row]
+                        return self._row.pack(nulls.to_bytes(self.nbytes, "little"), *slots)
+                    except (struct.error, TypeError):
+                        pass
         return self._encode_checked(row)  # nulls, a wrong arity or a bad value: it says which
 
     def _encode_checked(self, row: Any) -> bytes:
@@ -483,7 +486,7 @@ class ValueCodec:
             if t[0] == self._zero:
                 return t[1] if self.bare else t[1:]
             nulls = int.from_bytes(t[0], "little")
-            row = tuple(None if nulls >> i & 1 else x for i, x in enumerate(t[1:]))
+            row = tuple([None if nulls & b else x for b, x in zip(self._bits, t[1:], strict=True)])
             return row[0] if self.bare else row
         nulls = int.from_bytes(t[0], "little")
         at = pos + self._row.size

@@ -187,10 +187,14 @@ class ValueFormat:
         def encode(value: Any, expiry_ms: int | None = None) -> bytes:
             if expiry_ms is None:
                 try:
-                    return pack(prefix, value) if bare else pack(prefix, *value)
+                    if bare:
+                        if value is not None:
+                            return pack(prefix, value)
+                    elif None not in value:
+                        return pack(prefix, *value)
                 except (struct.error, TypeError):
-                    pass  # nulls or a value the schema cannot hold: the checked path handles or names it
-            return encode_any(value, expiry_ms)
+                    pass  # a value the schema cannot hold: the checked path names it
+            return encode_any(value, expiry_ms)  # nulls, a TTL
 
         def decode(raw: bytes, now_ms: int | None = None) -> Any:
             if len(raw) == size:
