@@ -39,7 +39,7 @@ class TypedStateMachine(RuleBasedStateMachine):
         self.schema = 0
         self.values: dict[tuple[str, int], dict[str, Any]] = {}
         self.lists: dict[tuple[str, int], list[int]] = {}
-        self.maps: dict[tuple[str, int], dict[int, str]] = {}
+        self.maps: dict[tuple[str, int], dict[int, str | None]] = {}
         self.loads = 0
         self.version = 0
         self.store: StateStore | None = None
@@ -122,8 +122,9 @@ class TypedStateMachine(RuleBasedStateMachine):
         self.ctx.clear_key()
 
     def teardown(self) -> None:
-        if getattr(self, "store", None) is not None:
-            self.store.close()
+        store = getattr(self, "store", None)
+        if store is not None:
+            store.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
