@@ -8,7 +8,10 @@ right size (and, with `checksums`, the right SHA-256).
 
 With `rebuild`, the latest version of each store is also loaded through `StateStore` itself and
 compared with a replay from the oldest base still available, and every retained snapshot that has
-an older base is compared with a replay of its changelogs from that base.
+an older base is compared with a replay of its changelogs from that base. Typed state (the Spark
+integration's stores) is decoded too: every value of the latest version and of its retained
+changelogs must decode under the schemas recorded in the checkpoint; a foreign value (a pickle
+payload, say) is reported naming its changelog, and nothing in it is ever executed.
 """
 
 from __future__ import annotations
@@ -332,6 +335,10 @@ def _rebuild_and_compare(
     try:
         probe.load(plan.latest, plan.latest_id)
         loaded = content_digest({cf: probe.items(cf=cf) for cf in probe.column_families()})
+        from store.spark.state_view import check_typed_state  # typed state: every value decodes (no code runs)
+
+        logs = [(v, c) for v, c in sorted(plan.committed.items()) if (v, c) in files.changelogs]
+        res.errors.extend(f"store {store}: {e}" for e in check_typed_state(probe, fm, logs))
         probe.abort()
     finally:
         probe.close()
