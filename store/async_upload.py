@@ -25,6 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from store import faults
 from store.errors import ConfigurationError, StoreStateError
 from store.files.base import AtomicOutput, CheckpointFileManager, DeleteResult, FileInfo
 
@@ -98,6 +99,7 @@ class AsyncUploader:
                 os.fsync(f.fileno())
         _fsync_dir(self.staging_dir)
         size = os.path.getsize(staged)
+        faults.reached("upload.enqueue", path)
         submitted = time.perf_counter()
         future = self._pool.submit(self._upload, staged, path, exclusive, size, submitted)
         pending = PendingUpload(path, size, future)
@@ -108,6 +110,7 @@ class AsyncUploader:
 
     def _upload(self, staged: str, path: str, exclusive: bool, size: int, submitted: float) -> UploadResult:
         try:
+            faults.reached("upload.run", path)
             self.inner.put_file(staged, path, exclusive=exclusive)
         finally:
             with contextlib.suppress(FileNotFoundError):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import unquote, urlparse
 
+from store import faults
 from store.errors import CheckpointError, ConfigurationError
 from store.files.base import DeleteResult, FileInfo, PublishOnExit, file_not_found, overwrite_refused
 from store.files.paths import (
@@ -73,6 +74,7 @@ class _LocalOutput(PublishOnExit):
     def write(self, data: bytes | bytearray | memoryview) -> int:
         if self._file is None:
             raise CheckpointError("write after close or cancel", self.path)
+        faults.reached("local.write", self.path)
         return self._file.write(data)
 
     def close(self) -> None:
@@ -82,18 +84,22 @@ class _LocalOutput(PublishOnExit):
         self._file = None
         try:
             f.flush()
+            faults.reached("local.fsync", self.path)
             os.fsync(f.fileno())
         finally:
             f.close()
         try:
+            faults.reached("local.publish", self.path)
             if self._exclusive:
                 try:
                     os.link(self._tmp, self._final)
                 except FileExistsError:
                     raise overwrite_refused(self._manager.uri_of(self.path)) from None
+                faults.reached("local.published", self.path)
                 os.unlink(self._tmp)
             else:
                 os.replace(self._tmp, self._final)
+                faults.reached("local.published", self.path)
             fsync_dir(self._dir)
         finally:
             if os.path.lexists(self._tmp):
@@ -160,6 +166,7 @@ class LocalFileManager:
         finally:
             os.close(fd)
         try:
+            faults.reached("local.put_file", path)
             if exclusive:
                 os.link(local_path, final)
             else:
@@ -217,6 +224,7 @@ class LocalFileManager:
 
     def list(self, prefix: str = "", *, start_after: str | None = None) -> Iterator[FileInfo]:
         validate_listing(prefix, start_after)
+        faults.reached("local.list", prefix)
         if "/" in prefix:
             base_rel, _, name_prefix = prefix.rpartition("/")
         else:
@@ -271,6 +279,7 @@ class LocalFileManager:
         touched: set[str] = set()
         for path in validate_paths_to_delete(paths, allow_temp=True):
             full = os.path.join(self._root, path)
+            faults.reached("local.delete", path)
             try:
                 os.unlink(full)
             except FileNotFoundError:
