@@ -67,3 +67,12 @@ def checkpoint_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
 @pytest.fixture
 def file_manager(checkpoint_root: str) -> CheckpointFileManager:
     return open_file_manager(checkpoint_root)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Report how many steps the hypothesis state machines ran (`tests/model_steps.py`)."""
+    from tests.model_steps import STEPS, summary, write_report
+
+    if STEPS:
+        terminalreporter.write_line(summary())
+        write_report()

@@ -6,6 +6,7 @@ any instant leaves either no file or the complete file under the final name.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -16,7 +17,7 @@ from typing import BinaryIO
 from urllib.parse import unquote, urlparse
 
 from store import faults
-from store.errors import CheckpointError, ConfigurationError
+from store.errors import CheckpointError, CheckpointWriteError, ConfigurationError
 from store.files.base import DeleteResult, FileInfo, PublishOnExit, file_not_found, overwrite_refused
 from store.files.paths import (
     validate_listing,
@@ -74,8 +75,11 @@ class _LocalOutput(PublishOnExit):
     def write(self, data: bytes | bytearray | memoryview) -> int:
         if self._file is None:
             raise CheckpointError("write after close or cancel", self.path)
-        faults.reached("local.write", self.path)
-        return self._file.write(data)
+        try:
+            faults.reached("local.write", self.path)
+            return self._file.write(data)
+        except OSError as e:
+            raise CheckpointWriteError(self._manager.uri_of(self.path), e) from e
 
     def close(self) -> None:
         f = self._file
@@ -83,12 +87,20 @@ class _LocalOutput(PublishOnExit):
             return
         self._file = None
         try:
-            f.flush()
-            faults.reached("local.fsync", self.path)
-            os.fsync(f.fileno())
-        finally:
-            f.close()
+            self._publish(f)
+        except CheckpointError:
+            raise
+        except OSError as e:  # ENOSPC, EIO ...: name the file (the temp file is gone, see _publish)
+            raise CheckpointWriteError(self._manager.uri_of(self.path), e) from e
+
+    def _publish(self, f: BinaryIO) -> None:
         try:
+            try:
+                f.flush()
+                faults.reached("local.fsync", self.path)
+                os.fsync(f.fileno())
+            finally:
+                f.close()
             faults.reached("local.publish", self.path)
             if self._exclusive:
                 try:
@@ -101,7 +113,7 @@ class _LocalOutput(PublishOnExit):
                 os.replace(self._tmp, self._final)
                 faults.reached("local.published", self.path)
             fsync_dir(self._dir)
-        finally:
+        finally:  # a failed flush or fsync (ENOSPC, EIO) leaves no temp file behind either
             if os.path.lexists(self._tmp):
                 os.unlink(self._tmp)
 
@@ -109,7 +121,8 @@ class _LocalOutput(PublishOnExit):
         f = self._file
         self._file = None
         if f is not None:
-            f.close()
+            with contextlib.suppress(OSError):  # its buffer may not flush (ENOSPC): it goes anyway
+                f.close()
         if os.path.lexists(self._tmp):
             os.unlink(self._tmp)
 
@@ -181,7 +194,7 @@ class LocalFileManager:
             raise overwrite_refused(self.uri_of(path)) from None
         except OSError as e:
             if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
-                raise
+                raise CheckpointWriteError(self.uri_of(path), e) from e
             return self._copy_file(local_path, path, exclusive)
         fsync_dir(directory)
         return size
