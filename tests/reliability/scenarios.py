@@ -53,6 +53,8 @@ def settings(work: str) -> MaintenanceSettings:
         orphan_grace_seconds=0.0,
         parallelism=1,  # one thread: the points a run reaches come in the same order every time
         delete_batch_size=2,
+        lease_ttl_seconds=1.0,  # a killed maintainer's lease on the catalog expires quickly ...
+        lease_timeout_seconds=20.0,  # ... and the rerun waits for it (invariant 5 still holds)
         work_dir=os.path.join(work, "maintenance"),
     )
 

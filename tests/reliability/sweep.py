@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from store import faults
+from tests.reliability import scenarios
 from tests.reliability.scenarios import SCENARIOS, Scenario, check
 
 CHILD_TIMEOUT_SECONDS = 120.0
@@ -305,8 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default="local")
     ap.add_argument("--s3-bucket")
     ap.add_argument("--sample", type=int, help="kill points per (scenario, root kind), spread over the trace")
+    ap.add_argument("--partitions", type=int, default=scenarios.PARTITIONS, help="stores per scenario (more: more points)")
     ap.add_argument("--work", help="scratch directory (default: a new temp dir, removed at the end)")
     args = ap.parse_args(argv)
+    scenarios.PARTITIONS = args.partitions  # read at call time by every scenario and check
     work = args.work or tempfile.mkdtemp(prefix="sk-sweep-")
     try:
         result = sweep(
