@@ -71,8 +71,9 @@ def file_manager(checkpoint_root: str) -> CheckpointFileManager:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Report how many steps the hypothesis state machines ran (`tests/model_steps.py`)."""
-    from tests.model_steps import STEPS, summary, write_report
+    from tests.model_steps import FUZZED, STEPS, summary, write_report
 
-    if STEPS:
-        terminalreporter.write_line(summary())
+    if STEPS or FUZZED:
+        for line in summary().splitlines():
+            terminalreporter.write_line(line)
         write_report()

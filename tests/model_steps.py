@@ -40,12 +40,21 @@ def scaled(examples: int) -> int:
 
 
 def write_report() -> None:
+    """{"steps": {machine: steps}, "fuzzed": {reader: inputs}} to STATEKEEPER_MODEL_STEPS_FILE."""
     path = os.environ.get(STEPS_FILE_ENV)
     if path:
         with open(path, "w") as f:
-            json.dump(dict(STEPS), f, indent=1)
+            json.dump({"steps": dict(STEPS), "fuzzed": dict(FUZZED)}, f, indent=1)
 
 
 def summary() -> str:
-    parts = [f"{name} {n:,}" for name, n in sorted(STEPS.items())]
-    return f"model-based steps: {sum(STEPS.values()):,} ({', '.join(parts)})"
+    lines = []
+    for title, counts in (("model-based steps", STEPS), ("bad inputs fuzzed", FUZZED)):
+        if counts:
+            parts = [f"{name} {n:,}" for name, n in sorted(counts.items())]
+            lines.append(f"{title}: {sum(counts.values()):,} ({', '.join(parts)})")
+    return "\n".join(lines)
+
+
+FUZZED: Counter[str] = Counter()
+"""Bad inputs fed to each persisted-format reader (tests/store/test_fuzz_readers.py)."""
