@@ -5,9 +5,10 @@
    local disk and on S3 (moto's server in its own process on 127.0.0.1) is traced through the fault
    seam (`store/faults.py`), then a child is killed with SIGKILL at every point it reached, the
    checkpoint recovered and checked against the model: distinct kills, and how many lost anything.
-2. Model-based steps: the hypothesis state machines (file manager with disk faults, store, typed
+2. Model-based steps and bad inputs: the hypothesis state machines (file manager with disk faults, store, typed
    store, store + maintenance) run under pytest with STATEKEEPER_MODEL_SCALE=10 (`--quick`: 1) and
-   report the steps they executed (`tests/model_steps.py`).
+   report the steps they executed (`tests/model_steps.py`), and the reader fuzz test the bad
+   inputs it fed to every persisted-format reader.
 
 `--quick` kills a sample of 2 points per scenario, locally, with 2 partitions, and only prints; the
 full run kills every point with 5 partitions per scenario (more stores: more points), and the figures
@@ -29,6 +30,7 @@ from bench.report import ROOT, Table, machine
 
 DOC = ROOT / "docs" / "reliability.md"
 MODEL_TESTS = [
+    "tests/store/test_fuzz_readers.py",
     "tests/store/test_file_manager_model.py",
     "tests/store/test_model.py",
     "tests/store/test_typed_model.py",
@@ -53,7 +55,7 @@ def _sweep(quick: bool, tmp: str) -> dict[str, Any]:
     return result
 
 
-def _model_steps(quick: bool, tmp: str) -> tuple[dict[str, int], bool]:
+def _model_steps(quick: bool, tmp: str) -> tuple[dict[str, dict[str, int]], bool]:
     out = os.path.join(tmp, "steps.json")
     env = {**os.environ, "STATEKEEPER_MODEL_STEPS_FILE": out, "STATEKEEPER_MODEL_SCALE": "1" if quick else "10"}
     proc = subprocess.run(
@@ -62,8 +64,8 @@ def _model_steps(quick: bool, tmp: str) -> tuple[dict[str, int], bool]:
         env=env,
         check=False,
     )
-    steps: dict[str, int] = json.loads(Path(out).read_text()) if os.path.exists(out) else {}
-    return steps, proc.returncode == 0
+    figures: dict[str, dict[str, int]] = json.loads(Path(out).read_text()) if os.path.exists(out) else {}
+    return figures, proc.returncode == 0
 
 
 def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
@@ -72,7 +74,8 @@ def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
     measured_on = machine()
     with tempfile.TemporaryDirectory(prefix="sk-reliability-") as tmp:
         sweep = _sweep(quick, tmp)
-        steps, models_passed = _model_steps(quick, tmp)
+        figures, models_passed = _model_steps(quick, tmp)
+    steps, fuzzed = figures.get("steps", {}), figures.get("fuzzed", {})
     kinds = sorted({k for per in sweep["kills"].values() for k in per})
     kills = Table(
         "Crash-point sweep: distinct kill -9 points, by scenario and root",
@@ -103,7 +106,13 @@ def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
             f"{'every machine passed' if models_passed else 'A MACHINE FAILED: see the pytest output'}"
         ],
     )
-    tables = [kills, points, models]
+    inputs = Table(
+        "Bad inputs fed to each persisted-format reader (truncated, bit-flipped, random)",
+        ["reader", "inputs", "accepted or crashed"],
+        [[name, n, 0] for name, n in sorted(fuzzed.items())] + [["total", sum(fuzzed.values()), 0]],
+        ["every input refused with the reader's own error naming the file (or state variable); a test fails otherwise"],
+    )
+    tables = [kills, points, models, inputs]
     if doc if doc is not None else not quick:
         _write_doc(tables, measured_on, quick)
     return tables

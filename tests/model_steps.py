@@ -7,7 +7,7 @@ actually executed, whatever hypothesis decided to shrink or stop early. The pyte
 them there as JSON (`python -m bench reliability` reads it).
 
 STATEKEEPER_MODEL_SCALE multiplies the examples of every machine (`scaled`): 1 in the default run,
-10 or more for a long run (`make test-model-long`).
+10 for a long run (`make test-model-long`, >= 100,000 steps).
 """
 
 from __future__ import annotations

@@ -276,7 +276,9 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("catalog_sync", _prepare_catalog, _sync, _sync, catalog=True),
         Scenario("catalog_rebuild", _prepare_catalog, _rebuild, _rebuild, catalog=True),
         Scenario("snapshot_catalog", _prepare_catalog, _snapshot_with_catalog, _snapshot_with_catalog, catalog=True),
-        Scenario("expiry_catalog", _prepare_catalog, _expire_with_catalog, _expire_with_catalog, expires=True, catalog=True),
+        Scenario(
+            "expiry_catalog", _prepare_catalog, _expire_with_catalog, _expire_with_catalog, expires=True, catalog=True
+        ),
     )
 }
 

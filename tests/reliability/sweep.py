@@ -31,6 +31,7 @@ import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from store import faults
@@ -159,7 +160,9 @@ class Roots:
             for obj in page.get("Contents", []):
                 key = obj["Key"]
                 self._client.copy_object(
-                    Bucket=self.bucket, Key=f"{dst}/{key[len(src) + 1 :]}", CopySource={"Bucket": self.bucket, "Key": key}
+                    Bucket=self.bucket,
+                    Key=f"{dst}/{key[len(src) + 1 :]}",
+                    CopySource={"Bucket": self.bucket, "Key": key},
                 )
         return self.uri(dst)
 
@@ -192,7 +195,7 @@ def sweep_one(scenario: Scenario, roots: Roots, work_base: str, sample: int | No
     err = os.path.join(work_base, f"{tag}.err")
 
     def fail(what: str) -> None:
-        text = open(err).read() if os.path.exists(err) else ""
+        text = Path(err).read_text() if os.path.exists(err) else ""
         result.problems.append(f"{tag}: {what}\n{text}")
 
     status = run_child(lambda: scenario.prepare(roots.uri(f"{tag}-tmpl"), tmpl_work), err)
@@ -281,14 +284,12 @@ def _committed_in_child(root: str, work_base: str, err: str) -> int:
             json.dump(_committed(root), f)
 
     if run_child(probe, err) != 0:
-        raise RuntimeError(f"cannot read the commit log of {root}: {open(err).read()}")
+        raise RuntimeError(f"cannot read the commit log of {root}: {Path(err).read_text()}")
     with open(out) as f:
         return int(json.load(f))
 
 
-def sweep(
-    scenarios: list[str], kinds: list[str], *, bucket: str | None, sample: int | None, work: str
-) -> SweepResult:
+def sweep(scenarios: list[str], kinds: list[str], *, bucket: str | None, sample: int | None, work: str) -> SweepResult:
     result = SweepResult()
     t0 = time.monotonic()
     for kind in kinds:
@@ -306,14 +307,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default="local")
     ap.add_argument("--s3-bucket")
     ap.add_argument("--sample", type=int, help="kill points per (scenario, root kind), spread over the trace")
-    ap.add_argument("--partitions", type=int, default=scenarios.PARTITIONS, help="stores per scenario (more: more points)")
+    ap.add_argument(
+        "--partitions", type=int, default=scenarios.PARTITIONS, help="stores per scenario (more: more points)"
+    )
     ap.add_argument("--work", help="scratch directory (default: a new temp dir, removed at the end)")
     args = ap.parse_args(argv)
     scenarios.PARTITIONS = args.partitions  # read at call time by every scenario and check
     work = args.work or tempfile.mkdtemp(prefix="sk-sweep-")
     try:
         result = sweep(
-            args.scenario or list(SCENARIOS), args.kinds.split(","), bucket=args.s3_bucket, sample=args.sample, work=work
+            args.scenario or list(SCENARIOS),
+            args.kinds.split(","),
+            bucket=args.s3_bucket,
+            sample=args.sample,
+            work=work,
         )
     finally:
         if not args.work:

@@ -138,7 +138,7 @@ class FileManagerMachine(CountedSteps, RuleBasedStateMachine):
 
 def test_file_manager_matches_model_under_disk_faults() -> None:
     FileManagerMachine.TestCase.settings = settings(
-        max_examples=scaled(120),
+        max_examples=scaled(180),
         stateful_step_count=50,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow],

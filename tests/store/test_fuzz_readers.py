@@ -17,6 +17,7 @@ import json
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -122,7 +123,7 @@ def test_schema_record_refuses_bad_bytes_naming_the_variable() -> None:
         STATE_META_PREFIX + b"clicks": record.payload(),
         schema_key("clicks", 1): json.dumps(schema.json_value()).encode(),
     }
-    assert read_record(Meta(good), "clicks") is not None
+    assert read_record(cast(Any, Meta(good)), "clicks") is not None
     rng = random.Random("schema")
     fed = 0
     for key, data in good.items():
@@ -131,7 +132,7 @@ def test_schema_record_refuses_bad_bytes_naming_the_variable() -> None:
                 continue
             fed += 1
             try:
-                read_record(Meta({**good, key: bad}), "clicks")
+                read_record(cast(Any, Meta({**good, key: bad})), "clicks")
             except CorruptStateError as e:
                 assert "clicks" in str(e), f"the error does not name the state variable: {e}"
             # accepting is allowed here: a schema record has no checksum, and a flipped bit in a

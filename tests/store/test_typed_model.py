@@ -33,6 +33,7 @@ texts = st.none() | st.text(max_size=5)
 
 class TypedStateMachine(CountedSteps, RuleBasedStateMachine):
     model_name = "typed store"
+
     @initialize()
     def start(self) -> None:
         self.dir = tempfile.mkdtemp(prefix="typed-model-")
