@@ -23,11 +23,13 @@ import os
 import random
 import shutil
 from collections.abc import Callable
+from contextlib import closing, nullcontext
 from dataclasses import dataclass
 
 from maintenance.catalog_sync import rebuild_catalog, sync_catalog
 from maintenance.expiry import expire_versions
 from maintenance.orphans import clean_orphans
+from maintenance.reports import Report as MaintenanceReport
 from maintenance.settings import MaintenanceSettings
 from maintenance.snapshots import create_snapshots
 from maintenance.verify import verify_root
@@ -181,64 +183,35 @@ def _prepare_snapshotted(root: str, work: str) -> None:
 
 def _prepare_catalog(root: str, work: str) -> None:
     _prepare_snapshotted(root, work)
-    catalog = _catalog(work)
-    try:
-        sync_catalog(catalog, root)
-    finally:
-        catalog.close()
+    _sync(root, work)
     write_batches(root, work, 2, losing=True)
 
 
 def _sync(root: str, work: str) -> None:
-    catalog = _catalog(work)
-    try:
+    with closing(_catalog(work)) as catalog:
         sync_catalog(catalog, root, workers=1)
-    finally:
-        catalog.close()
 
 
 def _rebuild(root: str, work: str) -> None:
     path = os.path.join(work, "catalog.db")
     if os.path.exists(path):
         os.unlink(path)  # the catalog is lost: rebuilt from the checkpoint location alone
-    catalog = _catalog(work)
-    try:
+    with closing(_catalog(work)) as catalog:
         rebuild_catalog(catalog, root, workers=1)
-    finally:
-        catalog.close()
 
 
-def _snapshot(root: str, work: str) -> None:
-    report = create_snapshots(root, settings(work))
-    assert report.ok, report.errors
+Operation = Callable[..., MaintenanceReport]
 
 
-def _expire(root: str, work: str) -> None:
-    report = expire_versions(root, settings(work))
-    assert report.ok, report.errors
+def _maintain(operation: Operation, *, with_catalog: bool = False) -> Callable[[str, str], None]:
+    """A maintenance run of `operation` (with the catalog: leased and recorded), which must succeed."""
 
-
-def _orphans(root: str, work: str) -> None:
-    report = clean_orphans(root, settings(work))
-    assert report.ok, report.errors
-
-
-def _snapshot_with_catalog(root: str, work: str) -> None:
-    catalog = _catalog(work)
-    try:
-        report = create_snapshots(root, settings(work), catalog=catalog)
+    def run(root: str, work: str) -> None:
+        with closing(_catalog(work)) if with_catalog else nullcontext() as catalog:
+            report = operation(root, settings(work), catalog=catalog)
         assert report.ok, report.errors
-    finally:
-        catalog.close()
 
-
-def _expire_with_catalog(root: str, work: str) -> None:
-    catalog = _catalog(work)
-    try:
-        report = expire_versions(root, settings(work), catalog=catalog)
-        assert report.ok, report.errors
-    finally:
-        catalog.close()
+    return run
 
 
 @dataclass(frozen=True)
@@ -270,14 +243,27 @@ SCENARIOS: dict[str, Scenario] = {
     for s in (
         Scenario("commit", _prepare_history, _commit, _resume),
         Scenario("async_commit", _prepare_history, _async_commit, _resume),
-        Scenario("snapshot", _prepare_history, _snapshot, _snapshot),
-        Scenario("expiry", _prepare_snapshotted, _expire, _expire, expires=True),
-        Scenario("orphan_cleanup", _prepare_snapshotted, _orphans, _orphans, expires=True),
+        Scenario("snapshot", _prepare_history, _maintain(create_snapshots), _maintain(create_snapshots)),
+        Scenario("expiry", _prepare_snapshotted, _maintain(expire_versions), _maintain(expire_versions), expires=True),
+        Scenario(
+            "orphan_cleanup", _prepare_snapshotted, _maintain(clean_orphans), _maintain(clean_orphans), expires=True
+        ),
         Scenario("catalog_sync", _prepare_catalog, _sync, _sync, catalog=True),
         Scenario("catalog_rebuild", _prepare_catalog, _rebuild, _rebuild, catalog=True),
-        Scenario("snapshot_catalog", _prepare_catalog, _snapshot_with_catalog, _snapshot_with_catalog, catalog=True),
         Scenario(
-            "expiry_catalog", _prepare_catalog, _expire_with_catalog, _expire_with_catalog, expires=True, catalog=True
+            "snapshot_catalog",
+            _prepare_catalog,
+            _maintain(create_snapshots, with_catalog=True),
+            _maintain(create_snapshots, with_catalog=True),
+            catalog=True,
+        ),
+        Scenario(
+            "expiry_catalog",
+            _prepare_catalog,
+            _maintain(expire_versions, with_catalog=True),
+            _maintain(expire_versions, with_catalog=True),
+            expires=True,
+            catalog=True,
         ),
     )
 }
