@@ -11,7 +11,7 @@
    inputs it fed to every persisted-format reader.
 
 `--quick` kills a sample of 2 points per scenario, locally, with 2 partitions, and only prints; the
-full run kills every point with 5 partitions per scenario (more stores: more points), and the figures
+full run kills every point with 8 partitions per scenario (more stores: more points), and the figures
 go to bench/results/reliability.json and docs/reliability.md with the date and machine.
 """
 
@@ -49,7 +49,7 @@ def _sweep(quick: bool, tmp: str) -> dict[str, Any]:
 
             s3_client(endpoint).create_bucket(Bucket="reliability")
             env = {**os.environ, "STATEKEEPER_S3_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
-            args = ["--kinds", "local,s3", "--s3-bucket", "reliability", "--partitions", "5"]
+            args = ["--kinds", "local,s3", "--s3-bucket", "reliability", "--partitions", "8"]
             subprocess.run([*cmd, *args], cwd=ROOT, env=env, check=False)
     result: dict[str, Any] = json.loads(Path(out).read_text())
     return result
