@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--lease-timeout", type=_number, metavar="SECONDS", help="wait this long for a busy store")
     op.add_argument("--retain", type=_positive_int, metavar="N", help="min_versions_to_retain")
     op.add_argument("--grace", type=_number, metavar="SECONDS", help="orphan grace period")
+    op.add_argument(
+        "--load-grace", type=_number, metavar="SECONDS", help="age at which a new snapshot becomes the expiry base"
+    )
     op.add_argument("--threshold", type=_positive_int, metavar="N", help="snapshot threshold (changelogs)")
     op.add_argument("--work-dir", metavar="DIR", help="directory for warm local copies of stores")
     op.add_argument("--delete-batch-size", type=_positive_int, metavar="N", help="paths per delete request")
@@ -172,6 +175,7 @@ def _settings(args: argparse.Namespace) -> MaintenanceSettings:
         snapshot_threshold=getattr(args, "threshold", None),
         min_versions_to_retain=getattr(args, "retain", None),
         orphan_grace_seconds=getattr(args, "grace", None),
+        load_grace_seconds=getattr(args, "load_grace", None),
         parallelism=getattr(args, "parallelism", None),
         lease_ttl_seconds=getattr(args, "lease_ttl", None),
         lease_timeout_seconds=getattr(args, "lease_timeout", None),
@@ -256,11 +260,16 @@ def _report_out(args: argparse.Namespace, report: Report, columns: Sequence[str]
         if report.errors:
             parts.append("errors:")
             parts += [f"  {e}" for e in report.errors[: None if args.all else MAX_ROWS]]
+        if report.warnings:
+            parts.append("warnings (not a failure):")
+            parts += [f"  {w}" for w in report.warnings[: None if args.all else MAX_ROWS]]
         return "\n".join(parts)
 
     _emit(args, report.to_json(), text)
     for e in report.errors[:10]:
         log.error("%s", e)
+    for w in report.warnings[:10]:
+        log.warning("%s", w)
     return EXIT_OK if report.ok else EXIT_ERRORS
 
 
@@ -276,6 +285,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     plan = plan_root(inv, settings, all_stores=args.stores is None)
     rows = []
     problems = list(plan.problems)
+    warnings = list(plan.warnings)
     for s, p in plan.stores.items():
         if args.stores and s not in args.stores:
             continue
@@ -299,7 +309,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             }
         )
         problems += p.problems
-    doc: dict[str, Any] = {**inv.summary(), "floor": plan.floor, "stores": rows, "problems": problems}
+    doc: dict[str, Any] = {
+        **inv.summary(),
+        "floor": plan.floor,
+        "stores": rows,
+        "problems": problems,
+        "warnings": warnings,
+    }
     if args.version is not None:
         if not args.stores or len(args.stores) != 1:
             raise UsageError("--version needs exactly one --store")
@@ -318,6 +334,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if problems:
             out.append("problems:")
             out += [f"  {p}" for p in problems]
+        if warnings:
+            out.append("warnings (someone else's files; left alone, not a failure):")
+            out += [f"  {w}" for w in warnings[: None if args.all else MAX_ROWS]]
         return "\n".join(out)
 
     _emit(args, doc, text)

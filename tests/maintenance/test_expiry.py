@@ -149,7 +149,7 @@ def test_small_batches_in_parallel_and_catalog_bookkeeping(
     h.check_loadable(h.retained(settings))
 
 
-def test_a_snapshot_younger_than_the_grace_period_is_not_yet_the_base(
+def test_a_snapshot_younger_than_the_load_grace_is_not_yet_the_base(
     make_local_history: Callable[..., History], settings: MaintenanceSettings
 ) -> None:
     """A load that listed the snapshots just before a new one was written may still read the old files."""
@@ -157,11 +157,23 @@ def test_a_snapshot_younger_than_the_grace_period_is_not_yet_the_base(
     h.batches(5)
     create_snapshots(h.root, settings)
     h.batches(4)
-    patient = MaintenanceSettings(**{**settings.to_json(), "orphan_grace_seconds": 3600})
+    patient = MaintenanceSettings(**{**settings.to_json(), "load_grace_seconds": 300})
     before = all_files(h.root)
     report = expire_versions(h.root, patient)
     assert report.ok and report.files == 0 and all_files(h.root) == before
     assert expire_versions(h.root, settings).changelogs == 2 * 5
+
+
+def test_the_orphan_grace_does_not_hold_back_the_base(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    """A snapshot older than the load grace is the base even while the orphan grace (1 h) runs."""
+    h = make_local_history()
+    h.batches(5)
+    create_snapshots(h.root, settings)
+    h.batches(4)
+    default_orphan_grace = MaintenanceSettings(**{**settings.to_json(), "orphan_grace_seconds": 3600})
+    assert expire_versions(h.root, default_orphan_grace).changelogs == 2 * 5
 
 
 def test_raising_the_retention_after_an_expiry_is_not_an_error(
