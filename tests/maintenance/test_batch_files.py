@@ -23,7 +23,11 @@ def _write_batch_file(h: History, batch: int) -> str:
 def test_batch_files_are_in_the_layout() -> None:
     k = classify(batch_path("agg", 4))
     assert (k.kind, k.version, k.store) == (BATCH, 5, None), "batch 4 commits version 5"
-    for foreign in ("spark/agg/batches/4.json", "spark/agg/batches/x.json", "spark/agg/other/00000000000000000004.json"):
+    for foreign in (
+        "spark/agg/batches/4.json",
+        "spark/agg/batches/x.json",
+        "spark/agg/other/00000000000000000004.json",
+    ):
         assert classify(foreign).kind == FOREIGN, foreign
     temp = f"spark/agg/batches/.{batch_path('agg', 4).rsplit('/', 1)[1]}.{'a' * 32}.tmp"
     assert classify(temp, temp_listing=True).kind == "temp"
