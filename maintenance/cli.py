@@ -125,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_expire)
     p = sub.add_parser("clean-orphans", parents=[common, op, dry], help="delete orphans older than the grace period")
     p.set_defaults(func=cmd_clean_orphans)
+    p = sub.add_parser("maintain", parents=[common, op], help="snapshot, expire and clean orphans in a loop")
+    p.add_argument("--every", type=_number, default=10.0, metavar="SECONDS", help="start a cycle this often")
+    p.add_argument("--cycles", type=_positive_int, metavar="N", help="stop after N cycles (default: run until killed)")
+    p.set_defaults(func=cmd_maintain)
 
     cat = sub.add_parser("catalog", help="the lineage catalog")
     csub = cat.add_subparsers(dest="catalog_command", required=True, parser_class=_Parser)
@@ -563,6 +567,27 @@ def cmd_runs(args: argparse.Namespace) -> int:
     columns = ["id", "kind", "status", "dry_run", "started_at", "seconds", "stores", "files", "bytes", "error_count"]
     _emit(args, rows, lambda: _table(rows, columns, limit=None))
     return EXIT_OK
+
+
+def cmd_maintain(args: argparse.Namespace) -> int:
+    from maintenance.loop import CycleResult, maintain
+
+    settings = _settings(args)
+    failed = 0
+
+    def on_cycle(result: CycleResult) -> None:
+        nonlocal failed
+        failed += not result.ok
+        doc = {"cycle": result.cycle, "seconds": result.seconds, "reports": [r.to_json() for r in result.reports]}
+        _emit(args, doc, result.summary)
+        sys.stdout.flush()
+        for r in result.reports:
+            for e in r.errors[:10]:
+                log.error("%s", e)
+
+    with _maybe_catalog(args) as catalog:
+        maintain(args.root, settings, every=args.every, catalog=catalog, cycles=args.cycles, on_cycle=on_cycle)
+    return EXIT_ERRORS if failed else EXIT_OK
 
 
 # -- entry point ------------------------------------------------------------------------------------
