@@ -27,7 +27,14 @@ def test_fleet_benchmark_runs_both_maintainers(tmp_path: Path) -> None:
     out = proc.stdout
     for title in ("### Fleet: one maintainer beside", "### Fleet: the maintainer's cost model", "### Fleet over time"):
         assert title in out, out
-    for mode in ("| cli | 2 |", "| cli | 3 |", "| dagster | 2 |", "| dagster | 3 |"):
+    for mode in (
+        "| cli | 2 |",
+        "| cli | 3 |",
+        "| maintain | 2 |",
+        "| maintain | 3 |",
+        "| dagster | 2 |",
+        "| dagster | 3 |",
+    ):
         assert mode in out, out
     assert plot.stat().st_size > 0
     assert [p.name for p in tmp_path.iterdir()] == ["fleet.png"], "the benchmark left scratch files behind"
