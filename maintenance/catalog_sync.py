@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
-from sql.catalog import Catalog, CommitObservation, FileObservation, SnapshotObservation, SyncWriter
+from sql import Catalog, CommitObservation, FileObservation, SnapshotObservation, SyncWriter
 from sql.models import KIND_CHANGELOG, KIND_COMMIT, KIND_FOREIGN, KIND_MANIFEST, KIND_SST, KIND_TEMP
 from store.errors import CheckpointError, ConfigurationError, StatekeeperError
 from store.files import CheckpointFileManager, FileInfo, open_file_manager

@@ -9,22 +9,7 @@
 checkpoint location is `maintenance.catalog_sync`.
 """
 
-from sql.catalog import (
-    Catalog,
-    CommitObservation,
-    FileObservation,
-    FileRecord,
-    RetentionPlan,
-    RunInfo,
-    RunRecorder,
-    SnapshotObservation,
-    StoreChain,
-    StoreInfo,
-    StoreRetention,
-    SyncStats,
-    SyncWriter,
-    VersionFiles,
-)
+from sql.catalog import Catalog
 from sql.db import current_revision, default_url, head_revision, make_engine, upgrade
 from sql.errors import (
     CatalogConfigError,
@@ -34,7 +19,11 @@ from sql.errors import (
     LeaseUnavailableError,
     NotInCatalogError,
 )
+from sql.ingest import CommitObservation, FileObservation, SnapshotObservation, SyncStats, SyncWriter
 from sql.leases import Lease, LeaseInfo
+from sql.lineage import FileRecord, StoreChain, StoreInfo, VersionFiles
+from sql.retention import RetentionPlan, StoreRetention
+from sql.runs import RunInfo, RunRecorder
 
 __all__ = [
     "Catalog",

@@ -13,6 +13,7 @@ instead of failing on a lock upgrade. Read-only work uses ``read_only(engine)`` 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,24 +125,21 @@ def upgrade(url: str | URL | Engine | None = None, revision: str = "head") -> st
     """Migrate the catalog at `url` to `revision` (default: the newest); returns the revision it is at."""
     from alembic import command
 
-    engine, owned = _as_engine(url)
-    try:
-        with engine.begin() as conn:
-            command.upgrade(_alembic_config(conn), revision)
-        return current_revision(engine)
-    finally:
-        if owned:
-            engine.dispose()
+    return _migrate(url, command.upgrade, revision)
 
 
 def downgrade(url: str | URL | Engine | None, revision: str) -> str | None:
     """Migrate the catalog at `url` down to `revision` ("base": drop every table); returns where it is."""
     from alembic import command
 
+    return _migrate(url, command.downgrade, revision)
+
+
+def _migrate(url: str | URL | Engine | None, step: Callable[[Any, str], None], revision: str) -> str | None:
     engine, owned = _as_engine(url)
     try:
         with engine.begin() as conn:
-            command.downgrade(_alembic_config(conn), revision)
+            step(_alembic_config(conn), revision)
         return current_revision(engine)
     finally:
         if owned:

@@ -26,7 +26,7 @@ from types import TracebackType
 from sqlalchemy import Connection, delete, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from sql.catalog import Catalog
+from sql.base import CatalogBase
 from sql.errors import CatalogConfigError, LeaseLostError, LeaseUnavailableError
 from sql.models import ROOT_SCOPE, CheckpointRoot, MaintenanceLease, utcnow
 
@@ -72,7 +72,7 @@ class Lease:
 
     def __init__(
         self,
-        catalog: Catalog,
+        catalog: CatalogBase,
         root: str,
         root_id: int,
         scope: str,
@@ -192,7 +192,7 @@ def _lock_root(conn: Connection, root_id: int) -> None:
 
 
 def _try_acquire(
-    catalog: Catalog, root_id: int, scope: str, owner: str, token: str, ttl: float
+    catalog: CatalogBase, root_id: int, scope: str, owner: str, token: str, ttl: float
 ) -> tuple[dt.datetime, LeaseInfo | None]:
     """One attempt: (expires_at, None) when taken, else (_, the conflicting lease)."""
     with catalog.write() as conn:
@@ -232,65 +232,71 @@ def _try_acquire(
         return expires, None
 
 
-def acquire(
-    catalog: Catalog,
-    root: str,
-    store: tuple[str, int] | str | None = None,
-    *,
-    owner: str | None = None,
-    ttl: float = 300.0,
-    timeout: float = 0.0,
-    poll_interval: float = 0.5,
-) -> Lease:
-    """Take the lease of `store` (None or '*': the whole root), waiting up to `timeout` seconds."""
-    if not ttl > 0:
-        raise CatalogConfigError(f"lease ttl={ttl!r} must be > 0 seconds")
-    if timeout < 0 or not poll_interval > 0:
-        raise CatalogConfigError(f"invalid lease timeout={timeout!r} / poll_interval={poll_interval!r}")
-    scope = scope_of(store)
-    owner = (owner or default_owner())[:200]
-    root_id = catalog.ensure_root(root)
-    token = uuid.uuid4().hex
-    t0 = time.monotonic()
-    while True:
-        try:
-            expires, holder = _try_acquire(catalog, root_id, scope, owner, token, ttl)
-        except IntegrityError:
-            holder = None  # lost an insert race: look again
-            expires = utcnow()
-        except OperationalError as e:
-            if "locked" not in str(e).lower():  # SQLite busy beyond its timeout: keep waiting
-                raise
-            holder = None
-            expires = utcnow()
-        else:
-            if holder is None:
-                return Lease(catalog, root, root_id, scope, owner, token, ttl, expires)
-        waited = time.monotonic() - t0
-        if waited >= timeout:
-            if holder is None:
-                raise LeaseUnavailableError(root, scope, "an unknown maintainer", scope, expires, waited)
-            raise LeaseUnavailableError(root, scope, holder.owner, holder.scope, holder.expires_at, waited)
-        time.sleep(min(poll_interval, max(0.0, timeout - waited)))
+class LeaseAccess(CatalogBase):
+    """`Catalog.acquire_lease` and `Catalog.leases`."""
+
+    def acquire_lease(
+        self,
+        uri: str,
+        store: tuple[str, int] | str | None = None,
+        *,
+        owner: str | None = None,
+        ttl: float = 300.0,
+        timeout: float = 0.0,
+        poll_interval: float = 0.5,
+    ) -> Lease:
+        """Take the maintenance lease of one store (or, with `store=None` or '*', of the whole root).
+
+        Waits up to `timeout` seconds for a holder to release or expire, then raises
+        `LeaseUnavailableError` naming the holder. Use as a context manager to release on exit.
+        """
+        if not ttl > 0:
+            raise CatalogConfigError(f"lease ttl={ttl!r} must be > 0 seconds")
+        if timeout < 0 or not poll_interval > 0:
+            raise CatalogConfigError(f"invalid lease timeout={timeout!r} / poll_interval={poll_interval!r}")
+        scope = scope_of(store)
+        owner = (owner or default_owner())[:200]
+        root_id = self.ensure_root(uri)
+        token = uuid.uuid4().hex
+        t0 = time.monotonic()
+        while True:
+            try:
+                expires, holder = _try_acquire(self, root_id, scope, owner, token, ttl)
+            except IntegrityError:
+                holder = None  # lost an insert race: look again
+                expires = utcnow()
+            except OperationalError as e:
+                if "locked" not in str(e).lower():  # SQLite busy beyond its timeout: keep waiting
+                    raise
+                holder = None
+                expires = utcnow()
+            else:
+                if holder is None:
+                    return Lease(self, uri, root_id, scope, owner, token, ttl, expires)
+            waited = time.monotonic() - t0
+            if waited >= timeout:
+                if holder is None:
+                    raise LeaseUnavailableError(uri, scope, "an unknown maintainer", scope, expires, waited)
+                raise LeaseUnavailableError(uri, scope, holder.owner, holder.scope, holder.expires_at, waited)
+            time.sleep(min(poll_interval, max(0.0, timeout - waited)))
+
+    def leases(self, uri: str) -> list[LeaseInfo]:
+        """Every lease row of root `uri` (expired ones included: see `LeaseInfo.expired`)."""
+        rid = self.find_root(uri)
+        if rid is None:
+            return []
+        with self.read() as conn:
+            rows = conn.execute(
+                select(
+                    MaintenanceLease.scope,
+                    MaintenanceLease.owner,
+                    MaintenanceLease.acquired_at,
+                    MaintenanceLease.expires_at,
+                )
+                .where(MaintenanceLease.root_id == rid)
+                .order_by(MaintenanceLease.scope)
+            ).all()
+        return [LeaseInfo(uri, s, o, a, e) for s, o, a, e in rows]
 
 
-def list_leases(catalog: Catalog, root: str) -> list[LeaseInfo]:
-    """Every lease row of `root` (expired ones included: see `LeaseInfo.expired`)."""
-    rid = catalog.find_root(root)
-    if rid is None:
-        return []
-    with catalog.read() as conn:
-        rows = conn.execute(
-            select(
-                MaintenanceLease.scope,
-                MaintenanceLease.owner,
-                MaintenanceLease.acquired_at,
-                MaintenanceLease.expires_at,
-            )
-            .where(MaintenanceLease.root_id == rid)
-            .order_by(MaintenanceLease.scope)
-        ).all()
-    return [LeaseInfo(root, s, o, a, e) for s, o, a, e in rows]
-
-
-__all__ = ["Lease", "LeaseInfo", "acquire", "default_owner", "list_leases", "scope_of"]
+__all__ = ["Lease", "LeaseAccess", "LeaseInfo", "default_owner", "scope_of"]
