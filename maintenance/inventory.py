@@ -500,7 +500,7 @@ def _unfinished_writes(fm: CheckpointFileManager, prefix: str) -> Iterator[FileE
 def check_root(fm: CheckpointFileManager) -> None:
     """Refuse a root that is clearly not a checkpoint root (a typo, a parent directory, a home dir).
 
-    Cheap: at most three first-page listings. An empty or absent root is a valid, empty checkpoint
+    Cheap: at most four first-page listings. An empty or absent root is a valid, empty checkpoint
     location, except a local root that does not exist at all (almost always a typo).
     """
     if isinstance(fm, LocalFileManager):
@@ -509,14 +509,14 @@ def check_root(fm: CheckpointFileManager) -> None:
             raise ConfigurationError(f"checkpoint root {fm.root_uri} does not exist")
         if os.path.realpath(path) == os.path.sep:
             raise ConfigurationError("refusing to maintain the file system root as a checkpoint root")
-    for prefix in (f"{COMMITS_DIR}/", f"{STATE_DIR}/"):
+    for prefix in (f"{COMMITS_DIR}/", f"{STATE_DIR}/", f"{SPARK_DIR}/"):  # the driver writes spark/ first
         if next(iter(fm.list(prefix)), None) is not None:
             return
     first = next(iter(fm.list("")), None)
     if first is not None:
         raise ConfigurationError(
             f"{fm.root_uri} does not look like a statekeeper checkpoint root: it has files (e.g. {first.path!r}) "
-            f"but no {COMMITS_DIR}/ or {STATE_DIR}/ directory; nothing was read or deleted"
+            f"but no {COMMITS_DIR}/, {STATE_DIR}/ or {SPARK_DIR}/ directory; nothing was read or deleted"
         )
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from maintenance.expiry import expire_versions
 from maintenance.inventory import BATCH, FOREIGN, Inventory, classify
 from maintenance.orphans import clean_orphans
 from maintenance.settings import MaintenanceSettings
 from maintenance.snapshots import create_snapshots
+from store.files import open_file_manager
 from store.layout import batch_path, commit_path
 from tests.maintenance.helpers import History, all_files
 
@@ -67,3 +69,13 @@ def test_batch_files_expire_with_their_commit_records(
     gone = clean_orphans(h.root, settings)
     assert gone.batch_files == 1 and stray not in all_files(h.root)
     assert in_flight in all_files(h.root), "the running batch's file is never touched"
+
+
+def test_a_root_with_only_the_first_batch_file_is_a_checkpoint_root(tmp_path: Path) -> None:
+    """The driver writes batch 0's file before any state or commit record exists: a new root, not a typo."""
+    fm = open_file_manager(tmp_path.as_uri())
+    with fm.create(batch_path("agg", 0), exclusive=True) as out:
+        out.write(b"{}")
+    report = expire_versions(fm, MaintenanceSettings())
+    assert report.ok and not report.warnings and report.files == 0
+    assert batch_path("agg", 0) in {i.path for i in fm.list("")}
