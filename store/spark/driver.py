@@ -38,6 +38,8 @@ from store.layout import StoreId, batch_path
 from store.spark.api import BatchStatefulProcessor, StatefulProcessor
 from store.spark.executor import MARKER_COL, META_COL, PID_COL, FileManagerFactory, TaskSpec, run_task
 from store.spark.metrics import BatchProgress, PartitionMetrics
+from store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
+from store.spark.state import check_max_key_groups
 from store.state_store import StoreConfig
 
 if TYPE_CHECKING:
@@ -61,6 +63,7 @@ class StatefulOperator:
     ``processor`` is a :class:`StatefulProcessor` (per key) or a :class:`BatchStatefulProcessor`
     (vectorized); ``key`` the grouping columns; ``output_schema`` a StructType or DDL string.
     ``sink(df, batch_id)`` gets each batch's output after its state is committed.
+    ``max_key_groups`` (the groups stored keys lead with) is recorded at the first batch and kept.
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class StatefulOperator:
         on_progress: Callable[[BatchProgress], None] | None = None,
         local_dir: str | None = None,
         history: int = 200,
+        max_key_groups: int = DEFAULT_MAX_KEY_GROUPS,
     ) -> None:
         validate_component(name, "operator name")
         if not isinstance(processor, StatefulProcessor | BatchStatefulProcessor):
@@ -112,6 +116,7 @@ class StatefulOperator:
         self.max_batch_attempts = max_batch_attempts
         self.on_progress = on_progress
         self.local_dir = local_dir
+        self.max_key_groups = check_max_key_groups(max_key_groups)
         self.fm: CheckpointFileManager = (
             file_manager_factory(checkpoint_root) if file_manager_factory else (open_file_manager(checkpoint_root))
         )
@@ -195,6 +200,7 @@ class StatefulOperator:
             store_config=self.store_config,
             fm_factory=self.fm_factory,
             local_dir=self.local_dir,
+            max_key_groups=self.max_key_groups,
         )
         plan = self._plan(spark, df, n)
         attempt = 0
