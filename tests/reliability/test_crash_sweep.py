@@ -4,8 +4,9 @@ nothing committed was lost (`tests/reliability/sweep.py`).
 
 The default run kills a sample spread evenly over each scenario's trace, locally (>= 100 distinct
 kills); the slow run kills at every point of every scenario with 8 partitions per scenario (more
-stores, more points), local and S3 (>= 1,000, as `make reliability` reports in docs/reliability.md). The sweep runs in its own single-threaded process that forks a
-child per kill, so that the S3 server thread of this process is never forked.
+stores, more points), local and S3 (>= 1,000, as `make reliability` reports in docs/reliability.md).
+The sweep runs in its own single-threaded process that forks a child per kill, so that the S3
+server thread of this process is never forked.
 """
 
 from __future__ import annotations
