@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import unquote, urlparse
 
-from store import faults
 from store.errors import CheckpointError, CheckpointWriteError, ConfigurationError
+from store.faults import reached as fault_point
 from store.files.base import DeleteResult, FileInfo, PublishOnExit, file_not_found, overwrite_refused
 from store.files.paths import (
     validate_listing,
@@ -76,7 +76,7 @@ class _LocalOutput(PublishOnExit):
         if self._file is None:
             raise CheckpointError("write after close or cancel", self.path)
         try:
-            faults.reached("local.write", self.path)
+            fault_point("local.write", self.path)
             return self._file.write(data)
         except OSError as e:
             raise CheckpointWriteError(self._manager.uri_of(self.path), e) from e
@@ -97,21 +97,21 @@ class _LocalOutput(PublishOnExit):
         try:
             try:
                 f.flush()
-                faults.reached("local.fsync", self.path)
+                fault_point("local.fsync", self.path)
                 os.fsync(f.fileno())
             finally:
                 f.close()
-            faults.reached("local.publish", self.path)
+            fault_point("local.publish", self.path)
             if self._exclusive:
                 try:
                     os.link(self._tmp, self._final)
                 except FileExistsError:
                     raise overwrite_refused(self._manager.uri_of(self.path)) from None
-                faults.reached("local.published", self.path)
+                fault_point("local.published", self.path)
                 os.unlink(self._tmp)
             else:
                 os.replace(self._tmp, self._final)
-                faults.reached("local.published", self.path)
+                fault_point("local.published", self.path)
             fsync_dir(self._dir)
         finally:  # a failed flush or fsync (ENOSPC, EIO) leaves no temp file behind either
             if os.path.lexists(self._tmp):
@@ -179,7 +179,7 @@ class LocalFileManager:
         finally:
             os.close(fd)
         try:
-            faults.reached("local.put_file", path)
+            fault_point("local.put_file", path)
             if exclusive:
                 os.link(local_path, final)
             else:
@@ -237,7 +237,7 @@ class LocalFileManager:
 
     def list(self, prefix: str = "", *, start_after: str | None = None) -> Iterator[FileInfo]:
         validate_listing(prefix, start_after)
-        faults.reached("local.list", prefix)
+        fault_point("local.list", prefix)
         if "/" in prefix:
             base_rel, _, name_prefix = prefix.rpartition("/")
         else:
@@ -292,7 +292,7 @@ class LocalFileManager:
         touched: set[str] = set()
         for path in validate_paths_to_delete(paths, allow_temp=True):
             full = os.path.join(self._root, path)
-            faults.reached("local.delete", path)
+            fault_point("local.delete", path)
             try:
                 os.unlink(full)
             except FileNotFoundError:
