@@ -90,7 +90,7 @@ def expected_state(partition: int, version: int) -> tuple[tuple[bytes, bytes], .
 # -- the writer -----------------------------------------------------------------------------------
 
 
-def _config(work: str, tag: str) -> StoreConfig:
+def store_config(work: str, tag: str) -> StoreConfig:
     return StoreConfig(local_dir=os.path.join(work, tag), block_bytes=1024, snapshot_check_interval=2)
 
 
@@ -106,7 +106,7 @@ def write_batches(root: str, work: str, count: int, *, asynchronous: bool = Fals
     fm: CheckpointFileManager = uploader if uploader is not None else real
     log = CommitLog(real)
     tag = os.urandom(4).hex()  # a restarted writer starts from an empty local directory
-    stores = [StateStore(fm, OPERATOR, p, config=_config(work, f"p{p}-{tag}")) for p in range(PARTITIONS)]
+    stores = [StateStore(fm, OPERATOR, p, config=store_config(work, f"p{p}-{tag}")) for p in range(PARTITIONS)]
     try:
         latest = log.latest()
         ids: list[str | None] = [None] * PARTITIONS
@@ -135,7 +135,7 @@ def write_batches(root: str, work: str, count: int, *, asynchronous: bool = Fals
 
 
 def _losing_attempt(fm: CheckpointFileManager, work: str, version: int) -> None:
-    probe = StateStore(fm, OPERATOR, 0, config=_config(work, f"lose-{os.urandom(4).hex()}"))
+    probe = StateStore(fm, OPERATOR, 0, config=store_config(work, f"lose-{os.urandom(4).hex()}"))
     try:
         probe.load(version - 1)
         probe.put(b"loser", b"%d" % version)
@@ -282,7 +282,7 @@ def check(root: str, work: str, scenario: Scenario, committed_before: int) -> li
         problems.append(f"latest committed version {latest} < {committed_before} committed before the kill")
     first = max(1, latest - RETAIN + 1) if scenario.expires else 1
     for p in range(PARTITIONS):
-        probe = StateStore(fm, OPERATOR, p, config=_config(work, f"check-{p}-{os.urandom(4).hex()}"))
+        probe = StateStore(fm, OPERATOR, p, config=store_config(work, f"check-{p}-{os.urandom(4).hex()}"))
         try:
             for version in range(first, latest + 1):
                 try:
