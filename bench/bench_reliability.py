@@ -30,6 +30,7 @@ from bench.report import ROOT, Table, machine
 
 DOC = ROOT / "docs" / "reliability.md"
 MODEL_TESTS = [
+    "tests/reliability/test_disk_faults.py",
     "tests/store/test_fuzz_readers.py",
     "tests/store/test_file_manager_model.py",
     "tests/store/test_model.py",
@@ -75,7 +76,7 @@ def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
     with tempfile.TemporaryDirectory(prefix="sk-reliability-") as tmp:
         sweep = _sweep(quick, tmp)
         figures, models_passed = _model_steps(quick, tmp)
-    steps, fuzzed = figures.get("steps", {}), figures.get("fuzzed", {})
+    steps, fuzzed, injected = figures.get("steps", {}), figures.get("fuzzed", {}), figures.get("injected", {})
     kinds = sorted({k for per in sweep["kills"].values() for k in per})
     kills = Table(
         "Crash-point sweep: distinct kill -9 points, by scenario and root",
@@ -112,7 +113,13 @@ def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
         [[name, n, 0] for name, n in sorted(fuzzed.items())] + [["total", sum(fuzzed.values()), 0]],
         ["every input refused with the reader's own error naming the file (or state variable); a test fails otherwise"],
     )
-    tables = [kills, points, models, inputs]
+    disk = Table(
+        "Disk faults injected on local writes (commit, snapshot, file manager)",
+        ["fault", "injected", "partial file visible or version lost"],
+        [[name, n, 0] for name, n in sorted(injected.items())],
+        ["each failed with an error naming the file; tests fail on a partial file or a lost version"],
+    )
+    tables = [kills, points, models, inputs, disk]
     if doc if doc is not None else not quick:
         _write_doc(tables, measured_on, quick)
     return tables

@@ -71,9 +71,9 @@ def file_manager(checkpoint_root: str) -> CheckpointFileManager:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """Report how many steps the hypothesis state machines ran (`tests/model_steps.py`)."""
-    from tests.model_steps import FUZZED, STEPS, summary, write_report
+    from tests.model_steps import FUZZED, INJECTED, STEPS, summary, write_report
 
-    if STEPS or FUZZED:
+    if STEPS or FUZZED or INJECTED:
         for line in summary().splitlines():
             terminalreporter.write_line(line)
         write_report()

@@ -22,6 +22,7 @@ from maintenance.snapshots import close_replicas, create_snapshots
 from store import CommitLog, StateStore, faults
 from store.errors import CheckpointWriteError
 from store.files import LocalFileManager
+from tests.model_steps import INJECTED
 from tests.reliability.scenarios import (
     OPERATOR,
     SCENARIOS,
@@ -43,6 +44,7 @@ def disk_fails(point: str, code: int) -> Iterator[list[str]]:
     def hook(reached: str, subject: str) -> None:
         if reached == point:
             failed.append(subject)
+            INJECTED[errno.errorcode[code]] += 1
             raise OSError(code, os.strerror(code))
 
     previous = faults.arm(hook)

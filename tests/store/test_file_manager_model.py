@@ -26,13 +26,12 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from store import faults
 from store.errors import CheckpointFileExistsError, CheckpointWriteError
 from store.files import LocalFileManager
-from tests.model_steps import CountedSteps, scaled
+from tests.model_steps import INJECTED, CountedSteps, scaled
 
 NAMES = st.sampled_from([f"{d}/{n}" for d in ("a", "a/b", "c") for n in ("f1", "f2", "f3.bin")])
 DATA = st.binary(max_size=300)
 WRITE_POINTS = ("local.write", "local.fsync", "local.publish")
 FAULTS = {"ENOSPC": errno.ENOSPC, "EIO": errno.EIO}
-INJECTED: dict[str, int] = {}
 
 
 @contextmanager
@@ -111,7 +110,7 @@ class FileManagerMachine(CountedSteps, RuleBasedStateMachine):
             self._write(path, data, exclusive, 2)
         assert raised.value.errno == FAULTS[fault]
         assert path in str(raised.value), f"the error does not name the file: {raised.value}"
-        INJECTED[fault] = INJECTED.get(fault, 0) + 1
+        INJECTED[fault] += 1
 
     @rule(paths=st.lists(NAMES, max_size=4))
     def delete(self, paths: list[str]) -> None:
