@@ -35,7 +35,8 @@ POINTS: tuple[str, ...] = (
     "upload.run",  # a queued upload, before it is sent
     "rocks.flush",  # before RocksDB memtables are flushed
     "rocks.checkpoint",  # before a RocksDB checkpoint (a snapshot's SST set) is taken
-    "catalog.transaction",  # before a catalog write transaction commits
+    "catalog.transaction",  # before a catalog transaction commits (sql/ may not import store: the
+    # sweep reaches it from SQLAlchemy's commit event, tests/reliability/scenarios.py)
 )
 
 _hook: FaultHook | None = None
