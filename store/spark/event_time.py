@@ -237,7 +237,9 @@ class WatermarkLog:
             pass  # a re-run of the batch: the same input gives the same figures
 
 
-_WATERMARK_NODE = re.compile(r"EventTimeWatermark\s+(?:[0-9a-f-]+,\s*)?`?([^#`\s]+)`?#\d+:?\s*[^,]*,\s*(.+)")
+_WATERMARK_NODE = re.compile(
+    r"EventTimeWatermark\s+(?:[0-9a-f-]{36},\s*)?'?`?([^#`,\s]+)`?(?:#\d+)?(?::\s*[\w()]+)?,\s*(.+)"
+)
 
 
 def watermark_of(df: Any) -> EventTime | None:

@@ -1,0 +1,75 @@
+"""Processors written against PySpark's own ``StatefulProcessor`` API, run unchanged by both PySpark's
+``transformWithState`` and statekeeper (the parity tests compare the two batch by batch)."""
+
+# ruff: noqa: N802, N803 - PySpark's method and argument names
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from store.spark import StatefulProcessor as SkProcessor
+
+OUTPUT = "user string, kind string, count long, pages long, watermark long, expiry long"
+INPUT = "user string, page string, ts timestamp"
+
+
+class _Sessions:
+    """Per user: events counted, pages in a map, event times in a list; an event-time timer 5 s after
+    the user's latest event closes the session (output "timer", state cleared)."""
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        self.count = handle.getValueState("count", "n long")
+        self.times = handle.getListState("times", "ms long")
+        self.pages = handle.getMapState("pages", "page string", "hits long")
+
+    def handleInitialState(self, key: Any, initialState: Any, timerValues: Any) -> None:
+        self.count.update((int(initialState.n),))
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        from pyspark.sql import Row
+
+        n = self.count.get()[0] if self.count.exists() else 0
+        latest = max((t for (t,) in self.times.get()), default=0)
+        for r in rows:
+            n += 1
+            ms = int(r.ts.timestamp() * 1000)
+            latest = max(latest, ms)
+            self.times.appendValue((ms,))
+            hits = self.pages.getValue((r.page,))
+            self.pages.updateValue((r.page,), ((hits[0] if hits else 0) + 1,))
+        self.count.update((n,))
+        for t in list(self.handle.listTimers()):
+            self.handle.deleteTimer(t)
+        self.handle.registerTimer(latest + 5000)
+        pages = sum(1 for _ in self.pages.keys())
+        yield Row(user=key[0], kind="input", count=n, pages=pages, watermark=timerValues.getCurrentWatermarkInMs(),
+                  expiry=-1)
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:
+        from pyspark.sql import Row
+
+        n = self.count.get()[0] if self.count.exists() else 0
+        pages = sum(1 for _ in self.pages.values())
+        self.count.clear()
+        self.times.clear()
+        self.pages.clear()
+        yield Row(user=key[0], kind="timer", count=n, pages=pages, watermark=timerValues.getCurrentWatermarkInMs(),
+                  expiry=expiredTimerInfo.getExpiryTimeInMs())
+
+    def close(self) -> None:
+        pass
+
+
+def pyspark_sessions() -> Any:
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    class PySparkSessions(_Sessions, StatefulProcessor):  # type: ignore[misc]
+        pass
+
+    return PySparkSessions()
+
+
+class Sessions(_Sessions, SkProcessor):
+    """The same logic as statekeeper's processor."""
