@@ -154,7 +154,10 @@ class GroupState:
         self._handle.registerTimer(self._timer_values.getCurrentProcessingTimeInMs() + int(durationMs))
 
     def setTimeoutTimestamp(self, timestampMs: int) -> None:
-        raise NotImplementedError("event-time timeouts are not supported; use setTimeoutDuration")
+        """Event-time timeout (operator ``time_mode="EventTime"``): fires once the watermark reaches it."""
+        for t in list(self._handle.listTimers()):
+            self._handle.deleteTimer(t)
+        self._handle.registerTimer(int(timestampMs))
 
     def getCurrentProcessingTimeMs(self) -> int:
         return self._timer_values.getCurrentProcessingTimeInMs()

@@ -67,6 +67,11 @@ class StatefulOperator:
     (vectorized); ``key`` the grouping columns; ``output_schema`` a StructType or DDL string.
     ``sink(df, batch_id)`` gets each batch's output after its state is committed.
     ``max_key_groups`` (the groups stored keys lead with) is recorded at the first batch and kept.
+
+    As PySpark's ``transformWithState``: ``time_mode`` "None" | "ProcessingTime" | "EventTime";
+    event time from ``event_time_column`` + ``watermark_delay`` or the stream's ``withWatermark``
+    (store/spark/event_time.py); ``initial_state`` a DataFrame or ``df.groupBy(key)`` delivered to
+    ``handleInitialState`` on the first batch (store/spark/initial_state.py).
     """
 
     def __init__(
@@ -93,8 +98,14 @@ class StatefulOperator:
         event_time_column: str | None = None,
         watermark_delay: str | int | None = None,
         initial_state: Any = None,
+        output_mode: str = "Append",
     ) -> None:
         validate_component(name, "operator name")
+        if str(output_mode).lower() not in ("append", "update"):
+            raise NotImplementedError(
+                f"output_mode {output_mode!r}: transformWithState supports 'Append' and 'Update' (each batch's "
+                "output goes to the sink as it is produced); 'Complete' is not supported"
+            )
         if not isinstance(processor, StatefulProcessor | BatchStatefulProcessor):
             raise ConfigurationError(
                 f"processor must be a StatefulProcessor or BatchStatefulProcessor, got {type(processor).__name__}"

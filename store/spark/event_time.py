@@ -260,8 +260,8 @@ def watermark_of(df: Any) -> EventTime | None:
 
 __all__ = [
     "INITIAL_WATERMARK_MS",
-    "TaskTime",
     "EventTime",
+    "TaskTime",
     "TimeMode",
     "WatermarkLog",
     "drop_late",

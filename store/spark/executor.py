@@ -41,12 +41,12 @@ from store.errors import StoreStateError
 from store.files import CheckpointFileManager, open_file_manager
 from store.formats.typed_codec import CorruptStateError
 from store.formats.typed_schema import Field, from_arrow, struct
-from store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor, TimerValues
+from store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor
+from store.spark.event_time import TaskTime
 from store.spark.handle import StatefulProcessorHandle
 from store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from store.spark.state import StateContext
 from store.spark.state_view import check_typed_state
-from store.spark.event_time import TaskTime
 from store.state_store import StateStore, StoreConfig
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,6 @@ the output comes back as tuples in output-schema order, and state and timers can
 between batches. Nothing here starts a JVM.
 """
 
-# ruff: noqa: N803 - argument names follow PySpark's
-
 from __future__ import annotations
 
 import json
@@ -218,7 +216,9 @@ class TwsTester:
     def __enter__(self) -> TwsTester:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 

@@ -10,7 +10,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 from store.spark import StatefulOperator
 from tests.spark.tws_processors import INPUT, OUTPUT, Sessions, pyspark_sessions
@@ -79,8 +78,10 @@ def test_event_time_timers_watermark_initial_state_match_pyspark(spark: Any, tmp
             )
 
         reference = _Collect()
-        tws = stream().groupBy("user").transformWithState(
-            pyspark_sessions(), OUTPUT, "Append", "EventTime", initialState=initial.groupBy("user")
+        tws = (
+            stream()
+            .groupBy("user")
+            .transformWithState(pyspark_sessions(), OUTPUT, "Append", "EventTime", initialState=initial.groupBy("user"))
         )
         _run(
             tws.writeStream.foreachBatch(reference)
@@ -91,8 +92,15 @@ def test_event_time_timers_watermark_initial_state_match_pyspark(spark: Any, tmp
 
         ours = _Collect()
         op = StatefulOperator(
-            (tmp_path / "state").as_uri(), "sessions", key="user", processor=Sessions(), output_schema=OUTPUT,
-            num_partitions=2, time_mode="EventTime", initial_state=initial.groupBy("user"), sink=ours,
+            (tmp_path / "state").as_uri(),
+            "sessions",
+            key="user",
+            processor=Sessions(),
+            output_schema=OUTPUT,
+            num_partitions=2,
+            time_mode="EventTime",
+            initial_state=initial.groupBy("user"),
+            sink=ours,
         )
         _run(op.start(stream(), str(tmp_path / "ckpt"), trigger={"availableNow": True}))
     finally:

