@@ -25,10 +25,10 @@ from tests.spark.helpers import reference, state_of, write_inputs
 pytestmark = pytest.mark.slow
 
 
-def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _start(args: list[str], log: Path, module: str = "tests.spark.driver_job") -> subprocess.Popen[bytes]:
     env = {**os.environ, **spark_env()}
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.spark.driver_job", *args],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT,
         env=env,
         stdout=log.open("ab"),

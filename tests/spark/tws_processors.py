@@ -78,3 +78,16 @@ def pyspark_sessions() -> Any:
 
 class Sessions(_Sessions, SkProcessor):
     """The same logic as statekeeper's processor."""
+
+
+class SlowSessions(Sessions):
+    """Sessions whose partition tasks take `sleep_s` (so a test can kill the driver mid-batch)."""
+
+    def __init__(self, sleep_s: float) -> None:
+        self.sleep_s = sleep_s
+
+    def init(self, handle: Any) -> None:
+        import time
+
+        time.sleep(self.sleep_s)
+        super().init(handle)
