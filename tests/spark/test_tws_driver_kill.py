@@ -17,9 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from store import CommitLog, open_file_manager
-from store.layout import StoreId
 from store.spark.testing import TwsTester
-from tests.spark.test_driver_kill import _kill_when, _start
+from tests.spark.test_driver_kill import KillPoints, _kill_when, _start
 from tests.spark.tws_processors import OUTPUT, Sessions
 
 pytestmark = pytest.mark.slow
@@ -58,32 +57,15 @@ def test_event_time_timers_fire_exactly_once_across_driver_kills(spark: Any, tmp
     commits = CommitLog(fm)
     args = [str(tmp_path / "in"), root, str(ckpt), str(out)]
 
-    def tasks_committed_but_no_record() -> bool:
-        latest = commits.latest()
-        nxt = f"{latest + 1:020d}_"
-        names = [f.path.rsplit("/", 1)[-1] for p in range(2) for f in fm.list(StoreId("sessions", p).changelog_dir())]
-        done = any(n.startswith(nxt) for n in names)
-        return latest >= 2 and done and commits.get(latest + 1, use_cache=False) is None
-
-    _kill_when(_start_job(args, "1.0", "0.0", log), tasks_committed_but_no_record)
+    points = KillPoints(fm, "sessions", 2, out, ckpt)
+    _kill_when(_start_job(args, "1.0", "0.0", log), points.tasks_committed_but_no_record)
     killed_at_1 = commits.latest()
-
-    def delivered(batch: int) -> int:
-        path = out / "deliveries.log"
-        lines = path.read_text().split("\n") if path.exists() else []
-        return sum(1 for line in lines if line.split(" ")[0] == str(batch))
-
-    def record_but_no_spark_commit() -> bool:
-        latest = commits.latest()
-        spark_committed = (ckpt / "commits" / str(latest - 1)).exists()
-        return latest > killed_at_1 + 1 and delivered(latest - 1) == 1 and not spark_committed
-
-    _kill_when(_start_job(args, "0.0", "1.5", log), record_but_no_spark_commit)
+    _kill_when(_start_job(args, "0.0", "1.5", log), lambda: points.record_but_no_spark_commit(killed_at_1 + 1))
     killed_at_2 = commits.latest()
     proc = _start_job(args, "0.0", "0.0", log)
     assert proc.wait(240) == 0, log.read_text()[-3000:]
     assert commits.latest() == len(batches)
-    assert delivered(killed_at_2 - 1) == 2, "the batch committed before the second kill is delivered again"
+    assert points.delivered(killed_at_2 - 1) == 2, "the batch committed before the second kill is delivered again"
 
     with TwsTester(
         Sessions(), "user", OUTPUT, time_mode="EventTime", event_time_column="ts", watermark_delay="5 seconds"
