@@ -10,9 +10,18 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from store.spark import StatefulOperator
-from tests.spark.tws_processors import INPUT, OUTPUT, Sessions, pyspark_sessions
+from tests.spark.tws_processors import (
+    INPUT,
+    OUTPUT,
+    PANDAS_OUTPUT,
+    PageTally,
+    Sessions,
+    pyspark_page_tally,
+    pyspark_sessions,
+)
 
 T0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -116,3 +125,51 @@ def test_event_time_timers_watermark_initial_state_match_pyspark(spark: Any, tmp
     dropped = [p.num_rows_dropped_by_watermark for p in op.recent_progress]
     assert dropped == [0, 0, 0, 0, 1, 0]
     assert dropped == [p.stateOperators[0].numRowsDroppedByWatermark for p in progress if p.numInputRows]
+
+
+@pytest.mark.slow
+def test_pandas_flavour_time_mode_none_initial_state_match_pyspark(spark: Any, tmp_path: Path) -> None:
+    """transformWithStateInPandas, timeMode "None": map containsKey/removeKey, list put/appendList, pandas
+    initial state."""
+    inputs = tmp_path / "in"
+    _write_files(inputs)
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+    try:
+        seed = [("u1", 3, "drop"), ("u1", 4, "z"), ("u8", 1, "q")]
+        initial = spark.createDataFrame(seed, "user string, n long, page string")
+
+        def stream() -> Any:
+            return spark.readStream.schema(INPUT).option("maxFilesPerTrigger", 1).parquet(str(inputs))
+
+        reference = _Collect()
+        tws = (
+            stream()
+            .groupBy("user")
+            .transformWithStateInPandas(
+                pyspark_page_tally(), PANDAS_OUTPUT, "Append", "None", initialState=initial.groupBy("user")
+            )
+        )
+        _run(
+            tws.writeStream.foreachBatch(reference)
+            .option("checkpointLocation", str(tmp_path / "ref-ckpt"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        ours = _Collect()
+        op = StatefulOperator(
+            (tmp_path / "state").as_uri(),
+            "tally",
+            key="user",
+            processor=PageTally(),
+            output_schema=PANDAS_OUTPUT,
+            input_format="pandas",
+            time_mode="None",
+            initial_state=initial.groupBy("user"),
+            sink=ours,
+        )
+        _run(op.start(stream(), str(tmp_path / "ckpt"), trigger={"availableNow": True}))
+    finally:
+        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
+    assert sorted(reference.batches) == list(range(len(FILES)))
+    for b in range(len(FILES)):
+        assert ours.batches[b] == reference.batches[b], f"batch {b}"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -91,3 +92,60 @@ class SlowSessions(Sessions):
 
         time.sleep(self.sleep_s)
         super().init(handle)
+
+
+PANDAS_OUTPUT = "user string, events long, seeded long, distinct_pages long, recent string"
+
+
+class _PageTally:
+    """transformWithStateInPandas flavour, timeMode "None": pandas in and out, map and list operations."""
+
+    def init(self, handle: Any) -> None:
+        self.seeded = handle.getValueState("seeded", "n long")
+        self.pages = handle.getMapState("pages", "page string", "hits long")
+        self.recent = handle.getListState("recent", "page string")
+
+    def handleInitialState(self, key: Any, initialState: Any, timerValues: Any) -> None:
+        self.seeded.update((int(initialState["n"].sum()),))
+        self.recent.put([(p,) for p in initialState["page"]])
+        for page, n in zip(initialState["page"], initialState["n"], strict=True):
+            self.pages.updateValue((page,), (int(n),))
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        pd = importlib.import_module("pandas")
+        events = 0
+        for pdf in rows:
+            events += len(pdf)
+            pages = list(pdf["page"])
+            for page in pages:
+                hits = self.pages.getValue((page,)) if self.pages.containsKey((page,)) else (0,)
+                self.pages.updateValue((page,), (hits[0] + 1,))
+            self.recent.appendList([(p,) for p in pages])
+        if self.pages.containsKey(("drop",)):
+            self.pages.removeKey(("drop",))
+        recent = [p for (p,) in self.recent.get()][-3:]
+        self.recent.put([(p,) for p in recent])
+        seeded = self.seeded.get()[0] if self.seeded.exists() else 0
+        distinct = len(list(self.pages.keys()))
+        yield pd.DataFrame(
+            {
+                "user": [key[0]],
+                "events": [events],
+                "seeded": [seeded],
+                "distinct_pages": [distinct],
+                "recent": [",".join(sorted(recent))],
+            }
+        )
+
+
+def pyspark_page_tally() -> Any:
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+    class PySparkPageTally(_PageTally, StatefulProcessor):
+        pass
+
+    return PySparkPageTally()
+
+
+class PageTally(_PageTally, SkProcessor):
+    """The same logic as statekeeper's processor."""
