@@ -129,7 +129,7 @@ def test_pandas_initial_state_only_in_the_first_batch() -> None:
         assert t.value_state("total") == {("a",): (16,), ("b",): (2,)}
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(
     st.lists(
         st.tuples(st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 60)), max_size=4), st.integers(0, 20)),
