@@ -34,7 +34,7 @@ from store.commit_log import CommitLog
 from store.errors import CheckpointFileExistsError, CheckpointFileNotFoundError, ConfigurationError, StatekeeperError
 from store.files import CheckpointFileManager, open_file_manager
 from store.files.paths import validate_component
-from store.layout import StoreId
+from store.layout import StoreId, batch_path
 from store.spark.api import BatchStatefulProcessor, StatefulProcessor
 from store.spark.event_time import EventTime, TaskTime, TimeMode, WatermarkLog, parse_delay_ms, watermark_of
 from store.spark.executor import MARKER_COL, META_COL, PID_COL, FileManagerFactory, TaskSpec, run_task
@@ -52,7 +52,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ROUTE_COL = "__sk_route"
-SPARK_DIR = "spark"
 Sink = Callable[["DataFrame", int], None]
 
 
@@ -281,14 +280,12 @@ class StatefulOperator:
             out.unpersist()
         duration = (time.perf_counter() - t0) * 1000
         self._finish(_with(progress, sink_ms=sink_ms, duration_ms=duration))
-        if spec.commit and batch_id % 50 == 0:
-            self._clean_batch_files(batch_id)
 
     # -- batch phases ---------------------------------------------------------------------------
     def _watermarks(self) -> WatermarkLog | None:
         if self.event_time is None:
             return None
-        return WatermarkLog(self.fm, f"{SPARK_DIR}/{self.name}/event_time", self.event_time.delay_ms)
+        return WatermarkLog(self.fm, self.name, self.event_time.delay_ms)
 
     def _task_time(self, batch_id: int) -> tuple[TaskTime, int | None]:
         """The batch's time mode and watermarks (recorded ones on a re-run), and the max event time before it."""
@@ -372,7 +369,8 @@ class StatefulOperator:
         self._next_batch = batch_id
 
     def _batch_path(self, batch_id: int) -> str:
-        return f"{SPARK_DIR}/{self.name}/batches/{batch_id:020d}.json"
+        """Owned by the version the batch commits: maintenance expires it with that commit record."""
+        return batch_path(self.name, batch_id)
 
     def _read_batch_file(self, batch_id: int) -> dict[str, Any] | None:
         try:
@@ -399,18 +397,6 @@ class StatefulOperator:
             except CheckpointFileExistsError:
                 data = self._read_batch_file(batch_id) or data
         return int(data["timestamp_ms"])
-
-    def _clean_batch_files(self, batch_id: int, keep: int = 100) -> None:
-        old = []
-        for prefix in (f"{SPARK_DIR}/{self.name}/batches/", f"{SPARK_DIR}/{self.name}/event_time/"):
-            for info in self.fm.list(prefix):
-                stem = info.path.rsplit("/", 1)[-1].split(".", 1)[0]
-                if stem.isdigit() and int(stem) < batch_id - keep:
-                    old.append(info.path)
-        if old:
-            result = self.fm.delete_many(old)
-            if result.errors:
-                log.warning("statekeeper %s: could not delete old batch files: %s", self.name, result.errors)
 
     def _load_ids(self, version: int, n: int) -> tuple[str, ...]:
         if version == 0:

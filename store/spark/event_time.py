@@ -11,7 +11,7 @@ event time the input declares an event-time column and a delay (``withWatermark(
 - event-time timers fire when their time is at or before the batch's watermark.
 
 The driver records each batch's watermark and cumulative max event time in the checkpoint
-(``spark/<operator>/event_time/<batch>.json``, written before the batch's commit record) so that a
+(``spark/<operator>/batches/<batch>.event_time.json``, written before the batch's commit record) so that a
 restarted query continues from them and a re-run of a batch sees the same watermark.
 """
 
@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 
 from store.errors import CheckpointFileExistsError, CheckpointFileNotFoundError, ConfigurationError
 from store.files import CheckpointFileManager
+from store.layout import event_time_path
 from store.spark.api import TimerValues
 
 log = logging.getLogger(__name__)
@@ -193,18 +194,19 @@ def check_event_time_column(schema_names: list[str], types: dict[str, str], even
 class WatermarkLog:
     """Per batch, the watermark it ran with and the max event time seen through it, in the checkpoint.
 
-    ``spark/<operator>/event_time/<batch 20 digits>.json`` = ``{"watermark_ms", "max_event_ms"}``, written
-    once (exclusive create) after the batch's tasks and before its commit record; a re-run of the batch
-    computes the same figures from the same input. Old files are deleted with the batch files.
+    ``spark/<operator>/batches/<batch 20 digits>.event_time.json`` = ``{"watermark_ms", "max_event_ms"}``,
+    written once (exclusive create) after the batch's tasks and before its commit record; a re-run of the
+    batch computes the same figures from the same input. Like the batch file beside it, it belongs to the
+    version the batch commits and maintenance expires it with that version.
     """
 
-    def __init__(self, fm: CheckpointFileManager, directory: str, delay_ms: int) -> None:
+    def __init__(self, fm: CheckpointFileManager, operator: str, delay_ms: int) -> None:
         self.fm = fm
-        self.directory = directory
+        self.operator = operator
         self.delay_ms = delay_ms
 
     def path(self, batch_id: int) -> str:
-        return f"{self.directory}/{batch_id:020d}.json"
+        return event_time_path(self.operator, batch_id)
 
     def read(self, batch_id: int) -> tuple[int, int | None] | None:
         try:

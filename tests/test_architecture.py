@@ -1,4 +1,4 @@
-"""The product's import graph: no circle between modules, and the layers point one way.
+"""The architecture, checked: no import circle, layers one way, modules of one size, the design map current.
 
 Read from the source (no module is imported), so every import counts: at module level, inside
 functions and under ``TYPE_CHECKING`` alike. A circle there is one even if Python happens to load
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.architecture import find_circle, import_graph, module_files, product_graph, updated_design
+from scripts.architecture import PACKAGES, REPO, find_circle, import_graph, module_files, product_graph, updated_design
 
 ALLOWED_LAYERS = {
     "store": {"store"},
@@ -72,3 +72,16 @@ def test_design_doc_map_is_current() -> None:
     from scripts.architecture import DESIGN
 
     assert updated_design(DESIGN.read_text()) == DESIGN.read_text(), "run `python -m scripts.architecture`"
+
+
+MODULE_LINE_LIMIT = 650
+"""One responsibility per module: ~600 lines, with a little slack so a docstring never forces a split."""
+
+
+def test_no_product_module_outgrows_one_responsibility() -> None:
+    big = {
+        m: n
+        for m, p in module_files(REPO, PACKAGES).items()
+        if (n := len(p.read_text().splitlines())) > MODULE_LINE_LIMIT
+    }
+    assert not big, f"modules over {MODULE_LINE_LIMIT} lines (split them by responsibility): {big}"
