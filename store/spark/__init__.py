@@ -47,11 +47,11 @@ from store.spark.api import (
     keys_of,
 )
 from store.spark.driver import StatefulOperator, UploadTimeoutError
-from store.spark.event_time import TimeMode
 from store.spark.handle import StatefulProcessorHandle
 from store.spark.metrics import BatchProgress, PartitionMetrics
 from store.spark.reader import StateDataSource, read_state
 from store.spark.state import ListState, MapState, ValueState
+from store.spark.time_mode import TimeMode
 
 __all__ = [
     "ApplyInPandasWithState",

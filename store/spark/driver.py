@@ -36,12 +36,13 @@ from store.files import CheckpointFileManager, open_file_manager
 from store.files.paths import validate_component
 from store.layout import StoreId, batch_path
 from store.spark.api import BatchStatefulProcessor, StatefulProcessor
-from store.spark.event_time import EventTime, TaskTime, TimeMode, WatermarkLog, parse_delay_ms, watermark_of
+from store.spark.event_time import EventTime, TaskTime, WatermarkLog, parse_delay_ms, watermark_of
 from store.spark.executor import MARKER_COL, META_COL, PID_COL, FileManagerFactory, TaskSpec, run_task
 from store.spark.initial_state import collect_initial_state, initial_state_frame
 from store.spark.metrics import BatchProgress, PartitionMetrics
 from store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from store.spark.state import check_max_key_groups
+from store.spark.time_mode import TimeMode
 from store.state_store import StoreConfig
 
 if TYPE_CHECKING:

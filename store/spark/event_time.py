@@ -17,7 +17,6 @@ restarted query continues from them and a re-run of a batch sees the same waterm
 
 from __future__ import annotations
 
-import enum
 import json
 import logging
 import re
@@ -31,30 +30,12 @@ from store.errors import CheckpointFileExistsError, CheckpointFileNotFoundError,
 from store.files import CheckpointFileManager
 from store.layout import event_time_path
 from store.spark.api import TimerValues
+from store.spark.time_mode import TimeMode
 
 log = logging.getLogger(__name__)
 
 INITIAL_WATERMARK_MS = 0
 """Spark's watermark before any event time was seen (``OffsetSeqMetadata.batchWatermarkMs``)."""
-
-
-class TimeMode(enum.Enum):
-    """PySpark's ``timeMode`` names (compared case-insensitively, as PySpark does)."""
-
-    NONE = "None"
-    PROCESSING_TIME = "ProcessingTime"
-    EVENT_TIME = "EventTime"
-
-    @classmethod
-    def parse(cls, value: str | TimeMode) -> TimeMode:
-        if isinstance(value, TimeMode):
-            return value
-        for mode in cls:
-            if isinstance(value, str) and value.lower() == mode.value.lower():
-                return mode
-        raise ConfigurationError(
-            f"time_mode must be one of {[m.value for m in cls]} (as PySpark's timeMode), got {value!r}"
-        )
 
 
 _UNITS_MS = {
@@ -264,7 +245,6 @@ __all__ = [
     "INITIAL_WATERMARK_MS",
     "EventTime",
     "TaskTime",
-    "TimeMode",
     "WatermarkLog",
     "drop_late",
     "max_event_ms",

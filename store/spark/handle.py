@@ -13,8 +13,8 @@ from typing import Any
 
 from store.errors import ConfigurationError
 from store.formats.typed_schema import to_schema
-from store.spark.event_time import TimeMode
 from store.spark.state import ListState, MapState, StateContext, ValueState, _State, validate_state_name
+from store.spark.time_mode import TimeMode
 
 
 class StatefulProcessorHandle:

@@ -32,18 +32,12 @@ from store.errors import ConfigurationError
 from store.files import open_file_manager
 from store.formats.typed_schema import to_schema
 from store.spark.api import BatchStatefulProcessor, StatefulProcessor
-from store.spark.event_time import (
-    INITIAL_WATERMARK_MS,
-    TaskTime,
-    TimeMode,
-    max_event_ms,
-    next_watermark,
-    parse_delay_ms,
-)
+from store.spark.event_time import INITIAL_WATERMARK_MS, TaskTime, max_event_ms, next_watermark, parse_delay_ms
 from store.spark.executor import CACHE, META_COL, PID_COL, TaskSpec, _run_partition
 from store.spark.metrics import PartitionMetrics
 from store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from store.spark.state_view import StateView
+from store.spark.time_mode import TimeMode
 from store.state_store import StateStore
 
 OPERATOR = "tester"

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from store.errors import ConfigurationError
 from store.spark import StatefulProcessor, StatefulProcessorHandle, TimerValues
 from store.spark.api import ExpiredTimerInfo
-from store.spark.event_time import TimeMode, next_watermark, parse_delay_ms
+from store.spark.event_time import next_watermark, parse_delay_ms
 from store.spark.testing import TwsTester
+from store.spark.time_mode import TimeMode
 from tests.spark.tws_processors import OUTPUT, Sessions
 
 T0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
