@@ -99,8 +99,14 @@ class StatefulOperator:
         watermark_delay: str | int | None = None,
         initial_state: Any = None,
         output_mode: str = "Append",
+        eventTimeColumnName: str = "",  # noqa: N803 - PySpark's argument name
     ) -> None:
         validate_component(name, "operator name")
+        if eventTimeColumnName:
+            raise NotImplementedError(
+                "eventTimeColumnName (re-assigning the watermark on the output for a chained stateful operator) "
+                "is not supported: the output goes to a foreachBatch sink, not to another operator"
+            )
         if str(output_mode).lower() not in ("append", "update"):
             raise NotImplementedError(
                 f"output_mode {output_mode!r}: transformWithState supports 'Append' and 'Update' (each batch's "
