@@ -159,3 +159,15 @@ def test_event_time_timers_fire_once_in_order_when_the_watermark_reaches_them(
             assert all(wm == watermark for _, _, wm, f in out if f < 0)
             pending -= due
         assert sorted((k[0], at) for k, at in t.timers()) == sorted(pending)
+
+
+def test_pyspark_options_we_lack_raise_naming_them(tmp_path: Any) -> None:
+    from store.spark import StatefulOperator
+
+    root = (tmp_path / "state").as_uri()
+    with pytest.raises(NotImplementedError, match="eventTimeColumnName"):
+        StatefulOperator(root, "op", "user", Sessions(), OUTPUT, eventTimeColumnName="ts")
+    with pytest.raises(NotImplementedError, match="Complete"):
+        StatefulOperator(root, "op", "user", Sessions(), OUTPUT, output_mode="Complete")
+    with pytest.raises(ConfigurationError, match="go together"):
+        StatefulOperator(root, "op", "user", Sessions(), OUTPUT, event_time_column="ts")
