@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,15 @@ from hypothesis import strategies as st
 from store.errors import StoreStateError
 from store.spark.executor import META_COL, TaskSpec, run_task
 from store.spark.task_input import MARKER_COL, PID_COL, TaskInput
-from tests.spark.processors import CountSum, CountSumVectorized
+from tests.spark.processors import CountSumVectorized
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = pa.schema([("user", pa.string()), ("count", pa.int64()), ("total", pa.int64()), (META_COL, pa.string())])
 
 
-def _batches(rows: list[tuple[str | None, int]], cuts: list[int], marker_first: bool = True) -> list[pa.RecordBatch]:
+def _batches(
+    rows: Sequence[tuple[str | None, int]], cuts: list[int], marker_first: bool = True
+) -> list[pa.RecordBatch]:
     """The task's input as Spark would send it: the marker row, then `rows`, cut into record batches."""
     users = [u for u, _ in rows]
     values = [v for _, v in rows]
@@ -40,13 +43,13 @@ def _batches(rows: list[tuple[str | None, int]], cuts: list[int], marker_first: 
         }
     )
     out, start = [], 0
-    for end in sorted({c for c in cuts if 0 < c < table.num_rows}) + [table.num_rows]:
+    for end in [*sorted({c for c in cuts if 0 < c < table.num_rows}), table.num_rows]:
         out.extend(table.slice(start, end - start).to_batches())
         start = end
     return out
 
 
-def _model(rows: list[tuple[str | None, int]]) -> dict[tuple[Any, ...], list[int]]:
+def _model(rows: Sequence[tuple[str | None, int]]) -> dict[tuple[Any, ...], list[int]]:
     groups: dict[tuple[Any, ...], list[int]] = {}
     for u, v in rows:
         groups.setdefault((u,), []).append(v)
@@ -81,7 +84,7 @@ def test_unsorted_input_is_grouped_within_the_budget_and_refused_beyond_it() -> 
     fits = TaskInput(_batches(rows, [], marker_first=False), ("user",), 1 << 20)
     assert {k: [r.value for r in it] for k, it in fits.groups("rows")} == _model(rows)
     too_big = TaskInput(_batches(rows, list(range(0, 200, 10))), ("user",), 256)
-    with pytest.raises(StoreStateError, match="unsorted by key.*task input budget"):
+    with pytest.raises(StoreStateError, match=r"unsorted by key.*task input budget"):
         list(too_big.groups("rows"))
 
 
@@ -107,7 +110,7 @@ def test_a_vectorized_processor_gets_each_key_in_exactly_one_call_of_several(tmp
     calls: list[set[str]] = []
 
     class Recording(CountSumVectorized):
-        def handleBatch(self, rows: pa.Table, timerValues: Any) -> Any:  # noqa: N802 - PySpark's name
+        def handleBatch(self, rows: pa.Table, timerValues: Any) -> Any:
             calls.append(set(rows.column("user").to_pylist()))
             return super().handleBatch(rows, timerValues)
 
