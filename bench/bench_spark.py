@@ -231,7 +231,10 @@ def _run_counting(query: Any, name: str, timeout: float) -> tuple[list[float], f
         query.stop()
     durations = [float(p["durationMs"]["triggerExecution"]) for p in query.recentProgress if p["numInputRows"] > 0]
     log.info("%s: %d batches in %.1fs: %s", name, len(durations), time.time() - t0, [round(d) for d in durations])
-    jobs = query.sparkSession.sparkContext.statusTracker().getJobIdsForGroup(str(query.runId))
+    from pyspark.sql import SparkSession
+
+    tracker = SparkSession.builder.getOrCreate().sparkContext.statusTracker()
+    jobs = tracker.getJobIdsForGroup(str(query.runId))
     return durations[WARMUP_BATCHES:], len(jobs) / max(1, len(durations))
 
 
