@@ -391,6 +391,7 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
             "reused_local": bool(load and load.reused_local),
             "replayed_changelogs": load.replayed_changelogs if load else 0,
             "replayed_records": load.replayed_records if load else 0,
+            "repaired_snapshots": load.repaired_snapshots if load else 0,
         }
         if spec.commit:
             result = store.commit()

@@ -34,6 +34,8 @@ class PartitionMetrics:
     phases: dict[str, float] = field(default_factory=dict)
     """The task's trace (``store.spark.executor``): input wait and conversion, user logic and state,
     output build and hand-off to Spark, the worker's reuse and peak RSS."""
+    repaired_snapshots: int = 0
+    """Unreadable snapshots the partition's load passed over (snapshot repair)."""
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> PartitionMetrics:
@@ -82,6 +84,11 @@ class BatchProgress:
     attempts: int = 1
     partitions: list[PartitionMetrics] = field(default_factory=list)
 
+    @property
+    def repaired_snapshots(self) -> int:
+        """Unreadable snapshots the batch's loads passed over (each a repair, logged as a warning)."""
+        return sum(p.repaired_snapshots for p in self.partitions)
+
     def state_operator_progress(self) -> dict[str, Any]:
         """The same figures under the names of Spark's ``StateOperatorProgress`` JSON."""
         return {
@@ -101,6 +108,7 @@ class BatchProgress:
                 "changelogBytes": self.changelog_bytes,
                 "storesReused": self.stores_reused,
                 "replayedChangelogs": self.replayed_changelogs,
+                "repairedSnapshots": self.repaired_snapshots,
                 "numTtlRemoved": self.ttl_removed,
                 "numTimersFired": self.timers_fired,
             },
@@ -112,6 +120,7 @@ class BatchProgress:
     def summary(self) -> str:
         """One log line."""
         d = {k: v for k, v in self.to_dict().items() if k != "partitions"}
+        d["repaired_snapshots"] = self.repaired_snapshots
         for k, v in d.items():
             if isinstance(v, float):
                 d[k] = round(v, 1)
