@@ -580,13 +580,13 @@ def run(quick: bool) -> list[Table]:
                 ],
             )
         )
-        trace = trace_table(traces)
+        where = trace_table(traces)
         if FLOOR_JOBS:
-            trace.notes.append(
+            where.notes.append(
                 f"The floor ran {FLOOR_JOBS[0]:.1f} Spark jobs per batch (its shuffle's map stage and the noop write); "
                 "statekeeper adds one: the sink reads the persisted task output after the commit record."
             )
-        tables.append(trace)
+        tables.append(where)
         tables.append(
             Table(
                 "How p50 grows with rows per batch and with state size (ms)",
