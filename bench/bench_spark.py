@@ -583,8 +583,10 @@ def run(quick: bool) -> list[Table]:
         where = trace_table(traces)
         if FLOOR_JOBS:
             where.notes.append(
-                f"The floor ran {FLOOR_JOBS[0]:.1f} Spark jobs per batch (its shuffle's map stage and the noop write); "
-                "statekeeper adds one: the sink reads the persisted task output after the commit record."
+                f"The floor ran {FLOOR_JOBS[0]:.1f} Spark jobs per batch (its shuffle's map stage and the noop write). "
+                "statekeeper's figure counts every batch's jobs, the first batch's one-off ones too (routing values); "
+                "a batch needs at least the tasks job and, after the commit record, the sink's read of the persisted "
+                "task output.",
             )
         tables.append(where)
         tables.append(
