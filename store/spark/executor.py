@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from store.async_upload import AsyncUploader
 from store.commit_log import CommitLog
@@ -38,12 +39,20 @@ from store.errors import StoreStateError
 from store.files import CheckpointFileManager, open_file_manager
 from store.formats.typed_codec import CorruptStateError
 from store.formats.typed_schema import Field, from_arrow, struct
-from store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor, TimerValues
+from store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor
+from store.spark.event_time import TaskTime
 from store.spark.handle import StatefulProcessorHandle
 from store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from store.spark.state import StateContext
 from store.spark.state_view import check_typed_state
-from store.spark.task_input import DEFAULT_INPUT_BUDGET_BYTES, MARKER_COL, PID_COL, InputPhases, TaskInput
+from store.spark.task_input import (
+    DEFAULT_INPUT_BUDGET_BYTES,
+    MARKER_COL,
+    PID_COL,
+    InputPhases,
+    TaskInput,
+    groups_of,
+)
 from store.state_store import StateStore, StoreConfig
 
 log = logging.getLogger(__name__)
@@ -82,6 +91,10 @@ class TaskSpec:
     """Key groups of the grouping-key hash; recorded in the checkpoint at the first batch."""
     input_budget_bytes: int = DEFAULT_INPUT_BUDGET_BYTES
     """Arrow bytes of input the task converts at once (whole key groups): bounds its memory."""
+    time: TaskTime = field(default_factory=TaskTime)
+    """Time mode, watermarks and event-time column of the batch (store/spark/event_time.py)."""
+    initial_state: pa.Table | None = None
+    """First batch only: the initial state rows, with the state partition of each in PID_COL."""
 
 
 def _key_schema(schema: pa.Schema, key_columns: tuple[str, ...]) -> Any:
@@ -299,6 +312,22 @@ class _OutputClock:
             self.emit_ms += (time.perf_counter() - t) * 1000
 
 
+@dataclass
+class _LateRows:
+    """Drops late rows chunk by chunk (event time); counts them and keeps the max event time seen."""
+
+    time: TaskTime
+    rows: int = 0
+    max_event_ms: int | None = None
+
+    def drop(self, chunk: pa.Table) -> pa.Table:
+        kept, late, max_event = self.time.drop_late(chunk)
+        self.rows += late
+        if max_event is not None:
+            self.max_event_ms = max_event if self.max_event_ms is None else max(self.max_event_ms, max_event)
+        return kept
+
+
 _WORKER = {"tasks": 0}
 """Tasks this Python worker process ran before (0: a fresh worker, paying its start-up)."""
 
@@ -335,14 +364,16 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
     clock = _OutputClock()
     assert data.schema is not None
     ctx = StateContext(store, spec.batch_ts_ms, _key_schema(data.schema, spec.key_columns), spec.max_key_groups)
-    timer_values = TimerValues(spec.batch_ts_ms, -1)
+    late = _LateRows(spec.time)
+    data.transform = late.drop
+    timer_values = spec.time.timer_values(spec.batch_ts_ms)
     processor = spec.processor
     committed = False
     fired: list[tuple[bytes, int]] = []
     phases = data.phases
     try:
         t_proc = time.perf_counter()
-        processor.init(StatefulProcessorHandle(ctx))
+        processor.init(StatefulProcessorHandle(ctx, spec.time.mode))
         if isinstance(processor, BatchStatefulProcessor):
             calls = 0
             for chunk in data.chunks():
@@ -355,13 +386,20 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
             keys = -1  # not counted by the vectorized API
         else:
             keys = 0
+            if spec.initial_state is not None:
+                initial = spec.initial_state.filter(pc.equal(spec.initial_state.column(PID_COL), partition))
+                initial = initial.drop_columns([PID_COL])
+                for key, states in groups_of(initial, spec.key_columns, spec.input_format):
+                    ctx.set_key(key)
+                    for one in states:
+                        processor.handleInitialState(key, one, timer_values)
             for key, rows in data.groups(spec.input_format):
                 keys += 1
                 ctx.set_key(key)
                 out.add(processor.handleInputRows(key, rows, timer_values))
                 if out.pending() >= OUTPUT_BATCH_ROWS:
                     yield from clock.drain(out)
-            fired = ctx.pop_expired_timers()
+            fired = ctx.pop_expired_timers(spec.time.timer_deadline_ms(spec.batch_ts_ms))
             for gk, expiry in fired:
                 key = ctx.decode_gk(gk)
                 ctx.set_key(key)
@@ -380,6 +418,8 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
             "task_attempt_id": task_attempt_id,
             "worker_pid": os.getpid(),
             "input_rows": phases.rows,
+            "late_rows": late.rows,
+            "max_event_ms": late.max_event_ms,
             "keys": keys,
             "rows_total": rows_total,
             "rows_updated": ctx.rows_updated,

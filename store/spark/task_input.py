@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import operator
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +62,8 @@ class TaskInput:
         self.partition: int | None = None
         self.schema: pa.Schema | None = None
         self._cut = False
+        self.transform: Callable[[pa.Table], pa.Table] | None = None
+        """Applied to each chunk before it is handed out (e.g. dropping late rows)."""
         self._find_marker()
 
     # -- the marker -----------------------------------------------------------------------------
@@ -143,7 +145,7 @@ class TaskInput:
     def _chunk(self, table: pa.Table, size: int) -> pa.Table:
         self.phases.chunks += 1
         self.phases.max_chunk_bytes = max(self.phases.max_chunk_bytes, size)
-        return table
+        return table if self.transform is None else self.transform(table)
 
     @property
     def multi_chunk(self) -> bool:
@@ -159,49 +161,10 @@ class TaskInput:
         """(key tuple, rows iterator) per grouping key, chunk by chunk."""
         for chunk in self.chunks():
             t = time.perf_counter()
-            groups = list(self._chunk_groups(chunk, input_format))
+            groups = list(groups_of(chunk, self.key_columns, input_format, self._unsorted))
             self.phases.convert_ms += (time.perf_counter() - t) * 1000
             yield from groups
             del groups
-
-    def _chunk_groups(self, data: pa.Table, input_format: str) -> Iterator[tuple[tuple[Any, ...], Any]]:
-        starts = run_starts(data, self.key_columns)
-        names = data.column_names
-        key_idx = [names.index(k) for k in self.key_columns]
-        if input_format == "pandas":
-            at = pa.array(starts, pa.int64())
-            keys = list(zip(*(data.column(i).take(at).to_pylist() for i in key_idx), strict=True))
-            if len(set(keys)) != len(keys):
-                self._unsorted()
-                order = _group_order(data, key_idx)
-                yield from _pandas_groups(data.take(pa.array(order[0], pa.int64())), order[1])
-                return
-            bounds = [*starts.tolist(), data.num_rows]
-            yield from _pandas_groups(data, list(zip(keys, np.diff(bounds).tolist(), strict=True)))
-            return
-        columns = [data.column(n).to_pylist() for n in names]
-        make = functools.partial(tuple.__new__, _row_class(tuple(names)))
-        rows = list(map(make, zip(*columns, strict=True)))
-        if len(key_idx) == 1:
-            col = columns[key_idx[0]]
-            keys = [(col[s],) for s in starts.tolist()]
-        else:
-            keys = [tuple(columns[i][s] for i in key_idx) for s in starts.tolist()]
-        if len(set(keys)) == len(keys):
-            bounds = [*starts.tolist(), data.num_rows]
-            for k, s, e in zip(keys, bounds, bounds[1:], strict=False):
-                yield k, iter(rows[s:e])
-            return
-        self._unsorted()
-        by_key: dict[tuple[Any, ...], list[Any]] = {}
-        for k, s, e in zip(keys, [*starts.tolist()], [*starts.tolist()[1:], data.num_rows], strict=True):
-            got = by_key.get(k)
-            if got is None:
-                by_key[k] = rows[s:e]
-            else:
-                got.extend(rows[s:e])
-        for k, group in by_key.items():
-            yield k, iter(group)
 
     def _unsorted(self) -> None:
         if self.multi_chunk:
@@ -210,6 +173,49 @@ class TaskInput:
                 f"{list(self.key_columns)} and larger than the task input budget ({self.budget} bytes): the driver "
                 "sorts each partition by key; raise task_input_budget_bytes only if you feed tasks yourself"
             )
+
+
+def groups_of(
+    data: pa.Table, key_columns: tuple[str, ...], input_format: str, on_unsorted: Callable[[], None] = lambda: None
+) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """(key tuple, rows iterator) per key of a whole table; `on_unsorted` is called when its keys are not contiguous."""
+    starts = run_starts(data, key_columns)
+    names = data.column_names
+    key_idx = [names.index(k) for k in key_columns]
+    if input_format == "pandas":
+        at = pa.array(starts, pa.int64())
+        keys = list(zip(*(data.column(i).take(at).to_pylist() for i in key_idx), strict=True))
+        if len(set(keys)) != len(keys):
+            on_unsorted()
+            order = _group_order(data, key_idx)
+            yield from _pandas_groups(data.take(pa.array(order[0], pa.int64())), order[1])
+            return
+        bounds = [*starts.tolist(), data.num_rows]
+        yield from _pandas_groups(data, list(zip(keys, np.diff(bounds).tolist(), strict=True)))
+        return
+    columns = [data.column(n).to_pylist() for n in names]
+    make = functools.partial(tuple.__new__, _row_class(tuple(names)))
+    rows = list(map(make, zip(*columns, strict=True)))
+    if len(key_idx) == 1:
+        col = columns[key_idx[0]]
+        keys = [(col[s],) for s in starts.tolist()]
+    else:
+        keys = [tuple(columns[i][s] for i in key_idx) for s in starts.tolist()]
+    if len(set(keys)) == len(keys):
+        bounds = [*starts.tolist(), data.num_rows]
+        for k, s, e in zip(keys, bounds, bounds[1:], strict=False):
+            yield k, iter(rows[s:e])
+        return
+    on_unsorted()
+    by_key: dict[tuple[Any, ...], list[Any]] = {}
+    for k, s, e in zip(keys, [*starts.tolist()], [*starts.tolist()[1:], data.num_rows], strict=True):
+        got = by_key.get(k)
+        if got is None:
+            by_key[k] = rows[s:e]
+        else:
+            got.extend(rows[s:e])
+    for k, group in by_key.items():
+        yield k, iter(group)
 
 
 def run_starts(table: pa.Table, key_columns: tuple[str, ...]) -> np.ndarray:
@@ -258,4 +264,4 @@ def _row_class(names: tuple[str, ...]) -> type:
     return type("Row", (Row,), attrs)
 
 
-__all__ = ["DEFAULT_INPUT_BUDGET_BYTES", "MARKER_COL", "PID_COL", "InputPhases", "TaskInput", "run_starts"]
+__all__ = ["DEFAULT_INPUT_BUDGET_BYTES", "MARKER_COL", "PID_COL", "InputPhases", "TaskInput", "groups_of", "run_starts"]
