@@ -66,6 +66,15 @@ class TaskInput:
         """Applied to each chunk before it is handed out (e.g. dropping late rows)."""
         self._find_marker()
 
+    @classmethod
+    def of_table(cls, data: pa.Table, partition: int, key_columns: tuple[str, ...], budget_bytes: int) -> TaskInput:
+        """A task input of data rows already without marker and internal columns (in-process testing)."""
+        task_input = cls((), key_columns, budget_bytes)
+        task_input.partition = partition
+        task_input.schema = data.schema
+        task_input._head = [b for b in data.to_batches() if b.num_rows]
+        return task_input
+
     # -- the marker -----------------------------------------------------------------------------
     def _next(self) -> pa.RecordBatch | None:
         t = time.perf_counter()
