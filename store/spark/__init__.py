@@ -23,8 +23,12 @@ Three ways to write the logic, all on the same state encoding:
   ``pyspark.sql.Row`` (``input_format="rows"``) or pandas DataFrames
   (``input_format="pandas"``, as ``transformWithStateInPandas``).
 - :class:`ApplyInPandasWithState` -- runs an ``applyInPandasWithState`` function unchanged.
-- :class:`BatchStatefulProcessor` -- vectorized: the partition's whole batch as an Arrow table, with
-  bulk state access (``getMany`` / ``updateMany`` / ``clearMany``).
+- :class:`BatchStatefulProcessor` -- vectorized: the partition's batch as Arrow tables (one, or several
+  when it exceeds ``task_input_budget_bytes``; each key in exactly one), with bulk state access
+  (``getMany`` / ``updateMany`` / ``clearMany``).
+
+Tasks stream their input (store/spark/task_input.py): each partition is sorted by key, and a task
+converts about ``task_input_budget_bytes`` of Arrow data at a time, cut on key boundaries.
 
 Progress per batch (``op.last_progress``, ``op.recent_progress``, ``on_progress=``, and the log) has the
 figures of Spark's ``stateOperators`` progress. ``read_state(spark, root, operator, stateVarName=...)`` returns

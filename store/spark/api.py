@@ -89,10 +89,11 @@ class StatefulProcessor(ABC):
 
 
 class BatchStatefulProcessor(ABC):
-    """Vectorized stateful logic: one call per partition with all of the batch's rows.
+    """Vectorized stateful logic: one call per partition with the batch's rows (several for large batches).
 
     ``handleBatch`` gets the partition's rows of this batch as a ``pyarrow.Table`` (every row of a key
-    is in the same call) and returns its output as a ``pyarrow.Table``, ``RecordBatch``,
+    is in the same call; a partition's input larger than ``task_input_budget_bytes`` comes in several
+    calls, cut between keys, so memory stays bounded) and returns its output as a ``pyarrow.Table``, ``RecordBatch``,
     ``pandas.DataFrame``, an iterable of those, or None. State variables are used through their bulk
     methods with explicit keys (tuples of grouping values, see :func:`store.spark.keys_of`).
     """

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from store.spark.initial_state import collect_initial_state, initial_state_frame
 from store.spark.metrics import BatchProgress, PartitionMetrics
 from store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from store.spark.state import check_max_key_groups
+from store.spark.task_input import DEFAULT_INPUT_BUDGET_BYTES
 from store.spark.time_mode import TimeMode
 from store.state_store import StoreConfig
 
@@ -53,6 +55,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ROUTE_COL = "__sk_route"
+TRACE_ENV = "STATEKEEPER_SPARK_TRACE"
 Sink = Callable[["DataFrame", int], None]
 
 
@@ -67,6 +70,10 @@ class StatefulOperator:
     (vectorized); ``key`` the grouping columns; ``output_schema`` a StructType or DDL string.
     ``sink(df, batch_id)`` gets each batch's output after its state is committed.
     ``max_key_groups`` (the groups stored keys lead with) is recorded at the first batch and kept.
+    ``task_input_budget_bytes`` bounds the Arrow input a task converts at once (whole key groups; each
+    partition is sorted by key so its tasks stream their input): per-task memory follows it, not the batch.
+    With ``STATEKEEPER_SPARK_TRACE`` set to a file path, every batch's progress (with each partition's
+    phase trace) is appended to that file as one JSON line.
 
     As PySpark's ``transformWithState``: ``time_mode`` "None" | "ProcessingTime" | "EventTime";
     event time from ``event_time_column`` + ``watermark_delay`` or the stream's ``withWatermark``
@@ -94,6 +101,7 @@ class StatefulOperator:
         local_dir: str | None = None,
         history: int = 200,
         max_key_groups: int = DEFAULT_MAX_KEY_GROUPS,
+        task_input_budget_bytes: int = DEFAULT_INPUT_BUDGET_BYTES,
         time_mode: str = "ProcessingTime",
         event_time_column: str | None = None,
         watermark_delay: str | int | None = None,
@@ -123,6 +131,10 @@ class StatefulOperator:
             raise ConfigurationError(f"input_format must be 'rows' or 'pandas', got {input_format!r}")
         if not isinstance(num_partitions, int) or not 1 <= num_partitions <= 10_000:
             raise ConfigurationError(f"num_partitions must be an integer in [1, 10000], got {num_partitions!r}")
+        if not isinstance(task_input_budget_bytes, int) or task_input_budget_bytes < 1 << 16:
+            raise ConfigurationError(
+                f"task_input_budget_bytes must be an integer >= 65536, got {task_input_budget_bytes!r}"
+            )
         if max_batch_attempts < 1:
             raise ConfigurationError(f"max_batch_attempts must be >= 1, got {max_batch_attempts}")
         self.root = checkpoint_root
@@ -141,6 +153,7 @@ class StatefulOperator:
         self.on_progress = on_progress
         self.local_dir = local_dir
         self.max_key_groups = check_max_key_groups(max_key_groups)
+        self.task_input_budget_bytes = task_input_budget_bytes
         self.fm: CheckpointFileManager = (
             file_manager_factory(checkpoint_root) if file_manager_factory else (open_file_manager(checkpoint_root))
         )
@@ -238,6 +251,7 @@ class StatefulOperator:
             fm_factory=self.fm_factory,
             local_dir=self.local_dir,
             max_key_groups=self.max_key_groups,
+            input_budget_bytes=self.task_input_budget_bytes,
             time=task_time,
             initial_state=self._initial_rows(df, n) if version == 0 else None,
         )
@@ -456,7 +470,9 @@ class StatefulOperator:
             cached = self._plan_parts[schema_key] = (markers, pid, route)
         markers, pid, route = cached
         data = df.select("*", pid, sf.lit(False).alias(MARKER_COL))
-        return data.unionByName(markers).withColumn(ROUTE_COL, route).repartition(n, ROUTE_COL)
+        routed = data.unionByName(markers).withColumn(ROUTE_COL, route).repartition(n, ROUTE_COL)
+        # marker first (the task learns its partition before any data), then each key's rows together
+        return routed.sortWithinPartitions(sf.col(MARKER_COL).desc(), *[sf.col(k).asc_nulls_first() for k in self.key])
 
     def _collect_metas(self, out: DataFrame, n: int) -> list[PartitionMetrics]:
         rows = out.filter(out[META_COL].isNotNull()).select(META_COL).collect()
@@ -534,6 +550,10 @@ class StatefulOperator:
 
     def _finish(self, progress: BatchProgress) -> None:
         self.recent_progress.append(progress)
+        trace = os.environ.get(TRACE_ENV)
+        if trace:
+            with open(trace, "a", encoding="utf-8") as f:
+                f.write(json.dumps(progress.to_dict()) + "\n")
         log.info("statekeeper batch progress: %s", progress.summary())
         if self.on_progress is not None:
             self.on_progress(progress)

@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import gc
 import hashlib
 import importlib
 import json
 import logging
-import operator
 import os
 import shutil
 import tempfile
@@ -47,13 +45,18 @@ from store.spark.handle import StatefulProcessorHandle
 from store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from store.spark.state import StateContext
 from store.spark.state_view import check_typed_state
+from store.spark.task_input import (
+    DEFAULT_INPUT_BUDGET_BYTES,
+    MARKER_COL,
+    PID_COL,
+    InputPhases,
+    TaskInput,
+    groups_of,
+)
 from store.state_store import StateStore, StoreConfig
 
 log = logging.getLogger(__name__)
 
-INTERNAL_COL_PREFIX = "__sk_"
-PID_COL = "__sk_partition"
-MARKER_COL = "__sk_marker"
 META_COL = "__sk_meta"
 LOCAL_DIR_ENV = "STATEKEEPER_SPARK_LOCAL_DIR"
 MAX_STORES_ENV = "STATEKEEPER_SPARK_MAX_STORES"
@@ -86,6 +89,8 @@ class TaskSpec:
     local_dir: str | None = None
     max_key_groups: int = DEFAULT_MAX_KEY_GROUPS
     """Key groups of the grouping-key hash; recorded in the checkpoint at the first batch."""
+    input_budget_bytes: int = DEFAULT_INPUT_BUDGET_BYTES
+    """Arrow bytes of input the task converts at once (whole key groups): bounds its memory."""
     time: TaskTime = field(default_factory=TaskTime)
     """Time mode, watermarks and event-time column of the batch (store/spark/event_time.py)."""
     initial_state: pa.Table | None = None
@@ -287,39 +292,64 @@ def _is_pandas(obj: Any) -> bool:
 
 
 # -- the task -------------------------------------------------------------------------------------
+@dataclass
+class _OutputClock:
+    """Time spent building output batches and handing them to Spark (ms)."""
+
+    build_ms: float = 0.0
+    emit_ms: float = 0.0
+
+    def drain(self, out: _Output) -> Iterator[pa.RecordBatch]:
+        batches = out.drain()
+        while True:
+            t = time.perf_counter()
+            b = next(batches, None)
+            self.build_ms += (time.perf_counter() - t) * 1000
+            if b is None:
+                return
+            t = time.perf_counter()
+            yield b
+            self.emit_ms += (time.perf_counter() - t) * 1000
+
+
+@dataclass
+class _LateRows:
+    """Drops late rows chunk by chunk (event time); counts them and keeps the max event time seen."""
+
+    time: TaskTime
+    rows: int = 0
+    max_event_ms: int | None = None
+
+    def drop(self, chunk: pa.Table) -> pa.Table:
+        kept, late, max_event = self.time.drop_late(chunk)
+        self.rows += late
+        if max_event is not None:
+            self.max_event_ms = max_event if self.max_event_ms is None else max(self.max_event_ms, max_event)
+        return kept
+
+
+_WORKER = {"tasks": 0}
+"""Tasks this Python worker process ran before (0: a fresh worker, paying its start-up)."""
+
+
 def run_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The body of the mapInArrow function for one Spark partition."""
     t_start = time.perf_counter()
-    received = [b for b in batches if b.num_rows]
-    if not received:
-        return
-    table = pa.Table.from_batches(received)
-    markers = table.filter(table.column(MARKER_COL))
-    if markers.num_rows == 0:
+    task_input = TaskInput(batches, spec.key_columns, spec.input_budget_bytes)
+    if task_input.partition is None:
         return  # no state partition routed here
-    partitions = sorted(set(markers.column(PID_COL).to_pylist()))
-    if len(partitions) != 1 or markers.num_rows != 1:
-        raise StoreStateError(f"a task got markers of state partitions {partitions}: routing is broken")
-    partition = int(partitions[0])
-    data = table.filter(pc.invert(table.column(MARKER_COL)))
-    if data.num_rows and not pc.all(pc.equal(data.column(PID_COL), partition)).as_py():
-        raise StoreStateError(f"the task of state partition {partition} got rows of another partition")
-    data = data.drop_columns([c for c in data.column_names if c.startswith(INTERNAL_COL_PREFIX)])
-    yield from _run_partition(spec, partition, data, t_start)
-
-
-def _run_partition(spec: TaskSpec, partition: int, data: pa.Table, t_start: float) -> Iterator[pa.RecordBatch]:
     # Many small objects, no cycles worth collecting mid-task: pause the cyclic GC for the task.
     gc_enabled = gc.isenabled()
     gc.disable()
     try:
-        yield from _run_partition_body(spec, partition, data, t_start)
+        yield from _run_partition(spec, task_input.partition, task_input, t_start)
     finally:
+        _WORKER["tasks"] += 1
         if gc_enabled:
             gc.enable()
 
 
-def _run_partition_body(spec: TaskSpec, partition: int, data: pa.Table, t_start: float) -> Iterator[pa.RecordBatch]:
+def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: float) -> Iterator[pa.RecordBatch]:
     attempt, task_attempt_id = _task_attempt()
     store = CACHE.store(spec, partition)
     uploader = CACHE.uploader(spec)
@@ -331,42 +361,51 @@ def _run_partition_body(spec: TaskSpec, partition: int, data: pa.Table, t_start:
         raise
     load = store.last_load
     out = _Output(spec.output_schema)
+    clock = _OutputClock()
+    assert data.schema is not None
     ctx = StateContext(store, spec.batch_ts_ms, _key_schema(data.schema, spec.key_columns), spec.max_key_groups)
-    input_rows = data.num_rows
-    data, late_rows, max_event = spec.time.drop_late(data)
+    late = _LateRows(spec.time)
+    data.transform = late.drop
     timer_values = spec.time.timer_values(spec.batch_ts_ms)
     processor = spec.processor
     committed = False
     fired: list[tuple[bytes, int]] = []
+    phases = data.phases
     try:
         t_proc = time.perf_counter()
         processor.init(StatefulProcessorHandle(ctx, spec.time.mode))
         if isinstance(processor, BatchStatefulProcessor):
-            out.add(processor.handleBatch(data, timer_values))
-            yield from out.drain()
+            calls = 0
+            for chunk in data.chunks():
+                calls += 1
+                out.add(processor.handleBatch(chunk, timer_values))
+                yield from clock.drain(out)
+            if not calls:
+                out.add(processor.handleBatch(data.empty_table(), timer_values))
+                yield from clock.drain(out)
             keys = -1  # not counted by the vectorized API
         else:
             keys = 0
             if spec.initial_state is not None:
                 initial = spec.initial_state.filter(pc.equal(spec.initial_state.column(PID_COL), partition))
                 initial = initial.drop_columns([PID_COL])
-                for key, states in _groups(initial, spec.key_columns, spec.input_format):
+                for key, states in groups_of(initial, spec.key_columns, spec.input_format):
                     ctx.set_key(key)
                     for one in states:
                         processor.handleInitialState(key, one, timer_values)
-            for key, rows in _groups(data, spec.key_columns, spec.input_format):
+            for key, rows in data.groups(spec.input_format):
                 keys += 1
                 ctx.set_key(key)
                 out.add(processor.handleInputRows(key, rows, timer_values))
                 if out.pending() >= OUTPUT_BATCH_ROWS:
-                    yield from out.drain()
+                    yield from clock.drain(out)
             fired = ctx.pop_expired_timers(spec.time.timer_deadline_ms(spec.batch_ts_ms))
             for gk, expiry in fired:
                 key = ctx.decode_gk(gk)
                 ctx.set_key(key)
                 out.add(processor.handleExpiredTimer(key, timer_values, ExpiredTimerInfo(expiry)))
                 if out.pending() >= OUTPUT_BATCH_ROWS:
-                    yield from out.drain()
+                    yield from clock.drain(out)
             ctx.clear_key()
         timers_fired = len(fired)
         ctx.evict_expired()
@@ -378,9 +417,9 @@ def _run_partition_body(spec: TaskSpec, partition: int, data: pa.Table, t_start:
             "attempt": attempt,
             "task_attempt_id": task_attempt_id,
             "worker_pid": os.getpid(),
-            "input_rows": input_rows,
-            "late_rows": late_rows,
-            "max_event_ms": max_event,
+            "input_rows": phases.rows,
+            "late_rows": late.rows,
+            "max_event_ms": late.max_event_ms,
             "keys": keys,
             "rows_total": rows_total,
             "rows_updated": ctx.rows_updated,
@@ -416,9 +455,10 @@ def _run_partition_body(spec: TaskSpec, partition: int, data: pa.Table, t_start:
             store.abort()
             meta.update(checkpoint_id=None, commit_ms=0.0, upload_ms=0.0, changelog_bytes=0, changelog_records=0)
         processor.close()
-        yield from out.drain()
+        yield from clock.drain(out)
         meta["output_rows"] = out.count
         meta["task_ms"] = (time.perf_counter() - t_start) * 1000
+        meta["phases"] = _task_phases(phases, clock, process_ms)
         yield out.meta(meta)
     except CorruptStateError as e:
         where = _locate_corrupt_changelog(spec, store)
@@ -429,6 +469,31 @@ def _run_partition_body(spec: TaskSpec, partition: int, data: pa.Table, t_start:
         if not committed:
             store.abort()
         raise
+
+
+def _task_phases(phases: InputPhases, clock: _OutputClock, process_ms: float) -> dict[str, float]:
+    """The task's trace: where its time went (ms), its worker's reuse and peak memory."""
+    inside = phases.wait_ms - phases.first_batch_ms + phases.convert_ms + clock.build_ms + clock.emit_ms
+    return {
+        "first_batch_ms": phases.first_batch_ms,
+        "input_wait_ms": max(0.0, phases.wait_ms - phases.first_batch_ms),
+        "convert_ms": phases.convert_ms,
+        "user_state_ms": max(0.0, process_ms - inside),
+        "output_build_ms": clock.build_ms,
+        "output_emit_ms": clock.emit_ms,
+        "input_chunks": float(phases.chunks),
+        "max_chunk_mb": phases.max_chunk_bytes / 2**20,
+        "worker_tasks_before": float(_WORKER["tasks"]),
+        "worker_peak_rss_mb": _peak_rss_mb(),
+    }
+
+
+def _peak_rss_mb() -> float:
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Windows
+        return 0.0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 def _locate_corrupt_changelog(spec: TaskSpec, store: StateStore, window: int = 100) -> str:
@@ -465,52 +530,6 @@ def _task_attempt() -> tuple[int, int]:
     if tc is None:
         return 0, -1
     return int(tc.attemptNumber()), int(tc.taskAttemptId())
-
-
-def _groups(data: pa.Table, key_columns: tuple[str, ...], input_format: str) -> Iterator[tuple[tuple[Any, ...], Any]]:
-    """(key tuple, rows iterator) per grouping key, in first-seen order."""
-    if data.num_rows == 0:
-        return
-    names = data.column_names
-    columns = [data.column(n).to_pylist() for n in names]
-    key_idx = [names.index(k) for k in key_columns]
-    if len(key_idx) == 1:
-        keys: Iterable[tuple[Any, ...]] = ((v,) for v in columns[key_idx[0]])
-    else:
-        keys = zip(*(columns[i] for i in key_idx), strict=True)
-    groups: dict[tuple[Any, ...], list[int]] = {}
-    for i, k in enumerate(keys):
-        idx = groups.get(k)
-        if idx is None:
-            groups[k] = [i]
-        else:
-            idx.append(i)
-    if input_format == "pandas":
-        # one frame sorted by group, then a cheap positional slice per key
-        order = [i for idx in groups.values() for i in idx]
-        pdf = data.take(pa.array(order, pa.int64())).to_pandas()
-        start = 0
-        for k, idx in groups.items():
-            end = start + len(idx)
-            yield k, iter((pdf.iloc[start:end],))
-            start = end
-        return
-    make = functools.partial(tuple.__new__, _row_class(tuple(names)))
-    rows = list(map(make, zip(*columns, strict=True)))
-    for k, idx in groups.items():
-        yield k, iter([rows[i] for i in idx])
-
-
-@functools.lru_cache(maxsize=64)
-def _row_class(names: tuple[str, ...]) -> type:
-    """A :class:`pyspark.sql.Row` subclass with the fields as class-level properties (fast access)."""
-    from pyspark.sql import Row
-
-    attrs: dict[str, Any] = {"__fields__": list(names), "__slots__": ()}
-    for i, name in enumerate(names):
-        if name.isidentifier() and not hasattr(Row, name):
-            attrs[name] = property(operator.itemgetter(i))
-    return type("Row", (Row,), attrs)
 
 
 __all__ = ["CACHE", "MARKER_COL", "META_COL", "PID_COL", "TaskSpec", "run_task"]

@@ -31,6 +31,9 @@ class PartitionMetrics:
     changelog_bytes: int
     changelog_records: int
     task_ms: float
+    phases: dict[str, float] = field(default_factory=dict)
+    """The task's trace (``store.spark.executor``): input wait and conversion, user logic and state,
+    output build and hand-off to Spark, the worker's reuse and peak RSS."""
     late_rows: int = 0
     """Input rows dropped as late (at or before the previous batch's watermark)."""
     max_event_ms: int | None = None

@@ -37,6 +37,7 @@ from store.spark.executor import CACHE, META_COL, PID_COL, TaskSpec, _run_partit
 from store.spark.metrics import PartitionMetrics
 from store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from store.spark.state_view import StateView
+from store.spark.task_input import TaskInput
 from store.spark.time_mode import TimeMode
 from store.state_store import StateStore
 
@@ -122,7 +123,8 @@ class TwsTester:
         spec = self._spec(task_time)
         output: list[pa.RecordBatch] = []
         meta: dict[str, Any] = {}
-        for batch in _run_partition(spec, 0, data, time.perf_counter()):
+        task_input = TaskInput.of_table(data, 0, spec.key_columns, spec.input_budget_bytes)
+        for batch in _run_partition(spec, 0, task_input, time.perf_counter()):
             metas = batch.column(META_COL)
             if metas.null_count < batch.num_rows:
                 meta = json.loads(metas[0].as_py())

@@ -1,0 +1,276 @@
+"""A partition task's input, streamed: whole key groups from Arrow record batches as they arrive.
+
+The driver sorts each partition by (marker first, then the grouping key), so the task learns its state
+partition from the first row and a key's rows are contiguous: a group ends where the key changes. The
+task never materialises its whole input; it cuts the stream into chunks of about ``budget_bytes`` of
+Arrow data, each ending on a key boundary (the rows of the chunk's last key are held back and joined
+with the next batches), and converts one chunk at a time to Python rows or pandas. Per-task memory is
+then bounded by the budget whatever the batch size; only a single key whose rows exceed the budget is
+held whole (a key's rows are never split between calls).
+
+When the whole input fits in one chunk, its order does not matter (groups are found by hashing). When
+it takes several chunks, the input must be sorted: a key seen in two runs of one chunk fails the task.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from store.errors import StoreStateError
+
+INTERNAL_COL_PREFIX = "__sk_"
+PID_COL = "__sk_partition"
+MARKER_COL = "__sk_marker"
+DEFAULT_INPUT_BUDGET_BYTES = 16 << 20
+"""Arrow bytes of input a task converts at once (``StatefulOperator(task_input_budget_bytes=...)``)."""
+
+
+@dataclass
+class InputPhases:
+    """Time a task spends getting its input (ms): waiting for Spark's batches and converting them."""
+
+    first_batch_ms: float = 0.0
+    """From the task function's start to its first input batch (shuffle read, worker start-up)."""
+    wait_ms: float = 0.0
+    """Inside Spark's input iterator (shuffle read and the JVM's Arrow serialisation)."""
+    convert_ms: float = 0.0
+    """Arrow to Python rows / pandas, grouping."""
+    rows: int = 0
+    chunks: int = 0
+    max_chunk_bytes: int = 0
+
+
+class TaskInput:
+    """The data batches of one task after its marker: the partition, the schema, then whole-key chunks."""
+
+    def __init__(self, batches: Iterable[pa.RecordBatch], key_columns: tuple[str, ...], budget_bytes: int) -> None:
+        self.key_columns = key_columns
+        self.budget = max(1, budget_bytes)
+        self.phases = InputPhases()
+        self._t0 = time.perf_counter()
+        self._it = iter(batches)
+        self._head: list[pa.RecordBatch] = []
+        self.partition: int | None = None
+        self.schema: pa.Schema | None = None
+        self._cut = False
+        self.transform: Callable[[pa.Table], pa.Table] | None = None
+        """Applied to each chunk before it is handed out (e.g. dropping late rows)."""
+        self._find_marker()
+
+    @classmethod
+    def of_table(cls, data: pa.Table, partition: int, key_columns: tuple[str, ...], budget_bytes: int) -> TaskInput:
+        """A task input of data rows already without marker and internal columns (in-process testing)."""
+        task_input = cls((), key_columns, budget_bytes)
+        task_input.partition = partition
+        task_input.schema = data.schema
+        task_input._head = [b for b in data.to_batches() if b.num_rows]
+        return task_input
+
+    # -- the marker -----------------------------------------------------------------------------
+    def _next(self) -> pa.RecordBatch | None:
+        t = time.perf_counter()
+        b = next(self._it, None)
+        now = time.perf_counter()
+        if self.phases.first_batch_ms == 0.0 and b is not None:
+            self.phases.first_batch_ms = (now - self._t0) * 1000
+        self.phases.wait_ms += (now - t) * 1000
+        return b
+
+    def _find_marker(self) -> None:
+        """Read until the marker row (first, when sorted); the rows before it are kept for later."""
+        while True:
+            b = self._next()
+            if b is None:
+                return
+            if not b.num_rows:
+                continue
+            markers = b.filter(b.column(MARKER_COL))
+            if markers.num_rows:
+                pids = sorted(set(markers.column(PID_COL).to_pylist()))
+                if len(pids) != 1 or markers.num_rows != 1:
+                    raise StoreStateError(f"a task got markers of state partitions {pids}: routing is broken")
+                self.partition = int(pids[0])
+                data = b.filter(pc.invert(b.column(MARKER_COL)))
+                self.schema = self._strip(data).schema
+                self._head = [self._check(x) for x in (*self._head, data) if x.num_rows]
+                return
+            self._head.append(b)
+
+    def _strip(self, b: pa.RecordBatch) -> pa.RecordBatch:
+        return b.select([n for n in b.schema.names if not n.startswith(INTERNAL_COL_PREFIX)])
+
+    def _check(self, b: pa.RecordBatch) -> pa.RecordBatch:
+        if pc.any(b.column(MARKER_COL)).as_py():
+            raise StoreStateError(
+                f"the task of state partition {self.partition} got a second marker: routing is broken"
+            )
+        if not pc.all(pc.equal(b.column(PID_COL), self.partition)).as_py():
+            raise StoreStateError(f"the task of state partition {self.partition} got rows of another partition")
+        return self._strip(b)
+
+    def _data(self) -> Iterator[pa.RecordBatch]:
+        yield from self._head
+        self._head = []
+        while (b := self._next()) is not None:
+            if b.num_rows:
+                yield self._check(b)
+
+    # -- chunks of whole key groups -------------------------------------------------------------
+    def chunks(self) -> Iterator[pa.Table]:
+        """Tables of whole key groups, each about the budget (a key larger than it stays whole)."""
+        assert self.schema is not None
+        pending: list[pa.RecordBatch] = []
+        size = 0
+        next_try = self.budget
+        for b in self._data():
+            pending.append(b)
+            self.phases.rows += b.num_rows
+            size += b.nbytes
+            if size < next_try:
+                continue
+            table = pa.Table.from_batches(pending, self.schema)
+            cut = int(run_starts(table, self.key_columns)[-1])
+            if cut == 0:  # one key fills the budget: keep its rows together, look again at twice the size
+                next_try = 2 * size
+                continue
+            self._cut = True
+            yield self._chunk(table.slice(0, cut), size)
+            rest = table.slice(cut)
+            pending = rest.to_batches()
+            size = sum(x.nbytes for x in pending)
+            next_try = self.budget
+        if pending:
+            yield self._chunk(pa.Table.from_batches(pending, self.schema), size)
+
+    def _chunk(self, table: pa.Table, size: int) -> pa.Table:
+        self.phases.chunks += 1
+        self.phases.max_chunk_bytes = max(self.phases.max_chunk_bytes, size)
+        return table if self.transform is None else self.transform(table)
+
+    @property
+    def multi_chunk(self) -> bool:
+        """True when the input was cut (it was larger than the budget)."""
+        return self._cut
+
+    def empty_table(self) -> pa.Table:
+        assert self.schema is not None
+        return self.schema.empty_table()
+
+    # -- groups ---------------------------------------------------------------------------------
+    def groups(self, input_format: str) -> Iterator[tuple[tuple[Any, ...], Any]]:
+        """(key tuple, rows iterator) per grouping key, chunk by chunk."""
+        for chunk in self.chunks():
+            t = time.perf_counter()
+            groups = list(groups_of(chunk, self.key_columns, input_format, self._unsorted))
+            self.phases.convert_ms += (time.perf_counter() - t) * 1000
+            yield from groups
+            del groups
+
+    def _unsorted(self) -> None:
+        if self.multi_chunk:
+            raise StoreStateError(
+                f"the task of state partition {self.partition} got its input unsorted by key "
+                f"{list(self.key_columns)} and larger than the task input budget ({self.budget} bytes): the driver "
+                "sorts each partition by key; raise task_input_budget_bytes only if you feed tasks yourself"
+            )
+
+
+def groups_of(
+    data: pa.Table, key_columns: tuple[str, ...], input_format: str, on_unsorted: Callable[[], None] = lambda: None
+) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """(key tuple, rows iterator) per key of a whole table; `on_unsorted` is called when its keys are not contiguous."""
+    starts = run_starts(data, key_columns)
+    names = data.column_names
+    key_idx = [names.index(k) for k in key_columns]
+    if input_format == "pandas":
+        at = pa.array(starts, pa.int64())
+        keys = list(zip(*(data.column(i).take(at).to_pylist() for i in key_idx), strict=True))
+        if len(set(keys)) != len(keys):
+            on_unsorted()
+            order = _group_order(data, key_idx)
+            yield from _pandas_groups(data.take(pa.array(order[0], pa.int64())), order[1])
+            return
+        bounds = [*starts.tolist(), data.num_rows]
+        yield from _pandas_groups(data, list(zip(keys, np.diff(bounds).tolist(), strict=True)))
+        return
+    columns = [data.column(n).to_pylist() for n in names]
+    make = functools.partial(tuple.__new__, _row_class(tuple(names)))
+    rows = list(map(make, zip(*columns, strict=True)))
+    if len(key_idx) == 1:
+        col = columns[key_idx[0]]
+        keys = [(col[s],) for s in starts.tolist()]
+    else:
+        keys = [tuple(columns[i][s] for i in key_idx) for s in starts.tolist()]
+    if len(set(keys)) == len(keys):
+        bounds = [*starts.tolist(), data.num_rows]
+        for k, s, e in zip(keys, bounds, bounds[1:], strict=False):
+            yield k, iter(rows[s:e])
+        return
+    on_unsorted()
+    by_key: dict[tuple[Any, ...], list[Any]] = {}
+    for k, s, e in zip(keys, [*starts.tolist()], [*starts.tolist()[1:], data.num_rows], strict=True):
+        got = by_key.get(k)
+        if got is None:
+            by_key[k] = rows[s:e]
+        else:
+            got.extend(rows[s:e])
+    for k, group in by_key.items():
+        yield k, iter(group)
+
+
+def run_starts(table: pa.Table, key_columns: tuple[str, ...]) -> np.ndarray:
+    """Indices where a run of equal grouping keys starts (0 first); nulls equal nulls."""
+    n = table.num_rows
+    if n == 0:
+        return np.zeros(0, np.int64)
+    change = np.zeros(n, np.bool_)
+    change[0] = True
+    for c in key_columns:
+        col = table.column(c)
+        a, b = col.slice(0, n - 1), col.slice(1)
+        differs = pc.or_(pc.fill_null(pc.not_equal(a, b), False), pc.xor(pc.is_null(a), pc.is_null(b)))
+        change[1:] |= differs.to_numpy()
+    return np.flatnonzero(change)
+
+
+def _group_order(data: pa.Table, key_idx: list[int]) -> tuple[list[int], list[tuple[tuple[Any, ...], int]]]:
+    """Row order that makes each key contiguous (first-seen order) and each key's row count."""
+    cols = [data.column(i).to_pylist() for i in key_idx]
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, k in enumerate(zip(*cols, strict=True)):
+        groups.setdefault(k, []).append(i)
+    return [i for idx in groups.values() for i in idx], [(k, len(v)) for k, v in groups.items()]
+
+
+def _pandas_groups(data: pa.Table, sizes: list[tuple[tuple[Any, ...], int]]) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """One frame for the chunk, then a cheap positional slice per key."""
+    pdf = data.to_pandas()
+    start = 0
+    for k, size in sizes:
+        end = start + size
+        yield k, iter((pdf.iloc[start:end],))
+        start = end
+
+
+@functools.lru_cache(maxsize=64)
+def _row_class(names: tuple[str, ...]) -> type:
+    """A :class:`pyspark.sql.Row` subclass with the fields as class-level properties (fast access)."""
+    from pyspark.sql import Row
+
+    attrs: dict[str, Any] = {"__fields__": list(names), "__slots__": ()}
+    for i, name in enumerate(names):
+        if name.isidentifier() and not hasattr(Row, name):
+            attrs[name] = property(operator.itemgetter(i))
+    return type("Row", (Row,), attrs)
+
+
+__all__ = ["DEFAULT_INPUT_BUDGET_BYTES", "MARKER_COL", "PID_COL", "InputPhases", "TaskInput", "groups_of", "run_starts"]

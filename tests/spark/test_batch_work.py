@@ -1,0 +1,55 @@
+"""Work per batch on real Spark: each partition's task runs once (the sink reuses its output), and the trace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from store.spark import StatefulOperator
+from store.spark.driver import TRACE_ENV
+from tests.spark.helpers import CollectingSink
+from tests.spark.processors import CountSum
+
+OUT = "user string, count long, total long"
+
+
+class CountingCountSum(CountSum):
+    """CountSum that appends a line to `path` each time a task starts it (tasks run in other processes)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def init(self, handle: Any) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write("task\n")
+        super().init(handle)
+
+
+def test_each_partition_task_runs_once_per_batch_and_traces_its_phases(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv(TRACE_ENV, str(trace))
+    runs = tmp_path / "runs.txt"
+    sink = CollectingSink()
+    op = StatefulOperator(
+        (tmp_path / "state").as_uri(), "counts", "user", CountingCountSum(str(runs)), OUT, num_partitions=3, sink=sink
+    )
+    batches = [[(f"u{i % 17:02d}", i) for i in range(b * 100, b * 100 + 100)] for b in range(2)]
+    for b, rows in enumerate(batches):
+        op.process_batch(spark.createDataFrame(rows, "user string, value long"), b)
+
+    assert runs.read_text().count("task") == 3 * 2, "the sink recomputed the stateful tasks"
+    assert [len(sink.batches[b]) for b in (0, 1)] == [17, 17]
+    lines = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert [t["batch_id"] for t in lines] == [0, 1]
+    for t in lines:
+        assert len(t["partitions"]) == 3 and sum(p["input_rows"] for p in t["partitions"]) == 100
+        for p in t["partitions"]:
+            assert {"first_batch_ms", "convert_ms", "user_state_ms", "output_emit_ms", "worker_peak_rss_mb"} <= set(
+                p["phases"]
+            )
+            assert p["phases"]["input_chunks"] == (1 if p["input_rows"] else 0)

@@ -1,0 +1,184 @@
+"""A task's streamed input: whole key groups under a memory budget, whatever the batches' cut and size."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from store.errors import StoreStateError
+from store.spark.executor import META_COL, TaskSpec, run_task
+from store.spark.task_input import MARKER_COL, PID_COL, TaskInput
+from tests.spark.processors import CountSumVectorized
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA = pa.schema([("user", pa.string()), ("count", pa.int64()), ("total", pa.int64()), (META_COL, pa.string())])
+
+
+def _batches(
+    rows: Sequence[tuple[str | None, int]], cuts: list[int], marker_first: bool = True
+) -> list[pa.RecordBatch]:
+    """The task's input as Spark would send it: the marker row, then `rows`, cut into record batches."""
+    users = [u for u, _ in rows]
+    values = [v for _, v in rows]
+    marker = ([None], [None], [True])
+    data = (users, values, [False] * len(rows))
+    first, second = (marker, data) if marker_first else (data, marker)
+    table = pa.table(
+        {
+            "user": pa.array(first[0] + second[0], pa.string()),
+            "value": pa.array(first[1] + second[1], pa.int64()),
+            PID_COL: pa.array([0] * (len(rows) + 1), pa.int32()),
+            MARKER_COL: first[2] + second[2],
+        }
+    )
+    out, start = [], 0
+    for end in [*sorted({c for c in cuts if 0 < c < table.num_rows}), table.num_rows]:
+        out.extend(table.slice(start, end - start).to_batches())
+        start = end
+    return out
+
+
+def _model(rows: Sequence[tuple[str | None, int]]) -> dict[tuple[Any, ...], list[int]]:
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for u, v in rows:
+        groups.setdefault((u,), []).append(v)
+    return groups
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.lists(st.tuples(st.one_of(st.none(), st.sampled_from("abcdefgh")), st.integers(0, 9)), max_size=60),
+    cuts=st.lists(st.integers(0, 61), max_size=8),
+    budget=st.sampled_from([1, 64, 300, 1 << 20]),
+    input_format=st.sampled_from(["rows", "pandas"]),
+)
+def test_groups_match_a_dict_model_whatever_the_batches_and_budget(
+    rows: list[tuple[str | None, int]], cuts: list[int], budget: int, input_format: str
+) -> None:
+    """Sorted input: every key comes exactly once with all its rows in order, however batches and budget cut it."""
+    rows = sorted(rows, key=lambda r: (r[0] is not None, r[0] or ""))  # Spark's asc nulls first; sort is stable
+    task_input = TaskInput(_batches(rows, cuts), ("user",), budget)
+    assert task_input.partition == 0
+    got: dict[tuple[Any, ...], list[int]] = {}
+    for key, it in task_input.groups(input_format):
+        assert key not in got, f"key {key} came twice"
+        parts = list(it)
+        got[key] = [int(v) for p in parts for v in p["value"]] if input_format == "pandas" else [r.value for r in parts]
+    assert got == _model(rows)
+    assert task_input.phases.rows == len(rows)
+
+
+def test_unsorted_input_is_grouped_within_the_budget_and_refused_beyond_it() -> None:
+    rows = [("b", 1), ("a", 2), ("b", 3), ("a", 4)] * 50
+    fits = TaskInput(_batches(rows, [], marker_first=False), ("user",), 1 << 20)
+    assert {k: [r.value for r in it] for k, it in fits.groups("rows")} == _model(rows)
+    too_big = TaskInput(_batches(rows, list(range(0, 200, 10))), ("user",), 256)
+    with pytest.raises(StoreStateError, match=r"unsorted by key.*task input budget"):
+        list(too_big.groups("rows"))
+
+
+def _spec(tmp_path: Path, processor: Any, budget: int) -> TaskSpec:
+    return TaskSpec(
+        root=(tmp_path / "root").as_uri(),
+        operator="op",
+        num_partitions=1,
+        version=0,
+        load_ids=("",),
+        commit=True,
+        batch_ts_ms=1_000_000,
+        key_columns=("user",),
+        processor=processor,
+        output_schema=SCHEMA,
+        local_dir=str(tmp_path / "local"),
+        input_budget_bytes=budget,
+    )
+
+
+def test_a_vectorized_processor_gets_each_key_in_exactly_one_call_of_several(tmp_path: Path) -> None:
+    rows = sorted((f"u{i % 97:03d}", i) for i in range(3000))
+    calls: list[set[str]] = []
+
+    class Recording(CountSumVectorized):
+        def handleBatch(self, rows: pa.Table, timerValues: Any) -> Any:
+            calls.append(set(rows.column("user").to_pylist()))
+            return super().handleBatch(rows, timerValues)
+
+    out = pa.Table.from_batches(list(run_task(_spec(tmp_path, Recording(), 4096), _batches(rows, [512, 1024, 2048]))))
+    assert len(calls) > 2
+    assert sum(len(c) for c in calls) == 97 == len(set().union(*calls))
+    meta = json.loads(next(m for m in out.column(META_COL).to_pylist() if m))
+    assert meta["input_rows"] == 3000 and meta["phases"]["input_chunks"] == len(calls)
+    totals = {u: (c, t) for u, c, t, m in zip(*(out.column(i).to_pylist() for i in range(4)), strict=True) if not m}
+    assert totals == {k: (len(v), sum(v)) for (k,), v in _model(rows).items()}
+
+
+_RSS_SCRIPT = textwrap.dedent(
+    """
+    import json, resource, sys
+    import pyarrow as pa
+    from store.spark.executor import TaskSpec, run_task
+    from store.spark.task_input import MARKER_COL, PID_COL
+    from tests.spark.processors import CountSum
+    from tests.spark.test_task_input import SCHEMA
+
+    rows, keys, root, local = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    per_batch = 10_000  # Spark's spark.sql.execution.arrow.maxRecordsPerBatch
+
+    def batches():
+        yield pa.record_batch({"user": pa.array([None], pa.string()), "value": pa.array([None], pa.int64()),
+                               PID_COL: pa.array([0], pa.int32()), MARKER_COL: [True]})
+        for start in range(0, rows, per_batch):
+            n = min(per_batch, rows - start)
+            k = [f"user{(start + i) * keys // rows:09d}" for i in range(n)]  # sorted, about rows/keys each
+            yield pa.record_batch({"user": pa.array(k, pa.string()), "value": pa.array(range(n), pa.int64()),
+                                   PID_COL: pa.array([0] * n, pa.int32()), MARKER_COL: [False] * n})
+
+    spec = TaskSpec(root=root, operator="op", num_partitions=1, version=0, load_ids=("",), commit=True,
+                    batch_ts_ms=1, key_columns=("user",), processor=CountSum(), output_schema=SCHEMA,
+                    local_dir=local, input_budget_bytes=4 << 20)
+    got = 0
+    for b in run_task(spec, batches()):
+        got += b.num_rows
+    print(json.dumps({"out": got, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    """
+)
+
+
+def _peak_rss_mb(tmp_path: Path, rows: int, keys: int) -> float:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    work = tmp_path / str(rows)
+    proc = subprocess.run(
+        [sys.executable, "-c", _RSS_SCRIPT, str(rows), str(keys), (work / "root").as_uri(), str(work / "local")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["out"] == keys + 1  # one output row per key, plus the metadata row
+    return float(result["rss_mb"])
+
+
+def test_worker_memory_does_not_grow_with_the_task_input(tmp_path: Path) -> None:
+    """A real task (store, commit, output) in its own process: 4x the rows, about the same peak RSS."""
+    small = _peak_rss_mb(tmp_path, 60_000, 2_000)
+    large = _peak_rss_mb(tmp_path, 240_000, 2_000)
+    assert large - small < 40, f"peak RSS grew from {small:.0f} MB to {large:.0f} MB with 4x the input rows"
+
+
+@pytest.mark.slow
+def test_worker_memory_stays_under_512_mb_at_5m_rows_per_partition(tmp_path: Path) -> None:
+    assert _peak_rss_mb(tmp_path, 5_000_000, 1_000_000) <= 512
