@@ -42,3 +42,13 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A Spark standalone master and two one-core workers on 127.0.0.1, stopped by pid at the end."""
+    from tests.spark.cluster_support import StandaloneCluster
+
+    cluster = StandaloneCluster(tmp_path_factory.mktemp("spark-cluster")).start()
+    yield cluster
+    cluster.stop()
