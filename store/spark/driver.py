@@ -36,6 +36,7 @@ from store.files import CheckpointFileManager, open_file_manager
 from store.files.paths import validate_component
 from store.layout import StoreId
 from store.spark.api import BatchStatefulProcessor, StatefulProcessor
+from store.spark.connect import is_connect_dataframe, progress_unavailable
 from store.spark.executor import MARKER_COL, META_COL, PID_COL, FileManagerFactory, TaskSpec, run_task
 from store.spark.metrics import BatchProgress, PartitionMetrics
 from store.state_store import StoreConfig
@@ -113,20 +114,39 @@ class StatefulOperator:
         self.max_batch_attempts = max_batch_attempts
         self.on_progress = on_progress
         self.local_dir = local_dir
+        self.history = history
+        self.started_over_connect = False
+        self._reset_driver_state()
+
+    def _reset_driver_state(self) -> None:
+        """File manager, commit log and per-query caches: rebuilt, never pickled (see __getstate__)."""
         self.fm: CheckpointFileManager = (
-            file_manager_factory(checkpoint_root) if file_manager_factory else (open_file_manager(checkpoint_root))
+            self.fm_factory(self.root) if self.fm_factory else (open_file_manager(self.root))
         )
         self.commit_log = CommitLog(self.fm)
-        self.recent_progress: deque[BatchProgress] = deque(maxlen=history)
+        self.recent_progress: deque[BatchProgress] = deque(maxlen=self.history)
         self._partitions: int | None = None
         self._next_batch: int | None = None
         self._route_cache: dict[int, list[int]] = {}
         self._plan_parts: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
         self._struct: StructType | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Spark Connect pickles the foreachBatch function (this operator) to run it in the server's Python
+        process: send the configuration only; clients (S3) and Spark objects are rebuilt there."""
+        skip = {"fm", "commit_log", "recent_progress", "_partitions", "_next_batch", "_route_cache", "_plan_parts"}
+        return {k: v for k, v in self.__dict__.items() if k not in skip and k != "_struct"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.started_over_connect = False  # this copy runs the batches: its progress is real
+        self._reset_driver_state()
+
     # -- public ---------------------------------------------------------------------------------
     @property
     def last_progress(self) -> BatchProgress | None:
+        if self.started_over_connect:
+            raise progress_unavailable(self.name)
         return self.recent_progress[-1] if self.recent_progress else None
 
     def start(
@@ -137,7 +157,11 @@ class StatefulOperator:
         trigger: dict[str, Any] | None = None,
         query_name: str | None = None,
     ) -> StreamingQuery:
-        """Start the streaming query: ``df.writeStream.foreachBatch(self.process_batch)``."""
+        """Start the streaming query: ``df.writeStream.foreachBatch(self.process_batch)``.
+
+        Over Spark Connect the batches run in the server's Python process (see :mod:`store.spark.connect`).
+        """
+        self.started_over_connect = is_connect_dataframe(df)
         writer = df.writeStream.foreachBatch(self.process_batch).option("checkpointLocation", checkpoint_location)
         if trigger:
             writer = writer.trigger(**trigger)

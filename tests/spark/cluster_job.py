@@ -26,8 +26,7 @@ import psutil
 from pyspark.sql import SparkSession
 
 from store.spark import StatefulOperator, StatefulProcessorHandle, read_state
-from store.spark.metrics import BatchProgress
-from tests.spark.helpers import SCHEMA
+from tests.spark.helpers import SCHEMA, JsonFileSink, JsonLinesProgress
 from tests.spark.processors import CountSum
 
 OUT = "user string, count long, total long"
@@ -68,16 +67,6 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     Path(settings["markers"]).mkdir(parents=True, exist_ok=True)
 
-    def sink(df: Any, batch_id: int) -> None:
-        rows = sorted([list(r) for r in df.collect()])
-        tmp = out / f".batch-{batch_id}.tmp"
-        tmp.write_text(json.dumps(rows))
-        os.replace(tmp, out / f"batch-{batch_id:05d}.json")
-
-    def on_progress(progress: BatchProgress) -> None:
-        with (out / "progress.jsonl").open("a") as f:
-            f.write(json.dumps(progress.to_dict()) + "\n")
-
     op = StatefulOperator(
         settings["root"],
         "counts",
@@ -86,8 +75,8 @@ def main(argv: list[str]) -> int:
         OUT,
         num_partitions=int(settings.get("partitions", 4)),
         async_checkpoint=bool(settings.get("async", False)),
-        sink=sink,
-        on_progress=on_progress,
+        sink=JsonFileSink(str(out)),
+        on_progress=JsonLinesProgress(str(out / "progress.jsonl")),
     )
     df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(settings["input"])
     query = op.start(df, settings["checkpoint"], trigger={"availableNow": True})

@@ -210,6 +210,7 @@ class ConnectServer:
         self.port = free_port()
         log = self.work_dir / "connect-server.log"
         env = spark_process_env({"STATEKEEPER_SPARK_LOCAL_DIR": str(self.work_dir / "local"), **self.env_extra})
+        env["SPARK_DAEMON_MEMORY"] = "1g"  # the launcher sizes the Connect server (a driver) as a daemon
         conf = {
             "spark.connect.grpc.binding.address": "127.0.0.1",
             "spark.connect.grpc.binding.port": str(self.port),

@@ -24,7 +24,7 @@ import pytest
 from store import CommitLog, open_file_manager
 from tests.spark.cluster_support import StandaloneCluster
 from tests.spark.conftest import ROOT, spark_env
-from tests.spark.helpers import reference, write_inputs
+from tests.spark.helpers import read_batch_output, reference, write_inputs
 
 S3_ENV_PREFIXES = ("AWS_", "STATEKEEPER_S3_")
 
@@ -88,8 +88,7 @@ class ClusterRun:
         return {k: tuple(v) for k, v in json.loads((self.out / "state.json").read_text()).items()}
 
     def batch_output(self, batch_id: int) -> dict[str, tuple[int, int]]:
-        rows = json.loads((self.out / f"batch-{batch_id:05d}.json").read_text())
-        return {r[0]: (r[1], r[2]) for r in rows}
+        return read_batch_output(self.out, batch_id)
 
 
 def _assert_exactly_once(run: ClusterRun, batches: list[list[tuple[str, int]]], first_batch: int = 0) -> None:
