@@ -142,8 +142,8 @@ def test_partitions_move_to_the_executors_of_a_new_application(
     _assert_exactly_once(first, batches[:2])
     before = {e for es in _executors_per_partition(first).values() for e in es}
 
-    for f in staged.iterdir():
-        f.rename(tmp_path / "in" / f.name)
+    for staged_file in staged.iterdir():
+        staged_file.rename(tmp_path / "in" / staged_file.name)
     (first.out / "progress.jsonl").unlink()
     second = ClusterRun(spark_cluster, tmp_path, root, partitions=4).start()
     second.wait()
