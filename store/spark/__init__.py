@@ -29,6 +29,11 @@ figures of Spark's ``stateOperators`` progress. ``read_state(spark, root, operat
 any committed version of the state as a DataFrame (Python Data Source ``statekeeper``).
 """
 
+# ruff: noqa: E402 - the check that names a missing extra runs before the imports that need it
+from store.extras import require
+
+require(("pyspark", "pandas"), "spark", "store.spark (the Spark Structured Streaming integration)")
+
 from store.spark.api import (
     ApplyInPandasWithState,
     BatchStatefulProcessor,
