@@ -51,7 +51,7 @@ print("loaded", sorted(m for m in sys.modules if m.split(".")[0] in %r))
 
 def _python(code: str, *args: str, python: str = sys.executable) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [python, "-c", textwrap.dedent(code), *args], cwd=REPO, capture_output=True, text=True, timeout=300
+        [python, "-c", textwrap.dedent(code), *args], check=False, cwd=REPO, capture_output=True, text=True, timeout=300
     )
 
 
@@ -148,6 +148,7 @@ def test_the_wheel_installs_lean_and_each_extra_works(tmp_path: Path) -> None:
     cli = str(venv / "bin" / "statekeeper")
     done = subprocess.run(
         [cli, "inspect", root, "--json", "--db", f"sqlite:///{tmp_path / 'catalog.db'}"],
+        check=False,
         capture_output=True,
         text=True,
         timeout=300,
