@@ -22,6 +22,7 @@ from store.errors import ConfigurationError, StatekeeperError
 from store.layout import StoreId
 
 if TYPE_CHECKING:
+    from maintenance.fanout import SparkEngine
     from maintenance.reports import Report
     from maintenance.settings import MaintenanceSettings
     from sql.catalog import Catalog
@@ -103,6 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--work-dir", metavar="DIR", help="directory for warm local copies of stores")
     op.add_argument("--delete-batch-size", type=_positive_int, metavar="N", help="paths per delete request")
 
+    fan = _Parser(add_help=False)
+    fan.add_argument(
+        "--engine",
+        choices=("local", "spark"),
+        default="local",
+        help="local: this process (default); spark: the stores fanned out over Spark executors",
+    )
+    fan.add_argument("--master", metavar="URL", help="with --engine spark: spark://..., local[N] or sc://... (Connect)")
+
     dry = _Parser(add_help=False)
     dry.add_argument("--dry-run", action="store_true", help="report what would be done; change nothing")
 
@@ -112,11 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", parents=[common, op], help="what is under a checkpoint root, per store")
     p.add_argument("--version", type=_positive_int, dest="version", help="with one --store: the files of a version")
     p.set_defaults(func=cmd_inspect)
-    p = sub.add_parser("verify", parents=[common, op], help="check that every retained version is loadable")
+    p = sub.add_parser("verify", parents=[common, op, fan], help="check that every retained version is loadable")
     p.add_argument("--rebuild", action="store_true", help="also rebuild versions and compare with snapshots")
     p.add_argument("--no-checksums", action="store_true", help="check SST sizes only, not their SHA-256")
     p.set_defaults(func=cmd_verify)
-    p = sub.add_parser("snapshot", parents=[common, op, dry], help="snapshot stores with long changelog chains")
+    p = sub.add_parser("snapshot", parents=[common, op, dry, fan], help="snapshot stores with long changelog chains")
     p.set_defaults(func=cmd_snapshot)
     p = sub.add_parser("expire", parents=[common, op, dry], help="delete what no retained version needs")
     p.set_defaults(func=cmd_expire)
@@ -206,6 +216,13 @@ def _maybe_catalog(args: argparse.Namespace) -> Iterator[Catalog | None]:
         yield catalog
     finally:
         catalog.close()
+
+
+def _engine(args: argparse.Namespace) -> SparkEngine | None:
+    """--engine/--master: None for this process, else the Spark engine (the [spark] extra is checked then)."""
+    from maintenance.fanout import check_engine
+
+    return check_engine(args.engine, args.master)
 
 
 def _progress(args: argparse.Namespace) -> bool:
@@ -357,7 +374,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from maintenance.verify import verify_root
 
     settings = _settings(args)
+    engine = _engine(args)
     with _maybe_catalog(args) as catalog:
+        if engine is not None:
+            from maintenance.fanout import verify_root_on_spark
+
+            spark_report = verify_root_on_spark(
+                args.root,
+                settings,
+                engine,
+                catalog=catalog,
+                rebuild=args.rebuild,
+                checksums=not args.no_checksums,
+                stores=args.stores,
+            )
+            return _report_out(args, spark_report)
         report = verify_root(
             args.root,
             settings,
@@ -374,10 +405,16 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     from maintenance.snapshots import create_snapshots
 
     settings = _settings(args)
+    engine = _engine(args)
     with _maybe_catalog(args) as catalog:
-        report = create_snapshots(
-            args.root, settings, catalog=catalog, dry_run=args.dry_run, progress=_progress(args), stores=args.stores
-        )
+        if engine is not None and not args.dry_run:
+            from maintenance.fanout import create_snapshots_on_spark
+
+            report = create_snapshots_on_spark(args.root, settings, engine, catalog=catalog, stores=args.stores)
+        else:
+            report = create_snapshots(
+                args.root, settings, catalog=catalog, dry_run=args.dry_run, progress=_progress(args), stores=args.stores
+            )
     return _report_out(
         args,
         report,
