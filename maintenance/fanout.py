@@ -30,7 +30,7 @@ from maintenance.snapshots import account_snapshot, check_work_dir, snapshot_sto
 from maintenance.verify import StoreVerification, account_verification, verify_store
 from store.errors import ConfigurationError
 from store.extras import require
-from store.files import open_file_manager
+from store.files import CheckpointFileManager, open_file_manager
 from store.layout import StoreId
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ def _catalog_url(catalog: Catalog | None) -> str | None:
 
 
 def create_snapshots_on_spark(
-    root_uri: str,
+    root_uri: str | CheckpointFileManager,
     settings: MaintenanceSettings,
     engine: SparkEngine,
     *,
@@ -157,7 +157,7 @@ def create_snapshots_on_spark(
 ) -> SnapshotReport:
     """:func:`maintenance.snapshots.create_snapshots`, with the stores' snapshots built on Spark executors."""
     t0 = time.perf_counter()
-    fm = open_file_manager(root_uri)
+    fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
     check_work_dir(fm, settings)
     wanted = None if stores is None else list(stores)
     report = SnapshotReport(root=fm.root_uri)
@@ -185,7 +185,7 @@ def create_snapshots_on_spark(
 
 
 def verify_root_on_spark(
-    root_uri: str,
+    root_uri: str | CheckpointFileManager,
     settings: MaintenanceSettings,
     engine: SparkEngine,
     *,
@@ -197,7 +197,7 @@ def verify_root_on_spark(
 ) -> VerifyReport:
     """:func:`maintenance.verify.verify_root`, with the stores verified on Spark executors; read-only."""
     t0 = time.perf_counter()
-    fm = open_file_manager(root_uri)
+    fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
     wanted = None if stores is None else list(stores)
     report = VerifyReport(root=fm.root_uri)
     with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):

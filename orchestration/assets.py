@@ -201,12 +201,12 @@ def build_assets(partitions: PartitionsDefinition) -> list[AssetsDefinition]:
         catalog: CatalogDatabase,
         maintenance: MaintenanceConfig,
     ) -> MaterializeResult[None]:
-        from maintenance.snapshots import create_snapshots
-
         stores = parse_stores(config.stores)
         if stores is not None:
             context.log.info("requested for %s", ", ".join(config.stores))
-        return run_maintenance(context, SNAPSHOTS, create_snapshots, storage, catalog, maintenance, stores=stores)
+        return run_maintenance(
+            context, SNAPSHOTS, maintenance.snapshot_operation(), storage, catalog, maintenance, stores=stores
+        )
 
     @asset(
         name=RETAINED,

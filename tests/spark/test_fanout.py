@@ -49,6 +49,7 @@ def _applications(cluster: StandaloneCluster) -> set[str]:
     return {p.name for p in cluster.work_dir.glob("worker-*/app-*")}
 
 
+@pytest.mark.slow
 def test_snapshot_and_verify_fan_out_over_the_cluster(spark_cluster: StandaloneCluster, tmp_path: Path) -> None:
     root = (tmp_path / "root").as_uri()
     with CheckpointWriter(root, partitions=PARTITIONS) as writer:
@@ -85,3 +86,36 @@ def test_an_unknown_engine_or_a_master_without_spark_is_refused() -> None:
     with pytest.raises(ConfigurationError, match="--master needs --engine spark"):
         check_engine("local", "spark://127.0.0.1:7077")
     assert check_engine("local", None) is None
+
+
+def test_fan_out_on_the_active_session_snapshots_and_verifies(spark: Any, tmp_path: Path) -> None:
+    """The representative fast case: the same Spark job on the suite's local session (no catalog: file locks)."""
+    from maintenance.fanout import SparkEngine, create_snapshots_on_spark, verify_root_on_spark
+    from maintenance.settings import MaintenanceSettings
+
+    root = (tmp_path / "root").as_uri()
+    with CheckpointWriter(root, partitions=4) as writer:
+        writer.commit(5)
+    settings = MaintenanceSettings(snapshot_threshold=3, work_dir=str(tmp_path / "work"))
+    report = create_snapshots_on_spark(root, settings, SparkEngine(tasks=2))
+    assert report.ok and report.snapshots == 4 and report.stores == 4, report.errors
+    assert sorted((r["store"], r["version"]) for r in report.items) == [(f"agg/{p}", 5) for p in range(4)]
+    verify = verify_root_on_spark(root, settings, SparkEngine())
+    assert verify.ok and verify.stores_ok == 4 and verify.snapshots == 4, verify.errors
+
+
+def test_the_dagster_resource_selects_the_engine() -> None:
+    import functools
+
+    from maintenance.fanout import create_snapshots_on_spark, verify_root_on_spark
+    from maintenance.snapshots import create_snapshots
+    from orchestration.resources import MaintenanceConfig
+
+    assert MaintenanceConfig().snapshot_operation() is create_snapshots
+    on_spark = MaintenanceConfig(engine="spark", spark_master="spark://127.0.0.1:7077")
+    snapshot, verify = on_spark.snapshot_operation(), on_spark.verify_operation()
+    assert isinstance(snapshot, functools.partial) and snapshot.func is create_snapshots_on_spark
+    assert isinstance(verify, functools.partial) and verify.func is verify_root_on_spark
+    assert snapshot.keywords["engine"].master == "spark://127.0.0.1:7077"
+    with pytest.raises(ConfigurationError, match="unknown maintenance engine"):
+        MaintenanceConfig(engine="yarn").snapshot_operation()
