@@ -27,6 +27,9 @@ Three ways to write the logic, all on the same state encoding:
 Progress per batch (``op.last_progress``, ``op.recent_progress``, ``on_progress=``, and the log) has the
 figures of Spark's ``stateOperators`` progress. ``read_state(spark, root, operator, version=...)`` returns
 any committed version of the state as a DataFrame (Python Data Source ``statekeeper``).
+
+Everything works from a Spark Connect client too; there the batches (and the sink and ``on_progress``)
+run in the Connect server's Python process, see :mod:`store.spark.connect`.
 """
 
 # ruff: noqa: E402 - the check that names a missing extra runs before the imports that need it
