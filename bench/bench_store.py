@@ -11,22 +11,30 @@ repeated in fresh DBs for a few rounds, alternating which side goes first; the b
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
 import gc
 import logging
 import os
+import pickle
 import random
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import pyarrow as pa
 import rocksdict as rd
 import zstandard
 
 from bench.baselines import KEY_BYTES, VALUE_BYTES, RawRocks, random_keys, random_values, sequential_keys
 from bench.report import Table
 from store.formats.changelog import encode_block_parts
+from store.formats.typed_codec import KeyCodec, stored_key_encoder
+from store.formats.typed_schema import parse_ddl
+from store.spark.schemas import ValueFormat
 from store.state_store import ColumnFamily, StateStore, StoreConfig
 
 log = logging.getLogger("bench.store")
@@ -227,6 +235,80 @@ def _breakdown(base: str, sz: Sizes, data: dict[str, list[bytes]]) -> list[list[
     return rows
 
 
+def _per_value_ns(fn: Callable[[Any], object], items: Sequence[Any], rounds: int) -> float:
+    best = float("inf")
+    for _ in range(rounds):
+        gc.collect()
+        t0 = time.perf_counter()
+        for x in items:
+            fn(x)
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e9 / len(items)
+
+
+def _codec_rows(n: int, rounds: int) -> list[list[object]]:
+    """ns per value: the typed codec (what the state layer writes) vs pickle (what it wrote before)."""
+    rnd = random.Random(41)
+    ts = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    cases: list[tuple[str, str, list[object]]] = [
+        ("grouping key: user string", "key:user string", [(f"user-{rnd.randrange(10**6)}",) for _ in range(n)]),
+        ("value: count long, total long", "count long, total long", [(i, i * 7) for i in range(n)]),
+        (
+            "value: name string, n long, at timestamp, x double",
+            "name string, n long, at timestamp, x double",
+            [(f"n{i}", i, ts, i / 3) for i in range(n)],
+        ),
+        ("value: count long, total long (one null)", "count long, total long", [(i, None) for i in range(n)]),
+    ]
+    rows: list[list[object]] = []
+    for label, ddl, items in cases:
+        encode: Callable[[Any], bytes]
+        decode: Callable[[Any], object]
+        if ddl.startswith("key:"):
+            codec = KeyCodec(parse_ddl(ddl[4:]), "bench")
+            encode = stored_key_encoder(codec, 1024)
+            decode = functools.partial(codec.decode, pos=2)
+        else:
+            fmt = ValueFormat("bench", False)
+            fmt.use(1, parse_ddl(ddl), {1: parse_ddl(ddl)})
+            encode, decode = fmt.encode, fmt.decode
+        typed = [encode(x) for x in items]
+        pickled = [pickle.dumps(x, 5) for x in items]
+        rows.append(
+            [
+                label,
+                _per_value_ns(encode, items, rounds),
+                _per_value_ns(decode, typed, rounds),
+                _per_value_ns(lambda x: pickle.dumps(x, 5), items, rounds),
+                _per_value_ns(pickle.loads, pickled, rounds),  # bench input made above, not persisted data
+                sum(map(len, typed)) / n,
+                sum(map(len, pickled)) / n,
+            ]
+        )
+    schema = pa.schema([("count", pa.int64()), ("total", pa.int64())])
+    pairs = [(i, i * 7) for i in range(n // 10 or 1)]
+
+    def arrow_encode(v: tuple[int, int]) -> Any:
+        c, t = v
+        return pa.RecordBatch.from_arrays(
+            [pa.array([c], pa.int64()), pa.array([t], pa.int64())], schema=schema
+        ).serialize()
+
+    buffers = [arrow_encode(v) for v in pairs]
+    rows.append(
+        [
+            "value: count long, total long as Arrow IPC (one batch per value)",
+            _per_value_ns(arrow_encode, pairs, rounds),
+            _per_value_ns(lambda b: pa.ipc.read_record_batch(b, schema).to_pylist()[0], buffers, rounds),
+            "",
+            "",
+            sum(b.size for b in buffers) / len(buffers),
+            "",
+        ]
+    )
+    return rows
+
+
 def _load_note(start: float) -> str:
     return (
         f"1-minute load average at the start / end of this suite: {start:.1f} / {os.getloadavg()[0]:.1f} "
@@ -255,6 +337,7 @@ def run(quick: bool) -> list[Table]:
             _round(base, sz, rnd, data, res)
             log.info("round %d/%d done", rnd + 1, sz.rounds)
         breakdown = _breakdown(base, sz, data)
+        codec_rows = _codec_rows(sz.single, sz.rounds)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -328,4 +411,23 @@ def run(quick: bool) -> list[Table]:
             "argument checks, then commit publishes the changelog.",
         ],
     )
-    return [throughput, where]
+    codec = Table(
+        title="Typed state codec vs pickle (ns per value, bytes per value)",
+        columns=[
+            "what",
+            "typed encode",
+            "typed decode",
+            "pickle dumps",
+            "pickle loads",
+            "typed bytes",
+            "pickle bytes",
+        ],
+        rows=[[r[0], *(round(x, 0) if isinstance(x, float) else x for x in r[1:])] for r in codec_rows],
+        notes=[
+            f"{sz.single:,} values per row, best of {sz.rounds} rounds. Typed = what the state layer stores "
+            "(store/formats/typed_codec.py): keys with their 2-byte key group, values with their tag and schema "
+            "id. Pickle (protocol 5) is what it stored before typed state; it is no longer written anywhere.",
+            "The Arrow IPC row serializes one record batch per value (the alternative considered for values).",
+        ],
+    )
+    return [throughput, where, codec]

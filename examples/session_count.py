@@ -23,7 +23,6 @@ resume a run).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -55,10 +54,12 @@ class SessionCounter(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
-        # (start ms, last event ms, events) of the open session; dropped a while after it went quiet
-        self.session = handle.getValueState("session", ttlDurationMs=10 * self.gap_ms)
-        # (sessions, events) over all time
-        self.totals = handle.getValueState("totals")
+        # the open session; dropped a while after it went quiet
+        self.session = handle.getValueState(
+            "session", "start_ms long, last_ms long, events long", ttlDurationMs=10 * self.gap_ms
+        )
+        # over all time
+        self.totals = handle.getValueState("totals", "sessions long, events long")
 
     def handleInputRows(self, key: tuple[Any, ...], rows: Iterator[Any], timerValues: TimerValues) -> Iterator[Any]:
         now = timerValues.getCurrentProcessingTimeInMs()
@@ -197,18 +198,19 @@ def main() -> int:
             f"p99 {p99:.0f} ms, max {ordered[-1]:.0f} ms"
         )
     if committed:
-        totals = read_state(spark, root, "sessions", state="totals").collect()
-        counted = sum(json.loads(r["value"])[1] for r in totals)
-        sessions = sum(json.loads(r["value"])[0] for r in totals)
-        fed = len(closed_sessions)
         last = committed[-1]
+        # the version this run last reported (a stop mid-batch may have committed one more, unreported)
+        totals = read_state(spark, root, "sessions", version=last.version, stateVarName="totals").collect()
+        counted = sum(r.value.events for r in totals)
+        sessions = sum(r.value.sessions for r in totals)
+        fed = len(closed_sessions)
         print(
             f"state at version {last.version}: {len(totals)} users, {sessions} sessions, {counted} events counted "
             f"over {last.batch_id + 1} batches; the sink got {fed} batches, {sum(closed_sessions.values())} "
             "closed sessions"
         )
-        top = sorted(totals, key=lambda r: -json.loads(r["value"])[0])[:3]
-        print("most sessions:", ", ".join(f"{json.loads(r['key'])[0]}={json.loads(r['value'])[0]}" for r in top))
+        top = sorted(totals, key=lambda r: -r.value.sessions)[:3]
+        print("most sessions:", ", ".join(f"{r.key[0]}={r.value.sessions}" for r in top))
         expected = rows_per_batch * (last.batch_id + 1)  # every batch, of this run and earlier ones, is full
         status = "OK" if counted == expected else f"MISMATCH (expected {expected})"
         print(f"exactly-once check: {counted} events in state vs {expected} input rows committed: {status}")

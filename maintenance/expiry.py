@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING
 from maintenance.deletion import DeleteOutcome, delete_in_order, delete_recorded
 from maintenance.inventory import CHANGELOG, COMMIT, MANIFEST, SST, FileEntry, Inventory
 from maintenance.leasing import planned_store
-from maintenance.plan import plan_root
+from maintenance.plan import StorePlan, plan_root
 from maintenance.reports import ExpiryReport, recorded
 from maintenance.settings import MaintenanceSettings
+from maintenance.snapshot_health import base_problem
 from maintenance.workers import run_each
 from store.files import CheckpointFileManager, open_file_manager
 from store.layout import StoreId
@@ -71,6 +72,14 @@ def expire_versions(
                     for text in p.problems:
                         report.error(text)
             todo = [p for p in plans if p.expired and not p.blocked]
+            corrupt = _corrupt_bases(fm, inv, todo)
+            for p in todo:
+                if p.store in corrupt:
+                    report.blocked_stores += 1
+                    report.error(f"store {p.store}: {corrupt[p.store]}")
+            todo = [p for p in todo if p.store not in corrupt]
+            if corrupt:  # the floor counted those bases: keep the commit records below them too
+                root.expired_commits = []
             if dry_run:
                 for p in todo:
                     _account(report, str(p.store), p.expired, "would delete")
@@ -111,7 +120,21 @@ def _expire_store(
     pool: ThreadPoolExecutor,
 ) -> DeleteOutcome:
     with planned_store(fm.root_uri, inv, store, settings, catalog) as (plan, lease):
+        # Snapshot repair (invariant 10): never delete the changelogs below a base that cannot be restored.
+        corrupt = base_problem(fm, plan, inv.files_of(store).manifest_data) if plan.expired else None
+        if corrupt is not None:
+            return DeleteOutcome(errors=[corrupt], stopped=True)
         return delete_in_order(fm, catalog, plan.expired, settings, pool, lease.check, mark_expired=True)
+
+
+def _corrupt_bases(fm: CheckpointFileManager, inv: Inventory, plans: list[StorePlan]) -> dict[StoreId, str]:
+    """Stores whose expiry base is a corrupt snapshot (snapshot repair needs the changelogs below it)."""
+    out: dict[StoreId, str] = {}
+    for p in plans:
+        why = base_problem(fm, p, inv.files_of(p.store).manifest_data)
+        if why is not None:
+            out[p.store] = why
+    return out
 
 
 def _account(report: ExpiryReport, store: str | None, entries: Iterable[FileEntry], action: str) -> None:

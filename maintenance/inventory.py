@@ -53,7 +53,7 @@ TEMP = "temp"
 UPLOAD = "upload"
 FOREIGN = "foreign"
 
-_SST_NAME = re.compile(r"^[0-9a-f]{40}\.sst$")
+_SST_NAME = re.compile(r"^[0-9a-f]{40}(?:[0-9a-f]{24})?\.sst$")  # 64 digits: re-uploaded after corruption
 _TEMP_NAME = re.compile(r"^\.(.+)\.[0-9a-f]{32}\.tmp$")
 _CACHE_LIMIT = 200_000
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from maintenance.inventory import FOREIGN, MANIFEST, FileEntry, Inventory
+from maintenance.inventory import FOREIGN, MANIFEST, FileEntry, Inventory, StoreFiles
 from maintenance.settings import MaintenanceSettings
 from store.formats.snapshot import SnapshotManifest
 from store.layout import COMMITS_DIR, StoreId
@@ -51,6 +51,8 @@ class StorePlan:
     chain_length: int
     """Changelogs a load of `latest` replays."""
     intact_snapshots: dict[int, str] = field(default_factory=dict)
+    broken_snapshots: dict[int, str] = field(default_factory=dict)
+    """Committed snapshots that cannot be restored (version -> why); loads repair around them."""
     needed: list[FileEntry] = field(default_factory=list)
     expired: list[FileEntry] = field(default_factory=list)
     """In deletion order: manifests, then SSTs only they reference, then changelogs."""
@@ -85,23 +87,27 @@ def plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, *,
     committed = inv.committed_ids(store)
     latest = max(committed, default=None)
     plan = StorePlan(store, latest, committed.get(latest) if latest else None, committed, None, None, None, 0)
-    for path, why in sorted(files.unreadable.items()):
-        plan.problem(f"cannot read {path}: {why}")
     for e in files.foreign:
         plan.problem(f"foreign file under the store (not in the statekeeper layout; left alone): {e.path}")
     for path in sorted(inv.unreadable):
         plan.problem(f"commit record {path} cannot be read, so no version can be classified safely")
 
     # Intact committed snapshots: readable, and every SST present with the size the manifest names.
+    broken: list[tuple[int | None, str]] = []
     for (v, cid), entry in sorted(files.manifests.items()):
         m = files.manifest_data.get((v, cid))
         if m is None or committed.get(v) != cid:
             continue
         bad = _missing_ssts(files.ssts, m)
         if bad:
-            plan.problem(f"snapshot {entry.path} is broken: {bad}")
+            broken.append((v, f"snapshot {entry.path} is broken: {bad}"))
             continue
         plan.intact_snapshots[v] = cid
+    unreadable = [
+        (_manifest_version(files, path), f"cannot read {path}: {why}") for path, why in files.unreadable.items()
+    ]
+    for broken_version, text in sorted([*broken, *unreadable], key=lambda item: item[1]):
+        _broken_snapshot(plan, broken_version, text)
 
     if latest is not None:
         plan.retain_from = _retain_from(plan, inv, files.changelogs, settings.min_versions_to_retain)
@@ -170,7 +176,9 @@ def plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, *,
     doomed: set[str] = set()
     for k in expired_keys:
         doomed |= refs.get(k, set())
-    expired_ssts = sorted(doomed - needed_ssts) if sst_knowable else []
+    expired_ssts = (
+        sorted((doomed - needed_ssts) & set(files.ssts)) if sst_knowable else []
+    )  # a broken one may miss some
     referenced_after_orphans: set[str] = set()
     for k in all_keys - orphan_manifest_keys:
         referenced_after_orphans |= refs.get(k, set())
@@ -211,6 +219,28 @@ def plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, *,
     rest = [o for o in plan.orphans if o[0].kind != MANIFEST]
     plan.orphans = [*manifests, *sst_orphans, *rest]
     return plan
+
+
+def _manifest_version(files: StoreFiles, path: str) -> int | None:
+    """Version of the committed manifest at `path` (None: not a manifest of this store)."""
+    for (v, _cid), e in files.manifests.items():
+        if e.path == path:
+            return v
+    return None
+
+
+def _broken_snapshot(plan: StorePlan, version: int | None, text: str) -> None:
+    """A bad snapshot blocks deletions until a newer intact one supersedes it (DESIGN invariant 10).
+
+    While it is the newest, loads repair around it by replaying from an older base, so expiry must
+    keep those changelogs; once a newer intact snapshot exists, no load needs it and it expires.
+    """
+    if version is not None:
+        plan.broken_snapshots[version] = text
+    if version is not None and any(v > version for v in plan.intact_snapshots):
+        plan.notes.append(f"store {plan.store}: {text}; superseded by a newer intact snapshot, it expires")
+    else:
+        plan.problem(text)
 
 
 def _missing_ssts(present: dict[str, FileEntry], m: SnapshotManifest) -> str:

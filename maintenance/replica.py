@@ -28,12 +28,13 @@ from typing import Any, BinaryIO, cast
 
 import rocksdict as rd
 
-from store.errors import CorruptFileError, LineageError, StoreStateError
+from store.errors import CorruptFileError, LineageError, StoreStateError, UnsupportedFormatError
 from store.files import CheckpointFileManager
 from store.formats.changelog import ChangelogReader
 from store.formats.snapshot import SnapshotManifest
 from store.layout import StoreId
-from store.rocks import DEFAULT_CF, db_options, open_db, relieve_memory_pressure, track_memtable, untrack_memtables
+from store.loading import apply_changelog
+from store.rocks import DEFAULT_CF, db_options, open_db, track_memtable, untrack_memtables
 from store.snapshot import SnapshotResult, restore_snapshot, write_snapshot
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,10 @@ class Replica:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+    def reset(self) -> None:
+        """Forget the held version (the next `ensure` builds cold): after damage it may share."""
+        self._discard()
 
     def destroy(self) -> None:
         self.close()
@@ -212,10 +217,7 @@ class Replica:
                 self.state = target
                 self._save_marker()
                 return BuildStats(True, None, n, records, time.perf_counter() - t0)
-        self._discard()
-        base = max((v for v in snapshots if v <= version), default=0)
-        if base:
-            restore_snapshot(self.fm, self.store, snapshots[base], self.db_dir)
+        base = self._restore_newest_sound(version, snapshots)
         os.makedirs(self.db_dir, exist_ok=True)
         self._open_db()
         try:
@@ -226,6 +228,21 @@ class Replica:
         self.state = target
         self._save_marker()
         return BuildStats(False, base or None, n, records, time.perf_counter() - t0)
+
+    def _restore_newest_sound(self, version: int, snapshots: Mapping[int, SnapshotManifest]) -> int:
+        """Restore the newest snapshot at or below `version` that restores (0: none); as a load would,
+        pass over unreadable ones (snapshot repair), logging each."""
+        for base in sorted((v for v in snapshots if v <= version), reverse=True):
+            self._discard()
+            try:
+                restore_snapshot(self.fm, self.store, snapshots[base], self.db_dir)
+                return base
+            except (CorruptFileError, UnsupportedFormatError, FileNotFoundError) as e:
+                log.warning(
+                    "store %s: the snapshot of version %d cannot be restored (%s); trying older", self.store, base, e
+                )
+        self._discard()
+        return 0
 
     def _replay_range(self, start: int, end: int, committed: Mapping[int, str]) -> tuple[int, int]:
         """Replay the committed changelogs of versions start+1 .. end onto the open DB."""
@@ -248,6 +265,14 @@ class Replica:
         self.fm.download(path, tmp)
         return open(tmp, "rb"), tmp
 
+    def _handle_of(self, cf_name: str) -> Any:
+        handle = self._handles.get(cf_name)
+        if handle is None:
+            self.db.create_column_family(cf_name, db_options())
+            self._bind(cf_name)
+            handle = self._handles[cf_name]
+        return handle
+
     def _replay(self, version: int, checkpoint_id: str, parent_id: str | None) -> int:
         path = self.store.changelog(version, checkpoint_id)
         name = f"{self.fm.root_uri}/{path}"
@@ -268,29 +293,7 @@ class Replica:
                     f"{h.lineage[0] if h.lineage else 'nothing'}, not committed ({version - 1}, {parent_id}): {name}"
                 )
             reader.check_footer()
-            db = self.db
-            wb = rd.WriteBatch(raw_mode=True)
-            records = 0
-            for cf_name, keys, values in reader.blocks():
-                handle = self._handles.get(cf_name)
-                if handle is None:
-                    db.create_column_family(cf_name, db_options())
-                    self._bind(cf_name)
-                    handle = self._handles[cf_name]
-                put, delete = wb.put, wb.delete
-                for k, val in zip(keys, values, strict=True):
-                    if val is None:
-                        delete(k, handle)
-                    else:
-                        put(k, val, handle)
-                records += len(keys)
-                if wb.size_in_bytes() >= REPLAY_BATCH_BYTES:
-                    db.write(wb)
-                    wb = rd.WriteBatch(raw_mode=True)
-                    relieve_memory_pressure()
-            if not wb.is_empty():
-                db.write(wb)
-            return records
+            return apply_changelog(reader, self.db, self._handle_of, REPLAY_BATCH_BYTES)
         finally:
             f.close()
             if tmp is not None:
@@ -298,8 +301,9 @@ class Replica:
                     os.unlink(tmp)
 
     # -- using ------------------------------------------------------------------------------------
-    def snapshot(self, existing_ssts: set[str]) -> SnapshotResult:
-        """Write a snapshot of the held version (uploads only SSTs not in `existing_ssts`; manifest last)."""
+    def snapshot(self, existing_ssts: set[str], corrupt_ssts: frozenset[str] = frozenset()) -> SnapshotResult:
+        """Write a snapshot of the held version (uploads only SSTs not in `existing_ssts`; manifest last);
+        SSTs whose content name holds a corrupt copy (`corrupt_ssts`) go under their full digest."""
         if self.state is None:
             raise StoreStateError(f"replica of store {self.store} holds no version")
         return write_snapshot(
@@ -311,6 +315,7 @@ class Replica:
             self.dir,
             existing_ssts=existing_ssts,
             hash_cache=self.hash_cache,
+            corrupt_ssts=corrupt_ssts,
         )
 
     def column_families(self) -> list[str]:

@@ -30,11 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 from maintenance.inventory import Inventory
 from maintenance.leasing import store_lease
-from maintenance.plan import plan_store
+from maintenance.plan import StorePlan, plan_store
 from maintenance.progress import bar
 from maintenance.replica import Replica, ReplicaBusyError
 from maintenance.reports import SnapshotReport, recorded
 from maintenance.settings import MaintenanceSettings
+from maintenance.snapshot_health import corrupt_ssts, mark_sound, newest_snapshot_problem
 from store.errors import CheckpointFileExistsError, ConfigurationError
 from store.files import CheckpointFileManager, LocalFileManager, open_file_manager
 from store.layout import StoreId
@@ -188,7 +189,7 @@ def create_snapshots(
             plans = [plan_store(inv, s, settings) for s in ids]
             report.stores = len(plans)
             report.max_chain_length = max((p.chain_length for p in plans), default=0)
-            todo = [p.store for p in plans if p.latest is not None and p.chain_length >= settings.snapshot_threshold]
+            todo = [p.store for p in plans if _due(fm, inv, p, settings)]
             report.candidates = len(todo)
             if dry_run:
                 for p in plans:
@@ -279,16 +280,23 @@ def _snapshot_store(
         files = inv.rescan_store(store)  # what the store holds now that no other maintainer changes it
         plan = plan_store(inv, store, settings)
         row: dict[str, Any] = {"store": str(store), "version": plan.latest, "chain_length": plan.chain_length}
-        if plan.latest is None or plan.latest_id is None or plan.chain_length < settings.snapshot_threshold:
+        repair = _repair_reason(fm, inv, plan)
+        if plan.latest is None or plan.latest_id is None:
+            return {**row, "action": "skipped", "reason": "nothing committed"}
+        if plan.chain_length < settings.snapshot_threshold and repair is None:
             return {**row, "action": "skipped", "reason": "already snapshotted"}
         snapshots = {v: files.manifest_data[(v, cid)] for v, cid in plan.intact_snapshots.items()}
         with _checkout(fm, store, settings) as replica:
+            if repair is not None:
+                log.warning("store %s: %s; writing a fresh snapshot from a cold build", store, repair)
+                replica.reset()  # a warm copy may share the damaged files (hard links on local disk)
             stats = replica.ensure(plan.latest, plan.latest_id, plan.committed, snapshots)
             lease.check()
             try:
-                result = replica.snapshot(set(files.ssts))
+                result = replica.snapshot(set(files.ssts), corrupt_ssts(fm.root_uri, store))
             except CheckpointFileExistsError:
                 return {**row, "action": "skipped", "reason": "the manifest exists already"}
+        mark_sound(fm.root_uri, store, result.manifest)
         manifest_bytes = len(result.manifest.to_bytes())
         log.info(
             "snapshot of store %s at version %d: %s build, %d changelogs replayed, %d/%d SSTs uploaded",
@@ -315,6 +323,20 @@ def _snapshot_store(
             "build_seconds": round(stats.seconds, 3),
             "seconds": round(time.perf_counter() - t0, 3),
         }
+
+
+def _due(fm: CheckpointFileManager, inv: Inventory, plan: StorePlan, settings: MaintenanceSettings) -> bool:
+    """Snapshot when the chain reached the threshold, or at once when the newest snapshot is bad (a repair)."""
+    if plan.latest is None:
+        return False
+    return plan.chain_length >= settings.snapshot_threshold or _repair_reason(fm, inv, plan) is not None
+
+
+def _repair_reason(fm: CheckpointFileManager, inv: Inventory, plan: StorePlan) -> str | None:
+    """Why the store's newest snapshot cannot be restored (None: it can, or there is none)."""
+    if plan.latest is None:
+        return None
+    return newest_snapshot_problem(fm, plan, inv.files_of(plan.store).manifest_data, checksums=True)
 
 
 def _sync(catalog: Catalog, fm: CheckpointFileManager, report: SnapshotReport) -> None:

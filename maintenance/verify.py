@@ -8,7 +8,10 @@ right size (and, with `checksums`, the right SHA-256).
 
 With `rebuild`, the latest version of each store is also loaded through `StateStore` itself and
 compared with a replay from the oldest base still available, and every retained snapshot that has
-an older base is compared with a replay of its changelogs from that base.
+an older base is compared with a replay of its changelogs from that base. Typed state (the Spark
+integration's stores) is decoded too: every value of the latest version and of its retained
+changelogs must decode under the schemas recorded in the checkpoint; a foreign value (a pickle
+payload, say) is reported naming its changelog, and nothing in it is ever executed.
 """
 
 from __future__ import annotations
@@ -32,8 +35,9 @@ from maintenance.settings import MaintenanceSettings
 from maintenance.workers import run_each
 from store.errors import CheckpointError, CorruptFileError, LineageError, StatekeeperError
 from store.files import CheckpointFileManager, open_file_manager
-from store.formats.changelog import ChangelogReader
+from store.formats.changelog import ChangelogReader, Lineage
 from store.layout import StoreId
+from store.load_plan import fall_back, resolve_load_plan
 from store.state_store import StateStore, StoreConfig
 
 if TYPE_CHECKING:
@@ -132,21 +136,12 @@ def _verify_store(
     if plan.latest is None or plan.retain_from is None:
         return res
     committed = plan.committed
-
-    def loader_base(r: int) -> int:
-        """The snapshot version a load of r starts from: the newest manifest present on its chain."""
-        for v in range(r, 0, -1):
-            cid = committed.get(v)
-            if cid is None:
-                return -v  # the chain is broken below v + 1 (reported by the plan)
-            if (v, cid) in files.manifests:
-                return v
-        return 0
-
+    source = InventoryPlanSource(store, committed, {k for k in files.manifests if committed.get(k[0]) == k[1]})
     bases: dict[int, int] = {}
+    repairs: dict[int, str] = {}  # broken snapshot version -> how loads repair around it
     lowest = plan.latest
     for r in range(plan.retain_from, plan.latest + 1):
-        b = loader_base(r)
+        b = _loader_base(source, plan, files, r, repairs)
         bases[r] = b
         lowest = min(lowest, max(b, 0))
         if r not in inv.records:
@@ -165,12 +160,10 @@ def _verify_store(
                 res.changelogs += 1
             except (StatekeeperError, OSError) as e:
                 res.errors.append(f"store {store}: retained versions cannot load: {e}")
+        for text in repairs.values():
+            res.errors.append(f"store {store}: {text}")
         for b in sorted({b for b in bases.values() if b > 0}):
             cid = committed[b]
-            if b not in plan.intact_snapshots:
-                path = files.manifests[(b, cid)].path
-                res.errors.append(f"store {store}: retained versions load from the broken snapshot {path}")
-                continue
             res.snapshots += 1
             n, size, errors = _verify_ssts(fm, store, files, b, cid, work, checksums)
             res.ssts += n
@@ -181,6 +174,75 @@ def _verify_store(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return res
+
+
+def _loader_base(
+    source: InventoryPlanSource, plan: StorePlan, files: StoreFiles, r: int, repairs: dict[int, str]
+) -> int:
+    """The snapshot version a load of retained version `r` restores (0: the empty version; -r: no path).
+
+    The same `LoadPlan` the loader resolves; a broken base is passed over as the loader's snapshot
+    repair does, and noted in `repairs` with the base the repair replays from.
+    """
+    try:
+        load = resolve_load_plan(source, r, plan.committed[r])
+    except LineageError:
+        return -r  # the chain is broken (reported by the plan)
+    while load.base is not None and load.base[0] not in plan.intact_snapshots:
+        bad = load.base
+        path = files.manifests[bad].path
+        why = plan.broken_snapshots.get(bad[0], f"snapshot {path} is broken")
+        try:
+            load = fall_back(source, load, path, why)
+        except (LineageError, CheckpointError) as e:
+            repairs[bad[0]] = (
+                f"retained version {r} cannot load: its snapshot {path} is broken and no intact older base "
+                f"is reachable ({e})"
+            )
+            return -r
+        missing = [v for v, c in load.replay if (v, c) not in files.changelogs]
+        start = load.base[0] if load.base is not None else 0
+        gap = f", but the changelogs of versions {missing[:5]} are missing" if missing else ""
+        repairs.setdefault(
+            bad[0],
+            f"{why}: loads repair around it by replaying from version {start}{gap}; "
+            "the next snapshot run writes a fresh one",
+        )
+    return load.base[0] if load.base is not None else 0
+
+
+class InventoryPlanSource:
+    """`PlanSource` over an inventory: the loader's decisions without reading a file.
+
+    Lineages come from the committed ids (a changelog's lineage names its committed ancestors);
+    snapshots are the committed manifests listed.
+    """
+
+    def __init__(self, store: StoreId, committed: dict[int, str], snapshots: set[tuple[int, str]]) -> None:
+        self.store = store
+        self._committed = committed
+        self._snapshots = snapshots
+
+    def committed_id(self, version: int) -> str:
+        cid = self._committed.get(version)
+        if cid is None:
+            raise LineageError(f"version {version} of store {self.store} has no commit record")
+        return cid
+
+    def read_lineage(self, version: int, checkpoint_id: str) -> Lineage:
+        out: list[tuple[int, str]] = []
+        for u in range(version - 1, max(0, version - 1 - _LINEAGE_CHUNK), -1):
+            cid = self._committed.get(u)
+            if cid is None:
+                break
+            out.append((u, cid))
+        return tuple(out)
+
+    def list_snapshots(self) -> set[tuple[int, str]]:
+        return set(self._snapshots)
+
+
+_LINEAGE_CHUNK = 1000
 
 
 def _verify_changelog(
@@ -277,6 +339,10 @@ def _rebuild_and_compare(
     try:
         probe.load(plan.latest, plan.latest_id)
         loaded = content_digest({cf: probe.items(cf=cf) for cf in probe.column_families()})
+        from store.spark.state_view import check_typed_state  # typed state: every value decodes (no code runs)
+
+        logs = [(v, c) for v, c in sorted(plan.committed.items()) if (v, c) in files.changelogs]
+        res.errors.extend(f"store {store}: {e}" for e in check_typed_state(probe, fm, logs))
         probe.abort()
     finally:
         probe.close()

@@ -55,12 +55,16 @@ def write_snapshot(
     *,
     existing_ssts: set[str] | None = None,
     hash_cache: dict[tuple[str, int], str] | None = None,
+    corrupt_ssts: frozenset[str] = frozenset(),
 ) -> SnapshotResult:
     """Snapshot `db`, which must hold exactly committed (version, checkpoint_id) of `store`.
 
     `existing_ssts` (remote names already uploaded) saves a listing; `hash_cache` maps
     (local name, size) -> sha256 so a warm copy does not rehash SSTs it hashed before (RocksDB never
-    rewrites an SST under the same number).
+    rewrites an SST under the same number). An SST is named by the first 40 hex digits of its
+    SHA-256; when that name holds a corrupt copy (`corrupt_ssts`, found by maintenance) the SST is
+    uploaded under its full 64-digit digest instead, and a listed full-digest name is always
+    preferred, so no later snapshot references the corrupt copy (snapshot repair, invariant 10).
     """
     t0 = time.perf_counter()
     if existing_ssts is None:
@@ -86,7 +90,7 @@ def write_snapshot(
                 digest = file_sha256(full)
                 if hash_cache is not None:
                     hash_cache[key] = digest
-            remote = f"{digest[:40]}.sst"
+            remote = sst_name(digest, existing_ssts, corrupt_ssts)
             ssts.append(SstFile(name, remote, size, digest))
             if remote in existing_ssts:
                 reused += 1
@@ -118,6 +122,12 @@ def write_snapshot(
     finally:
         shutil.rmtree(ckpt_dir, ignore_errors=True)
     return SnapshotResult(path, manifest, uploaded, uploaded_bytes, reused, time.perf_counter() - t0)
+
+
+def sst_name(digest: str, existing: set[str], corrupt: frozenset[str] = frozenset()) -> str:
+    """The remote name of an SST with SHA-256 `digest` (see `write_snapshot`)."""
+    short, full = f"{digest[:40]}.sst", f"{digest}.sst"
+    return full if full in existing or short in corrupt else short
 
 
 def read_manifest(fm: CheckpointFileManager, path: str) -> SnapshotManifest:

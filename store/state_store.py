@@ -15,25 +15,25 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, BinaryIO, cast
+from typing import Any, cast
 
 import rocksdict as rd
 
 from store.commit_log import CommitLog
-from store.errors import ConfigurationError, CorruptFileError, LineageError, StoreStateError
+from store.errors import ConfigurationError, StoreStateError
 from store.files import CheckpointFileManager, open_file_manager
-from store.formats.changelog import ChangelogHeader, ChangelogReader, ChangelogWriter, Lineage, read_header
-from store.layout import StoreId, new_checkpoint_id, parse_versioned_name, validate_checkpoint_id, validate_version
+from store.formats.changelog import ChangelogHeader, ChangelogWriter, Lineage
+from store.layout import StoreId, new_checkpoint_id, validate_checkpoint_id, validate_version
+from store.load_plan import CheckpointPlanSource, LoadPlan, resolve_load_plan
+from store.loading import LoadMetrics, PlanExecution
 from store.rocks import (
     DEFAULT_CF,
     db_options,
-    open_db,
     relieve_memory_pressure,
     track_memtable,
     untrack_memtables,
     write_options,
 )
-from store.snapshot import read_manifest, restore_snapshot
 
 log = logging.getLogger(__name__)
 
@@ -68,15 +68,6 @@ class CommitMetrics:
     changelog_bytes: int
     records: int
     num_keys: int
-
-
-@dataclass(frozen=True)
-class LoadMetrics:
-    load_ms: float
-    reused_local: bool
-    snapshot_version: int | None
-    replayed_changelogs: int
-    replayed_records: int
 
 
 @dataclass(frozen=True)
@@ -248,11 +239,14 @@ class ColumnFamily:
         return f"ColumnFamily({self.name!r})"
 
 
-class StateStore:
+class StateStore(PlanExecution):
     """State of one (operator, partition) under a checkpoint root.
 
     Not thread-safe: one task uses one instance at a time, as in Spark.
     """
+
+    config: StoreConfig
+    _cfs: dict[str, ColumnFamily]
 
     def __init__(
         self,
@@ -280,8 +274,10 @@ class StateStore:
         self._lineage: Lineage = ()  # lineage of the loaded version, newest first
         self._writer: ChangelogWriter | None = None
         self._commits_since_check = 0
-        self._known_snapshot = ""  # newest manifest name seen, for start_after listings
+        self.plan_source = CheckpointPlanSource(self.fm, self.store_id, self.commit_log)
         self.last_load: LoadMetrics | None = None
+        self.last_plan: LoadPlan | None = None
+        """The plan the last load executed (after any snapshot repair)."""
 
     # -- lifecycle ------------------------------------------------------------------------------
     @property
@@ -309,24 +305,32 @@ class StateStore:
         if self._writer is not None:
             self.abort()
         t0 = time.perf_counter()
+        try:
+            plan = self.plan_load(version, checkpoint_id)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s", plan.describe())
+            plan, metrics = self._execute(plan)
+        except BaseException:
+            self._discard_local()
+            raise
+        self._start_attempt(version, plan.checkpoint_id)
+        self.last_plan = plan
+        self.last_load = replace(metrics, load_ms=(time.perf_counter() - t0) * 1000)
+        return self
+
+    def plan_load(self, version: int, checkpoint_id: str | None = None) -> LoadPlan:
+        """Resolve (without executing) how `load(version, checkpoint_id)` would rebuild the state."""
+        validate_version(version)
         if version == 0:
             checkpoint_id = ""
         elif checkpoint_id is None:
             checkpoint_id = self.commit_log.committed_id(version, self.store_id.operator, self.store_id.partition)
         else:
             validate_checkpoint_id(checkpoint_id)
-        reused = self._loaded == (version, checkpoint_id) and os.path.exists(os.path.join(self._db_dir, "CURRENT"))
-        if reused:
-            metrics = LoadMetrics(0.0, True, None, 0, 0)
-        else:
-            try:
-                metrics = self._catch_up(version, checkpoint_id) or self._rebuild(version, checkpoint_id)
-            except BaseException:
-                self._discard_local()
-                raise
-        self._start_attempt(version, checkpoint_id)
-        self.last_load = replace(metrics, load_ms=(time.perf_counter() - t0) * 1000)
-        return self
+        local = self._loaded if self._db is not None and os.path.exists(os.path.join(self._db_dir, "CURRENT")) else None
+        return resolve_load_plan(
+            self.plan_source, version, checkpoint_id, local=local, verify_commit=self.config.verify_commit
+        )
 
     def commit(self) -> CommitResult:
         """Publish this batch's changelog atomically as version `loaded + 1` under a fresh id."""
@@ -454,6 +458,9 @@ class StateStore:
         track_memtable(self, name, sub)
         return cf
 
+    def _handle_of(self, cf_name: str) -> Any:
+        return (self._cfs.get(cf_name) or self.column_family(cf_name))._handle
+
     def _log_block(self, cf: str, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
         assert self._writer is not None
         self._writer.append_block(cf, keys, values)
@@ -475,22 +482,13 @@ class StateStore:
 
     def _truncate_at_snapshot(self, lineage: Lineage) -> Lineage:
         """Cut the lineage at the newest snapshot on it (listing only manifests newer than seen)."""
-        snaps = self._list_snapshots(start_after=self._known_snapshot)
+        snaps = self.plan_source.list_snapshots(start_after=self.plan_source.newest_listed)
         if not snaps:
             return lineage
         for i, entry in enumerate(lineage):
             if entry in snaps:
                 return lineage[: i + 1]
         return lineage
-
-    def _list_snapshots(self, start_after: str = "") -> set[tuple[int, str]]:
-        found: set[tuple[int, str]] = set()
-        for info in self.fm.list(self.store_id.snapshot_dir(), start_after=start_after or None):
-            parsed = parse_versioned_name(info.path)
-            if parsed is not None and parsed[2] == ".manifest":
-                found.add((parsed[0], parsed[1]))
-                self._known_snapshot = max(self._known_snapshot, info.path)
-        return found
 
     def _close_db(self) -> None:
         untrack_memtables(self)
@@ -505,140 +503,6 @@ class StateStore:
         self._loaded = None
         self._lineage = ()
         shutil.rmtree(self._db_dir, ignore_errors=True)
-
-    def _read_lineage(self, version: int, checkpoint_id: str) -> Lineage:
-        path = self.store_id.changelog(version, checkpoint_id)
-        name = f"{self.fm.root_uri}/{path}"
-        with self.fm.open(path) as f:
-            header = read_header(f, name)
-        self._check_header(header, version, checkpoint_id, name)
-        return header.lineage
-
-    def _check_header(self, header: ChangelogHeader, version: int, checkpoint_id: str, name: str) -> None:
-        expected = (self.store_id.operator, self.store_id.partition, version, checkpoint_id)
-        got = (header.operator, header.partition, header.version, header.checkpoint_id)
-        if got != expected:
-            raise CorruptFileError(f"changelog header says {got}, its name says {expected}", name)
-
-    def _catch_up(self, version: int, checkpoint_id: str) -> LoadMetrics | None:
-        """Replay only the changelogs between the loaded version and `version`, if the loaded one is
-        on `version`'s lineage; None when it is not (the caller rebuilds)."""
-        loaded = self._loaded
-        if loaded is None or self._db is None or version == 0 or loaded[0] >= version:
-            return None
-        if not os.path.exists(os.path.join(self._db_dir, "CURRENT")):
-            return None
-        lineage = self._read_lineage(version, checkpoint_id)  # one header read
-        gap = version - 1 - loaded[0]
-        if loaded[0] == 0:
-            if len(lineage) != version - 1:  # from the empty version the lineage must reach version 1
-                return None
-        elif gap >= len(lineage) or lineage[gap] != loaded:
-            return None
-        if self.config.verify_commit:
-            committed = self.commit_log.committed_id(version, self.store_id.operator, self.store_id.partition)
-            if committed != checkpoint_id:
-                return None  # the rebuild raises the LineageError
-        chain = [*reversed(lineage[:gap]), (version, checkpoint_id)]
-        records = sum(self._replay(v, c) for v, c in chain)
-        self._lineage = lineage
-        return LoadMetrics(0.0, True, None, len(chain), records)
-
-    def _rebuild(self, version: int, checkpoint_id: str) -> LoadMetrics:
-        """Snapshot + replay. Metadata reads before data: commit record, one header, one listing."""
-        self._discard_local()
-        if version > 0 and self.config.verify_commit:
-            committed = self.commit_log.committed_id(version, self.store_id.operator, self.store_id.partition)
-            if committed != checkpoint_id:
-                raise LineageError(
-                    f"checkpoint id {checkpoint_id} of version {version} of store {self.store_id} is not the "
-                    f"committed one ({committed}); only committed lineage is loaded"
-                )
-        chain: list[tuple[int, str]] = []  # newest first, down to the version above the base
-        snapshot: tuple[int, str] | None = None
-        if version > 0:
-            snaps = self._list_snapshots()
-            chain.append((version, checkpoint_id))
-            pending: Lineage = ()
-            i = 0
-            while True:
-                top = chain[-1]
-                if top in snaps:
-                    snapshot = chain.pop()
-                    break
-                if top[0] == 1:
-                    break  # the base is the empty version 0
-                if i == len(pending):  # capped lineage: one more header read
-                    pending, i = self._read_lineage(*top), 0
-                    if not pending:
-                        raise LineageError(
-                            f"lineage of store {self.store_id} ends at version {top[0]} with no snapshot"
-                        )
-                entry = pending[i]
-                i += 1
-                if entry[0] != top[0] - 1:
-                    raise LineageError(
-                        f"lineage of store {self.store_id} jumps from version {top[0]} to {entry[0]} "
-                        f"in the changelog of version {top[0]}"
-                    )
-                chain.append(entry)
-        if snapshot is not None:
-            manifest = read_manifest(self.fm, self.store_id.manifest(*snapshot))
-            restore_snapshot(self.fm, self.store_id, manifest, self._db_dir)
-            base_lineage: Lineage = (snapshot,)
-        else:
-            base_lineage = ()
-        self._db = open_db(self._db_dir, self._cfs)  # handles given out before stay valid
-        for name in rd.Rdict.list_cf(self._db_dir, db_options()):
-            self._make_cf(name)
-        records = 0
-        for v, ckpt in reversed(chain):
-            records += self._replay(v, ckpt)
-        self._lineage = (*chain[1:], *base_lineage) if chain else ()
-        return LoadMetrics(0.0, False, snapshot[0] if snapshot else None, len(chain), records)
-
-    def _replay(self, version: int, checkpoint_id: str) -> int:
-        path = self.store_id.changelog(version, checkpoint_id)
-        name = f"{self.fm.root_uri}/{path}"
-        tmp: str | None = None
-        f: BinaryIO = self.fm.open(path)
-        try:
-            if not f.seekable():
-                f.close()
-                tmp = os.path.join(self._work, f"replay-{version}.changelog")
-                self.fm.download(path, tmp)
-                f = open(tmp, "rb")  # noqa: SIM115 - closed below
-            reader = ChangelogReader(f, name)
-            self._check_header(reader.header, version, checkpoint_id, name)
-            reader.check_footer()
-            assert self._db is not None
-            wb = rd.WriteBatch(raw_mode=True)
-            records = 0
-            for cf_name, keys, values in reader.blocks():
-                cf = self._cfs.get(cf_name) or self.column_family(cf_name)
-                handle = cf._handle
-                put, delete = wb.put, wb.delete
-                for k, val in zip(keys, values, strict=True):
-                    if val is None:
-                        delete(k, handle)
-                    else:
-                        put(k, val, handle)
-                records += len(keys)
-                if wb.size_in_bytes() >= self.config.replay_batch_bytes:
-                    self._db.write(wb)
-                    wb = rd.WriteBatch(raw_mode=True)
-                    relieve_memory_pressure()
-            if not wb.is_empty():
-                self._db.write(wb)
-            return records
-        finally:
-            # A traceback keeps this frame alive: drop its references into the DB (column family
-            # handle, write batch), or closing the DB after a failed replay leaves it locked and
-            # the next load of this store fails with "lock hold by current process".
-            wb = handle = put = delete = cf = None  # type: ignore[assignment]
-            f.close()
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
 
 
 __all__ = ["ColumnFamily", "CommitMetrics", "CommitResult", "LoadMetrics", "StateStore", "StoreConfig"]

@@ -4,7 +4,7 @@
 
     class Counter(StatefulProcessor):
         def init(self, handle):
-            self.count = handle.getValueState("count")
+            self.count = handle.getValueState("count", "n long")   # StructType or DDL
         def handleInputRows(self, key, rows, timerValues):
             n = (self.count.get() or (0,))[0] + sum(1 for _ in rows)
             self.count.update((n,))
@@ -25,8 +25,10 @@ Three ways to write the logic, all on the same state encoding:
   bulk state access (``getMany`` / ``updateMany`` / ``clearMany``).
 
 Progress per batch (``op.last_progress``, ``op.recent_progress``, ``on_progress=``, and the log) has the
-figures of Spark's ``stateOperators`` progress. ``read_state(spark, root, operator, version=...)`` returns
-any committed version of the state as a DataFrame (Python Data Source ``statekeeper``).
+figures of Spark's ``stateOperators`` progress. ``read_state(spark, root, operator, stateVarName=...)`` returns
+any committed version of a state variable as a typed DataFrame, or its change feed (Python Data Source
+``statekeeper``, with the options of Spark's state data source; see store/spark/reader.py). State is typed
+by schemas recorded in the checkpoint (store/spark/schemas.py); nothing persisted is pickle.
 
 Everything works from a Spark Connect client too; there the batches (and the sink and ``on_progress``)
 run in the Connect server's Python process, see :mod:`store.spark.connect`.
@@ -47,9 +49,10 @@ from store.spark.api import (
     keys_of,
 )
 from store.spark.driver import StatefulOperator, UploadTimeoutError
+from store.spark.handle import StatefulProcessorHandle
 from store.spark.metrics import BatchProgress, PartitionMetrics
 from store.spark.reader import StateDataSource, read_state
-from store.spark.state import ListState, MapState, StatefulProcessorHandle, ValueState
+from store.spark.state import ListState, MapState, ValueState
 
 __all__ = [
     "ApplyInPandasWithState",

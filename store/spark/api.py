@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from store.spark.state import StatefulProcessorHandle
+    from store.spark.handle import StatefulProcessorHandle
 
 
 class TimerValues:

@@ -39,6 +39,8 @@ from store.spark.api import BatchStatefulProcessor, StatefulProcessor
 from store.spark.connect import is_connect_dataframe, progress_unavailable
 from store.spark.executor import MARKER_COL, META_COL, PID_COL, FileManagerFactory, TaskSpec, run_task
 from store.spark.metrics import BatchProgress, PartitionMetrics
+from store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
+from store.spark.state import check_max_key_groups
 from store.state_store import StoreConfig
 
 if TYPE_CHECKING:
@@ -63,6 +65,7 @@ class StatefulOperator:
     ``processor`` is a :class:`StatefulProcessor` (per key) or a :class:`BatchStatefulProcessor`
     (vectorized); ``key`` the grouping columns; ``output_schema`` a StructType or DDL string.
     ``sink(df, batch_id)`` gets each batch's output after its state is committed.
+    ``max_key_groups`` (the groups stored keys lead with) is recorded at the first batch and kept.
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class StatefulOperator:
         on_progress: Callable[[BatchProgress], None] | None = None,
         local_dir: str | None = None,
         history: int = 200,
+        max_key_groups: int = DEFAULT_MAX_KEY_GROUPS,
     ) -> None:
         validate_component(name, "operator name")
         if not isinstance(processor, StatefulProcessor | BatchStatefulProcessor):
@@ -114,6 +118,7 @@ class StatefulOperator:
         self.max_batch_attempts = max_batch_attempts
         self.on_progress = on_progress
         self.local_dir = local_dir
+        self.max_key_groups = check_max_key_groups(max_key_groups)
         self.history = history
         self.started_over_connect = False
         self._reset_driver_state()
@@ -220,6 +225,7 @@ class StatefulOperator:
             store_config=self.store_config,
             fm_factory=self.fm_factory,
             local_dir=self.local_dir,
+            max_key_groups=self.max_key_groups,
         )
         plan = self._plan(spark, df, n)
         attempt = 0

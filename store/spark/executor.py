@@ -36,10 +36,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from store.async_upload import AsyncUploader
+from store.commit_log import CommitLog
 from store.errors import StoreStateError
 from store.files import CheckpointFileManager, open_file_manager
+from store.formats.typed_codec import CorruptStateError
+from store.formats.typed_schema import Field, from_arrow, struct
 from store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor, TimerValues
-from store.spark.state import StateContext, StatefulProcessorHandle, decode_key
+from store.spark.handle import StatefulProcessorHandle
+from store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
+from store.spark.state import StateContext
+from store.spark.state_view import check_typed_state
 from store.state_store import StateStore, StoreConfig
 
 log = logging.getLogger(__name__)
@@ -77,6 +83,13 @@ class TaskSpec:
     store_config: StoreConfig = field(default_factory=StoreConfig)
     fm_factory: FileManagerFactory | None = None
     local_dir: str | None = None
+    max_key_groups: int = DEFAULT_MAX_KEY_GROUPS
+    """Key groups of the grouping-key hash; recorded in the checkpoint at the first batch."""
+
+
+def _key_schema(schema: pa.Schema, key_columns: tuple[str, ...]) -> Any:
+    """The grouping key's struct: the types of the key columns."""
+    return struct(*(Field(c, from_arrow(schema.field(c).type, f"grouping key column {c!r}")) for c in key_columns))
 
 
 # -- the per-process cache ------------------------------------------------------------------------
@@ -313,7 +326,7 @@ def _run_partition_body(spec: TaskSpec, partition: int, data: pa.Table, t_start:
         raise
     load = store.last_load
     out = _Output(spec.output_schema)
-    ctx = StateContext(store, spec.batch_ts_ms)
+    ctx = StateContext(store, spec.batch_ts_ms, _key_schema(data.schema, spec.key_columns), spec.max_key_groups)
     timer_values = TimerValues(spec.batch_ts_ms, -1)
     processor = spec.processor
     committed = False
@@ -335,7 +348,7 @@ def _run_partition_body(spec: TaskSpec, partition: int, data: pa.Table, t_start:
                     yield from out.drain()
             fired = ctx.pop_expired_timers()
             for gk, expiry in fired:
-                key = decode_key(gk)
+                key = ctx.decode_gk(gk)
                 ctx.set_key(key)
                 out.add(processor.handleExpiredTimer(key, timer_values, ExpiredTimerInfo(expiry)))
                 if out.pending() >= OUTPUT_BATCH_ROWS:
@@ -363,6 +376,7 @@ def _run_partition_body(spec: TaskSpec, partition: int, data: pa.Table, t_start:
             "reused_local": bool(load and load.reused_local),
             "replayed_changelogs": load.replayed_changelogs if load else 0,
             "replayed_records": load.replayed_records if load else 0,
+            "repaired_snapshots": load.repaired_snapshots if load else 0,
         }
         if spec.commit:
             result = store.commit()
@@ -390,10 +404,33 @@ def _run_partition_body(spec: TaskSpec, partition: int, data: pa.Table, t_start:
         meta["output_rows"] = out.count
         meta["task_ms"] = (time.perf_counter() - t_start) * 1000
         yield out.meta(meta)
+    except CorruptStateError as e:
+        where = _locate_corrupt_changelog(spec, store)
+        if not committed:
+            store.abort()
+        raise CorruptStateError(f"{e}{where}") from None
     except BaseException:
         if not committed:
             store.abort()
         raise
+
+
+def _locate_corrupt_changelog(spec: TaskSpec, store: StateStore, window: int = 100) -> str:
+    """On a value that does not decode: the committed changelog that wrote it (of the last `window`)."""
+    try:
+        fm = spec.fm_factory(spec.root) if spec.fm_factory else open_file_manager(spec.root)
+        log = CommitLog(fm)
+        partition = store.store_id.partition
+        versions = []
+        for v in range(max(1, spec.version - window + 1), spec.version + 1):
+            record = log.get(v)
+            ids = None if record is None else record.checkpoint_ids.get(spec.operator)
+            if ids is not None and partition < len(ids):
+                versions.append((v, ids[partition]))
+        found = [e for e in check_typed_state(store, fm, versions) if " in changelog " in e]
+    except Exception as e:
+        return f" (could not locate the changelog: {e})"
+    return f"; found: {found[0]}" if found else ""
 
 
 def _forget_when_done(uploader: AsyncUploader, path: str) -> None:

@@ -31,6 +31,8 @@ class PartitionMetrics:
     changelog_bytes: int
     changelog_records: int
     task_ms: float
+    repaired_snapshots: int = 0
+    """Unreadable snapshots the partition's load passed over (snapshot repair)."""
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> PartitionMetrics:
@@ -79,6 +81,11 @@ class BatchProgress:
     attempts: int = 1
     partitions: list[PartitionMetrics] = field(default_factory=list)
 
+    @property
+    def repaired_snapshots(self) -> int:
+        """Unreadable snapshots the batch's loads passed over (each a repair, logged as a warning)."""
+        return sum(p.repaired_snapshots for p in self.partitions)
+
     def state_operator_progress(self) -> dict[str, Any]:
         """The same figures under the names of Spark's ``StateOperatorProgress`` JSON."""
         return {
@@ -98,6 +105,7 @@ class BatchProgress:
                 "changelogBytes": self.changelog_bytes,
                 "storesReused": self.stores_reused,
                 "replayedChangelogs": self.replayed_changelogs,
+                "repairedSnapshots": self.repaired_snapshots,
                 "numTtlRemoved": self.ttl_removed,
                 "numTimersFired": self.timers_fired,
             },
@@ -109,6 +117,7 @@ class BatchProgress:
     def summary(self) -> str:
         """One log line."""
         d = {k: v for k, v in self.to_dict().items() if k != "partitions"}
+        d["repaired_snapshots"] = self.repaired_snapshots
         for k, v in d.items():
             if isinstance(v, float):
                 d[k] = round(v, 1)

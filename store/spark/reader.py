@@ -1,21 +1,30 @@
-"""The state reader: any committed version of an operator's state as a DataFrame.
+"""The state reader: any committed version of an operator's state as a DataFrame, and its change feed.
 
 A PySpark Python Data Source (``pyspark.sql.datasource``) named ``statekeeper``; one input partition
 per state partition, each read by loading that partition's store at the requested committed version
-(snapshot + changelog replay) in a temporary directory::
+(snapshot + changelog replay) in a temporary directory. Options are named as Spark's state data
+source names them::
 
     spark.dataSource.register(StateDataSource)
     df = (spark.read.format("statekeeper").option("root", root).option("operator", "sessions")
-          .option("version", 12).load())          # default: the latest committed version
+          .option("stateVarName", "totals").load())       # default: the latest committed version
 
-Columns: partition, state (variable name), kind (value / list / map), key (JSON of the grouping-key
-tuple), user_key (JSON of the map key; null otherwise), value (JSON), expires_at_ms (TTL; null when
-none). With ``raw=true`` key, user_key and value are the stored bytes instead (values keep their
-1-byte tag; see store.spark.state). Version v is the state after batch v - 1.
+- ``stateVarName``: typed columns ``key`` (struct of the grouping columns), ``value`` (the variable's
+  current schema; old values read through it), ``expiration_timestamp`` (TTL) and ``partition_id``.
+  ListState gives one row per element (``list_element``) and MapState one per entry (``user_map_key``,
+  ``user_map_value``); ``flattenCollectionTypes=false`` gives ``list_value`` / ``map_value`` columns.
+- ``readRegisteredTimers=true``: ``key``, ``expiration_timestamp_ms``, ``partition_id``.
+- ``readChangeFeed=true`` with ``changeStartBatchId`` (and ``changeEndBatchId``, default the latest):
+  ``batch_id``, ``change_type`` (update / delete), ``key``, [``user_map_key``], ``value``,
+  ``partition_id`` from the committed changelogs.
+- ``batchId`` b reads version b + 1 (``version`` v directly). Version v is the state after batch v - 1.
+- Without ``stateVarName``: every variable as untyped rows (partition, state, kind, key, user_key,
+  value as JSON, expires_at_ms); ``raw=true`` gives the stored bytes instead.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import shutil
 import tempfile
@@ -27,7 +36,9 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from store.commit_log import CommitLog
 from store.errors import ConfigurationError, LineageError
 from store.files import open_file_manager
-from store.spark.state import INTERNAL_PREFIX, META_CF, STATE_META_PREFIX, decode_key, decode_value, split_map_key
+from store.formats.typed_schema import DataType
+from store.spark.schemas import expiry_of
+from store.spark.state_view import StateView
 from store.state_store import StateStore, StoreConfig
 
 if TYPE_CHECKING:
@@ -36,32 +47,36 @@ if TYPE_CHECKING:
 
 SCHEMA = "partition INT, state STRING, kind STRING, key STRING, user_key STRING, value STRING, expires_at_ms BIGINT"
 RAW_SCHEMA = "partition INT, state STRING, kind STRING, key BINARY, user_key BINARY, value BINARY, expires_at_ms BIGINT"
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 def _json(value: Any) -> str:
     return json.dumps(value, default=str, ensure_ascii=False)
 
 
-def _flag(options: Any, name: str) -> bool:
-    return str(options.get(name, "false")).strip().lower() in ("1", "true", "yes")
+def _flag(options: Any, name: str, default: bool = False) -> bool:
+    return str(options.get(name, str(default))).strip().lower() in ("1", "true", "yes")
 
 
-class StateDataSource(DataSource):
-    """``spark.read.format("statekeeper")``: options root (or the load path), operator, version, state, raw."""
-
-    @classmethod
-    def name(cls) -> str:
-        return "statekeeper"
-
-    def schema(self) -> str:
-        return RAW_SCHEMA if _flag(self.options, "raw") else SCHEMA
-
-    def reader(self, schema: StructType) -> DataSourceReader:
-        return _StateReader(dict(self.options))
+def _int_option(options: Any, name: str) -> int | None:
+    raw = options.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigurationError(f"state reader option {name}={raw!r} is not an integer") from None
 
 
-class _StateReader(DataSourceReader):
-    def __init__(self, options: dict[str, Any]) -> None:
+def _expiry_ts(ms: int | None) -> dt.datetime | None:
+    return None if ms is None else _EPOCH + dt.timedelta(milliseconds=ms)
+
+
+class _Options:
+    """The parsed options, and the committed checkpoint ids they select."""
+
+    def __init__(self, given: Any) -> None:
+        options = {str(k).lower(): v for k, v in dict(given).items()}  # Spark's options ignore case
         root = options.get("root") or options.get("path")
         operator = options.get("operator")
         if not root or not operator:
@@ -71,64 +86,235 @@ class _StateReader(DataSourceReader):
         self.raw = _flag(options, "raw")
         state = options.get("state")
         self.states = [s.strip() for s in str(state).split(",") if s.strip()] if state else None
+        self.var = options.get("statevarname") or None
+        self.timers = _flag(options, "readregisteredtimers")
+        self.flatten = _flag(options, "flattencollectiontypes", True)
+        self.change_feed = _flag(options, "readchangefeed")
         log = CommitLog(open_file_manager(self.root))
-        raw_version = options.get("version")
-        try:
-            self.version = int(raw_version) if raw_version not in (None, "") else log.latest()
-        except ValueError:
-            raise ConfigurationError(f"state reader option version={raw_version!r} is not an integer") from None
+        latest = log.latest()
+        version = _int_option(options, "version")
+        batch_id = _int_option(options, "batchid")
+        if version is None and batch_id is not None:
+            version = batch_id + 1
+        self.change_start = _int_option(options, "changestartbatchid")
+        end_batch = _int_option(options, "changeendbatchid")
+        if self.change_feed:
+            if not self.var:
+                raise ConfigurationError("readChangeFeed needs the option stateVarName")
+            if self.change_start is None or self.change_start < 0:
+                raise ConfigurationError("readChangeFeed needs the option changeStartBatchId (a batch id >= 0)")
+            version = latest if end_batch is None else end_batch + 1
+            if version - 1 < self.change_start:
+                raise ConfigurationError(
+                    f"changeEndBatchId {version - 1} is before changeStartBatchId {self.change_start}"
+                )
+        self.version = latest if version is None else version
         if self.version <= 0:
             raise LineageError(f"no committed version of {self.operator!r} in {self.root}")
-        record = log.get(self.version)
+        self.ids = self._ids(log, self.version)
+        self.feed: list[list[tuple[int, str]]] = []
+        if self.change_feed:
+            assert self.change_start is not None
+            per_version = [(v, self._ids(log, v)) for v in range(self.change_start + 1, self.version + 1)]
+            self.feed = [[(v, ids[p]) for v, ids in per_version] for p in range(len(self.ids))]
+
+    def _ids(self, log: CommitLog, version: int) -> list[str]:
+        record = log.get(version)
         if record is None:
-            raise LineageError(f"version {self.version} is not committed in {self.root}")
+            raise LineageError(f"version {version} is not committed in {self.root} (expired or not yet written)")
         ids = record.checkpoint_ids.get(self.operator)
         if ids is None:
             raise ConfigurationError(
-                f"operator {self.operator!r} is not in the commit of version {self.version} in {self.root} "
+                f"operator {self.operator!r} is not in the commit of version {version} in {self.root} "
                 f"(it has {sorted(record.checkpoint_ids)})"
             )
-        self.ids = list(ids)
+        return list(ids)
+
+
+def _open_view(opts: _Options, partition: int, ckpt: str, work: str) -> tuple[StateStore, StateView]:
+    store = StateStore(opts.root, opts.operator, partition, config=StoreConfig(local_dir=work))
+    try:
+        store.load(opts.version, ckpt)
+        return store, StateView(store)
+    except BaseException:
+        store.close()
+        raise
+
+
+def _typed_columns(opts: _Options, view: StateView) -> list[tuple[str, Any]]:
+    """(name, Spark JSON type) of the typed output."""
+    key = view.key_schema.json_value() if view.key_schema is not None else "string"
+    if opts.timers:
+        return [("key", key), ("expiration_timestamp_ms", "long"), ("partition_id", "integer")]
+    assert opts.var is not None
+    record = view.records.get(opts.var)
+    if record is None:
+        raise ConfigurationError(
+            f"state variable {opts.var!r} is not in {opts.operator!r} at version {opts.version} "
+            f"(it has {sorted(view.records)})"
+        )
+    value_schema: DataType | None = record.schemas.get(record.schema_id)
+    value = value_schema.json_value() if value_schema is not None else "string"
+    uk = record.user_key_schema.json_value() if record.user_key_schema is not None else "string"
+    if opts.change_feed:
+        if record.kind == "list":
+            value = {"type": "array", "elementType": value, "containsNull": True}
+        cols = [("batch_id", "long"), ("change_type", "string"), ("key", key)]
+        if record.kind == "map":
+            cols.append(("user_map_key", uk))
+        return [*cols, ("value", value), ("partition_id", "integer")]
+    if record.kind == "value":
+        cols = [("key", key), ("value", value)]
+    elif record.kind == "list":
+        cols = (
+            [("key", key), ("list_element", value)]
+            if opts.flatten
+            else [("key", key), ("list_value", {"type": "array", "elementType": value, "containsNull": True})]
+        )
+    elif opts.flatten:
+        cols = [("key", key), ("user_map_key", uk), ("user_map_value", value)]
+    else:
+        cols = [
+            ("key", key),
+            ("map_value", {"type": "map", "keyType": uk, "valueType": value, "valueContainsNull": True}),
+        ]
+    return [*cols, ("expiration_timestamp", "timestamp"), ("partition_id", "integer")]
+
+
+def _typed_schema(opts: _Options) -> Any:
+    """The Spark schema of a typed read, from the schema records (first partition that has them)."""
+    from pyspark.sql.types import StructType
+
+    work = tempfile.mkdtemp(prefix="statekeeper-reader-")
+    try:
+        found: StateView | None = None
+        for p, ckpt in enumerate(opts.ids):
+            store, view = _open_view(opts, p, ckpt, f"{work}/{p}")
+            try:
+                if opts.timers or opts.var in view.records:
+                    found = view
+                    break
+            finally:
+                store.close()
+        if found is None:
+            raise ConfigurationError(
+                f"state variable {opts.var!r} is not in {opts.operator!r} at version {opts.version} in {opts.root}"
+            )
+        fields = [{"name": n, "type": t, "nullable": True, "metadata": {}} for n, t in _typed_columns(opts, found)]
+        return StructType.fromJson({"type": "struct", "fields": fields})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+class StateDataSource(DataSource):
+    """``spark.read.format("statekeeper")``: the options of the module docstring."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "statekeeper"
+
+    def schema(self) -> Any:
+        opts = _Options(dict(self.options))
+        if opts.var or opts.timers:
+            return _typed_schema(opts)
+        return RAW_SCHEMA if opts.raw else SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return _StateReader(_Options(dict(self.options)))
+
+
+class _StateReader(DataSourceReader):
+    def __init__(self, opts: _Options) -> None:
+        self.opts = opts
 
     def partitions(self) -> list[InputPartition]:
-        return [InputPartition((p, ckpt)) for p, ckpt in enumerate(self.ids)]
+        return [InputPartition((p, ckpt)) for p, ckpt in enumerate(self.opts.ids)]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         p, ckpt = partition.value
         work = tempfile.mkdtemp(prefix="statekeeper-reader-")
-        store = StateStore(self.root, self.operator, p, config=StoreConfig(local_dir=work))
+        opts = self.opts
+        store, view = _open_view(opts, p, ckpt, work)
         try:
-            store.load(self.version, ckpt)
-            yield from _rows(store, p, self.states, self.raw)
+            if opts.timers:
+                for key, expiry in view.timers():
+                    yield key, expiry, p
+            elif opts.change_feed:
+                yield from _change_rows(opts, view, p)
+            elif opts.var:
+                yield from _typed_rows(opts, view, p)
+            else:
+                yield from _untyped_rows(store, view, p, opts.states, opts.raw)
         finally:
             store.close()
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _rows(store: StateStore, partition: int, states: list[str] | None, raw: bool) -> Iterator[tuple[Any, ...]]:
-    kinds: dict[str, str] = {}
-    if META_CF in store.column_families():
-        for k, v in store.column_family(META_CF).items(prefix=STATE_META_PREFIX):
-            kinds[k[len(STATE_META_PREFIX) :].decode()] = json.loads(v).get("kind", "value")
-    for name in store.column_families():
-        if name.startswith(INTERNAL_PREFIX) or name == "default" or (states is not None and name not in states):
-            continue
-        kind = kinds.get(name, "value")
-        for k, stored in store.column_family(name).items():
-            gk, uk = split_map_key(k) if kind == "map" else (k, None)
-            value, expiry = decode_value(stored)
-            if raw:
-                yield partition, name, kind, gk, uk, stored, expiry
+def _typed_rows(opts: _Options, view: StateView, p: int) -> Iterator[tuple[Any, ...]]:
+    assert opts.var is not None
+    record = view.records.get(opts.var)
+    if record is None:
+        return
+    rows = view.rows(opts.var)
+    if record.kind == "value":
+        for key, _, value, expiry in rows:
+            yield key, value, _expiry_ts(expiry), p
+    elif record.kind == "list":
+        for key, _, value, expiry in rows:
+            if opts.flatten:
+                for element in value:
+                    yield key, element, _expiry_ts(expiry), p
             else:
-                yield (
-                    partition,
-                    name,
-                    kind,
-                    _json(decode_key(gk)),
-                    None if uk is None else _json(decode_key(uk)),
-                    _json(value),
-                    expiry,
-                )
+                yield key, value, _expiry_ts(expiry), p
+    elif opts.flatten:
+        for key, uk, value, expiry in rows:
+            yield key, uk, value, _expiry_ts(expiry), p
+    else:
+        current: Any = None
+        entries: dict[Any, Any] = {}
+        for key, uk, value, _ in rows:
+            if entries and key != current:
+                yield current, entries, None, p
+                entries = {}
+            current = key
+            entries[uk] = value
+        if entries:
+            yield current, entries, None, p
+
+
+def _change_rows(opts: _Options, view: StateView, p: int) -> Iterator[tuple[Any, ...]]:
+    assert opts.var is not None
+    record = view.records.get(opts.var)
+    if record is None:
+        return
+    fm = open_file_manager(opts.root)
+    for c in view.changes(fm, opts.var, opts.feed[p]):
+        if record.kind == "map":
+            yield c.batch_id, c.change_type, c.key, c.user_key, c.value, p
+        else:
+            yield c.batch_id, c.change_type, c.key, c.value, p
+
+
+def _untyped_rows(
+    store: StateStore, view: StateView, partition: int, states: list[str] | None, raw: bool
+) -> Iterator[tuple[Any, ...]]:
+    for name, record in sorted(view.records.items()):
+        if states is not None and name not in states:
+            continue
+        if raw:
+            for k, stored in store.column_family(name).items() if name in store.column_families() else ():
+                yield partition, name, record.kind, k, None, stored, expiry_of(stored)
+            continue
+        for key, uk, value, expiry in view.rows(name):
+            yield (
+                partition,
+                name,
+                record.kind,
+                _json(list(key)),
+                None if uk is None else _json(uk),
+                _json(value),
+                expiry,
+            )
 
 
 _registered: set[int] = set()
@@ -142,8 +328,13 @@ def read_state(
     version: int | None = None,
     state: str | None = None,
     raw: bool = False,
+    **options: Any,
 ) -> DataFrame:
-    """Committed state of `operator` at `version` (default: latest) as a DataFrame."""
+    """Committed state of `operator` at `version` (default: latest) as a DataFrame.
+
+    Extra keyword options are passed as reader options (``stateVarName="totals"``,
+    ``readChangeFeed=True, changeStartBatchId=0``, ``flattenCollectionTypes=False``, ...).
+    """
     if id(spark) not in _registered:
         spark.dataSource.register(StateDataSource)
         _registered.add(id(spark))
@@ -154,6 +345,8 @@ def read_state(
         reader = reader.option("state", state)
     if raw:
         reader = reader.option("raw", "true")
+    for name, value in options.items():
+        reader = reader.option(name, str(value).lower() if isinstance(value, bool) else str(value))
     return reader.load()
 
 

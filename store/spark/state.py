@@ -1,15 +1,16 @@
 """Typed state variables on a :class:`~store.StateStore`, and their on-disk encoding.
 
-One column family per state variable. Keys and values are pickled Python objects (protocol 5, the
-same bytes for the same value), so the state reader can decode any operator's state:
+One column family per state variable; keys and values are typed by schemas recorded in the
+checkpoint (store/spark/schemas.py), never pickled:
 
-- grouping key ``gk`` = pickle(tuple of grouping values)
+- grouping key ``gk`` = ``key group u16 BE | order-preserving key`` (store/formats/typed_codec.py);
+  the key group is ``crc32(key bytes) mod max_key_groups`` (fixed at the first batch)
 - ValueState / ListState: key ``gk``; a ListState keeps the whole list in one value
-- MapState: key ``len(gk) u32 BE | gk | pickle(user key)``, so one key's entries are a prefix range
-- value = ``0x00 | pickle(v)`` or, with a TTL, ``0x01 | expiry ms u64 BE | pickle(v)``
+- MapState: key ``gk | order-preserving user key``, so one key's entries are a prefix range
+- value = ``0x53 | schema id | row`` or, with a TTL, ``0x54 | expiry ms u64 BE | schema id | row``
 - ``__ttl``: ``expiry u64 BE | len(name) u16 | name | storage key`` -> b"" (index for eviction)
-- ``__timers``: ``len(gk) u32 | gk | expiry u64`` and ``__timer_index``: ``expiry u64 | gk`` -> b""
-- ``__meta``: ``b"rows_total"`` -> i64 BE; ``b"state/<name>"`` -> JSON {kind, ttl_ms}
+- ``__timers``: ``gk | expiry u64`` and ``__timer_index``: ``expiry u64 | gk`` -> b"" (time order)
+- ``__meta``: ``b"rows_total"`` -> i64 BE, and the schema records of store/spark/schemas.py
 
 Rows are counted exactly (numRowsTotal): one per ValueState/ListState key and one per MapState entry.
 """
@@ -18,71 +19,55 @@ Rows are counted exactly (numRowsTotal): one per ValueState/ListState key and on
 
 from __future__ import annotations
 
-import json
-import pickle
 import struct
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from store.errors import ConfigurationError, StoreStateError
+from store.formats.typed_codec import MAX_KEY_GROUPS as KEY_GROUP_LIMIT
+from store.formats.typed_codec import KeyCodec, stored_key_encoder
+from store.formats.typed_schema import (
+    DataType,
+    SchemaError,
+    SchemaEvolutionError,
+    check_evolution,
+    infer,
+    key_compatible,
+)
+from store.spark.schemas import (
+    DEFAULT_MAX_KEY_GROUPS,
+    GROUPING_KEY,
+    MAX_KEY_GROUPS,
+    META_CF,
+    MISSING,
+    TAG_PLAIN,
+    ValueFormat,
+    VariableRecord,
+    delete_record,
+    expiry_of,
+    read_grouping_key,
+    read_max_key_groups,
+    read_record,
+    write_record,
+)
 from store.state_store import ColumnFamily, StateStore
 
-PROTOCOL = 5
-TAG_PLAIN = 0
-TAG_TTL = 1
-META_CF = "__meta"
 TTL_CF = "__ttl"
 TIMERS_CF = "__timers"
 TIMER_INDEX_CF = "__timer_index"
 INTERNAL_PREFIX = "__"
 ROWS_TOTAL = b"rows_total"
-STATE_META_PREFIX = b"state/"
+KEY_GROUP_BYTES = 2
 
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 _U16 = struct.Struct(">H")
 _I64 = struct.Struct(">q")
-_MISSING: Any = object()
-_dumps = pickle.dumps
-_loads = pickle.loads
-_PLAIN = bytes((TAG_PLAIN,))
-_TTL = bytes((TAG_TTL,))
-
-
-def encode_key(key: tuple[Any, ...]) -> bytes:
-    return _dumps(key, PROTOCOL)
-
-
-def decode_key(raw: bytes) -> Any:
-    return _loads(raw)
-
-
-def encode_value(value: Any, expiry_ms: int | None = None) -> bytes:
-    if expiry_ms is None:
-        return _PLAIN + _dumps(value, PROTOCOL)
-    return _TTL + _U64.pack(max(0, expiry_ms)) + _dumps(value, PROTOCOL)
-
-
-def decode_value(raw: bytes) -> tuple[Any, int | None]:
-    """(value, expiry ms or None)."""
-    if raw[0] == TAG_PLAIN:
-        return _loads(raw[1:]), None
-    if raw[0] == TAG_TTL:
-        return _loads(raw[9:]), _U64.unpack_from(raw, 1)[0]
-    raise StoreStateError(f"unknown state value tag {raw[0]}")
+_MISSING: Any = MISSING
 
 
 def value_expiry(raw: bytes) -> int | None:
-    return _U64.unpack_from(raw, 1)[0] if raw[0] == TAG_TTL else None
-
-
-def map_prefix(gk: bytes) -> bytes:
-    return _U32.pack(len(gk)) + gk
-
-
-def split_map_key(storage_key: bytes) -> tuple[bytes, bytes]:
-    n = _U32.unpack_from(storage_key)[0]
-    return storage_key[4 : 4 + n], storage_key[4 + n :]
+    return expiry_of(raw)
 
 
 def validate_state_name(name: str) -> str:
@@ -93,10 +78,31 @@ def validate_state_name(name: str) -> str:
     return name
 
 
-class StateContext:
-    """Per-task state of one partition: the store, the batch time, the current key and counters."""
+def grouping_key_codec(schema: DataType) -> KeyCodec:
+    return KeyCodec(schema, "grouping key")
 
-    def __init__(self, store: StateStore, now_ms: int) -> None:
+
+def check_max_key_groups(n: int) -> int:
+    if not isinstance(n, int) or not 1 <= n <= KEY_GROUP_LIMIT:
+        raise ConfigurationError(f"max_key_groups must be an integer in [1, {KEY_GROUP_LIMIT}], got {n!r}")
+    return n
+
+
+class StateContext:
+    """Per-task state of one partition: the store, the batch time, the current key and counters.
+
+    `key_schema` is the grouping key's struct (the types of the key columns); without it the
+    schema is recorded or inferred from the first key. It and `max_key_groups` are recorded in the
+    checkpoint at the first batch; a later incompatible key schema is refused.
+    """
+
+    def __init__(
+        self,
+        store: StateStore,
+        now_ms: int,
+        key_schema: DataType | None = None,
+        max_key_groups: int = DEFAULT_MAX_KEY_GROUPS,
+    ) -> None:
         self.store = store
         self.now_ms = now_ms
         self.key: tuple[Any, ...] | None = None
@@ -110,11 +116,53 @@ class StateContext:
         self._ttl: ColumnFamily | None = None
         self._timers: ColumnFamily | None = None
         self._timer_index: ColumnFamily | None = None
+        recorded_groups = read_max_key_groups(self._meta)
+        self.max_key_groups = recorded_groups or check_max_key_groups(max_key_groups)
+        self._groups_recorded = recorded_groups is not None
+        recorded = read_grouping_key(self._meta)
+        self.key_schema: DataType | None = recorded
+        self._key_codec: KeyCodec | None = None
+        self.encode_gk: Any = self._encode_first_gk
+        """``key tuple -> stored grouping key`` (key group | order-preserving key bytes)."""
+        if key_schema is not None:
+            if recorded is not None and not key_compatible(recorded, key_schema):
+                raise SchemaEvolutionError(
+                    f"the grouping key is {recorded.simple_string()} in the checkpoint and "
+                    f"{key_schema.simple_string()} now: keys cannot change their fields or types"
+                )
+            if recorded is None:
+                self._record_key_schema(key_schema)
+        if self.key_schema is not None and self._key_codec is None:
+            self._use_key_codec(grouping_key_codec(self.key_schema))
+
+    def _use_key_codec(self, codec: KeyCodec) -> None:
+        self._key_codec = codec
+        self.encode_gk = stored_key_encoder(codec, self.max_key_groups)
+
+    def _encode_first_gk(self, key: tuple[Any, ...]) -> bytes:
+        """The first key of a store with no recorded key schema: infer and record it."""
+        self._record_key_schema(infer(tuple(key), "grouping key"))
+        encode: bytes = self.encode_gk(key)
+        return encode
+
+    def _record_key_schema(self, schema: DataType) -> None:
+        self.key_schema = schema
+        self._use_key_codec(grouping_key_codec(schema))
+        self._meta.put(GROUPING_KEY, schema.to_json().encode())
+        if not self._groups_recorded:
+            self._meta.put(MAX_KEY_GROUPS, _U32.pack(self.max_key_groups))
+            self._groups_recorded = True
 
     # -- current key ----------------------------------------------------------------------------
+    def decode_gk(self, gk: bytes) -> Any:
+        codec = self._key_codec
+        if codec is None:
+            raise StoreStateError("no grouping key schema is recorded in this store")
+        return codec.decode(gk, KEY_GROUP_BYTES)
+
     def set_key(self, key: tuple[Any, ...]) -> None:
         self.key = key
-        self.gk = _dumps(key, PROTOCOL)
+        self.gk = self.encode_gk(key)
 
     def clear_key(self) -> None:
         self.key = None
@@ -158,25 +206,45 @@ class StateContext:
             self._meta.put(ROWS_TOTAL, _I64.pack(total))
         return total
 
-    def declare(self, name: str, kind: str, ttl_ms: int | None) -> None:
-        key = STATE_META_PREFIX + name.encode()
-        want = json.dumps({"kind": kind, "ttl_ms": ttl_ms}, sort_keys=True).encode()
-        have = self._meta.get(key)
-        if have == want:
-            return
-        if have is not None:
-            old = json.loads(have)
-            if old.get("kind") != kind:
-                raise ConfigurationError(
-                    f"state variable {name!r} is a {old.get('kind')} in the checkpoint, declared now as a {kind}; "
-                    "use another name or handle.deleteIfExists() first"
+    # -- schema records -------------------------------------------------------------------------
+    def declare(
+        self, name: str, kind: str, ttl_ms: int | None, schema: DataType | None, user_key_schema: DataType | None
+    ) -> VariableRecord:
+        """Record (or check against the checkpoint) a variable's kind, TTL and schemas; nothing is
+        written when the declared schema cannot read the recorded one."""
+        old = read_record(self._meta, name)
+        if old is not None and old.kind != kind:
+            raise ConfigurationError(
+                f"state variable {name!r} is a {old.kind} in the checkpoint, declared now as a {kind}; "
+                "use another name or handle.deleteIfExists() first"
+            )
+        record = (
+            VariableRecord(kind, ttl_ms)
+            if old is None
+            else VariableRecord(kind, ttl_ms, old.schema_id, old.user_key_schema, dict(old.schemas))
+        )
+        if user_key_schema is not None:
+            have = record.user_key_schema
+            if have is not None and not key_compatible(have, user_key_schema):
+                raise SchemaEvolutionError(
+                    f"state variable {name!r}: the map key is {have.simple_string()} in the checkpoint and "
+                    f"{user_key_schema.simple_string()} now: map keys cannot change their fields or types"
                 )
-        self._meta.put(key, want)
+            record.user_key_schema = user_key_schema
+        if schema is not None and record.schemas.get(record.schema_id) != schema:
+            for old_schema in record.schemas.values():
+                check_evolution(old_schema, schema, name)
+            record.schema_id = max(record.schemas, default=0) + 1
+            record.schemas[record.schema_id] = schema
+        write_record(self._meta, name, record, old)
+        return record
+
+    def record_inferred(self, name: str, record: VariableRecord) -> None:
+        old = read_record(self._meta, name)
+        write_record(self._meta, name, record, old)
 
     def undeclare(self, name: str) -> None:
-        key = STATE_META_PREFIX + name.encode()
-        if self._meta.get(key) is not None:
-            self._meta.delete(key)
+        delete_record(self._meta, name)
 
     # -- TTL ------------------------------------------------------------------------------------
     def expiry_for(self, ttl_ms: int | None) -> int | None:
@@ -218,20 +286,21 @@ class StateContext:
     def register_timer(self, expiry_ms: int) -> None:
         gk = self.require_gk()
         e = _U64.pack(max(0, int(expiry_ms)))
-        self.timers_cf.put(map_prefix(gk) + e, b"")
+        self.timers_cf.put(gk + e, b"")
         self.timer_index_cf.put(e + gk, b"")
 
     def delete_timer(self, expiry_ms: int) -> None:
         gk = self.require_gk()
         e = _U64.pack(max(0, int(expiry_ms)))
-        if self.timers_cf.get(map_prefix(gk) + e) is not None:
-            self.timers_cf.delete(map_prefix(gk) + e)
+        if self.timers_cf.get(gk + e) is not None:
+            self.timers_cf.delete(gk + e)
             self.timer_index_cf.delete(e + gk)
 
     def list_timers(self) -> Iterator[int]:
-        prefix = map_prefix(self.require_gk())
+        prefix = self.require_gk()
         for k, _ in self.timers_cf.items(prefix=prefix):
-            yield _U64.unpack_from(k, len(prefix))[0]
+            if len(k) == len(prefix) + 8:
+                yield _U64.unpack_from(k, len(prefix))[0]
 
     def pop_expired_timers(self) -> list[tuple[bytes, int]]:
         """Remove and return every (gk, expiry) with expiry <= batch time, in time order."""
@@ -241,37 +310,66 @@ class StateContext:
         fired = [(k[8:], _U64.unpack_from(k)[0]) for k, _ in idx.items(end=_U64.pack(self.now_ms + 1))]
         if fired:
             idx.delete_batch([_U64.pack(e) + gk for gk, e in fired])
-            self.timers_cf.delete_batch([map_prefix(gk) + _U64.pack(e) for gk, e in fired])
+            self.timers_cf.delete_batch([gk + _U64.pack(e) for gk, e in fired])
         return fired
 
 
 class _State:
     kind = ""
 
-    def __init__(self, ctx: StateContext, name: str, ttl_ms: int | None) -> None:
+    def __init__(
+        self,
+        ctx: StateContext,
+        name: str,
+        ttl_ms: int | None,
+        schema: DataType | None = None,
+        user_key_schema: DataType | None = None,
+    ) -> None:
         if ttl_ms is not None and (not isinstance(ttl_ms, int) or ttl_ms <= 0):
             raise ConfigurationError(f"ttlDurationMs of state {name!r} must be a positive integer, got {ttl_ms!r}")
         self._ctx = ctx
         self.name = name
         self._name_b = name.encode()
         self._ttl = ttl_ms
+        self._record = ctx.declare(name, self.kind, ttl_ms, schema, user_key_schema)
         self._cf = ctx.store.column_family(name)
-        ctx.declare(name, self.kind, ttl_ms)
+        where = f" (store {ctx.store.store_id.operator} partition {ctx.store.store_id.partition})"
+        self._fmt = ValueFormat(name, self.kind == "list", where)
+        self._use_record()
+
+    def _use_record(self) -> None:
+        r = self._record
+        self._fmt.use(r.schema_id, r.schemas.get(r.schema_id), r.schemas)
+        self._encode = self._fmt.encode
+        self._decode = self._fmt.decode
+        self._plain_ok = self._ttl is None and r.schema_id > 0
+
+    def _infer(self, value: Any) -> None:
+        """Record the schema of the first value written to a variable declared without one."""
+        if self._record.schema_id:
+            return
+        schema = infer(value, f"state variable {self.name!r}")
+        r = self._record
+        r.schema_id = max(r.schemas, default=0) + 1
+        r.schemas[r.schema_id] = schema
+        self._ctx.record_inferred(self.name, r)
+        self._use_record()
 
     def _live(self, raw: bytes | None) -> Any:
         """The decoded value, or _MISSING when absent or expired."""
         if raw is None:
             return _MISSING
-        if raw[0] == TAG_PLAIN:
-            return _loads(raw[1:])
-        if _U64.unpack_from(raw, 1)[0] <= self._ctx.now_ms:
-            return _MISSING
-        return _loads(raw[9:])
+        return self._decode(raw, self._ctx.now_ms)
+
+    def _value_bytes(self, value: Any, expiry: int | None) -> bytes:
+        if not self._record.schema_id:
+            self._infer(value)
+        return self._encode(value, expiry)
 
     def _write(self, storage_key: bytes, value: Any, existed: bool) -> None:
         ctx = self._ctx
         expiry = None if self._ttl is None else ctx.now_ms + self._ttl
-        self._cf.put(storage_key, encode_value(value, expiry))
+        self._cf.put(storage_key, self._value_bytes(value, expiry))
         if expiry is not None:
             ctx.index_ttl(self._name_b, storage_key, expiry)
         ctx.rows_updated += 1
@@ -288,12 +386,12 @@ class _State:
 
 
 class ValueState(_State):
-    """One value per grouping key."""
+    """One value per grouping key: a tuple for a struct schema, a bare value for an atomic one."""
 
     kind = "value"
 
-    def __init__(self, ctx: StateContext, name: str, ttl_ms: int | None) -> None:
-        super().__init__(ctx, name, ttl_ms)
+    def __init__(self, ctx: StateContext, name: str, ttl_ms: int | None, schema: DataType | None = None) -> None:
+        super().__init__(ctx, name, ttl_ms, schema)
         self._seen_gk: bytes | None = None  # the key of the last read, and whether a row was there
         self._seen_row = False
 
@@ -317,8 +415,8 @@ class ValueState(_State):
         existed = self._seen_row if gk is self._seen_gk else self._cf.get(gk) is not None
         self._seen_gk = gk
         self._seen_row = True
-        if self._ttl is None:
-            self._cf.put(gk, _PLAIN + _dumps(newValue, PROTOCOL))
+        if self._plain_ok:
+            self._cf.put(gk, self._encode(newValue))
             ctx.rows_updated += 1
             if not existed:
                 ctx.rows_delta += 1
@@ -332,7 +430,8 @@ class ValueState(_State):
     # -- bulk, with explicit keys ---------------------------------------------------------------
     def getMany(self, keys: Sequence[tuple[Any, ...]]) -> list[Any]:
         """The value of each key (None where absent or expired), in the order given."""
-        raws = self._cf.multi_get([_dumps(k, PROTOCOL) for k in keys])
+        enc = self._ctx.encode_gk
+        raws = self._cf.multi_get([enc(k) for k in keys])
         live = self._live
         out = [live(r) for r in raws]
         return [None if v is _MISSING else v for v in out]
@@ -340,15 +439,19 @@ class ValueState(_State):
     def updateMany(self, keys: Sequence[tuple[Any, ...]], values: Sequence[Any]) -> None:
         if len(keys) != len(values):
             raise ConfigurationError(f"updateMany got {len(keys)} keys and {len(values)} values for {self.name!r}")
+        if not keys:
+            return
         self._seen_gk = None
-        gks = [_dumps(k, PROTOCOL) for k in keys]
+        enc = self._ctx.encode_gk
+        gks = [enc(k) for k in keys]
         existed = self._cf.multi_get(gks)
         ctx = self._ctx
         expiry = None if self._ttl is None else ctx.now_ms + self._ttl
-        if expiry is None:
-            self._cf.put_batch(gks, [_PLAIN + _dumps(v, PROTOCOL) for v in values])
-        else:
-            self._cf.put_batch(gks, [encode_value(v, expiry) for v in values])
+        if not self._record.schema_id:
+            self._infer(values[0])
+        encode = self._encode
+        self._cf.put_batch(gks, [encode(v, expiry) for v in values])
+        if expiry is not None:
             for gk in gks:
                 ctx.index_ttl(self._name_b, gk, expiry)
         ctx.rows_updated += len(gks)
@@ -356,7 +459,8 @@ class ValueState(_State):
 
     def clearMany(self, keys: Sequence[tuple[Any, ...]]) -> None:
         self._seen_gk = None
-        gks = [_dumps(k, PROTOCOL) for k in keys]
+        enc = self._ctx.encode_gk
+        gks = [enc(k) for k in keys]
         present = [gk for gk, raw in zip(gks, self._cf.multi_get(gks), strict=True) if raw is not None]
         if present:
             self._cf.delete_batch(present)
@@ -373,6 +477,14 @@ class ListState(_State):
         gk = self._ctx.require_gk()
         raw = self._cf.get(gk)
         return gk, raw, self._live(raw)
+
+    def _value_bytes(self, value: Any, expiry: int | None) -> bytes:
+        if not self._record.schema_id:
+            first = next((v for v in value if v is not None), None)
+            if first is None:
+                return self._fmt.encode_empty_list(expiry)
+            self._infer(first)
+        return self._encode(value, expiry)
 
     def exists(self) -> bool:
         return self._current()[2] is not _MISSING
@@ -402,45 +514,67 @@ class MapState(_State):
 
     kind = "map"
 
+    _uk: KeyCodec | None = None
+
+    def _use_record(self) -> None:
+        super()._use_record()
+        if self._uk is None and self._record.user_key_schema is not None:
+            self._uk = KeyCodec(self._record.user_key_schema, f"state variable {self.name!r}, map key")
+
+    def _uk_codec(self, userKey: Any) -> KeyCodec:
+        if self._uk is None:
+            schema = infer(userKey, f"state variable {self.name!r}, map key")
+            self._record.user_key_schema = schema
+            self._ctx.record_inferred(self.name, self._record)
+            self._uk = KeyCodec(schema, f"state variable {self.name!r}, map key")
+        return self._uk
+
     def _skey(self, userKey: Any) -> bytes:
-        return map_prefix(self._ctx.require_gk()) + _dumps(userKey, PROTOCOL)
+        return self._ctx.require_gk() + (self._uk or self._uk_codec(userKey)).encode(userKey)
 
     def _entries(self) -> Iterator[tuple[bytes, Any]]:
-        prefix = map_prefix(self._ctx.require_gk())
+        prefix = self._ctx.require_gk()
         n = len(prefix)
         for k, raw in self._cf.items(prefix=prefix):
             v = self._live(raw)
             if v is not _MISSING:
                 yield k[n:], v
 
+    def _user_key(self, raw: bytes) -> Any:
+        assert self._uk is not None
+        return self._uk.decode(raw)
+
     def exists(self) -> bool:
         return next(self._entries(), None) is not None
 
     def getValue(self, key: Any) -> Any:
+        if self._uk is None:
+            return None
         v = self._live(self._cf.get(self._skey(key)))
         return None if v is _MISSING else v
 
     def containsKey(self, key: Any) -> bool:
-        return self._live(self._cf.get(self._skey(key))) is not _MISSING
+        return self._uk is not None and self._live(self._cf.get(self._skey(key))) is not _MISSING
 
     def updateValue(self, key: Any, value: Any) -> None:
         sk = self._skey(key)
         self._write(sk, value, self._cf.get(sk) is not None)
 
     def iterator(self) -> Iterator[tuple[Any, Any]]:
-        return ((_loads(uk), v) for uk, v in list(self._entries()))
+        return ((self._user_key(uk), v) for uk, v in list(self._entries()))
 
     def keys(self) -> Iterator[Any]:
-        return (_loads(uk) for uk, _ in list(self._entries()))
+        return (self._user_key(uk) for uk, _ in list(self._entries()))
 
     def values(self) -> Iterator[Any]:
         return (v for _, v in list(self._entries()))
 
     def removeKey(self, key: Any) -> None:
-        self._remove(self._skey(key))
+        if self._uk is not None:
+            self._remove(self._skey(key))
 
     def clear(self) -> None:
-        prefix = map_prefix(self._ctx.require_gk())
+        prefix = self._ctx.require_gk()
         keys = [k for k, _ in self._cf.items(prefix=prefix)]
         if keys:
             self._cf.delete_batch(keys)
@@ -448,68 +582,14 @@ class MapState(_State):
             self._ctx.rows_delta -= len(keys)
 
 
-class StatefulProcessorHandle:
-    """What ``init`` gets: declares state variables and manages timers of the current key."""
-
-    def __init__(self, ctx: StateContext) -> None:
-        self._ctx = ctx
-
-    def _get(self, cls: type[_State], name: str, ttl: int | None) -> Any:
-        validate_state_name(name)
-        existing = self._ctx.states.get(name)
-        if existing is not None:
-            if type(existing) is not cls:
-                raise ConfigurationError(f"state variable {name!r} is already declared as a {existing.kind}")
-            return existing
-        state = cls(self._ctx, name, ttl)
-        self._ctx.states[name] = state
-        return state
-
-    def getValueState(self, stateName: str, schema: Any = None, ttlDurationMs: int | None = None) -> ValueState:
-        """`schema` is accepted for compatibility; values are any picklable Python objects."""
-        return self._get(ValueState, stateName, ttlDurationMs)  # type: ignore[no-any-return]
-
-    def getListState(self, stateName: str, schema: Any = None, ttlDurationMs: int | None = None) -> ListState:
-        return self._get(ListState, stateName, ttlDurationMs)  # type: ignore[no-any-return]
-
-    def getMapState(
-        self, stateName: str, userKeySchema: Any = None, valueSchema: Any = None, ttlDurationMs: int | None = None
-    ) -> MapState:
-        return self._get(MapState, stateName, ttlDurationMs)  # type: ignore[no-any-return]
-
-    def registerTimer(self, expiryTimestampMs: int) -> None:
-        """A processing-time timer for the current key; fires in the first batch at or after it."""
-        self._ctx.register_timer(expiryTimestampMs)
-
-    def deleteTimer(self, expiryTimestampMs: int) -> None:
-        self._ctx.delete_timer(expiryTimestampMs)
-
-    def listTimers(self) -> Iterator[int]:
-        return iter(list(self._ctx.list_timers()))
-
-    def deleteIfExists(self, stateName: str) -> None:
-        """Drop every row of a state variable (in every key of this partition)."""
-        validate_state_name(stateName)
-        if stateName not in self._ctx.store.column_families():
-            return
-        self._ctx.states.pop(stateName, None)
-        cf = self._ctx.store.column_family(stateName)
-        keys = [k for k, _ in cf.items()]
-        if keys:
-            cf.delete_batch(keys)
-            self._ctx.rows_removed += len(keys)
-            self._ctx.rows_delta -= len(keys)
-        self._ctx.undeclare(stateName)
-
-
 __all__ = [
+    "KEY_GROUP_BYTES",
+    "TAG_PLAIN",
     "ListState",
     "MapState",
+    "SchemaError",
+    "SchemaEvolutionError",
     "StateContext",
-    "StatefulProcessorHandle",
     "ValueState",
-    "decode_key",
-    "decode_value",
-    "encode_key",
-    "encode_value",
+    "grouping_key_codec",
 ]

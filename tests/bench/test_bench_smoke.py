@@ -26,6 +26,7 @@ def test_quick_benchmarks_run_and_print_tables(tmp_path: Path) -> None:
     for title in (
         "### Store vs raw rocksdict: throughput",
         "### Where a batch put's time goes",
+        "### Typed state codec vs pickle",
         "### Commit latency vs state size",
         "### Commit latency at a steady",
         "### Commit latency vs batch size",

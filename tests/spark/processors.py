@@ -209,3 +209,47 @@ def expiring_count(key: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Ite
     count += sum(len(p) for p in pdfs)
     state.update((count,))
     state.setTimeoutDuration(1000)
+
+
+class TypedAll(StatefulProcessor):
+    """Declared schemas on every kind of state, a TTL and a timer per key (for the typed reader)."""
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.totals = handle.getValueState("totals", "count long, total long", ttlDurationMs=10**12)
+        self.values = handle.getListState("values", "v long")
+        self.buckets = handle.getMapState("buckets", "bucket int", "n long")
+
+    def handleInputRows(self, key: tuple[Any, ...], rows: Iterator[Any], timerValues: TimerValues) -> Iterator[Any]:
+        count, total = self.totals.get() or (0, 0)
+        for r in rows:
+            count += 1
+            total += r.value
+            self.values.appendValue((r.value % 10,))
+            b = (r.value % 3,)
+            self.buckets.updateValue(b, ((self.buckets.getValue(b) or (0,))[0] + 1,))
+        self.totals.update((count, total))
+        if not list(self.handle.listTimers()):
+            self.handle.registerTimer(10**15)
+        yield (key[0], count, total)
+
+
+class EvolvingCounter(StatefulProcessor):
+    """Keeps a count and a sum under a schema given at construction (for restarts with a new schema)."""
+
+    def __init__(self, schema: str) -> None:
+        self.schema = schema
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.totals = handle.getValueState("totals", self.schema)
+
+    def handleInputRows(self, key: tuple[Any, ...], rows: Iterator[Any], timerValues: TimerValues) -> Iterator[Any]:
+        old = self.totals.get()
+        names = [f.strip().split()[0] for f in self.schema.split(",")]
+        values = dict(zip(names, old, strict=True)) if old else {}
+        count, total = values.get("count") or 0, values.get("total") or 0
+        for r in rows:
+            count += 1
+            total += r.value
+        self.totals.update(tuple({"count": count, "total": total, "note": None}[n] for n in names))
+        yield (key[0], count, total)

@@ -11,6 +11,7 @@ import pytest
 
 from store import CommitLog, open_file_manager
 from store.spark import ApplyInPandasWithState, StatefulOperator, read_state
+from store.spark.schemas import TAG_TTL
 from tests.spark.helpers import CollectingSink, reference, run_query, state_of, write_inputs
 from tests.spark.processors import CountSum, CountSumPandas, CountSumVectorized, Sessions, count_sum_group_state
 
@@ -122,7 +123,7 @@ def test_timers_list_and_map_state_through_the_reader(spark: Any, tmp_path: Path
             want[(u, v % 3)] = want.get((u, v % 3), 0) + 1
     assert per_value == want
     raw = read_state(spark, root, "sessions", state="session", raw=True).collect()
-    assert raw and all(r["expires_at_ms"] is not None and bytes(r["value"])[0] == 1 for r in raw)
+    assert raw and all(r["expires_at_ms"] is not None and bytes(r["value"])[0] == TAG_TTL for r in raw)
 
 
 def test_restart_of_an_already_committed_batch_redelivers_without_reapplying(spark: Any, tmp_path: Path) -> None:

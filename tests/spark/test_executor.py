@@ -12,10 +12,13 @@ import pytest
 
 from store import CommitLog, StateStore, StoreConfig, open_file_manager
 from store.errors import ConfigurationError, StoreStateError
+from store.formats.typed_schema import SchemaEvolutionError
 from store.spark import executor
 from store.spark.api import StatefulProcessor, TimerValues
 from store.spark.executor import MARKER_COL, META_COL, PID_COL, TaskSpec, _Cache, run_task
-from store.spark.state import StateContext, StatefulProcessorHandle, decode_value
+from store.spark.handle import StatefulProcessorHandle
+from store.spark.state import StateContext
+from store.spark.state_view import StateView
 from tests.spark.processors import CountSum
 
 SCHEMA = pa.schema([("user", pa.string()), ("count", pa.int64()), ("total", pa.int64()), (META_COL, pa.string())])
@@ -107,11 +110,9 @@ def test_speculative_duplicates_and_stale_workers(
     log.commit(3, {"op": [meta["checkpoint_id"]]})
 
     fresh = StateStore(root, "op", 0, config=StoreConfig(local_dir=str(tmp_path / "fresh"))).load(3)
-    got = {k: decode_value(v)[0] for k, v in fresh.column_family("totals").items()}
+    got = {key[0]: v for key, _, v, _ in StateView(fresh).rows("totals")}
     fresh.close()
-    import pickle
-
-    assert {pickle.loads(k)[0]: v for k, v in got.items()} == {"a": (3, 104), "b": (2, 12), "c": (1, 20)}
+    assert got == {"a": (3, 104), "b": (2, 12), "c": (1, 20)}
 
 
 def test_replay_mode_aborts_and_gives_the_same_output(
@@ -238,3 +239,64 @@ def test_apply_in_pandas_with_state_timeout(
     spec = replace(spec, version=2, load_ids=(meta["checkpoint_id"],), batch_ts_ms=11_200)
     out, meta = _run(spec, [("c", 5)])
     assert out == [("b", 1, -1)] and meta["timers_fired"] == 1 and meta["rows_total"] == 2
+
+
+def test_restart_with_an_evolved_schema_and_an_incompatible_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[_Cache]
+) -> None:
+    """A new task (restart) reads old values through a compatible new schema; an incompatible one
+    fails the task before anything is committed."""
+    from tests.spark.processors import EvolvingCounter
+
+    root = (tmp_path / "state").as_uri()
+    fm = open_file_manager(root)
+    log = CommitLog(fm)
+    _on(monkeypatch, workers[0])
+    out, meta = _run(_spec(root, 0, "", tmp_path, EvolvingCounter("count int")), [("a", 1), ("a", 2)])
+    log.commit(1, {"op": [meta["checkpoint_id"]]})
+    assert out == [("a", 2, 3)]  # the total is output, not stored
+    # restart on another worker with a wider, reordered schema: old values read through it
+    _on(monkeypatch, workers[1])
+    schema = "total long, note string, count long"
+    out, meta = _run(_spec(root, 1, meta["checkpoint_id"], tmp_path, EvolvingCounter(schema)), [("a", 5)])
+    assert out == [("a", 3, 5)]
+    log.commit(2, {"op": [meta["checkpoint_id"]]})
+    before = {i.path for i in fm.list("")}
+    _on(monkeypatch, workers[0])
+    bad = _spec(root, 2, meta["checkpoint_id"], tmp_path, EvolvingCounter("total string, count long"))
+    with pytest.raises(SchemaEvolutionError, match=r"'totals': field 'value.total' was long .* declared string"):
+        _run(bad, [("a", 1)])
+    assert {i.path for i in fm.list("")} == before  # nothing written
+
+
+class _Exploit:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (self.marker,))
+
+
+def test_a_pickle_payload_fails_the_task_naming_its_changelog(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[_Cache]
+) -> None:
+    import pickle
+
+    from store.formats.typed_codec import CorruptStateError
+
+    root = (tmp_path / "state").as_uri()
+    log = CommitLog(open_file_manager(root))
+    _on(monkeypatch, workers[0])
+    _, meta = _run(_spec(root, 0, "", tmp_path), [("a", 1)])
+    log.commit(1, {"op": [meta["checkpoint_id"]]})
+    marker = tmp_path / "executed"
+    store = StateStore(root, "op", 0, config=StoreConfig(local_dir=str(tmp_path / "inject"))).load(1)
+    cf = store.column_family("totals")
+    cf.put(next(k for k, _ in cf.items()), pickle.dumps(_Exploit(marker)))
+    result = store.commit()
+    store.close()
+    log.commit(2, {"op": [result.checkpoint_id]})
+    with pytest.raises(CorruptStateError, match="not a statekeeper typed value") as err:
+        _run(_spec(root, 2, result.checkpoint_id, tmp_path), [("a", 1)])
+    assert f"op/00000/changelogs/{2:020d}_{result.checkpoint_id}.changelog" in str(err.value)
+    assert not marker.exists()

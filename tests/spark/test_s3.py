@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from store import CommitLog, StateStore, StoreConfig, open_file_manager
-from store.spark.state import decode_value
+from store.spark.state_view import StateView
 from tests.spark.conftest import ROOT, spark_env
 from tests.spark.helpers import reference, write_inputs
 
@@ -43,8 +42,8 @@ def test_async_job_on_an_s3_root(s3_bucket: str, tmp_path: Path) -> None:
     got: dict[str, Any] = {}
     for p in range(3):
         store = StateStore(root, "counts", p, config=StoreConfig(local_dir=str(tmp_path / f"check{p}"))).load(3)
-        for k, v in store.column_family("totals").items():
-            got[pickle.loads(k)[0]] = decode_value(v)[0]
+        for key, _, v, _ in StateView(store).rows("totals"):
+            got[key[0]] = v
         store.close()
     assert got == reference(batches)
     assert '"async_checkpoint": true' in log.read_text()

@@ -261,9 +261,9 @@ def test_files_of_another_kind_are_refused(pristine: Pristine) -> None:
 # -- store level: loads refuse, nothing changes, other versions still load ---------------------------
 
 # Which versions of partition 0 depend on the broken file (the others must still load):
-# changelog 3 -> 3, 4, 5 replay it; commit record 3 -> only version 3 reads it; the manifest of
-# the snapshot at 2 -> 2..5 start from it.
-BROKEN = {"changelog": {3, 4, 5}, "commit": {3}, "manifest": {2, 3, 4, 5}}
+# changelog 3 -> 3, 4, 5 replay it; commit record 3 -> only version 3 reads it. A broken manifest
+# (the snapshot at 2) stops no load: 2..5 replay from version 0 instead (invariant 10).
+BROKEN = {"changelog": {3, 4, 5}, "commit": {3}}
 
 
 def check_load_refused(root: Path, work: Path, pristine: Pristine, kind: str, path: str, case: str) -> None:
@@ -291,7 +291,7 @@ def check_load_refused(root: Path, work: Path, pristine: Pristine, kind: str, pa
     assert CommitLog(open_file_manager(str(root))).latest() == VERSIONS
 
 
-@pytest.mark.parametrize("kind", ["changelog", "commit", "manifest"])
+@pytest.mark.parametrize("kind", ["changelog", "commit"])
 def test_load_refuses_corrupt_files_and_changes_nothing(
     pristine: Pristine, ckpt: Path, tmp_path: Path, kind: str
 ) -> None:
@@ -299,6 +299,26 @@ def test_load_refuses_corrupt_files_and_changes_nothing(
     for i, (case, bad) in enumerate(corruptions(kind, data).items()):
         (ckpt / path).write_bytes(bad)  # the test's corruption, not the store's
         check_load_refused(ckpt, tmp_path / f"work-{i}", pristine, kind, path, case)
+    (ckpt / path).write_bytes(data)
+    assert tree_digest(ckpt) == tree_digest(pristine.root)
+
+
+def test_load_repairs_around_a_corrupt_manifest_and_changes_nothing(
+    pristine: Pristine, ckpt: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path, data = pristine_file(pristine, "manifest")
+    for i, (case, bad) in enumerate(corruptions("manifest", data).items()):
+        (ckpt / path).write_bytes(bad)  # the test's corruption, not the store's
+        before = tree_digest(ckpt)
+        caplog.clear()
+        for v in (SNAPSHOT_AT, VERSIONS):
+            with StateStore(str(ckpt), OP, 0, config=StoreConfig(local_dir=str(tmp_path / f"w{i}-{v}"))) as s:
+                s.load(v)
+                assert state_of(s) == pristine.expected[(0, v)], (case, v)
+                assert s.last_load is not None and s.last_load.repaired_snapshots == 1, case
+                assert s.last_load.snapshot_version is None and s.last_load.replayed_changelogs == v
+        assert any(r.levelname == "WARNING" and path in r.getMessage() for r in caplog.records), case
+        assert tree_digest(ckpt) == before, f"{case}: the checkpoint location changed"
     (ckpt / path).write_bytes(data)
     assert tree_digest(ckpt) == tree_digest(pristine.root)
 
@@ -322,7 +342,10 @@ def test_load_refuses_changelog_truncated_at_many_offsets(pristine: Pristine, ck
 
 
 @pytest.mark.parametrize("damage", ["bit flip", "truncated", "missing"])
-def test_load_refuses_damaged_snapshot_sst(pristine: Pristine, ckpt: Path, tmp_path: Path, damage: str) -> None:
+def test_damaged_snapshot_sst_is_repaired_or_refused(
+    pristine: Pristine, ckpt: Path, tmp_path: Path, damage: str
+) -> None:
+    """Repaired by replay from version 0 while the changelogs are there; refused naming the SST once not."""
     manifest = SnapshotManifest.from_bytes((ckpt / pristine.manifest).read_bytes(), pristine.manifest)
     sst = StoreId(OP, 0).sst(manifest.sst_files[0].remote_name)
     data = (ckpt / sst).read_bytes()
@@ -334,11 +357,18 @@ def test_load_refuses_damaged_snapshot_sst(pristine: Pristine, ckpt: Path, tmp_p
         (ckpt / sst).unlink()
     before = tree_digest(ckpt)
     with StateStore(str(ckpt), OP, 0, config=StoreConfig(local_dir=str(tmp_path / "w"))) as s:
+        s.load(SNAPSHOT_AT)
+        assert state_of(s) == pristine.expected[(0, SNAPSHOT_AT)]
+        assert s.last_load is not None and s.last_load.repaired_snapshots == 1
+        assert s.last_plan is not None and s.last_plan.skipped[0].path.endswith(sst)
+    assert tree_digest(ckpt) == before
+    (ckpt / pristine.changelog(0, 1)).unlink()  # no intact path left
+    before = tree_digest(ckpt)
+    with StateStore(str(ckpt), OP, 0, config=StoreConfig(local_dir=str(tmp_path / "w2"))) as s:
         with pytest.raises(CheckpointError) as ei:
             s.load(SNAPSHOT_AT)
-        assert sst in str(ei.value)
-        s.load(1)
-        assert state_of(s) == pristine.expected[(0, 1)]
+        assert sst in str(ei.value) and "no intact" in str(ei.value)
+        assert s.version is None
     assert tree_digest(ckpt) == before
 
 

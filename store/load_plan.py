@@ -1,0 +1,270 @@
+"""The load plan: how one committed (version, checkpoint id) of a store is rebuilt, as a value.
+
+Loading a version means answering three questions before touching data: which lineage (the committed
+ancestors of the version), which base (the local DB, a snapshot, or the empty version 0) and which
+changelogs to replay on top of it. `resolve_load_plan` answers them once, from the commit record,
+one snapshot listing and the changelog headers (a changelog carries the lineage it extends, so a
+plan costs O(1) metadata reads unless the lineage was capped); `StateStore.load` executes the
+result (`store.loading`). The plan is a frozen dataclass, so tests, the state reader and
+maintenance's verify inspect the same decision the loader takes.
+
+Snapshot repair (DESIGN invariant 10): when the base snapshot turns out unreadable, `fall_back`
+resolves the next plan along the same lineage, passing over the bad snapshot to an older one or to
+the empty version 0, as long as the committed changelogs are there. Only the healthy path is
+resolved eagerly; a fallback reads the extra headers it needs when it is taken.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from store.commit_log import CommitLog
+from store.errors import CorruptFileError, LineageError
+from store.files.base import CheckpointFileManager
+from store.formats.changelog import ChangelogHeader, Lineage, read_header
+from store.layout import MANIFEST_SUFFIX, StoreId, parse_versioned_name
+
+log = logging.getLogger(__name__)
+
+Ref = tuple[int, str]
+"""(version, checkpoint id) of a committed state."""
+
+
+class LoadSource(Enum):
+    """Where the state of a plan starts from."""
+
+    REUSE = "reuse"
+    """The local DB holds the target already: nothing to read."""
+    CATCH_UP = "catch_up"
+    """The local DB holds an older version on the target's lineage: replay only the gap."""
+    SNAPSHOT = "snapshot"
+    """Restore the base snapshot, then replay."""
+    EMPTY = "empty"
+    """Start from the empty version 0, then replay every changelog from version 1."""
+
+
+@dataclass(frozen=True)
+class SkippedSnapshot:
+    """A snapshot a plan passed over because it could not be restored (a repair)."""
+
+    version: int
+    checkpoint_id: str
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    """One resolved load: target, lineage, base, changelogs to replay, fallbacks."""
+
+    store: StoreId
+    version: int
+    checkpoint_id: str
+    source: LoadSource
+    base: Ref | None
+    """The local version (CATCH_UP/REUSE) or snapshot (SNAPSHOT) the replay starts from; None: version 0."""
+    replay: tuple[Ref, ...]
+    """Committed changelogs to replay on the base, oldest first; the last one is the target."""
+    lineage: Lineage
+    """The committed ancestors of the target this plan read, newest first (version - 1 downwards)."""
+    fallbacks: tuple[Ref | None, ...] = ()
+    """Older listed snapshots below the base, newest first, then None (replay from version 0): the
+    bases `fall_back` tries, in order, if the base cannot be restored."""
+    skipped: tuple[SkippedSnapshot, ...] = ()
+    """Snapshots passed over as unreadable to reach this plan (each one is a repair)."""
+    key_ranges: tuple[tuple[bytes, bytes | None], ...] | None = None
+    """Key ranges to load (None: every key); reserved for rescale."""
+
+    @property
+    def repairs(self) -> int:
+        return len(self.skipped)
+
+    @property
+    def store_lineage(self) -> Lineage:
+        """The lineage the loaded store extends: ancestors of the target down to the base (inclusive)."""
+        if self.base is None:
+            return self.lineage
+        return tuple(e for e in self.lineage if e[0] >= self.base[0])
+
+    def manifest_path(self) -> str | None:
+        """Path of the base snapshot's manifest (None unless the plan restores a snapshot)."""
+        if self.source is not LoadSource.SNAPSHOT or self.base is None:
+            return None
+        return self.store.manifest(*self.base)
+
+    def describe(self) -> str:
+        base = "version 0" if self.base is None else f"version {self.base[0]} ({self.base[1]})"
+        replay = f"{self.replay[0][0]}..{self.replay[-1][0]}" if self.replay else "nothing"
+        text = f"load {self.store} version {self.version} ({self.checkpoint_id}): {self.source.value} from {base}"
+        text += f", replay {replay}"
+        if self.fallbacks:
+            text += ", fallbacks " + ", ".join("0" if f is None else str(f[0]) for f in self.fallbacks)
+        if self.skipped:
+            text += ", skipped bad snapshots " + ", ".join(s.path for s in self.skipped)
+        return text
+
+
+class PlanSource(Protocol):
+    """The metadata a plan is resolved from (the checkpoint location, or maintenance's inventory)."""
+
+    store: StoreId
+
+    def committed_id(self, version: int) -> str:
+        """The committed checkpoint id of `version` (raises `LineageError` if not committed)."""
+        ...
+
+    def read_lineage(self, version: int, checkpoint_id: str) -> Lineage:
+        """The lineage the changelog of (version, checkpoint_id) extends, newest first."""
+        ...
+
+    def list_snapshots(self) -> set[Ref]:
+        """Every (version, id) with a snapshot manifest in the store."""
+        ...
+
+
+def resolve_load_plan(
+    source: PlanSource,
+    version: int,
+    checkpoint_id: str,
+    *,
+    local: Ref | None = None,
+    verify_commit: bool = True,
+) -> LoadPlan:
+    """Resolve how to load committed (version, checkpoint_id); `local` is what the local DB holds."""
+    store = source.store
+    target = (version, checkpoint_id)
+    if version == 0:
+        return LoadPlan(store, 0, checkpoint_id, LoadSource.EMPTY, None, (), ())
+    if local == target:
+        return LoadPlan(store, version, checkpoint_id, LoadSource.REUSE, local, (), ())
+    if verify_commit:
+        committed = source.committed_id(version)
+        if committed != checkpoint_id:
+            raise LineageError(
+                f"checkpoint id {checkpoint_id} of version {version} of store {store} is not the committed "
+                f"one ({committed}); only committed lineage is loaded"
+            )
+    head: Lineage = ()
+    if local is not None and local[0] < version:
+        head = source.read_lineage(version, checkpoint_id)  # one header read, reused by the walk
+        gap = version - 1 - local[0]
+        on_lineage = len(head) == version - 1 if local[0] == 0 else gap < len(head) and head[gap] == local
+        if on_lineage:
+            replay = (*reversed(head[:gap]), target)
+            return LoadPlan(store, version, checkpoint_id, LoadSource.CATCH_UP, local, replay, head)
+    snaps = source.list_snapshots()
+    return _walk(source, target, head, snaps.__contains__, (*sorted(snaps, reverse=True), None), ())
+
+
+def fall_back(source: PlanSource, plan: LoadPlan, path: str, reason: str) -> LoadPlan:
+    """The next plan after the base snapshot of `plan` proved unreadable (`path` names the bad file).
+
+    Raises `LineageError` when no older base can be reached through committed changelogs.
+    """
+    if plan.source is not LoadSource.SNAPSHOT or plan.base is None:
+        raise LineageError(f"load of {plan.store} version {plan.version} has no base snapshot to fall back from")
+    bad = SkippedSnapshot(plan.base[0], plan.base[1], path, reason)
+    skipped = (*plan.skipped, bad)
+    excluded = {(s.version, s.checkpoint_id) for s in skipped}
+    fallbacks = tuple(f for f in plan.fallbacks if f is None or f not in excluded)
+    allowed = {f for f in fallbacks if f is not None}
+    return _walk(source, (plan.version, plan.checkpoint_id), plan.lineage, allowed.__contains__, fallbacks, skipped)
+
+
+def _walk(
+    source: PlanSource,
+    target: Ref,
+    known: Lineage,
+    usable: Callable[[Ref], bool],
+    candidates: tuple[Ref | None, ...],
+    skipped: tuple[SkippedSnapshot, ...],
+) -> LoadPlan:
+    """Follow the lineage of `target` down to the newest usable snapshot on it (or version 1).
+
+    `known` is the lineage read so far (newest first); a capped lineage costs one more header read.
+    """
+    store = source.store
+    lineage = list(known)
+    chain: list[Ref] = [target]  # newest first, down to the version above the base
+    base: Ref | None = None
+    while True:
+        top = chain[-1]
+        if usable(top):
+            base = chain.pop()
+            break
+        if top[0] == 1:
+            break  # the base is the empty version 0
+        depth = target[0] - top[0]  # lineage[depth] is the entry below top
+        if depth >= len(lineage):  # capped lineage: one more header read
+            more = source.read_lineage(*top)
+            if not more:
+                raise LineageError(f"lineage of store {store} ends at version {top[0]} with no snapshot")
+            lineage.extend(more)
+        entry = lineage[depth]
+        if entry[0] != top[0] - 1:
+            raise LineageError(
+                f"lineage of store {store} jumps from version {top[0]} to {entry[0]} in the changelog of "
+                f"version {top[0]}"
+            )
+        chain.append(entry)
+    tail = tuple(f for f in candidates if base is not None and (f is None or f[0] < base[0]))
+    source_kind = LoadSource.SNAPSHOT if base is not None else LoadSource.EMPTY
+    return LoadPlan(
+        store, target[0], target[1], source_kind, base, tuple(reversed(chain)), tuple(lineage), tail, skipped
+    )
+
+
+class CheckpointPlanSource:
+    """`PlanSource` on the checkpoint location: commit records, changelog headers, one listing."""
+
+    def __init__(self, fm: CheckpointFileManager, store: StoreId, commit_log: CommitLog | None = None) -> None:
+        self.fm = fm
+        self.store = store
+        self.commit_log = commit_log or CommitLog(fm)
+        self.newest_listed = ""
+        """Newest manifest name listed so far (a later listing can start after it)."""
+
+    def committed_id(self, version: int) -> str:
+        return self.commit_log.committed_id(version, self.store.operator, self.store.partition)
+
+    def read_lineage(self, version: int, checkpoint_id: str) -> Lineage:
+        path = self.store.changelog(version, checkpoint_id)
+        name = f"{self.fm.root_uri}/{path}"
+        with self.fm.open(path) as f:
+            header = read_header(f, name)
+        check_header(self.store, header, version, checkpoint_id, name)
+        return header.lineage
+
+    def list_snapshots(self, start_after: str = "") -> set[Ref]:
+        found: set[Ref] = set()
+        for info in self.fm.list(self.store.snapshot_dir(), start_after=start_after or None):
+            parsed = parse_versioned_name(info.path)
+            if parsed is not None and parsed[2] == MANIFEST_SUFFIX:
+                found.add((parsed[0], parsed[1]))
+                self.newest_listed = max(self.newest_listed, info.path)
+        return found
+
+
+def check_header(store: StoreId, header: ChangelogHeader, version: int, checkpoint_id: str, name: str) -> None:
+    """Raise `CorruptFileError` unless the changelog header names the identity its file name says."""
+    expected = (store.operator, store.partition, version, checkpoint_id)
+    got = (header.operator, header.partition, header.version, header.checkpoint_id)
+    if got != expected:
+        raise CorruptFileError(f"changelog header says {got}, its name says {expected}", name)
+
+
+__all__ = [
+    "CheckpointPlanSource",
+    "LoadPlan",
+    "LoadSource",
+    "PlanSource",
+    "Ref",
+    "SkippedSnapshot",
+    "check_header",
+    "fall_back",
+    "resolve_load_plan",
+]

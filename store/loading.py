@@ -1,0 +1,195 @@
+"""Executing a `LoadPlan` on a store's local RocksDB: restore the base, replay the changelogs.
+
+This is the one route every load takes (`StateStore.load` resolves a plan and hands it here). It is
+also where snapshot repair happens (DESIGN invariant 10): when the base snapshot cannot be restored
+(missing or corrupt SST, bad or truncated manifest), the executor logs a warning naming the file,
+takes the plan's next fallback (an older snapshot, or replay from version 0) and counts the repair
+in the load metrics. Only when no base can be reached through committed changelogs does the load
+raise, naming the bad snapshot.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+
+import rocksdict as rd
+
+from store.errors import CorruptFileError, LineageError, UnsupportedFormatError
+from store.formats.changelog import ChangelogReader, Lineage
+from store.load_plan import CheckpointPlanSource, LoadPlan, LoadSource, SkippedSnapshot, check_header, fall_back
+from store.rocks import db_options, open_db, relieve_memory_pressure
+from store.snapshot import read_manifest, restore_snapshot
+
+if TYPE_CHECKING:
+    from store.files import CheckpointFileManager
+    from store.layout import StoreId
+
+log = logging.getLogger(__name__)
+
+_UNREADABLE_SNAPSHOT = (CorruptFileError, UnsupportedFormatError, FileNotFoundError)
+"""What restoring a snapshot raises when one of its files is missing, truncated or corrupt (not a
+transient or permission error of the storage: those propagate, a fallback would not help)."""
+
+
+@dataclass(frozen=True)
+class LoadMetrics:
+    load_ms: float
+    reused_local: bool
+    snapshot_version: int | None
+    replayed_changelogs: int
+    replayed_records: int
+    repaired_snapshots: int = 0
+    """Unreadable snapshots the load passed over (each logged as a warning naming the file)."""
+
+
+class LoadSettings(Protocol):
+    """The settings a load reads (`StoreConfig` has them)."""
+
+    @property
+    def max_lineage(self) -> int: ...
+
+    @property
+    def replay_batch_bytes(self) -> int: ...
+
+
+class PlanExecution:
+    """The load half of `StateStore` (a mixin): executes plans on the local DB it owns."""
+
+    fm: CheckpointFileManager
+    store_id: StoreId
+    config: LoadSettings
+    plan_source: CheckpointPlanSource
+    _db: rd.Rdict | None
+    _db_dir: str
+    _work: str
+    _cfs: Mapping[str, object]
+    _lineage: Lineage
+
+    def _make_cf(self, name: str) -> object:
+        raise NotImplementedError
+
+    def _handle_of(self, cf_name: str) -> Any:
+        """The handle of column family `cf_name`, created on first use."""
+        raise NotImplementedError
+
+    def _discard_local(self) -> None:
+        raise NotImplementedError
+
+    def _execute(self, plan: LoadPlan) -> tuple[LoadPlan, LoadMetrics]:
+        """Make the local DB hold the plan's target; returns the plan taken (after any fallback)."""
+        if plan.source is LoadSource.REUSE:
+            return plan, LoadMetrics(0.0, True, None, 0, 0)
+        if plan.source is LoadSource.CATCH_UP:
+            records = sum(self._replay(v, c) for v, c in plan.replay)
+            self._lineage = plan.lineage
+            return plan, LoadMetrics(0.0, True, None, len(plan.replay), records)
+        plan = self._restore_base(plan)
+        try:
+            records = sum(self._replay(v, c) for v, c in plan.replay)
+        except _UNREADABLE_SNAPSHOT as e:
+            if not plan.skipped:
+                raise
+            raise _no_intact_path(plan, e) from e
+        self._lineage = plan.store_lineage[: self.config.max_lineage]
+        snapshot = plan.base[0] if plan.base is not None else None
+        return plan, LoadMetrics(0.0, False, snapshot, len(plan.replay), records, plan.repairs)
+
+    def _restore_base(self, plan: LoadPlan) -> LoadPlan:
+        """Restore the plan's base (falling back past unreadable snapshots) and open the DB."""
+        while True:
+            self._discard_local()
+            manifest_path = plan.manifest_path()
+            if manifest_path is None:
+                break
+            try:
+                manifest = read_manifest(self.fm, manifest_path)
+                restore_snapshot(self.fm, self.store_id, manifest, self._db_dir)
+                break
+            except _UNREADABLE_SNAPSHOT as e:
+                bad = getattr(e, "path", None) or f"{self.fm.root_uri}/{manifest_path}"
+                log.warning(
+                    "store %s: the snapshot of version %d is unreadable (%s); loading version %d without it",
+                    self.store_id,
+                    plan.base[0] if plan.base else 0,
+                    e if bad in str(e) else f"{bad}: {e}",
+                    plan.version,
+                )
+                try:
+                    plan = fall_back(self.plan_source, plan, bad, str(e))
+                except (*_UNREADABLE_SNAPSHOT, LineageError) as why:
+                    base = plan.base or (0, "")
+                    skipped = replace(plan, skipped=(*plan.skipped, SkippedSnapshot(*base, bad, str(e))))
+                    raise _no_intact_path(skipped, why) from e
+                log.debug("%s", plan.describe())
+        self._db = open_db(self._db_dir, self._cfs)  # handles given out before stay valid
+        for name in rd.Rdict.list_cf(self._db_dir, db_options()):
+            self._make_cf(name)
+        return plan
+
+    def _replay(self, version: int, checkpoint_id: str) -> int:
+        path = self.store_id.changelog(version, checkpoint_id)
+        name = f"{self.fm.root_uri}/{path}"
+        tmp: str | None = None
+        f: BinaryIO = self.fm.open(path)
+        try:
+            if not f.seekable():
+                f.close()
+                tmp = os.path.join(self._work, f"replay-{version}.changelog")
+                self.fm.download(path, tmp)
+                f = open(tmp, "rb")  # noqa: SIM115 - closed below
+            reader = ChangelogReader(f, name)
+            check_header(self.store_id, reader.header, version, checkpoint_id, name)
+            reader.check_footer()
+            assert self._db is not None
+            return apply_changelog(reader, self._db, self._handle_of, self.config.replay_batch_bytes)
+        finally:
+            f.close()
+            if tmp is not None and os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+def apply_changelog(reader: ChangelogReader, db: rd.Rdict, handle_of: Callable[[str], Any], batch_bytes: int) -> int:
+    """Write every record of a checked changelog into `db` in write batches of ~`batch_bytes`; returns
+    the record count. `handle_of` maps a column family name to its handle (creating it if need be)."""
+    wb = rd.WriteBatch(raw_mode=True)
+    handle: Any = None
+    records = 0
+    try:
+        for cf_name, keys, values in reader.blocks():
+            handle = handle_of(cf_name)
+            put, delete = wb.put, wb.delete
+            for k, val in zip(keys, values, strict=True):
+                if val is None:
+                    delete(k, handle)
+                else:
+                    put(k, val, handle)
+            records += len(keys)
+            if wb.size_in_bytes() >= batch_bytes:
+                db.write(wb)
+                wb = rd.WriteBatch(raw_mode=True)
+                relieve_memory_pressure()
+        if not wb.is_empty():
+            db.write(wb)
+        return records
+    finally:
+        # A traceback keeps this frame alive: drop its references into the DB (column family handle,
+        # write batch), or closing the DB after a failed replay leaves it locked and the next load of
+        # the store fails with "lock hold by current process".
+        wb = handle = put = delete = None  # type: ignore[assignment]
+
+
+def _no_intact_path(plan: LoadPlan, why: BaseException) -> CorruptFileError:
+    first = plan.skipped[0]
+    return CorruptFileError(
+        f"version {plan.version} of store {plan.store} cannot load: its snapshot of version {first.version} is "
+        f"unreadable ({first.reason}) and no intact older base is reachable through committed changelogs "
+        f"({why})",
+        first.path,
+    )
+
+
+__all__ = ["LoadMetrics", "PlanExecution", "apply_changelog"]

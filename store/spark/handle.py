@@ -1,0 +1,88 @@
+"""``StatefulProcessorHandle``: what a processor's ``init`` gets, with PySpark's method signatures.
+
+It declares state variables (checking their schemas against the ones recorded in the checkpoint,
+store/spark/state.py) and manages the current key's processing-time timers.
+"""
+
+# ruff: noqa: N802, N803 - method and argument names follow PySpark's state API
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from store.errors import ConfigurationError
+from store.formats.typed_schema import to_schema
+from store.spark.state import ListState, MapState, StateContext, ValueState, _State, validate_state_name
+
+
+class StatefulProcessorHandle:
+    """What ``init`` gets: declares state variables (PySpark's signatures) and manages timers.
+
+    Schemas are a ``StructType`` / ``DataType`` or a DDL string (``"count long, total long"``), as in
+    PySpark; a struct schema's values are tuples, an atomic schema's are bare values. Without a
+    schema, the first value written fixes it (recorded in the checkpoint).
+    """
+
+    def __init__(self, ctx: StateContext) -> None:
+        self._ctx = ctx
+
+    def _get(
+        self, cls: type[_State], name: str, ttl: int | None, schema: Any = None, user_key_schema: Any = None
+    ) -> Any:
+        validate_state_name(name)
+        existing = self._ctx.states.get(name)
+        if existing is not None:
+            if type(existing) is not cls:
+                raise ConfigurationError(f"state variable {name!r} is already declared as a {existing.kind}")
+            return existing
+        what = f"the schema of state variable {name!r}"
+        value_schema = to_schema(schema, what)
+        key_schema = to_schema(user_key_schema, f"the map key schema of state variable {name!r}")
+        state = (
+            cls(self._ctx, name, ttl, value_schema)
+            if key_schema is None
+            else MapState(self._ctx, name, ttl, value_schema, key_schema)
+        )
+        self._ctx.states[name] = state
+        return state
+
+    def getValueState(self, stateName: str, schema: Any = None, ttlDurationMs: int | None = None) -> ValueState:
+        """`schema`: StructType, DataType or DDL string (inferred from the first value when omitted)."""
+        return self._get(ValueState, stateName, ttlDurationMs, schema)  # type: ignore[no-any-return]
+
+    def getListState(self, stateName: str, schema: Any = None, ttlDurationMs: int | None = None) -> ListState:
+        """`schema`: the schema of one element."""
+        return self._get(ListState, stateName, ttlDurationMs, schema)  # type: ignore[no-any-return]
+
+    def getMapState(
+        self, stateName: str, userKeySchema: Any = None, valueSchema: Any = None, ttlDurationMs: int | None = None
+    ) -> MapState:
+        return self._get(MapState, stateName, ttlDurationMs, valueSchema, userKeySchema)  # type: ignore[no-any-return]
+
+    def registerTimer(self, expiryTimestampMs: int) -> None:
+        """A processing-time timer for the current key; fires in the first batch at or after it."""
+        self._ctx.register_timer(expiryTimestampMs)
+
+    def deleteTimer(self, expiryTimestampMs: int) -> None:
+        self._ctx.delete_timer(expiryTimestampMs)
+
+    def listTimers(self) -> Iterator[int]:
+        return iter(list(self._ctx.list_timers()))
+
+    def deleteIfExists(self, stateName: str) -> None:
+        """Drop every row of a state variable (in every key of this partition) and its schema records."""
+        validate_state_name(stateName)
+        if stateName not in self._ctx.store.column_families():
+            return
+        self._ctx.states.pop(stateName, None)
+        cf = self._ctx.store.column_family(stateName)
+        keys = [k for k, _ in cf.items()]
+        if keys:
+            cf.delete_batch(keys)
+            self._ctx.rows_removed += len(keys)
+            self._ctx.rows_delta -= len(keys)
+        self._ctx.undeclare(stateName)
+
+
+__all__ = ["StatefulProcessorHandle"]

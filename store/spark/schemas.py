@@ -1,0 +1,309 @@
+"""Schema records of an operator's state, and the value format that reads every recorded schema.
+
+The records live in the store's ``__meta`` column family, so they are committed atomically with the
+batch that first writes under them (a schema change and the values written under it are one
+changelog), snapshotted with the state, and read back by the state reader and maintenance:
+
+- ``grouping_key`` -> Spark JSON of the grouping-key struct
+- ``max_key_groups`` -> u32 BE, fixed at the first batch
+- ``state/<name>`` -> JSON ``{"kind", "ttl_ms", "schema_id", "user_key_schema"}``
+- ``schema/<name>/<schema id u32 BE>`` -> Spark JSON of the value schema (ListState: of one element)
+
+A stored value is ``tag | [expiry u64 BE] | schema id (LEB128) | row``: tag ``0x53`` ('S') plain or
+``0x54`` ('T') with an expiry; docs/formats.md has the row layout. Values of older schema ids are read
+through the current schema (see :func:`store.formats.typed_schema.projector`).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from store.formats.typed_codec import CorruptStateError, ListCodec, ValueCodec
+from store.formats.typed_schema import DataType, SchemaError, from_json, from_json_value, projector
+from store.state_store import ColumnFamily
+
+META_CF = "__meta"
+GROUPING_KEY = b"grouping_key"
+MAX_KEY_GROUPS = b"max_key_groups"
+STATE_META_PREFIX = b"state/"
+SCHEMA_PREFIX = b"schema/"
+TAG_PLAIN = 0x53
+TAG_TTL = 0x54
+DEFAULT_MAX_KEY_GROUPS = 1024
+_U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
+MISSING: Any = object()
+
+
+def varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(0x80 | (n & 0x7F))
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def read_varint(raw: bytes, pos: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        b = raw[pos]
+        pos += 1
+        n |= (b & 0x7F) << shift
+        if b < 0x80:
+            return n, pos
+        shift += 7
+
+
+@dataclass
+class VariableRecord:
+    """What the checkpoint records of one state variable."""
+
+    kind: str
+    ttl_ms: int | None = None
+    schema_id: int = 0
+    """The current value schema's id; 0 until the first value is written (schema inferred)."""
+    user_key_schema: DataType | None = None
+    schemas: dict[int, DataType] = field(default_factory=dict)
+
+    def payload(self) -> bytes:
+        uk = None if self.user_key_schema is None else self.user_key_schema.json_value()
+        doc = {"kind": self.kind, "ttl_ms": self.ttl_ms, "schema_id": self.schema_id, "user_key_schema": uk}
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def schema_key(name: str, schema_id: int) -> bytes:
+    return SCHEMA_PREFIX + name.encode() + b"/" + _U32.pack(schema_id)
+
+
+def read_record(meta: ColumnFamily, name: str) -> VariableRecord | None:
+    raw = meta.get(STATE_META_PREFIX + name.encode())
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw)
+        uk = doc.get("user_key_schema")
+        record = VariableRecord(
+            kind=str(doc["kind"]),
+            ttl_ms=doc.get("ttl_ms"),
+            schema_id=int(doc.get("schema_id", 0)),
+            user_key_schema=None if uk is None else from_json_value(uk),
+        )
+    except (ValueError, KeyError, TypeError) as e:
+        raise CorruptStateError(f"the record of state variable {name!r} is unreadable: {e}") from None
+    prefix = SCHEMA_PREFIX + name.encode() + b"/"
+    for k, v in meta.items(prefix=prefix):
+        if len(k) != len(prefix) + 4:
+            continue
+        record.schemas[_U32.unpack_from(k, len(prefix))[0]] = from_json(v)
+    return record
+
+
+def write_record(meta: ColumnFamily, name: str, record: VariableRecord, old: VariableRecord | None) -> None:
+    if old is None or old.payload() != record.payload():
+        meta.put(STATE_META_PREFIX + name.encode(), record.payload())
+    for sid, schema in record.schemas.items():
+        if old is None or old.schemas.get(sid) != schema:
+            meta.put(schema_key(name, sid), schema.to_json().encode())
+
+
+def delete_record(meta: ColumnFamily, name: str) -> None:
+    keys = [k for k, _ in meta.items(prefix=SCHEMA_PREFIX + name.encode() + b"/")]
+    if meta.get(STATE_META_PREFIX + name.encode()) is not None:
+        keys.append(STATE_META_PREFIX + name.encode())
+    if keys:
+        meta.delete_batch(keys)
+
+
+def variable_names(meta: ColumnFamily) -> list[str]:
+    return [k[len(STATE_META_PREFIX) :].decode() for k, _ in meta.items(prefix=STATE_META_PREFIX)]
+
+
+def read_grouping_key(meta: ColumnFamily) -> DataType | None:
+    raw = meta.get(GROUPING_KEY)
+    return None if raw is None else from_json(raw)
+
+
+def read_max_key_groups(meta: ColumnFamily) -> int | None:
+    raw = meta.get(MAX_KEY_GROUPS)
+    return None if raw is None else int(_U32.unpack(raw)[0])
+
+
+class ValueFormat:
+    """Encodes values under a variable's current schema and decodes values of any recorded schema."""
+
+    def __init__(self, name: str, is_list: bool, where: str = "") -> None:
+        self.name = name
+        self.is_list = is_list
+        self.what = f"state variable {name!r}"
+        self.where = where
+        self.schema_id = 0
+        self.schema: DataType | None = None
+        self._history: dict[int, DataType] = {}
+        self._encode: Callable[[Any], bytes] | None = None
+        self._decode: Callable[[bytes, int], Any] = self._decode_empty
+        self._plain_head = b""
+        self._old: dict[int, Callable[[bytes, int], Any]] = {}
+        self.encode: Callable[..., bytes] = self.encode_any
+        """``encode(value, expiry_ms=None)``: compiled to one ``struct.pack`` for rows without nulls."""
+        self.decode: Callable[..., Any] = self.decode_any
+        """``decode(raw, now_ms=None)``: compiled to one ``struct.unpack`` for such rows."""
+
+    def _codec(self, schema: DataType) -> ValueCodec | ListCodec:
+        return ListCodec(schema, self.what) if self.is_list else ValueCodec(schema, self.what)
+
+    def use(self, schema_id: int, schema: DataType | None, history: dict[int, DataType]) -> None:
+        self.schema_id = schema_id
+        self.schema = schema
+        self._history = dict(history)
+        self._old.clear()
+        if schema is None:
+            self._encode = None
+            self._decode = self._decode_empty
+        else:
+            codec = self._codec(schema)
+            self._encode = codec.encode
+            self._decode = codec.decode
+        self._plain_head = bytes((TAG_PLAIN,)) + varint(schema_id)
+        self.encode, self.decode = self.encode_any, self.decode_any
+        if schema is not None and isinstance(codec, ValueCodec):
+            self._compile(codec)
+
+    def _compile(self, codec: ValueCodec) -> None:
+        """One C call per value for the common case: plain header, no nulls, fixed-width fields only."""
+        fast = codec.fixed_row_format()
+        if fast is None:
+            return
+        prefix = self._plain_head + bytes(codec.nbytes)
+        row = struct.Struct(f"<{len(prefix)}s{fast}")
+        pack, unpack, size = row.pack, row.unpack, row.size
+        encode_any, decode_any = self.encode_any, self.decode_any
+        bare = codec.bare
+
+        def encode(value: Any, expiry_ms: int | None = None) -> bytes:
+            if expiry_ms is None:
+                try:
+                    if bare:
+                        if value is not None:
+                            return pack(prefix, value)
+                    elif None not in value:
+                        return pack(prefix, *value)
+                except (struct.error, TypeError):
+                    pass  # a value the schema cannot hold: the checked path names it
+            return encode_any(value, expiry_ms)  # nulls, a TTL
+
+        def decode(raw: bytes, now_ms: int | None = None) -> Any:
+            if len(raw) == size:
+                t = unpack(raw)
+                if t[0] == prefix:
+                    return t[1] if bare else t[1:]
+            return decode_any(raw, now_ms)
+
+        self.encode, self.decode = encode, decode
+
+    @staticmethod
+    def _decode_empty(raw: bytes, pos: int) -> Any:
+        if raw[pos:] == b"\x00\x00\x00\x00":
+            return []
+        raise CorruptStateError("a value of schema id 0 that is not an empty list")
+
+    def encode_any(self, value: Any, expiry_ms: int | None = None) -> bytes:
+        enc = self._encode
+        if enc is None:
+            raise SchemaError(f"{self.what} has no schema yet")
+        if expiry_ms is None:
+            return self._plain_head + enc(value)
+        return bytes((TAG_TTL,)) + _U64.pack(max(0, expiry_ms)) + varint(self.schema_id) + enc(value)
+
+    def encode_empty_list(self, expiry_ms: int | None) -> bytes:
+        head = bytes((TAG_PLAIN,)) if expiry_ms is None else bytes((TAG_TTL,)) + _U64.pack(max(0, expiry_ms))
+        return head + varint(0 if self._encode is None else self.schema_id) + b"\x00\x00\x00\x00"
+
+    def decode_any(self, raw: bytes, now_ms: int | None = None) -> Any:
+        """The value in the current schema; MISSING when expired at `now_ms`."""
+        try:
+            tag = raw[0]
+            if tag == TAG_PLAIN:
+                pos = 1
+            elif tag == TAG_TTL:
+                if now_ms is not None and _U64.unpack_from(raw, 1)[0] <= now_ms:
+                    return MISSING
+                pos = 9
+            else:
+                raise CorruptStateError(f"unknown value tag 0x{tag:02x}: not a statekeeper typed value")
+            sid = raw[pos]
+            if sid < 0x80 and sid == self.schema_id:
+                return self._decode(raw, pos + 1)
+            sid, pos = read_varint(raw, pos)
+            if sid == self.schema_id:
+                return self._decode(raw, pos)
+            return self._old_decoder(sid)(raw, pos)
+        except CorruptStateError as e:
+            raise CorruptStateError(f"{self.what}{self.where}: {e}") from None
+        except (IndexError, ValueError, struct.error, OverflowError, UnicodeDecodeError) as e:
+            raise CorruptStateError(
+                f"{self.what}{self.where}: a stored value does not decode under its recorded schema "
+                f"(foreign or damaged bytes {bytes(raw[:16])!r}...): {e}"
+            ) from None
+
+    def _old_decoder(self, sid: int) -> Callable[[bytes, int], Any]:
+        dec = self._old.get(sid)
+        if dec is not None:
+            return dec
+        if sid == 0:
+            return self._decode_empty
+        old = self._history.get(sid)
+        if old is None:
+            raise CorruptStateError(f"schema id {sid} is not recorded (recorded: {sorted(self._history)})")
+        decode = self._codec(old).decode
+        proj = None if self.schema is None else projector(old, self.schema)
+        if proj is None:
+            dec = decode
+        elif self.is_list:
+            p = proj
+
+            def dec(raw: bytes, pos: int) -> Any:
+                return [None if e is None else p(e) for e in decode(raw, pos)]
+        else:
+            q = proj
+
+            def dec(raw: bytes, pos: int) -> Any:
+                return q(decode(raw, pos))
+
+        self._old[sid] = dec
+        return dec
+
+
+def expiry_of(raw: bytes) -> int | None:
+    return _U64.unpack_from(raw, 1)[0] if raw[0] == TAG_TTL else None
+
+
+def iter_values(cf: ColumnFamily, fmt: ValueFormat) -> Iterator[tuple[bytes, Any, int | None]]:
+    """(storage key, value in the current schema, expiry) of every row of a variable, in key order."""
+    for k, raw in cf.items():
+        yield k, fmt.decode(raw), expiry_of(raw)
+
+
+__all__ = [
+    "DEFAULT_MAX_KEY_GROUPS",
+    "GROUPING_KEY",
+    "MAX_KEY_GROUPS",
+    "META_CF",
+    "MISSING",
+    "TAG_PLAIN",
+    "TAG_TTL",
+    "ValueFormat",
+    "VariableRecord",
+    "delete_record",
+    "expiry_of",
+    "iter_values",
+    "read_grouping_key",
+    "read_max_key_groups",
+    "read_record",
+    "variable_names",
+    "write_record",
+]
