@@ -8,6 +8,7 @@ callback write files the test reads; `last_progress` on the client raises a clea
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,13 +31,26 @@ from tests.spark.processors import CountSum
 OUT = "user string, count long, total long"
 
 
+CONNECT_MODE_ENV = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")
+"""Set by PySpark when a Connect session is created; left set, every later builder in this process would
+ask for a Connect session too (the suite's classic `spark` session included)."""
+
+
 @pytest.fixture
 def remote(spark_connect_url: str) -> Iterator[Any]:
     from pyspark.sql import SparkSession
 
+    saved = {k: os.environ.get(k) for k in CONNECT_MODE_ENV}
     session = SparkSession.builder.remote(spark_connect_url).getOrCreate()
-    yield session
-    session.stop()
+    try:
+        yield session
+    finally:
+        session.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _run(remote: Any, tmp_path: Path, root: str, **options: Any) -> StatefulOperator:
