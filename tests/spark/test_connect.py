@@ -90,7 +90,7 @@ def _check(remote: Any, tmp_path: Path, root: str, batches: list[list[tuple[str,
 
 
 def test_operator_sink_and_reader_over_spark_connect(remote: Any, tmp_path: Path) -> None:
-    batches = write_inputs(tmp_path / "in", files=3, rows=300, keys=40, seed=51)
+    batches = write_inputs(tmp_path / "in", files=2, rows=200, keys=30, seed=51)
     root = (tmp_path / "state").as_uri()
     op = _run(remote, tmp_path, root)
     _check(remote, tmp_path, root, batches)
