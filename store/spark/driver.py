@@ -34,13 +34,16 @@ from store.commit_log import CommitLog
 from store.errors import CheckpointFileExistsError, CheckpointFileNotFoundError, ConfigurationError, StatekeeperError
 from store.files import CheckpointFileManager, open_file_manager
 from store.files.paths import validate_component
-from store.layout import StoreId
+from store.layout import StoreId, batch_path
 from store.spark.api import BatchStatefulProcessor, StatefulProcessor
-from store.spark.connect import is_connect_dataframe, progress_unavailable
+from store.spark.connect import initial_state_unsupported, is_connect_dataframe, progress_unavailable
+from store.spark.event_time import EventTime, TaskTime, WatermarkLog, parse_delay_ms, watermark_of
 from store.spark.executor import MARKER_COL, META_COL, PID_COL, FileManagerFactory, TaskSpec, run_task
+from store.spark.initial_state import collect_initial_state, initial_state_frame
 from store.spark.metrics import BatchProgress, PartitionMetrics
 from store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from store.spark.state import check_max_key_groups
+from store.spark.time_mode import TimeMode
 from store.state_store import StoreConfig
 
 if TYPE_CHECKING:
@@ -51,7 +54,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ROUTE_COL = "__sk_route"
-SPARK_DIR = "spark"
 Sink = Callable[["DataFrame", int], None]
 
 
@@ -66,6 +68,11 @@ class StatefulOperator:
     (vectorized); ``key`` the grouping columns; ``output_schema`` a StructType or DDL string.
     ``sink(df, batch_id)`` gets each batch's output after its state is committed.
     ``max_key_groups`` (the groups stored keys lead with) is recorded at the first batch and kept.
+
+    As PySpark's ``transformWithState``: ``time_mode`` "None" | "ProcessingTime" | "EventTime";
+    event time from ``event_time_column`` + ``watermark_delay`` or the stream's ``withWatermark``
+    (store/spark/event_time.py); ``initial_state`` a DataFrame or ``df.groupBy(key)`` delivered to
+    ``handleInitialState`` on the first batch (store/spark/initial_state.py).
     """
 
     def __init__(
@@ -88,8 +95,24 @@ class StatefulOperator:
         local_dir: str | None = None,
         history: int = 200,
         max_key_groups: int = DEFAULT_MAX_KEY_GROUPS,
+        time_mode: str = "ProcessingTime",
+        event_time_column: str | None = None,
+        watermark_delay: str | int | None = None,
+        initial_state: Any = None,
+        output_mode: str = "Append",
+        eventTimeColumnName: str = "",  # noqa: N803 - PySpark's argument name
     ) -> None:
         validate_component(name, "operator name")
+        if eventTimeColumnName:
+            raise NotImplementedError(
+                "eventTimeColumnName (re-assigning the watermark on the output for a chained stateful operator) "
+                "is not supported: the output goes to a foreachBatch sink, not to another operator"
+            )
+        if str(output_mode).lower() not in ("append", "update"):
+            raise NotImplementedError(
+                f"output_mode {output_mode!r}: transformWithState supports 'Append' and 'Update' (each batch's "
+                "output goes to the sink as it is produced); 'Complete' is not supported"
+            )
         if not isinstance(processor, StatefulProcessor | BatchStatefulProcessor):
             raise ConfigurationError(
                 f"processor must be a StatefulProcessor or BatchStatefulProcessor, got {type(processor).__name__}"
@@ -119,6 +142,13 @@ class StatefulOperator:
         self.on_progress = on_progress
         self.local_dir = local_dir
         self.max_key_groups = check_max_key_groups(max_key_groups)
+        self.time_mode = TimeMode.parse(time_mode)
+        self.event_time: EventTime | None = None
+        if (event_time_column is None) != (watermark_delay is None):
+            raise ConfigurationError("event_time_column and watermark_delay go together (as in withWatermark)")
+        if event_time_column is not None and watermark_delay is not None:
+            self.event_time = EventTime(event_time_column, parse_delay_ms(watermark_delay))
+        self.initial_state = None if initial_state is None else initial_state_frame(initial_state)
         self.history = history
         self.started_over_connect = False
         self._reset_driver_state()
@@ -164,9 +194,14 @@ class StatefulOperator:
     ) -> StreamingQuery:
         """Start the streaming query: ``df.writeStream.foreachBatch(self.process_batch)``.
 
+        Without explicit ``event_time_column`` / ``watermark_delay``, the ``withWatermark`` of `df` is used.
         Over Spark Connect the batches run in the server's Python process (see :mod:`store.spark.connect`).
         """
         self.started_over_connect = is_connect_dataframe(df)
+        if self.started_over_connect and self.initial_state is not None:
+            raise initial_state_unsupported(self.name)
+        if self.event_time is None:
+            self.event_time = watermark_of(df)
         writer = df.writeStream.foreachBatch(self.process_batch).option("checkpointLocation", checkpoint_location)
         if trigger:
             writer = writer.trigger(**trigger)
@@ -209,6 +244,7 @@ class StatefulOperator:
             self._finish(BatchProgress(mode="skipped", duration_ms=(time.perf_counter() - t0) * 1000, **base))
             return
         load_ids = self._load_ids(version, n)
+        task_time, max_event_before = self._task_time(batch_id)
         spec = TaskSpec(
             root=self.root,
             operator=self.name,
@@ -226,6 +262,8 @@ class StatefulOperator:
             fm_factory=self.fm_factory,
             local_dir=self.local_dir,
             max_key_groups=self.max_key_groups,
+            time=task_time,
+            initial_state=self._initial_rows(df, n) if version == 0 else None,
         )
         plan = self._plan(spark, df, n)
         attempt = 0
@@ -256,6 +294,7 @@ class StatefulOperator:
             break
         try:
             t_rec = time.perf_counter()
+            self._record_event_time(batch_id, task_time, max_event_before, metas)
             if spec.commit:
                 ids = [m.checkpoint_id or "" for m in metas]
                 self._write_commit_record(target, ids)
@@ -272,10 +311,47 @@ class StatefulOperator:
             out.unpersist()
         duration = (time.perf_counter() - t0) * 1000
         self._finish(_with(progress, sink_ms=sink_ms, duration_ms=duration))
-        if spec.commit and batch_id % 50 == 0:
-            self._clean_batch_files(batch_id)
 
     # -- batch phases ---------------------------------------------------------------------------
+    def _watermarks(self) -> WatermarkLog | None:
+        if self.event_time is None:
+            return None
+        return WatermarkLog(self.fm, self.name, self.event_time.delay_ms)
+
+    def _task_time(self, batch_id: int) -> tuple[TaskTime, int | None]:
+        """The batch's time mode and watermarks (recorded ones on a re-run), and the max event time before it."""
+        marks = self._watermarks()
+        if marks is None or self.event_time is None:
+            if self.time_mode is TimeMode.EVENT_TIME:
+                raise ConfigurationError(
+                    f"operator {self.name!r} runs in timeMode 'EventTime' but has no event time: pass "
+                    "event_time_column and watermark_delay, or start it on a stream with withWatermark(...)"
+                )
+            return TaskTime(self.time_mode), None
+        watermark, late, max_before = marks.times(batch_id)
+        return TaskTime(self.time_mode, self.event_time.column, watermark, late), max_before
+
+    def _record_event_time(
+        self, batch_id: int, task_time: TaskTime, max_before: int | None, metas: list[PartitionMetrics]
+    ) -> None:
+        marks = self._watermarks()
+        if marks is None:
+            return
+        seen = [m.max_event_ms for m in metas if m.max_event_ms is not None]
+        if max_before is not None:
+            seen.append(max_before)
+        marks.record(batch_id, task_time.watermark_ms, max(seen) if seen else None)
+
+    def _initial_rows(self, df: DataFrame, n: int) -> Any:
+        if self.initial_state is None or isinstance(self.processor, BatchStatefulProcessor):
+            return None
+        return collect_initial_state(self.initial_state, df, self.key, self._partition_column(n), PID_COL)
+
+    def _partition_column(self, n: int) -> Any:
+        from pyspark.sql import functions as sf
+
+        return sf.pmod(sf.hash(*[sf.col(k) for k in self.key]), sf.lit(n)).cast("int")
+
     def _prepare(self, spark: SparkSession, df: DataFrame, batch_id: int) -> None:
         if self._struct is None:
             self._struct = _to_struct(spark, self.output_schema)
@@ -324,7 +400,8 @@ class StatefulOperator:
         self._next_batch = batch_id
 
     def _batch_path(self, batch_id: int) -> str:
-        return f"{SPARK_DIR}/{self.name}/batches/{batch_id:020d}.json"
+        """Owned by the version the batch commits: maintenance expires it with that commit record."""
+        return batch_path(self.name, batch_id)
 
     def _read_batch_file(self, batch_id: int) -> dict[str, Any] | None:
         try:
@@ -351,18 +428,6 @@ class StatefulOperator:
             except CheckpointFileExistsError:
                 data = self._read_batch_file(batch_id) or data
         return int(data["timestamp_ms"])
-
-    def _clean_batch_files(self, batch_id: int, keep: int = 100) -> None:
-        prefix = f"{SPARK_DIR}/{self.name}/batches/"
-        old = []
-        for info in self.fm.list(prefix):
-            stem = info.path.rsplit("/", 1)[-1].split(".", 1)[0]
-            if stem.isdigit() and int(stem) < batch_id - keep:
-                old.append(info.path)
-        if old:
-            result = self.fm.delete_many(old)
-            if result.errors:
-                log.warning("statekeeper %s: could not delete old batch files: %s", self.name, result.errors)
 
     def _load_ids(self, version: int, n: int) -> tuple[str, ...]:
         if version == 0:
@@ -410,7 +475,7 @@ class StatefulOperator:
                 sf.col("id").cast("int").alias(PID_COL),
                 sf.lit(True).alias(MARKER_COL),
             )
-            pid = sf.pmod(sf.hash(*[sf.col(k) for k in self.key]), sf.lit(n)).cast("int").alias(PID_COL)
+            pid = self._partition_column(n).alias(PID_COL)
             route = sf.element_at(sf.array(*[sf.lit(r) for r in self._routes(spark, n)]), sf.col(PID_COL) + 1)
             cached = self._plan_parts[schema_key] = (markers, pid, route)
         markers, pid, route = cached
@@ -465,6 +530,7 @@ class StatefulOperator:
         upload_wait_ms: float,
         commit_record_ms: float,
     ) -> BatchProgress:
+        task_time = self._task_time(base["batch_id"])[0]
         return BatchProgress(
             mode=mode,
             input_rows=sum(m.input_rows for m in metas),
@@ -484,6 +550,8 @@ class StatefulOperator:
             job_ms=job_ms,
             commit_record_ms=commit_record_ms,
             attempts=attempts,
+            watermark_ms=task_time.watermark_ms,
+            num_rows_dropped_by_watermark=sum(m.late_rows for m in metas),
             partitions=metas,
             **base,
         )
