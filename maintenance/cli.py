@@ -22,7 +22,6 @@ from store.errors import ConfigurationError, StatekeeperError
 from store.layout import StoreId
 
 if TYPE_CHECKING:
-    from maintenance.fanout import SparkEngine
     from maintenance.reports import Report
     from maintenance.settings import MaintenanceSettings
     from sql.catalog import Catalog
@@ -107,13 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--work-dir", metavar="DIR", help="directory for warm local copies of stores")
     op.add_argument("--delete-batch-size", type=_positive_int, metavar="N", help="paths per delete request")
 
-    fan = _Parser(add_help=False)
-    fan.add_argument(
-        "--engine",
-        choices=("local", "spark"),
-        default="local",
-        help="local: this process (default); spark: the stores fanned out over Spark executors",
-    )
+    fan = _Parser(add_help=False)  # maintenance.fanout: --engine spark spreads the stores over Spark executors
+    fan.add_argument("--engine", choices=("local", "spark"), default="local", help="where the stores are worked on")
     fan.add_argument("--master", metavar="URL", help="with --engine spark: spark://..., local[N] or sc://... (Connect)")
 
     dry = _Parser(add_help=False)
@@ -224,13 +218,6 @@ def _maybe_catalog(args: argparse.Namespace) -> Iterator[Catalog | None]:
         yield catalog
     finally:
         catalog.close()
-
-
-def _engine(args: argparse.Namespace) -> SparkEngine | None:
-    """--engine/--master: None for this process, else the Spark engine (the [spark] extra is checked then)."""
-    from maintenance.fanout import check_engine
-
-    return check_engine(args.engine, args.master)
 
 
 def _progress(args: argparse.Namespace) -> bool:
@@ -394,24 +381,11 @@ def _version_files(inv: Any, plan: Any, store: StoreId, version: int) -> dict[st
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from maintenance.verify import verify_root
+    from maintenance.fanout import verify_operation
 
     settings = _settings(args)
-    engine = _engine(args)
+    verify_root = verify_operation(args.engine, args.master)
     with _maybe_catalog(args) as catalog:
-        if engine is not None:
-            from maintenance.fanout import verify_root_on_spark
-
-            spark_report = verify_root_on_spark(
-                args.root,
-                settings,
-                engine,
-                catalog=catalog,
-                rebuild=args.rebuild,
-                checksums=not args.no_checksums,
-                stores=args.stores,
-            )
-            return _report_out(args, spark_report)
         report = verify_root(
             args.root,
             settings,
@@ -425,19 +399,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    from maintenance.snapshots import create_snapshots
+    from maintenance.fanout import snapshot_operation
 
     settings = _settings(args)
-    engine = _engine(args)
+    create_snapshots = snapshot_operation(args.engine, args.master)
     with _maybe_catalog(args) as catalog:
-        if engine is not None and not args.dry_run:
-            from maintenance.fanout import create_snapshots_on_spark
-
-            report = create_snapshots_on_spark(args.root, settings, engine, catalog=catalog, stores=args.stores)
-        else:
-            report = create_snapshots(
-                args.root, settings, catalog=catalog, dry_run=args.dry_run, progress=_progress(args), stores=args.stores
-            )
+        report = create_snapshots(
+            args.root, settings, catalog=catalog, dry_run=args.dry_run, progress=_progress(args), stores=args.stores
+        )
     return _report_out(
         args,
         report,

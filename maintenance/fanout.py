@@ -15,10 +15,11 @@ Executors need the ``[maintenance]`` extra and access to the checkpoint root and
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,8 +27,14 @@ from maintenance.inventory import Inventory
 from maintenance.plan import plan_store
 from maintenance.reports import SnapshotReport, VerifyReport, recorded
 from maintenance.settings import MaintenanceSettings
-from maintenance.snapshots import account_snapshot, check_work_dir, snapshot_store, sync_after_snapshots
-from maintenance.verify import StoreVerification, account_verification, verify_store
+from maintenance.snapshots import (
+    account_snapshot,
+    check_work_dir,
+    create_snapshots,
+    snapshot_store,
+    sync_after_snapshots,
+)
+from maintenance.verify import StoreVerification, account_verification, verify_root, verify_store
 from store.errors import ConfigurationError
 from store.extras import require
 from store.files import CheckpointFileManager, open_file_manager
@@ -132,8 +139,6 @@ def _open_catalog(url: str | None) -> Catalog | None:
 def _fan_out(engine: SparkEngine, spec: _TaskSpec, stores: list[StoreId]) -> list[dict[str, Any]]:
     if not stores:
         return []
-    import functools
-
     spark = engine.session()
     df = spark.createDataFrame([(str(s),) for s in stores], "store string")
     df = df.repartition(engine.partitions(len(stores)))
@@ -153,9 +158,18 @@ def create_snapshots_on_spark(
     *,
     catalog: Catalog | None = None,
     orchestrator_run_id: str | None = None,
+    dry_run: bool = False,
+    progress: bool = False,
     stores: Iterable[StoreId] | None = None,
 ) -> SnapshotReport:
-    """:func:`maintenance.snapshots.create_snapshots`, with the stores' snapshots built on Spark executors."""
+    """:func:`maintenance.snapshots.create_snapshots`, with the stores' snapshots built on Spark executors.
+
+    A dry run only plans (on the driver, as the one-process engine does); `progress` bars are not shown.
+    """
+    if dry_run:
+        return create_snapshots(
+            root_uri, settings, catalog=catalog, orchestrator_run_id=orchestrator_run_id, dry_run=True, stores=stores
+        )
     t0 = time.perf_counter()
     fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
     check_work_dir(fm, settings)
@@ -193,9 +207,13 @@ def verify_root_on_spark(
     rebuild: bool = False,
     checksums: bool = True,
     orchestrator_run_id: str | None = None,
+    progress: bool = False,
     stores: Iterable[StoreId] | None = None,
 ) -> VerifyReport:
-    """:func:`maintenance.verify.verify_root`, with the stores verified on Spark executors; read-only."""
+    """:func:`maintenance.verify.verify_root`, with the stores verified on Spark executors; read-only.
+
+    `progress` bars are not shown (the work happens on the executors).
+    """
     t0 = time.perf_counter()
     fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
     wanted = None if stores is None else list(stores)
@@ -229,4 +247,24 @@ def check_engine(name: str, master: str | None) -> SparkEngine | None:
     return SparkEngine(master=master)
 
 
-__all__ = ["ENGINES", "SparkEngine", "check_engine", "create_snapshots_on_spark", "verify_root_on_spark"]
+def snapshot_operation(engine: str, master: str | None) -> Callable[..., SnapshotReport]:
+    """`create_snapshots` for engine 'local', its Spark fan-out for 'spark' (same keyword arguments)."""
+    spark = check_engine(engine, master)
+    return create_snapshots if spark is None else functools.partial(create_snapshots_on_spark, engine=spark)
+
+
+def verify_operation(engine: str, master: str | None) -> Callable[..., VerifyReport]:
+    """`verify_root` for engine 'local', its Spark fan-out for 'spark' (same keyword arguments)."""
+    spark = check_engine(engine, master)
+    return verify_root if spark is None else functools.partial(verify_root_on_spark, engine=spark)
+
+
+__all__ = [
+    "ENGINES",
+    "SparkEngine",
+    "check_engine",
+    "create_snapshots_on_spark",
+    "snapshot_operation",
+    "verify_operation",
+    "verify_root_on_spark",
+]

@@ -8,7 +8,6 @@ from STATEKEEPER_DB_URL, so a password in it is never shown in the UI.
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -124,19 +123,15 @@ class MaintenanceConfig(ConfigurableResource):  # type: ignore[type-arg]
 
     def snapshot_operation(self) -> Callable[..., Any]:
         """`create_snapshots`, or its Spark fan-out when `engine` is 'spark'."""
-        from maintenance.fanout import check_engine, create_snapshots_on_spark
-        from maintenance.snapshots import create_snapshots
+        from maintenance.fanout import snapshot_operation
 
-        engine = check_engine(self.engine, self.spark_master)
-        return create_snapshots if engine is None else functools.partial(create_snapshots_on_spark, engine=engine)
+        return snapshot_operation(self.engine, self.spark_master)
 
     def verify_operation(self) -> Callable[..., Any]:
         """`verify_root`, or its Spark fan-out when `engine` is 'spark'."""
-        from maintenance.fanout import check_engine, verify_root_on_spark
-        from maintenance.verify import verify_root
+        from maintenance.fanout import verify_operation
 
-        engine = check_engine(self.engine, self.spark_master)
-        return verify_root if engine is None else functools.partial(verify_root_on_spark, engine=engine)
+        return verify_operation(self.engine, self.spark_master)
 
     def settings(self) -> MaintenanceSettings:
         from maintenance.settings import MaintenanceSettings
