@@ -9,3 +9,7 @@
 All of them start from one listing (`maintenance.inventory`) and one set of rules (`maintenance.plan`);
 docs/maintenance.md describes what is kept, what is deleted and when.
 """
+
+from store.extras import require
+
+require(("sqlalchemy", "alembic", "tqdm"), "maintenance", "statekeeper maintenance (and its command line)")

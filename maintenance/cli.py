@@ -106,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--work-dir", metavar="DIR", help="directory for warm local copies of stores")
     op.add_argument("--delete-batch-size", type=_positive_int, metavar="N", help="paths per delete request")
 
+    fan = _Parser(add_help=False)  # maintenance.fanout: --engine spark spreads the stores over Spark executors
+    fan.add_argument("--engine", choices=("local", "spark"), default="local", help="where the stores are worked on")
+    fan.add_argument("--master", metavar="URL", help="with --engine spark: spark://..., local[N] or sc://... (Connect)")
+
     dry = _Parser(add_help=False)
     dry.add_argument("--dry-run", action="store_true", help="report what would be done; change nothing")
 
@@ -115,11 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", parents=[common, op], help="what is under a checkpoint root, per store")
     p.add_argument("--version", type=_positive_int, dest="version", help="with one --store: the files of a version")
     p.set_defaults(func=cmd_inspect)
-    p = sub.add_parser("verify", parents=[common, op], help="check that every retained version is loadable")
+    p = sub.add_parser("verify", parents=[common, op, fan], help="check that every retained version is loadable")
     p.add_argument("--rebuild", action="store_true", help="also rebuild versions and compare with snapshots")
     p.add_argument("--no-checksums", action="store_true", help="check SST sizes only, not their SHA-256")
     p.set_defaults(func=cmd_verify)
-    p = sub.add_parser("snapshot", parents=[common, op, dry], help="snapshot stores with long changelog chains")
+    p = sub.add_parser("snapshot", parents=[common, op, dry, fan], help="snapshot stores with long changelog chains")
     p.set_defaults(func=cmd_snapshot)
     p = sub.add_parser("expire", parents=[common, op, dry], help="delete what no retained version needs")
     p.set_defaults(func=cmd_expire)
@@ -377,9 +381,10 @@ def _version_files(inv: Any, plan: Any, store: StoreId, version: int) -> dict[st
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from maintenance.verify import verify_root
+    from maintenance.fanout import verify_operation
 
     settings = _settings(args)
+    verify_root = verify_operation(args.engine, args.master)
     with _maybe_catalog(args) as catalog:
         report = verify_root(
             args.root,
@@ -394,9 +399,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    from maintenance.snapshots import create_snapshots
+    from maintenance.fanout import snapshot_operation
 
     settings = _settings(args)
+    create_snapshots = snapshot_operation(args.engine, args.master)
     with _maybe_catalog(args) as catalog:
         report = create_snapshots(
             args.root, settings, catalog=catalog, dry_run=args.dry_run, progress=_progress(args), stores=args.stores

@@ -348,4 +348,19 @@ def _sync(catalog: Catalog, fm: CheckpointFileManager, report: SnapshotReport) -
         log.warning("catalog sync after snapshots of %s: %s", report.root, err)
 
 
-__all__ = ["MAX_OPEN_REPLICAS", "check_work_dir", "close_replicas", "create_snapshots", "replica_dir", "work_root"]
+snapshot_store = _snapshot_store
+"""Snapshot one store under its lease (one row of the report); used per store by maintenance.fanout."""
+account_snapshot = _account
+sync_after_snapshots = _sync
+
+__all__ = [
+    "MAX_OPEN_REPLICAS",
+    "account_snapshot",
+    "check_work_dir",
+    "close_replicas",
+    "create_snapshots",
+    "replica_dir",
+    "snapshot_store",
+    "sync_after_snapshots",
+    "work_root",
+]

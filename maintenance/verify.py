@@ -93,27 +93,31 @@ def verify_root(
             )
             for s, outcome in zip(ids, results, strict=True):
                 if isinstance(outcome, Exception):
-                    res = _StoreResult(s, [f"store {s}: verification failed: {outcome}"])
+                    account_verification(report, _StoreResult(s, [f"store {s}: verification failed: {outcome}"]))
                 else:
-                    res = outcome
-                report.versions += res.versions
-                report.changelogs += res.changelogs
-                report.snapshots += res.snapshots
-                report.ssts += res.ssts
-                report.rebuilt += res.rebuilt
-                report.files += res.changelogs + res.snapshots + res.ssts
-                report.bytes += res.bytes
-                for text in res.errors:
-                    report.error(text)
-                if res.errors:
-                    report.stores_failed += 1
-                else:
-                    report.stores_ok += 1
-                report.items.append({"store": str(s), **res.row, "ok": not res.errors, "errors": len(res.errors)})
+                    account_verification(report, outcome)
         finally:
             report.seconds = time.perf_counter() - t0
     log.info(report.summary())
     return report
+
+
+def account_verification(report: VerifyReport, res: _StoreResult) -> None:
+    """Add one store's verification to the report."""
+    report.versions += res.versions
+    report.changelogs += res.changelogs
+    report.snapshots += res.snapshots
+    report.ssts += res.ssts
+    report.rebuilt += res.rebuilt
+    report.files += res.changelogs + res.snapshots + res.ssts
+    report.bytes += res.bytes
+    for text in res.errors:
+        report.error(text)
+    if res.errors:
+        report.stores_failed += 1
+    else:
+        report.stores_ok += 1
+    report.items.append({"store": str(res.store), **res.row, "ok": not res.errors, "errors": len(res.errors)})
 
 
 def _verify_store(
@@ -373,4 +377,9 @@ def _replayable_base(plan: StorePlan, files: StoreFiles, version: int) -> int | 
     return None
 
 
-__all__ = ["verify_root"]
+StoreVerification = _StoreResult
+"""One store's verification outcome (what maintenance.fanout gathers from Spark tasks)."""
+verify_store = _verify_store
+"""Verify one store of an inventory (read-only); used per store by maintenance.fanout."""
+
+__all__ = ["StoreVerification", "account_verification", "verify_root", "verify_store"]

@@ -220,13 +220,18 @@ def build_assets(partitions: PartitionsDefinition) -> list[AssetsDefinition]:
         catalog: CatalogDatabase,
         maintenance: MaintenanceConfig,
     ) -> MaterializeResult[None]:
-        from maintenance.snapshots import create_snapshots
-
         stores = parse_stores(config.stores)
         if stores is not None:
             context.log.info("requested for %s", ", ".join(config.stores))
         return run_maintenance(
-            context, SNAPSHOTS, create_snapshots, storage, catalog, maintenance, health=True, stores=stores
+            context,
+            SNAPSHOTS,
+            maintenance.snapshot_operation(),
+            storage,
+            catalog,
+            maintenance,
+            health=True,
+            stores=stores,
         )
 
     @asset(

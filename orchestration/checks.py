@@ -73,12 +73,10 @@ def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition
             catalog: CatalogDatabase,
             maintenance: MaintenanceConfig,
         ) -> AssetCheckResult:
-            from maintenance.verify import verify_root
-
             root = _root(context, storage)
             with catalog.session() as cat:
                 sync_lineage(cat, storage, root)
-                report = verify_root(root, maintenance.settings(), catalog=cat)
+                report = maintenance.verify_operation()(root, maintenance.settings(), catalog=cat)
             errors = report_errors(report)
             md = numeric(report.metadata())
             md["errors"] = MetadataValue.int(len(errors))

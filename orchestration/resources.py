@@ -8,8 +8,9 @@ from STATEKEEPER_DB_URL, so a password in it is never shown in the UI.
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,9 @@ from store.files import CheckpointFileManager, open_file_manager
 
 if TYPE_CHECKING:
     from maintenance.settings import MaintenanceSettings
+
+ENV_ENGINE = "STATEKEEPER_MAINTENANCE_ENGINE"
+ENV_SPARK_MASTER = "STATEKEEPER_SPARK_MASTER"
 
 _upgraded: set[str] = set()
 _upgraded_lock = threading.Lock()
@@ -107,6 +111,27 @@ class MaintenanceConfig(ConfigurableResource):  # type: ignore[type-arg]
     lease_timeout_seconds: float = Field(default=0, description="How long to wait for a store's lease.")
     work_dir: str | None = Field(default=None, description="Warm local copies of stores for snapshots.")
     delete_batch_size: int = Field(default=1000, description="Keys per delete request (S3 takes at most 1000).")
+    engine: str = Field(
+        default="local",
+        description="Where snapshots and verification run: 'local' (the run's process) or 'spark' (the stores "
+        "fanned out over Spark executors, see maintenance.fanout).",
+    )
+    spark_master: str | None = Field(
+        default=None,
+        description="With engine 'spark': spark://host:7077, local[N] or sc://host:15002 (Spark Connect).",
+    )
+
+    def snapshot_operation(self) -> Callable[..., Any]:
+        """`create_snapshots`, or its Spark fan-out when `engine` is 'spark'."""
+        from maintenance.fanout import snapshot_operation
+
+        return snapshot_operation(self.engine, self.spark_master)
+
+    def verify_operation(self) -> Callable[..., Any]:
+        """`verify_root`, or its Spark fan-out when `engine` is 'spark'."""
+        from maintenance.fanout import verify_operation
+
+        return verify_operation(self.engine, self.spark_master)
 
     def settings(self) -> MaintenanceSettings:
         from maintenance.settings import MaintenanceSettings
@@ -141,7 +166,11 @@ class MaintenanceConfig(ConfigurableResource):  # type: ignore[type-arg]
     def from_env(cls) -> MaintenanceConfig:
         from maintenance.settings import MaintenanceSettings
 
-        return cls.from_settings(MaintenanceSettings.from_env())
+        engine = os.environ.get(ENV_ENGINE, "local")
+        master = os.environ.get(ENV_SPARK_MASTER) or None
+        return cls.from_settings(MaintenanceSettings.from_env()).model_copy(
+            update={"engine": engine, "spark_master": master}
+        )
 
 
 def build_resources(config: OrchestrationConfig) -> dict[str, Any]:

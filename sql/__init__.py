@@ -9,6 +9,16 @@
 checkpoint location is `maintenance.catalog_sync`.
 """
 
+# ruff: noqa: E402 - the check that names a missing extra runs before the imports that need it
+import importlib.util
+
+_MISSING = [m for m in ("sqlalchemy", "alembic") if importlib.util.find_spec(m) is None]
+if _MISSING:  # sql imports nothing of store, so it cannot use store.extras.require
+    raise ImportError(
+        f"statekeeper's catalog (package sql) needs {_MISSING}, which are not installed: "
+        "pip install 'statekeeper[maintenance]'"
+    )
+
 from sql.catalog import Catalog
 from sql.db import current_revision, default_url, head_revision, make_engine, upgrade
 from sql.errors import (

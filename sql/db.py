@@ -12,6 +12,7 @@ instead of failing on a lock upgrade. Read-only work uses ``read_only(engine)`` 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -95,6 +96,11 @@ def make_engine(url: str | URL | None = None, **kwargs: Any) -> Engine:
         engine = create_engine(parsed, **kwargs)
         _setup_sqlite(engine)
         return engine
+    if parsed.get_backend_name() == "postgresql" and importlib.util.find_spec("psycopg") is None:
+        raise CatalogConfigError(
+            f"the catalog URL {parsed.render_as_string(hide_password=True)!r} needs the PostgreSQL driver psycopg, "
+            "which is not installed: pip install 'statekeeper[postgres]'"
+        )
     kwargs.setdefault("pool_pre_ping", True)
     return create_engine(parsed, **kwargs)
 

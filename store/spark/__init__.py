@@ -39,7 +39,15 @@ by schemas recorded in the checkpoint (store/spark/schemas.py); nothing persiste
 
 Migrating from ``transformWithState``: the README's "Moving a transformWithState job over" lists what is
 the same, what differs (no no-data batches under foreachBatch) and what PySpark has that this does not.
+
+Everything works from a Spark Connect client too; there the batches (and the sink and ``on_progress``)
+run in the Connect server's Python process, see :mod:`store.spark.connect`.
 """
+
+# ruff: noqa: E402 - the check that names a missing extra runs before the imports that need it
+from store.extras import require
+
+require(("pyspark", "pandas"), "spark", "store.spark (the Spark Structured Streaming integration)")
 
 from store.spark.api import (
     ApplyInPandasWithState,

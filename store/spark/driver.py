@@ -37,6 +37,7 @@ from store.files import CheckpointFileManager, open_file_manager
 from store.files.paths import validate_component
 from store.layout import StoreId, batch_path
 from store.spark.api import BatchStatefulProcessor, StatefulProcessor
+from store.spark.connect import initial_state_unsupported, is_connect_dataframe, progress_unavailable
 from store.spark.event_time import EventTime, TaskTime, WatermarkLog, parse_delay_ms, watermark_of
 from store.spark.executor import MARKER_COL, META_COL, PID_COL, FileManagerFactory, TaskSpec, run_task
 from store.spark.initial_state import collect_initial_state, initial_state_frame
@@ -154,16 +155,6 @@ class StatefulOperator:
         self.local_dir = local_dir
         self.max_key_groups = check_max_key_groups(max_key_groups)
         self.task_input_budget_bytes = task_input_budget_bytes
-        self.fm: CheckpointFileManager = (
-            file_manager_factory(checkpoint_root) if file_manager_factory else (open_file_manager(checkpoint_root))
-        )
-        self.commit_log = CommitLog(self.fm)
-        self.recent_progress: deque[BatchProgress] = deque(maxlen=history)
-        self._partitions: int | None = None
-        self._next_batch: int | None = None
-        self._route_cache: dict[int, list[int]] = {}
-        self._plan_parts: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
-        self._struct: StructType | None = None
         self.time_mode = TimeMode.parse(time_mode)
         self.event_time: EventTime | None = None
         if (event_time_column is None) != (watermark_delay is None):
@@ -171,10 +162,39 @@ class StatefulOperator:
         if event_time_column is not None and watermark_delay is not None:
             self.event_time = EventTime(event_time_column, parse_delay_ms(watermark_delay))
         self.initial_state = None if initial_state is None else initial_state_frame(initial_state)
+        self.history = history
+        self.started_over_connect = False
+        self._reset_driver_state()
+
+    def _reset_driver_state(self) -> None:
+        """File manager, commit log and per-query caches: rebuilt, never pickled (see __getstate__)."""
+        self.fm: CheckpointFileManager = (
+            self.fm_factory(self.root) if self.fm_factory else (open_file_manager(self.root))
+        )
+        self.commit_log = CommitLog(self.fm)
+        self.recent_progress: deque[BatchProgress] = deque(maxlen=self.history)
+        self._partitions: int | None = None
+        self._next_batch: int | None = None
+        self._route_cache: dict[int, list[int]] = {}
+        self._plan_parts: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
+        self._struct: StructType | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Spark Connect pickles the foreachBatch function (this operator) to run it in the server's Python
+        process: send the configuration only; clients (S3) and Spark objects are rebuilt there."""
+        skip = {"fm", "commit_log", "recent_progress", "_partitions", "_next_batch", "_route_cache", "_plan_parts"}
+        return {k: v for k, v in self.__dict__.items() if k not in skip and k != "_struct"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.started_over_connect = False  # this copy runs the batches: its progress is real
+        self._reset_driver_state()
 
     # -- public ---------------------------------------------------------------------------------
     @property
     def last_progress(self) -> BatchProgress | None:
+        if self.started_over_connect:
+            raise progress_unavailable(self.name)
         return self.recent_progress[-1] if self.recent_progress else None
 
     def start(
@@ -188,7 +208,11 @@ class StatefulOperator:
         """Start the streaming query: ``df.writeStream.foreachBatch(self.process_batch)``.
 
         Without explicit ``event_time_column`` / ``watermark_delay``, the ``withWatermark`` of `df` is used.
+        Over Spark Connect the batches run in the server's Python process (see :mod:`store.spark.connect`).
         """
+        self.started_over_connect = is_connect_dataframe(df)
+        if self.started_over_connect and self.initial_state is not None:
+            raise initial_state_unsupported(self.name)
         if self.event_time is None:
             self.event_time = watermark_of(df)
         writer = df.writeStream.foreachBatch(self.process_batch).option("checkpointLocation", checkpoint_location)

@@ -42,3 +42,23 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A Spark standalone master and two one-core workers on 127.0.0.1, stopped by pid at the end."""
+    from tests.spark.cluster_support import StandaloneCluster
+
+    cluster = StandaloneCluster(tmp_path_factory.mktemp("spark-cluster")).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_connect_url(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> Iterator[str]:
+    """A Spark Connect server on 127.0.0.1 (local[2,4] inside, S3 settings pointing at moto); its sc:// URL."""
+    from tests.spark.cluster_support import ConnectServer
+
+    server = ConnectServer(tmp_path_factory.mktemp("spark-connect")).start()
+    yield server.url
+    server.stop()

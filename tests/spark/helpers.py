@@ -76,3 +76,34 @@ def run_query(spark: Any, op: StatefulOperator, input_dir: Path, checkpoint: Pat
 def state_of(spark: Any, root: str, operator: str, version: int | None = None, state: str = "totals") -> dict[str, Any]:
     rows = read_state(spark, root, operator, version=version, state=state).collect()
     return {json.loads(r["key"])[0]: tuple(json.loads(r["value"])) for r in rows}
+
+
+class JsonFileSink:
+    """Writes each batch's output sorted to `directory`/batch-NNNNN.json (for sinks that run in another process)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        out = Path(self.directory)
+        out.mkdir(parents=True, exist_ok=True)
+        rows = sorted([list(r) for r in df.collect()])
+        tmp = out / f".batch-{batch_id}.tmp"
+        tmp.write_text(json.dumps(rows))
+        os.replace(tmp, out / f"batch-{batch_id:05d}.json")
+
+
+def read_batch_output(directory: Path, batch_id: int) -> dict[str, tuple[int, int]]:
+    rows = json.loads((directory / f"batch-{batch_id:05d}.json").read_text())
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+class JsonLinesProgress:
+    """An ``on_progress`` callback appending each batch's progress to a JSON-lines file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, progress: Any) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(progress.to_dict()) + "\n")

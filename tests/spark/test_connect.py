@@ -1,0 +1,106 @@
+"""The stateful operator, its sink and the state reader from a Spark Connect client.
+
+The client (`SparkSession.builder.remote("sc://127.0.0.1:PORT")`) holds no SparkContext: the operator's
+batches run in the Connect server's Python process (see store.spark.connect), so the sink and the progress
+callback write files the test reads; `last_progress` on the client raises a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from store import CommitLog, open_file_manager
+from store.spark import StatefulOperator, read_state
+from store.spark.connect import ConnectProgressError
+from tests.spark.helpers import (
+    SCHEMA,
+    JsonFileSink,
+    JsonLinesProgress,
+    read_batch_output,
+    reference,
+    write_inputs,
+)
+from tests.spark.processors import CountSum
+
+OUT = "user string, count long, total long"
+
+
+CONNECT_MODE_ENV = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE")
+"""Set by PySpark when a Connect session is created; left set, every later builder in this process would
+ask for a Connect session too (the suite's classic `spark` session included)."""
+
+
+@pytest.fixture
+def remote(spark_connect_url: str) -> Iterator[Any]:
+    from pyspark.sql import SparkSession
+
+    saved = {k: os.environ.get(k) for k in CONNECT_MODE_ENV}
+    session = SparkSession.builder.remote(spark_connect_url).getOrCreate()
+    try:
+        yield session
+    finally:
+        session.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _run(remote: Any, tmp_path: Path, root: str, **options: Any) -> StatefulOperator:
+    op = StatefulOperator(
+        root,
+        "counts",
+        "user",
+        CountSum(),
+        OUT,
+        num_partitions=3,
+        sink=JsonFileSink(str(tmp_path / "out")),
+        on_progress=JsonLinesProgress(str(tmp_path / "progress.jsonl")),
+        **options,
+    )
+    df = remote.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(tmp_path / "in"))
+    query = op.start(df, str(tmp_path / "ckpt"), trigger={"availableNow": True})
+    try:
+        assert query.awaitTermination(300), "query did not finish in time"
+        assert query.exception() is None, f"query failed: {query.exception()}"
+    finally:
+        query.stop()
+    return op
+
+
+def _check(remote: Any, tmp_path: Path, root: str, batches: list[list[tuple[str, int]]]) -> None:
+    expected = reference(batches)
+    assert CommitLog(open_file_manager(root)).latest() == len(batches)
+    rows = read_state(remote, root, "counts").collect()
+    assert {json.loads(r["key"])[0]: tuple(json.loads(r["value"])) for r in rows} == expected
+    rows = read_state(remote, root, "counts", version=1).collect()
+    assert {json.loads(r["key"])[0]: tuple(json.loads(r["value"])) for r in rows} == reference(batches[:1])
+    for b in range(len(batches)):
+        running = reference(batches[: b + 1])
+        assert read_batch_output(tmp_path / "out", b) == {u: running[u] for u, _ in batches[b]}
+    progress = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert [(p["batch_id"], p["mode"]) for p in progress] == [(b, "commit") for b in range(len(batches))]
+
+
+def test_operator_sink_and_reader_over_spark_connect(remote: Any, tmp_path: Path) -> None:
+    batches = write_inputs(tmp_path / "in", files=2, rows=200, keys=30, seed=51)
+    root = (tmp_path / "state").as_uri()
+    op = _run(remote, tmp_path, root)
+    _check(remote, tmp_path, root, batches)
+    with pytest.raises(ConnectProgressError, match="on_progress"):
+        _ = op.last_progress
+
+
+@pytest.mark.slow
+def test_async_operator_on_s3_over_spark_connect(remote: Any, tmp_path: Path, s3_bucket: str) -> None:
+    batches = write_inputs(tmp_path / "in", files=3, rows=300, keys=40, seed=53)
+    root = f"s3://{s3_bucket}/counts"
+    _run(remote, tmp_path, root, async_checkpoint=True)
+    _check(remote, tmp_path, root, batches)
