@@ -200,7 +200,8 @@ def plan_rescale(
     groups = old.max_key_groups if old is not None else max_key_groups
     if old is not None and max_key_groups is not None and max_key_groups != old.max_key_groups:
         raise ConfigurationError(
-            f"operator {operator!r} has {old.max_key_groups} key groups (fixed at its first batch), not {max_key_groups}"
+            f"operator {operator!r} has {old.max_key_groups} key groups (fixed at its first batch), "
+            f"not {max_key_groups}"
         )
     if groups is None:
         with StateStore(fm, operator, 0, config=config) as probe:
@@ -371,8 +372,13 @@ def execute_relayout(
         for t in targets.values():
             t.store.close()
     result.seconds = time.perf_counter() - t0
-    log.info("%s: committed, %d records, %d bytes in %.2fs", plan.describe(), result.records, result.bytes_written,
-             result.seconds)
+    log.info(
+        "%s: committed, %d records, %d bytes in %.2fs",
+        plan.describe(),
+        result.records,
+        result.bytes_written,
+        result.seconds,
+    )
     return result
 
 

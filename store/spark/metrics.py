@@ -80,6 +80,9 @@ class BatchProgress:
     duration_ms: float = 0.0
     attempts: int = 1
     partitions: list[PartitionMetrics] = field(default_factory=list)
+    rescale: dict[str, Any] | None = None
+    """When the operator was rescaled at this restart: what moved and how long it took
+    (`store.rescale.RelayoutResult.to_json`)."""
 
     @property
     def repaired_snapshots(self) -> int:
@@ -108,6 +111,8 @@ class BatchProgress:
                 "repairedSnapshots": self.repaired_snapshots,
                 "numTtlRemoved": self.ttl_removed,
                 "numTimersFired": self.timers_fired,
+                "rescaleMs": round(1000 * float(self.rescale["seconds"])) if self.rescale else 0,
+                "rescaleMovedKeyGroups": int(self.rescale["moved_key_groups"]) if self.rescale else 0,
             },
         }
 

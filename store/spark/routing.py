@@ -69,7 +69,7 @@ def owner_column(schema: StructType, key_columns: tuple[str, ...], layout: KeyGr
 
     group = key_group_sql(schema, key_columns, layout.max_key_groups)
     n, g = layout.partitions, layout.max_key_groups
-    return sf.expr(f"cast((({group}) + 1) * {n} - 1) div {g} as int)")
+    return sf.expr(f"cast(((({group}) + 1) * {n} - 1) div {g} as int)")
 
 
 __all__ = ["key_group_sql", "owner_column", "routable"]

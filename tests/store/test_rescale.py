@@ -91,7 +91,7 @@ def test_rescale_through_partition_counts(checkpoint_root: str) -> None:
     layout = KeyGroupLayout(4, GROUPS)
     version = batch = 0
     for n in (8, 3, 1, 4):
-        for _ in range(2):
+        for _ in range(1):
             run_batch(checkpoint_root, version, layout, random_updates(rng, model))
             version += 1
             batch += 1
@@ -112,7 +112,8 @@ def test_rescale_through_partition_counts(checkpoint_root: str) -> None:
     assert CommitLog(fm).get(version + 1).batch == batch  # type: ignore[union-attr]
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(counts=st.lists(st.integers(1, 9), min_size=1, max_size=4), seed=st.integers(0, 1000))
 def test_rescale_model(tmp_path_factory: pytest.TempPathFactory, counts: list[int], seed: int) -> None:
     root = tmp_path_factory.mktemp("rescale").as_uri()
