@@ -122,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_expire)
     p = sub.add_parser("clean-orphans", parents=[common, op, dry], help="delete orphans older than the grace period")
     p.set_defaults(func=cmd_clean_orphans)
+    from maintenance.relayout import add_commands
+
+    add_commands(sub, common, _positive_int)
 
     cat = sub.add_parser("catalog", help="the lineage catalog")
     csub = cat.add_subparsers(dest="catalog_command", required=True, parser_class=_Parser)
