@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_clean_orphans)
     from maintenance.relayout import add_commands
 
-    add_commands(sub, common, _positive_int)
+    add_commands(sub, common, _positive_int, _emit, _maybe_catalog)
 
     cat = sub.add_parser("catalog", help="the lineage catalog")
     csub = cat.add_subparsers(dest="catalog_command", required=True, parser_class=_Parser)

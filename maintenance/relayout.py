@@ -114,7 +114,8 @@ def rollback(
 # -- command line (registered by maintenance.cli) ---------------------------------------------------
 
 
-def add_commands(sub: Any, common: argparse.ArgumentParser, positive_int: Any) -> None:
+def add_commands(sub: Any, common: argparse.ArgumentParser, positive_int: Any, emit: Any, maybe_catalog: Any) -> None:
+    """Register ``rescale`` and ``rollback``; `emit` and `maybe_catalog` are the CLI's output and catalog helpers."""
     shared = argparse.ArgumentParser(add_help=False)
     shared.add_argument("root", help="checkpoint root: a local path, file:// or s3://bucket/prefix")
     shared.add_argument("--operator", required=True, help="the operator's name")
@@ -131,20 +132,19 @@ def add_commands(sub: Any, common: argparse.ArgumentParser, positive_int: Any) -
     p = sub.add_parser("rescale", parents=[common, shared], help="change an operator's partition count (offline)")
     p.add_argument("--partitions", type=positive_int, required=True, help="the new partition count")
     p.add_argument("--max-key-groups", type=positive_int, help="key groups of a legacy operator without a layout")
-    p.set_defaults(func=cmd_rescale)
+    p.set_defaults(func=cmd_rescale, emit=emit, maybe_catalog=maybe_catalog)
     p = sub.add_parser("rollback", parents=[common, shared], help="make a retained version the head again")
     p.add_argument("--to-version", type=positive_int, required=True, help="the retained version to restart from")
-    p.set_defaults(func=cmd_rollback)
+    p.set_defaults(func=cmd_rollback, emit=emit, maybe_catalog=maybe_catalog)
 
 
 def _run(args: argparse.Namespace, run: Any) -> int:
-    from maintenance.cli import _emit, _maybe_catalog
 
     idle = 0.0 if args.force else args.idle_seconds
-    with _maybe_catalog(args) as catalog:
+    with args.maybe_catalog(args) as catalog:
         result: RelayoutResult = run(idle, catalog)
     doc = {**result.to_json(), "dry_run": args.dry_run, "plan": result.plan.describe()}
-    _emit(
+    args.emit(
         args,
         doc,
         lambda: (
