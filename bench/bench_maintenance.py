@@ -131,7 +131,10 @@ def _recover(root: str, work: str, version: int) -> tuple[float, int]:
 
 def recovery_and_snapshots(sizes: Sizes, base: str) -> list[Table]:
     settings = MaintenanceSettings(
-        snapshot_threshold=THRESHOLD, orphan_grace_seconds=0, work_dir=os.path.join(base, "maint-work")
+        snapshot_threshold=THRESHOLD,
+        orphan_grace_seconds=0,
+        load_grace_seconds=0,
+        work_dir=os.path.join(base, "maint-work"),
     )
     plain_root, maint_root = os.path.join(base, "plain"), os.path.join(base, "maintained")
     plain, maintained = (
@@ -285,7 +288,11 @@ def _moto() -> Iterator[str]:
 def expiry(sizes: Sizes, base: str) -> Table:
     rows: list[list[object]] = []
     settings = MaintenanceSettings(
-        min_versions_to_retain=5, orphan_grace_seconds=0, parallelism=8, work_dir=os.path.join(base, "expiry-work")
+        min_versions_to_retain=5,
+        orphan_grace_seconds=0,
+        load_grace_seconds=0,
+        parallelism=8,
+        work_dir=os.path.join(base, "expiry-work"),
     )
     for backend in ("local disk", "S3 (moto on 127.0.0.1)"):
         with _moto() if backend.startswith("S3") else _local(base) as root:

@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--lease-timeout", type=_number, metavar="SECONDS", help="wait this long for a busy store")
     op.add_argument("--retain", type=_positive_int, metavar="N", help="min_versions_to_retain")
     op.add_argument("--grace", type=_number, metavar="SECONDS", help="orphan grace period")
+    op.add_argument(
+        "--load-grace", type=_number, metavar="SECONDS", help="age at which a new snapshot becomes the expiry base"
+    )
     op.add_argument("--threshold", type=_positive_int, metavar="N", help="snapshot threshold (changelogs)")
     op.add_argument("--work-dir", metavar="DIR", help="directory for warm local copies of stores")
     op.add_argument("--delete-batch-size", type=_positive_int, metavar="N", help="paths per delete request")
@@ -122,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_expire)
     p = sub.add_parser("clean-orphans", parents=[common, op, dry], help="delete orphans older than the grace period")
     p.set_defaults(func=cmd_clean_orphans)
+    p = sub.add_parser("maintain", parents=[common, op], help="snapshot, expire and clean orphans in a loop")
+    p.add_argument("--every", type=_number, default=10.0, metavar="SECONDS", help="start a cycle this often")
+    p.add_argument("--cycles", type=_positive_int, metavar="N", help="stop after N cycles (default: run until killed)")
+    p.set_defaults(func=cmd_maintain)
     from maintenance.relayout import add_commands
 
     add_commands(sub, common, _positive_int, _emit, _maybe_catalog)
@@ -175,6 +182,7 @@ def _settings(args: argparse.Namespace) -> MaintenanceSettings:
         snapshot_threshold=getattr(args, "threshold", None),
         min_versions_to_retain=getattr(args, "retain", None),
         orphan_grace_seconds=getattr(args, "grace", None),
+        load_grace_seconds=getattr(args, "load_grace", None),
         parallelism=getattr(args, "parallelism", None),
         lease_ttl_seconds=getattr(args, "lease_ttl", None),
         lease_timeout_seconds=getattr(args, "lease_timeout", None),
@@ -259,11 +267,16 @@ def _report_out(args: argparse.Namespace, report: Report, columns: Sequence[str]
         if report.errors:
             parts.append("errors:")
             parts += [f"  {e}" for e in report.errors[: None if args.all else MAX_ROWS]]
+        if report.warnings:
+            parts.append("warnings (not a failure):")
+            parts += [f"  {w}" for w in report.warnings[: None if args.all else MAX_ROWS]]
         return "\n".join(parts)
 
     _emit(args, report.to_json(), text)
     for e in report.errors[:10]:
         log.error("%s", e)
+    for w in report.warnings[:10]:
+        log.warning("%s", w)
     return EXIT_OK if report.ok else EXIT_ERRORS
 
 
@@ -279,6 +292,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     plan = plan_root(inv, settings, all_stores=args.stores is None)
     rows = []
     problems = list(plan.problems)
+    warnings = list(plan.warnings)
     for s, p in plan.stores.items():
         if args.stores and s not in args.stores:
             continue
@@ -302,7 +316,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             }
         )
         problems += p.problems
-    doc: dict[str, Any] = {**inv.summary(), "floor": plan.floor, "stores": rows, "problems": problems}
+    doc: dict[str, Any] = {
+        **inv.summary(),
+        "floor": plan.floor,
+        "stores": rows,
+        "problems": problems,
+        "warnings": warnings,
+    }
     if args.version is not None:
         if not args.stores or len(args.stores) != 1:
             raise UsageError("--version needs exactly one --store")
@@ -321,6 +341,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if problems:
             out.append("problems:")
             out += [f"  {p}" for p in problems]
+        if warnings:
+            out.append("warnings (someone else's files; left alone, not a failure):")
+            out += [f"  {w}" for w in warnings[: None if args.all else MAX_ROWS]]
         return "\n".join(out)
 
     _emit(args, doc, text)
@@ -547,6 +570,27 @@ def cmd_runs(args: argparse.Namespace) -> int:
     columns = ["id", "kind", "status", "dry_run", "started_at", "seconds", "stores", "files", "bytes", "error_count"]
     _emit(args, rows, lambda: _table(rows, columns, limit=None))
     return EXIT_OK
+
+
+def cmd_maintain(args: argparse.Namespace) -> int:
+    from maintenance.loop import CycleResult, maintain
+
+    settings = _settings(args)
+    failed = 0
+
+    def on_cycle(result: CycleResult) -> None:
+        nonlocal failed
+        failed += not result.ok
+        doc = {"cycle": result.cycle, "seconds": result.seconds, "reports": [r.to_json() for r in result.reports]}
+        _emit(args, doc, result.summary)
+        sys.stdout.flush()
+        for r in result.reports:
+            for e in r.errors[:10]:
+                log.error("%s", e)
+
+    with _maybe_catalog(args) as catalog:
+        maintain(args.root, settings, every=args.every, catalog=catalog, cycles=args.cycles, on_cycle=on_cycle)
+    return EXIT_ERRORS if failed else EXIT_OK
 
 
 # -- entry point ------------------------------------------------------------------------------------

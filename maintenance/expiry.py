@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from maintenance.deletion import DeleteOutcome, delete_in_order, delete_recorded
-from maintenance.inventory import CHANGELOG, COMMIT, MANIFEST, SST, FileEntry, Inventory
+from maintenance.inventory import BATCH, CHANGELOG, COMMIT, MANIFEST, SST, FileEntry, Inventory
 from maintenance.leasing import planned_store
 from maintenance.plan import StorePlan, plan_root
 from maintenance.reports import ExpiryReport, recorded
@@ -33,7 +33,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_COUNTERS = {CHANGELOG: "changelogs", MANIFEST: "manifests", SST: "ssts", COMMIT: "commit_records"}
+_COUNTERS = {
+    CHANGELOG: "changelogs",
+    MANIFEST: "manifests",
+    SST: "ssts",
+    COMMIT: "commit_records",
+    BATCH: "batch_files",
+}
 
 
 def expire_versions(
@@ -64,6 +70,9 @@ def expire_versions(
             report.stores = len(plans)
             for text in root.problems:
                 report.error(text)
+            for text in root.warnings:
+                report.warn(text)
+            root_expired = [*root.expired_batches, *root.expired_commits]  # commit records last
             for p in plans:
                 if p.latest is not None and p.retain_from is not None:
                     report.retained_versions += p.latest - p.retain_from + 1
@@ -83,7 +92,7 @@ def expire_versions(
             if dry_run:
                 for p in todo:
                     _account(report, str(p.store), p.expired, "would delete")
-                _account(report, None, root.expired_commits, "would delete")
+                _account(report, None, root_expired, "would delete")
                 return report
             with ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="expire-delete") as pool:
                 results = run_each(
@@ -100,8 +109,12 @@ def expire_versions(
                     _account(report, str(p.store), res.deleted, "deleted")
                     for text in res.errors:
                         report.error(f"store {p.store}: {text}")
-                if root.expired_commits:
-                    out = delete_recorded(fm, catalog, root.expired_commits, settings, pool, None, mark_expired=True)
+                if root_expired:
+                    out = delete_recorded(fm, catalog, root.expired_batches, settings, pool, None, mark_expired=True)
+                    if not out.errors:  # a commit record outlives the batch file of its version
+                        out.merge(
+                            delete_recorded(fm, catalog, root.expired_commits, settings, pool, None, mark_expired=True)
+                        )
                     _account(report, None, out.deleted, "deleted")
                     for text in out.errors:
                         report.error(text)

@@ -29,14 +29,17 @@ from store.files.paths import validate_component
 from store.formats.commit import CommitRecord
 from store.formats.snapshot import SnapshotManifest
 from store.layout import (
+    BATCHES_DIR,
     CHANGELOG_DIR,
     CHANGELOG_SUFFIX,
     COMMITS_DIR,
     MANIFEST_SUFFIX,
     SNAPSHOT_DIR,
+    SPARK_DIR,
     SST_DIR,
     STATE_DIR,
     StoreId,
+    parse_batch_name,
     parse_commit_name,
     parse_versioned_name,
 )
@@ -51,6 +54,8 @@ MANIFEST = "manifest"
 SST = "sst"
 TEMP = "temp"
 UPLOAD = "upload"
+BATCH = "batch"
+"""The Spark driver's per-batch file; its `version` is the version the batch commits (batch + 1)."""
 FOREIGN = "foreign"
 
 _SST_NAME = re.compile(r"^[0-9a-f]{40}(?:[0-9a-f]{24})?\.sst$")  # 64 digits: re-uploaded after corruption
@@ -98,6 +103,11 @@ def _store_of(operator: str, partition: str) -> StoreId | None:
         return None
 
 
+def _owning_store(parts: list[str]) -> StoreId | None:
+    """The store whose prefix (`state/<op>/<p>/`) holds a path, if any: its foreign files block it."""
+    return _store_of(parts[1], parts[2]) if len(parts) >= 3 and parts[0] == STATE_DIR else None
+
+
 def classify(path: str, *, temp_listing: bool = False) -> _Kind:
     """What `path` is by the layout of docs/formats.md; anything else is foreign.
 
@@ -110,13 +120,19 @@ def classify(path: str, *, temp_listing: bool = False) -> _Kind:
         m = _TEMP_NAME.match(name)
         final = classify("/".join([*parts[:-1], m.group(1)])) if m is not None else None
         if final is None or final.kind == FOREIGN:
-            store = _store_of(parts[1], parts[2]) if len(parts) == 5 and parts[0] == STATE_DIR else None
-            return _Kind(FOREIGN, store)
+            return _Kind(FOREIGN, _owning_store(parts))
         return _Kind(TEMP, final.store, final.version, final.checkpoint_id)
     if len(parts) == 2 and parts[0] == COMMITS_DIR:
         v = parse_commit_name(name)
         if v is not None and name == f"{v:020d}.commit":
             return _Kind(COMMIT, version=v)
+        return _Kind(FOREIGN)
+    if len(parts) != 5 and parts[0] == STATE_DIR:
+        return _Kind(FOREIGN, _owning_store(parts))
+    if len(parts) == 4 and parts[0] == SPARK_DIR and parts[2] == BATCHES_DIR:
+        b = parse_batch_name(name)
+        if b is not None and _store_of(parts[1], "00000") is not None:
+            return _Kind(BATCH, version=b + 1)
         return _Kind(FOREIGN)
     if len(parts) == 5 and parts[0] == STATE_DIR:
         store = _store_of(parts[1], parts[2])
@@ -216,8 +232,10 @@ class Inventory:
         self.unreadable: dict[str, str] = {}
         """Root-level files that could not be read (commit records)."""
         self.stores: dict[StoreId, StoreFiles] = {}
+        self.batch_files: list[FileEntry] = []
+        """The Spark driver's batch files (`spark/<operator>/batches/`), tied to the version they commit."""
         self.temps: list[FileEntry] = []
-        """Unfinished writes outside any store (commit records)."""
+        """Unfinished writes outside any store (commit records, batch files)."""
         self.foreign: list[FileEntry] = []
         """Files outside any store that are not in the layout; never deleted."""
         self.listings = 0
@@ -310,6 +328,8 @@ class Inventory:
         if entry.kind == COMMIT:
             assert entry.version is not None
             self.commit_files[entry.version] = entry
+        elif entry.kind == BATCH:
+            self.batch_files.append(entry)
         elif entry.store is not None:
             files = self.stores.get(entry.store)
             if files is None:
@@ -445,6 +465,7 @@ class Inventory:
         yield from self.commit_files.values()
         for files in self.stores.values():
             yield from files.entries()
+        yield from self.batch_files
         yield from self.temps
         yield from self.foreign
 
@@ -489,7 +510,7 @@ def _unfinished_writes(fm: CheckpointFileManager, prefix: str) -> Iterator[FileE
 def check_root(fm: CheckpointFileManager) -> None:
     """Refuse a root that is clearly not a checkpoint root (a typo, a parent directory, a home dir).
 
-    Cheap: at most three first-page listings. An empty or absent root is a valid, empty checkpoint
+    Cheap: at most four first-page listings. An empty or absent root is a valid, empty checkpoint
     location, except a local root that does not exist at all (almost always a typo).
     """
     if isinstance(fm, LocalFileManager):
@@ -498,18 +519,19 @@ def check_root(fm: CheckpointFileManager) -> None:
             raise ConfigurationError(f"checkpoint root {fm.root_uri} does not exist")
         if os.path.realpath(path) == os.path.sep:
             raise ConfigurationError("refusing to maintain the file system root as a checkpoint root")
-    for prefix in (f"{COMMITS_DIR}/", f"{STATE_DIR}/"):
+    for prefix in (f"{COMMITS_DIR}/", f"{STATE_DIR}/", f"{SPARK_DIR}/"):  # the driver writes spark/ first
         if next(iter(fm.list(prefix)), None) is not None:
             return
     first = next(iter(fm.list("")), None)
     if first is not None:
         raise ConfigurationError(
             f"{fm.root_uri} does not look like a statekeeper checkpoint root: it has files (e.g. {first.path!r}) "
-            f"but no {COMMITS_DIR}/ or {STATE_DIR}/ directory; nothing was read or deleted"
+            f"but no {COMMITS_DIR}/, {STATE_DIR}/ or {SPARK_DIR}/ directory; nothing was read or deleted"
         )
 
 
 __all__ = [
+    "BATCH",
     "CHANGELOG",
     "COMMIT",
     "FOREIGN",

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from maintenance.deletion import DeleteOutcome, delete_in_order, delete_recorded
-from maintenance.inventory import CHANGELOG, MANIFEST, SST, TEMP, UPLOAD, FileEntry, Inventory
+from maintenance.inventory import BATCH, CHANGELOG, MANIFEST, SST, TEMP, UPLOAD, FileEntry, Inventory
 from maintenance.leasing import planned_store
 from maintenance.plan import plan_root
 from maintenance.reports import OrphanReport, recorded
@@ -37,6 +37,7 @@ _COUNTERS = {
     SST: "ssts",
     TEMP: "temp_files",
     UPLOAD: "incomplete_uploads",
+    BATCH: "batch_files",
 }
 
 
@@ -69,6 +70,8 @@ def clean_orphans(
             report.kept_in_flight = len(root.in_flight) + sum(len(p.in_flight) for p in plans)
             for text in root.problems:
                 report.error(text)
+            for text in root.warnings:
+                report.warn(text)
             for p in plans:
                 if p.blocked:
                     report.blocked_stores += 1

@@ -7,11 +7,12 @@ it; the base of the oldest retained version is the store's **base**. Then:
 
 - **needed** (never deleted): commit records from the root's *floor* on, committed changelogs after
   the base, committed manifests from the base on and every SST they reference. A snapshot becomes
-  the base only once it is older than the grace period (a load that listed the snapshots before it
-  existed may still be reading the older files).
+  the base only once it is older than `load_grace_seconds` (a load that listed the snapshots before
+  it existed may still be reading the older files; docs/maintenance.md says why that suffices).
 - **expired** (expiry deletes them; they are committed, so nothing writes them any more): committed
   changelogs at or below the base, committed manifests below it, SSTs only those manifests
-  reference, and commit records below the floor (the lowest base of any store).
+  reference, and commit records below the floor (the lowest base of any store), with the Spark
+  driver's batch files of those versions.
 - **orphan** (orphan cleanup deletes them once older than the grace period): changelogs and manifests
   of ids that lost a committed version, files below the oldest commit record that no retained version
   can need, SSTs no surviving manifest references, temp files and incomplete uploads.
@@ -20,11 +21,14 @@ it; the base of the oldest retained version is the store's **base**. Then:
 
 A store with a file maintenance cannot read, a snapshot missing an SST, a foreign file or a gap in
 its committed chain has *problems*: nothing of it is deleted until they are fixed (DESIGN invariant 7).
+A foreign file outside every store's prefix is someone else's: a *warning*, never deleted, and it
+fails nothing (one under ``commits/`` still stops commit record deletion).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from maintenance.inventory import FOREIGN, MANIFEST, FileEntry, Inventory, StoreFiles
@@ -86,6 +90,7 @@ def plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, *,
     """Classify every file of `store` (see the module docstring)."""
     now = time.time() if now is None else now
     grace = settings.orphan_grace_seconds
+    load_grace = settings.load_grace_seconds
     files = inv.files_of(store)
     committed = inv.committed_ids(store)
     latest = max(committed, default=None)
@@ -116,19 +121,19 @@ def plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, *,
     if latest is not None:
         plan.retain_from = _retain_from(plan, inv, files.changelogs, settings.min_versions_to_retain)
         # The base is the newest snapshot the oldest retained version can load from that is older than
-        # the grace period: a load that listed the snapshots before a newer one existed may still be
-        # reading the older snapshot and the changelogs after it.
+        # the load grace: a load that listed the snapshots before a newer one existed may still be
+        # reading the older snapshot and the changelogs after it, for at most as long as a load takes.
         newest = plan.base_for(plan.retain_from)
         settled = [
             v
             for v, cid in plan.intact_snapshots.items()
-            if v <= newest and now - files.manifests[(v, cid)].mtime >= grace
+            if v <= newest and now - files.manifests[(v, cid)].mtime >= load_grace
         ]
         b = max([*settled, *(v for v in plan.full_state if v <= newest)], default=0)
         plan.base = (b, plan.intact_snapshots.get(b) or plan.full_state[b]) if b else None
         if b != newest:
             plan.notes.append(
-                f"store {plan.store}: the snapshot at version {newest} is younger than the grace period; "
+                f"store {plan.store}: the snapshot at version {newest} is younger than load_grace_seconds; "
                 f"expiry keeps everything after version {b}"
             )
         s = plan.base_for(latest)
@@ -317,6 +322,10 @@ class RootPlan:
     in_flight: list[tuple[FileEntry, str]]
     problems: list[str]
     foreign: list[FileEntry]
+    expired_batches: list[FileEntry] = field(default_factory=list)
+    """The Spark driver's batch files of versions below the floor (expired with their commit records)."""
+    warnings: list[str] = field(default_factory=list)
+    """Foreign files outside every store: reported, never deleted, never a failure."""
 
 
 def plan_root(
@@ -336,24 +345,58 @@ def plan_root(
         contribution = p.base[0] if p.base is not None and not p.blocked else 1
         floor = contribution if floor is None else min(floor, contribution)
     problems: list[str] = []
+    warnings: list[str] = []
     foreign = list(inv.foreign)
     for e in foreign:
-        problems.append(f"foreign file under the checkpoint root (not in the statekeeper layout; left alone): {e.path}")
+        warnings.append(f"foreign file under the checkpoint root (not in the statekeeper layout; left alone): {e.path}")
     commits_foreign = any(e.path.startswith(f"{COMMITS_DIR}/") for e in foreign)
+    if commits_foreign:
+        warnings.append(f"a foreign file under {COMMITS_DIR}/ stops the deletion of commit records")
     if not all_stores or inv.unreadable or commits_foreign or floor is None:
         floor = 1
     expired_commits = [e for v, e in sorted(inv.commit_files.items()) if v < floor and v in inv.records]
     orphans: list[tuple[FileEntry, str]] = []
     in_flight: list[tuple[FileEntry, str]] = []
-    for e in inv.temps:
-        why = "unfinished write (temp file or incomplete upload)"
+
+    def orphan(e: FileEntry, why: str) -> None:
         if now - e.mtime >= settings.orphan_grace_seconds:
             orphans.append((e, why))
         else:
             in_flight.append((e, f"{why}; younger than the grace period"))
+
+    for e in inv.temps:
+        orphan(e, "unfinished write (temp file or incomplete upload)")
+    expired_batches = _plan_batch_files(inv, floor, orphan, in_flight)
     for path, why in sorted(inv.unreadable.items()):
         problems.append(f"cannot read {path}: {why}")
-    return RootPlan(stores, floor, expired_commits, orphans, in_flight, problems, foreign)
+    return RootPlan(stores, floor, expired_commits, orphans, in_flight, problems, foreign, expired_batches, warnings)
+
+
+def _plan_batch_files(
+    inv: Inventory,
+    floor: int,
+    orphan: Callable[[FileEntry, str], None],
+    in_flight: list[tuple[FileEntry, str]],
+) -> list[FileEntry]:
+    """The driver's batch files live and die with the version their batch commits (`FileEntry.version`).
+
+    On restart the driver needs the file of the batch Spark re-runs: the one after the newest commit
+    record (in flight), or the newest committed one (re-delivered to the sink without committing).
+    Both are at or above every store's base, so expiring batch files with the commit records below
+    the floor never takes one a restart needs. Files below the oldest commit record were left by an
+    interrupted expiry: orphans. The rest is needed.
+    """
+    expired: list[FileEntry] = []
+    oldest = inv.oldest_record
+    for e in sorted(inv.batch_files, key=lambda e: e.path):
+        assert e.version is not None
+        if e.version > inv.latest:
+            in_flight.append((e, "batch not committed yet: the driver re-runs it on restart"))
+        elif e.version < floor:
+            expired.append(e)
+        elif oldest is not None and e.version < oldest:
+            orphan(e, "batch file below the oldest commit record")
+    return expired
 
 
 def never_delete(e: FileEntry) -> bool:

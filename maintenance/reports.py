@@ -1,6 +1,7 @@
 """Reports of maintenance operations: counts for dashboards, rows for people, JSON for tools.
 
-Every report has `kind`, `stores`, `files`, `bytes`, `seconds`, `errors`; `metadata()` gives every
+Every report has `kind`, `stores`, `files`, `bytes`, `seconds`, `errors` (a run with errors failed)
+and `warnings` (worth a look, never a failure: someone else's files under the root); `metadata()` gives every
 numeric field (what Dagster plots), `rows()` a table of what the run did per store or per file.
 """
 
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_NOT_METADATA = frozenset({"kind", "root", "errors", "items", "run_id", "dry_run"})
+_NOT_METADATA = frozenset({"kind", "root", "errors", "warnings", "items", "run_id", "dry_run"})
 
 
 @dataclass
@@ -32,6 +33,8 @@ class Report:
     bytes: int = 0
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    """Reported, never a failure (foreign files outside every store)."""
     items: list[dict[str, Any]] = field(default_factory=list)
     run_id: int | None = None
     """The catalog's id of the recorded maintenance run, if one was recorded."""
@@ -44,6 +47,10 @@ class Report:
         log.error("%s of %s: %s", self.kind, self.root, text)
         self.errors.append(text)
 
+    def warn(self, text: str) -> None:
+        log.warning("%s of %s: %s", self.kind, self.root, text)
+        self.warnings.append(text)
+
     def metadata(self) -> dict[str, int | float]:
         """Every numeric field, plus the error count (for Dagster's metadata plots)."""
         out: dict[str, int | float] = {}
@@ -53,6 +60,7 @@ class Report:
                 continue
             out[f.name] = value
         out["errors"] = len(self.errors)
+        out["warnings"] = len(self.warnings)
         out["dry_run"] = int(self.dry_run)
         return out
 
@@ -65,9 +73,11 @@ class Report:
             "root": self.root,
             "dry_run": self.dry_run,
             "ok": self.ok,
-            **{k: v for k, v in self.metadata().items() if k not in ("dry_run", "errors")},
+            **{k: v for k, v in self.metadata().items() if k not in ("dry_run", "errors", "warnings")},
             "errors": list(self.errors),
             "error_count": len(self.errors),
+            "warnings": list(self.warnings),
+            "warning_count": len(self.warnings),
             "run_id": self.run_id,
             "rows": self.rows(),
         }
@@ -78,7 +88,8 @@ class Report:
             f"{self.kind} {self.root}: {self.stores} store(s), {verb} {self.files} file(s), "
             f"{self.bytes:,} bytes in {self.seconds:.2f}s"
         )
-        return text + (f"; {len(self.errors)} error(s)" if self.errors else "")
+        text += f"; {len(self.errors)} error(s)" if self.errors else ""
+        return text + (f"; {len(self.warnings)} warning(s)" if self.warnings else "")
 
 
 @dataclass
@@ -109,6 +120,8 @@ class ExpiryReport(Report):
     manifests: int = 0
     ssts: int = 0
     commit_records: int = 0
+    batch_files: int = 0
+    """The Spark driver's batch files expired with their commit records."""
     blocked_stores: int = 0
     """Stores left untouched because of a problem (named in errors)."""
     retained_versions: int = 0
@@ -123,6 +136,7 @@ class OrphanReport(Report):
     ssts: int = 0
     temp_files: int = 0
     incomplete_uploads: int = 0
+    batch_files: int = 0
     kept_in_flight: int = 0
     """Files that are not needed but may still be being written (younger than the grace period or
     of a version newer than the newest commit)."""

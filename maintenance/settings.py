@@ -25,6 +25,9 @@ class MaintenanceSettings:
     """Newest committed versions of each store that stay loadable (at least 1)."""
     orphan_grace_seconds: float = 3600.0
     """Files that are not committed are deleted only when older than this (they may be in flight)."""
+    load_grace_seconds: float = 300.0
+    """A new snapshot becomes the expiry base only when older than this: longer than the slowest load
+    (a load that listed the snapshots before it existed reads the older files for at most that long)."""
     parallelism: int = 4
     """Stores worked on at once, and delete batches in flight at once."""
     lease_ttl_seconds: float = 600.0
@@ -53,6 +56,7 @@ class MaintenanceSettings:
         need(self.snapshot_threshold >= 1, "snapshot_threshold", "must be >= 1")
         need(self.min_versions_to_retain >= 1, "min_versions_to_retain", "at least 1 version must be retained")
         need(self.orphan_grace_seconds >= 0, "orphan_grace_seconds", "must be >= 0")
+        need(self.load_grace_seconds >= 0, "load_grace_seconds", "must be >= 0")
         need(1 <= self.parallelism <= 256, "parallelism", "must be within [1, 256]")
         need(self.lease_ttl_seconds > 0, "lease_ttl_seconds", "must be > 0")
         need(self.lease_timeout_seconds >= 0, "lease_timeout_seconds", "must be >= 0")

@@ -32,7 +32,15 @@ from dagster import (
 )
 from pydantic import Field
 
-from orchestration.metadata import chain_rows, chain_stats, numeric, report_errors, report_metadata, table
+from orchestration.metadata import (
+    chain_rows,
+    chain_stats,
+    health_metadata,
+    numeric,
+    report_errors,
+    report_metadata,
+    table,
+)
 from orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
 from sql import Catalog
 from sql.models import utcnow
@@ -125,9 +133,15 @@ def run_maintenance(
     storage: CheckpointStorage,
     catalog: CatalogDatabase,
     maintenance: MaintenanceConfig,
+    *,
+    health: bool = False,
     **kwargs: Any,
 ) -> MaterializeResult[None]:
-    """Run one maintenance operation on the root of the partition and describe it for the UI."""
+    """Run one maintenance operation on the root of the partition and describe it for the UI.
+
+    With `health`, also the chain length and snapshot lag of every store after the run
+    (`maintenance.health`, one more listing of the root), as numbers the UI plots per store.
+    """
     fm = storage.file_manager(context.partition_key)
     root = fm.root_uri
     settings = maintenance.settings()
@@ -142,6 +156,11 @@ def run_maintenance(
         chains = cat.chain_lengths(root)
     md = report_metadata(report)
     md.update(chain_stats(chains, settings.snapshot_threshold))
+    if health:
+        from maintenance.health import store_health
+        from maintenance.inventory import Inventory
+
+        md.update(health_metadata(store_health(Inventory.scan(fm, parallelism=settings.parallelism), settings)))
     md["asset_seconds"] = MetadataValue.float(round(time.perf_counter() - t0, 3))
     md["catalog_run_id"] = MetadataValue.int(catalog_run)
     _fail_on_errors(KINDS[asset_name], root, report_errors(report), md)
@@ -206,7 +225,9 @@ def build_assets(partitions: PartitionsDefinition) -> list[AssetsDefinition]:
         stores = parse_stores(config.stores)
         if stores is not None:
             context.log.info("requested for %s", ", ".join(config.stores))
-        return run_maintenance(context, SNAPSHOTS, create_snapshots, storage, catalog, maintenance, stores=stores)
+        return run_maintenance(
+            context, SNAPSHOTS, create_snapshots, storage, catalog, maintenance, health=True, stores=stores
+        )
 
     @asset(
         name=RETAINED,

@@ -4,6 +4,8 @@
   store is loadable: files present, checksums and lineage good (`maintenance.verify.verify_root`).
 - ``chain_lengths_within_threshold`` (on ``state_snapshots``): no store replays more than
   ``snapshot_threshold`` changelogs on recovery (warning: the sensor snapshots it on its next tick).
+- ``chains_within_twice_threshold`` (on ``state_snapshots``): no store's chain is longer than twice
+  ``snapshot_threshold``: maintenance is not keeping up (error).
 - ``no_orphans_past_grace`` (on ``orphan_cleanup``): a dry run of orphan cleanup finds no orphan older
   than the grace period.
 """
@@ -27,11 +29,31 @@ from orchestration.resources import CatalogDatabase, CheckpointStorage, Maintena
 LOADABLE = "retained_versions_loadable"
 CHAINS = "chain_lengths_within_threshold"
 NO_ORPHANS = "no_orphans_past_grace"
-CHECK_NAMES = (LOADABLE, CHAINS, NO_ORPHANS)
+CHAINS_BOUNDED = "chains_within_twice_threshold"
+CHECK_NAMES = (LOADABLE, CHAINS, CHAINS_BOUNDED, NO_ORPHANS)
 
 
 def _root(context: AssetCheckExecutionContext, storage: CheckpointStorage) -> str:
     return storage.file_manager(context.partition_key).root_uri
+
+
+def _chains_within(
+    context: AssetCheckExecutionContext,
+    storage: CheckpointStorage,
+    catalog: CatalogDatabase,
+    threshold: int,
+    limit: int,
+) -> tuple[bool, dict[str, MetadataValue]]:
+    """Whether every store of the root replays at most `limit` changelogs, with the chain metadata."""
+    root = _root(context, storage)
+    with catalog.session() as cat:
+        sync_lineage(cat, storage, root)
+        chains = cat.chain_lengths(root)
+    over = [c for c in chains if c.chain_length > limit]
+    md = chain_stats(chains, threshold)
+    md["stores_over_limit"] = MetadataValue.int(len(over))
+    md["details"] = table(chain_rows(over or chains))
+    return not over, md
 
 
 def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition]:
@@ -77,16 +99,28 @@ def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition
             catalog: CatalogDatabase,
             maintenance: MaintenanceConfig,
         ) -> AssetCheckResult:
-            root = _root(context, storage)
             threshold = maintenance.snapshot_threshold
-            with catalog.session() as cat:
-                sync_lineage(cat, storage, root)
-                chains = cat.chain_lengths(root)
-            over = [c for c in chains if c.chain_length > threshold]
-            md = chain_stats(chains, threshold)
-            md["stores_over_threshold"] = MetadataValue.int(len(over))
-            md["details"] = table(chain_rows(over or chains))
-            return AssetCheckResult(passed=not over, metadata=md, severity=AssetCheckSeverity.WARN)
+            passed, md = _chains_within(context, storage, catalog, threshold, threshold)
+            md["stores_over_threshold"] = md.pop("stores_over_limit")
+            return AssetCheckResult(passed=passed, metadata=md, severity=AssetCheckSeverity.WARN)
+
+        @asset_check(
+            asset=SNAPSHOTS,
+            name=CHAINS_BOUNDED,
+            partitions_def=partitions,
+            description="No store of the root replays more than twice snapshot_threshold changelogs: "
+            "maintenance keeps up with the writers.",
+        )
+        def chains_within_twice_threshold(
+            context: AssetCheckExecutionContext,
+            storage: CheckpointStorage,
+            catalog: CatalogDatabase,
+            maintenance: MaintenanceConfig,
+        ) -> AssetCheckResult:
+            threshold = maintenance.snapshot_threshold
+            passed, md = _chains_within(context, storage, catalog, threshold, 2 * threshold)
+            md["chain_length_limit"] = MetadataValue.int(2 * threshold)
+            return AssetCheckResult(passed=passed, metadata=md, severity=AssetCheckSeverity.ERROR)
 
         @asset_check(
             asset=ORPHANS,
@@ -119,7 +153,12 @@ def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition
             md["details"] = table(report.rows())
             return AssetCheckResult(passed=files == 0, metadata=md, severity=AssetCheckSeverity.WARN)
 
-    return [retained_versions_loadable, chain_lengths_within_threshold, no_orphans_past_grace]
+    return [
+        retained_versions_loadable,
+        chain_lengths_within_threshold,
+        chains_within_twice_threshold,
+        no_orphans_past_grace,
+    ]
 
 
-__all__ = ["CHAINS", "CHECK_NAMES", "LOADABLE", "NO_ORPHANS", "build_checks"]
+__all__ = ["CHAINS", "CHAINS_BOUNDED", "CHECK_NAMES", "LOADABLE", "NO_ORPHANS", "build_checks"]

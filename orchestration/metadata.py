@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from statistics import fmean
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 
 from sql import StoreChain
 
+if TYPE_CHECKING:
+    from maintenance.health import StoreHealth
+
 MAX_TABLE_ROWS = 200
 """Rows shown in a table; the count of all rows is reported beside it."""
+MAX_STORE_SERIES = 100
+"""Stores (in operator/partition order) that get their own plotted chain length and snapshot lag."""
 
 
 class Report(Protocol):
@@ -80,6 +85,19 @@ def chain_stats(chains: list[StoreChain], threshold: int) -> dict[str, MetadataV
     }
 
 
+def health_metadata(health: list[StoreHealth], limit: int = MAX_STORE_SERIES) -> dict[str, MetadataValue]:
+    """Chain length and snapshot lag: percentiles over the stores, and one plotted series per store
+    (``chain_length/<op>/<partition>``, ``snapshot_lag_seconds/<op>/<partition>``) for the first `limit`."""
+    from maintenance.health import summarize
+
+    md = numeric(summarize(health).metadata())
+    for h in health[:limit]:
+        md[f"chain_length/{h.store}"] = MetadataValue.int(h.chain_length)
+        md[f"snapshot_lag_seconds/{h.store}"] = MetadataValue.float(round(h.lag_seconds, 3))
+    md["stores_with_series"] = MetadataValue.int(min(limit, len(health)))
+    return md
+
+
 def chain_rows(chains: list[StoreChain]) -> list[dict[str, Any]]:
     return [c.to_json() for c in sorted(chains, key=lambda c: (-c.chain_length, c.operator, c.partition))]
 
@@ -102,4 +120,4 @@ def report_errors(report: Any) -> list[str]:
     return [str(e) for e in errors]
 
 
-__all__ = ["chain_rows", "chain_stats", "numeric", "report_errors", "report_metadata", "table"]
+__all__ = ["chain_rows", "chain_stats", "health_metadata", "numeric", "report_errors", "report_metadata", "table"]

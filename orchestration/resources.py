@@ -99,6 +99,9 @@ class MaintenanceConfig(ConfigurableResource):  # type: ignore[type-arg]
     orphan_grace_seconds: float = Field(
         default=3600, description="Orphan candidates younger than this may be in flight: kept."
     )
+    load_grace_seconds: float = Field(
+        default=300, description="A new snapshot becomes the expiry base when older than this (> slowest load)."
+    )
     parallelism: int = Field(default=4, description="Stores / delete batches worked on in parallel.")
     lease_ttl_seconds: float = Field(default=600, description="Expiry of the catalog lease a maintainer holds.")
     lease_timeout_seconds: float = Field(default=0, description="How long to wait for a store's lease.")
@@ -112,6 +115,7 @@ class MaintenanceConfig(ConfigurableResource):  # type: ignore[type-arg]
             snapshot_threshold=self.snapshot_threshold,
             min_versions_to_retain=self.min_versions_to_retain,
             orphan_grace_seconds=self.orphan_grace_seconds,
+            load_grace_seconds=self.load_grace_seconds,
             parallelism=self.parallelism,
             lease_ttl_seconds=self.lease_ttl_seconds,
             lease_timeout_seconds=self.lease_timeout_seconds,
@@ -125,6 +129,7 @@ class MaintenanceConfig(ConfigurableResource):  # type: ignore[type-arg]
             snapshot_threshold=settings.snapshot_threshold,
             min_versions_to_retain=settings.min_versions_to_retain,
             orphan_grace_seconds=settings.orphan_grace_seconds,
+            load_grace_seconds=settings.load_grace_seconds,
             parallelism=settings.parallelism,
             lease_ttl_seconds=settings.lease_ttl_seconds,
             lease_timeout_seconds=settings.lease_timeout_seconds,

@@ -3,7 +3,7 @@
 Everything else in `sql` that reads or writes catalog rows builds on `CatalogBase`: the catalog's
 facets (`sql.ingest`, `sql.file_states`, `sql.lineage`, `sql.retention`, `sql.runs`, `sql.export`)
 and the maintenance leases (`sql.leases`). It sits below all of them so that none needs the assembled
-`sql.catalog.Catalog`, which keeps the package free of import circles (`tests/test_import_graph.py`).
+`sql.catalog.Catalog`, which keeps the package free of import circles (`tests/test_architecture.py`).
 Also here: the small bulk-write helpers they share.
 
 Roots are identified by the URI string callers pass; use the file manager's normalised ``root_uri``.

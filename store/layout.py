@@ -22,11 +22,15 @@ SST_DIR = "sst"
 CHANGELOG_SUFFIX = ".changelog"
 MANIFEST_SUFFIX = ".manifest"
 COMMIT_SUFFIX = ".commit"
+SPARK_DIR = "spark"
+BATCHES_DIR = "batches"
+BATCH_SUFFIX = ".json"
 VERSION_DIGITS = 20
 
 _ID = re.compile(r"^[0-9a-f]{32}$")
 _VERSIONED = re.compile(r"^(\d{20})_([0-9a-f]{32})(\.changelog|\.manifest)$")
 _COMMIT = re.compile(r"^(\d{20})\.commit$")
+_BATCH = re.compile(r"^(\d{20})\.json$")
 
 
 def new_checkpoint_id() -> str:
@@ -99,4 +103,15 @@ def parse_versioned_name(name: str) -> tuple[int, str, str] | None:
 
 def parse_commit_name(name: str) -> int | None:
     m = _COMMIT.match(name.rpartition("/")[2])
+    return int(m.group(1)) if m else None
+
+
+def batch_path(operator: str, batch_id: int) -> str:
+    """The Spark driver's record of batch `batch_id` of `operator` (it commits version `batch_id + 1`)."""
+    return f"{SPARK_DIR}/{validate_component(operator, 'operator name')}/{BATCHES_DIR}/{_v(batch_id)}{BATCH_SUFFIX}"
+
+
+def parse_batch_name(name: str) -> int | None:
+    """`<batch>.json` -> the batch id; None for any other name."""
+    m = _BATCH.match(name.rpartition("/")[2])
     return int(m.group(1)) if m else None

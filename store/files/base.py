@@ -6,10 +6,13 @@ so callers never handle temp names, renames or multipart uploads themselves.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import BinaryIO, Protocol, runtime_checkable
+from typing import BinaryIO, Protocol, Self, runtime_checkable
+
+from store.errors import CheckpointFileExistsError, CheckpointFileNotFoundError
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +59,42 @@ class AtomicOutput(Protocol):
     ) -> None: ...
 
 
+class PublishOnExit(ABC):
+    """The context-manager half of `AtomicOutput`, shared by every backend's output.
+
+    Leaving the `with` block normally publishes (`close`); an exception cancels, so a failed write
+    never becomes visible.
+    """
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    @abstractmethod
+    def cancel(self) -> None: ...
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.cancel()
+
+
+def file_not_found(uri: str) -> CheckpointFileNotFoundError:
+    """The error every backend raises for a missing file, naming its URI."""
+    return CheckpointFileNotFoundError("checkpoint file not found", uri)
+
+
+def overwrite_refused(uri: str, how: str = "") -> CheckpointFileExistsError:
+    """The error every backend raises when an exclusive publish finds its name taken (invariant 2)."""
+    detail = f" ({how})" if how else ""
+    return CheckpointFileExistsError(f"refusing to overwrite existing checkpoint file{detail}", uri)
+
+
 @runtime_checkable
 class CheckpointFileManager(Protocol):
     """Files under one checkpoint root, addressed by validated relative paths."""
@@ -96,4 +135,7 @@ class CheckpointFileManager(Protocol):
         """
 
     def delete_many(self, paths: Iterable[str]) -> DeleteResult:
-        """Delete files under the root; missing files count as deleted."""
+        """Delete files under the root; missing files count as deleted.
+
+        Every path is validated before anything is deleted, so one bad path deletes nothing.
+        """

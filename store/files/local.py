@@ -12,18 +12,17 @@ import shutil
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import BinaryIO
 from urllib.parse import unquote, urlparse
 
-from store.errors import (
-    CheckpointError,
-    CheckpointFileExistsError,
-    CheckpointFileNotFoundError,
-    ConfigurationError,
+from store.errors import CheckpointError, ConfigurationError
+from store.files.base import DeleteResult, FileInfo, PublishOnExit, file_not_found, overwrite_refused
+from store.files.paths import (
+    validate_listing,
+    validate_paths_to_delete,
+    validate_prefix,
+    validate_relative_path,
 )
-from store.files.base import DeleteResult, FileInfo
-from store.files.paths import validate_prefix, validate_relative_path
 
 TEMP_SUFFIX = ".tmp"
 
@@ -60,7 +59,7 @@ def makedirs_durable(path: str) -> None:
         fsync_dir(os.path.dirname(d))
 
 
-class _LocalOutput:
+class _LocalOutput(PublishOnExit):
     def __init__(self, manager: LocalFileManager, path: str, final: str, exclusive: bool) -> None:
         self.path = path
         self._final = final
@@ -91,9 +90,7 @@ class _LocalOutput:
                 try:
                     os.link(self._tmp, self._final)
                 except FileExistsError:
-                    raise CheckpointFileExistsError(
-                        "refusing to overwrite existing checkpoint file", self._manager.uri_of(self.path)
-                    ) from None
+                    raise overwrite_refused(self._manager.uri_of(self.path)) from None
                 os.unlink(self._tmp)
             else:
                 os.replace(self._tmp, self._final)
@@ -109,17 +106,6 @@ class _LocalOutput:
             f.close()
         if os.path.lexists(self._tmp):
             os.unlink(self._tmp)
-
-    def __enter__(self) -> _LocalOutput:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.cancel()
 
 
 class LocalFileManager:
@@ -185,9 +171,7 @@ class LocalFileManager:
                     if os.path.lexists(tmp):
                         os.unlink(tmp)
         except FileExistsError:
-            raise CheckpointFileExistsError(
-                "refusing to overwrite existing checkpoint file", self.uri_of(path)
-            ) from None
+            raise overwrite_refused(self.uri_of(path)) from None
         except OSError as e:
             if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
                 raise
@@ -205,7 +189,7 @@ class LocalFileManager:
         try:
             return open(self._abs(path), "rb")
         except FileNotFoundError:
-            raise CheckpointFileNotFoundError("checkpoint file not found", self.uri_of(path)) from None
+            raise file_not_found(self.uri_of(path)) from None
 
     def read_bytes(self, path: str) -> bytes:
         with self.open(path) as f:
@@ -217,7 +201,7 @@ class LocalFileManager:
             shutil.copyfile(src, local_path)
         except FileNotFoundError:
             if not os.path.exists(src):
-                raise CheckpointFileNotFoundError("checkpoint file not found", self.uri_of(path)) from None
+                raise file_not_found(self.uri_of(path)) from None
             raise
         return os.path.getsize(local_path)
 
@@ -228,11 +212,11 @@ class LocalFileManager:
         try:
             st = os.stat(self._abs(path))
         except FileNotFoundError:
-            raise CheckpointFileNotFoundError("checkpoint file not found", self.uri_of(path)) from None
+            raise file_not_found(self.uri_of(path)) from None
         return FileInfo(path, st.st_size, st.st_mtime)
 
     def list(self, prefix: str = "", *, start_after: str | None = None) -> Iterator[FileInfo]:
-        validate_prefix(prefix)
+        validate_listing(prefix, start_after)
         if "/" in prefix:
             base_rel, _, name_prefix = prefix.rpartition("/")
         else:
@@ -285,8 +269,8 @@ class LocalFileManager:
     def delete_many(self, paths: Iterable[str]) -> DeleteResult:
         result = DeleteResult()
         touched: set[str] = set()
-        for path in paths:
-            full = os.path.join(self._root, validate_relative_path(path, allow_temp=True))
+        for path in validate_paths_to_delete(paths, allow_temp=True):
+            full = os.path.join(self._root, path)
             try:
                 os.unlink(full)
             except FileNotFoundError:

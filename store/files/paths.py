@@ -7,6 +7,7 @@ address a file outside the root ("..", absolute paths, empty or hidden component
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from store.errors import ConfigurationError
 
@@ -54,3 +55,18 @@ def validate_prefix(prefix: str) -> str:
     if last and not re.match(r"^[A-Za-z0-9_.=+-]*$", last):
         raise ConfigurationError(f"invalid listing prefix {prefix!r}")
     return prefix
+
+
+def validate_paths_to_delete(paths: Iterable[str], *, allow_temp: bool = False) -> list[str]:
+    """Every path of a `delete_many` call, validated before anything is deleted and without repeats.
+
+    One bad path refuses the whole call, so bad input deletes nothing (DESIGN invariant 7).
+    """
+    return list(dict.fromkeys(validate_relative_path(p, allow_temp=allow_temp) for p in paths))
+
+
+def validate_listing(prefix: str, start_after: str | None) -> None:
+    """The arguments of a `list` call: a valid prefix and, if given, a path string to resume after."""
+    validate_prefix(prefix)
+    if start_after is not None and not isinstance(start_after, str):
+        raise ConfigurationError(f"start_after must be a path string, got {start_after!r}")

@@ -35,7 +35,7 @@ from store.errors import CheckpointFileExistsError, CheckpointFileNotFoundError,
 from store.files import CheckpointFileManager, open_file_manager
 from store.files.paths import validate_component
 from store.key_groups import KeyGroupLayout
-from store.layout import StoreId
+from store.layout import StoreId, batch_path
 from store.spark.api import BatchStatefulProcessor, StatefulProcessor
 from store.spark.executor import MARKER_COL, META_COL, PID_COL, FileManagerFactory, TaskSpec, run_task
 from store.spark.metrics import BatchProgress, PartitionMetrics
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ROUTE_COL = "__sk_route"
-SPARK_DIR = "spark"
 Sink = Callable[["DataFrame", int], None]
 
 
@@ -257,8 +256,6 @@ class StatefulOperator:
             out.unpersist()
         duration = (time.perf_counter() - t0) * 1000
         self._finish(_with(progress, sink_ms=sink_ms, duration_ms=duration))
-        if spec.commit and batch_id % 50 == 0:
-            self._clean_batch_files(batch_id)
 
     # -- batch phases ---------------------------------------------------------------------------
     def _prepare(self, spark: SparkSession, df: DataFrame, batch_id: int) -> None:
@@ -303,7 +300,8 @@ class StatefulOperator:
         self._next_batch = batch_id
 
     def _batch_path(self, batch_id: int) -> str:
-        return f"{SPARK_DIR}/{self.name}/batches/{batch_id:020d}.json"
+        """Owned by the version the batch commits: maintenance expires it with that commit record."""
+        return batch_path(self.name, batch_id)
 
     def _read_batch_file(self, batch_id: int) -> dict[str, Any] | None:
         try:
@@ -330,18 +328,6 @@ class StatefulOperator:
             except CheckpointFileExistsError:
                 data = self._read_batch_file(batch_id) or data
         return int(data["timestamp_ms"])
-
-    def _clean_batch_files(self, batch_id: int, keep: int = 100) -> None:
-        prefix = f"{SPARK_DIR}/{self.name}/batches/"
-        old = []
-        for info in self.fm.list(prefix):
-            stem = info.path.rsplit("/", 1)[-1].split(".", 1)[0]
-            if stem.isdigit() and int(stem) < batch_id - keep:
-                old.append(info.path)
-        if old:
-            result = self.fm.delete_many(old)
-            if result.errors:
-                log.warning("statekeeper %s: could not delete old batch files: %s", self.name, result.errors)
 
     def _load_ids(self, version: int, n: int) -> tuple[str, ...]:
         if version == 0:

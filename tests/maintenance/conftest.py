@@ -49,6 +49,7 @@ def settings(tmp_path: Path) -> MaintenanceSettings:
         snapshot_threshold=4,
         min_versions_to_retain=3,
         orphan_grace_seconds=0,
+        load_grace_seconds=0,
         parallelism=2,
         lease_ttl_seconds=30,
         work_dir=str(tmp_path / "work"),

@@ -15,7 +15,9 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from store.files import local, s3
+from store.files import local
+from store.files.s3 import S3FileManager
+from store.files.s3.upload import S3Output
 
 _count = 0
 _kill_at = 0
@@ -80,11 +82,11 @@ def main(argv: list[str]) -> int:
     opts, cli_args = argv[:sep], argv[sep + 1 :]
     _kill_at = int(opts[0])
     _mid = "--mid" in opts
-    for output in (local._LocalOutput, s3._S3Output):
+    for output in (local._LocalOutput, S3Output):
         _wrap_close(output)
-    for manager in (local.LocalFileManager, s3.S3FileManager):
+    for manager in (local.LocalFileManager, S3FileManager):
         _wrap_delete(manager)
-    _wrap_abort(s3.S3FileManager)
+    _wrap_abort(S3FileManager)
     from maintenance.cli import main as cli_main
 
     return cli_main(cli_args)

@@ -174,7 +174,7 @@ def clobber(root: str, path: str, data: bytes | None) -> None:
                 f.write(data)
         return
     assert isinstance(fm, S3FileManager)
-    key = fm._key_prefix + path  # no validation: foreign names too
+    key = fm.key_prefix + path  # no validation: foreign names too
     if data is None:
         fm.client.delete_object(Bucket=fm.bucket, Key=key)
     else:

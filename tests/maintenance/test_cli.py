@@ -17,6 +17,9 @@ from tests.maintenance.helpers import History, all_files, clobber
 ROOT = Path(__file__).resolve().parents[2]
 
 
+NO_GRACE = ("--grace", "0", "--load-grace", "0")
+
+
 def run_cli(
     *args: str, home: Path, check: int | None = 0, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -44,7 +47,7 @@ def test_operations_on_every_backend(make_history: Callable[..., History], tmp_p
     h = make_history()
     h.batches(6, losing=1)
     home = tmp_path / "home"
-    ops = ["--retain", "2", "--threshold", "4", "--grace", "0", "--work-dir", str(tmp_path / "work"), "--json"]
+    ops = ["--retain", "2", "--threshold", "4", *NO_GRACE, "--work-dir", str(tmp_path / "work"), "--json"]
     assert as_json(run_cli("snapshot", h.root, *ops, home=home))["snapshots"] == 2
     h.batches(1)
     before = all_files(h.root)
@@ -59,7 +62,7 @@ def test_every_command_end_to_end(make_local_history: Callable[..., History], tm
     h = make_local_history()
     h.batches(6, losing=1)
     home = tmp_path / "home"
-    ops = ["--retain", "3", "--threshold", "4", "--grace", "0", "--work-dir", str(tmp_path / "work")]
+    ops = ["--retain", "3", "--threshold", "4", *NO_GRACE, "--work-dir", str(tmp_path / "work")]
 
     inspect = as_json(run_cli("inspect", h.root, "--json", *ops, home=home))
     assert inspect["latest_version"] == 6 and [s["chain"] for s in inspect["stores"]] == [6, 6]
@@ -147,12 +150,19 @@ def test_exit_codes_and_json_errors(
     run_cli("db", "upgrade", "--db", f"sqlite:///{tmp_path / 'new.db'}", home=home)
     run_cli("expire", h.root, "--db", f"sqlite:///{tmp_path / 'new.db'}", home=home)
 
-    # Errors found: exit 1, named on stderr and in the JSON document.
+    # Someone else's file outside the stores: a warning (exit 0), named on stderr and in the JSON document.
     clobber(h.root, "notes.txt", b"foreign")
-    proc = run_cli("clean-orphans", h.root, "--json", home=home, check=1)
-    assert "notes.txt" in proc.stderr and any("notes.txt" in e for e in as_json(proc)["errors"])
+    proc = run_cli("clean-orphans", h.root, "--json", home=home)
+    assert "notes.txt" in proc.stderr and any("notes.txt" in w for w in as_json(proc)["warnings"])
+    assert not as_json(proc)["errors"]
     assert "notes.txt" in all_files(h.root)
+    assert any("notes.txt" in w for w in as_json(run_cli("inspect", h.root, "--json", home=home))["warnings"])
+    # Errors found (a foreign file inside a store's prefix): exit 1, named on stderr and in the JSON document.
+    clobber(h.root, "state/agg/00000/notes.txt", b"foreign")
+    proc = run_cli("clean-orphans", h.root, "--json", home=home, check=1)
+    assert "notes.txt" in proc.stderr and any("00000/notes.txt" in e for e in as_json(proc)["errors"])
     run_cli("inspect", h.root, home=home, check=1)
+    assert "state/agg/00000/notes.txt" in all_files(h.root)
     manifest = (
         next(p for p in all_files(h.root) if p.endswith(".manifest"))
         if any(p.endswith(".manifest") for p in all_files(h.root))
@@ -189,7 +199,7 @@ def test_a_busy_store_fails_clearly(make_local_history: Callable[..., History], 
     cat = Catalog.open(f"sqlite:///{home / 'catalog.db'}")
     try:
         with cat.acquire_lease(h.fm.root_uri, ("agg", 1), owner="nightly-job@host-b", ttl=120):
-            proc = run_cli(command, h.root, "--retain", "2", "--threshold", "4", "--grace", "0", home=home, check=1)
+            proc = run_cli(command, h.root, "--retain", "2", "--threshold", "4", *NO_GRACE, home=home, check=1)
     finally:
         cat.close()
     assert "nightly-job@host-b" in proc.stderr and "agg/1" in proc.stderr

@@ -26,8 +26,18 @@ from tests.maintenance.helpers import content, scripted_state
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("batches", [pytest.param(24, id="fast"), pytest.param(150, id="long", marks=pytest.mark.slow)])
-def test_maintenance_while_a_writer_commits(checkpoint_root: str, tmp_path: Path, batches: int) -> None:
+@pytest.mark.parametrize(
+    ("batches", "orphan_grace", "load_grace"),
+    [
+        pytest.param(24, 6.0, 6.0, id="fast"),
+        # the default orphan grace (1 h): the base still moves, held back only by the load grace
+        pytest.param(24, 3600.0, 3.0, id="default-orphan-grace"),
+        pytest.param(150, 6.0, 6.0, id="long", marks=pytest.mark.slow),
+    ],
+)
+def test_maintenance_while_a_writer_commits(
+    checkpoint_root: str, tmp_path: Path, batches: int, orphan_grace: float, load_grace: float
+) -> None:
     root = f"{checkpoint_root.rstrip('/')}/{uuid.uuid4().hex[:10]}"
     out = tmp_path / "writer.json"
     writer = subprocess.Popen(
@@ -37,16 +47,18 @@ def test_maintenance_while_a_writer_commits(checkpoint_root: str, tmp_path: Path
         stderr=subprocess.PIPE,
         text=True,
     )
-    # The grace period must outlast the writer's slowest write and slowest load (a rebuild that listed
-    # the snapshots before a newer one existed reads the older files); a few seconds do here.
+    # The orphan grace must outlast the writer's slowest write, the load grace its slowest load (a
+    # rebuild that listed the snapshots before a newer one existed reads the older files); a few
+    # seconds do here.
     settings = MaintenanceSettings(
         snapshot_threshold=3,
         min_versions_to_retain=2,
-        orphan_grace_seconds=6,
+        orphan_grace_seconds=orphan_grace,
+        load_grace_seconds=load_grace,
         parallelism=2,
         work_dir=str(tmp_path / "work"),
     )
-    rounds = snapshots = deleted = 0
+    rounds = snapshots = deleted = expired = 0
     try:
         while writer.poll() is None:
             try:
@@ -63,15 +75,18 @@ def test_maintenance_while_a_writer_commits(checkpoint_root: str, tmp_path: Path
             rounds += 1
             snapshots += s.snapshots
             deleted += e.files + o.files
+            expired += e.changelogs
     finally:
         if writer.poll() is None:
             writer.kill()
         _, writer_err = writer.communicate(timeout=60)
     assert writer.returncode == 0, writer_err
     assert rounds >= 3 and snapshots > 0 and deleted > 0, (rounds, snapshots, deleted)
+    if orphan_grace > 60:
+        assert expired > 0, "expiry must not wait for the orphan grace"
     ids = json.loads(out.read_text())["ids"]
 
-    settle = MaintenanceSettings(**{**settings.to_json(), "orphan_grace_seconds": 0})
+    settle = MaintenanceSettings(**{**settings.to_json(), "orphan_grace_seconds": 0, "load_grace_seconds": 0})
     assert expire_versions(root, settle).ok and clean_orphans(root, settle).ok
     assert verify_root(root, settle, rebuild=True).ok
     fm = open_file_manager(root)

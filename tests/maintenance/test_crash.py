@@ -21,8 +21,8 @@ from tests.maintenance.helpers import History, leftovers
 ROOT = Path(__file__).resolve().parents[2]
 OPS = {
     "snapshot": ["--threshold", "3"],
-    "expire": ["--retain", "3", "--grace", "0"],
-    "clean-orphans": ["--retain", "3", "--grace", "0"],
+    "expire": ["--retain", "3", "--grace", "0", "--load-grace", "0"],
+    "clean-orphans": ["--retain", "3", "--grace", "0", "--load-grace", "0"],
 }
 
 
@@ -68,7 +68,10 @@ def crash_loop(h: History, tmp: Path, rounds: int, seed: int, max_kills: int = 2
     h.check_loadable(range(max(1, h.latest - 2), h.latest + 1))
     from maintenance.settings import MaintenanceSettings
 
-    assert leftovers(h.root, MaintenanceSettings(min_versions_to_retain=3, orphan_grace_seconds=0)) == []
+    assert (
+        leftovers(h.root, MaintenanceSettings(min_versions_to_retain=3, orphan_grace_seconds=0, load_grace_seconds=0))
+        == []
+    )
     # The catalog, after a full sync, is what a rebuild from the checkpoint location alone gives.
     run(["catalog", "sync", h.root, "--full"], env)
     synced = Catalog.open(db)

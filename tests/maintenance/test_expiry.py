@@ -149,19 +149,35 @@ def test_small_batches_in_parallel_and_catalog_bookkeeping(
     h.check_loadable(h.retained(settings))
 
 
-def test_a_snapshot_younger_than_the_grace_period_is_not_yet_the_base(
-    make_local_history: Callable[..., History], settings: MaintenanceSettings
+@pytest.mark.parametrize(
+    ("load_grace", "orphan_grace", "expired"),
+    [
+        pytest.param(300, 0, 0, id="younger-than-the-load-grace"),
+        pytest.param(0, 3600, 2 * 5, id="the-orphan-grace-does-not-hold-it-back"),
+    ],
+)
+def test_a_snapshot_becomes_the_base_once_older_than_the_load_grace(
+    make_local_history: Callable[..., History],
+    settings: MaintenanceSettings,
+    load_grace: float,
+    orphan_grace: float,
+    expired: int,
 ) -> None:
-    """A load that listed the snapshots just before a new one was written may still read the old files."""
+    """A load that listed the snapshots just before a new one was written may still read the old files,
+    for as long as a load takes (`load_grace_seconds`), whatever the orphan grace."""
     h = make_local_history()
     h.batches(5)
     create_snapshots(h.root, settings)
     h.batches(4)
-    patient = MaintenanceSettings(**{**settings.to_json(), "orphan_grace_seconds": 3600})
+    s = MaintenanceSettings(
+        **{**settings.to_json(), "load_grace_seconds": load_grace, "orphan_grace_seconds": orphan_grace}
+    )
     before = all_files(h.root)
-    report = expire_versions(h.root, patient)
-    assert report.ok and report.files == 0 and all_files(h.root) == before
-    assert expire_versions(h.root, settings).changelogs == 2 * 5
+    report = expire_versions(h.root, s)
+    assert report.ok and report.changelogs == expired
+    if not expired:
+        assert report.files == 0 and all_files(h.root) == before
+        assert expire_versions(h.root, settings).changelogs == 2 * 5
 
 
 def test_raising_the_retention_after_an_expiry_is_not_an_error(

@@ -30,7 +30,7 @@ def start_unfinished_write(h: History) -> Any:
         out.write(b"half of an SST")
         return out
     assert isinstance(h.fm, S3FileManager)
-    key = h.fm._key(path)
+    key = h.fm.key_prefix + path
     up = h.fm.client.create_multipart_upload(Bucket=h.fm.bucket, Key=key)
     h.fm.client.upload_part(Bucket=h.fm.bucket, Key=key, UploadId=up["UploadId"], PartNumber=1, Body=b"x" * 100)
     return None

@@ -36,7 +36,13 @@ class MaintenanceMachine(RuleBasedStateMachine):
         self.h.batch()  # the query's first batch creates the checkpoint root
 
     def settings(self, **kw: float) -> MaintenanceSettings:
-        base = {"orphan_grace_seconds": 0, "parallelism": 2, "work_dir": self.work, "lease_ttl_seconds": 30}
+        base = {
+            "orphan_grace_seconds": 0,
+            "load_grace_seconds": 0,
+            "parallelism": 2,
+            "work_dir": self.work,
+            "lease_ttl_seconds": 30,
+        }
         return MaintenanceSettings(**{**base, **kw})  # type: ignore[arg-type]
 
     def teardown(self) -> None:

@@ -37,6 +37,7 @@ def make_resources(config: OrchestrationConfig, db_url: str, **settings: Any) ->
         "snapshot_threshold": THRESHOLD,
         "min_versions_to_retain": RETAIN,
         "orphan_grace_seconds": 0.0,
+        "load_grace_seconds": 0.0,
     }
     values.update(settings)
     return {

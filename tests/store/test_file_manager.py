@@ -335,6 +335,18 @@ def test_delete_many_many_files(file_manager: CheckpointFileManager) -> None:
     assert paths(file_manager) == []
 
 
+def test_delete_many_with_one_bad_path_deletes_nothing(tree: CheckpointFileManager) -> None:
+    """Every path is validated before the first delete (invariant 7), on every backend."""
+    with pytest.raises(ConfigurationError, match=r"'\.\.'"):
+        tree.delete_many(["z", "a-x", "../z"])
+    assert paths(tree) == sorted(TREE)
+
+
+def test_delete_many_takes_each_path_once(tree: CheckpointFileManager) -> None:
+    result = tree.delete_many(["z", "z", "a-x", "z"])
+    assert sorted(result.deleted) == ["a-x", "z"] and result.errors == {}
+
+
 # -- path validation --------------------------------------------------------------------------------
 
 BAD_PATHS = [

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-import store.files.s3 as s3mod
+import store.files.s3.client as s3_client_module
 from store.errors import CheckpointError, ConfigurationError
 from store.files import open_file_manager
 from store.files.s3 import S3FileManager, S3Options, parse_s3_uri
@@ -182,7 +182,7 @@ def test_unreachable_endpoint_names_it() -> None:
 def test_missing_credentials_are_a_configuration_error(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
     for k in TEST_CREDENTIALS:
         monkeypatch.delenv(k, raising=False)
-    monkeypatch.setattr(s3mod, "_clients", {})
+    monkeypatch.setattr(s3_client_module, "_clients", {})
     fm = S3FileManager("s3://bucket/x", max_attempts=1)
     with pytest.raises(ConfigurationError, match="no usable AWS credentials for s3://bucket/x"):
         fm.exists("a")
@@ -191,7 +191,7 @@ def test_missing_credentials_are_a_configuration_error(s3_endpoint: str, monkeyp
 def test_logs_name_endpoint_and_bucket_but_never_credentials(
     s3_bucket: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(s3mod, "_clients", {})
+    monkeypatch.setattr(s3_client_module, "_clients", {})
     caplog.set_level(logging.DEBUG, logger="store")
     fm = S3FileManager(f"s3://{s3_bucket}/ckpt", multipart_threshold=5 << 20)
     with fm.create("a") as out:

@@ -1,0 +1,86 @@
+"""One long-running maintainer: snapshot, expire and clean orphans of a root every few seconds.
+
+Running the three ``statekeeper`` commands from cron or a shell loop starts three processes per cycle,
+each importing the stack, opening the catalog and rebuilding its warm replicas' view from disk: that
+fixed cost dominates a maintainer of many small stores (see docs/benchmarks.md, fleet). This loop
+keeps one process, one catalog connection, the warm local copies of the stores (`maintenance.replica`)
+and the parsed commit records and manifests (`maintenance.inventory`) across cycles, so a cycle costs
+its listings and the work it finds. ``statekeeper maintain ROOT --every SECONDS`` runs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from maintenance.expiry import expire_versions
+from maintenance.orphans import clean_orphans
+from maintenance.reports import Report
+from maintenance.settings import MaintenanceSettings
+from maintenance.snapshots import create_snapshots
+from store.files import CheckpointFileManager, open_file_manager
+
+if TYPE_CHECKING:
+    from sql.catalog import Catalog
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CycleResult:
+    cycle: int
+    seconds: float
+    reports: list[Report] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.reports)
+
+    def summary(self) -> str:
+        parts = [
+            f"{r.kind}: {r.files} file(s)" + (f", {len(r.errors)} error(s)" if r.errors else "") for r in self.reports
+        ]
+        return f"cycle {self.cycle} ({self.seconds:.2f}s): " + "; ".join(parts)
+
+
+def maintain(
+    root: str | CheckpointFileManager,
+    settings: MaintenanceSettings,
+    *,
+    every: float,
+    catalog: Catalog | None = None,
+    cycles: int | None = None,
+    stop: threading.Event | None = None,
+    on_cycle: Callable[[CycleResult], None] | None = None,
+) -> list[CycleResult]:
+    """Run cycles (snapshot, expire, clean orphans) starting every `every` seconds.
+
+    Stops after `cycles` cycles, or when `stop` is set. A cycle with errors does not stop the loop
+    (the next one retries); the results of every cycle are returned (only the last 100 are kept).
+    """
+    stop = stop or threading.Event()
+    fm = open_file_manager(root) if isinstance(root, str) else root
+    results: list[CycleResult] = []
+    n = 0
+    while not stop.is_set() and (cycles is None or n < cycles):
+        n += 1
+        t0 = time.monotonic()
+        result = CycleResult(n, 0.0)
+        for op in (create_snapshots, expire_versions, clean_orphans):
+            result.reports.append(op(fm, settings, catalog=catalog))
+        result.seconds = time.monotonic() - t0
+        log.info("%s", result.summary())
+        if on_cycle is not None:
+            on_cycle(result)
+        results = [*results[-99:], result]
+        if cycles is not None and n >= cycles:
+            break
+        stop.wait(max(0.0, every - result.seconds))
+    return results
+
+
+__all__ = ["CycleResult", "maintain"]

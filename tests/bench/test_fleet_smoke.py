@@ -1,0 +1,40 @@
+"""Smoke test of the fleet benchmark: two tiny fleets under both maintainers, tables and a plot."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_fleet_benchmark_runs_both_maintainers(tmp_path: Path) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    plot = tmp_path / "fleet.png"
+    args = ["--stores", "2", "3", "--seconds", "6", "--keys", "500", "--updates", "50", "--plot", str(plot)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.bench_fleet", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = proc.stdout
+    for title in ("### Fleet: one maintainer beside", "### Fleet: the maintainer's cost model", "### Fleet over time"):
+        assert title in out, out
+    for mode in (
+        "| cli | 2 |",
+        "| cli | 3 |",
+        "| maintain | 2 |",
+        "| maintain | 3 |",
+        "| dagster | 2 |",
+        "| dagster | 3 |",
+    ):
+        assert mode in out, out
+    assert plot.stat().st_size > 0
+    assert [p.name for p in tmp_path.iterdir()] == ["fleet.png"], "the benchmark left scratch files behind"

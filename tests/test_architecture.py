@@ -1,0 +1,87 @@
+"""The architecture, checked: no import circle, layers one way, modules of one size, the design map current.
+
+Read from the source (no module is imported), so every import counts: at module level, inside
+functions and under ``TYPE_CHECKING`` alike. A circle there is one even if Python happens to load
+it, since it ties two modules' responsibilities together; a module reached only through a deferred
+import is still a dependency. Importing ``a.b.c`` also runs the ``__init__`` of ``a`` and ``a.b``;
+those implicit parent imports are not edges (a package re-exporting its modules is not a circle).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scripts.architecture import PACKAGES, REPO, find_circle, import_graph, module_files, product_graph, updated_design
+
+ALLOWED_LAYERS = {
+    "store": {"store"},
+    "sql": {"sql"},
+    "maintenance": {"maintenance", "store", "sql"},
+    "orchestration": {"orchestration", "maintenance", "store", "sql"},
+}
+"""Which top-level packages each package may import: orchestration -> maintenance -> (store, sql)."""
+
+
+def test_no_import_circle_in_the_product() -> None:
+    graph = product_graph()
+    assert len(graph) > 50, "the product's modules were not found"
+    circle = find_circle(graph)
+    assert circle is None, "import circle: " + " -> ".join(circle or [])
+
+
+def test_layers_point_one_way() -> None:
+    wrong = sorted(
+        f"{module} imports {target}"
+        for module, targets in product_graph().items()
+        for target in targets
+        if target.split(".")[0] not in ALLOWED_LAYERS[module.split(".")[0]]
+    )
+    assert not wrong, "imports against orchestration -> maintenance -> (store, sql):\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize(
+    ("files", "circle"),
+    [
+        ({"a.py": "from pkg import b\n", "b.py": "from pkg.a import x\n"}, True),
+        ({"a.py": "from .b import x\n", "b.py": "def f():\n    from . import a\n"}, True),
+        (
+            {
+                "a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.b\n",
+                "b.py": "import pkg.a\n",
+            },
+            True,
+        ),
+        ({"__init__.py": "from pkg.a import x\n", "a.py": "from pkg.b import y\n", "b.py": "import os\n"}, False),
+    ],
+    ids=["from-import", "relative-deferred", "type-checking", "package-reexport"],
+)
+def test_the_check_finds_circles(tmp_path: Path, files: dict[str, str], circle: bool) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name, text in files.items():
+        (package / name).write_text(text)
+    found = find_circle(import_graph(module_files(tmp_path, ["pkg"])))
+    assert (found is not None) == circle, found
+
+
+def test_design_doc_map_is_current() -> None:
+    """docs/design.md's picture and module table are generated from the code: regenerate after a change."""
+    from scripts.architecture import DESIGN
+
+    assert updated_design(DESIGN.read_text()) == DESIGN.read_text(), "run `python -m scripts.architecture`"
+
+
+MODULE_LINE_LIMIT = 650
+"""One responsibility per module: ~600 lines, with a little slack so a docstring never forces a split."""
+
+
+def test_no_product_module_outgrows_one_responsibility() -> None:
+    big = {
+        m: n
+        for m, p in module_files(REPO, PACKAGES).items()
+        if (n := len(p.read_text().splitlines())) > MODULE_LINE_LIMIT
+    }
+    assert not big, f"modules over {MODULE_LINE_LIMIT} lines (split them by responsibility): {big}"
