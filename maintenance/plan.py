@@ -388,13 +388,18 @@ def _plan_batch_files(
     """
     expired: list[FileEntry] = []
     oldest = inv.oldest_record
+    newest = inv.records.get(inv.latest)
+    # A rescale or rollback commits a version without a batch, so batch b commits version b + 1 + shift;
+    # the newest shift is the largest, so using it for every file only ever keeps a file longer.
+    shift = max(0, newest.version - newest.batch - 1) if newest is not None else 0
     for e in sorted(inv.batch_files, key=lambda e: e.path):
         assert e.version is not None
-        if e.version > inv.latest:
+        version = e.version + shift
+        if version > inv.latest:
             in_flight.append((e, "batch not committed yet: the driver re-runs it on restart"))
-        elif e.version < floor:
+        elif version < floor:
             expired.append(e)
-        elif oldest is not None and e.version < oldest:
+        elif oldest is not None and version < oldest:
             orphan(e, "batch file below the oldest commit record")
     return expired
 
