@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-all lint typecheck bench check-prereqs clean
+.PHONY: run test test-all test-model-long reliability lint typecheck bench check-prereqs clean
 
 check-prereqs:
 	@scripts/check-prereqs.sh "$(PYTHON)"
@@ -32,6 +32,15 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest
+
+# The hypothesis state machines at 10x their default examples (>= 100,000 steps, counted at the end).
+test-model-long: $(STAMP)
+	STATEKEEPER_MODEL_SCALE=10 $(PY) -m pytest -m "not slow" tests/store/test_file_manager_model.py \
+		tests/store/test_model.py tests/store/test_typed_model.py tests/maintenance/test_properties.py
+
+# docs/reliability.md: the whole crash-point sweep (local and S3), model steps at 10x, reader fuzz.
+reliability: $(STAMP)
+	$(PY) -m bench reliability
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

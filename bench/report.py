@@ -14,6 +14,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 DOC = ROOT / "docs" / "benchmarks.md"
+OWN_DOCS = {"reliability"}  # suites that write their own document (docs/reliability.md), not a comparison
 
 
 @dataclass
@@ -94,6 +95,8 @@ def render_doc() -> None:
         "",
     ]
     for path in sorted(RESULTS.glob("*.json")):
+        if path.stem in OWN_DOCS:
+            continue
         data = json.loads(path.read_text())
         m = data["machine"]
         parts += [

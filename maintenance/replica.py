@@ -29,6 +29,7 @@ from typing import Any, BinaryIO, cast
 import rocksdict as rd
 
 from store.errors import CorruptFileError, LineageError, StoreStateError, UnsupportedFormatError
+from store.faults import reached as fault_point
 from store.files import CheckpointFileManager
 from store.formats.changelog import ChangelogReader
 from store.formats.snapshot import SnapshotManifest
@@ -171,6 +172,7 @@ class Replica:
 
     def _save_marker(self) -> None:
         assert self.state is not None
+        fault_point("rocks.flush", str(self.store))
         for cf in self._cfs.values():
             cf.flush(True)  # no WAL: only flushed data survives a crash
         live = set(os.listdir(self.db_dir))

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from store.errors import ConfigurationError, StoreStateError
+from store.faults import reached as fault_point
 from store.files.base import AtomicOutput, CheckpointFileManager, DeleteResult, FileInfo
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class AsyncUploader:
                 os.fsync(f.fileno())
         _fsync_dir(self.staging_dir)
         size = os.path.getsize(staged)
+        fault_point("upload.enqueue", path)
         submitted = time.perf_counter()
         future = self._pool.submit(self._upload, staged, path, exclusive, size, submitted)
         pending = PendingUpload(path, size, future)
@@ -108,6 +110,7 @@ class AsyncUploader:
 
     def _upload(self, staged: str, path: str, exclusive: bool, size: int, submitted: float) -> UploadResult:
         try:
+            fault_point("upload.run", path)
             self.inner.put_file(staged, path, exclusive=exclusive)
         finally:
             with contextlib.suppress(FileNotFoundError):

@@ -30,6 +30,15 @@ class CheckpointFileNotFoundError(CheckpointError, FileNotFoundError):
     """A file the caller needs is not in the checkpoint location."""
 
 
+class CheckpointWriteError(CheckpointError, OSError):
+    """The operating system refused a write (ENOSPC, EIO ...); the attempt was aborted and nothing
+    became visible under the file's name. `errno` is the system's error number."""
+
+    def __init__(self, path: str, cause: OSError) -> None:
+        super().__init__(f"writing failed ({cause.strerror or cause})", path)
+        self.errno = cause.errno
+
+
 class CorruptFileError(CheckpointError):
     """A file is truncated, fails its checksum or has the wrong magic; it is left as it is."""
 

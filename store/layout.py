@@ -25,12 +25,13 @@ COMMIT_SUFFIX = ".commit"
 SPARK_DIR = "spark"
 BATCHES_DIR = "batches"
 BATCH_SUFFIX = ".json"
+EVENT_TIME_SUFFIX = ".event_time.json"
 VERSION_DIGITS = 20
 
 _ID = re.compile(r"^[0-9a-f]{32}$")
 _VERSIONED = re.compile(r"^(\d{20})_([0-9a-f]{32})(\.changelog|\.manifest)$")
 _COMMIT = re.compile(r"^(\d{20})\.commit$")
-_BATCH = re.compile(r"^(\d{20})\.json$")
+_BATCH = re.compile(r"^(\d{20})(?:\.event_time)?\.json$")
 
 
 def new_checkpoint_id() -> str:
@@ -111,7 +112,14 @@ def batch_path(operator: str, batch_id: int) -> str:
     return f"{SPARK_DIR}/{validate_component(operator, 'operator name')}/{BATCHES_DIR}/{_v(batch_id)}{BATCH_SUFFIX}"
 
 
+def event_time_path(operator: str, batch_id: int) -> str:
+    """The watermark batch `batch_id` ran with (beside its batch file; expires with it)."""
+    return (
+        f"{SPARK_DIR}/{validate_component(operator, 'operator name')}/{BATCHES_DIR}/{_v(batch_id)}{EVENT_TIME_SUFFIX}"
+    )
+
+
 def parse_batch_name(name: str) -> int | None:
-    """`<batch>.json` -> the batch id; None for any other name."""
+    """`<batch>.json` or `<batch>.event_time.json` -> the batch id; None for any other name."""
     m = _BATCH.match(name.rpartition("/")[2])
     return int(m.group(1)) if m else None

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import rocksdict as rd
 
 from store.errors import CheckpointFileExistsError, CorruptFileError
+from store.faults import reached as fault_point
 from store.files.base import CheckpointFileManager
 from store.formats.snapshot import SnapshotManifest, SstFile
 from store.layout import StoreId
@@ -70,6 +71,7 @@ def write_snapshot(
     if existing_ssts is None:
         existing_ssts = {info.path.rpartition("/")[2] for info in fm.list(store.sst_dir())}
     ckpt_dir = os.path.join(work_dir, f"checkpoint-{uuid.uuid4().hex}")
+    fault_point("rocks.checkpoint", store.sst_dir())
     rd.Checkpoint(db).create_checkpoint(ckpt_dir)
     try:
         ssts: list[SstFile] = []

@@ -67,3 +67,13 @@ def checkpoint_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
 @pytest.fixture
 def file_manager(checkpoint_root: str) -> CheckpointFileManager:
     return open_file_manager(checkpoint_root)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Report how many steps the hypothesis state machines ran (`tests/model_steps.py`)."""
+    from tests.model_steps import FUZZED, INJECTED, STEPS, summary, write_report
+
+    if STEPS or FUZZED or INJECTED:
+        for line in summary().splitlines():
+            terminalreporter.write_line(line)
+        write_report()

@@ -6,6 +6,7 @@ any instant leaves either no file or the complete file under the final name.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -15,7 +16,8 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import unquote, urlparse
 
-from store.errors import CheckpointError, ConfigurationError
+from store.errors import CheckpointError, CheckpointWriteError, ConfigurationError
+from store.faults import reached as fault_point
 from store.files.base import DeleteResult, FileInfo, PublishOnExit, file_not_found, overwrite_refused
 from store.files.paths import (
     validate_listing,
@@ -73,7 +75,11 @@ class _LocalOutput(PublishOnExit):
     def write(self, data: bytes | bytearray | memoryview) -> int:
         if self._file is None:
             raise CheckpointError("write after close or cancel", self.path)
-        return self._file.write(data)
+        try:
+            fault_point("local.write", self.path)
+            return self._file.write(data)
+        except OSError as e:
+            raise CheckpointWriteError(self._manager.uri_of(self.path), e) from e
 
     def close(self) -> None:
         f = self._file
@@ -81,21 +87,33 @@ class _LocalOutput(PublishOnExit):
             return
         self._file = None
         try:
-            f.flush()
-            os.fsync(f.fileno())
-        finally:
-            f.close()
+            self._publish(f)
+        except CheckpointError:
+            raise
+        except OSError as e:  # ENOSPC, EIO ...: name the file (the temp file is gone, see _publish)
+            raise CheckpointWriteError(self._manager.uri_of(self.path), e) from e
+
+    def _publish(self, f: BinaryIO) -> None:
         try:
+            try:
+                f.flush()
+                fault_point("local.fsync", self.path)
+                os.fsync(f.fileno())
+            finally:
+                f.close()
+            fault_point("local.publish", self.path)
             if self._exclusive:
                 try:
                     os.link(self._tmp, self._final)
                 except FileExistsError:
                     raise overwrite_refused(self._manager.uri_of(self.path)) from None
+                fault_point("local.published", self.path)
                 os.unlink(self._tmp)
             else:
                 os.replace(self._tmp, self._final)
+                fault_point("local.published", self.path)
             fsync_dir(self._dir)
-        finally:
+        finally:  # a failed flush or fsync (ENOSPC, EIO) leaves no temp file behind either
             if os.path.lexists(self._tmp):
                 os.unlink(self._tmp)
 
@@ -103,7 +121,8 @@ class _LocalOutput(PublishOnExit):
         f = self._file
         self._file = None
         if f is not None:
-            f.close()
+            with contextlib.suppress(OSError):  # its buffer may not flush (ENOSPC): it goes anyway
+                f.close()
         if os.path.lexists(self._tmp):
             os.unlink(self._tmp)
 
@@ -160,6 +179,7 @@ class LocalFileManager:
         finally:
             os.close(fd)
         try:
+            fault_point("local.put_file", path)
             if exclusive:
                 os.link(local_path, final)
             else:
@@ -174,7 +194,7 @@ class LocalFileManager:
             raise overwrite_refused(self.uri_of(path)) from None
         except OSError as e:
             if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
-                raise
+                raise CheckpointWriteError(self.uri_of(path), e) from e
             return self._copy_file(local_path, path, exclusive)
         fsync_dir(directory)
         return size
@@ -217,6 +237,7 @@ class LocalFileManager:
 
     def list(self, prefix: str = "", *, start_after: str | None = None) -> Iterator[FileInfo]:
         validate_listing(prefix, start_after)
+        fault_point("local.list", prefix)
         if "/" in prefix:
             base_rel, _, name_prefix = prefix.rpartition("/")
         else:
@@ -271,6 +292,7 @@ class LocalFileManager:
         touched: set[str] = set()
         for path in validate_paths_to_delete(paths, allow_temp=True):
             full = os.path.join(self._root, path)
+            fault_point("local.delete", path)
             try:
                 os.unlink(full)
             except FileNotFoundError:

@@ -17,8 +17,10 @@
 Three ways to write the logic, all on the same state encoding:
 
 - :class:`StatefulProcessor` -- per key, after PySpark's ``transformWithState``: ``init`` /
-  ``handleInputRows`` / ``handleExpiredTimer`` / ``close``; ValueState, ListState, MapState with TTL;
-  processing-time timers. Rows are ``pyspark.sql.Row`` (``input_format="rows"``) or pandas DataFrames
+  ``handleInputRows`` / ``handleExpiredTimer`` / ``handleInitialState`` / ``close``; ValueState,
+  ListState, MapState with TTL; time modes "None" / "ProcessingTime" / "EventTime" with watermarks,
+  late-row dropping and event-time timers (store/spark/event_time.py); ``initial_state``. Rows are
+  ``pyspark.sql.Row`` (``input_format="rows"``) or pandas DataFrames
   (``input_format="pandas"``, as ``transformWithStateInPandas``).
 - :class:`ApplyInPandasWithState` -- runs an ``applyInPandasWithState`` function unchanged.
 - :class:`BatchStatefulProcessor` -- vectorized: the partition's whole batch as an Arrow table, with
@@ -29,6 +31,10 @@ figures of Spark's ``stateOperators`` progress. ``read_state(spark, root, operat
 any committed version of a state variable as a typed DataFrame, or its change feed (Python Data Source
 ``statekeeper``, with the options of Spark's state data source; see store/spark/reader.py). State is typed
 by schemas recorded in the checkpoint (store/spark/schemas.py); nothing persisted is pickle.
+``store.spark.testing.TwsTester`` runs a processor over batches without Spark, for unit tests.
+
+Migrating from ``transformWithState``: the README's "Moving a transformWithState job over" lists what is
+the same, what differs (no no-data batches under foreachBatch) and what PySpark has that this does not.
 """
 
 from store.spark.api import (
@@ -45,6 +51,7 @@ from store.spark.handle import StatefulProcessorHandle
 from store.spark.metrics import BatchProgress, PartitionMetrics
 from store.spark.reader import StateDataSource, read_state
 from store.spark.state import ListState, MapState, ValueState
+from store.spark.time_mode import TimeMode
 
 __all__ = [
     "ApplyInPandasWithState",
@@ -59,6 +66,7 @@ __all__ = [
     "StatefulOperator",
     "StatefulProcessor",
     "StatefulProcessorHandle",
+    "TimeMode",
     "TimerValues",
     "UploadTimeoutError",
     "ValueState",

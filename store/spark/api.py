@@ -34,7 +34,7 @@ class TimerValues:
         return self._processing_ms
 
     def getCurrentWatermarkInMs(self) -> int:
-        """Always -1: event-time timers and watermarks are not supported."""
+        """The batch's event-time watermark (timeMode "EventTime" or a declared event-time column), else -1."""
         return self._watermark_ms
 
     def __repr__(self) -> str:
@@ -74,8 +74,15 @@ class StatefulProcessor(ABC):
     def handleExpiredTimer(
         self, key: tuple[Any, ...], timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterable[Any]:
-        """Called for each processing-time timer of `key` at or before the batch time."""
+        """Called for each expired timer of `key` (at or before the batch time in ProcessingTime, the
+        watermark in EventTime), in time order, after the batch's input rows; each fires once."""
         return ()
+
+    def handleInitialState(  # noqa: B027 - optional hook, as in PySpark
+        self, key: tuple[Any, ...], initialState: Any, timerValues: TimerValues
+    ) -> None:
+        """First batch only, before its input rows: one call per initial-state ``Row`` of `key` (a
+        ``pandas.DataFrame`` of the key's rows with ``input_format="pandas"``). Output is not taken."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, as in PySpark
         """Called once per partition task, after the state is committed."""
@@ -147,7 +154,10 @@ class GroupState:
         self._handle.registerTimer(self._timer_values.getCurrentProcessingTimeInMs() + int(durationMs))
 
     def setTimeoutTimestamp(self, timestampMs: int) -> None:
-        raise NotImplementedError("event-time timeouts are not supported; use setTimeoutDuration")
+        """Event-time timeout (operator ``time_mode="EventTime"``): fires once the watermark reaches it."""
+        for t in list(self._handle.listTimers()):
+            self._handle.deleteTimer(t)
+        self._handle.registerTimer(int(timestampMs))
 
     def getCurrentProcessingTimeMs(self) -> int:
         return self._timer_values.getCurrentProcessingTimeInMs()

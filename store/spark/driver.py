@@ -37,12 +37,15 @@ from store.files.paths import validate_component
 from store.key_groups import KeyGroupLayout
 from store.layout import StoreId, batch_path
 from store.spark.api import BatchStatefulProcessor, StatefulProcessor
+from store.spark.event_time import EventTime, TaskTime, WatermarkLog, parse_delay_ms, watermark_of
 from store.spark.executor import MARKER_COL, META_COL, PID_COL, FileManagerFactory, TaskSpec, run_task
+from store.spark.initial_state import collect_initial_state, initial_state_frame
 from store.spark.metrics import BatchProgress, PartitionMetrics
 from store.spark.restart import read_head, rescale_at_restart
 from store.spark.routing import owner_column, routable
 from store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from store.spark.state import check_max_key_groups
+from store.spark.time_mode import TimeMode
 from store.state_store import StoreConfig
 
 if TYPE_CHECKING:
@@ -67,6 +70,11 @@ class StatefulOperator:
     (vectorized); ``key`` the grouping columns; ``output_schema`` a StructType or DDL string.
     ``sink(df, batch_id)`` gets each batch's output after its state is committed.
     ``max_key_groups`` (the groups stored keys lead with) is recorded at the first batch and kept.
+
+    As PySpark's ``transformWithState``: ``time_mode`` "None" | "ProcessingTime" | "EventTime";
+    event time from ``event_time_column`` + ``watermark_delay`` or the stream's ``withWatermark``
+    (store/spark/event_time.py); ``initial_state`` a DataFrame or ``df.groupBy(key)`` delivered to
+    ``handleInitialState`` on the first batch (store/spark/initial_state.py).
     """
 
     def __init__(
@@ -89,8 +97,24 @@ class StatefulOperator:
         local_dir: str | None = None,
         history: int = 200,
         max_key_groups: int = DEFAULT_MAX_KEY_GROUPS,
+        time_mode: str = "ProcessingTime",
+        event_time_column: str | None = None,
+        watermark_delay: str | int | None = None,
+        initial_state: Any = None,
+        output_mode: str = "Append",
+        eventTimeColumnName: str = "",  # noqa: N803 - PySpark's argument name
     ) -> None:
         validate_component(name, "operator name")
+        if eventTimeColumnName:
+            raise NotImplementedError(
+                "eventTimeColumnName (re-assigning the watermark on the output for a chained stateful operator) "
+                "is not supported: the output goes to a foreachBatch sink, not to another operator"
+            )
+        if str(output_mode).lower() not in ("append", "update"):
+            raise NotImplementedError(
+                f"output_mode {output_mode!r}: transformWithState supports 'Append' and 'Update' (each batch's "
+                "output goes to the sink as it is produced); 'Complete' is not supported"
+            )
         if not isinstance(processor, StatefulProcessor | BatchStatefulProcessor):
             raise ConfigurationError(
                 f"processor must be a StatefulProcessor or BatchStatefulProcessor, got {type(processor).__name__}"
@@ -134,6 +158,13 @@ class StatefulOperator:
         self._layout: KeyGroupLayout | None = None
         self._rescale_pending = False
         self._last_rescale: dict[str, Any] | None = None
+        self.time_mode = TimeMode.parse(time_mode)
+        self.event_time: EventTime | None = None
+        if (event_time_column is None) != (watermark_delay is None):
+            raise ConfigurationError("event_time_column and watermark_delay go together (as in withWatermark)")
+        if event_time_column is not None and watermark_delay is not None:
+            self.event_time = EventTime(event_time_column, parse_delay_ms(watermark_delay))
+        self.initial_state = None if initial_state is None else initial_state_frame(initial_state)
 
     # -- public ---------------------------------------------------------------------------------
     @property
@@ -148,7 +179,12 @@ class StatefulOperator:
         trigger: dict[str, Any] | None = None,
         query_name: str | None = None,
     ) -> StreamingQuery:
-        """Start the streaming query: ``df.writeStream.foreachBatch(self.process_batch)``."""
+        """Start the streaming query: ``df.writeStream.foreachBatch(self.process_batch)``.
+
+        Without explicit ``event_time_column`` / ``watermark_delay``, the ``withWatermark`` of `df` is used.
+        """
+        if self.event_time is None:
+            self.event_time = watermark_of(df)
         writer = df.writeStream.foreachBatch(self.process_batch).option("checkpointLocation", checkpoint_location)
         if trigger:
             writer = writer.trigger(**trigger)
@@ -193,6 +229,7 @@ class StatefulOperator:
             self._finish(BatchProgress(mode="skipped", duration_ms=(time.perf_counter() - t0) * 1000, **base))
             return
         load_ids = self._load_ids(version, n)
+        task_time, max_event_before = self._task_time(batch_id)
         spec = TaskSpec(
             root=self.root,
             operator=self.name,
@@ -210,6 +247,8 @@ class StatefulOperator:
             fm_factory=self.fm_factory,
             local_dir=self.local_dir,
             max_key_groups=self.max_key_groups,
+            time=task_time,
+            initial_state=self._initial_rows(df, n) if version == 0 else None,
         )
         plan = self._plan(spark, df, n)
         attempt = 0
@@ -240,6 +279,7 @@ class StatefulOperator:
             break
         try:
             t_rec = time.perf_counter()
+            self._record_event_time(batch_id, task_time, max_event_before, metas)
             if spec.commit:
                 ids = [m.checkpoint_id or "" for m in metas]
                 self._write_commit_record(target, ids, batch_id)
@@ -258,6 +298,47 @@ class StatefulOperator:
         self._finish(_with(progress, sink_ms=sink_ms, duration_ms=duration))
 
     # -- batch phases ---------------------------------------------------------------------------
+    def _watermarks(self) -> WatermarkLog | None:
+        if self.event_time is None:
+            return None
+        return WatermarkLog(self.fm, self.name, self.event_time.delay_ms)
+
+    def _task_time(self, batch_id: int) -> tuple[TaskTime, int | None]:
+        """The batch's time mode and watermarks (recorded ones on a re-run), and the max event time before it."""
+        marks = self._watermarks()
+        if marks is None or self.event_time is None:
+            if self.time_mode is TimeMode.EVENT_TIME:
+                raise ConfigurationError(
+                    f"operator {self.name!r} runs in timeMode 'EventTime' but has no event time: pass "
+                    "event_time_column and watermark_delay, or start it on a stream with withWatermark(...)"
+                )
+            return TaskTime(self.time_mode), None
+        watermark, late, max_before = marks.times(batch_id)
+        return TaskTime(self.time_mode, self.event_time.column, watermark, late), max_before
+
+    def _record_event_time(
+        self, batch_id: int, task_time: TaskTime, max_before: int | None, metas: list[PartitionMetrics]
+    ) -> None:
+        marks = self._watermarks()
+        if marks is None:
+            return
+        seen = [m.max_event_ms for m in metas if m.max_event_ms is not None]
+        if max_before is not None:
+            seen.append(max_before)
+        marks.record(batch_id, task_time.watermark_ms, max(seen) if seen else None)
+
+    def _initial_rows(self, df: DataFrame, n: int) -> Any:
+        if self.initial_state is None or isinstance(self.processor, BatchStatefulProcessor):
+            return None
+        return collect_initial_state(self.initial_state, df, self.key, self._partition_column(n, df.schema), PID_COL)
+
+    def _partition_column(self, n: int, schema: StructType) -> Any:
+        from pyspark.sql import functions as sf
+
+        if self._layout is not None:  # the partition owning the row's key group
+            return owner_column(schema, self.key, self._layout)
+        return sf.pmod(sf.hash(*[sf.col(k) for k in self.key]), sf.lit(n)).cast("int")  # legacy: Spark's hash
+
     def _prepare(self, spark: SparkSession, df: DataFrame, batch_id: int) -> None:
         if self._struct is None:
             self._struct = _to_struct(spark, self.output_schema)
@@ -375,10 +456,7 @@ class StatefulOperator:
                 sf.col("id").cast("int").alias(PID_COL),
                 sf.lit(True).alias(MARKER_COL),
             )
-            if self._layout is not None:  # the partition owning the row's key group
-                pid = owner_column(df.schema, self.key, self._layout).alias(PID_COL)
-            else:  # legacy layout: Spark's hash
-                pid = sf.pmod(sf.hash(*[sf.col(k) for k in self.key]), sf.lit(n)).cast("int").alias(PID_COL)
+            pid = self._partition_column(n, df.schema).alias(PID_COL)
             route = sf.element_at(sf.array(*[sf.lit(r) for r in self._routes(spark, n)]), sf.col(PID_COL) + 1)
             cached = self._plan_parts[schema_key] = (markers, pid, route)
         markers, pid, route = cached
@@ -434,6 +512,7 @@ class StatefulOperator:
         upload_wait_ms: float,
         commit_record_ms: float,
     ) -> BatchProgress:
+        task_time = self._task_time(base["batch_id"])[0]
         return BatchProgress(
             mode=mode,
             input_rows=sum(m.input_rows for m in metas),
@@ -453,6 +532,8 @@ class StatefulOperator:
             job_ms=job_ms,
             commit_record_ms=commit_record_ms,
             attempts=attempts,
+            watermark_ms=task_time.watermark_ms,
+            num_rows_dropped_by_watermark=sum(m.late_rows for m in metas),
             partitions=metas,
             **base,
         )

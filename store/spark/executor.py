@@ -41,7 +41,8 @@ from store.errors import StoreStateError
 from store.files import CheckpointFileManager, open_file_manager
 from store.formats.typed_codec import CorruptStateError
 from store.formats.typed_schema import Field, from_arrow, struct
-from store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor, TimerValues
+from store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor
+from store.spark.event_time import TaskTime
 from store.spark.handle import StatefulProcessorHandle
 from store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from store.spark.state import StateContext
@@ -85,6 +86,10 @@ class TaskSpec:
     local_dir: str | None = None
     max_key_groups: int = DEFAULT_MAX_KEY_GROUPS
     """Key groups of the grouping-key hash; recorded in the checkpoint at the first batch."""
+    time: TaskTime = field(default_factory=TaskTime)
+    """Time mode, watermarks and event-time column of the batch (store/spark/event_time.py)."""
+    initial_state: pa.Table | None = None
+    """First batch only: the initial state rows, with the state partition of each in PID_COL."""
 
 
 def _key_schema(schema: pa.Schema, key_columns: tuple[str, ...]) -> Any:
@@ -327,26 +332,35 @@ def _run_partition_body(spec: TaskSpec, partition: int, data: pa.Table, t_start:
     load = store.last_load
     out = _Output(spec.output_schema)
     ctx = StateContext(store, spec.batch_ts_ms, _key_schema(data.schema, spec.key_columns), spec.max_key_groups)
-    timer_values = TimerValues(spec.batch_ts_ms, -1)
+    input_rows = data.num_rows
+    data, late_rows, max_event = spec.time.drop_late(data)
+    timer_values = spec.time.timer_values(spec.batch_ts_ms)
     processor = spec.processor
     committed = False
     fired: list[tuple[bytes, int]] = []
     try:
         t_proc = time.perf_counter()
-        processor.init(StatefulProcessorHandle(ctx))
+        processor.init(StatefulProcessorHandle(ctx, spec.time.mode))
         if isinstance(processor, BatchStatefulProcessor):
             out.add(processor.handleBatch(data, timer_values))
             yield from out.drain()
             keys = -1  # not counted by the vectorized API
         else:
             keys = 0
+            if spec.initial_state is not None:
+                initial = spec.initial_state.filter(pc.equal(spec.initial_state.column(PID_COL), partition))
+                initial = initial.drop_columns([PID_COL])
+                for key, states in _groups(initial, spec.key_columns, spec.input_format):
+                    ctx.set_key(key)
+                    for one in states:
+                        processor.handleInitialState(key, one, timer_values)
             for key, rows in _groups(data, spec.key_columns, spec.input_format):
                 keys += 1
                 ctx.set_key(key)
                 out.add(processor.handleInputRows(key, rows, timer_values))
                 if out.pending() >= OUTPUT_BATCH_ROWS:
                     yield from out.drain()
-            fired = ctx.pop_expired_timers()
+            fired = ctx.pop_expired_timers(spec.time.timer_deadline_ms(spec.batch_ts_ms))
             for gk, expiry in fired:
                 key = ctx.decode_gk(gk)
                 ctx.set_key(key)
@@ -364,7 +378,9 @@ def _run_partition_body(spec: TaskSpec, partition: int, data: pa.Table, t_start:
             "attempt": attempt,
             "task_attempt_id": task_attempt_id,
             "worker_pid": os.getpid(),
-            "input_rows": data.num_rows,
+            "input_rows": input_rows,
+            "late_rows": late_rows,
+            "max_event_ms": max_event,
             "keys": keys,
             "rows_total": rows_total,
             "rows_updated": ctx.rows_updated,

@@ -14,6 +14,7 @@ from typing import Any
 from store.errors import ConfigurationError
 from store.formats.typed_schema import to_schema
 from store.spark.state import ListState, MapState, StateContext, ValueState, _State, validate_state_name
+from store.spark.time_mode import TimeMode
 
 
 class StatefulProcessorHandle:
@@ -24,8 +25,16 @@ class StatefulProcessorHandle:
     schema, the first value written fixes it (recorded in the checkpoint).
     """
 
-    def __init__(self, ctx: StateContext) -> None:
+    def __init__(self, ctx: StateContext, timeMode: TimeMode | str = TimeMode.PROCESSING_TIME) -> None:
         self._ctx = ctx
+        self._time_mode = TimeMode.parse(timeMode)
+
+    def _timers(self) -> StateContext:
+        if self._time_mode is TimeMode.NONE:
+            raise ConfigurationError(
+                'timers need timeMode "ProcessingTime" or "EventTime"; this operator runs with timeMode "None"'
+            )
+        return self._ctx
 
     def _get(
         self, cls: type[_State], name: str, ttl: int | None, schema: Any = None, user_key_schema: Any = None
@@ -61,14 +70,15 @@ class StatefulProcessorHandle:
         return self._get(MapState, stateName, ttlDurationMs, valueSchema, userKeySchema)  # type: ignore[no-any-return]
 
     def registerTimer(self, expiryTimestampMs: int) -> None:
-        """A processing-time timer for the current key; fires in the first batch at or after it."""
-        self._ctx.register_timer(expiryTimestampMs)
+        """A timer for the current key: in ProcessingTime it fires in the first batch whose processing
+        time is at or after it, in EventTime in the first batch whose watermark is at or after it."""
+        self._timers().register_timer(expiryTimestampMs)
 
     def deleteTimer(self, expiryTimestampMs: int) -> None:
-        self._ctx.delete_timer(expiryTimestampMs)
+        self._timers().delete_timer(expiryTimestampMs)
 
     def listTimers(self) -> Iterator[int]:
-        return iter(list(self._ctx.list_timers()))
+        return iter(list(self._timers().list_timers()))
 
     def deleteIfExists(self, stateName: str) -> None:
         """Drop every row of a state variable (in every key of this partition) and its schema records."""

@@ -31,6 +31,10 @@ class PartitionMetrics:
     changelog_bytes: int
     changelog_records: int
     task_ms: float
+    late_rows: int = 0
+    """Input rows dropped as late (at or before the previous batch's watermark)."""
+    max_event_ms: int | None = None
+    """Max event time of the partition's input rows in ms (None without event time or rows)."""
     repaired_snapshots: int = 0
     """Unreadable snapshots the partition's load passed over (snapshot repair)."""
 
@@ -79,6 +83,10 @@ class BatchProgress:
     sink_ms: float = 0.0
     duration_ms: float = 0.0
     attempts: int = 1
+    watermark_ms: int = -1
+    """The batch's event-time watermark (-1 without event time)."""
+    num_rows_dropped_by_watermark: int = 0
+    """Late input rows dropped before the processor saw them, as Spark's numRowsDroppedByWatermark."""
     partitions: list[PartitionMetrics] = field(default_factory=list)
     rescale: dict[str, Any] | None = None
     """When the operator was rescaled at this restart: what moved and how long it took
@@ -96,6 +104,7 @@ class BatchProgress:
             "numRowsTotal": self.num_rows_total,
             "numRowsUpdated": self.num_rows_updated,
             "numRowsRemoved": self.num_rows_removed,
+            "numRowsDroppedByWatermark": self.num_rows_dropped_by_watermark,
             "allUpdatesTimeMs": round(self.process_ms),
             "commitTimeMs": round(self.commit_ms + self.upload_ms + self.commit_record_ms),
             "numShufflePartitions": self.num_partitions,

@@ -99,7 +99,11 @@ def read_record(meta: ColumnFamily, name: str) -> VariableRecord | None:
     for k, v in meta.items(prefix=prefix):
         if len(k) != len(prefix) + 4:
             continue
-        record.schemas[_U32.unpack_from(k, len(prefix))[0]] = from_json(v)
+        schema_id = _U32.unpack_from(k, len(prefix))[0]
+        try:
+            record.schemas[schema_id] = from_json(v)
+        except SchemaError as e:  # stored bytes, not a setting: a corrupt state, named
+            raise CorruptStateError(f"schema {schema_id} of state variable {name!r} is unreadable: {e}") from None
     return record
 
 

@@ -302,12 +302,16 @@ class StateContext:
             if len(k) == len(prefix) + 8:
                 yield _U64.unpack_from(k, len(prefix))[0]
 
-    def pop_expired_timers(self) -> list[tuple[bytes, int]]:
-        """Remove and return every (gk, expiry) with expiry <= batch time, in time order."""
+    def pop_expired_timers(self, deadline_ms: int | None = None) -> list[tuple[bytes, int]]:
+        """Remove and return every (gk, expiry) with expiry <= `deadline_ms` (default: the batch time),
+        in time order."""
+        deadline = self.now_ms if deadline_ms is None else deadline_ms
+        if deadline < 0:
+            return []
         if self._timer_index is None and TIMER_INDEX_CF not in self.store.column_families():
             return []
         idx = self.timer_index_cf
-        fired = [(k[8:], _U64.unpack_from(k)[0]) for k, _ in idx.items(end=_U64.pack(self.now_ms + 1))]
+        fired = [(k[8:], _U64.unpack_from(k)[0]) for k, _ in idx.items(end=_U64.pack(deadline + 1))]
         if fired:
             idx.delete_batch([_U64.pack(e) + gk for gk, e in fired])
             self.timers_cf.delete_batch([gk + _U64.pack(e) for gk, e in fired])

@@ -11,7 +11,7 @@ from maintenance.orphans import clean_orphans
 from maintenance.settings import MaintenanceSettings
 from maintenance.snapshots import create_snapshots
 from store.files import open_file_manager
-from store.layout import batch_path, commit_path
+from store.layout import batch_path, commit_path, event_time_path
 from tests.maintenance.helpers import History, all_files
 
 
@@ -25,6 +25,8 @@ def _write_batch_file(h: History, batch: int) -> str:
 def test_batch_files_are_in_the_layout() -> None:
     k = classify(batch_path("agg", 4))
     assert (k.kind, k.version, k.store) == (BATCH, 5, None), "batch 4 commits version 5"
+    k = classify(event_time_path("agg", 4))  # the watermark of batch 4 goes with it
+    assert (k.kind, k.version, k.store) == (BATCH, 5, None)
     for foreign in (
         "spark/agg/batches/4.json",
         "spark/agg/batches/x.json",

@@ -20,11 +20,13 @@ from maintenance.orphans import clean_orphans
 from maintenance.settings import MaintenanceSettings
 from maintenance.snapshots import close_replicas, create_snapshots
 from tests.maintenance.helpers import History, leftovers
+from tests.model_steps import CountedSteps, scaled
 
 STATS = {"expired": 0, "orphans": 0, "snapshots": 0, "clean": 0}
 
 
-class MaintenanceMachine(RuleBasedStateMachine):
+class MaintenanceMachine(CountedSteps, RuleBasedStateMachine):
+    model_name = "store + maintenance"
     root_base = ""
 
     @initialize(seed=st.integers(0, 2**16))
@@ -136,7 +138,7 @@ def test_random_histories_keep_retained_versions_and_leave_nothing_unneeded(
     if checkpoint_root.startswith("s3:") and examples < 50:
         examples = 5  # every request is an HTTP round trip to moto: fewer examples in the default run
     Machine.TestCase.settings = settings(
-        max_examples=examples,
+        max_examples=scaled(examples),
         stateful_step_count=18 if examples < 50 else 40,
         deadline=None,
         derandomize=examples < 50,  # the default run is reproducible; the long one explores

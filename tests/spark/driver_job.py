@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,7 @@ from tests.spark.helpers import SCHEMA
 from tests.spark.processors import SlowCountSum
 
 
-def main(argv: list[str]) -> int:
-    input_dir, root, checkpoint, output_dir, task_sleep, sink_sleep = argv[:6]
-    async_checkpoint = argv[6:] == ["async"]
+def session() -> SparkSession:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     spark = (
         SparkSession.builder.master("local[2]")
@@ -31,6 +30,11 @@ def main(argv: list[str]) -> int:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def file_sink(output_dir: str, sink_sleep: str) -> Callable[[Any, int], None]:
+    """Writes each batch's sorted rows to OUTPUT_DIR/batch-<id>.json and logs the delivery."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -43,6 +47,14 @@ def main(argv: list[str]) -> int:
             f.write(f"{batch_id} {os.getpid()}\n")
         time.sleep(float(sink_sleep))
 
+    return sink
+
+
+def main(argv: list[str]) -> int:
+    input_dir, root, checkpoint, output_dir, task_sleep, sink_sleep = argv[:6]
+    async_checkpoint = argv[6:] == ["async"]
+    spark = session()
+    sink = file_sink(output_dir, sink_sleep)
     op = StatefulOperator(
         root,
         "counts",

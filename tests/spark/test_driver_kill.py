@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from store import CommitLog, open_file_manager
+from store import CheckpointFileManager, CommitLog, open_file_manager
 from store.layout import StoreId
 from tests.spark.conftest import ROOT, spark_env
 from tests.spark.helpers import reference, state_of, write_inputs
@@ -25,10 +25,10 @@ from tests.spark.helpers import reference, state_of, write_inputs
 pytestmark = pytest.mark.slow
 
 
-def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _start(args: list[str], log: Path, module: str = "tests.spark.driver_job") -> subprocess.Popen[bytes]:
     env = {**os.environ, **spark_env()}
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.spark.driver_job", *args],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT,
         env=env,
         stdout=log.open("ab"),
@@ -51,6 +51,47 @@ def _kill_when(proc: subprocess.Popen[bytes], cond: Callable[[], bool], timeout:
     raise AssertionError("the kill point was never reached")
 
 
+class KillPoints:
+    """Where a driver-kill test kills: read from the state root, the job's output and Spark's checkpoint."""
+
+    def __init__(self, fm: CheckpointFileManager, operator: str, partitions: int, out: Path, ckpt: Path) -> None:
+        self.fm = fm
+        self.commits = CommitLog(fm)
+        self.operator = operator
+        self.partitions = partitions
+        self.out = out
+        self.ckpt = ckpt
+
+    def changelogs(self, version: int) -> int:
+        return sum(
+            1
+            for p in range(self.partitions)
+            for f in self.fm.list(StoreId(self.operator, p).changelog_dir())
+            if f.path.rsplit("/", 1)[-1].startswith(f"{version:020d}_")
+        )
+
+    def tasks_committed_but_no_record(self) -> bool:
+        latest = self.commits.latest()
+        return (
+            latest >= 2 and self.changelogs(latest + 1) >= 1 and self.commits.get(latest + 1, use_cache=False) is None
+        )
+
+    def delivered(self, batch: int) -> int:
+        path = self.out / "deliveries.log"
+        lines = path.read_text().split("\n") if path.exists() else []
+        return sum(1 for line in lines if line.split(" ")[0] == str(batch))
+
+    def record_but_no_spark_commit(self, after: int) -> bool:
+        """Our commit record of a version past `after` exists, its batch was delivered once, Spark's
+        commit of that batch is not written yet."""
+        latest = self.commits.latest()
+        return (
+            latest > after
+            and self.delivered(latest - 1) == 1
+            and not (self.ckpt / "commits" / str(latest - 1)).exists()
+        )
+
+
 def test_driver_killed_mid_batch_and_restarted(spark: Any, tmp_path: Path) -> None:
     batches = write_inputs(tmp_path / "in", files=6, rows=300, keys=40, seed=21)
     root = (tmp_path / "state").as_uri()
@@ -60,38 +101,14 @@ def test_driver_killed_mid_batch_and_restarted(spark: Any, tmp_path: Path) -> No
     fm = open_file_manager(root)
     commits = CommitLog(fm)
 
-    def changelogs(version: int) -> int:
-        return sum(
-            1
-            for p in range(3)
-            for f in fm.list(StoreId("counts", p).changelog_dir())
-            if f.path.rsplit("/", 1)[-1].startswith(f"{version:020d}_")
-        )
-
-    def tasks_committed_but_no_record() -> bool:
-        latest = commits.latest()
-        return latest >= 2 and changelogs(latest + 1) >= 1 and commits.get(latest + 1, use_cache=False) is None
-
+    points = KillPoints(fm, "counts", 3, out, ckpt)
     args = [str(tmp_path / "in"), root, str(ckpt), str(out)]
     # 1) kill after some tasks committed version k+1, before the driver's commit record
-    _kill_when(_start([*args, "1.0", "0.0"], log), tasks_committed_but_no_record)
+    _kill_when(_start([*args, "1.0", "0.0"], log), points.tasks_committed_but_no_record)
     killed_at_1 = commits.latest()
-
-    def delivered(batch: int) -> int:
-        path = out / "deliveries.log"
-        lines = path.read_text().split("\n") if path.exists() else []
-        return sum(1 for line in lines if line.split(" ")[0] == str(batch))
-
+    delivered = points.delivered
     # 2) kill after our commit record of version k+1 and the sink got batch k, before Spark's commit of k
-    def record_but_no_spark_commit() -> bool:
-        latest = commits.latest()
-        return (
-            latest > killed_at_1 + 1
-            and delivered(latest - 1) == 1
-            and not (ckpt / "commits" / str(latest - 1)).exists()
-        )
-
-    _kill_when(_start([*args, "0.0", "1.5"], log), record_but_no_spark_commit)
+    _kill_when(_start([*args, "0.0", "1.5"], log), lambda: points.record_but_no_spark_commit(killed_at_1 + 1))
     killed_at_2 = commits.latest()
     assert not (ckpt / "commits" / str(killed_at_2 - 1)).exists()
 

@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from store import CommitLog, LineageError, StateStore, StoreConfig
 from store.snapshot import write_snapshot
+from tests.model_steps import CountedSteps, scaled
 
 OPERATOR = "agg"
 PARTITIONS = 3
@@ -42,7 +43,8 @@ def store_content(store: StateStore) -> State:
     return normalise({cf: dict(store.items(cf=cf)) for cf in store.column_families()})
 
 
-class StoreMachine(RuleBasedStateMachine):
+class StoreMachine(CountedSteps, RuleBasedStateMachine):
+    model_name = "store"
     root_base = ""  # set by the test: the checkpoint root fixture's URI
 
     @initialize()
@@ -185,7 +187,7 @@ def test_store_matches_model(checkpoint_root: str) -> None:
     # Every S3 step is several HTTP round trips to the moto server: fewer examples there; the
     # formats and lineage logic under test are the same on both backends.
     Machine.TestCase.settings = settings(
-        max_examples=40 if checkpoint_root.startswith("file:") else 12,
+        max_examples=scaled(40 if checkpoint_root.startswith("file:") else 12),
         stateful_step_count=40,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

@@ -20,6 +20,7 @@ from store.formats.typed_schema import parse_ddl
 from store.spark.handle import StatefulProcessorHandle
 from store.spark.state import StateContext
 from store.spark.state_view import StateView
+from tests.model_steps import CountedSteps, scaled
 
 KEY = parse_ddl("user string, n int")
 SCHEMAS = ["a long, b string", "a long, b string, c double", "b string, c double, a long"]
@@ -30,7 +31,9 @@ longs = st.none() | st.integers(-(2**63), 2**63 - 1)
 texts = st.none() | st.text(max_size=5)
 
 
-class TypedStateMachine(RuleBasedStateMachine):
+class TypedStateMachine(CountedSteps, RuleBasedStateMachine):
+    model_name = "typed store"
+
     @initialize()
     def start(self) -> None:
         self.dir = tempfile.mkdtemp(prefix="typed-model-")
@@ -129,6 +132,6 @@ class TypedStateMachine(RuleBasedStateMachine):
 
 
 TypedStateMachine.TestCase.settings = settings(
-    max_examples=15, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=scaled(15), stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_typed_state_model = TypedStateMachine.TestCase

@@ -16,6 +16,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 import botocore.exceptions as bce
 
 from store.errors import ConfigurationError
+from store.faults import reached as fault_point
 from store.files.base import DeleteResult
 from store.files.paths import validate_paths_to_delete
 from store.files.s3.errors import RETRYABLE_CODES, backoff, error_code
@@ -64,6 +65,7 @@ def _delete_batch(root: S3Root, pending: dict[str, str]) -> DeleteResult:
     attempt = 0
     while pending:
         retry: dict[str, str] = {}
+        fault_point("s3.delete", next(iter(pending.values())))
         try:
             resp = root.client.delete_objects(
                 Bucket=root.bucket, Delete={"Objects": [{"Key": k} for k in pending], "Quiet": True}

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from store.faults import reached as fault_point
 from store.files.base import FileInfo
 from store.files.s3.root import S3Root
 
@@ -39,6 +40,7 @@ def _pages(root: S3Root, op: str, prefix: str, pages: Iterable[Any]) -> Iterator
 
 def list_objects(root: S3Root, prefix: str, start_after: str | None) -> Iterator[FileInfo]:
     """Objects whose path starts with `prefix`, after `start_after`, in S3's (lexicographic) order."""
+    fault_point("s3.list", prefix)
     kwargs: dict[str, Any] = {"Bucket": root.bucket, "Prefix": root.key_prefix + prefix}
     if start_after is not None:
         kwargs["StartAfter"] = root.key_prefix + start_after

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import botocore.exceptions as bce
 
 from store.errors import CheckpointError
+from store.faults import reached as fault_point
 from store.files.base import PublishOnExit, overwrite_refused
 from store.files.s3.client import shared_upload_pool
 from store.files.s3.errors import error_code, is_conflict
@@ -104,6 +105,7 @@ class S3Output(PublishOnExit):
 
     def _upload_part(self, number: int, chunk: bytes) -> CompletedPartTypeDef:
         assert self._upload_id is not None
+        fault_point("s3.part", self.path)
         with self._root.errors("UploadPart", self.path):
             resp = self._root.client.upload_part(
                 Bucket=self._root.bucket,
@@ -156,6 +158,7 @@ class S3Output(PublishOnExit):
 
     def _put_single(self) -> None:
         root = self._root
+        fault_point("s3.put", self.path)
         try:
             root.client.put_object(
                 Bucket=root.bucket,
@@ -173,6 +176,7 @@ class S3Output(PublishOnExit):
     def _complete(self) -> None:
         root = self._root
         assert self._upload_id is not None
+        fault_point("s3.complete", self.path)
         try:
             root.client.complete_multipart_upload(
                 Bucket=root.bucket,

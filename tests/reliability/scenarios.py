@@ -1,0 +1,322 @@
+"""The scenarios of the crash-point sweep: what a child process does, how a restart recovers, and
+the check that nothing committed was lost.
+
+Everything written is a deterministic function of (partition, version) (`batch_updates`), so the
+state every committed version must load to is known without having watched the killed child:
+`expected_state` folds the batches. A scenario has three parts:
+
+* `prepare(root, work)`: builds the checkpoint the scenario starts from (a template, copied per kill);
+* `act(root, work)`: the durable work a child does with the fault seam armed; it is SIGKILLed at one
+  point of `store.faults`;
+* `recover(root, work)`: what a restarted process does afterwards (the writer resumes and commits
+  one more batch; a maintenance run is simply run again).
+
+`check(root, work, scenario)` then loads every retained committed version of every store and
+compares it with the model, and runs `verify_root` (every file a retained version needs is there
+and intact). All of it runs in forked children of the sweep process (`tests/reliability/sweep.py`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import random
+import shutil
+from collections.abc import Callable
+from contextlib import closing, nullcontext
+from dataclasses import dataclass
+
+from maintenance.catalog_sync import rebuild_catalog, sync_catalog
+from maintenance.expiry import expire_versions
+from maintenance.orphans import clean_orphans
+from maintenance.reports import Report as MaintenanceReport
+from maintenance.settings import MaintenanceSettings
+from maintenance.snapshots import create_snapshots
+from maintenance.verify import verify_root
+from sql import Catalog
+from store import CommitLog, StateStore, StoreConfig, faults
+from store.async_upload import AsyncUploader
+from store.files import CheckpointFileManager, open_file_manager
+
+OPERATOR = "sweep"
+PARTITIONS = 2
+KEYSPACE = 40
+TEMPLATE_VERSIONS = 5
+RETAIN = 3
+
+State = dict[bytes, bytes]
+
+
+def settings(work: str) -> MaintenanceSettings:
+    """Small numbers so that a short history snapshots, expires and cleans: many points per run."""
+    return MaintenanceSettings(
+        snapshot_threshold=2,
+        min_versions_to_retain=RETAIN,
+        orphan_grace_seconds=0.0,
+        parallelism=1,  # one thread: the points a run reaches come in the same order every time
+        delete_batch_size=2,
+        lease_ttl_seconds=1.0,  # a killed maintainer's lease on the catalog expires quickly ...
+        lease_timeout_seconds=20.0,  # ... and the rerun waits for it (invariant 5 still holds)
+        work_dir=os.path.join(work, "maintenance"),
+    )
+
+
+# -- the model ------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1024)
+def batch_updates(partition: int, version: int) -> tuple[tuple[bytes, bytes | None], ...]:
+    """The updates of the batch that produces `version` (>= 1) of `partition`."""
+    rng = random.Random(f"sweep:{partition}:{version}")
+    out: list[tuple[bytes, bytes | None]] = []
+    for _ in range(12):
+        key = b"k%03d" % rng.randrange(KEYSPACE)
+        out.append((key, None if rng.random() < 0.2 else b"%d:%d:" % (partition, version) * rng.randint(1, 40)))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def expected_state(partition: int, version: int) -> tuple[tuple[bytes, bytes], ...]:
+    state: State = dict(expected_state(partition, version - 1)) if version > 1 else {}
+    if version >= 1:
+        for k, v in batch_updates(partition, version):
+            if v is None:
+                state.pop(k, None)
+            else:
+                state[k] = v
+    return tuple(sorted(state.items()))
+
+
+# -- the writer -----------------------------------------------------------------------------------
+
+
+def store_config(work: str, tag: str) -> StoreConfig:
+    return StoreConfig(local_dir=os.path.join(work, tag), block_bytes=1024, snapshot_check_interval=2)
+
+
+def write_batches(root: str, work: str, count: int, *, asynchronous: bool = False, losing: bool = False) -> int:
+    """Resume at the latest committed version and commit `count` more batches on every partition.
+
+    `asynchronous`: the stores commit through an `AsyncUploader` (commit returns once the changelog
+    is staged locally) and the driver waits for every upload before the commit record, as the Spark
+    integration does. `losing`: every batch also has a losing attempt on partition 0 (an orphan).
+    """
+    real = open_file_manager(root)
+    uploader = AsyncUploader(real, os.path.join(work, "staging")) if asynchronous else None
+    fm: CheckpointFileManager = uploader if uploader is not None else real
+    log = CommitLog(real)
+    tag = os.urandom(4).hex()  # a restarted writer starts from an empty local directory
+    stores = [StateStore(fm, OPERATOR, p, config=store_config(work, f"p{p}-{tag}")) for p in range(PARTITIONS)]
+    try:
+        latest = log.latest()
+        ids: list[str | None] = [None] * PARTITIONS
+        for version in range(latest + 1, latest + 1 + count):
+            if losing:
+                _losing_attempt(real, work, version)
+            new_ids: list[str] = []
+            for p, store in enumerate(stores):
+                store.load(version - 1, ids[p])
+                for k, v in batch_updates(p, version):
+                    if v is None:
+                        store.delete(k)
+                    else:
+                        store.put(k, v)
+                new_ids.append(store.commit().checkpoint_id)
+            if uploader is not None:
+                uploader.wait_all()
+            log.commit(version, {OPERATOR: new_ids})
+            ids = list(new_ids)
+        return latest + count
+    finally:
+        for store in stores:
+            store.close()
+        if uploader is not None:
+            uploader.close()
+
+
+def _losing_attempt(fm: CheckpointFileManager, work: str, version: int) -> None:
+    probe = StateStore(fm, OPERATOR, 0, config=store_config(work, f"lose-{os.urandom(4).hex()}"))
+    try:
+        probe.load(version - 1)
+        probe.put(b"loser", b"%d" % version)
+        probe.commit()
+    finally:
+        probe.close()
+        shutil.rmtree(probe.local_dir, ignore_errors=True)
+
+
+# -- scenarios ------------------------------------------------------------------------------------
+
+
+def _empty_catalog_file(path: str) -> None:
+    """A migrated, empty SQLite catalog at `path`: migrated once per sweep, then copied (Alembic
+    takes longer than everything else a small catalog does)."""
+    pristine = os.path.join(os.path.dirname(os.path.dirname(path)), "empty-catalog.db")
+    if not os.path.exists(pristine):
+        Catalog.open(f"sqlite:///{pristine}.tmp", upgrade=True).close()
+        os.replace(f"{pristine}.tmp", pristine)
+    shutil.copyfile(pristine, path)
+
+
+def _catalog(work: str, name: str = "catalog.db") -> Catalog:
+    path = os.path.join(work, name)
+    if not os.path.exists(path):
+        _empty_catalog_file(path)
+    catalog = Catalog.open(f"sqlite:///{path}")
+    from sqlalchemy import event
+
+    # The catalog is not in `store` (it may not import it): its transactions reach the seam
+    # through SQLAlchemy's commit event.
+    event.listen(catalog.engine, "commit", lambda _conn: faults.reached("catalog.transaction", "catalog"))
+    return catalog
+
+
+def _prepare_history(root: str, work: str) -> None:
+    write_batches(root, work, TEMPLATE_VERSIONS, losing=True)
+
+
+def _prepare_snapshotted(root: str, work: str) -> None:
+    write_batches(root, work, TEMPLATE_VERSIONS, losing=True)
+    create_snapshots(root, settings(work))
+    write_batches(root, work, 2)
+
+
+def _prepare_catalog(root: str, work: str) -> None:
+    _prepare_snapshotted(root, work)
+    _sync(root, work)
+    write_batches(root, work, 2, losing=True)
+
+
+def _sync(root: str, work: str) -> None:
+    with closing(_catalog(work)) as catalog:
+        sync_catalog(catalog, root, workers=1)
+
+
+def _rebuild(root: str, work: str) -> None:
+    path = os.path.join(work, "catalog.db")
+    if os.path.exists(path):
+        os.unlink(path)  # the catalog is lost: rebuilt from the checkpoint location alone
+    with closing(_catalog(work)) as catalog:
+        rebuild_catalog(catalog, root, workers=1)
+
+
+Operation = Callable[..., MaintenanceReport]
+
+
+def _maintain(operation: Operation, *, with_catalog: bool = False) -> Callable[[str, str], None]:
+    """A maintenance run of `operation` (with the catalog: leased and recorded), which must succeed."""
+
+    def run(root: str, work: str) -> None:
+        with closing(_catalog(work)) if with_catalog else nullcontext() as catalog:
+            report = operation(root, settings(work), catalog=catalog)
+        assert report.ok, report.errors
+
+    return run
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    prepare: Callable[[str, str], None]
+    act: Callable[[str, str], None]
+    recover: Callable[[str, str], None]
+    expires: bool = False
+    """After `act`/`recover` only the newest RETAIN versions are retained (older ones may be gone)."""
+    catalog: bool = False
+    """Recovery also syncs the catalog; the check compares it with a rebuild."""
+
+
+def _commit(root: str, work: str) -> None:
+    write_batches(root, work, 3, losing=True)
+
+
+def _async_commit(root: str, work: str) -> None:
+    write_batches(root, work, 3, asynchronous=True, losing=True)
+
+
+def _resume(root: str, work: str) -> None:
+    write_batches(root, work, 1)
+
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("commit", _prepare_history, _commit, _resume),
+        Scenario("async_commit", _prepare_history, _async_commit, _resume),
+        Scenario("snapshot", _prepare_history, _maintain(create_snapshots), _maintain(create_snapshots)),
+        Scenario("expiry", _prepare_snapshotted, _maintain(expire_versions), _maintain(expire_versions), expires=True),
+        Scenario(
+            "orphan_cleanup", _prepare_snapshotted, _maintain(clean_orphans), _maintain(clean_orphans), expires=True
+        ),
+        Scenario("catalog_sync", _prepare_catalog, _sync, _sync, catalog=True),
+        Scenario("catalog_rebuild", _prepare_catalog, _rebuild, _rebuild, catalog=True),
+        Scenario(
+            "snapshot_catalog",
+            _prepare_catalog,
+            _maintain(create_snapshots, with_catalog=True),
+            _maintain(create_snapshots, with_catalog=True),
+            catalog=True,
+        ),
+        Scenario(
+            "expiry_catalog",
+            _prepare_catalog,
+            _maintain(expire_versions, with_catalog=True),
+            _maintain(expire_versions, with_catalog=True),
+            expires=True,
+            catalog=True,
+        ),
+    )
+}
+
+
+# -- the check ------------------------------------------------------------------------------------
+
+
+def check(root: str, work: str, scenario: Scenario, committed_before: int) -> list[str]:
+    """Problems after a kill and a recovery: a committed version lost or wrong, a needed file gone,
+    maintenance not verifying clean, a catalog that differs from a rebuild."""
+    problems: list[str] = []
+    fm = open_file_manager(root)
+    latest = CommitLog(fm).latest()
+    if latest < committed_before:
+        problems.append(f"latest committed version {latest} < {committed_before} committed before the kill")
+    first = max(1, latest - RETAIN + 1) if scenario.expires else 1
+    for p in range(PARTITIONS):
+        probe = StateStore(fm, OPERATOR, p, config=store_config(work, f"check-{p}-{os.urandom(4).hex()}"))
+        try:
+            for version in range(first, latest + 1):
+                try:
+                    probe.load(version)
+                    got = tuple(probe.items())
+                    probe.abort()
+                except Exception as e:  # a lost file shows here as a load error
+                    problems.append(f"partition {p} version {version} does not load: {type(e).__name__}: {e}")
+                    break
+                if got != expected_state(p, version):
+                    problems.append(f"partition {p} version {version} differs from the model")
+        finally:
+            probe.close()
+            shutil.rmtree(probe.local_dir, ignore_errors=True)
+    report = verify_root(fm, settings(work))
+    problems += [f"verify: {e}" for e in report.errors]
+    if scenario.catalog:
+        problems += _catalog_problems(root, work)
+    return problems
+
+
+def _catalog_problems(root: str, work: str) -> list[str]:
+    """After a full sync, the catalog is what a rebuild from the checkpoint location gives."""
+    from tests.maintenance.test_crash import _normalised
+
+    synced = _catalog(work)
+    fresh = _catalog(work, f"fresh-{os.urandom(4).hex()}.db")
+    try:
+        sync_catalog(synced, root, full=True, workers=1)
+        rebuild_catalog(fresh, root, workers=1)
+        uri = open_file_manager(root).root_uri
+        if _normalised(synced.export(uri)) != _normalised(fresh.export(uri)):
+            return ["the catalog after a sync differs from a rebuild from the checkpoint location"]
+        return []
+    finally:
+        synced.close()
+        fresh.close()

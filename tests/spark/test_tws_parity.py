@@ -1,0 +1,175 @@
+"""transformWithState parity: the same processor on PySpark's own operator (RocksDB provider) and on
+statekeeper, over the same input files, batch by batch (Spark is the reference)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from store.spark import StatefulOperator
+from tests.spark.tws_processors import (
+    INPUT,
+    OUTPUT,
+    PANDAS_OUTPUT,
+    PageTally,
+    Sessions,
+    pyspark_page_tally,
+    pyspark_sessions,
+)
+
+T0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+# (user, page, seconds after T0) per file. Batch 3's u1 row at 1 s is behind the watermark (16 s) but not
+# behind the previous batch's (-1 s): Spark keeps it. Batch 4's u7 row at 10 s is behind the previous
+# batch's watermark (16 s): late, dropped and counted.
+FILES = [
+    [("u1", "a", 0), ("u2", "b", 1), ("u1", "b", 2)],
+    [("u1", "a", 4), ("u3", "c", 3)],
+    [("u2", "a", 20), ("u4", "d", 21)],
+    [("u1", "x", 1), ("u3", "c", 22), ("u5", "e", 30)],
+    [("u6", "f", 60), ("u7", "y", 10)],
+    [("u4", "a", 61)],
+]
+
+
+def _write_files(directory: Path) -> None:
+    directory.mkdir(parents=True)
+    for i, rows in enumerate(FILES):
+        path = directory / f"part-{i:05d}.parquet"
+        pq.write_table(
+            pa.table(
+                {
+                    "user": [u for u, _, _ in rows],
+                    "page": [p for _, p, _ in rows],
+                    "ts": pa.array([T0 + dt.timedelta(seconds=s) for _, _, s in rows], pa.timestamp("us", tz="UTC")),
+                }
+            ),
+            path,
+        )
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
+
+
+class _Collect:
+    def __init__(self) -> None:
+        self.batches: dict[int, list[tuple[Any, ...]]] = {}
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        self.batches[batch_id] = sorted(tuple(r) for r in df.collect())
+
+
+def _run(query: Any) -> list[Any]:
+    try:
+        assert query.awaitTermination(240), "query did not finish in time"
+        assert query.exception() is None, query.exception()
+        return list(query.recentProgress)
+    finally:
+        query.stop()
+
+
+def test_event_time_timers_watermark_initial_state_match_pyspark(spark: Any, tmp_path: Path) -> None:
+    inputs = tmp_path / "in"
+    _write_files(inputs)
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+    spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+    try:
+        initial = spark.createDataFrame([("u1", 100), ("u9", 7)], "user string, n long")
+
+        def stream() -> Any:
+            return (
+                spark.readStream.schema(INPUT)
+                .option("maxFilesPerTrigger", 1)
+                .parquet(str(inputs))
+                .withWatermark("ts", "5 seconds")
+            )
+
+        reference = _Collect()
+        tws = (
+            stream()
+            .groupBy("user")
+            .transformWithState(pyspark_sessions(), OUTPUT, "Append", "EventTime", initialState=initial.groupBy("user"))
+        )
+        progress = _run(
+            tws.writeStream.foreachBatch(reference)
+            .option("checkpointLocation", str(tmp_path / "ref-ckpt"))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+        ours = _Collect()
+        op = StatefulOperator(
+            (tmp_path / "state").as_uri(),
+            "sessions",
+            key="user",
+            processor=Sessions(),
+            output_schema=OUTPUT,
+            num_partitions=2,
+            time_mode="EventTime",
+            initial_state=initial.groupBy("user"),
+            sink=ours,
+        )
+        _run(op.start(stream(), str(tmp_path / "ckpt"), trigger={"availableNow": True}))
+    finally:
+        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
+        spark.conf.unset("spark.sql.streaming.noDataMicroBatches.enabled")
+
+    assert sorted(reference.batches) == list(range(len(FILES)))
+    for b in range(len(FILES)):
+        assert ours.batches[b] == reference.batches[b], f"batch {b}"
+    dropped = [p.num_rows_dropped_by_watermark for p in op.recent_progress]
+    assert dropped == [0, 0, 0, 0, 1, 0]
+    assert dropped == [p.stateOperators[0].numRowsDroppedByWatermark for p in progress if p.numInputRows]
+
+
+@pytest.mark.slow
+def test_pandas_flavour_time_mode_none_initial_state_match_pyspark(spark: Any, tmp_path: Path) -> None:
+    """transformWithStateInPandas, timeMode "None": map containsKey/removeKey, list put/appendList, pandas
+    initial state."""
+    inputs = tmp_path / "in"
+    _write_files(inputs)
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+    try:
+        seed = [("u1", 3, "drop"), ("u1", 4, "z"), ("u8", 1, "q")]
+        initial = spark.createDataFrame(seed, "user string, n long, page string")
+
+        def stream() -> Any:
+            return spark.readStream.schema(INPUT).option("maxFilesPerTrigger", 1).parquet(str(inputs))
+
+        reference = _Collect()
+        tws = (
+            stream()
+            .groupBy("user")
+            .transformWithStateInPandas(
+                pyspark_page_tally(), PANDAS_OUTPUT, "Append", "None", initialState=initial.groupBy("user")
+            )
+        )
+        _run(
+            tws.writeStream.foreachBatch(reference)
+            .option("checkpointLocation", str(tmp_path / "ref-ckpt"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        ours = _Collect()
+        op = StatefulOperator(
+            (tmp_path / "state").as_uri(),
+            "tally",
+            key="user",
+            processor=PageTally(),
+            output_schema=PANDAS_OUTPUT,
+            input_format="pandas",
+            time_mode="None",
+            initial_state=initial.groupBy("user"),
+            sink=ours,
+        )
+        _run(op.start(stream(), str(tmp_path / "ckpt"), trigger={"availableNow": True}))
+    finally:
+        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
+    assert sorted(reference.batches) == list(range(len(FILES)))
+    for b in range(len(FILES)):
+        assert ours.batches[b] == reference.batches[b], f"batch {b}"
