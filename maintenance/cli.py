@@ -133,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--every", type=_number, default=10.0, metavar="SECONDS", help="start a cycle this often")
     p.add_argument("--cycles", type=_positive_int, metavar="N", help="stop after N cycles (default: run until killed)")
     p.set_defaults(func=cmd_maintain)
+    from maintenance.relayout import add_commands
+
+    add_commands(sub, common, _positive_int, _emit, _maybe_catalog)
 
     cat = sub.add_parser("catalog", help="the lineage catalog")
     csub = cat.add_subparsers(dest="catalog_command", required=True, parser_class=_Parser)

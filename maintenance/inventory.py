@@ -437,6 +437,16 @@ class Inventory:
             self._committed = out
         return self._committed
 
+    def full_state_versions(self, store: StoreId) -> dict[int, str]:
+        """Version -> id of the committed full-state changelogs of `store` (a rescale or rollback wrote them)."""
+        out: dict[int, str] = {}
+        for v, rec in self.records.items():
+            if store.operator in rec.change:
+                cid = rec.checkpoint_id(store.operator, store.partition)
+                if cid is not None:
+                    out[v] = cid
+        return out
+
     def committed_ids(self, store: StoreId) -> dict[int, str]:
         """Version -> committed checkpoint id of `store`, from the commit records read."""
         return self._committed_map().get(store, {})

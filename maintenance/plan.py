@@ -55,6 +55,9 @@ class StorePlan:
     chain_length: int
     """Changelogs a load of `latest` replays."""
     intact_snapshots: dict[int, str] = field(default_factory=dict)
+    full_state: dict[int, str] = field(default_factory=dict)
+    """Committed full-state changelogs (a rescale or rollback wrote them): bases like snapshots, but
+    the base's own changelog is needed."""
     broken_snapshots: dict[int, str] = field(default_factory=dict)
     """Committed snapshots that cannot be restored (version -> why); loads repair around them."""
     needed: list[FileEntry] = field(default_factory=list)
@@ -80,7 +83,7 @@ class StorePlan:
 
     def base_for(self, version: int) -> int:
         """Version of the snapshot a load of `version` starts from (0: the empty version)."""
-        return max((v for v in self.intact_snapshots if v <= version), default=0)
+        return max((v for v in (*self.intact_snapshots, *self.full_state) if v <= version), default=0)
 
 
 def plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, *, now: float | None = None) -> StorePlan:
@@ -108,6 +111,7 @@ def plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, *,
             broken.append((v, f"snapshot {entry.path} is broken: {bad}"))
             continue
         plan.intact_snapshots[v] = cid
+    plan.full_state = {v: cid for v, cid in inv.full_state_versions(store).items() if (v, cid) in files.changelogs}
     unreadable = [
         (_manifest_version(files, path), f"cannot read {path}: {why}") for path, why in files.unreadable.items()
     ]
@@ -125,17 +129,19 @@ def plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, *,
             for v, cid in plan.intact_snapshots.items()
             if v <= newest and now - files.manifests[(v, cid)].mtime >= load_grace
         ]
-        b = max(settled, default=0)
-        plan.base = (b, plan.intact_snapshots[b]) if b else None
+        b = max([*settled, *(v for v in plan.full_state if v <= newest)], default=0)
+        plan.base = (b, plan.intact_snapshots.get(b) or plan.full_state[b]) if b else None
         if b != newest:
             plan.notes.append(
                 f"store {plan.store}: the snapshot at version {newest} is younger than load_grace_seconds; "
                 f"expiry keeps everything after version {b}"
             )
         s = plan.base_for(latest)
-        plan.snapshot = (s, plan.intact_snapshots[s]) if s else None
-        plan.chain_length = latest - s
+        plan.snapshot = (s, plan.intact_snapshots[s]) if s in plan.intact_snapshots else None
+        plan.chain_length = latest - s + (1 if s in plan.full_state and s not in plan.intact_snapshots else 0)
     needed_from = plan.base[0] if plan.base else 0
+    if plan.base is not None and plan.base[0] in plan.full_state and plan.base[0] not in plan.intact_snapshots:
+        needed_from -= 1  # a full-state base is its changelog
 
     def orphan(e: FileEntry, why: str) -> bool:
         """Deletable now if older than the grace period; returns whether it is."""
@@ -268,11 +274,16 @@ def _retain_from(plan: StorePlan, inv: Inventory, changelogs: dict[tuple[int, st
     """
     assert plan.latest is not None
     wanted = max(1, plan.latest - retain + 1)
+    first = min(plan.committed)
+    if first in plan.full_state:  # a store a rescale created: nothing before its first version
+        wanted = max(wanted, first)
     start = plan.base_for(wanted)
     loadable = {start: True}
     for v in range(start + 1, plan.latest + 1):
         cid = plan.committed.get(v)
-        loadable[v] = v in plan.intact_snapshots or (cid is not None and (v, cid) in changelogs and loadable[v - 1])
+        loadable[v] = v in plan.intact_snapshots or (
+            cid is not None and (v, cid) in changelogs and (loadable[v - 1] or v in plan.full_state)
+        )
     bad = [r for r in range(wanted, plan.latest + 1) if not loadable[r]]
     if not bad:
         return wanted
@@ -377,13 +388,18 @@ def _plan_batch_files(
     """
     expired: list[FileEntry] = []
     oldest = inv.oldest_record
+    newest = inv.records.get(inv.latest)
+    # A rescale or rollback commits a version without a batch, so batch b commits version b + 1 + shift;
+    # the newest shift is the largest, so using it for every file only ever keeps a file longer.
+    shift = max(0, newest.version - newest.batch - 1) if newest is not None else 0
     for e in sorted(inv.batch_files, key=lambda e: e.path):
         assert e.version is not None
-        if e.version > inv.latest:
+        version = e.version + shift
+        if version > inv.latest:
             in_flight.append((e, "batch not committed yet: the driver re-runs it on restart"))
-        elif e.version < floor:
+        elif version < floor:
             expired.append(e)
-        elif oldest is not None and e.version < oldest:
+        elif oldest is not None and version < oldest:
             orphan(e, "batch file below the oldest commit record")
     return expired
 

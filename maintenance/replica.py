@@ -22,7 +22,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO, cast
 
@@ -64,6 +64,7 @@ class Replica:
     """Read-only RocksDB copy of `store` in `directory` (created if missing)."""
 
     def __init__(self, fm: CheckpointFileManager, store: StoreId, directory: str) -> None:
+        self._full_state: frozenset[int] = frozenset()
         self.fm = fm
         self.store = store
         self.dir = os.path.abspath(directory)
@@ -198,19 +199,29 @@ class Replica:
         checkpoint_id: str,
         committed: Mapping[int, str],
         snapshots: Mapping[int, SnapshotManifest],
+        full_state: Collection[int] = (),
     ) -> BuildStats:
         """Hold committed `(version, checkpoint_id)`.
 
         `committed` maps versions to committed ids (at least those after the base); `snapshots` the
-        intact committed snapshots to start a cold build from. Warm when the held version is an
-        ancestor of the target: then only the changelogs after it are replayed.
+        intact committed snapshots to start a cold build from; `full_state` the versions whose
+        changelogs hold their whole state (a rescale or rollback wrote them: a chain starts there).
+        Warm when the held version is an ancestor of the target: then only the changelogs after it
+        are replayed.
         """
+        start = max((f for f in full_state if f <= version), default=0)
+        self._full_state = frozenset(full_state)
         t0 = time.perf_counter()
         target = (version, checkpoint_id)
         if self.state == target and self._db is not None:
             return BuildStats(True, None, 0, 0, time.perf_counter() - t0)
         held = self.state
-        if held is not None and self._db is not None and held[0] < version and committed.get(held[0]) == held[1]:
+        if (
+            held is not None
+            and self._db is not None
+            and start <= held[0] < version
+            and committed.get(held[0]) == held[1]
+        ):
             try:
                 n, records = self._replay_range(held[0], version, committed)
             except (FileNotFoundError, CorruptFileError, LineageError) as e:
@@ -219,11 +230,11 @@ class Replica:
                 self.state = target
                 self._save_marker()
                 return BuildStats(True, None, n, records, time.perf_counter() - t0)
-        base = self._restore_newest_sound(version, snapshots)
+        base = self._restore_newest_sound(version, {v: m for v, m in snapshots.items() if v >= start})
         os.makedirs(self.db_dir, exist_ok=True)
         self._open_db()
         try:
-            n, records = self._replay_range(base, version, committed)
+            n, records = self._replay_range(max(base, start - 1), version, committed)
         except BaseException:
             self._discard()
             raise
@@ -255,7 +266,8 @@ class Replica:
             cid = committed.get(v)
             if cid is None:
                 raise LineageError(f"version {v} of store {self.store} is not committed (no commit record names it)")
-            records += self._replay(v, cid, committed.get(v - 1) if v > 1 else None)
+            full = v in self._full_state
+            records += self._replay(v, cid, committed.get(v - 1) if v > 1 and not full else None)
         return end - start, records
 
     def _open_changelog(self, path: str, v: int) -> tuple[BinaryIO, str | None]:

@@ -290,7 +290,7 @@ def _snapshot_store(
             if repair is not None:
                 log.warning("store %s: %s; writing a fresh snapshot from a cold build", store, repair)
                 replica.reset()  # a warm copy may share the damaged files (hard links on local disk)
-            stats = replica.ensure(plan.latest, plan.latest_id, plan.committed, snapshots)
+            stats = replica.ensure(plan.latest, plan.latest_id, plan.committed, snapshots, plan.full_state)
             lease.check()
             try:
                 result = replica.snapshot(set(files.ssts), corrupt_ssts(fm.root_uri, store))

@@ -136,7 +136,8 @@ def _verify_store(
     if plan.latest is None or plan.retain_from is None:
         return res
     committed = plan.committed
-    source = InventoryPlanSource(store, committed, {k for k in files.manifests if committed.get(k[0]) == k[1]})
+    snapshots = {k for k in files.manifests if committed.get(k[0]) == k[1]}
+    source = InventoryPlanSource(store, committed, snapshots, plan.full_state)
     bases: dict[int, int] = {}
     repairs: dict[int, str] = {}  # broken snapshot version -> how loads repair around it
     lowest = plan.latest
@@ -148,7 +149,11 @@ def _verify_store(
             res.errors.append(f"store {store}: the commit record of retained version {r} is missing or unreadable")
     res.versions = plan.latest - plan.retain_from + 1
     res.row["base_version"] = bases[plan.retain_from]
-    needed = {v for r, b in bases.items() for v in range(max(b, 0) + 1, r + 1)}
+
+    def first_needed(r: int, b: int) -> int:  # a full-state changelog (rescale, rollback) starts a chain
+        return max(b + 1, 1, *(f for f in plan.full_state if f <= r))
+
+    needed = {v for r, b in bases.items() for v in range(first_needed(r, b), r + 1)}
     work = tempfile.mkdtemp(prefix="statekeeper-verify-")
     try:
         for v in sorted(needed):
@@ -218,10 +223,17 @@ class InventoryPlanSource:
     snapshots are the committed manifests listed.
     """
 
-    def __init__(self, store: StoreId, committed: dict[int, str], snapshots: set[tuple[int, str]]) -> None:
+    def __init__(
+        self,
+        store: StoreId,
+        committed: dict[int, str],
+        snapshots: set[tuple[int, str]],
+        full_state: Iterable[int] = (),
+    ) -> None:
         self.store = store
         self._committed = committed
         self._snapshots = snapshots
+        self._full_state = set(full_state)
 
     def committed_id(self, version: int) -> str:
         cid = self._committed.get(version)
@@ -231,11 +243,15 @@ class InventoryPlanSource:
 
     def read_lineage(self, version: int, checkpoint_id: str) -> Lineage:
         out: list[tuple[int, str]] = []
+        if version in self._full_state:
+            return ()  # a full-state changelog starts its own lineage
         for u in range(version - 1, max(0, version - 1 - _LINEAGE_CHUNK), -1):
             cid = self._committed.get(u)
             if cid is None:
                 break
             out.append((u, cid))
+            if u in self._full_state:
+                break
         return tuple(out)
 
     def list_snapshots(self) -> set[tuple[int, str]]:
@@ -265,7 +281,7 @@ def _verify_changelog(
         h = reader.header
         if (h.operator, h.partition, h.version, h.checkpoint_id) != (store.operator, store.partition, version, cid):
             raise CorruptFileError("changelog header does not match its name", name)
-        if version > 1 and (not h.lineage or h.lineage[0][0] != version - 1):
+        if version > 1 and h.lineage and h.lineage[0][0] != version - 1:
             raise LineageError(f"changelog lineage does not start at version {version - 1}: {name}")
         for u, uid in h.lineage:
             if u in committed and committed[u] != uid:
@@ -330,7 +346,7 @@ def _rebuild_and_compare(
     def replay(target: int, bases: dict[int, Any], tag: str) -> tuple[int, str]:
         r = Replica(fm, store, os.path.join(work, tag))
         try:
-            r.ensure(target, plan.committed[target], plan.committed, bases)
+            r.ensure(target, plan.committed[target], plan.committed, bases, plan.full_state)
             return _digest_of(r)
         finally:
             r.destroy()

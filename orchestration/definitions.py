@@ -14,6 +14,7 @@ from orchestration.assets import ORPHANS, RETAINED, SNAPSHOTS, build_assets
 from orchestration.checks import build_checks
 from orchestration.config import OrchestrationConfig
 from orchestration.jobs import build_jobs
+from orchestration.relayout_jobs import relayout_jobs
 from orchestration.resources import build_resources
 from orchestration.schedules import build_schedules
 from orchestration.sensors import build_checkpoint_sensor, build_failure_sensor
@@ -33,7 +34,7 @@ def build_definitions(
     return Definitions(
         assets=build_assets(partitions),
         asset_checks=build_checks(partitions),
-        jobs=list(jobs.values()),
+        jobs=[*jobs.values(), *relayout_jobs()],
         sensors=[build_checkpoint_sensor(config, jobs[SNAPSHOTS]), build_failure_sensor(config)],
         schedules=build_schedules(config, partitions, jobs[RETAINED], jobs[ORPHANS]),
         resources=resources if resources is not None else build_resources(config),

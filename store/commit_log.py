@@ -12,6 +12,7 @@ from store.errors import CheckpointFileExistsError, ConfigurationError, LineageE
 from store.files.base import CheckpointFileManager
 from store.files.paths import validate_component
 from store.formats.commit import CommitRecord
+from store.key_groups import KeyGroupLayout
 from store.layout import COMMITS_DIR, commit_path, parse_commit_name, validate_checkpoint_id, validate_version
 
 
@@ -23,12 +24,22 @@ class CommitLog:
     def _name(self, version: int) -> str:
         return f"{self._fm.root_uri}/{commit_path(version)}"
 
-    def commit(self, version: int, checkpoint_ids: Mapping[str, Sequence[str]]) -> CommitRecord:
+    def commit(
+        self,
+        version: int,
+        checkpoint_ids: Mapping[str, Sequence[str]],
+        *,
+        layouts: Mapping[str, KeyGroupLayout] | None = None,
+        batch_id: int | None = None,
+        change: Mapping[str, str] | None = None,
+    ) -> CommitRecord:
         """Publish version `version`: the winning checkpoint id of every partition of every operator.
 
         Idempotent for the same outcome (a driver retrying after a crash); a different outcome for
-        an already committed version raises and leaves the existing record untouched. The number of
-        partitions of an operator is fixed by its first commit.
+        an already committed version raises and leaves the existing record untouched. An operator
+        keeps the partition count and layout of the previous version (carried forward when `layouts`
+        does not name it) unless this commit is a rescale (`change` says ``rescale`` for it), which
+        names its new layout. `batch_id` defaults to the previous record's batch + 1.
         """
         validate_version(version)
         if version < 1:
@@ -39,18 +50,27 @@ class CommitLog:
             ids[op] = tuple(validate_checkpoint_id(i) for i in lst)
             if not ids[op]:
                 raise ConfigurationError(f"operator {op!r} has no partitions in the commit of version {version}")
+        lays = dict(layouts or {})
+        changes = dict(change or {})
+        batch = batch_id
         if version > 1:
             prev = self.get(version - 1)
             if prev is None:
                 raise LineageError(f"cannot commit version {version}: version {version - 1} is not committed")
+            if batch is None and prev.batch != version - 2:
+                batch = prev.batch + 1
             for op, lst in ids.items():
                 before = prev.checkpoint_ids.get(op)
-                if before is not None and len(before) != len(lst):
+                if op not in lays and op in prev.layouts and prev.layouts[op].partitions == len(lst):
+                    lays[op] = prev.layouts[op]
+                if before is not None and len(before) != len(lst) and changes.get(op) not in ("rescale", "rollback"):
                     raise ConfigurationError(
-                        f"operator {op!r} has {len(before)} partitions (fixed at its first batch); "
+                        f"operator {op!r} has {len(before)} partitions (changed only by a rescale); "
                         f"the commit of version {version} names {len(lst)}"
                     )
-        record = CommitRecord(version, ids)
+        if batch == version - 1:
+            batch = None
+        record = CommitRecord(version, ids, layouts=lays, batch_id=batch, change=changes)
         try:
             with self._fm.create(commit_path(version), exclusive=True) as out:
                 out.write(record.to_bytes())

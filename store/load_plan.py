@@ -44,7 +44,8 @@ class LoadSource(Enum):
     SNAPSHOT = "snapshot"
     """Restore the base snapshot, then replay."""
     EMPTY = "empty"
-    """Start from the empty version 0, then replay every changelog from version 1."""
+    """Start from the empty state, then replay every changelog from version 1, or from the newest
+    full-state changelog on the lineage (one with an empty lineage, written by a rescale or rollback)."""
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,7 @@ def _walk(
         if depth >= len(lineage):  # capped lineage: one more header read
             more = source.read_lineage(*top)
             if not more:
-                raise LineageError(f"lineage of store {store} ends at version {top[0]} with no snapshot")
+                break  # a full-state changelog (written by a rescale or a rollback): replay from empty
             lineage.extend(more)
         entry = lineage[depth]
         if entry[0] != top[0] - 1:

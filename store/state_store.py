@@ -29,6 +29,7 @@ from store.loading import LoadMetrics, PlanExecution
 from store.rocks import (
     DEFAULT_CF,
     db_options,
+    open_db,
     relieve_memory_pressure,
     track_memtable,
     untrack_memtables,
@@ -318,6 +319,24 @@ class StateStore(PlanExecution):
         self.last_load = replace(metrics, load_ms=(time.perf_counter() - t0) * 1000)
         return self
 
+    def begin_full_state(self, version: int) -> StateStore:
+        """Open an empty store whose next commit (``version + 1``) is a full-state changelog.
+
+        Its header has an empty lineage, so a load of it or of any later version on it replays from
+        the empty state starting there: a rescale or a rollback writes each new partition this way
+        and names the result in a commit record of its own (docs/formats.md, "Full-state changelogs").
+        """
+        validate_version(version)
+        if self._writer is not None:
+            self.abort()
+        self._discard_local()
+        self._db = open_db(self._db_dir, self._cfs)
+        for name in rd.Rdict.list_cf(self._db_dir, db_options()):
+            self._make_cf(name)
+        self._start_attempt(version, "", full_state=True)
+        self.last_plan = None
+        return self
+
     def plan_load(self, version: int, checkpoint_id: str | None = None) -> LoadPlan:
         """Resolve (without executing) how `load(version, checkpoint_id)` would rebuild the state."""
         validate_version(version)
@@ -466,9 +485,9 @@ class StateStore(PlanExecution):
         self._writer.append_block(cf, keys, values)
         relieve_memory_pressure()
 
-    def _start_attempt(self, version: int, checkpoint_id: str) -> None:
+    def _start_attempt(self, version: int, checkpoint_id: str, *, full_state: bool = False) -> None:
         self._loaded = (version, checkpoint_id)
-        lineage: Lineage = ((version, checkpoint_id), *self._lineage) if version > 0 else ()
+        lineage: Lineage = ((version, checkpoint_id), *self._lineage) if version > 0 and not full_state else ()
         if self.config.snapshot_check_interval and self._commits_since_check >= self.config.snapshot_check_interval:
             lineage = self._truncate_at_snapshot(lineage)
             self._commits_since_check = 0

@@ -10,8 +10,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from store.errors import CorruptFileError
+from store.errors import ConfigurationError, CorruptFileError
 from store.formats.framing import decode_whole_frame, encode_frame, require
+from store.key_groups import KeyGroupLayout
 
 MAGIC = b"SKCR"
 FORMAT_VERSION = 1
@@ -24,6 +25,26 @@ class CommitRecord:
     version: int
     checkpoint_ids: dict[str, tuple[str, ...]]  # operator -> id per partition
     created_at: float = field(default_factory=time.time)
+    layouts: dict[str, KeyGroupLayout] = field(default_factory=dict)
+    """Operator -> its key-group layout at this version (absent: a legacy operator without one)."""
+    batch_id: int | None = None
+    """The streaming batch whose output this state follows; None means ``version - 1``. A rescale or a
+    rollback commits a version without running a batch, so it repeats the batch id it re-lays out."""
+    change: dict[str, str] = field(default_factory=dict)
+    """Operator -> ``rescale`` or ``rollback`` when this version changed its layout or its head."""
+
+    def __post_init__(self) -> None:
+        for op, layout in self.layouts.items():
+            ids = self.checkpoint_ids.get(op)
+            if ids is None or len(ids) != layout.partitions:
+                raise ConfigurationError(
+                    f"the layout of operator {op!r} at version {self.version} has {layout.partitions} partitions, "
+                    f"the record names {0 if ids is None else len(ids)}"
+                )
+
+    @property
+    def batch(self) -> int:
+        return self.version - 1 if self.batch_id is None else self.batch_id
 
     def checkpoint_id(self, operator: str, partition: int) -> str | None:
         ids = self.checkpoint_ids.get(operator)
@@ -34,14 +55,23 @@ class CommitRecord:
     def to_bytes(self) -> bytes:
         payload: dict[str, Any] = {
             "version": self.version,
-            "batch_id": self.version - 1,
+            "batch_id": self.batch,
             "created_at": self.created_at,
             "operators": {op: list(ids) for op, ids in sorted(self.checkpoint_ids.items())},
         }
+        if self.layouts:
+            payload["layouts"] = {op: lay.to_json() for op, lay in sorted(self.layouts.items())}
+        if self.change:
+            payload["change"] = dict(sorted(self.change.items()))
         return encode_frame(MAGIC, FORMAT_VERSION, payload)
 
     def same_outcome(self, other: CommitRecord) -> bool:
-        return self.version == other.version and self.checkpoint_ids == other.checkpoint_ids
+        return (
+            self.version == other.version
+            and self.checkpoint_ids == other.checkpoint_ids
+            and self.layouts == other.layouts
+            and self.batch == other.batch
+        )
 
     @classmethod
     def from_bytes(cls, data: bytes, name: str) -> CommitRecord:
@@ -54,4 +84,24 @@ class CommitRecord:
                 raise CorruptFileError(f"operator {op!r} has a malformed checkpoint id list", name)
             ids[op] = tuple(lst)
         created = payload.get("created_at", 0.0)
-        return cls(version, ids, float(created) if isinstance(created, int | float) else 0.0)
+        batch = payload.get("batch_id", version - 1)
+        if not isinstance(batch, int) or batch < -1:
+            raise CorruptFileError(f"malformed batch_id {batch!r}", name)
+        layouts: dict[str, KeyGroupLayout] = {}
+        raw_layouts = payload.get("layouts", {})
+        change = payload.get("change", {})
+        if not isinstance(raw_layouts, dict) or not isinstance(change, dict):
+            raise CorruptFileError("malformed layouts or change", name)
+        try:
+            for op, lay in raw_layouts.items():
+                layouts[op] = KeyGroupLayout(int(lay["partitions"]), int(lay["max_key_groups"]))
+            return cls(
+                version,
+                ids,
+                float(created) if isinstance(created, int | float) else 0.0,
+                layouts,
+                None if batch == version - 1 else batch,
+                {str(k): str(v) for k, v in change.items()},
+            )
+        except (KeyError, TypeError, ValueError, ConfigurationError) as e:
+            raise CorruptFileError(f"malformed layout: {e}", name) from None

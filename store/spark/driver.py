@@ -35,6 +35,7 @@ from store.commit_log import CommitLog
 from store.errors import CheckpointFileExistsError, CheckpointFileNotFoundError, ConfigurationError, StatekeeperError
 from store.files import CheckpointFileManager, open_file_manager
 from store.files.paths import validate_component
+from store.key_groups import KeyGroupLayout
 from store.layout import StoreId, batch_path
 from store.spark.api import BatchStatefulProcessor, StatefulProcessor
 from store.spark.connect import initial_state_unsupported, is_connect_dataframe, progress_unavailable
@@ -42,6 +43,8 @@ from store.spark.event_time import EventTime, TaskTime, WatermarkLog, parse_dela
 from store.spark.executor import MARKER_COL, META_COL, PID_COL, FileManagerFactory, TaskSpec, run_task
 from store.spark.initial_state import collect_initial_state, initial_state_frame
 from store.spark.metrics import BatchProgress, PartitionMetrics
+from store.spark.restart import read_head, rescale_at_restart
+from store.spark.routing import owner_column, routable
 from store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from store.spark.state import check_max_key_groups
 from store.spark.task_input import DEFAULT_INPUT_BUDGET_BYTES
@@ -176,8 +179,12 @@ class StatefulOperator:
         self._partitions: int | None = None
         self._next_batch: int | None = None
         self._route_cache: dict[int, list[int]] = {}
-        self._plan_parts: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
+        self._plan_parts: dict[tuple[str, int, KeyGroupLayout | None], tuple[Any, Any, Any]] = {}
         self._struct: StructType | None = None
+        self._shift = 0
+        self._layout: KeyGroupLayout | None = None
+        self._rescale_pending = False
+        self._last_rescale: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """Spark Connect pickles the foreachBatch function (this operator) to run it in the server's Python
@@ -230,7 +237,7 @@ class StatefulOperator:
         n = self._partitions
         assert n is not None
         ts = self._batch_timestamp(batch_id, n)
-        version, target = batch_id, batch_id + 1
+        version, target = batch_id + self._shift, batch_id + self._shift + 1
         already = self.commit_log.get(target) is not None
         base: dict[str, Any] = dict(
             operator=self.name,
@@ -239,7 +246,9 @@ class StatefulOperator:
             async_checkpoint=self.async_checkpoint,
             num_partitions=n,
             batch_timestamp_ms=ts,
+            rescale=self._last_rescale,
         )
+        self._last_rescale = None
         if already and self.sink is None:
             log.info("statekeeper %s: batch %d is already committed; nothing to do", self.name, batch_id)
             self._next_batch = batch_id + 1
@@ -311,7 +320,7 @@ class StatefulOperator:
             self._record_event_time(batch_id, task_time, max_event_before, metas)
             if spec.commit:
                 ids = [m.checkpoint_id or "" for m in metas]
-                self._write_commit_record(target, ids)
+                self._write_commit_record(target, ids, batch_id)
             commit_record_ms = (time.perf_counter() - t_rec) * 1000
             progress = self._progress(
                 base, "commit" if spec.commit else "replay", metas, attempt, job_ms, upload_wait_ms, commit_record_ms
@@ -359,12 +368,14 @@ class StatefulOperator:
     def _initial_rows(self, df: DataFrame, n: int) -> Any:
         if self.initial_state is None or isinstance(self.processor, BatchStatefulProcessor):
             return None
-        return collect_initial_state(self.initial_state, df, self.key, self._partition_column(n), PID_COL)
+        return collect_initial_state(self.initial_state, df, self.key, self._partition_column(n, df.schema), PID_COL)
 
-    def _partition_column(self, n: int) -> Any:
+    def _partition_column(self, n: int, schema: StructType) -> Any:
         from pyspark.sql import functions as sf
 
-        return sf.pmod(sf.hash(*[sf.col(k) for k in self.key]), sf.lit(n)).cast("int")
+        if self._layout is not None:  # the partition owning the row's key group
+            return owner_column(schema, self.key, self._layout)
+        return sf.pmod(sf.hash(*[sf.col(k) for k in self.key]), sf.lit(n)).cast("int")  # legacy: Spark's hash
 
     def _prepare(self, spark: SparkSession, df: DataFrame, batch_id: int) -> None:
         if self._struct is None:
@@ -375,41 +386,35 @@ class StatefulOperator:
             missing = [k for k in self.key if k not in df.columns]
             if missing:
                 raise ConfigurationError(f"key columns {missing} are not in the input columns {df.columns}")
-        if self._next_batch == batch_id and self._partitions is not None:
+        if self._next_batch == batch_id and self._partitions is not None and not self._rescale_pending:
             return
-        latest = self.commit_log.latest()
-        if latest not in (batch_id, batch_id + 1):
-            if latest < batch_id:
-                raise ConfigurationError(
-                    f"statekeeper operator {self.name!r} in {self.fm.root_uri} has state up to version {latest}, but "
-                    f"Spark asks for batch {batch_id}: the state root is behind the query's checkpoint (a new or "
-                    "replaced state root for an existing query?). Use a fresh Spark checkpoint location with it."
-                )
-            raise ConfigurationError(
-                f"statekeeper operator {self.name!r} in {self.fm.root_uri} has state up to version {latest}, but "
-                f"Spark asks for batch {batch_id}: the query's checkpoint is behind the state root (a new or "
-                "reset Spark checkpoint location?). Use the matching Spark checkpoint or a fresh state root."
-            )
-        recorded: int | None = None
-        if latest > 0:
-            record = self.commit_log.get(latest)
-            assert record is not None
-            ids = record.checkpoint_ids.get(self.name)
-            if ids is None or len(record.checkpoint_ids) != 1:
-                raise ConfigurationError(
-                    f"the commit records in {self.fm.root_uri} belong to operators {sorted(record.checkpoint_ids)}; "
-                    f"use one state root per operator (not {self.name!r})"
-                )
-            recorded = len(ids)
+        head = read_head(self.commit_log, self.fm, self.name, batch_id)
+        self._shift = head.shift
+        layout, recorded = head.layout, head.partitions
         if recorded is None:
             recorded = self._intent_partitions(batch_id)
-        if recorded is not None and recorded != self.num_partitions:
-            log.warning(
-                "statekeeper %s: the state has %d partitions (fixed at its first batch); ignoring num_partitions=%d",
-                self.name,
-                recorded,
-                self.num_partitions,
-            )
+        self._rescale_pending = False
+        if head.record is not None and recorded != self.num_partitions:
+            if head.rerun:
+                self._rescale_pending = True  # the re-run recomputes its output on the layout it ran on
+            elif layout is None or self.num_partitions > layout.max_key_groups:
+                log.warning(
+                    "statekeeper %s: the state has %d partitions in a layout that cannot be rescaled (legacy, or more "
+                    "partitions than its key groups); ignoring num_partitions=%d",
+                    self.name,
+                    recorded,
+                    self.num_partitions,
+                )
+            else:
+                result = rescale_at_restart(self.fm, self.name, self.num_partitions, self.store_config)
+                self._last_rescale = result.to_json()
+                self._shift += 1
+                layout, recorded = result.plan.target_layout, self.num_partitions
+        elif head.record is None:
+            n = recorded or self.num_partitions
+            routable_keys = routable(df.schema, self.key) and n <= self.max_key_groups
+            layout = KeyGroupLayout(n, self.max_key_groups) if routable_keys else None
+        self._layout = layout
         self._partitions = recorded or self.num_partitions
         self._next_batch = batch_id
 
@@ -481,7 +486,7 @@ class StatefulOperator:
     def _plan(self, spark: SparkSession, df: DataFrame, n: int) -> DataFrame:
         from pyspark.sql import functions as sf
 
-        schema_key = (df.schema.json(), n)
+        schema_key = (df.schema.json(), n, self._layout)
         cached = self._plan_parts.get(schema_key)
         if cached is None:
             markers = spark.range(n).select(
@@ -489,7 +494,7 @@ class StatefulOperator:
                 sf.col("id").cast("int").alias(PID_COL),
                 sf.lit(True).alias(MARKER_COL),
             )
-            pid = self._partition_column(n).alias(PID_COL)
+            pid = self._partition_column(n, df.schema).alias(PID_COL)
             route = sf.element_at(sf.array(*[sf.lit(r) for r in self._routes(spark, n)]), sf.col(PID_COL) + 1)
             cached = self._plan_parts[schema_key] = (markers, pid, route)
         markers, pid, route = cached
@@ -527,9 +532,10 @@ class StatefulOperator:
             time.sleep(delay)
             delay = min(delay * 2, 0.25)
 
-    def _write_commit_record(self, version: int, ids: list[str]) -> None:
+    def _write_commit_record(self, version: int, ids: list[str], batch_id: int) -> None:
+        layouts = {self.name: self._layout} if self._layout is not None else {}
         try:
-            self.commit_log.commit(version, {self.name: ids})
+            self.commit_log.commit(version, {self.name: ids}, layouts=layouts, batch_id=batch_id)
         except CheckpointFileExistsError as e:
             raise StatekeeperError(
                 f"version {version} of {self.name!r} in {self.fm.root_uri} was committed by someone else with "

@@ -91,6 +91,9 @@ class BatchProgress:
     num_rows_dropped_by_watermark: int = 0
     """Late input rows dropped before the processor saw them, as Spark's numRowsDroppedByWatermark."""
     partitions: list[PartitionMetrics] = field(default_factory=list)
+    rescale: dict[str, Any] | None = None
+    """When the operator was rescaled at this restart: what moved and how long it took
+    (`store.rescale.RelayoutResult.to_json`)."""
 
     @property
     def repaired_snapshots(self) -> int:
@@ -120,6 +123,8 @@ class BatchProgress:
                 "repairedSnapshots": self.repaired_snapshots,
                 "numTtlRemoved": self.ttl_removed,
                 "numTimersFired": self.timers_fired,
+                "rescaleMs": round(1000 * float(self.rescale["seconds"])) if self.rescale else 0,
+                "rescaleMovedKeyGroups": int(self.rescale["moved_key_groups"]) if self.rescale else 0,
             },
         }
 

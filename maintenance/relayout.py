@@ -1,0 +1,196 @@
+"""Offline rescale and rollback of an operator (``statekeeper rescale`` / ``statekeeper rollback``).
+
+Both commit one new version of the operator while its query is stopped (store/rescale.py does the
+copy and the atomic commit): a rescale re-lays out the head over a new partition count, moving key
+groups by range; a rollback makes a retained older version the head again as a new version (a new
+branch of the lineage; later versions stay readable until expiry removes them). They refuse while a
+writer looks alive (its newest commit record is younger than ``idle_seconds``; ``force`` overrides),
+and hold the maintenance lease of every store they read or write, so no maintenance run expires the
+source state under them. A concurrent commit of the same version by a writer makes the exclusive
+commit record fail and nothing changes: the copies become orphans for ``clean-orphans``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any
+
+from maintenance.leasing import store_lease
+from maintenance.settings import MaintenanceSettings
+from store.commit_log import CommitLog
+from store.files import open_file_manager
+from store.layout import StoreId
+from store.rescale import RelayoutPlan, RelayoutResult, RescaleError, execute_relayout, plan_rescale, plan_rollback
+from store.spark.rescale_rules import TypedStateKeys
+
+if TYPE_CHECKING:
+    from sql.catalog import Catalog
+
+log = logging.getLogger(__name__)
+
+DEFAULT_IDLE_SECONDS = 60.0
+"""How long the newest commit must be ago before an offline rescale or rollback starts."""
+
+
+def check_writer_idle(root: str, idle_seconds: float, *, now: float | None = None) -> None:
+    """Raise `RescaleError` when the newest commit record is younger than `idle_seconds`."""
+    commits = CommitLog(open_file_manager(root))
+    latest = commits.latest()
+    record = commits.get(latest) if latest else None
+    if record is None:
+        return
+    age = (time.time() if now is None else now) - record.created_at
+    if age < idle_seconds:
+        raise RescaleError(
+            f"version {latest} of {root} was committed {age:.0f}s ago (< {idle_seconds:.0f}s): a query may still be "
+            "writing. Stop it first, or pass --force (--idle-seconds) if it is stopped"
+        )
+
+
+def relayout(
+    root: str,
+    plan: RelayoutPlan,
+    *,
+    settings: MaintenanceSettings | None = None,
+    catalog: Catalog | None = None,
+    dry_run: bool = False,
+    workers: int = 4,
+) -> RelayoutResult:
+    """Execute `plan` under the maintenance leases of every store it reads or writes."""
+    if dry_run:
+        return RelayoutResult(plan)
+    settings = settings or MaintenanceSettings.from_env()
+    fm = open_file_manager(root)
+    partitions = max(len(plan.source_ids), plan.target_layout.partitions if plan.target_layout else 0)
+    with ExitStack() as leases:
+        for p in range(partitions):
+            leases.enter_context(store_lease(fm.root_uri, StoreId(plan.operator, p), settings, catalog))
+        return execute_relayout(fm, plan, rules=TypedStateKeys(), workers=workers)
+
+
+def rescale(
+    root: str,
+    operator: str,
+    partitions: int,
+    *,
+    max_key_groups: int | None = None,
+    dry_run: bool = False,
+    idle_seconds: float = DEFAULT_IDLE_SECONDS,
+    workers: int = 4,
+    settings: MaintenanceSettings | None = None,
+    catalog: Catalog | None = None,
+) -> RelayoutResult:
+    """Commit the head of `operator` re-laid out over `partitions` partitions (the query stopped)."""
+    fm = open_file_manager(root)
+    plan = plan_rescale(fm, operator, partitions, max_key_groups=max_key_groups, rules=TypedStateKeys())
+    if plan.source_layout == plan.target_layout:
+        raise RescaleError(f"operator {operator!r} in {fm.root_uri} already has {partitions} partitions")
+    if not dry_run:
+        check_writer_idle(root, idle_seconds)
+    return relayout(root, plan, settings=settings, catalog=catalog, dry_run=dry_run, workers=workers)
+
+
+def rollback(
+    root: str,
+    operator: str,
+    to_version: int,
+    *,
+    dry_run: bool = False,
+    idle_seconds: float = DEFAULT_IDLE_SECONDS,
+    workers: int = 4,
+    settings: MaintenanceSettings | None = None,
+    catalog: Catalog | None = None,
+) -> RelayoutResult:
+    """Make retained `to_version` of `operator` the head again, as a new version (the query stopped)."""
+    plan = plan_rollback(open_file_manager(root), operator, to_version)
+    if not dry_run:
+        check_writer_idle(root, idle_seconds)
+    return relayout(root, plan, settings=settings, catalog=catalog, dry_run=dry_run, workers=workers)
+
+
+# -- command line (registered by maintenance.cli) ---------------------------------------------------
+
+
+def add_commands(sub: Any, common: argparse.ArgumentParser, positive_int: Any, emit: Any, maybe_catalog: Any) -> None:
+    """Register ``rescale`` and ``rollback``; `emit` and `maybe_catalog` are the CLI's output and catalog helpers."""
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument("root", help="checkpoint root: a local path, file:// or s3://bucket/prefix")
+    shared.add_argument("--operator", required=True, help="the operator's name")
+    shared.add_argument("--dry-run", action="store_true", help="print the plan; change nothing")
+    shared.add_argument("--no-catalog", action="store_true", help="leases as host-local lock files")
+    shared.add_argument("--workers", type=positive_int, default=4, help="source partitions read at once")
+    shared.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=DEFAULT_IDLE_SECONDS,
+        help="refuse while the newest commit is younger than this (a writer may be running)",
+    )
+    shared.add_argument("--force", action="store_true", help="skip the running-writer check")
+    p = sub.add_parser("rescale", parents=[common, shared], help="change an operator's partition count (offline)")
+    p.add_argument("--partitions", type=positive_int, required=True, help="the new partition count")
+    p.add_argument("--max-key-groups", type=positive_int, help="key groups of a legacy operator without a layout")
+    p.set_defaults(func=cmd_rescale, emit=emit, maybe_catalog=maybe_catalog)
+    p = sub.add_parser("rollback", parents=[common, shared], help="make a retained version the head again")
+    p.add_argument("--to-version", type=positive_int, required=True, help="the retained version to restart from")
+    p.set_defaults(func=cmd_rollback, emit=emit, maybe_catalog=maybe_catalog)
+
+
+def _run(args: argparse.Namespace, run: Any) -> int:
+
+    idle = 0.0 if args.force else args.idle_seconds
+    with args.maybe_catalog(args) as catalog:
+        result: RelayoutResult = run(idle, catalog)
+    doc = {**result.to_json(), "dry_run": args.dry_run, "plan": result.plan.describe()}
+    args.emit(
+        args,
+        doc,
+        lambda: (
+            result.plan.describe()
+            + (
+                ""
+                if args.dry_run
+                else (
+                    f"\ncommitted version {result.plan.new_version}: {result.records} records, "
+                    f"{result.bytes_written} bytes written in {result.seconds:.2f}s"
+                )
+            )
+        ),
+    )
+    return 0
+
+
+def cmd_rescale(args: argparse.Namespace) -> int:
+    return _run(
+        args,
+        lambda idle, catalog: rescale(
+            args.root,
+            args.operator,
+            args.partitions,
+            max_key_groups=args.max_key_groups,
+            dry_run=args.dry_run,
+            idle_seconds=idle,
+            workers=args.workers,
+            catalog=catalog,
+        ),
+    )
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    return _run(
+        args,
+        lambda idle, catalog: rollback(
+            args.root,
+            args.operator,
+            args.to_version,
+            dry_run=args.dry_run,
+            idle_seconds=idle,
+            workers=args.workers,
+            catalog=catalog,
+        ),
+    )
+
+
+__all__ = ["add_commands", "check_writer_idle", "relayout", "rescale", "rollback"]

@@ -1,0 +1,93 @@
+"""Dagster jobs for planned layout changes: ``rescale_job`` and ``rollback_job``.
+
+Launched by hand (the UI's launchpad or ``dagster job launch``) with the same settings as
+``statekeeper rescale`` / ``statekeeper rollback``, while the query is stopped; they run
+`maintenance.relayout` and report what moved as output metadata (numbers the UI plots).
+"""
+
+
+from typing import Any, Optional
+
+from dagster import Config, JobDefinition, MetadataValue, OpExecutionContext, job, op
+
+from maintenance.relayout import DEFAULT_IDLE_SECONDS, rescale, rollback
+from store.rescale import RelayoutResult
+
+KIND_TAG = "statekeeper/kind"
+
+
+class RescaleConfig(Config):
+    root: str
+    operator: str
+    partitions: int
+    max_key_groups: Optional[int] = None  # noqa: UP045 - Dagster config resolves typing.Optional
+    dry_run: bool = False
+    idle_seconds: float = DEFAULT_IDLE_SECONDS
+    workers: int = 4
+
+
+class RollbackConfig(Config):
+    root: str
+    operator: str
+    to_version: int
+    dry_run: bool = False
+    idle_seconds: float = DEFAULT_IDLE_SECONDS
+    workers: int = 4
+
+
+def _metadata(context: OpExecutionContext, result: RelayoutResult) -> dict[str, Any]:
+    doc = result.to_json()
+    context.add_output_metadata(
+        {
+            "plan": MetadataValue.text(result.plan.describe()),
+            "records": MetadataValue.int(result.records),
+            "bytes_written": MetadataValue.int(result.bytes_written),
+            "seconds": MetadataValue.float(result.seconds),
+            "moved_key_groups": MetadataValue.int(result.plan.moved_groups()),
+        }
+    )
+    return doc
+
+
+@op(description="Re-lay out an operator's head over a new partition count (the query stopped).")
+def rescale_op(context: OpExecutionContext, config: RescaleConfig) -> dict[str, Any]:
+    result = rescale(
+        config.root,
+        config.operator,
+        config.partitions,
+        max_key_groups=config.max_key_groups,
+        dry_run=config.dry_run,
+        idle_seconds=config.idle_seconds,
+        workers=config.workers,
+    )
+    return _metadata(context, result)
+
+
+@op(description="Make a retained version of an operator the head again (the query stopped).")
+def rollback_op(context: OpExecutionContext, config: RollbackConfig) -> dict[str, Any]:
+    result = rollback(
+        config.root,
+        config.operator,
+        config.to_version,
+        dry_run=config.dry_run,
+        idle_seconds=config.idle_seconds,
+        workers=config.workers,
+    )
+    return _metadata(context, result)
+
+
+@job(tags={KIND_TAG: "rescale"}, description="statekeeper rescale ROOT --operator NAME --partitions N")
+def rescale_job() -> None:
+    rescale_op()
+
+
+@job(tags={KIND_TAG: "rollback"}, description="statekeeper rollback ROOT --operator NAME --to-version V")
+def rollback_job() -> None:
+    rollback_op()
+
+
+def relayout_jobs() -> list[JobDefinition]:
+    return [rescale_job, rollback_job]
+
+
+__all__ = ["RescaleConfig", "RollbackConfig", "relayout_jobs", "rescale_job", "rollback_job"]

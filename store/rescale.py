@@ -1,0 +1,395 @@
+"""Rescale and rollback of an operator's state: new partitions built from committed ones, by key-group range.
+
+A rescale re-lays out committed version ``v`` of an operator for a new partition count: each new
+partition takes exactly its key groups (docs/formats.md, "Key groups") from the old partitions whose
+ranges overlap it, by range scans of the column families whose keys lead with the key group (other
+column families are filtered per key, or shared, as `KeyGroupRules` says). Each new partition is
+written as a *full-state changelog* (an empty lineage: a load replays from the empty state starting
+there) and the batch's commit record ``v + 1`` names the new layout, so the switch is atomic (DESIGN
+invariant 11): a crash before the record leaves the old layout and only uncommitted files (orphans for
+maintenance); after it, the new one. A rollback is the same with the layout of an older retained
+version and every key copied: the retained state becomes the head again as a new version.
+
+Both repeat the batch id of the version they copy (``CommitRecord.batch_id``), so a streaming driver
+maps its next batch to the version after them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Protocol
+
+from store.commit_log import CommitLog
+from store.errors import ConfigurationError, LineageError, StatekeeperError
+from store.files import CheckpointFileManager
+from store.formats.commit import CommitRecord
+from store.key_groups import KeyGroupLayout, group_byte_range
+from store.state_store import StateStore, StoreConfig
+
+log = logging.getLogger(__name__)
+
+COPY_CHUNK = 8192
+"""Records moved per write batch."""
+
+
+class RescaleError(StatekeeperError):
+    """A rescale or rollback cannot be done as asked; nothing was committed."""
+
+
+class CfRule(Enum):
+    """How the keys of one column family are assigned to key groups."""
+
+    LEADING = "leading"
+    """Every key starts with its key group: a range of groups is a byte range (a range scan)."""
+    LOCATED = "located"
+    """The key group is inside the key (`KeyGroupRules.locate`): every key is read and routed."""
+    SHARED = "shared"
+    """Per-partition metadata: copied to every new partition (`KeyGroupRules.merge_shared`)."""
+
+
+class KeyGroupRules(Protocol):
+    """What a rescale needs to know about the keys of a store (the Spark integration has its own)."""
+
+    def rule(self, cf: str) -> CfRule: ...
+
+    def locate(self, cf: str, key: bytes) -> int:
+        """The key group of `key` in a `LOCATED` column family."""
+        ...
+
+    def merge_shared(self, cf: str, key: bytes, kept: bytes | None, new: bytes, source: str) -> bytes | None:
+        """The value a `SHARED` key gets when `new` comes from `source` and `kept` was copied before
+        (None: do not copy it); raise `RescaleError` when they conflict."""
+        ...
+
+    def finish(self, store: StateStore) -> None:
+        """Fix up a new partition once every range is copied (e.g. recount its rows)."""
+        ...
+
+    def max_key_groups(self, store: StateStore) -> int | None:
+        """The key-group count recorded in a loaded store, if it records one."""
+        ...
+
+
+class GroupLedKeys:
+    """Rules for stores whose every key leads with its key group (the plain store convention)."""
+
+    def rule(self, cf: str) -> CfRule:
+        return CfRule.LEADING
+
+    def locate(self, cf: str, key: bytes) -> int:  # pragma: no cover - LEADING only
+        raise NotImplementedError
+
+    def merge_shared(self, cf: str, key: bytes, kept: bytes | None, new: bytes, source: str) -> bytes | None:
+        return new  # pragma: no cover - LEADING only
+
+    def finish(self, store: StateStore) -> None:
+        return None
+
+    def max_key_groups(self, store: StateStore) -> int | None:
+        return None
+
+
+@dataclass(frozen=True)
+class RelayoutPlan:
+    """Which committed state a rescale or rollback copies, and the layout it commits."""
+
+    operator: str
+    kind: str
+    """``rescale`` or ``rollback``."""
+    source_version: int
+    source_ids: tuple[str, ...]
+    source_layout: KeyGroupLayout | None
+    """None: a legacy layout (partitions were routed by hash, so each may hold keys of every group)."""
+    target_layout: KeyGroupLayout | None
+    batch_id: int
+    """The batch the copied version follows; the new version repeats it."""
+    head_version: int
+    """The newest committed version; the new one is ``head_version + 1``."""
+
+    @property
+    def new_version(self) -> int:
+        return self.head_version + 1
+
+    def moved_groups(self) -> int:
+        if self.target_layout is None:
+            return 0
+        if self.source_layout is None:
+            return self.target_layout.max_key_groups
+        return self.target_layout.moved_groups(self.source_layout)
+
+    def sources(self) -> dict[int, list[tuple[int, int, int]]]:
+        """Old partition -> [(new partition, lo, hi)] of key groups it gives (rollback: all of itself)."""
+        found: dict[int, list[tuple[int, int, int]]] = {}
+        target = self.target_layout
+        if self.kind == "rollback" or target is None:
+            return {q: [(q, 0, -1)] for q in range(len(self.source_ids))}
+        for p in range(target.partitions):
+            lo, hi = target.groups_of(p)
+            if self.source_layout is None:
+                pairs = [(q, lo, hi) for q in range(len(self.source_ids))]
+            else:
+                pairs = target.overlaps(p, self.source_layout)
+            for q, a, b in pairs:
+                found.setdefault(q, []).append((p, a, b))
+        return found
+
+    def describe(self) -> str:
+        src = f"{len(self.source_ids)} partitions" + ("" if self.source_layout else " (legacy layout)")
+        dst = f"{self.target_layout.partitions} partitions" if self.target_layout else f"{len(self.source_ids)}"
+        return (
+            f"{self.kind} {self.operator}: version {self.source_version} ({src}) -> version {self.new_version} "
+            f"({dst}), {self.moved_groups()} key groups change owner"
+        )
+
+
+@dataclass
+class RelayoutResult:
+    plan: RelayoutPlan
+    checkpoint_ids: tuple[str, ...] = ()
+    records: int = 0
+    bytes_written: int = 0
+    seconds: float = 0.0
+    committed: bool = False
+    per_partition_records: dict[int, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "operator": self.plan.operator,
+            "kind": self.plan.kind,
+            "source_version": self.plan.source_version,
+            "new_version": self.plan.new_version,
+            "source_partitions": len(self.plan.source_ids),
+            "partitions": len(self.checkpoint_ids) or len(self.plan.source_ids),
+            "moved_key_groups": self.plan.moved_groups(),
+            "records": self.records,
+            "bytes_written": self.bytes_written,
+            "seconds": round(self.seconds, 3),
+            "committed": self.committed,
+        }
+
+
+def _record(log_: CommitLog, version: int, operator: str) -> CommitRecord:
+    record = log_.get(version)
+    if record is None or operator not in record.checkpoint_ids:
+        raise LineageError(f"version {version} of operator {operator!r} is not committed in {log_._fm.root_uri}")
+    return record
+
+
+def plan_rescale(
+    fm: CheckpointFileManager,
+    operator: str,
+    partitions: int,
+    *,
+    max_key_groups: int | None = None,
+    rules: KeyGroupRules | None = None,
+    config: StoreConfig | None = None,
+) -> RelayoutPlan:
+    """Plan re-laying out the newest committed version of `operator` over `partitions` partitions."""
+    commits = CommitLog(fm)
+    head = commits.latest()
+    if head == 0:
+        raise RescaleError(f"operator {operator!r} in {fm.root_uri} has no committed version to rescale")
+    record = _record(commits, head, operator)
+    old = record.layouts.get(operator)
+    groups = old.max_key_groups if old is not None else max_key_groups
+    if old is not None and max_key_groups is not None and max_key_groups != old.max_key_groups:
+        raise ConfigurationError(
+            f"operator {operator!r} has {old.max_key_groups} key groups (fixed at its first batch), "
+            f"not {max_key_groups}"
+        )
+    if groups is None:
+        with StateStore(fm, operator, 0, config=config) as probe:
+            probe.load(head, record.checkpoint_ids[operator][0])
+            groups = (rules or GroupLedKeys()).max_key_groups(probe)
+        probe.close()
+    if groups is None:
+        raise ConfigurationError(
+            f"operator {operator!r} in {fm.root_uri} records no key-group count: pass max_key_groups"
+        )
+    target = KeyGroupLayout(partitions, groups)
+    return RelayoutPlan(operator, "rescale", head, record.checkpoint_ids[operator], old, target, record.batch, head)
+
+
+def plan_rollback(fm: CheckpointFileManager, operator: str, to_version: int) -> RelayoutPlan:
+    """Plan making retained committed `to_version` of `operator` the head again, as a new version."""
+    commits = CommitLog(fm)
+    head = commits.latest()
+    if not 1 <= to_version < head:
+        raise ConfigurationError(
+            f"--to-version {to_version} must be a committed version below the head ({head}) of {fm.root_uri}"
+        )
+    record = _record(commits, to_version, operator)
+    layout = record.layouts.get(operator)
+    ids = record.checkpoint_ids[operator]
+    return RelayoutPlan(operator, "rollback", to_version, ids, layout, layout, record.batch, head)
+
+
+class _Target:
+    """One new partition being written (several source partitions may pour into it at once)."""
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+        self.lock = threading.Lock()
+        self.records = 0
+        self.shared: dict[tuple[str, bytes], bytes] = {}
+
+
+def _chunks(items: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[list[bytes], list[bytes]]]:
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    for k, v in items:
+        keys.append(k)
+        values.append(v)
+        if len(keys) >= COPY_CHUNK:
+            yield keys, values
+            keys, values = [], []
+    if keys:
+        yield keys, values
+
+
+def _pour(target: _Target, cf: str, items: Iterable[tuple[bytes, bytes]]) -> int:
+    n = 0
+    for keys, values in _chunks(iter(items)):
+        with target.lock:
+            target.store.put_batch(keys, values, cf=cf)
+            target.records += len(keys)
+        n += len(keys)
+    return n
+
+
+def _copy_source(
+    plan: RelayoutPlan,
+    fm: CheckpointFileManager,
+    q: int,
+    gives: list[tuple[int, int, int]],
+    targets: dict[int, _Target],
+    rules: KeyGroupRules,
+    config: StoreConfig,
+) -> int:
+    """Load old partition `q` and pour its ranges into the new partitions it gives key groups to."""
+    copied = 0
+    with StateStore(fm, plan.operator, q, config=replace(config, local_dir=None)) as src:
+        src.load(plan.source_version, plan.source_ids[q])
+        name = f"{plan.operator}/{q} version {plan.source_version}"
+        for cf in src.column_families():
+            rule = rules.rule(cf) if plan.kind == "rescale" else CfRule.LEADING
+            if plan.kind == "rollback":
+                copied += _pour(targets[gives[0][0]], cf, src.items(cf=cf))
+            elif rule is CfRule.LEADING:
+                for p, lo, hi in gives:
+                    start, end = group_byte_range(lo, hi)
+                    copied += _pour(targets[p], cf, src.items(start, end, cf=cf))
+            elif rule is CfRule.LOCATED:
+                copied += _pour_located(plan, src, cf, gives, targets, rules)
+            else:
+                for p, _lo, _hi in gives:
+                    t = targets[p]
+                    for k, v in src.items(cf=cf):
+                        with t.lock:
+                            merged = rules.merge_shared(cf, k, t.shared.get((cf, k)), v, name)
+                            if merged is not None:
+                                t.shared[(cf, k)] = merged
+                                t.store.put(k, merged, cf=cf)
+    return copied
+
+
+def _pour_located(
+    plan: RelayoutPlan,
+    src: StateStore,
+    cf: str,
+    gives: list[tuple[int, int, int]],
+    targets: dict[int, _Target],
+    rules: KeyGroupRules,
+) -> int:
+    assert plan.target_layout is not None
+    dest: dict[int, tuple[list[bytes], list[bytes]]] = {p: ([], []) for p, _, _ in gives}
+    owner = plan.target_layout.owner
+    copied = 0
+    for k, v in src.items(cf=cf):
+        g = rules.locate(cf, k)
+        p = owner(g)
+        if any(p == gp and lo <= g < hi for gp, lo, hi in gives):
+            keys, values = dest[p]
+            keys.append(k)
+            values.append(v)
+    for p, (keys, values) in dest.items():
+        copied += _pour(targets[p], cf, zip(keys, values, strict=True))
+    return copied
+
+
+def execute_relayout(
+    fm: CheckpointFileManager,
+    plan: RelayoutPlan,
+    *,
+    rules: KeyGroupRules | None = None,
+    config: StoreConfig | None = None,
+    workers: int = 4,
+) -> RelayoutResult:
+    """Write every new partition as a full-state changelog, then commit the new version atomically."""
+    rules = rules or GroupLedKeys()
+    config = config or StoreConfig()
+    t0 = time.perf_counter()
+    partitions = plan.target_layout.partitions if plan.target_layout else len(plan.source_ids)
+    if plan.kind == "rollback":
+        partitions = len(plan.source_ids)
+    result = RelayoutResult(plan)
+    targets: dict[int, _Target] = {}
+    try:
+        for p in range(partitions):
+            store = StateStore(fm, plan.operator, p, config=replace(config, local_dir=None))
+            targets[p] = _Target(store.begin_full_state(plan.head_version))
+        sources = plan.sources()
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(sources)))) as pool:
+            futures = [
+                pool.submit(_copy_source, plan, fm, q, gives, targets, rules, config) for q, gives in sources.items()
+            ]
+            result.records = sum(f.result() for f in futures)
+        ids = []
+        for p in range(partitions):
+            t = targets[p]
+            rules.finish(t.store)
+            committed = t.store.commit()
+            ids.append(committed.checkpoint_id)
+            result.bytes_written += committed.metrics.changelog_bytes
+            result.per_partition_records[p] = t.records
+        result.checkpoint_ids = tuple(ids)
+        layouts = {plan.operator: plan.target_layout} if plan.target_layout else {}
+        CommitLog(fm).commit(
+            plan.new_version,
+            {plan.operator: ids},
+            layouts=layouts,
+            batch_id=plan.batch_id,
+            change={plan.operator: plan.kind},
+        )
+        result.committed = True
+    finally:
+        for t in targets.values():
+            t.store.close()
+    result.seconds = time.perf_counter() - t0
+    log.info(
+        "%s: committed, %d records, %d bytes in %.2fs",
+        plan.describe(),
+        result.records,
+        result.bytes_written,
+        result.seconds,
+    )
+    return result
+
+
+__all__ = [
+    "CfRule",
+    "GroupLedKeys",
+    "KeyGroupRules",
+    "RelayoutPlan",
+    "RelayoutResult",
+    "RescaleError",
+    "execute_relayout",
+    "plan_rescale",
+    "plan_rollback",
+]

@@ -1,0 +1,64 @@
+"""Where the key group sits in each column family of typed state, for rescale (store/rescale.py).
+
+User state variables and ``__timers`` lead with the key group; ``__ttl`` and ``__timer_index`` lead
+with an expiry time and carry the grouping key after it; ``__meta`` holds per-partition metadata
+(schemas, the key-group count: the same in every partition, so a conflict is refused) and the row
+count, which is recounted for each new partition.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from store.key_groups import group_at
+from store.rescale import CfRule, RescaleError
+from store.spark.schemas import META_CF, read_max_key_groups
+from store.spark.state import INTERNAL_PREFIX, ROWS_TOTAL, TIMER_INDEX_CF, TTL_CF
+from store.state_store import StateStore
+
+_U16 = struct.Struct(">H")
+_I64 = struct.Struct(">q")
+_EXPIRY = 8
+
+
+class TypedStateKeys:
+    """`KeyGroupRules` for the Spark integration's typed state (docs/formats.md, "Stored keys")."""
+
+    def rule(self, cf: str) -> CfRule:
+        if cf == META_CF:
+            return CfRule.SHARED
+        if cf in (TTL_CF, TIMER_INDEX_CF):
+            return CfRule.LOCATED
+        return CfRule.LEADING
+
+    def locate(self, cf: str, key: bytes) -> int:
+        if cf == TIMER_INDEX_CF:
+            return group_at(key, _EXPIRY)
+        name_len = _U16.unpack_from(key, _EXPIRY)[0]
+        return group_at(key, _EXPIRY + 2 + name_len)
+
+    def merge_shared(self, cf: str, key: bytes, kept: bytes | None, new: bytes, source: str) -> bytes | None:
+        if key == ROWS_TOTAL:
+            return None  # recounted by finish()
+        if kept is not None and kept != new:
+            raise RescaleError(
+                f"partitions disagree on {cf} key {key!r} (from {source}): typed state metadata must be equal in "
+                "every partition to merge them"
+            )
+        return None if kept is not None else new
+
+    def finish(self, store: StateStore) -> None:
+        rows = 0
+        for cf in store.column_families():
+            if not cf.startswith(INTERNAL_PREFIX) and cf != "default":
+                rows += sum(1 for _ in store.items(cf=cf))
+        if rows or META_CF in store.column_families():
+            store.put(ROWS_TOTAL, _I64.pack(rows), cf=META_CF)
+
+    def max_key_groups(self, store: StateStore) -> int | None:
+        if META_CF not in store.column_families():
+            return None
+        return read_max_key_groups(store.column_family(META_CF))
+
+
+__all__ = ["TypedStateKeys"]

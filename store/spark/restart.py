@@ -1,0 +1,93 @@
+"""Where a restarting driver stands: the batch -> version mapping, the layout, and rescale at restart.
+
+Versions and batch ids usually differ by one (batch ``b`` commits version ``b + 1``), but a rescale or
+a rollback commits a version without running a batch (it repeats the batch id of the state it copies,
+`CommitRecord.batch_id`), so the driver reads the offset from the newest commit record. When the
+operator is started with a ``num_partitions`` other than its recorded layout's, the driver rescales
+before the batch (store/rescale.py: each new partition takes exactly its key-group ranges, and one
+commit record names the new layout), so the batch runs on the new layout.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from store.commit_log import CommitLog
+from store.errors import ConfigurationError
+from store.files import CheckpointFileManager
+from store.formats.commit import CommitRecord
+from store.key_groups import KeyGroupLayout
+from store.rescale import RelayoutResult, execute_relayout, plan_rescale
+from store.spark.rescale_rules import TypedStateKeys
+from store.state_store import StoreConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Head:
+    """The operator's committed head as the driver sees it before batch ``batch_id``."""
+
+    record: CommitRecord | None
+    shift: int
+    """Batch ``b`` loads version ``b + shift``."""
+    rerun: bool
+    """Spark re-runs the batch of the newest commit record (its state is already committed)."""
+
+    @property
+    def layout(self) -> KeyGroupLayout | None:
+        return None if self.record is None else next(iter(self.record.layouts.values()), None)
+
+    @property
+    def partitions(self) -> int | None:
+        return None if self.record is None else len(next(iter(self.record.checkpoint_ids.values())))
+
+
+def read_head(commit_log: CommitLog, fm: CheckpointFileManager, operator: str, batch_id: int) -> Head:
+    """The head before ``batch_id``; raises when the state root and Spark's checkpoint disagree."""
+    latest = commit_log.latest()
+    record = commit_log.get(latest) if latest > 0 else None
+    last_batch = record.batch if record is not None else -1
+    if batch_id not in (last_batch, last_batch + 1):
+        if batch_id > last_batch + 1:
+            raise ConfigurationError(
+                f"statekeeper operator {operator!r} in {fm.root_uri} has state up to batch {last_batch} (version "
+                f"{latest}), but Spark asks for batch {batch_id}: the state root is behind the query's checkpoint (a "
+                "new or replaced state root for an existing query?). Use a fresh Spark checkpoint location with it."
+            )
+        raise ConfigurationError(
+            f"statekeeper operator {operator!r} in {fm.root_uri} has state up to batch {last_batch} (version "
+            f"{latest}), but Spark asks for batch {batch_id}: the query's checkpoint is behind the state root "
+            "(a new or reset Spark checkpoint location?). After a rollback, make the query restart at batch "
+            f"{last_batch + 1} (docs/rescale.md). Use the matching Spark checkpoint or a fresh state root."
+        )
+    if record is not None and (operator not in record.checkpoint_ids or len(record.checkpoint_ids) != 1):
+        raise ConfigurationError(
+            f"the commit records in {fm.root_uri} belong to operators {sorted(record.checkpoint_ids)}; "
+            f"use one state root per operator (not {operator!r})"
+        )
+    return Head(record, latest - last_batch - 1, record is not None and batch_id == last_batch)
+
+
+def rescale_at_restart(
+    fm: CheckpointFileManager, operator: str, partitions: int, store_config: StoreConfig, workers: int = 4
+) -> RelayoutResult:
+    """Commit the operator's head re-laid out over ``partitions`` partitions (before the next batch)."""
+    plan = plan_rescale(fm, operator, partitions, rules=TypedStateKeys(), config=store_config)
+    log.info("statekeeper %s: rescaling at restart: %s", operator, plan.describe())
+    result = execute_relayout(fm, plan, rules=TypedStateKeys(), config=store_config, workers=workers)
+    log.info(
+        "statekeeper %s: rescaled to %d partitions as version %d: %d key groups moved, %d records, %d bytes in %.2fs",
+        operator,
+        partitions,
+        plan.new_version,
+        plan.moved_groups(),
+        result.records,
+        result.bytes_written,
+        result.seconds,
+    )
+    return result
+
+
+__all__ = ["Head", "read_head", "rescale_at_restart"]

@@ -1,0 +1,75 @@
+"""Routing rows to the partition that owns their key group, computed by Spark itself.
+
+The executor stores each grouping key under key group ``crc32(encoded key) mod G`` (docs/formats.md,
+"Keys"). For a partition to own a contiguous range of key groups, Spark must send a row to the
+partition whose range holds that same group. This module writes the order-preserving key encoding
+as a Spark SQL expression (hex text, for the supported key types) so Spark computes
+``pmod(crc32(encoded key), G)`` exactly as Python does, then the owner ``((g + 1) * n - 1) div G`` of
+`store.key_groups.KeyGroupLayout`. Keys of other types (floating point, decimal, nested) cannot be
+routed this way: such operators keep Spark's hash routing and cannot be rescaled.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from store.errors import ConfigurationError
+from store.key_groups import KeyGroupLayout
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
+    from pyspark.sql.types import DataType, StructType
+
+_SIGN_FLIP = "shiftleft(cast(1 as bigint), 63)"
+_INTEGRAL = ("ByteType", "ShortType", "IntegerType", "LongType")
+
+
+def _field_hex(column: str, dtype: DataType) -> str:
+    """SQL text: the hex of one key field's encoding (docs/formats.md, "Keys")."""
+    c = f"`{column.replace('`', '``')}`"
+    kind = type(dtype).__name__
+    if kind in _INTEGRAL:
+        some = f"concat('01', lpad(hex(cast({c} as bigint) ^ {_SIGN_FLIP}), 16, '0'))"
+    elif kind in ("StringType", "BinaryType", "VarcharType", "CharType"):
+        escaped = f"regexp_replace(hex({c}), '\\\\G((?:[0-9A-F]{{2}})*?)00', '$100FF')"
+        some = f"concat('01', {escaped}, '0000')"
+    elif kind == "BooleanType":
+        some = f"if({c}, '0101', '0100')"
+    elif kind == "DateType":
+        some = f"concat('01', lpad(hex(cast(unix_date({c}) as bigint) + 2147483648), 8, '0'))"
+    elif kind in ("TimestampType", "TimestampNTZType"):
+        some = f"concat('01', lpad(hex(unix_micros({c}) ^ {_SIGN_FLIP}), 16, '0'))"
+    else:
+        raise ConfigurationError(
+            f"grouping key column {column!r} has type {dtype.simpleString()}, which Spark cannot route by key group "
+            "(supported: integral, string, binary, boolean, date, timestamp)"
+        )
+    return f"if({c} is null, '00', {some})"
+
+
+def key_group_sql(schema: StructType, key_columns: tuple[str, ...], max_key_groups: int) -> str:
+    """SQL text of the key group of a row: ``pmod(crc32(encoded key), G)``."""
+    fields = {f.name: f.dataType for f in schema.fields}
+    parts = ", ".join(_field_hex(k, fields[k]) for k in key_columns)
+    return f"pmod(crc32(unhex(concat({parts}))), {int(max_key_groups)})"
+
+
+def routable(schema: StructType, key_columns: tuple[str, ...]) -> bool:
+    """Whether Spark can compute the key group of these key columns."""
+    try:
+        key_group_sql(schema, key_columns, 1)
+    except ConfigurationError:
+        return False
+    return True
+
+
+def owner_column(schema: StructType, key_columns: tuple[str, ...], layout: KeyGroupLayout) -> Column:
+    """The partition (int) that owns each row's key group under `layout`."""
+    from pyspark.sql import functions as sf
+
+    group = key_group_sql(schema, key_columns, layout.max_key_groups)
+    n, g = layout.partitions, layout.max_key_groups
+    return sf.expr(f"cast(((({group}) + 1) * {n} - 1) div {g} as int)")
+
+
+__all__ = ["key_group_sql", "owner_column", "routable"]

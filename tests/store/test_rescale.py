@@ -1,0 +1,185 @@
+"""Rescale and rollback of a store's committed state (store/rescale.py), against a dict model.
+
+Batches of puts and deletes run over partitions that own contiguous key-group ranges; between
+batches the operator is rescaled through random partition counts, or rolled back to a retained
+version. After every step each partition holds exactly its key groups and their union equals the
+model; layouts and batch ids are in the commit records. Runs on local disk and on S3 (moto).
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from store import CommitLog, StateStore
+from store.errors import ConfigurationError
+from store.files import open_file_manager
+from store.key_groups import KeyGroupLayout, group_at, group_prefix
+from store.rescale import execute_relayout, plan_rescale, plan_rollback
+
+OP = "agg"
+GROUPS = 64
+CFS = ("default", "counts")
+
+
+def stored(key: bytes) -> bytes:
+    return group_prefix(zlib.crc32(key) % GROUPS) + key
+
+
+def run_batch(root: str, version: int, layout: KeyGroupLayout, updates: dict[str, dict[bytes, bytes | None]]) -> None:
+    """Batch `version`: load every partition at `version`, apply its keys' updates, commit `version + 1`."""
+    ids = []
+    for p in range(layout.partitions):
+        with StateStore(root, OP, p) as s:
+            s.load(version)
+            for cf, kv in updates.items():
+                for k, v in kv.items():
+                    if layout.owner(group_at(k)) != p:
+                        continue
+                    if v is None:
+                        s.delete(k, cf=cf)
+                    else:
+                        s.put(k, v, cf=cf)
+            ids.append(s.commit().checkpoint_id)
+    CommitLog(open_file_manager(root)).commit(version + 1, {OP: ids}, layouts={OP: layout})
+
+
+def read_all(root: str, version: int, layout: KeyGroupLayout) -> dict[str, dict[bytes, bytes]]:
+    state: dict[str, dict[bytes, bytes]] = {}
+    for p in range(layout.partitions):
+        lo, hi = layout.groups_of(p)
+        with StateStore(root, OP, p) as s:
+            s.load(version)
+            for cf in s.column_families():
+                for k, v in s.items(cf=cf):
+                    assert lo <= group_at(k) < hi, f"partition {p} holds key group {group_at(k)} outside [{lo}, {hi})"
+                    assert k not in state.setdefault(cf, {})
+                    state[cf][k] = v
+    return {cf: kv for cf, kv in state.items() if kv}
+
+
+def random_updates(rng: random.Random, model: dict[str, dict[bytes, bytes]]) -> dict[str, dict[bytes, bytes | None]]:
+    updates: dict[str, dict[bytes, bytes | None]] = {}
+    for cf in CFS:
+        kv: dict[bytes, bytes | None] = {}
+        for _ in range(rng.randint(0, 40)):
+            k = stored(b"k%d" % rng.randint(0, 120))
+            kv[k] = None if rng.random() < 0.2 else b"v%d" % rng.randint(0, 10**6)
+        updates[cf] = kv
+        target = model.setdefault(cf, {})
+        for k, v in kv.items():
+            if v is None:
+                target.pop(k, None)
+            else:
+                target[k] = v
+    return updates
+
+
+def clean(model: dict[str, dict[bytes, bytes]]) -> dict[str, dict[bytes, bytes]]:
+    return {cf: dict(kv) for cf, kv in model.items() if kv}
+
+
+def test_rescale_through_partition_counts(checkpoint_root: str) -> None:
+    """4 -> 8 -> 3 -> 1 -> 4 between batches; state and layout exact after each step."""
+    fm = open_file_manager(checkpoint_root)
+    rng = random.Random(7)
+    model: dict[str, dict[bytes, bytes]] = {}
+    layout = KeyGroupLayout(4, GROUPS)
+    version = batch = 0
+    for n in (8, 3, 1, 4):
+        for _ in range(1):
+            run_batch(checkpoint_root, version, layout, random_updates(rng, model))
+            version += 1
+            batch += 1
+        plan = plan_rescale(fm, OP, n)
+        assert plan.source_layout == layout and plan.source_version == version
+        result = execute_relayout(fm, plan, workers=2)
+        assert result.committed and result.plan.new_version == version + 1
+        record = CommitLog(fm).get(version + 1)
+        assert record is not None
+        assert record.layouts[OP] == KeyGroupLayout(n, GROUPS)
+        assert record.change == {OP: "rescale"}
+        assert record.batch == batch - 1, "a rescale repeats the batch id of the version it re-lays out"
+        version += 1
+        layout = KeyGroupLayout(n, GROUPS)
+        assert read_all(checkpoint_root, version, layout) == clean(model)
+    run_batch(checkpoint_root, version, layout, random_updates(rng, model))
+    assert read_all(checkpoint_root, version + 1, layout) == clean(model)
+    assert CommitLog(fm).get(version + 1).batch == batch  # type: ignore[union-attr]
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(counts=st.lists(st.integers(1, 9), min_size=1, max_size=4), seed=st.integers(0, 1000))
+def test_rescale_model(tmp_path_factory: pytest.TempPathFactory, counts: list[int], seed: int) -> None:
+    root = tmp_path_factory.mktemp("rescale").as_uri()
+    fm = open_file_manager(root)
+    rng = random.Random(seed)
+    model: dict[str, dict[bytes, bytes]] = {}
+    layout = KeyGroupLayout(rng.randint(1, 6), GROUPS)
+    version = 0
+    for n in counts:
+        run_batch(root, version, layout, random_updates(rng, model))
+        version += 1
+        execute_relayout(fm, plan_rescale(fm, OP, n))
+        version += 1
+        layout = KeyGroupLayout(n, GROUPS)
+        assert read_all(root, version, layout) == clean(model)
+
+
+def test_rescale_of_a_legacy_layout_moves_every_group(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Partitions of a record without a layout may hold any group: every range of every one is read."""
+    root = tmp_path_factory.mktemp("legacy").as_uri()
+    fm = open_file_manager(root)
+    keys = [stored(b"k%d" % i) for i in range(50)]
+    ids = []
+    for p in range(3):
+        with StateStore(root, OP, p) as s:
+            s.load(0)
+            for k in keys[p::3]:  # routed by something else than key groups
+                s.put(k, b"x")
+            ids.append(s.commit().checkpoint_id)
+    CommitLog(fm).commit(1, {OP: ids})
+    with pytest.raises(ConfigurationError, match="max_key_groups"):
+        plan_rescale(fm, OP, 2)
+    plan = plan_rescale(fm, OP, 2, max_key_groups=GROUPS)
+    assert plan.source_layout is None and plan.moved_groups() == GROUPS
+    execute_relayout(fm, plan)
+    assert read_all(root, 2, KeyGroupLayout(2, GROUPS)) == {"default": dict.fromkeys(keys, b"x")}
+
+
+def test_rollback_then_restart_equals_the_rolled_back_history(checkpoint_root: str) -> None:
+    fm = open_file_manager(checkpoint_root)
+    rng = random.Random(3)
+    model: dict[str, dict[bytes, bytes]] = {}
+    history = [clean(model)]
+    layout = KeyGroupLayout(3, GROUPS)
+    for version in range(3):
+        run_batch(checkpoint_root, version, layout, random_updates(rng, model))
+        history.append(clean(model))
+    execute_relayout(fm, plan_rescale(fm, OP, 5))  # version 4: a rescale lies between
+    layout5 = KeyGroupLayout(5, GROUPS)
+    run_batch(checkpoint_root, 4, layout5, random_updates(rng, model))  # version 5
+    result = execute_relayout(fm, plan_rollback(fm, OP, 2))
+    record = CommitLog(fm).get(6)
+    assert result.committed and record is not None
+    assert record.change == {OP: "rollback"} and record.layouts[OP] == layout and record.batch == 1
+    assert read_all(checkpoint_root, 6, layout) == history[2]
+    # the versions after the rolled-back one stay readable until expiry removes them
+    assert read_all(checkpoint_root, 5, layout5) == clean(model)
+    model = {cf: dict(kv) for cf, kv in history[2].items()}
+    run_batch(checkpoint_root, 6, layout, random_updates(rng, model))  # the re-run of batch 2
+    assert read_all(checkpoint_root, 7, layout) == clean(model)
+    assert CommitLog(fm).get(7).batch == 2  # type: ignore[union-attr]
+
+
+def test_rollback_refuses_the_head_and_missing_versions(tmp_path_factory: pytest.TempPathFactory) -> None:
+    root = tmp_path_factory.mktemp("rb").as_uri()
+    fm = open_file_manager(root)
+    run_batch(root, 0, KeyGroupLayout(1, GROUPS), {"default": {stored(b"a"): b"1"}})
+    with pytest.raises(ConfigurationError, match="below the head"):
+        plan_rollback(fm, OP, 1)
