@@ -38,10 +38,14 @@ ask for a Connect session too (the suite's classic `spark` session included)."""
 
 @pytest.fixture
 def remote(spark_connect_url: str) -> Iterator[Any]:
-    from pyspark.sql import SparkSession
+    # The suite's classic session is active in this process, and `pyspark.sql.SparkSession.builder.remote`
+    # refuses to start a Connect session beside it (SESSION_ALREADY_EXIST): build the Connect session directly,
+    # in Connect mode, as a client process of its own would.
+    from pyspark.sql.connect.session import SparkSession as RemoteSparkSession
 
     saved = {k: os.environ.get(k) for k in CONNECT_MODE_ENV}
-    session = SparkSession.builder.remote(spark_connect_url).getOrCreate()
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    session = RemoteSparkSession.builder.remote(spark_connect_url).getOrCreate()
     try:
         yield session
     finally:
