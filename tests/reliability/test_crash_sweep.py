@@ -37,7 +37,7 @@ def run_sweep(tmp_path: Path, *args: str) -> dict[str, Any]:
 
 
 def test_crash_point_sweep_sample(tmp_path: Path) -> None:
-    result = run_sweep(tmp_path, "--kinds", "local", "--sample", "14")
+    result = run_sweep(tmp_path, "--kinds", "local", "--sample", "20")
     assert set(result["kills"]) == set(SCENARIOS)
     assert result["total_kills"] >= 100, result["kills"]
     assert {"local.publish", "local.published", "local.delete", "catalog.transaction"} <= set(result["points"])
