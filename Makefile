@@ -22,7 +22,7 @@ setup: $(STAMP)
 # stops everything by itself after N seconds. Run it again to resume from run/sessions.
 JOB_SECONDS ?= 60
 run: $(STAMP)
-	STATEKEEPER_CHECKPOINT_ROOTS=$(CURDIR)/run/sessions/state $(PY) -m orchestration.run_local -- \
+	STATEKEEPER_CHECKPOINT_ROOTS=$(CURDIR)/run/sessions/state $(PY) -m statekeeper.orchestration.run_local -- \
 		env RUN_SECONDS=$(JOB_SECONDS) WORK_DIR=$(CURDIR)/run/sessions $(PY) examples/session_count.py
 
 test: $(STAMP)

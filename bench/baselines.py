@@ -1,6 +1,6 @@
 """Baselines the benchmarks compare statekeeper with, and the shared workload.
 
-- `RawRocks`: rocksdict opened with exactly the options the store uses (`store.rocks.db_options()`,
+- `RawRocks`: rocksdict opened with exactly the options the store uses (`statekeeper.store.rocks.db_options()`,
   `write_options()` with the WAL disabled, the same process-wide block cache / write buffer manager),
   written through the same per-record and WriteBatch calls, with no changelog. The upper bound for
   the store's data path.
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 import rocksdict as rd
 
-from store.files import LocalFileManager
-from store.rocks import db_options, write_options
+from statekeeper.store.files import LocalFileManager
+from statekeeper.store.rocks import db_options, write_options
 
 KEY_BYTES = 16
 VALUE_BYTES = 64

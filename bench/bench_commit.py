@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 from bench.baselines import KEY_BYTES, VALUE_BYTES, SnapshotPerCommitStore
 from bench.report import Table
-from store.commit_log import CommitLog
-from store.state_store import StateStore, StoreConfig
+from statekeeper.store.commit_log import CommitLog
+from statekeeper.store.state_store import StateStore, StoreConfig
 
 log = logging.getLogger("bench.commit")
 

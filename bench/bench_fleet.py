@@ -136,7 +136,7 @@ class FleetResult:
 
 def _writer_main(conn: Connection, root: str, partitions: list[int], keys: int, updates: int, work: str) -> None:
     """One writer process: per message (version, committed ids), load, update and commit its partitions."""
-    from store.state_store import StateStore, StoreConfig
+    from statekeeper.store.state_store import StateStore, StoreConfig
 
     rng = random.Random(partitions[0] if partitions else 0)
     keyspace = [b"k%015d" % i for i in range(keys)]
@@ -181,7 +181,7 @@ def _maintain_cli(p: FleetParams, root: str, work: str, stop: Path) -> int:
         t0 = time.monotonic()
         for command in ("snapshot", "expire", "clean-orphans"):
             done = subprocess.run(
-                [sys.executable, "-m", "maintenance", command, root, *common, "--json"],
+                [sys.executable, "-m", "statekeeper.maintenance", command, root, *common, "--json"],
                 env=env,
                 capture_output=True,
                 text=True,
@@ -199,7 +199,10 @@ def _maintain_loop(p: FleetParams, root: str, work: str, stop: Path) -> int:
     env.pop("STATEKEEPER_DB_URL", None)
     args = [*p.settings_args(), "--work-dir", os.path.join(work, "replicas"), "--every", str(p.cycle)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "maintenance", "maintain", root, *args], env=env, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "statekeeper.maintenance", "maintain", root, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     while not stop.exists():
@@ -212,12 +215,12 @@ def _maintain_loop(p: FleetParams, root: str, work: str, stop: Path) -> int:
 def _maintain_dagster(p: FleetParams, root: str, work: str, stop: Path) -> int:
     from dagster import DagsterInstance, SensorResult, build_sensor_context
 
-    from orchestration.assets import ORPHANS, RETAINED, SNAPSHOTS
-    from orchestration.config import OrchestrationConfig, parse_roots
-    from orchestration.definitions import build_definitions
-    from orchestration.jobs import JOB_NAMES
-    from orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
-    from orchestration.sensors import SENSOR_NAME
+    from statekeeper.orchestration.assets import ORPHANS, RETAINED, SNAPSHOTS
+    from statekeeper.orchestration.config import OrchestrationConfig, parse_roots
+    from statekeeper.orchestration.definitions import build_definitions
+    from statekeeper.orchestration.jobs import JOB_NAMES
+    from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
+    from statekeeper.orchestration.sensors import SENSOR_NAME
 
     config = OrchestrationConfig(roots=parse_roots(root))
     resources = {
@@ -278,10 +281,10 @@ def maintain(p: FleetParams, root: str, work: str, stop: Path, out: Path) -> Non
 
 
 def sample(root: str, p: FleetParams, t: float) -> Sample:
-    from maintenance.health import store_health, summarize
-    from maintenance.inventory import Inventory
-    from maintenance.plan import plan_root
-    from maintenance.settings import MaintenanceSettings
+    from statekeeper.maintenance.health import store_health, summarize
+    from statekeeper.maintenance.inventory import Inventory
+    from statekeeper.maintenance.plan import plan_root
+    from statekeeper.maintenance.settings import MaintenanceSettings
 
     settings = MaintenanceSettings(
         snapshot_threshold=p.threshold,
@@ -320,8 +323,8 @@ def sample(root: str, p: FleetParams, t: float) -> Sample:
 
 
 def run_fleet(p: FleetParams, base: str) -> FleetResult:
-    from store.commit_log import CommitLog
-    from store.files import open_file_manager
+    from statekeeper.store.commit_log import CommitLog
+    from statekeeper.store.files import open_file_manager
 
     root_dir = os.path.join(base, "ckpt")
     os.makedirs(root_dir)

@@ -29,16 +29,16 @@ from dataclasses import dataclass
 
 from bench.baselines import KEY_BYTES, VALUE_BYTES
 from bench.report import Table
-from maintenance.expiry import expire_versions
-from maintenance.inventory import clear_caches
-from maintenance.settings import MaintenanceSettings
-from maintenance.snapshots import close_replicas, create_snapshots
-from store.commit_log import CommitLog
-from store.files import CheckpointFileManager, open_file_manager
-from store.formats.commit import CommitRecord
-from store.formats.snapshot import SnapshotManifest
-from store.layout import StoreId, commit_path
-from store.state_store import StateStore, StoreConfig
+from statekeeper.maintenance.expiry import expire_versions
+from statekeeper.maintenance.inventory import clear_caches
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshots import close_replicas, create_snapshots
+from statekeeper.store.commit_log import CommitLog
+from statekeeper.store.files import CheckpointFileManager, open_file_manager
+from statekeeper.store.formats.commit import CommitRecord
+from statekeeper.store.formats.snapshot import SnapshotManifest
+from statekeeper.store.layout import StoreId, commit_path
+from statekeeper.store.state_store import StateStore, StoreConfig
 
 log = logging.getLogger("bench.maintenance")
 
@@ -214,12 +214,12 @@ def recovery_and_snapshots(sizes: Sizes, base: str) -> list[Table]:
 
 
 def _snapshot_row(label: str, report: object) -> list[object]:
-    from maintenance.reports import SnapshotReport
+    from statekeeper.maintenance.reports import SnapshotReport
 
     assert isinstance(report, SnapshotReport) and report.snapshots == 1, report
     (row,) = [r for r in report.rows() if r["action"] == "snapshot"]
     fm = open_file_manager(report.root)
-    from store.snapshot import read_manifest
+    from statekeeper.store.snapshot import read_manifest
 
     total = read_manifest(fm, row["manifest"]).total_sst_bytes
     return [
@@ -342,8 +342,8 @@ def _local(base: str) -> Iterator[str]:
 
 
 def run(quick: bool) -> list[Table]:
-    logging.getLogger("store.files.s3").setLevel(logging.WARNING)  # one line per delete request otherwise
-    logging.getLogger("maintenance").setLevel(logging.WARNING)  # one line per run otherwise
+    logging.getLogger("statekeeper.store.files.s3").setLevel(logging.WARNING)  # one line per delete request otherwise
+    logging.getLogger("statekeeper.maintenance").setLevel(logging.WARNING)  # one line per run otherwise
     logging.getLogger("werkzeug").setLevel(logging.CRITICAL)  # moto's server
     sizes = QUICK if quick else FULL
     base = tempfile.mkdtemp(prefix="bench-maintenance-")

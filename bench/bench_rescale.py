@@ -8,7 +8,7 @@ Same state in every column: ``keys`` distinct keys of a ``count`` / ``sum`` aggr
   experimental) rewrites the state as a new batch. Bytes: the state directory's growth.
 - **statekeeper offline**: the same keys held by a statekeeper operator on ``from`` partitions (written
   through the store directly, typed like the Spark integration's keys: key group + key), then
-  ``store.rescale`` (what ``statekeeper rescale`` runs). Bytes read: the source state files; written:
+  ``statekeeper.store.rescale`` (what ``statekeeper rescale`` runs). Bytes read: the source state files; written:
   the new full-state changelogs.
 - **statekeeper online**: a `StatefulOperator` (CountSum) holding the keys, restarted with ``to``
   partitions; the first batch after the restart (which rescales first) minus a normal batch.
@@ -32,9 +32,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.report import Table
-from store import CommitLog, StateStore, open_file_manager
-from store.key_groups import KeyGroupLayout, group_prefix
-from store.rescale import execute_relayout, plan_rescale
+from statekeeper.store import CommitLog, StateStore, open_file_manager
+from statekeeper.store.key_groups import KeyGroupLayout, group_prefix
+from statekeeper.store.rescale import execute_relayout, plan_rescale
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def spark_offline(spark: Any, work: Path, keys: int, src: int, dst: int) -> dict
 
 def statekeeper_online(spark: Any, work: Path, keys: int, src: int, dst: int) -> dict[str, Any]:
     """First batch after a restart with `dst` partitions minus a normal batch (both one small file)."""
-    from store.spark import StatefulOperator
+    from statekeeper.store.spark import StatefulOperator
     from tests.spark.processors import CountSum
 
     inputs, root, ckpt = work / f"on-in-{keys}-{src}", work / f"on-state-{keys}-{src}", work / f"on-ckpt-{keys}-{src}"

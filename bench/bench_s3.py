@@ -34,9 +34,9 @@ import boto3
 from botocore.config import Config
 
 from bench.report import Table
-from store.commit_log import CommitLog
-from store.files.s3 import S3FileManager
-from store.state_store import StateStore, StoreConfig
+from statekeeper.store.commit_log import CommitLog
+from statekeeper.store.files.s3 import S3FileManager
+from statekeeper.store.state_store import StateStore, StoreConfig
 
 log = logging.getLogger("bench.s3")
 
@@ -273,7 +273,7 @@ def bench_commit(endpoint: str, sizes: Sizes) -> Table:
 
 def run(quick: bool) -> list[Table]:
     sizes = QUICK if quick else FULL
-    logging.getLogger("store").setLevel(logging.WARNING)
+    logging.getLogger("statekeeper.store").setLevel(logging.WARNING)
     with fake_credentials(), moto_server() as endpoint:
         commit = bench_commit(endpoint, sizes)
         delete = bench_delete(endpoint, sizes.objects)

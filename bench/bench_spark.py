@@ -128,7 +128,7 @@ def _spark_tws_processor() -> Any:
 
 
 def _statekeeper_processors() -> dict[str, Any]:
-    from store.spark import ApplyInPandasWithState, BatchStatefulProcessor, StatefulProcessor, keys_of
+    from statekeeper.store.spark import ApplyInPandasWithState, BatchStatefulProcessor, StatefulProcessor, keys_of
 
     class CountSum(StatefulProcessor):
         def init(self, handle: Any) -> None:
@@ -321,7 +321,7 @@ def run_statekeeper(
     partitions: int,
     expected: dict[str, tuple[int, int]],
 ) -> tuple[list[float], dict[str, float], list[Any]]:
-    from store.spark import StatefulOperator, read_state
+    from statekeeper.store.spark import StatefulOperator, read_state
 
     processor = _statekeeper_processors()[api]
     root = (work / "state").as_uri()

@@ -1,6 +1,6 @@
 """Single-op and batch throughput: the store's column-family handle vs raw rocksdict, same run.
 
-Both sides use the same options (`store.rocks.db_options()` / `write_options()`: no WAL, the shared
+Both sides use the same options (`statekeeper.store.rocks.db_options()` / `write_options()`: no WAL, the shared
 block cache and write buffer manager), the same keys and values (16-byte keys, 64-byte values) and
 the same call pattern (a Python loop over the bound method, or one WriteBatch per batch). The store
 side also writes its changelog (the point of the store), and its timed put / delete / batch put
@@ -31,11 +31,11 @@ import zstandard
 
 from bench.baselines import KEY_BYTES, VALUE_BYTES, RawRocks, random_keys, random_values, sequential_keys
 from bench.report import Table
-from store.formats.changelog import encode_block_parts
-from store.formats.typed_codec import KeyCodec, stored_key_encoder
-from store.formats.typed_schema import parse_ddl
-from store.spark.schemas import ValueFormat
-from store.state_store import ColumnFamily, StateStore, StoreConfig
+from statekeeper.store.formats.changelog import encode_block_parts
+from statekeeper.store.formats.typed_codec import KeyCodec, stored_key_encoder
+from statekeeper.store.formats.typed_schema import parse_ddl
+from statekeeper.store.spark.schemas import ValueFormat
+from statekeeper.store.state_store import ColumnFamily, StateStore, StoreConfig
 
 log = logging.getLogger("bench.store")
 

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from store.spark import (
+from statekeeper.store.spark import (
     BatchProgress,
     ExpiredTimerInfo,
     StatefulOperator,

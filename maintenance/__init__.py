@@ -1,15 +1,15 @@
 """Maintenance operations, usable without Dagster, and the `statekeeper` command line.
 
-- `maintenance.snapshots.create_snapshots`: snapshot stores whose changelog chain reached the threshold
-- `maintenance.expiry.expire_versions`: keep the newest versions loadable, delete what none of them needs
-- `maintenance.orphans.clean_orphans`: delete losing attempts, unreferenced SSTs and unfinished writes
-- `maintenance.verify.verify_root`: check that every retained version is loadable
-- `maintenance.catalog_sync`: fill the lineage catalog from the checkpoint location
+- `statekeeper.maintenance.snapshots.create_snapshots`: snapshot stores whose changelog chain reached the threshold
+- `statekeeper.maintenance.expiry.expire_versions`: keep the newest versions loadable, delete what none of them needs
+- `statekeeper.maintenance.orphans.clean_orphans`: delete losing attempts, unreferenced SSTs and unfinished writes
+- `statekeeper.maintenance.verify.verify_root`: check that every retained version is loadable
+- `statekeeper.maintenance.catalog_sync`: fill the lineage catalog from the checkpoint location
 
-All of them start from one listing (`maintenance.inventory`) and one set of rules (`maintenance.plan`);
-docs/maintenance.md describes what is kept, what is deleted and when.
+All of them start from one listing (`statekeeper.maintenance.inventory`) and one set of rules
+(`statekeeper.maintenance.plan`); docs/maintenance.md describes what is kept, what is deleted and when.
 """
 
-from store.extras import require
+from statekeeper.store.extras import require
 
 require(("sqlalchemy", "alembic", "tqdm"), "maintenance", "statekeeper maintenance (and its command line)")

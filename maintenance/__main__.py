@@ -1,7 +1,7 @@
-"""`python -m maintenance ...` is the `statekeeper` command line."""
+"""`python -m statekeeper.maintenance ...` is the `statekeeper` command line."""
 
 import sys
 
-from maintenance.cli import main
+from statekeeper.maintenance.cli import main
 
 sys.exit(main())

@@ -1,4 +1,4 @@
-"""Catalog sync: fill the lineage catalog (`sql`) from a checkpoint location, the source of truth.
+"""Catalog sync: fill the lineage catalog (`statekeeper.sql`) from a checkpoint location, the source of truth.
 
 Two modes, both idempotent (running twice changes nothing):
 
@@ -29,15 +29,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
-from sql import Catalog, CommitObservation, FileObservation, SnapshotObservation, SyncWriter
-from sql.models import KIND_CHANGELOG, KIND_COMMIT, KIND_FOREIGN, KIND_MANIFEST, KIND_SST, KIND_TEMP
-from store.errors import CheckpointError, ConfigurationError, StatekeeperError
-from store.files import CheckpointFileManager, FileInfo, open_file_manager
-from store.files.local import is_temp_name
-from store.files.paths import validate_component
-from store.formats.changelog import read_header
-from store.formats.commit import CommitRecord
-from store.layout import (
+from statekeeper.sql import Catalog, CommitObservation, FileObservation, SnapshotObservation, SyncWriter
+from statekeeper.sql.models import KIND_CHANGELOG, KIND_COMMIT, KIND_FOREIGN, KIND_MANIFEST, KIND_SST, KIND_TEMP
+from statekeeper.store.errors import CheckpointError, ConfigurationError, StatekeeperError
+from statekeeper.store.files import CheckpointFileManager, FileInfo, open_file_manager
+from statekeeper.store.files.local import is_temp_name
+from statekeeper.store.files.paths import validate_component
+from statekeeper.store.formats.changelog import read_header
+from statekeeper.store.formats.commit import CommitRecord
+from statekeeper.store.layout import (
     CHANGELOG_DIR,
     COMMITS_DIR,
     SNAPSHOT_DIR,
@@ -48,7 +48,7 @@ from store.layout import (
     parse_commit_name,
     parse_versioned_name,
 )
-from store.snapshot import read_manifest
+from statekeeper.store.snapshot import read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class Classified:
 
 
 def classify(path: str) -> Classified:
-    """What a path relative to the root is, by the layout of `store.layout` (foreign if no match)."""
+    """What a path relative to the root is, by the layout of `statekeeper.store.layout` (foreign if no match)."""
     parts = path.split("/")
     name = parts[-1]
     store: tuple[str, int] | None = None

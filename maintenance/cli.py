@@ -18,13 +18,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from store.errors import ConfigurationError, StatekeeperError
-from store.layout import StoreId
+from statekeeper.store.errors import ConfigurationError, StatekeeperError
+from statekeeper.store.layout import StoreId
 
 if TYPE_CHECKING:
-    from maintenance.reports import Report
-    from maintenance.settings import MaintenanceSettings
-    from sql.catalog import Catalog
+    from statekeeper.maintenance.reports import Report
+    from statekeeper.maintenance.settings import MaintenanceSettings
+    from statekeeper.sql.catalog import Catalog
 
 log = logging.getLogger("statekeeper")
 
@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--every", type=_number, default=10.0, metavar="SECONDS", help="start a cycle this often")
     p.add_argument("--cycles", type=_positive_int, metavar="N", help="stop after N cycles (default: run until killed)")
     p.set_defaults(func=cmd_maintain)
-    from maintenance.relayout import add_commands
+    from statekeeper.maintenance.relayout import add_commands
 
     add_commands(sub, common, _positive_int, _emit, _maybe_catalog)
 
@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _settings(args: argparse.Namespace) -> MaintenanceSettings:
-    from maintenance.settings import MaintenanceSettings
+    from statekeeper.maintenance.settings import MaintenanceSettings
 
     return MaintenanceSettings.from_env(
         snapshot_threshold=getattr(args, "threshold", None),
@@ -196,15 +196,15 @@ def _settings(args: argparse.Namespace) -> MaintenanceSettings:
 
 
 def _db_url(args: argparse.Namespace) -> str:
-    from sql.db import default_url
+    from statekeeper.sql.db import default_url
 
     return str(args.db) if args.db else default_url()
 
 
 def _open_catalog(args: argparse.Namespace) -> Catalog:
     """The catalog; the embedded SQLite default is migrated on first use, a server database is not."""
-    from sql.catalog import Catalog
-    from sql.db import normalize_url
+    from statekeeper.sql.catalog import Catalog
+    from statekeeper.sql.db import normalize_url
 
     url = _db_url(args)
     auto = normalize_url(url).get_backend_name() == "sqlite" and not args.db
@@ -288,8 +288,8 @@ def _report_out(args: argparse.Namespace, report: Report, columns: Sequence[str]
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from maintenance.inventory import Inventory
-    from maintenance.plan import plan_root
+    from statekeeper.maintenance.inventory import Inventory
+    from statekeeper.maintenance.plan import plan_root
 
     settings = _settings(args)
     inv = Inventory.scan(args.root, parallelism=settings.parallelism, progress=_progress(args), stores=args.stores)
@@ -384,7 +384,7 @@ def _version_files(inv: Any, plan: Any, store: StoreId, version: int) -> dict[st
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from maintenance.fanout import verify_operation
+    from statekeeper.maintenance.fanout import verify_operation
 
     settings = _settings(args)
     verify_root = verify_operation(args.engine, args.master)
@@ -402,7 +402,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    from maintenance.fanout import snapshot_operation
+    from statekeeper.maintenance.fanout import snapshot_operation
 
     settings = _settings(args)
     create_snapshots = snapshot_operation(args.engine, args.master)
@@ -431,7 +431,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 
 def cmd_expire(args: argparse.Namespace) -> int:
-    from maintenance.expiry import expire_versions
+    from statekeeper.maintenance.expiry import expire_versions
 
     settings = _settings(args)
     with _maybe_catalog(args) as catalog:
@@ -442,7 +442,7 @@ def cmd_expire(args: argparse.Namespace) -> int:
 
 
 def cmd_clean_orphans(args: argparse.Namespace) -> int:
-    from maintenance.orphans import clean_orphans
+    from statekeeper.maintenance.orphans import clean_orphans
 
     settings = _settings(args)
     with _maybe_catalog(args) as catalog:
@@ -453,7 +453,7 @@ def cmd_clean_orphans(args: argparse.Namespace) -> int:
 
 
 def cmd_catalog_sync(args: argparse.Namespace, *, rebuild: bool = False) -> int:
-    from maintenance.catalog_sync import rebuild_catalog, sync_catalog
+    from statekeeper.maintenance.catalog_sync import rebuild_catalog, sync_catalog
 
     catalog = _open_catalog(args)
     try:
@@ -482,7 +482,7 @@ def cmd_catalog_rebuild(args: argparse.Namespace) -> int:
 
 
 def _catalog_root(args: argparse.Namespace) -> str:
-    from store.files import open_file_manager
+    from statekeeper.store.files import open_file_manager
 
     return open_file_manager(args.root).root_uri
 
@@ -545,7 +545,7 @@ def cmd_catalog_retention(args: argparse.Namespace) -> int:
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from sql.db import normalize_url, upgrade
+    from statekeeper.sql.db import normalize_url, upgrade
 
     url = _db_url(args)
     revision = upgrade(url)
@@ -555,7 +555,7 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_db_current(args: argparse.Namespace) -> int:
-    from sql.db import current_revision, head_revision, normalize_url
+    from statekeeper.sql.db import current_revision, head_revision, normalize_url
 
     url = _db_url(args)
     current, head = current_revision(url), head_revision()
@@ -579,7 +579,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
-    from maintenance.loop import CycleResult, maintain
+    from statekeeper.maintenance.loop import CycleResult, maintain
 
     settings = _settings(args)
     failed = 0
@@ -608,10 +608,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     if args.verbose == 0:
-        logging.getLogger("maintenance").setLevel(logging.CRITICAL)  # errors are printed once, below
+        logging.getLogger("statekeeper.maintenance").setLevel(logging.CRITICAL)  # errors are printed once, below
     from sqlalchemy.exc import SQLAlchemyError
 
-    from sql.errors import CatalogConfigError, CatalogError, NotInCatalogError
+    from statekeeper.sql.errors import CatalogConfigError, CatalogError, NotInCatalogError
 
     try:
         return int(args.func(args))

@@ -14,14 +14,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from maintenance.inventory import FOREIGN, MANIFEST, SST, TEMP, UPLOAD, FileEntry, classify
-from maintenance.settings import MaintenanceSettings
-from store.errors import ConfigurationError
-from store.files import CheckpointFileManager, DeleteResult
-from store.files.paths import validate_relative_path
+from statekeeper.maintenance.inventory import FOREIGN, MANIFEST, SST, TEMP, UPLOAD, FileEntry, classify
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.files import CheckpointFileManager, DeleteResult
+from statekeeper.store.files.paths import validate_relative_path
 
 if TYPE_CHECKING:
-    from sql.catalog import Catalog
+    from statekeeper.sql.catalog import Catalog
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Expiry: keep the newest `min_versions_to_retain` committed versions of each store loadable, delete
-the committed files none of them needs (rules in `maintenance.plan`).
+the committed files none of them needs (rules in `statekeeper.maintenance.plan`).
 
 Per store, under its lease, after listing the store again: manifests first, then the SSTs only they
 referenced (so no surviving manifest ever names a deleted SST), then changelogs. Commit records go
@@ -17,19 +17,19 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from maintenance.deletion import DeleteOutcome, delete_in_order, delete_recorded
-from maintenance.inventory import BATCH, CHANGELOG, COMMIT, MANIFEST, SST, FileEntry, Inventory
-from maintenance.leasing import planned_store
-from maintenance.plan import StorePlan, plan_root
-from maintenance.reports import ExpiryReport, recorded
-from maintenance.settings import MaintenanceSettings
-from maintenance.snapshot_health import base_problem
-from maintenance.workers import run_each
-from store.files import CheckpointFileManager, open_file_manager
-from store.layout import StoreId
+from statekeeper.maintenance.deletion import DeleteOutcome, delete_in_order, delete_recorded
+from statekeeper.maintenance.inventory import BATCH, CHANGELOG, COMMIT, MANIFEST, SST, FileEntry, Inventory
+from statekeeper.maintenance.leasing import planned_store
+from statekeeper.maintenance.plan import StorePlan, plan_root
+from statekeeper.maintenance.reports import ExpiryReport, recorded
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshot_health import base_problem
+from statekeeper.maintenance.workers import run_each
+from statekeeper.store.files import CheckpointFileManager, open_file_manager
+from statekeeper.store.layout import StoreId
 
 if TYPE_CHECKING:
-    from sql.catalog import Catalog
+    from statekeeper.sql.catalog import Catalog
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Snapshot and verify over many stores as one Spark job, for fleets beyond one maintenance process.
 
-The driver lists the root and plans as :func:`maintenance.snapshots.create_snapshots` and
-:func:`maintenance.verify.verify_root` do; the stores to work on are then distributed over Spark's
+The driver lists the root and plans as :func:`statekeeper.maintenance.snapshots.create_snapshots` and
+:func:`statekeeper.maintenance.verify.verify_root` do; the stores to work on are then distributed over Spark's
 executors (``mapInArrow`` over a DataFrame of store names, so it runs on a classic session and over
 Spark Connect alike). Each task opens the checkpoint root and the catalog itself, works on its stores
 one at a time -- a snapshot under the store's catalog lease (invariant 5 holds across machines, since
@@ -23,27 +23,27 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from maintenance.inventory import Inventory
-from maintenance.plan import plan_store
-from maintenance.reports import SnapshotReport, VerifyReport, recorded
-from maintenance.settings import MaintenanceSettings
-from maintenance.snapshots import (
+from statekeeper.maintenance.inventory import Inventory
+from statekeeper.maintenance.plan import plan_store
+from statekeeper.maintenance.reports import SnapshotReport, VerifyReport, recorded
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshots import (
     account_snapshot,
     check_work_dir,
     create_snapshots,
     snapshot_store,
     sync_after_snapshots,
 )
-from maintenance.verify import StoreVerification, account_verification, verify_root, verify_store
-from store.errors import ConfigurationError
-from store.extras import require
-from store.files import CheckpointFileManager, open_file_manager
-from store.layout import StoreId
+from statekeeper.maintenance.verify import StoreVerification, account_verification, verify_root, verify_store
+from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.extras import require
+from statekeeper.store.files import CheckpointFileManager, open_file_manager
+from statekeeper.store.layout import StoreId
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from sql.catalog import Catalog
+    from statekeeper.sql.catalog import Catalog
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def _parse_store(name: str) -> StoreId:
 def _open_catalog(url: str | None) -> Catalog | None:
     if url is None:
         return None
-    from sql.catalog import Catalog
+    from statekeeper.sql.catalog import Catalog
 
     return Catalog.open(url)
 
@@ -162,7 +162,7 @@ def create_snapshots_on_spark(
     progress: bool = False,
     stores: Iterable[StoreId] | None = None,
 ) -> SnapshotReport:
-    """:func:`maintenance.snapshots.create_snapshots`, with the stores' snapshots built on Spark executors.
+    """:func:`statekeeper.maintenance.snapshots.create_snapshots`, with the stores' snapshots built on Spark executors.
 
     A dry run only plans (on the driver, as the one-process engine does); `progress` bars are not shown.
     """
@@ -210,7 +210,7 @@ def verify_root_on_spark(
     progress: bool = False,
     stores: Iterable[StoreId] | None = None,
 ) -> VerifyReport:
-    """:func:`maintenance.verify.verify_root`, with the stores verified on Spark executors; read-only.
+    """:func:`statekeeper.maintenance.verify.verify_root`, with the stores verified on Spark executors; read-only.
 
     `progress` bars are not shown (the work happens on the executors).
     """

@@ -18,10 +18,10 @@ import math
 import time
 from dataclasses import dataclass
 
-from maintenance.inventory import Inventory
-from maintenance.plan import plan_store
-from maintenance.settings import MaintenanceSettings
-from store.layout import StoreId
+from statekeeper.maintenance.inventory import Inventory
+from statekeeper.maintenance.plan import plan_store
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.store.layout import StoreId
 
 
 @dataclass(frozen=True, slots=True)

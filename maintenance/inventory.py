@@ -3,7 +3,7 @@
 Every maintenance operation works from an :class:`Inventory` instead of listing on its own, so one
 run costs one paginated listing of the root (plus, per store it changes, one listing of that store's
 prefix taken *after* its lease is held: `Inventory.rescan_store`). What each file is *for* (needed by
-a retained version, expired, orphan, in flight) is decided in `maintenance.plan`.
+a retained version, expired, orphan, in flight) is decided in `statekeeper.maintenance.plan`.
 
 Commit records and manifests never change once written (DESIGN invariant 2), so their parsed content
 is cached per process by (root, path, size, mtime): a maintainer that runs every few minutes reads
@@ -22,13 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from maintenance.progress import bar as progress_bar
-from store.errors import CheckpointError, ConfigurationError
-from store.files import CheckpointFileManager, LocalFileManager, open_file_manager
-from store.files.paths import validate_component
-from store.formats.commit import CommitRecord
-from store.formats.snapshot import SnapshotManifest
-from store.layout import (
+from statekeeper.maintenance.progress import bar as progress_bar
+from statekeeper.store.errors import CheckpointError, ConfigurationError
+from statekeeper.store.files import CheckpointFileManager, LocalFileManager, open_file_manager
+from statekeeper.store.files.paths import validate_component
+from statekeeper.store.formats.commit import CommitRecord
+from statekeeper.store.formats.snapshot import SnapshotManifest
+from statekeeper.store.layout import (
     BATCHES_DIR,
     CHANGELOG_DIR,
     CHANGELOG_SUFFIX,
@@ -43,7 +43,7 @@ from store.layout import (
     parse_commit_name,
     parse_versioned_name,
 )
-from store.snapshot import read_manifest
+from statekeeper.store.snapshot import read_manifest
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """One maintainer per store (DESIGN invariant 5).
 
-With a catalog, the lease is a row in the catalog (`sql.leases`): it works across hosts, expires
+With a catalog, the lease is a row in the catalog (`statekeeper.sql.leases`): it works across hosts, expires
 `lease_ttl_seconds` after a crash, and is renewed in the background while the work runs; every
 destructive step calls `check()` first, which raises once the lease was lost.
 
@@ -22,14 +22,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
 
-from maintenance.settings import MaintenanceSettings
-from store.errors import StatekeeperError
-from store.layout import StoreId
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.store.errors import StatekeeperError
+from statekeeper.store.layout import StoreId
 
 if TYPE_CHECKING:
-    from maintenance.inventory import Inventory
-    from maintenance.plan import StorePlan
-    from sql.catalog import Catalog
+    from statekeeper.maintenance.inventory import Inventory
+    from statekeeper.maintenance.plan import StorePlan
+    from statekeeper.sql.catalog import Catalog
 
 LOCK_DIR = "statekeeper-locks"
 
@@ -60,7 +60,7 @@ def store_lease(
 ) -> Iterator[LeaseGuard]:
     """Hold the maintenance lease of `store` for the block; `MaintenanceBusyError` if another has it."""
     if catalog is not None:
-        from sql.errors import LeaseUnavailableError
+        from statekeeper.sql.errors import LeaseUnavailableError
 
         try:
             lease = catalog.acquire_lease(
@@ -112,7 +112,7 @@ def planned_store(
     root_uri: str, inv: Inventory, store: StoreId, settings: MaintenanceSettings, catalog: Catalog | None
 ) -> Iterator[tuple[StorePlan, LeaseGuard]]:
     """Under the store's lease, re-list it and plan it; a plan with problems deletes nothing."""
-    from maintenance.plan import plan_store
+    from statekeeper.maintenance.plan import plan_store
 
     with store_lease(root_uri, store, settings, catalog) as lease:
         inv.rescan_store(store)

@@ -3,8 +3,8 @@
 Running the three ``statekeeper`` commands from cron or a shell loop starts three processes per cycle,
 each importing the stack, opening the catalog and rebuilding its warm replicas' view from disk: that
 fixed cost dominates a maintainer of many small stores (see docs/benchmarks.md, fleet). This loop
-keeps one process, one catalog connection, the warm local copies of the stores (`maintenance.replica`)
-and the parsed commit records and manifests (`maintenance.inventory`) across cycles, so a cycle costs
+keeps one process, one catalog connection, the warm local copies of the stores (`statekeeper.maintenance.replica`)
+and the parsed commit records and manifests (`statekeeper.maintenance.inventory`) across cycles, so a cycle costs
 its listings and the work it finds. ``statekeeper maintain ROOT --every SECONDS`` runs it.
 """
 
@@ -17,15 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from maintenance.expiry import expire_versions
-from maintenance.orphans import clean_orphans
-from maintenance.reports import Report
-from maintenance.settings import MaintenanceSettings
-from maintenance.snapshots import create_snapshots
-from store.files import CheckpointFileManager, open_file_manager
+from statekeeper.maintenance.expiry import expire_versions
+from statekeeper.maintenance.orphans import clean_orphans
+from statekeeper.maintenance.reports import Report
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.store.files import CheckpointFileManager, open_file_manager
 
 if TYPE_CHECKING:
-    from sql.catalog import Catalog
+    from statekeeper.sql.catalog import Catalog
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Orphan cleanup: delete files no committed version will ever read, once they cannot be in flight.
 
-Orphans (rules in `maintenance.plan`): changelogs and manifests of attempts that lost an already
+Orphans (rules in `statekeeper.maintenance.plan`): changelogs and manifests of attempts that lost an already
 committed version, files left below the oldest commit record that no retained version needs, SST
 files no surviving manifest references, temp files of unfinished local writes and incomplete S3
 multipart uploads. Each is deleted only when older than `orphan_grace_seconds` (a slow task, a
@@ -16,18 +16,18 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from maintenance.deletion import DeleteOutcome, delete_in_order, delete_recorded
-from maintenance.inventory import BATCH, CHANGELOG, MANIFEST, SST, TEMP, UPLOAD, FileEntry, Inventory
-from maintenance.leasing import planned_store
-from maintenance.plan import plan_root
-from maintenance.reports import OrphanReport, recorded
-from maintenance.settings import MaintenanceSettings
-from maintenance.workers import run_each
-from store.files import CheckpointFileManager, open_file_manager
-from store.layout import StoreId
+from statekeeper.maintenance.deletion import DeleteOutcome, delete_in_order, delete_recorded
+from statekeeper.maintenance.inventory import BATCH, CHANGELOG, MANIFEST, SST, TEMP, UPLOAD, FileEntry, Inventory
+from statekeeper.maintenance.leasing import planned_store
+from statekeeper.maintenance.plan import plan_root
+from statekeeper.maintenance.reports import OrphanReport, recorded
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.workers import run_each
+from statekeeper.store.files import CheckpointFileManager, open_file_manager
+from statekeeper.store.layout import StoreId
 
 if TYPE_CHECKING:
-    from sql.catalog import Catalog
+    from statekeeper.sql.catalog import Catalog
 
 log = logging.getLogger(__name__)
 

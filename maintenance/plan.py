@@ -31,10 +31,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from maintenance.inventory import FOREIGN, MANIFEST, FileEntry, Inventory, StoreFiles
-from maintenance.settings import MaintenanceSettings
-from store.formats.snapshot import SnapshotManifest
-from store.layout import COMMITS_DIR, StoreId
+from statekeeper.maintenance.inventory import FOREIGN, MANIFEST, FileEntry, Inventory, StoreFiles
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.store.formats.snapshot import SnapshotManifest
+from statekeeper.store.layout import COMMITS_DIR, StoreId
 
 MAX_PROBLEMS = 20
 """Problems listed per store (the count is always exact)."""

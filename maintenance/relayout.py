@@ -18,16 +18,23 @@ import time
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any
 
-from maintenance.leasing import store_lease
-from maintenance.settings import MaintenanceSettings
-from store.commit_log import CommitLog
-from store.files import open_file_manager
-from store.layout import StoreId
-from store.rescale import RelayoutPlan, RelayoutResult, RescaleError, execute_relayout, plan_rescale, plan_rollback
-from store.spark.rescale_rules import TypedStateKeys
+from statekeeper.maintenance.leasing import store_lease
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.store.commit_log import CommitLog
+from statekeeper.store.files import open_file_manager
+from statekeeper.store.layout import StoreId
+from statekeeper.store.rescale import (
+    RelayoutPlan,
+    RelayoutResult,
+    RescaleError,
+    execute_relayout,
+    plan_rescale,
+    plan_rollback,
+)
+from statekeeper.store.spark.rescale_rules import TypedStateKeys
 
 if TYPE_CHECKING:
-    from sql.catalog import Catalog
+    from statekeeper.sql.catalog import Catalog
 
 log = logging.getLogger(__name__)
 

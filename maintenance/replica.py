@@ -28,15 +28,15 @@ from typing import Any, BinaryIO, cast
 
 import rocksdict as rd
 
-from store.errors import CorruptFileError, LineageError, StoreStateError, UnsupportedFormatError
-from store.faults import reached as fault_point
-from store.files import CheckpointFileManager
-from store.formats.changelog import ChangelogReader
-from store.formats.snapshot import SnapshotManifest
-from store.layout import StoreId
-from store.loading import apply_changelog
-from store.rocks import DEFAULT_CF, db_options, open_db, track_memtable, untrack_memtables
-from store.snapshot import SnapshotResult, restore_snapshot, write_snapshot
+from statekeeper.store.errors import CorruptFileError, LineageError, StoreStateError, UnsupportedFormatError
+from statekeeper.store.faults import reached as fault_point
+from statekeeper.store.files import CheckpointFileManager
+from statekeeper.store.formats.changelog import ChangelogReader
+from statekeeper.store.formats.snapshot import SnapshotManifest
+from statekeeper.store.layout import StoreId
+from statekeeper.store.loading import apply_changelog
+from statekeeper.store.rocks import DEFAULT_CF, db_options, open_db, track_memtable, untrack_memtables
+from statekeeper.store.snapshot import SnapshotResult, restore_snapshot, write_snapshot
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sql.catalog import Catalog
+    from statekeeper.sql.catalog import Catalog
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from store.errors import ConfigurationError
+from statekeeper.store.errors import ConfigurationError
 
 ENV_PREFIX = "STATEKEEPER_"
 

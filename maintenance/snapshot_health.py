@@ -3,7 +3,7 @@
 A load repairs around an unreadable snapshot by replaying from an older base, so maintenance must
 (1) notice the bad snapshot, (2) write a fresh one at the next snapshot run, even below the chain
 threshold, and (3) never move the expiry base onto a bad snapshot, which would delete the changelogs
-the repair replays. The plan (`maintenance.plan`) sees structural damage from the inventory (an
+the repair replays. The plan (`statekeeper.maintenance.plan`) sees structural damage from the inventory (an
 unreadable manifest, a missing or resized SST); a bit flip inside an SST shows only in its SHA-256,
 which this module checks by downloading the SST. SST names derive from their content, so an SST
 checked once in this process (or uploaded by it) is not downloaded again: checking a new snapshot
@@ -18,12 +18,12 @@ import os
 import tempfile
 import threading
 
-from maintenance.plan import StorePlan
-from store.errors import StatekeeperError
-from store.files import CheckpointFileManager
-from store.formats.snapshot import SnapshotManifest
-from store.layout import StoreId
-from store.snapshot import file_sha256
+from statekeeper.maintenance.plan import StorePlan
+from statekeeper.store.errors import StatekeeperError
+from statekeeper.store.files import CheckpointFileManager
+from statekeeper.store.formats.snapshot import SnapshotManifest
+from statekeeper.store.layout import StoreId
+from statekeeper.store.snapshot import file_sha256
 
 _sound_lock = threading.Lock()
 _sound: set[tuple[str, str, str]] = set()

@@ -28,20 +28,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from maintenance.inventory import Inventory
-from maintenance.leasing import store_lease
-from maintenance.plan import StorePlan, plan_store
-from maintenance.progress import bar
-from maintenance.replica import Replica, ReplicaBusyError
-from maintenance.reports import SnapshotReport, recorded
-from maintenance.settings import MaintenanceSettings
-from maintenance.snapshot_health import corrupt_ssts, mark_sound, newest_snapshot_problem
-from store.errors import CheckpointFileExistsError, ConfigurationError
-from store.files import CheckpointFileManager, LocalFileManager, open_file_manager
-from store.layout import StoreId
+from statekeeper.maintenance.inventory import Inventory
+from statekeeper.maintenance.leasing import store_lease
+from statekeeper.maintenance.plan import StorePlan, plan_store
+from statekeeper.maintenance.progress import bar
+from statekeeper.maintenance.replica import Replica, ReplicaBusyError
+from statekeeper.maintenance.reports import SnapshotReport, recorded
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshot_health import corrupt_ssts, mark_sound, newest_snapshot_problem
+from statekeeper.store.errors import CheckpointFileExistsError, ConfigurationError
+from statekeeper.store.files import CheckpointFileManager, LocalFileManager, open_file_manager
+from statekeeper.store.layout import StoreId
 
 if TYPE_CHECKING:
-    from sql.catalog import Catalog
+    from statekeeper.sql.catalog import Catalog
 
 log = logging.getLogger(__name__)
 
@@ -341,7 +341,7 @@ def _repair_reason(fm: CheckpointFileManager, inv: Inventory, plan: StorePlan) -
 
 def _sync(catalog: Catalog, fm: CheckpointFileManager, report: SnapshotReport) -> None:
     """Tell the catalog about the new snapshots (an incremental sync); its read errors are logged."""
-    from maintenance.catalog_sync import sync_catalog
+    from statekeeper.maintenance.catalog_sync import sync_catalog
 
     result = sync_catalog(catalog, fm, raise_on_error=False)
     for err in result.errors:

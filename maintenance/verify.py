@@ -27,21 +27,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from maintenance.inventory import Inventory, StoreFiles
-from maintenance.plan import StorePlan, plan_store
-from maintenance.replica import Replica, content_digest
-from maintenance.reports import VerifyReport, recorded
-from maintenance.settings import MaintenanceSettings
-from maintenance.workers import run_each
-from store.errors import CheckpointError, CorruptFileError, LineageError, StatekeeperError
-from store.files import CheckpointFileManager, open_file_manager
-from store.formats.changelog import ChangelogReader, Lineage
-from store.layout import StoreId
-from store.load_plan import fall_back, resolve_load_plan
-from store.state_store import StateStore, StoreConfig
+from statekeeper.maintenance.inventory import Inventory, StoreFiles
+from statekeeper.maintenance.plan import StorePlan, plan_store
+from statekeeper.maintenance.replica import Replica, content_digest
+from statekeeper.maintenance.reports import VerifyReport, recorded
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.workers import run_each
+from statekeeper.store.errors import CheckpointError, CorruptFileError, LineageError, StatekeeperError
+from statekeeper.store.files import CheckpointFileManager, open_file_manager
+from statekeeper.store.formats.changelog import ChangelogReader, Lineage
+from statekeeper.store.layout import StoreId
+from statekeeper.store.load_plan import fall_back, resolve_load_plan
+from statekeeper.store.state_store import StateStore, StoreConfig
 
 if TYPE_CHECKING:
-    from sql.catalog import Catalog
+    from statekeeper.sql.catalog import Catalog
 
 log = logging.getLogger(__name__)
 
@@ -355,7 +355,9 @@ def _rebuild_and_compare(
     try:
         probe.load(plan.latest, plan.latest_id)
         loaded = content_digest({cf: probe.items(cf=cf) for cf in probe.column_families()})
-        from store.spark.state_view import check_typed_state  # typed state: every value decodes (no code runs)
+        from statekeeper.store.spark.state_view import (
+            check_typed_state,  # typed state: every value decodes (no code runs)
+        )
 
         logs = [(v, c) for v, c in sorted(plan.committed.items()) if (v, c) in files.changelogs]
         res.errors.extend(f"store {store}: {e}" for e in check_typed_state(probe, fm, logs))

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from maintenance.progress import bar
+from statekeeper.maintenance.progress import bar
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from orchestration.metadata import (
+from statekeeper.orchestration.metadata import (
     chain_rows,
     chain_stats,
     health_metadata,
@@ -41,11 +41,11 @@ from orchestration.metadata import (
     report_metadata,
     table,
 )
-from orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
-from sql import Catalog
-from sql.models import utcnow
-from store.errors import ConfigurationError
-from store.layout import StoreId
+from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
+from statekeeper.sql import Catalog
+from statekeeper.sql.models import utcnow
+from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.layout import StoreId
 
 GROUP = "statekeeper"
 LINEAGE = "lineage_catalog"
@@ -93,7 +93,7 @@ def parse_stores(specs: list[str]) -> list[StoreId] | None:
 
 def sync_lineage(catalog: Catalog, storage: CheckpointStorage, root: str) -> Any:
     """An incremental catalog sync, not recorded as a run (it keeps chain lengths and checks current)."""
-    from maintenance.catalog_sync import sync_catalog
+    from statekeeper.maintenance.catalog_sync import sync_catalog
 
     return sync_catalog(catalog, storage.file_manager(root), raise_on_error=False)
 
@@ -140,7 +140,7 @@ def run_maintenance(
     """Run one maintenance operation on the root of the partition and describe it for the UI.
 
     With `health`, also the chain length and snapshot lag of every store after the run
-    (`maintenance.health`, one more listing of the root), as numbers the UI plots per store.
+    (`statekeeper.maintenance.health`, one more listing of the root), as numbers the UI plots per store.
     """
     fm = storage.file_manager(context.partition_key)
     root = fm.root_uri
@@ -157,8 +157,8 @@ def run_maintenance(
     md = report_metadata(report)
     md.update(chain_stats(chains, settings.snapshot_threshold))
     if health:
-        from maintenance.health import store_health
-        from maintenance.inventory import Inventory
+        from statekeeper.maintenance.health import store_health
+        from statekeeper.maintenance.inventory import Inventory
 
         md.update(health_metadata(store_health(Inventory.scan(fm, parallelism=settings.parallelism), settings)))
     md["asset_seconds"] = MetadataValue.float(round(time.perf_counter() - t0, 3))
@@ -187,7 +187,7 @@ def build_assets(partitions: PartitionsDefinition) -> list[AssetsDefinition]:
         catalog: CatalogDatabase,
         maintenance: MaintenanceConfig,
     ) -> MaterializeResult[None]:
-        from maintenance.catalog_sync import sync_catalog
+        from statekeeper.maintenance.catalog_sync import sync_catalog
 
         fm = storage.file_manager(context.partition_key)
         threshold = maintenance.snapshot_threshold
@@ -250,7 +250,7 @@ def build_assets(partitions: PartitionsDefinition) -> list[AssetsDefinition]:
         catalog: CatalogDatabase,
         maintenance: MaintenanceConfig,
     ) -> MaterializeResult[None]:
-        from maintenance.expiry import expire_versions
+        from statekeeper.maintenance.expiry import expire_versions
 
         return run_maintenance(
             context, RETAINED, expire_versions, storage, catalog, maintenance, dry_run=config.dry_run
@@ -272,7 +272,7 @@ def build_assets(partitions: PartitionsDefinition) -> list[AssetsDefinition]:
         catalog: CatalogDatabase,
         maintenance: MaintenanceConfig,
     ) -> MaterializeResult[None]:
-        from maintenance.orphans import clean_orphans
+        from statekeeper.maintenance.orphans import clean_orphans
 
         return run_maintenance(context, ORPHANS, clean_orphans, storage, catalog, maintenance, dry_run=config.dry_run)
 

@@ -1,7 +1,7 @@
 """Asset checks, per checkpoint root (the partitions of the assets they check).
 
 - ``retained_versions_loadable`` (on ``retained_versions``): every retained committed version of every
-  store is loadable: files present, checksums and lineage good (`maintenance.verify.verify_root`).
+  store is loadable: files present, checksums and lineage good (`statekeeper.maintenance.verify.verify_root`).
 - ``chain_lengths_within_threshold`` (on ``state_snapshots``): no store replays more than
   ``snapshot_threshold`` changelogs on recovery (warning: the sensor snapshots it on its next tick).
 - ``chains_within_twice_threshold`` (on ``state_snapshots``): no store's chain is longer than twice
@@ -22,9 +22,9 @@ from dagster import (
     asset_check,
 )
 
-from orchestration.assets import ORPHANS, RETAINED, SNAPSHOTS, sync_lineage
-from orchestration.metadata import chain_rows, chain_stats, numeric, report_errors, table
-from orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
+from statekeeper.orchestration.assets import ORPHANS, RETAINED, SNAPSHOTS, sync_lineage
+from statekeeper.orchestration.metadata import chain_rows, chain_stats, numeric, report_errors, table
+from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
 
 LOADABLE = "retained_versions_loadable"
 CHAINS = "chain_lengths_within_threshold"
@@ -132,7 +132,7 @@ def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition
             catalog: CatalogDatabase,
             maintenance: MaintenanceConfig,
         ) -> AssetCheckResult:
-            from maintenance.orphans import clean_orphans
+            from statekeeper.maintenance.orphans import clean_orphans
 
             root = _root(context, storage)
             with catalog.session() as cat:

@@ -8,7 +8,7 @@ has its own materialization history, its own plots and its own run queue.
 |---|---|---|
 | STATEKEEPER_CHECKPOINT_ROOTS | ``<repo>/run/demo-checkpoint`` | root URIs, comma or newline separated |
 | STATEKEEPER_S3_ENDPOINT_URL / STATEKEEPER_S3_REGION | unset (AWS) | S3-compatible endpoint and region |
-| STATEKEEPER_DB_URL | ``sqlite:///~/.statekeeper/catalog.db`` | the catalog database (see `sql.db`) |
+| STATEKEEPER_DB_URL | ``sqlite:///~/.statekeeper/catalog.db`` | the catalog database (see `statekeeper.sql.db`) |
 | STATEKEEPER_EXPIRY_SCHEDULE | ``0 * * * *`` (hourly) | cron of the expiry schedule, or ``off`` |
 | STATEKEEPER_ORPHAN_SCHEDULE | ``30 3 * * *`` (daily) | cron of the orphan-cleanup schedule, or ``off`` |
 | STATEKEEPER_SCHEDULE_TIMEZONE | ``UTC`` | time zone of both crons |
@@ -18,7 +18,7 @@ has its own materialization history, its own plots and its own run queue.
 | STATEKEEPER_FAILURE_SENSOR | ``on`` | ``off`` stops recording failed runs in the catalog |
 
 Maintenance settings (snapshot threshold, retention, grace period, parallelism...) come from
-`maintenance.settings.MaintenanceSettings.from_env()`.
+`statekeeper.maintenance.settings.MaintenanceSettings.from_env()`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from store.errors import ConfigurationError
-from store.files import open_file_manager
+from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.files import open_file_manager
 
 ENV_ROOTS = "STATEKEEPER_CHECKPOINT_ROOTS"
 ENV_DB_URL = "STATEKEEPER_DB_URL"

@@ -10,14 +10,14 @@ from typing import Any
 
 from dagster import Definitions, StaticPartitionsDefinition
 
-from orchestration.assets import ORPHANS, RETAINED, SNAPSHOTS, build_assets
-from orchestration.checks import build_checks
-from orchestration.config import OrchestrationConfig
-from orchestration.jobs import build_jobs
-from orchestration.relayout_jobs import relayout_jobs
-from orchestration.resources import build_resources
-from orchestration.schedules import build_schedules
-from orchestration.sensors import build_checkpoint_sensor, build_failure_sensor
+from statekeeper.orchestration.assets import ORPHANS, RETAINED, SNAPSHOTS, build_assets
+from statekeeper.orchestration.checks import build_checks
+from statekeeper.orchestration.config import OrchestrationConfig
+from statekeeper.orchestration.jobs import build_jobs
+from statekeeper.orchestration.relayout_jobs import relayout_jobs
+from statekeeper.orchestration.resources import build_resources
+from statekeeper.orchestration.schedules import build_schedules
+from statekeeper.orchestration.sensors import build_checkpoint_sensor, build_failure_sensor
 
 
 def root_partitions(config: OrchestrationConfig) -> StaticPartitionsDefinition:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dagster import AssetSelection, define_asset_job
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
-from orchestration.assets import KIND_TAG, KINDS, LINEAGE, ORPHANS, RETAINED, SNAPSHOTS
+from statekeeper.orchestration.assets import KIND_TAG, KINDS, LINEAGE, ORPHANS, RETAINED, SNAPSHOTS
 
 MAINTENANCE_TAG = "statekeeper/maintenance"
 JOB_NAMES = {

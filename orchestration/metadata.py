@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 
-from sql import StoreChain
+from statekeeper.sql import StoreChain
 
 if TYPE_CHECKING:
-    from maintenance.health import StoreHealth
+    from statekeeper.maintenance.health import StoreHealth
 
 MAX_TABLE_ROWS = 200
 """Rows shown in a table; the count of all rows is reported beside it."""
@@ -88,7 +88,7 @@ def chain_stats(chains: list[StoreChain], threshold: int) -> dict[str, MetadataV
 def health_metadata(health: list[StoreHealth], limit: int = MAX_STORE_SERIES) -> dict[str, MetadataValue]:
     """Chain length and snapshot lag: percentiles over the stores, and one plotted series per store
     (``chain_length/<op>/<partition>``, ``snapshot_lag_seconds/<op>/<partition>``) for the first `limit`."""
-    from maintenance.health import summarize
+    from statekeeper.maintenance.health import summarize
 
     md = numeric(summarize(health).metadata())
     for h in health[:limit]:

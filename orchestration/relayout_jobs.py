@@ -2,7 +2,7 @@
 
 Launched by hand (the UI's launchpad or ``dagster job launch``) with the same settings as
 ``statekeeper rescale`` / ``statekeeper rollback``, while the query is stopped; they run
-`maintenance.relayout` and report what moved as output metadata (numbers the UI plots).
+`statekeeper.maintenance.relayout` and report what moved as output metadata (numbers the UI plots).
 """
 
 
@@ -10,8 +10,8 @@ from typing import Any, Optional
 
 from dagster import Config, JobDefinition, MetadataValue, OpExecutionContext, job, op
 
-from maintenance.relayout import DEFAULT_IDLE_SECONDS, rescale, rollback
-from store.rescale import RelayoutResult
+from statekeeper.maintenance.relayout import DEFAULT_IDLE_SECONDS, rescale, rollback
+from statekeeper.store.rescale import RelayoutResult
 
 KIND_TAG = "statekeeper/kind"
 

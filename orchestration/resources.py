@@ -2,7 +2,7 @@
 
 Each is a `ConfigurableResource`, so its configuration shows on the code location's resource page
 and can be overridden per run from the launchpad. `build_resources` fills them from the
-environment (`orchestration.config`); the catalog URL is passed through `EnvVar` when it comes
+environment (`statekeeper.orchestration.config`); the catalog URL is passed through `EnvVar` when it comes
 from STATEKEEPER_DB_URL, so a password in it is never shown in the UI.
 """
 
@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 from dagster import ConfigurableResource, EnvVar
 from pydantic import Field
 
-from orchestration.config import ENV_DB_URL, OrchestrationConfig, normalize_root
-from sql import Catalog
-from sql.db import default_url, normalize_url
-from store.errors import ConfigurationError
-from store.files import CheckpointFileManager, open_file_manager
+from statekeeper.orchestration.config import ENV_DB_URL, OrchestrationConfig, normalize_root
+from statekeeper.sql import Catalog
+from statekeeper.sql.db import default_url, normalize_url
+from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.files import CheckpointFileManager, open_file_manager
 
 if TYPE_CHECKING:
-    from maintenance.settings import MaintenanceSettings
+    from statekeeper.maintenance.settings import MaintenanceSettings
 
 ENV_ENGINE = "STATEKEEPER_MAINTENANCE_ENGINE"
 ENV_SPARK_MASTER = "STATEKEEPER_SPARK_MASTER"
@@ -96,7 +96,7 @@ class CatalogDatabase(ConfigurableResource):  # type: ignore[type-arg]
 
 
 class MaintenanceConfig(ConfigurableResource):  # type: ignore[type-arg]
-    """Maintenance settings (`maintenance.settings.MaintenanceSettings`), defaults from its `from_env()`."""
+    """Maintenance settings (`statekeeper.maintenance.settings.MaintenanceSettings`), defaults from its `from_env()`."""
 
     snapshot_threshold: int = Field(default=10, description="Snapshot a store once its changelog chain is this long.")
     min_versions_to_retain: int = Field(default=20, description="Newest committed versions kept loadable.")
@@ -123,18 +123,18 @@ class MaintenanceConfig(ConfigurableResource):  # type: ignore[type-arg]
 
     def snapshot_operation(self) -> Callable[..., Any]:
         """`create_snapshots`, or its Spark fan-out when `engine` is 'spark'."""
-        from maintenance.fanout import snapshot_operation
+        from statekeeper.maintenance.fanout import snapshot_operation
 
         return snapshot_operation(self.engine, self.spark_master)
 
     def verify_operation(self) -> Callable[..., Any]:
         """`verify_root`, or its Spark fan-out when `engine` is 'spark'."""
-        from maintenance.fanout import verify_operation
+        from statekeeper.maintenance.fanout import verify_operation
 
         return verify_operation(self.engine, self.spark_master)
 
     def settings(self) -> MaintenanceSettings:
-        from maintenance.settings import MaintenanceSettings
+        from statekeeper.maintenance.settings import MaintenanceSettings
 
         return MaintenanceSettings(
             snapshot_threshold=self.snapshot_threshold,
@@ -164,7 +164,7 @@ class MaintenanceConfig(ConfigurableResource):  # type: ignore[type-arg]
 
     @classmethod
     def from_env(cls) -> MaintenanceConfig:
-        from maintenance.settings import MaintenanceSettings
+        from statekeeper.maintenance.settings import MaintenanceSettings
 
         engine = os.environ.get(ENV_ENGINE, "local")
         master = os.environ.get(ENV_SPARK_MASTER) or None

@@ -1,8 +1,8 @@
 """Run the Dagster webserver and daemon (``dagster dev``) beside the main job, on 127.0.0.1.
 
-    python -m orchestration.run_local [--port 3000] [--seconds N] [-- MAIN JOB COMMAND...]
+    python -m statekeeper.orchestration.run_local [--port 3000] [--seconds N] [-- MAIN JOB COMMAND...]
 
-What `make run` calls (``python -m orchestration.run_local -- python -m store.demo``). It
+What `make run` calls (``python -m statekeeper.orchestration.run_local -- python -m statekeeper.store.demo``). It
 
 - prepares ``DAGSTER_HOME`` (default ``run/dagster_home``) with orchestration/dagster.yaml (one
   maintenance run per checkpoint root at a time), and points the code location at the demo's
@@ -36,7 +36,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from orchestration.config import ENV_DB_URL, ENV_ROOTS, default_roots, repo_dir
+from statekeeper.orchestration.config import ENV_DB_URL, ENV_ROOTS, default_roots, repo_dir
 
 DEFAULT_PORT = 3000
 READY_TIMEOUT_S = 240.0
@@ -120,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         i = argv.index("--")
         argv, main_cmd = argv[:i], argv[i + 1 :]
-    parser = argparse.ArgumentParser(prog="python -m orchestration.run_local", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m statekeeper.orchestration.run_local", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument(
         "--port", type=int, default=int(os.environ.get("DAGSTER_PORT", DEFAULT_PORT)), help="default 3000 (or free)"

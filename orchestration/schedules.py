@@ -15,7 +15,7 @@ from dagster import (
 )
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
-from orchestration.config import (
+from statekeeper.orchestration.config import (
     DEFAULT_EXPIRY_CRON,
     DEFAULT_ORPHAN_CRON,
     ENV_EXPIRY_SCHEDULE,

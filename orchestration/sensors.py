@@ -39,15 +39,15 @@ from dagster import (
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 from dagster._core.storage.tags import PARTITION_NAME_TAG
 
-from orchestration.assets import KIND_TAG, KINDS, SNAPSHOTS, SnapshotConfig
-from orchestration.config import ENV_FAILURE_SENSOR, ENV_SENSOR, OrchestrationConfig, normalize_root
-from orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
-from sql import Catalog, StoreChain
-from sql.errors import CatalogError
-from sql.models import RUN_FAILED, RUN_RUNNING
-from store.errors import StatekeeperError
-from store.files import CheckpointFileManager
-from store.layout import COMMITS_DIR
+from statekeeper.orchestration.assets import KIND_TAG, KINDS, SNAPSHOTS, SnapshotConfig
+from statekeeper.orchestration.config import ENV_FAILURE_SENSOR, ENV_SENSOR, OrchestrationConfig, normalize_root
+from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
+from statekeeper.sql import Catalog, StoreChain
+from statekeeper.sql.errors import CatalogError
+from statekeeper.sql.models import RUN_FAILED, RUN_RUNNING
+from statekeeper.store.errors import StatekeeperError
+from statekeeper.store.files import CheckpointFileManager
+from statekeeper.store.layout import COMMITS_DIR
 
 SENSOR_NAME = "checkpoint_sensor"
 FAILURE_SENSOR_NAME = "maintenance_failure_sensor"
@@ -152,7 +152,7 @@ def evaluate_root(
     max_names: int,
 ) -> RootTick:
     """One tick for one root: list what is new, sync lineage, request snapshots. Updates `rc`."""
-    from maintenance.catalog_sync import sync_catalog
+    from statekeeper.maintenance.catalog_sync import sync_catalog
 
     root = fm.root_uri
     tick = RootTick(root)

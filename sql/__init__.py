@@ -1,12 +1,12 @@
 """The metadata database: lineage catalog models, queries, leases and migrations.
 
-    from sql import Catalog, upgrade
+    from statekeeper.sql import Catalog, upgrade
     upgrade()                              # migrate the default catalog (STATEKEEPER_DB_URL / SQLite)
     catalog = Catalog.open()               # or Catalog.open("postgresql+psycopg://user@host/db")
     catalog.chain_lengths("file:///ckpt")
 
-`sql` imports nothing of `store`, `maintenance` or `orchestration`; filling the catalog from a
-checkpoint location is `maintenance.catalog_sync`.
+`statekeeper.sql` imports nothing of `statekeeper.store`, `statekeeper.maintenance` or
+`statekeeper.orchestration`; filling the catalog from a checkpoint location is `statekeeper.maintenance.catalog_sync`.
 """
 
 # ruff: noqa: E402 - the check that names a missing extra runs before the imports that need it
@@ -19,9 +19,9 @@ if _MISSING:  # sql imports nothing of store, so it cannot use store.extras.requ
         "pip install 'statekeeper[maintenance]'"
     )
 
-from sql.catalog import Catalog
-from sql.db import current_revision, default_url, head_revision, make_engine, upgrade
-from sql.errors import (
+from statekeeper.sql.catalog import Catalog
+from statekeeper.sql.db import current_revision, default_url, head_revision, make_engine, upgrade
+from statekeeper.sql.errors import (
     CatalogConfigError,
     CatalogError,
     LeaseError,
@@ -29,11 +29,11 @@ from sql.errors import (
     LeaseUnavailableError,
     NotInCatalogError,
 )
-from sql.ingest import CommitObservation, FileObservation, SnapshotObservation, SyncStats, SyncWriter
-from sql.leases import Lease, LeaseInfo
-from sql.lineage import FileRecord, StoreChain, StoreInfo, VersionFiles
-from sql.retention import RetentionPlan, StoreRetention
-from sql.runs import RunInfo, RunRecorder
+from statekeeper.sql.ingest import CommitObservation, FileObservation, SnapshotObservation, SyncStats, SyncWriter
+from statekeeper.sql.leases import Lease, LeaseInfo
+from statekeeper.sql.lineage import FileRecord, StoreChain, StoreInfo, VersionFiles
+from statekeeper.sql.retention import RetentionPlan, StoreRetention
+from statekeeper.sql.runs import RunInfo, RunRecorder
 
 __all__ = [
     "Catalog",

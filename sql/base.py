@@ -1,9 +1,10 @@
 """The ground floor of the catalog: connections to its database and the registry of checkpoint roots.
 
-Everything else in `sql` that reads or writes catalog rows builds on `CatalogBase`: the catalog's
-facets (`sql.ingest`, `sql.file_states`, `sql.lineage`, `sql.retention`, `sql.runs`, `sql.export`)
-and the maintenance leases (`sql.leases`). It sits below all of them so that none needs the assembled
-`sql.catalog.Catalog`, which keeps the package free of import circles (`tests/test_architecture.py`).
+Everything else in `statekeeper.sql` that reads or writes catalog rows builds on `CatalogBase`: the catalog's
+facets (`statekeeper.sql.ingest`, `statekeeper.sql.file_states`, `statekeeper.sql.lineage`,
+`statekeeper.sql.retention`, `statekeeper.sql.runs`, `statekeeper.sql.export`) and the maintenance leases
+(`statekeeper.sql.leases`). It sits below all of them so that none needs the assembled
+`statekeeper.sql.catalog.Catalog`, which keeps the package free of import circles (`tests/test_architecture.py`).
 Also here: the small bulk-write helpers they share.
 
 Roots are identified by the URI string callers pass; use the file manager's normalised ``root_uri``.
@@ -20,10 +21,10 @@ from sqlalchemy import Connection, Engine, Table, delete, select, update
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError
 
-from sql.db import check_current, make_engine, read_only
-from sql.db import upgrade as upgrade_db
-from sql.errors import CatalogConfigError, CatalogError, NotInCatalogError
-from sql.models import (
+from statekeeper.sql.db import check_current, make_engine, read_only
+from statekeeper.sql.db import upgrade as upgrade_db
+from statekeeper.sql.errors import CatalogConfigError, CatalogError, NotInCatalogError
+from statekeeper.sql.models import (
     Attempt,
     CheckpointRoot,
     Commit,
@@ -60,7 +61,7 @@ def from_timestamp(ts: float) -> dt.datetime:
 
 class CatalogBase:
     """Connections to one catalog database and its checkpoint roots (thread-safe: every call uses its
-    own connection). `sql.catalog.Catalog` adds the facets callers use."""
+    own connection). `statekeeper.sql.catalog.Catalog` adds the facets callers use."""
 
     def __init__(self, engine: Engine, *, check_schema: bool = True) -> None:
         self.engine = engine
@@ -74,7 +75,7 @@ class CatalogBase:
 
     @classmethod
     def open(cls, url: str | URL | None = None, *, upgrade: bool = False, **engine_kwargs: Any) -> Self:
-        """Connect to `url` (default: `sql.db.default_url()`); `upgrade` migrates it to this release first."""
+        """Connect to `url` (default: `statekeeper.sql.db.default_url()`); `upgrade` migrates it to this release."""
         engine = make_engine(url, **engine_kwargs)
         try:
             if upgrade:

@@ -2,18 +2,18 @@
 
 `Catalog` is the one class callers use (`Catalog.open()`, then its methods). It wraps an engine on a
 migrated database and knows nothing of the checkpoint file layout. It is assembled here from one
-module per responsibility, each building on `sql.base.CatalogBase` (connections and the root registry):
+module per responsibility, each building on `statekeeper.sql.base.CatalogBase` (connections and the root registry):
 
-- `sql.base`: connections and roots (`open`, `close`, `read`, `write`, `ensure_root`, `find_root`,
+- `statekeeper.sql.base`: connections and roots (`open`, `close`, `read`, `write`, `ensure_root`, `find_root`,
   `root_id`, `roots`, `last_sync`, `reset_root`, `forget_root`)
-- `sql.ingest`: `sync_writer`, fed by `maintenance.catalog_sync`
-- `sql.file_states`: `mark_expired`, `mark_deleted`, reported by maintenance
-- `sql.lineage`: `stores`, `files`, `summary`, `committed_versions`, `losing_attempts`,
+- `statekeeper.sql.ingest`: `sync_writer`, fed by `statekeeper.maintenance.catalog_sync`
+- `statekeeper.sql.file_states`: `mark_expired`, `mark_deleted`, reported by maintenance
+- `statekeeper.sql.lineage`: `stores`, `files`, `summary`, `committed_versions`, `losing_attempts`,
   `files_for_version`, `chain_lengths`
-- `sql.retention`: `retention_plan`
-- `sql.runs`: maintenance run records (`start_run`, `finish_run`, `record_run`, `runs`)
-- `sql.leases`: `acquire_lease`, `leases`
-- `sql.export`: `export`
+- `statekeeper.sql.retention`: `retention_plan`
+- `statekeeper.sql.runs`: maintenance run records (`start_run`, `finish_run`, `record_run`, `runs`)
+- `statekeeper.sql.leases`: `acquire_lease`, `leases`
+- `statekeeper.sql.export`: `export`
 
 File states: ``live`` (part of a committed version, a pending attempt, or a foreign file),
 ``orphan`` (a losing attempt's changelog or manifest, an SST no present manifest references, a temp
@@ -24,13 +24,13 @@ Roots are identified by the URI string callers pass; use the file manager's norm
 
 from __future__ import annotations
 
-from sql.export import CatalogExport
-from sql.file_states import FileStateUpdates
-from sql.ingest import CatalogIngest
-from sql.leases import LeaseAccess
-from sql.lineage import LineageQueries
-from sql.retention import RetentionPlanning
-from sql.runs import RunRecords
+from statekeeper.sql.export import CatalogExport
+from statekeeper.sql.file_states import FileStateUpdates
+from statekeeper.sql.ingest import CatalogIngest
+from statekeeper.sql.leases import LeaseAccess
+from statekeeper.sql.lineage import LineageQueries
+from statekeeper.sql.retention import RetentionPlanning
+from statekeeper.sql.runs import RunRecords
 
 
 class Catalog(

@@ -22,7 +22,7 @@ from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError
 
-from sql.errors import CatalogConfigError, CatalogError
+from statekeeper.sql.errors import CatalogConfigError, CatalogError
 
 ENV_URL = "STATEKEEPER_DB_URL"
 ENV_HOME = "STATEKEEPER_HOME"

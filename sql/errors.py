@@ -1,4 +1,4 @@
-"""Errors of the metadata database. `sql` imports nothing of `store`, so these have their own base."""
+"""Errors of the metadata database. `statekeeper.sql` imports nothing of `statekeeper.store`: its own base."""
 
 from __future__ import annotations
 

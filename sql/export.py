@@ -11,8 +11,8 @@ from typing import Any
 
 from sqlalchemy import exists, select
 
-from sql.base import CatalogBase
-from sql.models import (
+from statekeeper.sql.base import CatalogBase
+from statekeeper.sql.models import (
     KIND_CHANGELOG,
     KIND_COMMIT,
     STATE_DELETED,

@@ -1,9 +1,9 @@
 """File states and attempt outcomes: derived from the catalog's rows, never set by hand.
 
-A file is ``live``, ``orphan``, ``expired`` or ``deleted`` (see `sql.models`); an attempt is
+A file is ``live``, ``orphan``, ``expired`` or ``deleted`` (see `statekeeper.sql.models`); an attempt is
 ``pending``, ``committed`` or ``losing``. Both follow from the versions, snapshots and files the catalog
 holds, deterministically, so an incremental and a full sync of the same checkpoint location agree.
-Used by the sync (`sql.ingest.SyncWriter`) and by maintenance reporting what it is about to delete and
+Used by the sync (`statekeeper.sql.ingest.SyncWriter`) and by maintenance reporting what it is about to delete and
 what it deleted (`Catalog.mark_expired`, `Catalog.mark_deleted`).
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Set as AbstractSet
 
 from sqlalchemy import Connection, case, exists, select, update
 
-from sql.base import CatalogBase, chunks
-from sql.models import (
+from statekeeper.sql.base import CatalogBase, chunks
+from statekeeper.sql.models import (
     KIND_CHANGELOG,
     KIND_MANIFEST,
     KIND_SST,

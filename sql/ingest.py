@@ -1,10 +1,10 @@
 """Ingest: what a catalog sync listed in the checkpoint location goes into the catalog here.
 
-`maintenance.catalog_sync` reads the location (it knows the file layout; `sql` does not) and feeds plain
-observations (`FileObservation`, `CommitObservation`, `SnapshotObservation`) through the `SyncWriter`
+`statekeeper.maintenance.catalog_sync` reads the location (it knows the file layout; `statekeeper.sql` does not)
+and feeds plain observations (`FileObservation`, `CommitObservation`, `SnapshotObservation`) through the `SyncWriter`
 that `Catalog.sync_writer` returns. The writer records commits, versions, attempts, snapshots and files,
 keeps the incremental listing cursors, and at `finish` derives attempt outcomes and file states
-(`sql.file_states`).
+(`statekeeper.sql.file_states`).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 
 from sqlalchemy import Connection, case, func, select, update
 
-from sql.base import CatalogBase, chunks, from_timestamp, table_of
-from sql.file_states import derive_states, mark_paths_deleted
-from sql.models import (
+from statekeeper.sql.base import CatalogBase, chunks, from_timestamp, table_of
+from statekeeper.sql.file_states import derive_states, mark_paths_deleted
+from statekeeper.sql.models import (
     KIND_CHANGELOG,
     KIND_MANIFEST,
     KIND_SST,
@@ -465,7 +465,7 @@ class SyncWriter:
 
 
 class CatalogIngest(CatalogBase):
-    """`Catalog.sync_writer`: the entry point of a sync (called by `maintenance.catalog_sync`)."""
+    """`Catalog.sync_writer`: the entry point of a sync (called by `statekeeper.maintenance.catalog_sync`)."""
 
     def sync_writer(self, uri: str, *, full: bool) -> SyncWriter:
         """A writer for one sync of root `uri` (`full`: every file is listed; unlisted ones are gone)."""

@@ -26,9 +26,9 @@ from types import TracebackType
 from sqlalchemy import Connection, delete, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from sql.base import CatalogBase
-from sql.errors import CatalogConfigError, LeaseLostError, LeaseUnavailableError
-from sql.models import ROOT_SCOPE, CheckpointRoot, MaintenanceLease, utcnow
+from statekeeper.sql.base import CatalogBase
+from statekeeper.sql.errors import CatalogConfigError, LeaseLostError, LeaseUnavailableError
+from statekeeper.sql.models import ROOT_SCOPE, CheckpointRoot, MaintenanceLease, utcnow
 
 
 def default_owner() -> str:

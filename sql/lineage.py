@@ -3,8 +3,8 @@
 What users and maintenance ask of the catalog about one root: its files (`Catalog.files`), a summary,
 the committed lineage of a store, losing attempts, the files a load of one version reads
 (`files_for_version`) and how many changelogs a load of each store's latest version replays
-(`chain_lengths`, which drives snapshot creation). Read-only; the sync (`sql.ingest`) fills what they
-read. `base_snapshot` is shared with retention planning (`sql.retention`).
+(`chain_lengths`, which drives snapshot creation). Read-only; the sync (`statekeeper.sql.ingest`) fills what they
+read. `base_snapshot` is shared with retention planning (`statekeeper.sql.retention`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 
 from sqlalchemy import Connection, and_, func, select
 
-from sql.base import CatalogBase
-from sql.errors import CatalogConfigError, NotInCatalogError
-from sql.models import (
+from statekeeper.sql.base import CatalogBase
+from statekeeper.sql.errors import CatalogConfigError, NotInCatalogError
+from statekeeper.sql.models import (
     KIND_CHANGELOG,
     OUTCOME_LOSING,
     STATE_DELETED,

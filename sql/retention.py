@@ -1,6 +1,6 @@
 """Retention planning: which files keeping the newest N committed versions of each store would delete.
 
-Expiry (`maintenance.expiry`) asks for a `RetentionPlan`, marks its files expired, deletes them and
+Expiry (`statekeeper.maintenance.expiry`) asks for a `RetentionPlan`, marks its files expired, deletes them and
 reports them deleted. The plan keeps every retained version loadable: its base snapshot (the newest
 present committed snapshot at or below the oldest retained version) and everything after it stay.
 Losing attempts and unreferenced files are orphan cleanup's, not expiry's.
@@ -13,10 +13,10 @@ from typing import Any
 
 from sqlalchemy import Connection, exists, func, select
 
-from sql.base import CatalogBase, chunks
-from sql.errors import CatalogConfigError
-from sql.lineage import FILE_RECORD_COLUMNS, FileRecord, base_snapshot
-from sql.models import (
+from statekeeper.sql.base import CatalogBase, chunks
+from statekeeper.sql.errors import CatalogConfigError
+from statekeeper.sql.lineage import FILE_RECORD_COLUMNS, FileRecord, base_snapshot
+from statekeeper.sql.models import (
     KIND_CHANGELOG,
     KIND_COMMIT,
     KIND_MANIFEST,

@@ -17,9 +17,9 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from sql.base import CatalogBase, table_of
-from sql.errors import CatalogConfigError, NotInCatalogError
-from sql.models import (
+from statekeeper.sql.base import CatalogBase, table_of
+from statekeeper.sql.errors import CatalogConfigError, NotInCatalogError
+from statekeeper.sql.models import (
     RUN_FAILED,
     RUN_RUNNING,
     RUN_STATUSES,

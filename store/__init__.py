@@ -1,13 +1,13 @@
 """statekeeper's state store: the library PySpark jobs import.
 
-from store import StateStore
+from statekeeper.store import StateStore
 s = StateStore("file:///tmp/ckpt", "agg", partition=0).load(0)
 s.put(b"k", b"v"); result = s.commit()           # version 1, fresh checkpoint id
 CommitLog(s.fm).commit(1, {"agg": [result.checkpoint_id]})   # the driver's commit record
 """
 
-from store.commit_log import CommitLog
-from store.errors import (
+from statekeeper.store.commit_log import CommitLog
+from statekeeper.store.errors import (
     CheckpointError,
     CheckpointFileExistsError,
     CheckpointFileNotFoundError,
@@ -18,10 +18,17 @@ from store.errors import (
     StoreStateError,
     UnsupportedFormatError,
 )
-from store.files import CheckpointFileManager, FileInfo, open_file_manager
-from store.layout import StoreId
-from store.rocks import MemoryLimits, configure_memory
-from store.state_store import ColumnFamily, CommitMetrics, CommitResult, LoadMetrics, StateStore, StoreConfig
+from statekeeper.store.files import CheckpointFileManager, FileInfo, open_file_manager
+from statekeeper.store.layout import StoreId
+from statekeeper.store.rocks import MemoryLimits, configure_memory
+from statekeeper.store.state_store import (
+    ColumnFamily,
+    CommitMetrics,
+    CommitResult,
+    LoadMetrics,
+    StateStore,
+    StoreConfig,
+)
 
 __all__ = [
     "CheckpointError",

@@ -25,9 +25,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from store.errors import ConfigurationError, StoreStateError
-from store.faults import reached as fault_point
-from store.files.base import AtomicOutput, CheckpointFileManager, DeleteResult, FileInfo
+from statekeeper.store.errors import ConfigurationError, StoreStateError
+from statekeeper.store.faults import reached as fault_point
+from statekeeper.store.files.base import AtomicOutput, CheckpointFileManager, DeleteResult, FileInfo
 
 log = logging.getLogger(__name__)
 

@@ -8,12 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 
-from store.errors import CheckpointFileExistsError, ConfigurationError, LineageError
-from store.files.base import CheckpointFileManager
-from store.files.paths import validate_component
-from store.formats.commit import CommitRecord
-from store.key_groups import KeyGroupLayout
-from store.layout import COMMITS_DIR, commit_path, parse_commit_name, validate_checkpoint_id, validate_version
+from statekeeper.store.errors import CheckpointFileExistsError, ConfigurationError, LineageError
+from statekeeper.store.files.base import CheckpointFileManager
+from statekeeper.store.files.paths import validate_component
+from statekeeper.store.formats.commit import CommitRecord
+from statekeeper.store.key_groups import KeyGroupLayout
+from statekeeper.store.layout import (
+    COMMITS_DIR,
+    commit_path,
+    parse_commit_name,
+    validate_checkpoint_id,
+    validate_version,
+)
 
 
 class CommitLog:

@@ -1,4 +1,4 @@
-"""A simulated micro-batch loop on a local checkpoint: `python -m store.demo` (what `make run` runs
+"""A simulated micro-batch loop on a local checkpoint: `python -m statekeeper.store.demo` (what `make run` runs
 until the Spark example job replaces it).
 
 Each batch, every partition loads its committed version, applies counter updates for random users,
@@ -20,7 +20,7 @@ import tempfile
 import time
 import zlib
 
-from store import CommitLog, StateStore, StoreConfig
+from statekeeper.store import CommitLog, StateStore, StoreConfig
 
 log = logging.getLogger("statekeeper.demo")
 COUNT = struct.Struct(">q")
@@ -89,7 +89,7 @@ def run(root: str, *, partitions: int, batches: int, rows: int, users: int, seed
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m store.demo", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m statekeeper.store.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", default="run/demo-checkpoint", help="checkpoint root (path or URI)")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--batches", type=int, default=20)

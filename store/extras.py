@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterable
 
-from store.errors import StatekeeperError
+from statekeeper.store.errors import StatekeeperError
 
 DISTRIBUTION = "statekeeper"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from store.errors import ConfigurationError
+from statekeeper.store.errors import ConfigurationError
 
 KEY_GROUP_LIMIT = 65536
 """Key groups are stored as ``u16``."""

@@ -11,8 +11,8 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from store.errors import ConfigurationError
-from store.files.paths import validate_component
+from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.files.paths import validate_component
 
 COMMITS_DIR = "commits"
 STATE_DIR = "state"

@@ -5,7 +5,7 @@ ancestors of the version), which base (the local DB, a snapshot, or the empty ve
 changelogs to replay on top of it. `resolve_load_plan` answers them once, from the commit record,
 one snapshot listing and the changelog headers (a changelog carries the lineage it extends, so a
 plan costs O(1) metadata reads unless the lineage was capped); `StateStore.load` executes the
-result (`store.loading`). The plan is a frozen dataclass, so tests, the state reader and
+result (`statekeeper.store.loading`). The plan is a frozen dataclass, so tests, the state reader and
 maintenance's verify inspect the same decision the loader takes.
 
 Snapshot repair (DESIGN invariant 10): when the base snapshot turns out unreadable, `fall_back`
@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from store.commit_log import CommitLog
-from store.errors import CorruptFileError, LineageError
-from store.files.base import CheckpointFileManager
-from store.formats.changelog import ChangelogHeader, Lineage, read_header
-from store.layout import MANIFEST_SUFFIX, StoreId, parse_versioned_name
+from statekeeper.store.commit_log import CommitLog
+from statekeeper.store.errors import CorruptFileError, LineageError
+from statekeeper.store.files.base import CheckpointFileManager
+from statekeeper.store.formats.changelog import ChangelogHeader, Lineage, read_header
+from statekeeper.store.layout import MANIFEST_SUFFIX, StoreId, parse_versioned_name
 
 log = logging.getLogger(__name__)
 

@@ -18,15 +18,22 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 import rocksdict as rd
 
-from store.errors import CorruptFileError, LineageError, UnsupportedFormatError
-from store.formats.changelog import ChangelogReader, Lineage
-from store.load_plan import CheckpointPlanSource, LoadPlan, LoadSource, SkippedSnapshot, check_header, fall_back
-from store.rocks import db_options, open_db, relieve_memory_pressure
-from store.snapshot import read_manifest, restore_snapshot
+from statekeeper.store.errors import CorruptFileError, LineageError, UnsupportedFormatError
+from statekeeper.store.formats.changelog import ChangelogReader, Lineage
+from statekeeper.store.load_plan import (
+    CheckpointPlanSource,
+    LoadPlan,
+    LoadSource,
+    SkippedSnapshot,
+    check_header,
+    fall_back,
+)
+from statekeeper.store.rocks import db_options, open_db, relieve_memory_pressure
+from statekeeper.store.snapshot import read_manifest, restore_snapshot
 
 if TYPE_CHECKING:
-    from store.files import CheckpointFileManager
-    from store.layout import StoreId
+    from statekeeper.store.files import CheckpointFileManager
+    from statekeeper.store.layout import StoreId
 
 log = logging.getLogger(__name__)
 

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Protocol
 
-from store.commit_log import CommitLog
-from store.errors import ConfigurationError, LineageError, StatekeeperError
-from store.files import CheckpointFileManager
-from store.formats.commit import CommitRecord
-from store.key_groups import KeyGroupLayout, group_byte_range
-from store.state_store import StateStore, StoreConfig
+from statekeeper.store.commit_log import CommitLog
+from statekeeper.store.errors import ConfigurationError, LineageError, StatekeeperError
+from statekeeper.store.files import CheckpointFileManager
+from statekeeper.store.formats.commit import CommitRecord
+from statekeeper.store.key_groups import KeyGroupLayout, group_byte_range
+from statekeeper.store.state_store import StateStore, StoreConfig
 
 log = logging.getLogger(__name__)
 

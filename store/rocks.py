@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import rocksdict as rd
 
-from store.errors import ConfigurationError
+from statekeeper.store.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Writing and restoring snapshots (format in `store.formats.snapshot`).
+"""Writing and restoring snapshots (format in `statekeeper.store.formats.snapshot`).
 
 Writing: RocksDB checkpoint of an open DB -> upload SST files not yet in the store's sst/ directory
 (content-derived names, so an unchanged SST is never uploaded twice) -> write the manifest last.
@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import rocksdict as rd
 
-from store.errors import CheckpointFileExistsError, CorruptFileError
-from store.faults import reached as fault_point
-from store.files.base import CheckpointFileManager
-from store.formats.snapshot import SnapshotManifest, SstFile
-from store.layout import StoreId
+from statekeeper.store.errors import CheckpointFileExistsError, CorruptFileError
+from statekeeper.store.faults import reached as fault_point
+from statekeeper.store.files.base import CheckpointFileManager
+from statekeeper.store.formats.snapshot import SnapshotManifest, SstFile
+from statekeeper.store.layout import StoreId
 
 log = logging.getLogger(__name__)
 

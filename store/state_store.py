@@ -19,14 +19,14 @@ from typing import Any, cast
 
 import rocksdict as rd
 
-from store.commit_log import CommitLog
-from store.errors import ConfigurationError, StoreStateError
-from store.files import CheckpointFileManager, open_file_manager
-from store.formats.changelog import ChangelogHeader, ChangelogWriter, Lineage
-from store.layout import StoreId, new_checkpoint_id, validate_checkpoint_id, validate_version
-from store.load_plan import CheckpointPlanSource, LoadPlan, resolve_load_plan
-from store.loading import LoadMetrics, PlanExecution
-from store.rocks import (
+from statekeeper.store.commit_log import CommitLog
+from statekeeper.store.errors import ConfigurationError, StoreStateError
+from statekeeper.store.files import CheckpointFileManager, open_file_manager
+from statekeeper.store.formats.changelog import ChangelogHeader, ChangelogWriter, Lineage
+from statekeeper.store.layout import StoreId, new_checkpoint_id, validate_checkpoint_id, validate_version
+from statekeeper.store.load_plan import CheckpointPlanSource, LoadPlan, resolve_load_plan
+from statekeeper.store.loading import LoadMetrics, PlanExecution
+from statekeeper.store.rocks import (
     DEFAULT_CF,
     db_options,
     open_db,

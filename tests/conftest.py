@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from store.files import CheckpointFileManager, open_file_manager
+from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from tests.s3_support import TEST_CREDENTIALS, MotoServer, empty_and_delete_bucket, new_bucket_name, s3_client
 
 BACKENDS = ["local", "s3"]

@@ -13,7 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from scripts.architecture import PACKAGES, REPO, find_circle, import_graph, module_files, product_graph, updated_design
+from scripts.architecture import (
+    NAMESPACE,
+    PACKAGES,
+    REPO,
+    find_circle,
+    import_graph,
+    imported_names,
+    module_files,
+    product_graph,
+    updated_design,
+)
 
 ALLOWED_LAYERS = {
     "store": {"store"},
@@ -36,7 +46,7 @@ def test_layers_point_one_way() -> None:
         f"{module} imports {target}"
         for module, targets in product_graph().items()
         for target in targets
-        if target.split(".")[0] not in ALLOWED_LAYERS[module.split(".")[0]]
+        if target.split(".")[1] not in ALLOWED_LAYERS[module.split(".")[1]]
     )
     assert not wrong, "imports against orchestration -> maintenance -> (store, sql):\n" + "\n".join(wrong)
 
@@ -81,7 +91,21 @@ MODULE_LINE_LIMIT = 650
 def test_no_product_module_outgrows_one_responsibility() -> None:
     big = {
         m: n
-        for m, p in module_files(REPO, PACKAGES).items()
+        for m, p in module_files(REPO, PACKAGES, NAMESPACE).items()
         if (n := len(p.read_text().splitlines())) > MODULE_LINE_LIMIT
     }
     assert not big, f"modules over {MODULE_LINE_LIMIT} lines (split them by responsibility): {big}"
+
+
+def test_everything_imports_the_product_through_its_namespace() -> None:
+    """`import store` would load a second copy of a module beside `statekeeper.store` (and only works from a
+    clone): the product, its tests, benchmarks, examples and scripts import `statekeeper.*` only."""
+    folders = [*PACKAGES, "tests", "bench", "examples", "scripts"]
+    bare = sorted(
+        f"{path.relative_to(REPO)}: {name}"
+        for folder in folders
+        for path in (REPO / folder).rglob("*.py")
+        for name in imported_names("", path)
+        if name.split(".")[0] in PACKAGES
+    )
+    assert not bare, "import through statekeeper.*:\n" + "\n".join(bare)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -22,18 +23,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 EXTRA_PACKAGES = ("pyspark", "pandas", "sqlalchemy", "alembic", "tqdm", "dagster", "psycopg")
 STORE_MODULES = (
-    "store",
-    "store.files",
-    "store.state_store",
-    "store.commit_log",
-    "store.snapshot",
-    "store.async_upload",
-    "store.layout",
+    "statekeeper.store",
+    "statekeeper.store.files",
+    "statekeeper.store.state_store",
+    "statekeeper.store.commit_log",
+    "statekeeper.store.snapshot",
+    "statekeeper.store.async_upload",
+    "statekeeper.store.layout",
 )
 
 COMMIT_AND_LOAD = """
 import sys
-from store import CommitLog, StateStore
+from statekeeper.store import CommitLog, StateStore
 root = sys.argv[1]
 store = StateStore(root, "counts", partition=0)
 store.load(0)
@@ -49,9 +50,12 @@ print("loaded", sorted(m for m in sys.modules if m.split(".")[0] in %r))
 """
 
 
-def _python(code: str, *args: str, python: str = sys.executable) -> subprocess.CompletedProcess[str]:
+def _python(
+    code: str, *args: str, python: str = sys.executable, cwd: Path = REPO
+) -> subprocess.CompletedProcess[str]:
+    """Run `code` in `python`; `python -c` puts `cwd` first on sys.path (outside the clone: the installed wheel)."""
     return subprocess.run(
-        [python, "-c", textwrap.dedent(code), *args], check=False, cwd=REPO, capture_output=True, text=True, timeout=300
+        [python, "-c", textwrap.dedent(code), *args], check=False, cwd=cwd, capture_output=True, text=True, timeout=300
     )
 
 
@@ -71,12 +75,16 @@ def test_importing_the_store_imports_no_extra() -> None:
 @pytest.mark.parametrize(
     ("hidden", "statement", "extra"),
     [
-        ("pyspark", "import store.spark", "spark"),
-        ("sqlalchemy", "import maintenance", "maintenance"),
-        ("tqdm", "import maintenance.cli", "maintenance"),
-        ("sqlalchemy", "import sql", "maintenance"),
-        ("dagster", "import orchestration", "dagster"),
-        ("psycopg", "import sql; sql.make_engine('postgresql+psycopg://user@127.0.0.1:1/catalog')", "postgres"),
+        ("pyspark", "from statekeeper.store.spark import StatefulOperator", "spark"),
+        ("sqlalchemy", "import statekeeper.maintenance", "maintenance"),
+        ("tqdm", "import statekeeper.maintenance.cli", "maintenance"),
+        ("sqlalchemy", "import statekeeper.sql", "maintenance"),
+        ("dagster", "import statekeeper.orchestration", "dagster"),
+        (
+            "psycopg",
+            "import statekeeper.sql as s; s.make_engine('postgresql+psycopg://user@127.0.0.1:1/catalog')",
+            "postgres",
+        ),
     ],
 )
 def test_a_missing_extra_is_named(hidden: str, statement: str, extra: str) -> None:
@@ -104,8 +112,8 @@ def _build_wheel(dest: Path) -> Path:
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, src / name)
-    for package in ("store", "maintenance", "orchestration", "sql"):
-        shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("statekeeper", "store", "maintenance", "orchestration", "sql"):
+        shutil.copytree(REPO / package, src / package, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(src), "-w", str(dest / "dist")],
         check=True,
@@ -113,6 +121,9 @@ def _build_wheel(dest: Path) -> Path:
         timeout=600,
     )
     (wheel,) = (dest / "dist").glob("statekeeper-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        top = {name.split("/")[0] for name in zf.namelist()}
+    assert top == {"statekeeper", "statekeeper-0.1.0.dist-info"}, f"only statekeeper lands in site-packages: {top}"
     return wheel
 
 
@@ -138,10 +149,10 @@ def test_the_wheel_installs_lean_and_each_extra_works(tmp_path: Path) -> None:
     assert {"rocksdict", "zstandard", "pyarrow", "boto3"} <= names
     assert not names & {"pyspark", "pandas", "sqlalchemy", "alembic", "dagster", "psycopg", "tqdm"}
     root = (tmp_path / "root").as_uri()
-    done = _python(COMMIT_AND_LOAD % (EXTRA_PACKAGES,), root, python=python)
+    done = _python(COMMIT_AND_LOAD % (EXTRA_PACKAGES,), root, python=python, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "loaded []"
-    done = _python("import store.spark", python=python)
+    done = _python("from statekeeper.store.spark import read_state", python=python, cwd=tmp_path)
     assert "pip install 'statekeeper[spark]'" in done.stderr
 
     subprocess.run([*pip, f"{wheel}[maintenance]"], check=True, capture_output=True, timeout=900)

@@ -1,1 +1,1 @@
-"""Alembic migrations of the catalog database (run through `sql.db.upgrade`)."""
+"""Alembic migrations of the catalog database (run through `statekeeper.sql.db.upgrade`)."""

@@ -1,7 +1,7 @@
-"""Alembic environment: migrates the catalog on the connection `sql.db.upgrade` passes in.
+"""Alembic environment: migrates the catalog on the connection `statekeeper.sql.db.upgrade` passes in.
 
 Run from a shell with ``alembic -c sql/alembic.ini upgrade head`` (URL from ``STATEKEEPER_DB_URL``
-or the embedded default), or from Python with ``sql.db.upgrade(url)``.
+or the embedded default), or from Python with ``statekeeper.sql.db.upgrade(url)``.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from sql.db import make_engine
-from sql.models import Base
+from statekeeper.sql.db import make_engine
+from statekeeper.sql.models import Base
 
 config = context.config
 target_metadata = Base.metadata

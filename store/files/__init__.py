@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlparse
 
-from store.errors import ConfigurationError
-from store.files.base import AtomicOutput, CheckpointFileManager, DeleteResult, FileInfo
-from store.files.local import LocalFileManager
+from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.files.base import AtomicOutput, CheckpointFileManager, DeleteResult, FileInfo
+from statekeeper.store.files.local import LocalFileManager
 
 __all__ = [
     "AtomicOutput",
@@ -29,7 +29,7 @@ def open_file_manager(root_uri: str, **options: Any) -> CheckpointFileManager:
             raise ConfigurationError(f"local checkpoint root {root_uri!r} takes no options, got {sorted(options)}")
         return LocalFileManager(root_uri)
     if scheme in ("s3", "s3a"):
-        from store.files.s3 import S3FileManager  # boto3 is only imported when S3 is used
+        from statekeeper.store.files.s3 import S3FileManager  # boto3 is only imported when S3 is used
 
         return S3FileManager(root_uri, **options)
     raise ConfigurationError(

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import BinaryIO, Protocol, Self, runtime_checkable
 
-from store.errors import CheckpointFileExistsError, CheckpointFileNotFoundError
+from statekeeper.store.errors import CheckpointFileExistsError, CheckpointFileNotFoundError
 
 
 @dataclass(frozen=True, slots=True)

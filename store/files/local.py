@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import unquote, urlparse
 
-from store.errors import CheckpointError, CheckpointWriteError, ConfigurationError
-from store.faults import reached as fault_point
-from store.files.base import DeleteResult, FileInfo, PublishOnExit, file_not_found, overwrite_refused
-from store.files.paths import (
+from statekeeper.store.errors import CheckpointError, CheckpointWriteError, ConfigurationError
+from statekeeper.store.faults import reached as fault_point
+from statekeeper.store.files.base import DeleteResult, FileInfo, PublishOnExit, file_not_found, overwrite_refused
+from statekeeper.store.files.paths import (
     validate_listing,
     validate_paths_to_delete,
     validate_prefix,

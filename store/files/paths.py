@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from store.errors import ConfigurationError
+from statekeeper.store.errors import ConfigurationError
 
 _COMPONENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,199}$")
 

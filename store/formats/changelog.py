@@ -27,8 +27,8 @@ from typing import Any, BinaryIO
 
 import zstandard
 
-from store.errors import CorruptFileError
-from store.formats.framing import FRAME_HEAD, check_magic_and_version, decode_frame, encode_frame, require
+from statekeeper.store.errors import CorruptFileError
+from statekeeper.store.formats.framing import FRAME_HEAD, check_magic_and_version, decode_frame, encode_frame, require
 
 MAGIC = b"SKCL"
 END_MAGIC = b"SKCE"

@@ -10,9 +10,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from store.errors import ConfigurationError, CorruptFileError
-from store.formats.framing import decode_whole_frame, encode_frame, require
-from store.key_groups import KeyGroupLayout
+from statekeeper.store.errors import ConfigurationError, CorruptFileError
+from statekeeper.store.formats.framing import decode_whole_frame, encode_frame, require
+from statekeeper.store.key_groups import KeyGroupLayout
 
 MAGIC = b"SKCR"
 FORMAT_VERSION = 1

@@ -11,7 +11,7 @@ import struct
 import zlib
 from typing import Any
 
-from store.errors import CorruptFileError, UnsupportedFormatError
+from statekeeper.store.errors import CorruptFileError, UnsupportedFormatError
 
 # magic(4) format_version(u16) reserved(u16) payload_len(u32)
 FRAME_HEAD = struct.Struct("<4sHHI")

@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from store.errors import CorruptFileError
-from store.formats.framing import decode_whole_frame, encode_frame, require
+from statekeeper.store.errors import CorruptFileError
+from statekeeper.store.formats.framing import decode_whole_frame, encode_frame, require
 
 MAGIC = b"SKSM"
 FORMAT_VERSION = 1

@@ -28,8 +28,8 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from store.errors import StatekeeperError
-from store.formats.typed_schema import INTEGRAL, DataType, SchemaError
+from statekeeper.store.errors import StatekeeperError
+from statekeeper.store.formats.typed_schema import INTEGRAL, DataType, SchemaError
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 EPOCH_NAIVE = dt.datetime(1970, 1, 1)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from store.errors import ConfigurationError
+from statekeeper.store.errors import ConfigurationError
 
 ATOMIC = (
     "boolean",

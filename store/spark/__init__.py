@@ -1,6 +1,6 @@
 """Spark Structured Streaming on the statekeeper store.
 
-    from store.spark import StatefulOperator, StatefulProcessor
+    from statekeeper.store.spark import StatefulOperator, StatefulProcessor
 
     class Counter(StatefulProcessor):
         def init(self, handle):
@@ -35,35 +35,74 @@ figures of Spark's ``stateOperators`` progress. ``read_state(spark, root, operat
 any committed version of a state variable as a typed DataFrame, or its change feed (Python Data Source
 ``statekeeper``, with the options of Spark's state data source; see store/spark/reader.py). State is typed
 by schemas recorded in the checkpoint (store/spark/schemas.py); nothing persisted is pickle.
-``store.spark.testing.TwsTester`` runs a processor over batches without Spark, for unit tests.
+``statekeeper.store.spark.testing.TwsTester`` runs a processor over batches without Spark, for unit tests.
 
 Migrating from ``transformWithState``: the README's "Moving a transformWithState job over" lists what is
 the same, what differs (no no-data batches under foreachBatch) and what PySpark has that this does not.
 
 Everything works from a Spark Connect client too; there the batches (and the sink and ``on_progress``)
-run in the Connect server's Python process, see :mod:`store.spark.connect`.
+run in the Connect server's Python process, see :mod:`statekeeper.store.spark.connect`.
+
+The names below load on first use (PEP 562), and the check that names the missing ``[spark]`` extra runs
+then: the typed-state modules of this package (schemas, state views, rescale rules) need no PySpark, so
+maintenance (``verify --rebuild``, ``rescale``) can read typed state on an install without it.
 """
 
-# ruff: noqa: E402 - the check that names a missing extra runs before the imports that need it
-from store.extras import require
+from __future__ import annotations
 
-require(("pyspark", "pandas"), "spark", "store.spark (the Spark Structured Streaming integration)")
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from store.spark.api import (
-    ApplyInPandasWithState,
-    BatchStatefulProcessor,
-    ExpiredTimerInfo,
-    GroupState,
-    StatefulProcessor,
-    TimerValues,
-    keys_of,
-)
-from store.spark.driver import StatefulOperator, UploadTimeoutError
-from store.spark.handle import StatefulProcessorHandle
-from store.spark.metrics import BatchProgress, PartitionMetrics
-from store.spark.reader import StateDataSource, read_state
-from store.spark.state import ListState, MapState, ValueState
-from store.spark.time_mode import TimeMode
+from statekeeper.store.extras import require
+
+if TYPE_CHECKING:
+    from statekeeper.store.spark.api import (
+        ApplyInPandasWithState,
+        BatchStatefulProcessor,
+        ExpiredTimerInfo,
+        GroupState,
+        StatefulProcessor,
+        TimerValues,
+        keys_of,
+    )
+    from statekeeper.store.spark.driver import StatefulOperator, UploadTimeoutError
+    from statekeeper.store.spark.handle import StatefulProcessorHandle
+    from statekeeper.store.spark.metrics import BatchProgress, PartitionMetrics
+    from statekeeper.store.spark.reader import StateDataSource, read_state
+    from statekeeper.store.spark.state import ListState, MapState, ValueState
+    from statekeeper.store.spark.time_mode import TimeMode
+
+_EXPORTS = {
+    "ApplyInPandasWithState": "api",
+    "BatchStatefulProcessor": "api",
+    "ExpiredTimerInfo": "api",
+    "GroupState": "api",
+    "StatefulProcessor": "api",
+    "TimerValues": "api",
+    "keys_of": "api",
+    "StatefulOperator": "driver",
+    "UploadTimeoutError": "driver",
+    "StatefulProcessorHandle": "handle",
+    "BatchProgress": "metrics",
+    "PartitionMetrics": "metrics",
+    "StateDataSource": "reader",
+    "read_state": "reader",
+    "ListState": "state",
+    "MapState": "state",
+    "ValueState": "state",
+    "TimeMode": "time_mode",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    require(("pyspark", "pandas"), "spark", "statekeeper.store.spark (the Spark Structured Streaming integration)")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ApplyInPandasWithState",

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from store.spark.handle import StatefulProcessorHandle
+    from statekeeper.store.spark.handle import StatefulProcessorHandle
 
 
 class TimerValues:
@@ -95,7 +95,7 @@ class BatchStatefulProcessor(ABC):
     is in the same call; a partition's input larger than ``task_input_budget_bytes`` comes in several
     calls, cut between keys, so memory stays bounded) and returns its output as a ``pyarrow.Table``, ``RecordBatch``,
     ``pandas.DataFrame``, an iterable of those, or None. State variables are used through their bulk
-    methods with explicit keys (tuples of grouping values, see :func:`store.spark.keys_of`).
+    methods with explicit keys (tuples of grouping values, see :func:`statekeeper.store.spark.keys_of`).
     """
 
     @abstractmethod

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from store.errors import ConfigurationError
+from statekeeper.store.errors import ConfigurationError
 
 
 class ConnectProgressError(ConfigurationError):

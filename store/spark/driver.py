@@ -31,25 +31,30 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from store.commit_log import CommitLog
-from store.errors import CheckpointFileExistsError, CheckpointFileNotFoundError, ConfigurationError, StatekeeperError
-from store.files import CheckpointFileManager, open_file_manager
-from store.files.paths import validate_component
-from store.key_groups import KeyGroupLayout
-from store.layout import StoreId, batch_path
-from store.spark.api import BatchStatefulProcessor, StatefulProcessor
-from store.spark.connect import initial_state_unsupported, is_connect_dataframe, progress_unavailable
-from store.spark.event_time import EventTime, TaskTime, WatermarkLog, parse_delay_ms, watermark_of
-from store.spark.executor import MARKER_COL, META_COL, PID_COL, FileManagerFactory, TaskSpec, run_task
-from store.spark.initial_state import collect_initial_state, initial_state_frame
-from store.spark.metrics import BatchProgress, PartitionMetrics
-from store.spark.restart import read_head, rescale_at_restart
-from store.spark.routing import owner_column, routable
-from store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
-from store.spark.state import check_max_key_groups
-from store.spark.task_input import DEFAULT_INPUT_BUDGET_BYTES
-from store.spark.time_mode import TimeMode
-from store.state_store import StoreConfig
+from statekeeper.store.commit_log import CommitLog
+from statekeeper.store.errors import (
+    CheckpointFileExistsError,
+    CheckpointFileNotFoundError,
+    ConfigurationError,
+    StatekeeperError,
+)
+from statekeeper.store.files import CheckpointFileManager, open_file_manager
+from statekeeper.store.files.paths import validate_component
+from statekeeper.store.key_groups import KeyGroupLayout
+from statekeeper.store.layout import StoreId, batch_path
+from statekeeper.store.spark.api import BatchStatefulProcessor, StatefulProcessor
+from statekeeper.store.spark.connect import initial_state_unsupported, is_connect_dataframe, progress_unavailable
+from statekeeper.store.spark.event_time import EventTime, TaskTime, WatermarkLog, parse_delay_ms, watermark_of
+from statekeeper.store.spark.executor import MARKER_COL, META_COL, PID_COL, FileManagerFactory, TaskSpec, run_task
+from statekeeper.store.spark.initial_state import collect_initial_state, initial_state_frame
+from statekeeper.store.spark.metrics import BatchProgress, PartitionMetrics
+from statekeeper.store.spark.restart import read_head, rescale_at_restart
+from statekeeper.store.spark.routing import owner_column, routable
+from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
+from statekeeper.store.spark.state import check_max_key_groups
+from statekeeper.store.spark.task_input import DEFAULT_INPUT_BUDGET_BYTES
+from statekeeper.store.spark.time_mode import TimeMode
+from statekeeper.store.state_store import StoreConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -215,7 +220,7 @@ class StatefulOperator:
         """Start the streaming query: ``df.writeStream.foreachBatch(self.process_batch)``.
 
         Without explicit ``event_time_column`` / ``watermark_delay``, the ``withWatermark`` of `df` is used.
-        Over Spark Connect the batches run in the server's Python process (see :mod:`store.spark.connect`).
+        Over Spark Connect the batches run in the server's Python process (see :mod:`statekeeper.store.spark.connect`).
         """
         self.started_over_connect = is_connect_dataframe(df)
         if self.started_over_connect and self.initial_state is not None:

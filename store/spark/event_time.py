@@ -26,11 +26,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from store.errors import CheckpointFileExistsError, CheckpointFileNotFoundError, ConfigurationError
-from store.files import CheckpointFileManager
-from store.layout import event_time_path
-from store.spark.api import TimerValues
-from store.spark.time_mode import TimeMode
+from statekeeper.store.errors import CheckpointFileExistsError, CheckpointFileNotFoundError, ConfigurationError
+from statekeeper.store.files import CheckpointFileManager
+from statekeeper.store.layout import event_time_path
+from statekeeper.store.spark.api import TimerValues
+from statekeeper.store.spark.time_mode import TimeMode
 
 log = logging.getLogger(__name__)
 

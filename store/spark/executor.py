@@ -33,19 +33,19 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from store.async_upload import AsyncUploader
-from store.commit_log import CommitLog
-from store.errors import StoreStateError
-from store.files import CheckpointFileManager, open_file_manager
-from store.formats.typed_codec import CorruptStateError
-from store.formats.typed_schema import Field, from_arrow, struct
-from store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor
-from store.spark.event_time import TaskTime
-from store.spark.handle import StatefulProcessorHandle
-from store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
-from store.spark.state import StateContext
-from store.spark.state_view import check_typed_state
-from store.spark.task_input import (
+from statekeeper.store.async_upload import AsyncUploader
+from statekeeper.store.commit_log import CommitLog
+from statekeeper.store.errors import StoreStateError
+from statekeeper.store.files import CheckpointFileManager, open_file_manager
+from statekeeper.store.formats.typed_codec import CorruptStateError
+from statekeeper.store.formats.typed_schema import Field, from_arrow, struct
+from statekeeper.store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor
+from statekeeper.store.spark.event_time import TaskTime
+from statekeeper.store.spark.handle import StatefulProcessorHandle
+from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
+from statekeeper.store.spark.state import StateContext
+from statekeeper.store.spark.state_view import check_typed_state
+from statekeeper.store.spark.task_input import (
     DEFAULT_INPUT_BUDGET_BYTES,
     MARKER_COL,
     PID_COL,
@@ -53,7 +53,7 @@ from store.spark.task_input import (
     TaskInput,
     groups_of,
 )
-from store.state_store import StateStore, StoreConfig
+from statekeeper.store.state_store import StateStore, StoreConfig
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from store.errors import ConfigurationError
-from store.formats.typed_schema import to_schema
-from store.spark.state import ListState, MapState, StateContext, ValueState, _State, validate_state_name
-from store.spark.time_mode import TimeMode
+from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.formats.typed_schema import to_schema
+from statekeeper.store.spark.state import ListState, MapState, StateContext, ValueState, _State, validate_state_name
+from statekeeper.store.spark.time_mode import TimeMode
 
 
 class StatefulProcessorHandle:

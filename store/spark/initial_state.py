@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from store.errors import ConfigurationError
+from statekeeper.store.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -32,7 +32,7 @@ class PartitionMetrics:
     changelog_records: int
     task_ms: float
     phases: dict[str, float] = field(default_factory=dict)
-    """The task's trace (``store.spark.executor``): input wait and conversion, user logic and state,
+    """The task's trace (``statekeeper.store.spark.executor``): input wait and conversion, user logic and state,
     output build and hand-off to Spark, the worker's reuse and peak RSS."""
     late_rows: int = 0
     """Input rows dropped as late (at or before the previous batch's watermark)."""
@@ -93,7 +93,7 @@ class BatchProgress:
     partitions: list[PartitionMetrics] = field(default_factory=list)
     rescale: dict[str, Any] | None = None
     """When the operator was rescaled at this restart: what moved and how long it took
-    (`store.rescale.RelayoutResult.to_json`)."""
+    (`statekeeper.store.rescale.RelayoutResult.to_json`)."""
 
     @property
     def repaired_snapshots(self) -> int:

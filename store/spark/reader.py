@@ -33,13 +33,13 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from store.commit_log import CommitLog
-from store.errors import ConfigurationError, LineageError
-from store.files import open_file_manager
-from store.formats.typed_schema import DataType
-from store.spark.schemas import expiry_of
-from store.spark.state_view import StateView
-from store.state_store import StateStore, StoreConfig
+from statekeeper.store.commit_log import CommitLog
+from statekeeper.store.errors import ConfigurationError, LineageError
+from statekeeper.store.files import open_file_manager
+from statekeeper.store.formats.typed_schema import DataType
+from statekeeper.store.spark.schemas import expiry_of
+from statekeeper.store.spark.state_view import StateView
+from statekeeper.store.state_store import StateStore, StoreConfig
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import struct
 
-from store.key_groups import group_at
-from store.rescale import CfRule, RescaleError
-from store.spark.schemas import META_CF, read_max_key_groups
-from store.spark.state import INTERNAL_PREFIX, ROWS_TOTAL, TIMER_INDEX_CF, TTL_CF
-from store.state_store import StateStore
+from statekeeper.store.key_groups import group_at
+from statekeeper.store.rescale import CfRule, RescaleError
+from statekeeper.store.spark.schemas import META_CF, read_max_key_groups
+from statekeeper.store.spark.state import INTERNAL_PREFIX, ROWS_TOTAL, TIMER_INDEX_CF, TTL_CF
+from statekeeper.store.state_store import StateStore
 
 _U16 = struct.Struct(">H")
 _I64 = struct.Struct(">q")

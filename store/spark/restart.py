@@ -13,14 +13,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from store.commit_log import CommitLog
-from store.errors import ConfigurationError
-from store.files import CheckpointFileManager
-from store.formats.commit import CommitRecord
-from store.key_groups import KeyGroupLayout
-from store.rescale import RelayoutResult, execute_relayout, plan_rescale
-from store.spark.rescale_rules import TypedStateKeys
-from store.state_store import StoreConfig
+from statekeeper.store.commit_log import CommitLog
+from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.files import CheckpointFileManager
+from statekeeper.store.formats.commit import CommitRecord
+from statekeeper.store.key_groups import KeyGroupLayout
+from statekeeper.store.rescale import RelayoutResult, execute_relayout, plan_rescale
+from statekeeper.store.spark.rescale_rules import TypedStateKeys
+from statekeeper.store.state_store import StoreConfig
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ The executor stores each grouping key under key group ``crc32(encoded key) mod G
 partition whose range holds that same group. This module writes the order-preserving key encoding
 as a Spark SQL expression (hex text, for the supported key types) so Spark computes
 ``pmod(crc32(encoded key), G)`` exactly as Python does, then the owner ``((g + 1) * n - 1) div G`` of
-`store.key_groups.KeyGroupLayout`. Keys of other types (floating point, decimal, nested) cannot be
+`statekeeper.store.key_groups.KeyGroupLayout`. Keys of other types (floating point, decimal, nested) cannot be
 routed this way: such operators keep Spark's hash routing and cannot be rescaled.
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from store.errors import ConfigurationError
-from store.key_groups import KeyGroupLayout
+from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.key_groups import KeyGroupLayout
 
 if TYPE_CHECKING:
     from pyspark.sql import Column

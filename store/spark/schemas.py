@@ -11,7 +11,7 @@ changelog), snapshotted with the state, and read back by the state reader and ma
 
 A stored value is ``tag | [expiry u64 BE] | schema id (LEB128) | row``: tag ``0x53`` ('S') plain or
 ``0x54`` ('T') with an expiry; docs/formats.md has the row layout. Values of older schema ids are read
-through the current schema (see :func:`store.formats.typed_schema.projector`).
+through the current schema (see :func:`statekeeper.store.formats.typed_schema.projector`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from store.formats.typed_codec import CorruptStateError, ListCodec, ValueCodec
-from store.formats.typed_schema import DataType, SchemaError, from_json, from_json_value, projector
-from store.state_store import ColumnFamily
+from statekeeper.store.formats.typed_codec import CorruptStateError, ListCodec, ValueCodec
+from statekeeper.store.formats.typed_schema import DataType, SchemaError, from_json, from_json_value, projector
+from statekeeper.store.state_store import ColumnFamily
 
 META_CF = "__meta"
 GROUPING_KEY = b"grouping_key"

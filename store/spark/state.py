@@ -23,10 +23,10 @@ import struct
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from store.errors import ConfigurationError, StoreStateError
-from store.formats.typed_codec import MAX_KEY_GROUPS as KEY_GROUP_LIMIT
-from store.formats.typed_codec import KeyCodec, stored_key_encoder
-from store.formats.typed_schema import (
+from statekeeper.store.errors import ConfigurationError, StoreStateError
+from statekeeper.store.formats.typed_codec import MAX_KEY_GROUPS as KEY_GROUP_LIMIT
+from statekeeper.store.formats.typed_codec import KeyCodec, stored_key_encoder
+from statekeeper.store.formats.typed_schema import (
     DataType,
     SchemaError,
     SchemaEvolutionError,
@@ -34,7 +34,7 @@ from store.formats.typed_schema import (
     infer,
     key_compatible,
 )
-from store.spark.schemas import (
+from statekeeper.store.spark.schemas import (
     DEFAULT_MAX_KEY_GROUPS,
     GROUPING_KEY,
     MAX_KEY_GROUPS,
@@ -50,7 +50,7 @@ from store.spark.schemas import (
     read_record,
     write_record,
 )
-from store.state_store import ColumnFamily, StateStore
+from statekeeper.store.state_store import ColumnFamily, StateStore
 
 TTL_CF = "__ttl"
 TIMERS_CF = "__timers"

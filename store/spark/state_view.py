@@ -14,12 +14,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from store.files import CheckpointFileManager
-from store.formats.changelog import ChangelogReader
-from store.formats.typed_codec import CorruptStateError, KeyCodec
-from store.formats.typed_schema import DataType
-from store.layout import StoreId
-from store.spark.schemas import (
+from statekeeper.store.files import CheckpointFileManager
+from statekeeper.store.formats.changelog import ChangelogReader
+from statekeeper.store.formats.typed_codec import CorruptStateError, KeyCodec
+from statekeeper.store.formats.typed_schema import DataType
+from statekeeper.store.layout import StoreId
+from statekeeper.store.spark.schemas import (
     META_CF,
     ValueFormat,
     VariableRecord,
@@ -28,8 +28,8 @@ from store.spark.schemas import (
     read_record,
     variable_names,
 )
-from store.spark.state import KEY_GROUP_BYTES, TIMERS_CF, grouping_key_codec
-from store.state_store import StateStore
+from statekeeper.store.spark.state import KEY_GROUP_BYTES, TIMERS_CF, grouping_key_codec
+from statekeeper.store.state_store import StateStore
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from store.errors import StoreStateError
+from statekeeper.store.errors import StoreStateError
 
 INTERNAL_COL_PREFIX = "__sk_"
 PID_COL = "__sk_partition"

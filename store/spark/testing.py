@@ -1,6 +1,6 @@
 """Unit-test a processor without Spark: :class:`TwsTester`, after Spark's ``TwsTester``.
 
-    from store.spark.testing import TwsTester
+    from statekeeper.store.spark.testing import TwsTester
 
     with TwsTester(Counter(), key="user", output_schema="user string, count long") as t:
         assert t.run([{"user": "a"}, {"user": "a"}], processing_time_ms=1000) == [("a", 2)]
@@ -27,19 +27,25 @@ from typing import Any
 
 import pyarrow as pa
 
-from store.commit_log import CommitLog
-from store.errors import ConfigurationError
-from store.files import open_file_manager
-from store.formats.typed_schema import to_schema
-from store.spark.api import BatchStatefulProcessor, StatefulProcessor
-from store.spark.event_time import INITIAL_WATERMARK_MS, TaskTime, max_event_ms, next_watermark, parse_delay_ms
-from store.spark.executor import CACHE, META_COL, PID_COL, TaskSpec, _run_partition
-from store.spark.metrics import PartitionMetrics
-from store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
-from store.spark.state_view import StateView
-from store.spark.task_input import TaskInput
-from store.spark.time_mode import TimeMode
-from store.state_store import StateStore
+from statekeeper.store.commit_log import CommitLog
+from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.files import open_file_manager
+from statekeeper.store.formats.typed_schema import to_schema
+from statekeeper.store.spark.api import BatchStatefulProcessor, StatefulProcessor
+from statekeeper.store.spark.event_time import (
+    INITIAL_WATERMARK_MS,
+    TaskTime,
+    max_event_ms,
+    next_watermark,
+    parse_delay_ms,
+)
+from statekeeper.store.spark.executor import CACHE, META_COL, PID_COL, TaskSpec, _run_partition
+from statekeeper.store.spark.metrics import PartitionMetrics
+from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
+from statekeeper.store.spark.state_view import StateView
+from statekeeper.store.spark.task_input import TaskInput
+from statekeeper.store.spark.time_mode import TimeMode
+from statekeeper.store.state_store import StateStore
 
 OPERATOR = "tester"
 

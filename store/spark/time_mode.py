@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 
-from store.errors import ConfigurationError
+from statekeeper.store.errors import ConfigurationError
 
 
 class TimeMode(enum.Enum):

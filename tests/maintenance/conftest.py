@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from maintenance.inventory import clear_caches
-from maintenance.settings import MaintenanceSettings
-from maintenance.snapshots import close_replicas
-from sql import Catalog
+from statekeeper.maintenance.inventory import clear_caches
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshots import close_replicas
+from statekeeper.sql import Catalog
 from tests.maintenance.helpers import History
 
 

@@ -15,9 +15,9 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from store.files import local
-from store.files.s3 import S3FileManager
-from store.files.s3.upload import S3Output
+from statekeeper.store.files import local
+from statekeeper.store.files.s3 import S3FileManager
+from statekeeper.store.files.s3.upload import S3Output
 
 _count = 0
 _kill_at = 0
@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
     for manager in (local.LocalFileManager, S3FileManager):
         _wrap_delete(manager)
     _wrap_abort(S3FileManager)
-    from maintenance.cli import main as cli_main
+    from statekeeper.maintenance.cli import main as cli_main
 
     return cli_main(cli_args)
 

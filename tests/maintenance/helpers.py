@@ -10,12 +10,12 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from maintenance.inventory import Inventory
-from maintenance.plan import plan_root
-from maintenance.settings import MaintenanceSettings
-from store import CommitLog, StateStore, StoreConfig
-from store.files import open_file_manager
-from store.layout import StoreId
+from statekeeper.maintenance.inventory import Inventory
+from statekeeper.maintenance.plan import plan_root
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.store import CommitLog, StateStore, StoreConfig
+from statekeeper.store.files import open_file_manager
+from statekeeper.store.layout import StoreId
 
 State = dict[str, dict[bytes, bytes]]
 CFS = ("default", "counts")
@@ -158,9 +158,9 @@ def clobber(root: str, path: str, data: bytes | None) -> None:
     Clears the maintenance caches of parsed files: they are keyed by (path, size, mtime), and S3's
     one-second mtime cannot tell a file damaged within a second of its creation.
     """
-    from maintenance.inventory import clear_caches
-    from store.files import LocalFileManager
-    from store.files.s3 import S3FileManager
+    from statekeeper.maintenance.inventory import clear_caches
+    from statekeeper.store.files import LocalFileManager
+    from statekeeper.store.files.s3 import S3FileManager
 
     clear_caches()
     fm = open_file_manager(root)

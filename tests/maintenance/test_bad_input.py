@@ -8,15 +8,15 @@ from collections.abc import Callable
 
 import pytest
 
-from maintenance.deletion import delete_entries, validate_deletable
-from maintenance.expiry import expire_versions
-from maintenance.inventory import CHANGELOG, FileEntry, Inventory
-from maintenance.orphans import clean_orphans
-from maintenance.settings import MaintenanceSettings
-from maintenance.snapshots import create_snapshots
-from maintenance.verify import verify_root
-from store.errors import ConfigurationError
-from store.layout import StoreId, commit_path
+from statekeeper.maintenance.deletion import delete_entries, validate_deletable
+from statekeeper.maintenance.expiry import expire_versions
+from statekeeper.maintenance.inventory import CHANGELOG, FileEntry, Inventory
+from statekeeper.maintenance.orphans import clean_orphans
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.verify import verify_root
+from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.layout import StoreId, commit_path
 from tests.maintenance.helpers import History, all_files, clobber
 
 
@@ -226,7 +226,7 @@ def test_a_work_dir_inside_the_root_is_refused(tmp_path, settings: MaintenanceSe
 
 
 def test_inventory_classifies_by_the_exact_layout() -> None:
-    from maintenance.inventory import classify
+    from statekeeper.maintenance.inventory import classify
 
     cid = "0" * 32
     assert classify(f"commits/{1:020d}.commit").kind == "commit"

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from maintenance.expiry import expire_versions
-from maintenance.inventory import BATCH, FOREIGN, Inventory, classify
-from maintenance.orphans import clean_orphans
-from maintenance.settings import MaintenanceSettings
-from maintenance.snapshots import create_snapshots
-from store.files import open_file_manager
-from store.layout import batch_path, commit_path, event_time_path
+from statekeeper.maintenance.expiry import expire_versions
+from statekeeper.maintenance.inventory import BATCH, FOREIGN, Inventory, classify
+from statekeeper.maintenance.orphans import clean_orphans
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.store.files import open_file_manager
+from statekeeper.store.layout import batch_path, commit_path, event_time_path
 from tests.maintenance.helpers import History, all_files
 
 

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from maintenance.expiry import expire_versions
-from maintenance.inventory import Inventory, StoreFiles
-from maintenance.orphans import clean_orphans
-from maintenance.settings import MaintenanceSettings
-from maintenance.snapshots import close_replicas, create_snapshots
-from maintenance.verify import verify_root
+from statekeeper.maintenance.expiry import expire_versions
+from statekeeper.maintenance.inventory import Inventory, StoreFiles
+from statekeeper.maintenance.orphans import clean_orphans
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshots import close_replicas, create_snapshots
+from statekeeper.maintenance.verify import verify_root
 
 ROOT = Path(__file__).resolve().parents[2]
 N, T, GRACE = 3, 4, 1.0

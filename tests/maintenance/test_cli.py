@@ -26,7 +26,7 @@ def run_cli(
     full_env = {**os.environ, "STATEKEEPER_HOME": str(home), **(env or {})}
     full_env.pop("STATEKEEPER_DB_URL", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "maintenance", *args],
+        [sys.executable, "-m", "statekeeper.maintenance", *args],
         cwd=ROOT,
         env=full_env,
         capture_output=True,
@@ -102,7 +102,7 @@ def test_every_command_end_to_end(make_local_history: Callable[..., History], tm
 
 
 def _in_process(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    from maintenance.cli import main
+    from statekeeper.maintenance.cli import main
 
     try:
         code = main(args)
@@ -189,7 +189,7 @@ def test_catalog_queries_need_a_synced_root(make_local_history: Callable[..., Hi
 
 @pytest.mark.parametrize("command", ["snapshot", "expire", "clean-orphans"])
 def test_a_busy_store_fails_clearly(make_local_history: Callable[..., History], tmp_path: Path, command: str) -> None:
-    from sql import Catalog
+    from statekeeper.sql import Catalog
 
     h = make_local_history()
     h.batches(6, losing=1)

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from maintenance.expiry import expire_versions
-from maintenance.orphans import clean_orphans
-from maintenance.settings import MaintenanceSettings
-from maintenance.snapshots import close_replicas, create_snapshots
-from maintenance.verify import verify_root
-from store import StateStore, StoreConfig
-from store.errors import ConfigurationError
-from store.files import open_file_manager
+from statekeeper.maintenance.expiry import expire_versions
+from statekeeper.maintenance.orphans import clean_orphans
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshots import close_replicas, create_snapshots
+from statekeeper.maintenance.verify import verify_root
+from statekeeper.store import StateStore, StoreConfig
+from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.files import open_file_manager
 from tests.maintenance.helpers import content, scripted_state
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from maintenance.catalog_sync import rebuild_catalog
-from sql import Catalog
+from statekeeper.maintenance.catalog_sync import rebuild_catalog
+from statekeeper.sql import Catalog
 from tests.maintenance.helpers import History, leftovers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +28,7 @@ OPS = {
 
 def run(args: list[str], env: dict[str, str], kill_at: int | None = None, mid: bool = False) -> int:
     if kill_at is None:
-        cmd = [sys.executable, "-m", "maintenance", *args]
+        cmd = [sys.executable, "-m", "statekeeper.maintenance", *args]
     else:
         cmd = [sys.executable, "-m", "tests.maintenance.crash_runner", str(kill_at), *(["--mid"] if mid else []), "--"]
         cmd += args
@@ -66,7 +66,7 @@ def crash_loop(h: History, tmp: Path, rounds: int, seed: int, max_kills: int = 2
     for op, extra in OPS.items():  # reruns without crashes converge
         run([op, h.root, *extra], env)
     h.check_loadable(range(max(1, h.latest - 2), h.latest + 1))
-    from maintenance.settings import MaintenanceSettings
+    from statekeeper.maintenance.settings import MaintenanceSettings
 
     assert (
         leftovers(h.root, MaintenanceSettings(min_versions_to_retain=3, orphan_grace_seconds=0, load_grace_seconds=0))

@@ -6,14 +6,14 @@ from collections.abc import Callable
 
 import pytest
 
-from maintenance.expiry import expire_versions
-from maintenance.inventory import Inventory
-from maintenance.settings import MaintenanceSettings
-from maintenance.snapshots import create_snapshots
-from sql import Catalog
-from store import StateStore, StoreConfig
-from store.errors import LineageError
-from store.layout import commit_path
+from statekeeper.maintenance.expiry import expire_versions
+from statekeeper.maintenance.inventory import Inventory
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.sql import Catalog
+from statekeeper.store import StateStore, StoreConfig
+from statekeeper.store.errors import LineageError
+from statekeeper.store.layout import commit_path
 from tests.maintenance.helpers import History, all_files
 
 
@@ -125,7 +125,7 @@ def test_in_flight_changelogs_are_never_touched(
 def test_small_batches_in_parallel_and_catalog_bookkeeping(
     make_local_history: Callable[..., History], settings: MaintenanceSettings, catalog: Catalog
 ) -> None:
-    from maintenance.catalog_sync import sync_catalog
+    from statekeeper.maintenance.catalog_sync import sync_catalog
 
     h = make_local_history(operators={"agg": 3})
     h.batches(5)
@@ -183,8 +183,8 @@ def test_a_snapshot_becomes_the_base_once_older_than_the_load_grace(
 def test_raising_the_retention_after_an_expiry_is_not_an_error(
     make_local_history: Callable[..., History], settings: MaintenanceSettings
 ) -> None:
-    from maintenance.orphans import clean_orphans
-    from maintenance.plan import plan_store
+    from statekeeper.maintenance.orphans import clean_orphans
+    from statekeeper.maintenance.plan import plan_store
 
     h = make_local_history()
     h.batches(5, losing=1)

@@ -7,8 +7,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from maintenance.loop import CycleResult, maintain
-from maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.loop import CycleResult, maintain
+from statekeeper.maintenance.settings import MaintenanceSettings
 from tests.maintenance.helpers import History, all_files
 from tests.maintenance.test_cli import run_cli
 

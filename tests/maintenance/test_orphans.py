@@ -8,15 +8,15 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from maintenance.expiry import expire_versions
-from maintenance.inventory import Inventory
-from maintenance.orphans import clean_orphans
-from maintenance.replica import Replica
-from maintenance.settings import MaintenanceSettings
-from maintenance.snapshots import create_snapshots
-from sql import Catalog
-from store.files import LocalFileManager
-from store.files.s3 import S3FileManager
+from statekeeper.maintenance.expiry import expire_versions
+from statekeeper.maintenance.inventory import Inventory
+from statekeeper.maintenance.orphans import clean_orphans
+from statekeeper.maintenance.replica import Replica
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.sql import Catalog
+from statekeeper.store.files import LocalFileManager
+from statekeeper.store.files.s3 import S3FileManager
 from tests.maintenance.helpers import History, all_files, leftovers
 
 JUNK_SST = "ab" * 20 + ".sst"
@@ -120,7 +120,7 @@ def test_dry_run_reports_files_and_bytes_and_deletes_nothing(
 def test_orphan_run_is_recorded_and_marks_files_deleted(
     make_local_history: Callable[..., History], settings: MaintenanceSettings, catalog: Catalog
 ) -> None:
-    from maintenance.catalog_sync import sync_catalog
+    from statekeeper.maintenance.catalog_sync import sync_catalog
 
     h = make_local_history()
     h.batches(3, losing=1)

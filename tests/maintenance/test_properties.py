@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from maintenance.expiry import expire_versions
-from maintenance.inventory import Inventory, clear_caches
-from maintenance.orphans import clean_orphans
-from maintenance.settings import MaintenanceSettings
-from maintenance.snapshots import close_replicas, create_snapshots
+from statekeeper.maintenance.expiry import expire_versions
+from statekeeper.maintenance.inventory import Inventory, clear_caches
+from statekeeper.maintenance.orphans import clean_orphans
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshots import close_replicas, create_snapshots
 from tests.maintenance.helpers import History, leftovers
 from tests.model_steps import CountedSteps, scaled
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from maintenance.cli import main
-from store import CommitLog, open_file_manager
-from store.key_groups import KeyGroupLayout
+from statekeeper.maintenance.cli import main
+from statekeeper.store import CommitLog, open_file_manager
+from statekeeper.store.key_groups import KeyGroupLayout
 from tests.store.test_rescale import GROUPS, OP, clean, read_all, run_batch, stored
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +64,7 @@ def test_rescale_and_rollback_through_the_cli(tmp_path: Path, capsys: pytest.Cap
 def _run_killed(root: str, kill_at: int | None, env: dict[str, str]) -> int:
     args = ["rescale", root, "--operator", OP, "--partitions", "4", "--no-catalog", "--force", "--workers", "2"]
     if kill_at is None:
-        cmd = [sys.executable, "-m", "maintenance", *args]
+        cmd = [sys.executable, "-m", "statekeeper.maintenance", *args]
     else:
         cmd = [sys.executable, "-m", "tests.maintenance.crash_runner", str(kill_at), "--", *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)

@@ -15,15 +15,15 @@ from collections.abc import Callable
 
 import pytest
 
-from maintenance.expiry import expire_versions
-from maintenance.inventory import Inventory
-from maintenance.orphans import clean_orphans
-from maintenance.settings import MaintenanceSettings
-from maintenance.snapshot_health import forget
-from maintenance.snapshots import create_snapshots
-from maintenance.verify import verify_root
-from store import StateStore, StoreConfig
-from store.formats.snapshot import SnapshotManifest
+from statekeeper.maintenance.expiry import expire_versions
+from statekeeper.maintenance.inventory import Inventory
+from statekeeper.maintenance.orphans import clean_orphans
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshot_health import forget
+from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.verify import verify_root
+from statekeeper.store import StateStore, StoreConfig
+from statekeeper.store.formats.snapshot import SnapshotManifest
 from tests.maintenance.helpers import History, all_files, clobber, content, leftovers
 
 DAMAGES = ("sst bit flip", "missing sst", "truncated manifest")
@@ -56,7 +56,7 @@ def _load_repaired(h: History, version: int, tmp: str, caplog: pytest.LogCapture
     probe = StateStore(h.fm, store.operator, store.partition, config=StoreConfig(local_dir=tmp))
     try:
         ckpt, state = h.committed[version][store]
-        with caplog.at_level(logging.WARNING, logger="store.loading"):
+        with caplog.at_level(logging.WARNING, logger="statekeeper.store.loading"):
             probe.load(version, ckpt)
         assert content(probe) == state
         assert probe.last_load is not None and probe.last_load.repaired_snapshots == 1

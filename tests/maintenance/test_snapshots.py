@@ -7,12 +7,12 @@ import os
 import shutil
 from collections.abc import Callable
 
-from maintenance.inventory import Inventory
-from maintenance.replica import MARKER
-from maintenance.settings import MaintenanceSettings
-from maintenance.snapshots import close_replicas, create_snapshots, replica_dir, work_root
-from sql import Catalog
-from store import StateStore, StoreConfig
+from statekeeper.maintenance.inventory import Inventory
+from statekeeper.maintenance.replica import MARKER
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshots import close_replicas, create_snapshots, replica_dir, work_root
+from statekeeper.sql import Catalog
+from statekeeper.store import StateStore, StoreConfig
 from tests.maintenance.helpers import History, all_files, content
 
 

@@ -6,10 +6,10 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from store import CommitLog, StateStore, StoreConfig
-from store.formats.typed_schema import parse_ddl
-from store.spark.handle import StatefulProcessorHandle
-from store.spark.state import StateContext
+from statekeeper.store import CommitLog, StateStore, StoreConfig
+from statekeeper.store.formats.typed_schema import parse_ddl
+from statekeeper.store.spark.handle import StatefulProcessorHandle
+from statekeeper.store.spark.state import StateContext
 from tests.maintenance.test_cli import run_cli
 
 

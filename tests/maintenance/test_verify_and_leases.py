@@ -6,14 +6,14 @@ import threading
 import time
 from collections.abc import Callable
 
-from maintenance.expiry import expire_versions
-from maintenance.inventory import Inventory
-from maintenance.leasing import store_lease
-from maintenance.replica import Replica
-from maintenance.settings import MaintenanceSettings
-from maintenance.snapshots import create_snapshots
-from maintenance.verify import verify_root
-from sql import Catalog
+from statekeeper.maintenance.expiry import expire_versions
+from statekeeper.maintenance.inventory import Inventory
+from statekeeper.maintenance.leasing import store_lease
+from statekeeper.maintenance.replica import Replica
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.verify import verify_root
+from statekeeper.sql import Catalog
 from tests.maintenance.helpers import History, all_files, clobber
 
 

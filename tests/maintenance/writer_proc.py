@@ -14,8 +14,8 @@ import sys
 import tempfile
 import time
 
-from store import CommitLog, StateStore, StoreConfig
-from store.files import open_file_manager
+from statekeeper.store import CommitLog, StateStore, StoreConfig
+from statekeeper.store.files import open_file_manager
 from tests.maintenance.helpers import content, scripted_state, scripted_updates
 
 PARTITIONS = 2

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from dagster import DagsterInstance, Definitions
 
-from orchestration.config import OrchestrationConfig, parse_roots
-from orchestration.definitions import build_definitions
-from orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
-from sql import Catalog
+from statekeeper.orchestration.config import OrchestrationConfig, parse_roots
+from statekeeper.orchestration.definitions import build_definitions
+from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
+from statekeeper.sql import Catalog
 from tests.orchestration.helpers import CheckpointWriter
 
 THRESHOLD = 4

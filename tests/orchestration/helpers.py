@@ -7,7 +7,7 @@ import socket
 import tempfile
 from typing import Any
 
-from store import CommitLog, StateStore, StoreConfig
+from statekeeper.store import CommitLog, StateStore, StoreConfig
 
 
 class CheckpointWriter:

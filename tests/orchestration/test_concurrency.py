@@ -9,8 +9,8 @@ from dagster import DagsterInstance
 from dagster._core.instance.ref import InstanceRef
 from dagster._utils.tags import TagConcurrencyLimitsCounter
 
-from orchestration.assets import LINEAGE, SNAPSHOTS
-from orchestration.jobs import JOB_NAMES
+from statekeeper.orchestration.assets import LINEAGE, SNAPSHOTS
+from statekeeper.orchestration.jobs import JOB_NAMES
 from tests.orchestration.conftest import Orch
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from dagster import DefaultScheduleStatus, DefaultSensorStatus
 
-from orchestration.assets import ASSET_NAMES
-from orchestration.checks import CHECK_NAMES
-from orchestration.config import OrchestrationConfig, default_roots, parse_cron
-from orchestration.definitions import build_definitions
-from orchestration.jobs import JOB_NAMES
-from orchestration.schedules import EXPIRY_SCHEDULE, ORPHAN_SCHEDULE
-from orchestration.sensors import FAILURE_SENSOR_NAME, SENSOR_NAME
-from store.errors import ConfigurationError
+from statekeeper.orchestration.assets import ASSET_NAMES
+from statekeeper.orchestration.checks import CHECK_NAMES
+from statekeeper.orchestration.config import OrchestrationConfig, default_roots, parse_cron
+from statekeeper.orchestration.definitions import build_definitions
+from statekeeper.orchestration.jobs import JOB_NAMES
+from statekeeper.orchestration.schedules import EXPIRY_SCHEDULE, ORPHAN_SCHEDULE
+from statekeeper.orchestration.sensors import FAILURE_SENSOR_NAME, SENSOR_NAME
+from statekeeper.store.errors import ConfigurationError
 
 REPO = Path(__file__).resolve().parents[2]
 

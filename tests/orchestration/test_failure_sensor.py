@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dagster import DagsterEventType, build_run_status_sensor_context
 
-from orchestration.assets import LINEAGE, SNAPSHOTS
-from orchestration.definitions import build_definitions
-from orchestration.jobs import JOB_NAMES
-from orchestration.resources import MaintenanceConfig
-from orchestration.sensors import FAILURE_SENSOR_NAME, maintenance_kind, record_failed_run
+from statekeeper.orchestration.assets import LINEAGE, SNAPSHOTS
+from statekeeper.orchestration.definitions import build_definitions
+from statekeeper.orchestration.jobs import JOB_NAMES
+from statekeeper.orchestration.resources import MaintenanceConfig
+from statekeeper.orchestration.sensors import FAILURE_SENSOR_NAME, maintenance_kind, record_failed_run
 from tests.orchestration.conftest import Orch
 
 

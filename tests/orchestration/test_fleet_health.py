@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from orchestration.assets import SNAPSHOTS
-from orchestration.checks import CHAINS_BOUNDED
+from statekeeper.orchestration.assets import SNAPSHOTS
+from statekeeper.orchestration.checks import CHAINS_BOUNDED
 from tests.orchestration.conftest import THRESHOLD, Orch
 from tests.orchestration.test_maintenance_assets import check, materialization, run_job
 

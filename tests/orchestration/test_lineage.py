@@ -6,8 +6,8 @@ from typing import Any
 
 from dagster import AssetKey, AssetsDefinition, materialize
 
-from orchestration.assets import LINEAGE
-from orchestration.jobs import JOB_NAMES
+from statekeeper.orchestration.assets import LINEAGE
+from statekeeper.orchestration.jobs import JOB_NAMES
 from tests.orchestration.conftest import THRESHOLD, Orch
 
 

@@ -6,10 +6,10 @@ from typing import Any
 
 from dagster import AssetKey
 
-from orchestration.assets import ORPHANS, RETAINED, SNAPSHOTS
-from orchestration.checks import CHAINS, LOADABLE, NO_ORPHANS
-from orchestration.jobs import JOB_NAMES
-from store import StateStore
+from statekeeper.orchestration.assets import ORPHANS, RETAINED, SNAPSHOTS
+from statekeeper.orchestration.checks import CHAINS, LOADABLE, NO_ORPHANS
+from statekeeper.orchestration.jobs import JOB_NAMES
+from statekeeper.store import StateStore
 from tests.orchestration.conftest import RETAIN, THRESHOLD, Orch
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestration.relayout_jobs import rescale_job, rollback_job
-from store import CommitLog, open_file_manager
-from store.key_groups import KeyGroupLayout
+from statekeeper.orchestration.relayout_jobs import rescale_job, rollback_job
+from statekeeper.store import CommitLog, open_file_manager
+from statekeeper.store.key_groups import KeyGroupLayout
 from tests.maintenance.test_relayout import _history
 from tests.store.test_rescale import GROUPS, OP, read_all
 

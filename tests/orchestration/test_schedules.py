@@ -8,8 +8,8 @@ from typing import Any
 
 from dagster import RunRequest, ScheduleEvaluationContext, SkipReason, build_schedule_context
 
-from orchestration.jobs import JOB_NAMES
-from orchestration.schedules import EXPIRY_SCHEDULE, ORPHAN_SCHEDULE
+from statekeeper.orchestration.jobs import JOB_NAMES
+from statekeeper.orchestration.schedules import EXPIRY_SCHEDULE, ORPHAN_SCHEDULE
 from tests.orchestration.conftest import Orch
 
 

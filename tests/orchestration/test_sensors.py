@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from dagster import RunRequest, SensorResult, build_sensor_context
 
-from orchestration.assets import SNAPSHOTS
-from orchestration.sensors import (
+from statekeeper.orchestration.assets import SNAPSHOTS
+from statekeeper.orchestration.sensors import (
     COMMITS_PREFIX,
     SENSOR_NAME,
     RootCursor,
@@ -18,8 +18,8 @@ from orchestration.sensors import (
     evaluate_root,
     snapshot_run_key,
 )
-from store.files import CheckpointFileManager, FileInfo, open_file_manager
-from store.layout import commit_path
+from statekeeper.store.files import CheckpointFileManager, FileInfo, open_file_manager
+from statekeeper.store.layout import commit_path
 from tests.orchestration.conftest import THRESHOLD, Orch
 
 

@@ -3,12 +3,12 @@ expired by the expiry job, whose `retained_versions_loadable` check passes (loca
 
 from __future__ import annotations
 
-from maintenance.inventory import Inventory
-from orchestration.assets import RETAINED, SNAPSHOTS
-from orchestration.checks import CHAINS, LOADABLE
-from store import StateStore
-from store.files import open_file_manager
-from store.layout import StoreId
+from statekeeper.maintenance.inventory import Inventory
+from statekeeper.orchestration.assets import RETAINED, SNAPSHOTS
+from statekeeper.orchestration.checks import CHAINS, LOADABLE
+from statekeeper.store import StateStore
+from statekeeper.store.files import open_file_manager
+from statekeeper.store.layout import StoreId
 from tests.maintenance.helpers import clobber
 from tests.orchestration.conftest import RETAIN, THRESHOLD, Orch
 from tests.orchestration.test_maintenance_assets import check, materialization, run_job

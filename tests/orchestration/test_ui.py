@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 import pytest
 
-from sql import Catalog
+from statekeeper.sql import Catalog
 from tests.orchestration.helpers import CheckpointWriter, free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,11 +52,11 @@ def chromium() -> str:
 
 
 class Launcher:
-    """`python -m orchestration.run_local` in the background, its output read line by line."""
+    """`python -m statekeeper.orchestration.run_local` in the background, its output read line by line."""
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestration.run_local", *args],
+            [sys.executable, "-m", "statekeeper.orchestration.run_local", *args],
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,

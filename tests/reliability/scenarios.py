@@ -7,7 +7,7 @@ state every committed version must load to is known without having watched the k
 
 * `prepare(root, work)`: builds the checkpoint the scenario starts from (a template, copied per kill);
 * `act(root, work)`: the durable work a child does with the fault seam armed; it is SIGKILLed at one
-  point of `store.faults`;
+  point of `statekeeper.store.faults`;
 * `recover(root, work)`: what a restarted process does afterwards (the writer resumes and commits
   one more batch; a maintenance run is simply run again).
 
@@ -26,17 +26,17 @@ from collections.abc import Callable
 from contextlib import closing, nullcontext
 from dataclasses import dataclass
 
-from maintenance.catalog_sync import rebuild_catalog, sync_catalog
-from maintenance.expiry import expire_versions
-from maintenance.orphans import clean_orphans
-from maintenance.reports import Report as MaintenanceReport
-from maintenance.settings import MaintenanceSettings
-from maintenance.snapshots import create_snapshots
-from maintenance.verify import verify_root
-from sql import Catalog
-from store import CommitLog, StateStore, StoreConfig, faults
-from store.async_upload import AsyncUploader
-from store.files import CheckpointFileManager, open_file_manager
+from statekeeper.maintenance.catalog_sync import rebuild_catalog, sync_catalog
+from statekeeper.maintenance.expiry import expire_versions
+from statekeeper.maintenance.orphans import clean_orphans
+from statekeeper.maintenance.reports import Report as MaintenanceReport
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.verify import verify_root
+from statekeeper.sql import Catalog
+from statekeeper.store import CommitLog, StateStore, StoreConfig, faults
+from statekeeper.store.async_upload import AsyncUploader
+from statekeeper.store.files import CheckpointFileManager, open_file_manager
 
 OPERATOR = "sweep"
 PARTITIONS = 2
@@ -165,7 +165,7 @@ def _catalog(work: str, name: str = "catalog.db") -> Catalog:
     catalog = Catalog.open(f"sqlite:///{path}")
     from sqlalchemy import event
 
-    # The catalog is not in `store` (it may not import it): its transactions reach the seam
+    # The catalog is not in `statekeeper.store` (it may not import it): its transactions reach the seam
     # through SQLAlchemy's commit event.
     event.listen(catalog.engine, "commit", lambda _conn: faults.reached("catalog.transaction", "catalog"))
     return catalog

@@ -1,4 +1,4 @@
-"""The crash-point sweep: kill -9 a child at every point of `store.faults` a scenario reaches.
+"""The crash-point sweep: kill -9 a child at every point of `statekeeper.store.faults` a scenario reaches.
 
     python -m tests.reliability.sweep OUT.json [--scenario NAME ...] [--kinds local,s3]
         [--s3-bucket BUCKET] [--sample N] [--work DIR]
@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from store import faults
+from statekeeper.store import faults
 from tests.reliability import scenarios
 from tests.reliability.scenarios import SCENARIOS, Scenario, check
 
@@ -181,8 +181,8 @@ class Roots:
 
 
 def _committed(root: str) -> int:
-    from store import CommitLog
-    from store.files import open_file_manager
+    from statekeeper.store import CommitLog
+    from statekeeper.store.files import open_file_manager
 
     return CommitLog(open_file_manager(root)).latest()
 

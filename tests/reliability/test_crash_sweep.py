@@ -1,4 +1,4 @@
-"""The crash-point sweep (DESIGN invariants 1, 3, 4, 6, 8): kill -9 at the points of `store.faults`
+"""The crash-point sweep (DESIGN invariants 1, 3, 4, 6, 8): kill -9 at the points of `statekeeper.store.faults`
 every scenario reaches, on local disk and on S3 (moto on 127.0.0.1), then recover and check that
 nothing committed was lost (`tests/reliability/sweep.py`).
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from maintenance.snapshots import close_replicas, create_snapshots
-from store import CommitLog, StateStore, faults
-from store.errors import CheckpointWriteError
-from store.files import LocalFileManager
+from statekeeper.maintenance.snapshots import close_replicas, create_snapshots
+from statekeeper.store import CommitLog, StateStore, faults
+from statekeeper.store.errors import CheckpointWriteError
+from statekeeper.store.files import LocalFileManager
 from tests.model_steps import INJECTED
 from tests.reliability.scenarios import (
     OPERATOR,

@@ -1,5 +1,5 @@
 """The fault seam's names are the product's: every point the product reaches is listed in
-`store.faults.POINTS` (so a sweep report names real instants), and every listed point is reached
+`statekeeper.store.faults.POINTS` (so a sweep report names real instants), and every listed point is reached
 somewhere (so none is a dead name)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from store import faults
+from statekeeper.store import faults
 
 REPO = Path(__file__).resolve().parents[2]
 CALL = re.compile(r"""fault_point\(\s*"([a-z0-9_.]+)\"""")

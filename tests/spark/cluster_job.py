@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 from pyspark.sql import SparkSession
 
-from store.spark import StatefulOperator, StatefulProcessorHandle, read_state
+from statekeeper.store.spark import StatefulOperator, StatefulProcessorHandle, read_state
 from tests.spark.helpers import SCHEMA, JsonFileSink, JsonLinesProgress
 from tests.spark.processors import CountSum
 

@@ -5,7 +5,7 @@
 stops them by their pids. `ConnectServer` starts ``SparkConnectServer`` (``spark-submit --class
 org.apache.spark.sql.connect.service.SparkConnectServer``) on a local master. Both bind 127.0.0.1 only,
 write their logs under the given directory, and put this repository and interpreter on the Python
-workers' environment so tasks can import ``store`` and ``tests``.
+workers' environment so tasks can import ``statekeeper.store`` and ``tests``.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from store.spark import StatefulOperator
+from statekeeper.store.spark import StatefulOperator
 from tests.spark.helpers import SCHEMA
 from tests.spark.processors import SlowCountSum
 

@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from store.spark import StatefulOperator, read_state
+from statekeeper.store.spark import StatefulOperator, read_state
 
 SCHEMA = "user string, value long"
 

@@ -11,7 +11,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from store.spark import BatchStatefulProcessor, StatefulProcessor, StatefulProcessorHandle, TimerValues, keys_of
+from statekeeper.store.spark import (
+    BatchStatefulProcessor,
+    StatefulProcessor,
+    StatefulProcessorHandle,
+    TimerValues,
+    keys_of,
+)
 
 
 class CountSum(StatefulProcessor):
@@ -160,7 +166,7 @@ class FailingUploads:
         self.version = version
 
     def __call__(self, root: str) -> Any:
-        from store.files import open_file_manager
+        from statekeeper.store.files import open_file_manager
 
         return _FailOnceFM(open_file_manager(root), self.marker_dir, self.version)
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from store.spark import StatefulOperator
-from store.spark.driver import TRACE_ENV
+from statekeeper.store.spark import StatefulOperator
+from statekeeper.store.spark.driver import TRACE_ENV
 from tests.spark.helpers import CollectingSink
 from tests.spark.processors import CountSum
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from store import CommitLog, open_file_manager
+from statekeeper.store import CommitLog, open_file_manager
 from tests.spark.cluster_support import StandaloneCluster
 from tests.spark.conftest import ROOT, spark_env
 from tests.spark.helpers import read_batch_output, reference, write_inputs

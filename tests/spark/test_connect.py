@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from store import CommitLog, open_file_manager
-from store.spark import StatefulOperator, read_state
-from store.spark.connect import ConnectProgressError
+from statekeeper.store import CommitLog, open_file_manager
+from statekeeper.store.spark import StatefulOperator, read_state
+from statekeeper.store.spark.connect import ConnectProgressError
 from tests.spark.helpers import (
     SCHEMA,
     JsonFileSink,

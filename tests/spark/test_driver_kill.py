@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from store import CheckpointFileManager, CommitLog, open_file_manager
-from store.layout import StoreId
+from statekeeper.store import CheckpointFileManager, CommitLog, open_file_manager
+from statekeeper.store.layout import StoreId
 from tests.spark.conftest import ROOT, spark_env
 from tests.spark.helpers import reference, state_of, write_inputs
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from store import CommitLog, open_file_manager
-from store.spark import ApplyInPandasWithState, StatefulOperator, read_state
-from store.spark.schemas import TAG_TTL
+from statekeeper.store import CommitLog, open_file_manager
+from statekeeper.store.spark import ApplyInPandasWithState, StatefulOperator, read_state
+from statekeeper.store.spark.schemas import TAG_TTL
 from tests.spark.helpers import CollectingSink, reference, run_query, state_of, write_inputs
 from tests.spark.processors import CountSum, CountSumPandas, CountSumVectorized, Sessions, count_sum_group_state
 

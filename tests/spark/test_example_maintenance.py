@@ -18,14 +18,14 @@ from typing import Any
 
 from dagster import DagsterInstance
 
-from maintenance.inventory import BATCH, CHANGELOG, Inventory, clear_caches
-from maintenance.plan import plan_root
-from maintenance.settings import MaintenanceSettings
-from maintenance.snapshots import close_replicas
-from orchestration.assets import LINEAGE, ORPHANS, RETAINED, SNAPSHOTS
-from orchestration.config import OrchestrationConfig, parse_roots
-from orchestration.definitions import build_definitions
-from orchestration.jobs import JOB_NAMES
+from statekeeper.maintenance.inventory import BATCH, CHANGELOG, Inventory, clear_caches
+from statekeeper.maintenance.plan import plan_root
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshots import close_replicas
+from statekeeper.orchestration.assets import LINEAGE, ORPHANS, RETAINED, SNAPSHOTS
+from statekeeper.orchestration.config import OrchestrationConfig, parse_roots
+from statekeeper.orchestration.definitions import build_definitions
+from statekeeper.orchestration.jobs import JOB_NAMES
 from tests.orchestration.conftest import make_resources
 from tests.spark.conftest import ROOT
 from tests.spark.example_runner import run_example
@@ -39,7 +39,7 @@ def _cli(home: Path, *args: str) -> dict[str, Any]:
     env = {**os.environ, "STATEKEEPER_HOME": str(home)}
     env.pop("STATEKEEPER_DB_URL", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "maintenance", *args, "--json"],
+        [sys.executable, "-m", "statekeeper.maintenance", *args, "--json"],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -10,15 +10,15 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from store import CommitLog, StateStore, StoreConfig, open_file_manager
-from store.errors import ConfigurationError, StoreStateError
-from store.formats.typed_schema import SchemaEvolutionError
-from store.spark import executor
-from store.spark.api import StatefulProcessor, TimerValues
-from store.spark.executor import MARKER_COL, META_COL, PID_COL, TaskSpec, _Cache, run_task
-from store.spark.handle import StatefulProcessorHandle
-from store.spark.state import StateContext
-from store.spark.state_view import StateView
+from statekeeper.store import CommitLog, StateStore, StoreConfig, open_file_manager
+from statekeeper.store.errors import ConfigurationError, StoreStateError
+from statekeeper.store.formats.typed_schema import SchemaEvolutionError
+from statekeeper.store.spark import executor
+from statekeeper.store.spark.api import StatefulProcessor, TimerValues
+from statekeeper.store.spark.executor import MARKER_COL, META_COL, PID_COL, TaskSpec, _Cache, run_task
+from statekeeper.store.spark.handle import StatefulProcessorHandle
+from statekeeper.store.spark.state import StateContext
+from statekeeper.store.spark.state_view import StateView
 from tests.spark.processors import CountSum
 
 SCHEMA = pa.schema([("user", pa.string()), ("count", pa.int64()), ("total", pa.int64()), (META_COL, pa.string())])
@@ -219,7 +219,7 @@ def test_apply_in_pandas_with_state_timeout(
 ) -> None:
     from dataclasses import replace
 
-    from store.spark import ApplyInPandasWithState
+    from statekeeper.store.spark import ApplyInPandasWithState
     from tests.spark.processors import expiring_count
 
     _on(monkeypatch, workers[0])
@@ -282,7 +282,7 @@ def test_a_pickle_payload_fails_the_task_naming_its_changelog(
 ) -> None:
     import pickle
 
-    from store.formats.typed_codec import CorruptStateError
+    from statekeeper.store.formats.typed_codec import CorruptStateError
 
     root = (tmp_path / "state").as_uri()
     log = CommitLog(open_file_manager(root))

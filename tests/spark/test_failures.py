@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from store import CommitLog, open_file_manager
-from store.layout import StoreId
-from store.spark import StatefulOperator
+from statekeeper.store import CommitLog, open_file_manager
+from statekeeper.store.layout import StoreId
+from statekeeper.store.spark import StatefulOperator
 from tests.spark.helpers import CollectingSink, reference, run_query, state_of, write_inputs
 from tests.spark.processors import CountSum, FailingUploads, FailOnce
 

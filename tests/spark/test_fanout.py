@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from store.errors import ConfigurationError
+from statekeeper.store.errors import ConfigurationError
 from tests.orchestration.helpers import CheckpointWriter
 from tests.spark.cluster_support import StandaloneCluster
 from tests.spark.conftest import ROOT, spark_env
@@ -33,7 +33,7 @@ def _cli(*args: str, home: Path) -> Any:
     }
     env.pop("STATEKEEPER_DB_URL", None)
     done = subprocess.run(
-        [sys.executable, "-m", "maintenance", *args, "--json"],
+        [sys.executable, "-m", "statekeeper.maintenance", *args, "--json"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -79,7 +79,7 @@ def test_snapshot_and_verify_fan_out_over_the_cluster(spark_cluster: StandaloneC
 
 
 def test_an_unknown_engine_or_a_master_without_spark_is_refused() -> None:
-    from maintenance.fanout import check_engine
+    from statekeeper.maintenance.fanout import check_engine
 
     with pytest.raises(ConfigurationError, match="unknown maintenance engine 'yarn'"):
         check_engine("yarn", None)
@@ -90,8 +90,8 @@ def test_an_unknown_engine_or_a_master_without_spark_is_refused() -> None:
 
 def test_fan_out_on_the_active_session_snapshots_and_verifies(spark: Any, tmp_path: Path) -> None:
     """The representative fast case: the same Spark job on the suite's local session (no catalog: file locks)."""
-    from maintenance.fanout import SparkEngine, create_snapshots_on_spark, verify_root_on_spark
-    from maintenance.settings import MaintenanceSettings
+    from statekeeper.maintenance.fanout import SparkEngine, create_snapshots_on_spark, verify_root_on_spark
+    from statekeeper.maintenance.settings import MaintenanceSettings
 
     root = (tmp_path / "root").as_uri()
     with CheckpointWriter(root, partitions=4) as writer:
@@ -107,9 +107,9 @@ def test_fan_out_on_the_active_session_snapshots_and_verifies(spark: Any, tmp_pa
 def test_the_dagster_resource_selects_the_engine() -> None:
     import functools
 
-    from maintenance.fanout import create_snapshots_on_spark, verify_root_on_spark
-    from maintenance.snapshots import create_snapshots
-    from orchestration.resources import MaintenanceConfig
+    from statekeeper.maintenance.fanout import create_snapshots_on_spark, verify_root_on_spark
+    from statekeeper.maintenance.snapshots import create_snapshots
+    from statekeeper.orchestration.resources import MaintenanceConfig
 
     assert MaintenanceConfig().snapshot_operation() is create_snapshots
     on_spark = MaintenanceConfig(engine="spark", spark_master="spark://127.0.0.1:7077")

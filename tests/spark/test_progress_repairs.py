@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from store.spark.metrics import BatchProgress, PartitionMetrics
+from statekeeper.store.spark.metrics import BatchProgress, PartitionMetrics
 
 FIELDS = {name: 0 for name in PartitionMetrics.__dataclass_fields__}
 

@@ -12,10 +12,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from store import CommitLog, StateStore, open_file_manager
-from store.key_groups import group_at
-from store.rescale import execute_relayout, plan_rollback
-from store.spark import StatefulOperator
+from statekeeper.store import CommitLog, StateStore, open_file_manager
+from statekeeper.store.key_groups import group_at
+from statekeeper.store.rescale import execute_relayout, plan_rollback
+from statekeeper.store.spark import StatefulOperator
 from tests.spark.helpers import CollectingSink, reference, run_query, state_of, write_inputs
 from tests.spark.processors import CountSum
 
@@ -102,9 +102,9 @@ def test_spark_computes_the_key_group_python_stores(spark: Any) -> None:
     import datetime
     import zlib
 
-    from store.formats.typed_codec import KeyCodec
-    from store.formats.typed_schema import Field, from_arrow, struct
-    from store.spark.routing import key_group_sql
+    from statekeeper.store.formats.typed_codec import KeyCodec
+    from statekeeper.store.formats.typed_schema import Field, from_arrow, struct
+    from statekeeper.store.spark.routing import key_group_sql
 
     epoch = datetime.datetime(1965, 1, 1, tzinfo=datetime.UTC)
     rows: list[tuple[Any, ...]] = [

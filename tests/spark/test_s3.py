@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from store import CommitLog, StateStore, StoreConfig, open_file_manager
-from store.spark.state_view import StateView
+from statekeeper.store import CommitLog, StateStore, StoreConfig, open_file_manager
+from statekeeper.store.spark.state_view import StateView
 from tests.spark.conftest import ROOT, spark_env
 from tests.spark.helpers import reference, write_inputs
 

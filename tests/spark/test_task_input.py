@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from store.errors import StoreStateError
-from store.spark.executor import META_COL, TaskSpec, run_task
-from store.spark.task_input import MARKER_COL, PID_COL, TaskInput
+from statekeeper.store.errors import StoreStateError
+from statekeeper.store.spark.executor import META_COL, TaskSpec, run_task
+from statekeeper.store.spark.task_input import MARKER_COL, PID_COL, TaskInput
 from tests.spark.processors import CountSumVectorized
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,8 +127,8 @@ _RSS_SCRIPT = textwrap.dedent(
     """
     import json, resource, sys
     import pyarrow as pa
-    from store.spark.executor import TaskSpec, run_task
-    from store.spark.task_input import MARKER_COL, PID_COL
+    from statekeeper.store.spark.executor import TaskSpec, run_task
+    from statekeeper.store.spark.task_input import MARKER_COL, PID_COL
     from tests.spark.processors import CountSum
     from tests.spark.test_task_input import SCHEMA
 

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from store import CommitLog, open_file_manager
-from store.spark.testing import TwsTester
+from statekeeper.store import CommitLog, open_file_manager
+from statekeeper.store.spark.testing import TwsTester
 from tests.spark.test_driver_kill import KillPoints, _kill_when, _start
 from tests.spark.tws_processors import OUTPUT, Sessions
 

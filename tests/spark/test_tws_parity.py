@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from store.spark import StatefulOperator
+from statekeeper.store.spark import StatefulOperator
 from tests.spark.tws_processors import (
     INPUT,
     OUTPUT,

@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from store.errors import ConfigurationError
-from store.spark import StatefulProcessor, StatefulProcessorHandle, TimerValues
-from store.spark.api import ExpiredTimerInfo
-from store.spark.event_time import next_watermark, parse_delay_ms
-from store.spark.testing import TwsTester
-from store.spark.time_mode import TimeMode
+from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.spark import StatefulProcessor, StatefulProcessorHandle, TimerValues
+from statekeeper.store.spark.api import ExpiredTimerInfo
+from statekeeper.store.spark.event_time import next_watermark, parse_delay_ms
+from statekeeper.store.spark.testing import TwsTester
+from statekeeper.store.spark.time_mode import TimeMode
 from tests.spark.tws_processors import OUTPUT, Sessions
 
 T0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
@@ -162,7 +162,7 @@ def test_event_time_timers_fire_once_in_order_when_the_watermark_reaches_them(
 
 
 def test_pyspark_options_we_lack_raise_naming_them(tmp_path: Any) -> None:
-    from store.spark import StatefulOperator
+    from statekeeper.store.spark import StatefulOperator
 
     root = (tmp_path / "state").as_uri()
     with pytest.raises(NotImplementedError, match="eventTimeColumnName"):

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from store import CommitLog, StateStore, StoreConfig, open_file_manager
-from store.spark import StatefulOperator, read_state
+from statekeeper.store import CommitLog, StateStore, StoreConfig, open_file_manager
+from statekeeper.store.spark import StatefulOperator, read_state
 from tests.spark.helpers import run_query, write_inputs
 from tests.spark.processors import TypedAll
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from store.spark import StatefulOperator
+from statekeeper.store.spark import StatefulOperator
 from tests.spark.driver_job import file_sink, session
 from tests.spark.tws_processors import INPUT, OUTPUT, SlowSessions
 

@@ -7,7 +7,7 @@ import importlib
 from collections.abc import Iterator
 from typing import Any
 
-from store.spark import StatefulProcessor as SkProcessor
+from statekeeper.store.spark import StatefulProcessor as SkProcessor
 
 OUTPUT = "user string, kind string, count long, pages long, watermark long, expiry long"
 INPUT = "user string, page string, ts timestamp"

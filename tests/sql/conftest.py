@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from sql import Catalog, upgrade
+from statekeeper.sql import Catalog, upgrade
 from tests.postgres_support import PostgresServer
 
 DATABASES = ["sqlite", "postgresql"]

@@ -1,7 +1,7 @@
 """Real checkpoint histories written by the store, with a model of every committed version's state.
 
 `History.run()` commits batches on every partition of every operator, with retried attempts whose
-ids lose (the commit record names another attempt), snapshots written by `store.snapshot`, and
+ids lose (the commit record names another attempt), snapshots written by `statekeeper.store.snapshot`, and
 optionally a pending attempt of the next version. `on_step` is called between every write, so a
 test can sync the catalog at any interleaving.
 """
@@ -14,10 +14,10 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from store import CommitLog, StateStore, StoreConfig, open_file_manager
-from store.files import CheckpointFileManager
-from store.layout import StoreId, commit_path
-from store.snapshot import write_snapshot
+from statekeeper.store import CommitLog, StateStore, StoreConfig, open_file_manager
+from statekeeper.store.files import CheckpointFileManager
+from statekeeper.store.layout import StoreId, commit_path
+from statekeeper.store.snapshot import write_snapshot
 
 State = dict[bytes, bytes]
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from sql import Catalog, CatalogConfigError, LeaseLostError, LeaseUnavailableError
-from sql.leases import Lease
+from statekeeper.sql import Catalog, CatalogConfigError, LeaseLostError, LeaseUnavailableError
+from statekeeper.sql.leases import Lease
 
 ROOT = "file:///ckpt"
 REPO = Path(__file__).resolve().parents[2]
@@ -135,7 +135,7 @@ def test_root_and_store_scopes(catalog: Catalog) -> None:
 CHILD = textwrap.dedent(
     """
     import json, os, sys, time
-    from sql import Catalog, LeaseUnavailableError
+    from statekeeper.sql import Catalog, LeaseUnavailableError
     url, name = sys.argv[1], sys.argv[2]
     timeout, hold = (float(x) for x in sys.argv[3:5])
     sync_dir, n, hold_until_all_tried = sys.argv[5], int(sys.argv[6]), sys.argv[7] == "1"

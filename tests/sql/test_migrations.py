@@ -15,9 +15,17 @@ from sqlalchemy import inspect, select
 from sqlalchemy.exc import IntegrityError, StatementError
 from sqlalchemy.orm import Session
 
-from sql import Catalog, CatalogConfigError, CatalogError, current_revision, head_revision, make_engine, upgrade
-from sql.db import default_url, downgrade, normalize_url
-from sql.models import (
+from statekeeper.sql import (
+    Catalog,
+    CatalogConfigError,
+    CatalogError,
+    current_revision,
+    head_revision,
+    make_engine,
+    upgrade,
+)
+from statekeeper.sql.db import default_url, downgrade, normalize_url
+from statekeeper.sql.models import (
     Attempt,
     Base,
     CheckpointRoot,

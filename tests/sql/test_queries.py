@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from maintenance.catalog_sync import sync_catalog
-from sql import Catalog, CatalogConfigError, NotInCatalogError
-from store import StateStore, open_file_manager
-from store.files import CheckpointFileManager
-from store.layout import commit_path
+from statekeeper.maintenance.catalog_sync import sync_catalog
+from statekeeper.sql import Catalog, CatalogConfigError, NotInCatalogError
+from statekeeper.store import StateStore, open_file_manager
+from statekeeper.store.files import CheckpointFileManager
+from statekeeper.store.layout import commit_path
 from tests.sql.histories import History
 
 

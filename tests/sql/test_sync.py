@@ -6,9 +6,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from maintenance.catalog_sync import CatalogSyncError, classify, rebuild_catalog, sync_catalog
-from sql import Catalog
-from store.layout import StoreId, commit_path
+from statekeeper.maintenance.catalog_sync import CatalogSyncError, classify, rebuild_catalog, sync_catalog
+from statekeeper.sql import Catalog
+from statekeeper.store.layout import StoreId, commit_path
 from tests.sql.histories import History
 
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from store import CommitLog, StateStore, StoreConfig
-from store.async_upload import AsyncUploader
-from store.files import CheckpointFileManager, open_file_manager
+from statekeeper.store import CommitLog, StateStore, StoreConfig
+from statekeeper.store.async_upload import AsyncUploader
+from statekeeper.store.files import CheckpointFileManager, open_file_manager
 
 
 class _GatedFM:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from store import (
+from statekeeper.store import (
     CheckpointError,
     CommitLog,
     ConfigurationError,
@@ -36,12 +36,12 @@ from store import (
     UnsupportedFormatError,
     open_file_manager,
 )
-from store.formats.changelog import FOOTER_SIZE, ChangelogReader
-from store.formats.commit import CommitRecord
-from store.formats.framing import CRC, FRAME_HEAD
-from store.formats.snapshot import SnapshotManifest
-from store.layout import StoreId, commit_path, new_checkpoint_id
-from store.snapshot import write_snapshot
+from statekeeper.store.formats.changelog import FOOTER_SIZE, ChangelogReader
+from statekeeper.store.formats.commit import CommitRecord
+from statekeeper.store.formats.framing import CRC, FRAME_HEAD
+from statekeeper.store.formats.snapshot import SnapshotManifest
+from statekeeper.store.layout import StoreId, commit_path, new_checkpoint_id
+from statekeeper.store.snapshot import write_snapshot
 
 OP = "agg"
 CF2 = "second"

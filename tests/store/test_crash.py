@@ -35,13 +35,13 @@ from pathlib import Path
 
 import pytest
 
-from store import CommitLog, StateStore, StoreConfig
-from store.files import LocalFileManager
-from store.files.local import is_temp_name
-from store.formats.changelog import ChangelogReader
-from store.formats.commit import CommitRecord
-from store.formats.snapshot import SnapshotManifest
-from store.layout import parse_commit_name, parse_versioned_name
+from statekeeper.store import CommitLog, StateStore, StoreConfig
+from statekeeper.store.files import LocalFileManager
+from statekeeper.store.files.local import is_temp_name
+from statekeeper.store.formats.changelog import ChangelogReader
+from statekeeper.store.formats.commit import CommitRecord
+from statekeeper.store.formats.snapshot import SnapshotManifest
+from statekeeper.store.layout import parse_commit_name, parse_versioned_name
 from tests.store.helpers.crash_writer import CF2, OPERATOR, PARTITIONS, apply, batch_updates, check_blob
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from store import (
+from statekeeper.store import (
     CheckpointError,
     CheckpointFileExistsError,
     CheckpointFileManager,
@@ -25,8 +25,8 @@ from store import (
     LineageError,
     open_file_manager,
 )
-from store.files import LocalFileManager
-from store.layout import commit_path, new_checkpoint_id
+from statekeeper.store.files import LocalFileManager
+from statekeeper.store.layout import commit_path, new_checkpoint_id
 
 
 def leftover_temp_files(fm: CheckpointFileManager) -> list[str]:

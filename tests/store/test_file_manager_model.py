@@ -1,7 +1,7 @@
 """The local checkpoint file manager against a dict model, with disk faults (DESIGN invariants 1, 2, 7).
 
 A hypothesis state machine creates (exclusive, replacing, in pieces), publishes local files,
-cancels, deletes and lists, and injects ENOSPC and EIO through the fault seam (`store.faults`) at
+cancels, deletes and lists, and injects ENOSPC and EIO through the fault seam (`statekeeper.store.faults`) at
 each step of a write: before a piece is written, before the fsync, before the publish. After every
 step the files under the root are exactly the model's, byte for byte, and no temp file is left. A
 failed write raises `CheckpointWriteError` naming the file and carrying the errno, and changes
@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from store import faults
-from store.errors import CheckpointFileExistsError, CheckpointWriteError
-from store.files import LocalFileManager
+from statekeeper.store import faults
+from statekeeper.store.errors import CheckpointFileExistsError, CheckpointWriteError
+from statekeeper.store.files import LocalFileManager
 from tests.model_steps import INJECTED, CountedSteps, scaled
 
 NAMES = st.sampled_from([f"{d}/{n}" for d in ("a", "a/b", "c") for n in ("f1", "f2", "f3.bin")])

@@ -21,16 +21,16 @@ from typing import Any, cast
 
 import pytest
 
-from maintenance.settings import MaintenanceSettings
-from maintenance.snapshots import create_snapshots
-from store.errors import CheckpointError
-from store.files import open_file_manager
-from store.formats.changelog import ChangelogReader
-from store.formats.commit import CommitRecord
-from store.formats.snapshot import SnapshotManifest
-from store.formats.typed_codec import CorruptStateError
-from store.formats.typed_schema import parse_ddl
-from store.spark.schemas import SCHEMA_PREFIX, STATE_META_PREFIX, VariableRecord, read_record, schema_key
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.store.errors import CheckpointError
+from statekeeper.store.files import open_file_manager
+from statekeeper.store.formats.changelog import ChangelogReader
+from statekeeper.store.formats.commit import CommitRecord
+from statekeeper.store.formats.snapshot import SnapshotManifest
+from statekeeper.store.formats.typed_codec import CorruptStateError
+from statekeeper.store.formats.typed_schema import parse_ddl
+from statekeeper.store.spark.schemas import SCHEMA_PREFIX, STATE_META_PREFIX, VariableRecord, read_record, schema_key
 from tests.model_steps import FUZZED
 from tests.reliability.scenarios import write_batches
 

@@ -1,7 +1,7 @@
 """The load plan: which base, which changelogs, which fallbacks, at what metadata cost.
 
 A model-based test resolves plans over random committed histories (capped lineages, snapshots on
-and off the lineage) and checks them against the rule written in `store.load_plan`; a real store on
+and off the lineage) and checks them against the rule written in `statekeeper.store.load_plan`; a real store on
 local disk checks that `StateStore.load` executes exactly the plan it exposes.
 """
 
@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from store import CommitLog, StateStore, StoreConfig
-from store.errors import LineageError
-from store.formats.changelog import Lineage
-from store.layout import StoreId
-from store.load_plan import LoadSource, Ref, fall_back, resolve_load_plan
-from store.snapshot import write_snapshot
+from statekeeper.store import CommitLog, StateStore, StoreConfig
+from statekeeper.store.errors import LineageError
+from statekeeper.store.formats.changelog import Lineage
+from statekeeper.store.layout import StoreId
+from statekeeper.store.load_plan import LoadSource, Ref, fall_back, resolve_load_plan
+from statekeeper.store.snapshot import write_snapshot
 
 STORE = StoreId("agg", 0)
 
@@ -125,7 +125,7 @@ def test_store_executes_the_plan_it_exposes(tmp_path: Path, caplog: pytest.LogCa
         plan = probe.plan_load(7)
         assert plan.base == (4, ids[4]) and [v for v, _ in plan.replay] == [5, 6, 7]
         assert plan.fallbacks == (None,) and plan.manifest_path() == probe.store_id.manifest(4, ids[4])
-        with caplog.at_level(logging.DEBUG, logger="store.state_store"):
+        with caplog.at_level(logging.DEBUG, logger="statekeeper.store.state_store"):
             probe.load(7)
         assert plan.describe() in caplog.text  # the plan is logged at debug level
         assert probe.last_plan == plan

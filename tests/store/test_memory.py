@@ -125,8 +125,8 @@ def test_32_stores_at_20x_the_limit(tmp_path: Path, order: str) -> None:
 
 def test_store_dropped_without_close_frees_its_db(tmp_path: Path) -> None:
     """The memtable registry must not keep a forgotten store's DB open (memory, files, its LOCK)."""
-    from store import StateStore, StoreConfig
-    from store.rocks import forget_collected_stores, shared_memory
+    from statekeeper.store import StateStore, StoreConfig
+    from statekeeper.store.rocks import forget_collected_stores, shared_memory
 
     config = StoreConfig(local_dir=str(tmp_path / "work"))
 
@@ -148,7 +148,7 @@ def test_collector_finalizer_never_blocks_on_the_registry_lock(tmp_path: Path) -
     (e.g. inside untrack_memtables); a finalizer that took the lock deadlocked the whole process."""
     import threading
 
-    from store import StateStore, StoreConfig, rocks
+    from statekeeper.store import StateStore, StoreConfig, rocks
 
     store = StateStore(str(tmp_path / "ckpt"), "mem", 1, config=StoreConfig(local_dir=str(tmp_path / "w")))
     store.load(0)

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from store import CommitLog, LineageError, StateStore, StoreConfig
-from store.snapshot import write_snapshot
+from statekeeper.store import CommitLog, LineageError, StateStore, StoreConfig
+from statekeeper.store.snapshot import write_snapshot
 from tests.model_steps import CountedSteps, scaled
 
 OPERATOR = "agg"

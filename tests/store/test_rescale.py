@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from store import CommitLog, StateStore
-from store.errors import ConfigurationError
-from store.files import open_file_manager
-from store.key_groups import KeyGroupLayout, group_at, group_prefix
-from store.rescale import execute_relayout, plan_rescale, plan_rollback
+from statekeeper.store import CommitLog, StateStore
+from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.files import open_file_manager
+from statekeeper.store.key_groups import KeyGroupLayout, group_at, group_prefix
+from statekeeper.store.rescale import execute_relayout, plan_rescale, plan_rollback
 
 OP = "agg"
 GROUPS = 64

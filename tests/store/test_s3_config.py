@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-import store.files.s3.client as s3_client_module
-from store.errors import CheckpointError, ConfigurationError
-from store.files import open_file_manager
-from store.files.s3 import S3FileManager, S3Options, parse_s3_uri
+import statekeeper.store.files.s3.client as s3_client_module
+from statekeeper.store.errors import CheckpointError, ConfigurationError
+from statekeeper.store.files import open_file_manager
+from statekeeper.store.files.s3 import S3FileManager, S3Options, parse_s3_uri
 from tests.s3_support import DENY, TEST_CREDENTIALS, FaultProxy, free_port
 
 SECRETS = (TEST_CREDENTIALS["AWS_SECRET_ACCESS_KEY"], TEST_CREDENTIALS["AWS_SESSION_TOKEN"])
@@ -192,7 +192,7 @@ def test_logs_name_endpoint_and_bucket_but_never_credentials(
     s3_bucket: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(s3_client_module, "_clients", {})
-    caplog.set_level(logging.DEBUG, logger="store")
+    caplog.set_level(logging.DEBUG, logger="statekeeper.store")
     fm = S3FileManager(f"s3://{s3_bucket}/ckpt", multipart_threshold=5 << 20)
     with fm.create("a") as out:
         out.write(b"x" * (6 << 20))

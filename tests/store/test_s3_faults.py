@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from store.errors import CheckpointError
-from store.files.s3 import MIN_PART_SIZE, S3FileManager
+from statekeeper.store.errors import CheckpointError
+from statekeeper.store.files.s3 import MIN_PART_SIZE, S3FileManager
 from tests.s3_support import (
     ALL_FAULTS,
     DENY,

@@ -18,9 +18,14 @@ from typing import Any
 
 import pytest
 
-from store.errors import CheckpointError, CheckpointFileExistsError, CheckpointFileNotFoundError, ConfigurationError
-from store.files import open_file_manager
-from store.files.s3 import MIN_PART_SIZE, WRITE_ID_META, S3FileManager
+from statekeeper.store.errors import (
+    CheckpointError,
+    CheckpointFileExistsError,
+    CheckpointFileNotFoundError,
+    ConfigurationError,
+)
+from statekeeper.store.files import open_file_manager
+from statekeeper.store.files.s3 import MIN_PART_SIZE, WRITE_ID_META, S3FileManager
 from tests.s3_support import FaultProxy, Request, all_keys, incomplete_uploads, s3_client
 
 MiB = 1 << 20

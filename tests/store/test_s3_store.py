@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from store import CommitLog, StateStore, StoreConfig
-from store.files.s3 import MIN_PART_SIZE, S3FileManager
-from store.snapshot import write_snapshot
+from statekeeper.store import CommitLog, StateStore, StoreConfig
+from statekeeper.store.files.s3 import MIN_PART_SIZE, S3FileManager
+from statekeeper.store.snapshot import write_snapshot
 from tests.s3_support import ALL_FAULTS, FaultProxy, incomplete_uploads, s3_client
 
 OPERATOR = "agg"

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from store import StateStore, StoreConfig
-from store.formats.typed_codec import (
+from statekeeper.store import StateStore, StoreConfig
+from statekeeper.store.formats.typed_codec import (
     CorruptStateError,
     KeyCodec,
     ListCodec,
@@ -24,7 +24,7 @@ from store.formats.typed_codec import (
     stored_key_encoder,
     with_key_group,
 )
-from store.formats.typed_schema import (
+from statekeeper.store.formats.typed_schema import (
     DataType,
     SchemaError,
     SchemaEvolutionError,
@@ -34,9 +34,9 @@ from store.formats.typed_schema import (
     parse_ddl,
     projector,
 )
-from store.spark.handle import StatefulProcessorHandle
-from store.spark.schemas import ValueFormat
-from store.spark.state import StateContext
+from statekeeper.store.spark.handle import StatefulProcessorHandle
+from statekeeper.store.spark.schemas import ValueFormat
+from statekeeper.store.spark.state import StateContext
 
 UTC = dt.UTC
 KEY_DDL = "i long, d double, s string, b binary, f boolean, day date, ts timestamp, amount decimal(12,3), n int"
@@ -184,7 +184,7 @@ def _store(tmp_path: Path, name: str = "l") -> StateStore:
 
 
 def _commit(store: StateStore) -> str:
-    from store import CommitLog
+    from statekeeper.store import CommitLog
 
     result = store.commit()
     CommitLog(store.fm).commit(result.version, {"op": [result.checkpoint_id]})

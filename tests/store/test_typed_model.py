@@ -15,11 +15,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from store import CommitLog, StateStore, StoreConfig
-from store.formats.typed_schema import parse_ddl
-from store.spark.handle import StatefulProcessorHandle
-from store.spark.state import StateContext
-from store.spark.state_view import StateView
+from statekeeper.store import CommitLog, StateStore, StoreConfig
+from statekeeper.store.formats.typed_schema import parse_ddl
+from statekeeper.store.spark.handle import StatefulProcessorHandle
+from statekeeper.store.spark.state import StateContext
+from statekeeper.store.spark.state_view import StateView
 from tests.model_steps import CountedSteps, scaled
 
 KEY = parse_ddl("user string, n int")

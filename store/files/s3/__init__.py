@@ -21,11 +21,11 @@ are never logged.
 
 from __future__ import annotations
 
-from store.files.s3.listing import IncompleteUpload
-from store.files.s3.manager import S3FileManager
-from store.files.s3.options import MAX_DELETE_BATCH, MAX_PART_SIZE, MAX_PARTS, MIN_PART_SIZE, MiB, S3Options
-from store.files.s3.root import WRITE_ID_META
-from store.files.s3.uri import parse_s3_uri
+from statekeeper.store.files.s3.listing import IncompleteUpload
+from statekeeper.store.files.s3.manager import S3FileManager
+from statekeeper.store.files.s3.options import MAX_DELETE_BATCH, MAX_PART_SIZE, MAX_PARTS, MIN_PART_SIZE, MiB, S3Options
+from statekeeper.store.files.s3.root import WRITE_ID_META
+from statekeeper.store.files.s3.uri import parse_s3_uri
 
 __all__ = [
     "MAX_DELETE_BATCH",

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 import boto3
 from botocore.config import Config
 
-from store.files.s3.options import S3Options
+from statekeeper.store.files.s3.options import S3Options
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client

@@ -15,12 +15,12 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import botocore.exceptions as bce
 
-from store.errors import ConfigurationError
-from store.faults import reached as fault_point
-from store.files.base import DeleteResult
-from store.files.paths import validate_paths_to_delete
-from store.files.s3.errors import RETRYABLE_CODES, backoff, error_code
-from store.files.s3.root import S3Root
+from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.faults import reached as fault_point
+from statekeeper.store.files.base import DeleteResult
+from statekeeper.store.files.paths import validate_paths_to_delete
+from statekeeper.store.files.s3.errors import RETRYABLE_CODES, backoff, error_code
+from statekeeper.store.files.s3.root import S3Root
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ from typing import Any, cast
 
 import botocore.exceptions as bce
 
-from store.errors import CheckpointError
-from store.files.s3.errors import STREAM_ERRORS, backoff, error_code
-from store.files.s3.options import MiB
-from store.files.s3.root import S3Root
+from statekeeper.store.errors import CheckpointError
+from statekeeper.store.files.s3.errors import STREAM_ERRORS, backoff, error_code
+from statekeeper.store.files.s3.options import MiB
+from statekeeper.store.files.s3.root import S3Root
 
 log = logging.getLogger(__name__)
 

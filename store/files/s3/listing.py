@@ -12,9 +12,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from store.faults import reached as fault_point
-from store.files.base import FileInfo
-from store.files.s3.root import S3Root
+from statekeeper.store.faults import reached as fault_point
+from statekeeper.store.files.base import FileInfo
+from statekeeper.store.files.s3.root import S3Root
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 import botocore.exceptions as bce
 
-from store.files.base import DeleteResult, FileInfo, file_not_found
-from store.files.paths import validate_listing, validate_prefix
-from store.files.s3.deletion import abort_upload, delete_objects
-from store.files.s3.download import S3Reader, download
-from store.files.s3.errors import is_conflict
-from store.files.s3.listing import IncompleteUpload, list_objects, list_uploads
-from store.files.s3.root import S3Root
-from store.files.s3.upload import S3Output, put_file
+from statekeeper.store.files.base import DeleteResult, FileInfo, file_not_found
+from statekeeper.store.files.paths import validate_listing, validate_prefix
+from statekeeper.store.files.s3.deletion import abort_upload, delete_objects
+from statekeeper.store.files.s3.download import S3Reader, download
+from statekeeper.store.files.s3.errors import is_conflict
+from statekeeper.store.files.s3.listing import IncompleteUpload, list_objects, list_uploads
+from statekeeper.store.files.s3.root import S3Root
+from statekeeper.store.files.s3.upload import S3Output, put_file
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any, NoReturn
 from urllib.parse import urlparse
 
-from store.errors import ConfigurationError
+from statekeeper.store.errors import ConfigurationError
 
 MiB = 1 << 20
 MIN_PART_SIZE = 5 * MiB

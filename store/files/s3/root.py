@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any, cast
 
 import botocore.exceptions as bce
 
-from store.errors import CheckpointError, ConfigurationError
-from store.files.base import file_not_found
-from store.files.paths import validate_relative_path
-from store.files.s3.client import shared_client
-from store.files.s3.errors import CREDENTIAL_CODES, DENIED_CODES, NOT_FOUND_CODES, error_code
-from store.files.s3.options import S3Options
-from store.files.s3.uri import parse_s3_uri
+from statekeeper.store.errors import CheckpointError, ConfigurationError
+from statekeeper.store.files.base import file_not_found
+from statekeeper.store.files.paths import validate_relative_path
+from statekeeper.store.files.s3.client import shared_client
+from statekeeper.store.files.s3.errors import CREDENTIAL_CODES, DENIED_CODES, NOT_FOUND_CODES, error_code
+from statekeeper.store.files.s3.options import S3Options
+from statekeeper.store.files.s3.uri import parse_s3_uri
 
 if TYPE_CHECKING:
     from types_boto3_s3 import S3Client

@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 import botocore.exceptions as bce
 
-from store.errors import CheckpointError
-from store.faults import reached as fault_point
-from store.files.base import PublishOnExit, overwrite_refused
-from store.files.s3.client import shared_upload_pool
-from store.files.s3.errors import error_code, is_conflict
-from store.files.s3.options import MAX_PART_SIZE, MAX_PARTS, MiB
-from store.files.s3.root import WRITE_ID_META, S3Root
+from statekeeper.store.errors import CheckpointError
+from statekeeper.store.faults import reached as fault_point
+from statekeeper.store.files.base import PublishOnExit, overwrite_refused
+from statekeeper.store.files.s3.client import shared_upload_pool
+from statekeeper.store.files.s3.errors import error_code, is_conflict
+from statekeeper.store.files.s3.options import MAX_PART_SIZE, MAX_PARTS, MiB
+from statekeeper.store.files.s3.root import WRITE_ID_META, S3Root
 
 if TYPE_CHECKING:
     from types_boto3_s3.type_defs import CompletedPartTypeDef

@@ -11,8 +11,8 @@ import ipaddress
 import re
 from urllib.parse import urlparse
 
-from store.errors import ConfigurationError
-from store.files.paths import validate_component
+from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.files.paths import validate_component
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 

@@ -139,7 +139,7 @@ class Progress:
 
 
 def run_files(root: str, progress: Progress, run: int, count: int) -> None:
-    from store.files import open_file_manager
+    from statekeeper.store.files import open_file_manager
 
     fm = open_file_manager(root)
     local = os.path.join(os.path.dirname(progress._f.name), f"upload-{run}.tmp")
@@ -168,8 +168,8 @@ def run_files(root: str, progress: Progress, run: int, count: int) -> None:
 
 
 def run_store(root: str, progress: Progress, work: str, max_versions: int) -> None:
-    from store import CommitLog, StateStore, StoreConfig
-    from store.snapshot import write_snapshot
+    from statekeeper.store import CommitLog, StateStore, StoreConfig
+    from statekeeper.store.snapshot import write_snapshot
 
     config = StoreConfig(block_bytes=4096, snapshot_check_interval=3)
     stores = [

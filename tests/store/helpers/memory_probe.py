@@ -19,8 +19,8 @@ import time
 
 import psutil
 
-from store import CommitLog, MemoryLimits, StateStore, StoreConfig, configure_memory
-from store.rocks import shared_memory
+from statekeeper.store import CommitLog, MemoryLimits, StateStore, StoreConfig, configure_memory
+from statekeeper.store.rocks import shared_memory
 
 VALUE_SIZE = 1024
 
