@@ -170,12 +170,15 @@ def create_snapshots(
     dry_run: bool = False,
     progress: bool = False,
     stores: Iterable[StoreId] | None = None,
+    inventory: Inventory | None = None,
 ) -> SnapshotReport:
     """Snapshot every store (or those in `stores`) whose chain reached `settings.snapshot_threshold`.
 
     With `catalog`: the run is recorded, each store is leased in the catalog, and the catalog is
     synced incrementally afterwards so it knows the new snapshots. `dry_run` only reports which
     stores would be snapshotted.
+    `inventory`: a listing of the root the caller took (the maintenance loop shares one per cycle);
+    each store is listed again under its lease before anything is changed.
     """
     t0 = time.perf_counter()
     fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
@@ -184,7 +187,7 @@ def create_snapshots(
     report = SnapshotReport(root=fm.root_uri, dry_run=dry_run)
     with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
         try:
-            inv = Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
+            inv = inventory or Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
             ids = wanted if wanted is not None else inv.store_ids()
             plans = [plan_store(inv, s, settings) for s in ids]
             report.stores = len(plans)
