@@ -23,15 +23,14 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from statekeeper.maintenance.executors import InProcess, Row, StoreExecutor, StoreTask, catalog_url
 from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.leasing import store_lease
 from statekeeper.maintenance.plan import StorePlan, plan_store
-from statekeeper.maintenance.progress import bar
 from statekeeper.maintenance.replica import Replica, ReplicaBusyError
 from statekeeper.maintenance.reports import SnapshotReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
@@ -171,6 +170,7 @@ def create_snapshots(
     progress: bool = False,
     stores: Iterable[StoreId] | None = None,
     inventory: Inventory | None = None,
+    executor: StoreExecutor | None = None,
 ) -> SnapshotReport:
     """Snapshot every store (or those in `stores`) whose chain reached `settings.snapshot_threshold`.
 
@@ -178,7 +178,9 @@ def create_snapshots(
     synced incrementally afterwards so it knows the new snapshots. `dry_run` only reports which
     stores would be snapshotted.
     `inventory`: a listing of the root the caller took (the maintenance loop shares one per cycle);
-    each store is listed again under its lease before anything is changed.
+    each store is listed again under its lease before anything is changed. `executor`: where the
+    stores' snapshots are built (default: a pool of `settings.parallelism` threads in this process;
+    `statekeeper.maintenance.fanout` supplies Spark's executors).
     """
     t0 = time.perf_counter()
     fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
@@ -207,7 +209,12 @@ def create_snapshots(
                             }
                         )
                 return report
-            _run_all(fm, inv, todo, settings, catalog, report, progress)
+            task = StoreTask("snapshot", fm.root_uri, settings, catalog_url(catalog))
+            rows = (executor or InProcess(settings.parallelism, progress)).run_stores(
+                task, todo, lambda s: snapshot_row(fm, inv, s, settings, catalog)
+            )
+            for store in todo:
+                _account(report, rows.get(store) or {"store": str(store), "action": "failed", "error": "no result"})
             if catalog is not None and report.snapshots:
                 _sync(catalog, fm, report)
         finally:
@@ -216,47 +223,29 @@ def create_snapshots(
     return report
 
 
-def _run_all(
+def snapshot_row(
     fm: CheckpointFileManager,
     inv: Inventory,
-    todo: list[StoreId],
+    store: StoreId,
     settings: MaintenanceSettings,
     catalog: Catalog | None,
-    report: SnapshotReport,
-    progress: bool,
-) -> None:
-    lock = threading.Lock()
-    pbar = bar(progress, "snapshots", total=len(todo), unit="store")
+) -> Row:
+    """Snapshot one store under its lease: its report row (a failure is a row too, naming the store).
 
-    def one(store: StoreId) -> None:
-        try:
-            row = _snapshot_store(fm, inv, store, settings, catalog)
-        except Exception as e:
-            log.debug("snapshot of store %s failed", store, exc_info=True)
-            with lock:
-                report.error(f"store {store}: {e}")
-                report.items.append({"store": str(store), "action": "failed", "error": str(e)})
-        else:
-            with lock:
-                _account(report, row)
-        finally:
-            with lock:
-                pbar.update(1)
-
+    The per-store step of `create_snapshots`, wherever its executor runs it (`statekeeper.maintenance.executors`).
+    """
     try:
-        if settings.parallelism == 1 or len(todo) <= 1:
-            for s in todo:
-                one(s)
-        else:
-            with ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="snapshot") as pool:
-                list(pool.map(one, todo))
-    finally:
-        pbar.close()
+        return _snapshot_store(fm, inv, store, settings, catalog)
+    except Exception as e:
+        log.debug("snapshot of store %s failed", store, exc_info=True)
+        return {"store": str(store), "action": "failed", "error": str(e)}
 
 
-def _account(report: SnapshotReport, row: dict[str, Any]) -> None:
+def _account(report: SnapshotReport, row: Row) -> None:
     report.items.append(row)
-    if row["action"] != "snapshot":
+    if "error" in row:
+        report.error(f"store {row['store']}: {row['error']}")
+    if row.get("action") != "snapshot":
         return
     report.snapshots += 1
     report.files += row["ssts_uploaded"] + 1
@@ -351,19 +340,12 @@ def _sync(catalog: Catalog, fm: CheckpointFileManager, report: SnapshotReport) -
         log.warning("catalog sync after snapshots of %s: %s", report.root, err)
 
 
-snapshot_store = _snapshot_store
-"""Snapshot one store under its lease (one row of the report); used per store by maintenance.fanout."""
-account_snapshot = _account
-sync_after_snapshots = _sync
-
 __all__ = [
     "MAX_OPEN_REPLICAS",
-    "account_snapshot",
     "check_work_dir",
     "close_replicas",
     "create_snapshots",
     "replica_dir",
-    "snapshot_store",
-    "sync_after_snapshots",
+    "snapshot_row",
     "work_root",
 ]
