@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from statekeeper.maintenance.executors import InProcess, Row, StoreExecutor, StoreTask, catalog_url
 from statekeeper.maintenance.inventory import Inventory
-from statekeeper.maintenance.leasing import store_lease
+from statekeeper.maintenance.leasing import LeaseGuard, store_lease
 from statekeeper.maintenance.plan import StorePlan, plan_store
 from statekeeper.maintenance.replica import Replica, ReplicaBusyError
 from statekeeper.maintenance.reports import SnapshotReport, recorded
@@ -269,52 +269,67 @@ def _snapshot_store(
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
     with store_lease(fm.root_uri, store, settings, catalog) as lease:
-        files = inv.rescan_store(store)  # what the store holds now that no other maintainer changes it
-        plan = plan_store(inv, store, settings)
-        row: dict[str, Any] = {"store": str(store), "version": plan.latest, "chain_length": plan.chain_length}
-        repair = _repair_reason(fm, inv, plan)
-        if plan.latest is None or plan.latest_id is None:
-            return {**row, "action": "skipped", "reason": "nothing committed"}
-        if plan.chain_length < settings.snapshot_threshold and repair is None:
-            return {**row, "action": "skipped", "reason": "already snapshotted"}
-        snapshots = {v: files.manifest_data[(v, cid)] for v, cid in plan.intact_snapshots.items()}
-        with _checkout(fm, store, settings) as replica:
-            if repair is not None:
-                log.warning("store %s: %s; writing a fresh snapshot from a cold build", store, repair)
-                replica.reset()  # a warm copy may share the damaged files (hard links on local disk)
-            stats = replica.ensure(plan.latest, plan.latest_id, plan.committed, snapshots, plan.full_state)
-            lease.check()
-            try:
-                result = replica.snapshot(set(files.ssts), corrupt_ssts(fm.root_uri, store))
-            except CheckpointFileExistsError:
-                return {**row, "action": "skipped", "reason": "the manifest exists already"}
-        mark_sound(fm.root_uri, store, result.manifest)
-        manifest_bytes = len(result.manifest.to_bytes())
-        log.info(
-            "snapshot of store %s at version %d: %s build, %d changelogs replayed, %d/%d SSTs uploaded",
-            store,
-            plan.latest,
-            "warm" if stats.warm else "cold",
-            stats.changelogs,
-            result.uploaded_files,
-            result.uploaded_files + result.reused_files,
-        )
-        return {
-            **row,
-            "action": "snapshot",
-            "checkpoint_id": plan.latest_id,
-            "manifest": result.manifest_path,
-            "build": "warm" if stats.warm else "cold",
-            "base_version": stats.base_version,
-            "changelogs_replayed": stats.changelogs,
-            "records_replayed": stats.records,
-            "ssts_uploaded": result.uploaded_files,
-            "ssts_reused": result.reused_files,
-            "bytes_uploaded": result.uploaded_bytes + manifest_bytes,
-            "num_keys": result.manifest.num_keys,
-            "build_seconds": round(stats.seconds, 3),
-            "seconds": round(time.perf_counter() - t0, 3),
-        }
+        leased_at = time.time()
+        row = _snapshot_leased(fm, inv, store, settings, lease, t0)
+        # when this maintainer held the store (invariant 5: the holds of two maintainers never overlap)
+        return {**row, "leased_at": leased_at, "released_at": time.time()}
+
+
+def _snapshot_leased(
+    fm: CheckpointFileManager,
+    inv: Inventory,
+    store: StoreId,
+    settings: MaintenanceSettings,
+    lease: LeaseGuard,
+    t0: float,
+) -> dict[str, Any]:
+    """The snapshot of one store whose lease this maintainer holds (skipped when another did it meanwhile)."""
+    files = inv.rescan_store(store)  # what the store holds now that no other maintainer changes it
+    plan = plan_store(inv, store, settings)
+    row: dict[str, Any] = {"store": str(store), "version": plan.latest, "chain_length": plan.chain_length}
+    repair = _repair_reason(fm, inv, plan)
+    if plan.latest is None or plan.latest_id is None:
+        return {**row, "action": "skipped", "reason": "nothing committed"}
+    if plan.chain_length < settings.snapshot_threshold and repair is None:
+        return {**row, "action": "skipped", "reason": "already snapshotted"}
+    snapshots = {v: files.manifest_data[(v, cid)] for v, cid in plan.intact_snapshots.items()}
+    with _checkout(fm, store, settings) as replica:
+        if repair is not None:
+            log.warning("store %s: %s; writing a fresh snapshot from a cold build", store, repair)
+            replica.reset()  # a warm copy may share the damaged files (hard links on local disk)
+        stats = replica.ensure(plan.latest, plan.latest_id, plan.committed, snapshots, plan.full_state)
+        lease.check()
+        try:
+            result = replica.snapshot(set(files.ssts), corrupt_ssts(fm.root_uri, store))
+        except CheckpointFileExistsError:
+            return {**row, "action": "skipped", "reason": "the manifest exists already"}
+    mark_sound(fm.root_uri, store, result.manifest)
+    manifest_bytes = len(result.manifest.to_bytes())
+    log.info(
+        "snapshot of store %s at version %d: %s build, %d changelogs replayed, %d/%d SSTs uploaded",
+        store,
+        plan.latest,
+        "warm" if stats.warm else "cold",
+        stats.changelogs,
+        result.uploaded_files,
+        result.uploaded_files + result.reused_files,
+    )
+    return {
+        **row,
+        "action": "snapshot",
+        "checkpoint_id": plan.latest_id,
+        "manifest": result.manifest_path,
+        "build": "warm" if stats.warm else "cold",
+        "base_version": stats.base_version,
+        "changelogs_replayed": stats.changelogs,
+        "records_replayed": stats.records,
+        "ssts_uploaded": result.uploaded_files,
+        "ssts_reused": result.reused_files,
+        "bytes_uploaded": result.uploaded_bytes + manifest_bytes,
+        "num_keys": result.manifest.num_keys,
+        "build_seconds": round(stats.seconds, 3),
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
 
 
 def _due(fm: CheckpointFileManager, inv: Inventory, plan: StorePlan, settings: MaintenanceSettings) -> bool:
