@@ -52,6 +52,7 @@ from dataclasses import asdict, dataclass, field, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from bench.fleet_fanout import FanoutParams, fanout_table, run_fanout
 from bench.report import ROOT, Table
 
 log = logging.getLogger("bench.fleet")
@@ -92,6 +93,7 @@ QUICK = [
     for s in (2, 4)
     for m in MODES
 ]
+FANOUT_QUICK = FanoutParams(stores=4, keys=500, updates=50, versions=3)
 
 
 @dataclass
@@ -570,8 +572,16 @@ def plot(results: list[FleetResult], path: Path) -> Path | None:
     return path
 
 
-def run(quick: bool = False, params: list[FleetParams] | None = None, plot_to: Path | None = None) -> list[Table]:
-    """The suite `python -m bench fleet` runs: every configuration of FULL (QUICK with `quick`)."""
+def run(
+    quick: bool = False,
+    params: list[FleetParams] | None = None,
+    plot_to: Path | None = None,
+    fanout: FanoutParams | None = None,
+) -> list[Table]:
+    """The suite `python -m bench fleet` runs: every configuration of FULL (QUICK with `quick`), then the
+    fan-out comparison (`bench.fleet_fanout`; with `params`, only when `fanout` is given)."""
+    if params is None:
+        fanout = FANOUT_QUICK if quick else FanoutParams()
     results = []
     for p in params or (QUICK if quick else FULL):
         base = tempfile.mkdtemp(prefix="statekeeper-fleet-")
@@ -582,7 +592,10 @@ def run(quick: bool = False, params: list[FleetParams] | None = None, plot_to: P
             shutil.rmtree(base, ignore_errors=True)
     if not quick or plot_to is not None:
         plot(results, plot_to or PLOT)
-    return tables(results)
+    out = tables(results) if results else []
+    if fanout is not None:
+        out.append(fanout_table(fanout, run_fanout(fanout)))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -595,6 +608,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--updates", type=int, default=1_000)
     parser.add_argument("--writers", type=int, default=2)
     parser.add_argument("--plot", type=Path, help="write the plot here")
+    parser.add_argument("--fanout", type=int, default=0, help="stores for the fan-out comparison (0: none)")
     parser.add_argument("args", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.maintainer:
@@ -611,7 +625,9 @@ def main(argv: list[str] | None = None) -> int:
         for s in args.stores
         for m in args.mode
     ]
-    for t in run(params=params, plot_to=args.plot or Path(tempfile.gettempdir(), "fleet.png")):
+    fanout = FanoutParams(stores=args.fanout, keys=args.keys, updates=args.updates) if args.fanout else None
+    plot_to = args.plot or Path(tempfile.gettempdir(), "fleet.png")
+    for t in run(params=params, plot_to=plot_to, fanout=fanout):
         print(t.markdown())
     return 0
 

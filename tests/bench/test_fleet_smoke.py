@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -38,3 +40,22 @@ def test_fleet_benchmark_runs_both_maintainers(tmp_path: Path) -> None:
         assert mode in out, out
     assert plot.stat().st_size > 0
     assert [p.name for p in tmp_path.iterdir()] == ["fleet.png"], "the benchmark left scratch files behind"
+
+
+@pytest.mark.slow
+def test_fleet_benchmark_compares_fan_out_over_a_cluster(tmp_path: Path) -> None:
+    """`--fanout N`: the stores-snapshotted-per-second row of one process and of a standalone cluster."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    args = ["--stores", "2", "--mode", "maintain", "--seconds", "4", "--keys", "500", "--updates", "50"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.bench_fleet", *args, "--fanout", "4", "--plot", str(tmp_path / "fleet.png")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "### Fleet: stores snapshotted per second" in proc.stdout, proc.stdout
+    assert "| one process | 4 | 4 |" in proc.stdout and "| Spark standalone, 2 x 1 core | 4 | 4 |" in proc.stdout
