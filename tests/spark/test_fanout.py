@@ -168,7 +168,7 @@ def test_two_maintainers_one_on_spark_never_hold_a_store_at_once(spark: Any, tmp
     outcome: dict[str, Any] = {}
 
     def run(name: str, fn: Any) -> None:
-        catalog = Catalog.open(url, upgrade=True) if name == "local" else Catalog.open(url)
+        catalog = Catalog.open(url)
         try:
             barrier.wait()
             outcome[name] = fn(catalog)
