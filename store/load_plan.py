@@ -219,6 +219,39 @@ def _walk(
     )
 
 
+def committed_range(source: PlanSource, plan: LoadPlan, first: int) -> tuple[Ref, ...]:
+    """The committed (version, id) of every version from `first` to the plan's target, oldest first.
+
+    Read from the lineage the plan already holds (the target's changelog names its committed
+    ancestors), extended by one changelog header read each time that lineage was capped; so a range
+    of N versions costs no commit record, where asking the commit log costs N. Below a full-state
+    changelog (a rescale or a rollback: its lineage is empty) the commit records name the rest.
+    """
+    if not 1 <= first <= plan.version:
+        raise LineageError(
+            f"versions {first}..{plan.version} of store {plan.store}: the range starts below 1 or is empty"
+        )
+    refs: list[Ref] = [(plan.version, plan.checkpoint_id)]
+    lineage = list(plan.lineage)
+    while refs[-1][0] > first:
+        top = refs[-1]
+        depth = len(refs) - 1  # lineage[depth] is the entry below top
+        if depth >= len(lineage):
+            more = source.read_lineage(*top)
+            if not more:
+                break
+            lineage.extend(more)
+        entry = lineage[depth]
+        if entry[0] != top[0] - 1:
+            raise LineageError(
+                f"lineage of store {plan.store} jumps from version {top[0]} to {entry[0]} in the changelog of "
+                f"version {top[0]}"
+            )
+        refs.append(entry)
+    refs.extend((v, source.committed_id(v)) for v in range(refs[-1][0] - 1, first - 1, -1))
+    return tuple(reversed(refs))
+
+
 class CheckpointPlanSource:
     """`PlanSource` on the checkpoint location: commit records, changelog headers, one listing."""
 
@@ -266,6 +299,7 @@ __all__ = [
     "Ref",
     "SkippedSnapshot",
     "check_header",
+    "committed_range",
     "fall_back",
     "resolve_load_plan",
 ]
