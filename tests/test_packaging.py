@@ -173,8 +173,10 @@ def test_the_wheel_installs_lean_and_each_extra_works(tmp_path: Path) -> None:
         assert done.returncode == 0, (command, done.stdout, done.stderr)
     report = json.loads(done.stdout)
     assert report["ok"] and report["stores"] == 1 and report["rebuilt"] >= 1, report
-    installed = subprocess.run([python, "-m", "pip", "list", "--format=json"], check=True, capture_output=True).stdout
-    assert "pyspark" not in {p["name"].lower() for p in json.loads(installed)}
+    with_maintenance = subprocess.run(
+        [python, "-m", "pip", "list", "--format=json"], check=True, capture_output=True, text=True
+    ).stdout
+    assert "pyspark" not in {p["name"].lower() for p in json.loads(with_maintenance)}
     print(f"core install into a fresh venv: {core_install_s:.0f}s")
 
 
