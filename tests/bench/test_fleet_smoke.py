@@ -12,21 +12,25 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_fleet_benchmark_runs_both_maintainers(tmp_path: Path) -> None:
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
-    plot = tmp_path / "fleet.png"
-    args = ["--stores", "2", "3", "--seconds", "6", "--keys", "500", "--updates", "50", "--plot", str(plot)]
+def _bench_fleet(tmp_path: Path, args: list[str], timeout: float) -> str:
+    """`python -m bench.bench_fleet ARGS` with scratch files under `tmp_path`; its stdout."""
     proc = subprocess.run(
         [sys.executable, "-m", "bench.bench_fleet", *args],
         cwd=ROOT,
-        env=env,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    out = proc.stdout
+    return proc.stdout
+
+
+def test_fleet_benchmark_runs_both_maintainers(tmp_path: Path) -> None:
+    plot = tmp_path / "fleet.png"
+    args = ["--stores", "2", "3", "--seconds", "6", "--keys", "500", "--updates", "50", "--plot", str(plot)]
+    out = _bench_fleet(tmp_path, args, timeout=300)
     for title in ("### Fleet: one maintainer beside", "### Fleet: the maintainer's cost model", "### Fleet over time"):
         assert title in out, out
     for mode in (
@@ -45,17 +49,7 @@ def test_fleet_benchmark_runs_both_maintainers(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_fleet_benchmark_compares_fan_out_over_a_cluster(tmp_path: Path) -> None:
     """`--fanout N`: the stores-snapshotted-per-second row of one process and of a standalone cluster."""
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
     args = ["--stores", "2", "--mode", "maintain", "--seconds", "4", "--keys", "500", "--updates", "50"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.bench_fleet", *args, "--fanout", "4", "--plot", str(tmp_path / "fleet.png")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "### Fleet: stores snapshotted per second" in proc.stdout, proc.stdout
-    assert "| one process | 4 | 4 |" in proc.stdout and "| Spark standalone, 2 x 1 core | 4 | 4 |" in proc.stdout
+    out = _bench_fleet(tmp_path, [*args, "--fanout", "4", "--plot", str(tmp_path / "fleet.png")], timeout=900)
+    assert "### Fleet: stores snapshotted per second" in out, out
+    assert "| one process | 4 | 4 |" in out and "| Spark standalone, 2 x 1 core | 4 | 4 |" in out
