@@ -12,10 +12,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _bench_fleet(tmp_path: Path, args: list[str], timeout: float) -> str:
-    """`python -m bench.bench_fleet ARGS` with scratch files under `tmp_path`; its stdout."""
+def _bench_fleet(tmp_path: Path, args: list[str], timeout: float, module: str = "bench.bench_fleet") -> str:
+    """`python -m MODULE ARGS` with scratch files under `tmp_path`; its stdout."""
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.bench_fleet", *args],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT,
         env={**os.environ, "TMPDIR": str(tmp_path)},
         capture_output=True,
@@ -53,3 +53,14 @@ def test_fleet_benchmark_compares_fan_out_over_a_cluster(tmp_path: Path) -> None
     out = _bench_fleet(tmp_path, [*args, "--fanout", "4", "--plot", str(tmp_path / "fleet.png")], timeout=900)
     assert "### Fleet: stores snapshotted per second" in out, out
     assert "| one process | 4 | 4 |" in out and "| Spark standalone, 2 x 1 core | 4 | 4 |" in out
+
+
+def test_fleet_profile_measures_the_maintainer_per_store_commit(tmp_path: Path) -> None:
+    """`python -m bench.fleet_profile`: lock-step writer, one maintain cycle at a time, CPU per store-commit."""
+    import json
+
+    args = ["--stores", "2", "--cycles", "2", "--warmup", "1", "--keys", "300", "--updates", "30", "--catalog"]
+    out = _bench_fleet(tmp_path, [*args, "--profile", str(tmp_path / "cycle.prof")], 300, "bench.fleet_profile")
+    result = json.loads(out.splitlines()[0])
+    assert result["store_commits"] == 8 and result["cpu_ms_per_store_commit"] > 0
+    assert "maintain" in out and (tmp_path / "cycle.prof").stat().st_size > 0
