@@ -45,14 +45,23 @@ class S3rverServer:
         if node is None:
             raise S3rverNotInstalledError("node not found: install Node.js (e.g. 'apt-get install nodejs npm')")
         if not S3RVER_SCRIPT.is_file():
-            raise S3rverNotInstalledError(
-                f"{S3RVER_SCRIPT} is missing: run 'make setup' (npm ci in {S3RVER_DIR})"
-            )
+            raise S3rverNotInstalledError(f"{S3RVER_SCRIPT} is missing: run 'make setup' (npm ci in {S3RVER_DIR})")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "NODE_"))}
         self._proc = subprocess.Popen(
-            [node, "--openssl-legacy-provider", str(S3RVER_SCRIPT), "--directory", str(self.data_dir),
-             "--address", "127.0.0.1", "--port", "0", "--silent", "--no-vhost-buckets"],
+            [
+                node,
+                "--openssl-legacy-provider",
+                str(S3RVER_SCRIPT),
+                "--directory",
+                str(self.data_dir),
+                "--address",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--silent",
+                "--no-vhost-buckets",
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -312,9 +312,9 @@ def test_store_ignoring_if_none_match_needs_head_check(s3_endpoint: str, s3_buck
         probing = S3FileManager(f"s3://{s3_bucket}/root", **common)
         trusting = S3FileManager(f"s3://{s3_bucket}/root", conditional_writes="trust", **common)
         checked = S3FileManager(f"s3://{s3_bucket}/root", head_before_create=True, **common)
-        with pytest.raises(ConfigurationError, match="ignores If-None-Match.*STATEKEEPER_S3_HEAD_BEFORE_CREATE"):
-            with probing.create("commit") as out:
-                out.write(b"x" * size)
+        refused = pytest.raises(ConfigurationError, match=r"ignores If-None-Match.*STATEKEEPER_S3_HEAD_BEFORE_CREATE")
+        with refused, probing.create("commit") as out:
+            out.write(b"x" * size)
         assert not probing.exists("commit")
         with probing.create("sst", exclusive=False) as out:  # content-addressed names need no condition
             out.write(b"sst")

@@ -15,11 +15,10 @@ ListMultipartUploads (s3rver) has no incomplete uploads to show: that listing is
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
-
-import logging
 
 import botocore.exceptions as bce
 

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from statekeeper.store.files.base import DeleteResult, FileInfo, file_not_found
 from statekeeper.store.files.paths import validate_listing, validate_prefix
+from statekeeper.store.files.s3.capabilities import probe_conditional_writes
 from statekeeper.store.files.s3.deletion import abort_upload, delete_objects
 from statekeeper.store.files.s3.download import S3Reader, download
-from statekeeper.store.files.s3.capabilities import probe_conditional_writes
 from statekeeper.store.files.s3.listing import IncompleteUpload, list_objects, list_uploads
 from statekeeper.store.files.s3.root import S3Root
 from statekeeper.store.files.s3.upload import S3Output, put_file
