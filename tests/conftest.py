@@ -115,6 +115,7 @@ def file_manager(checkpoint_root: str) -> CheckpointFileManager:
     return open_file_manager(checkpoint_root)
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The s3rver variants outside `S3RVER_DEFAULT_SUITES` run only with the slow suites."""
     for item in items:
