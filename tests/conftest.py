@@ -78,8 +78,9 @@ def s3rver_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def s3rver_bucket(s3_endpoint: str, s3rver_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A fresh bucket on s3rver, with the environment pointing statekeeper at s3rver for this test.
 
-    s3rver ignores `If-None-Match` and does not list in key order, so the test runs with the settings
-    statekeeper requires on such a store (the HEAD check and unordered listing, docs/s3.md).
+    s3rver ignores `If-None-Match`, does not list in key order and shows objects while they upload, so
+    the test runs with the settings statekeeper requires on such a store (the HEAD check, unordered
+    listing, verified publishes: docs/s3.md).
     Child processes inherit the environment.
     """
     for k, v in S3RVER_CREDENTIALS.items():
@@ -88,6 +89,7 @@ def s3rver_bucket(s3_endpoint: str, s3rver_endpoint: str, monkeypatch: pytest.Mo
     monkeypatch.setenv("STATEKEEPER_S3_ENDPOINT_URL", s3rver_endpoint)
     monkeypatch.setenv("STATEKEEPER_S3_HEAD_BEFORE_CREATE", "true")
     monkeypatch.setenv("STATEKEEPER_S3_LISTING", "unordered")
+    monkeypatch.setenv("STATEKEEPER_S3_VERIFY_PUBLISHED", "true")
     client = s3_client(s3rver_endpoint)
     name = new_bucket_name()
     client.create_bucket(Bucket=name)

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from statekeeper.store.errors import CheckpointError, ConfigurationError
-from statekeeper.store.files.s3 import MIN_PART_SIZE, S3FileManager
+from statekeeper.store.errors import CheckpointError, CheckpointFileNotFoundError, ConfigurationError
+from statekeeper.store.files.s3 import MIN_PART_SIZE, WRITE_ID_META, S3FileManager
 from statekeeper.store.files.s3 import listing as listing_module
 from tests.s3_support import all_keys, s3_client
 
@@ -27,8 +27,9 @@ def raw(s3rver_endpoint: str, s3rver_bucket: str) -> Any:
 
 
 def _fill(raw: Any, bucket: str, keys: list[str]) -> None:
+    """Objects as statekeeper publishes them (with a write id), put directly."""
     for k in keys:
-        raw.put_object(Bucket=bucket, Key=f"root/{k}", Body=k.encode())
+        raw.put_object(Bucket=bucket, Key=f"root/{k}", Body=k.encode(), Metadata={WRITE_ID_META: "test"})
 
 
 def test_store_ignoring_if_none_match_is_refused_until_head_check(s3rver_bucket: str, raw: Any) -> None:
@@ -88,3 +89,17 @@ def test_no_multipart_upload_listing_or_abort(s3rver_bucket: str, raw: Any, capl
         out.write(b"y" * (2 * MIN_PART_SIZE + 3))
     assert fm.info("big").size == 2 * MIN_PART_SIZE + 3
     assert fm.read_bytes("big") == b"y" * (2 * MIN_PART_SIZE + 3)
+
+
+def test_objects_not_yet_published_are_invisible(s3rver_bucket: str, raw: Any) -> None:
+    """s3rver shows an object while its upload is written and adds its metadata last: with
+    `verify_published` an object without statekeeper's write id is not there yet (here: put without it)."""
+    _fill(raw, s3rver_bucket, ["done"])
+    raw.put_object(Bucket=s3rver_bucket, Key="root/in-flight", Body=b"")
+    fm = S3FileManager(f"s3://{s3rver_bucket}/root")  # the fixture's environment: verify_published
+    assert [i.path for i in fm.list()] == ["done"]
+    assert not fm.exists("in-flight")
+    with pytest.raises(CheckpointFileNotFoundError):
+        fm.read_bytes("in-flight")
+    trusting = S3FileManager(f"s3://{s3rver_bucket}/root", verify_published=False)
+    assert [i.path for i in trusting.list()] == ["done", "in-flight"]

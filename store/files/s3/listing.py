@@ -11,6 +11,8 @@ skip keys) is listed with `listing="unordered"`: one request of up to 1000 keys,
 prefix holding more is refused rather than listed partially. In the default flat mode a key that
 arrives out of order is refused naming the setting, rather than trusted. A store that does not implement
 ListMultipartUploads (s3rver) has no incomplete uploads to show: that listing is empty, with a warning.
+With `verify_published` (a store that shows objects while they upload), each listed key is HEADed and
+kept only once its write-id metadata shows the publish finished.
 """
 
 from __future__ import annotations
@@ -66,7 +68,13 @@ def list_objects(root: S3Root, prefix: str, start_after: str | None) -> Iterator
     else:
         infos = _list_flat(root, root.key_prefix + prefix, key_start_after)
     strip = len(root.key_prefix)
-    for key, size, mtime in infos:
+    for key, listed_size, mtime in infos:
+        size = listed_size
+        if root.options.verify_published:
+            head = root.head(key, key[strip:])
+            if head is None:
+                continue  # still being written (or gone since): not published yet
+            size = int(head["ContentLength"])  # the listing may have caught it mid-write
         yield FileInfo(key[strip:], size, mtime)
 
 

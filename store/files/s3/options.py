@@ -65,6 +65,9 @@ class S3Options:
     conditional_writes: str = "auto"
     """trust | probe | auto: whether to check once per endpoint and bucket that the store honours
     If-None-Match before the first exclusive publish (refusing if not); auto probes custom endpoints only."""
+    verify_published: bool = False
+    """Treat an object as published only when it carries statekeeper's write-id metadata, for stores
+    that show an object while its upload is still being written (s3rver); costs a HEAD per listed key."""
     listing: str = "flat"
     """flat | unordered: page through ListObjectsV2 in the store's (binary key) order, or, for a store
     that does not list in that order (s3rver), one page of <= 1000 keys sorted by statekeeper."""
