@@ -7,7 +7,7 @@ its first line of output, and stops it by its pid.
 
 Node >= 17 ships OpenSSL 3, which disables the DES cipher s3rver encrypts its ListObjectsV2
 continuation tokens with: without `--openssl-legacy-provider` every truncated listing answers
-500 InternalError. The server runs with that flag (see docs/s3.md).
+500 InternalError. The server runs with that flag there (see docs/s3.md).
 """
 
 from __future__ import annotations
@@ -25,6 +25,13 @@ S3RVER_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "S3RVER", "AWS_SECRET_ACCESS_KEY": "S
 """The only key pair s3rver accepts (its default account)."""
 
 _LISTENING = re.compile(r"listening on 127\.0\.0\.1:(\d+)")
+
+
+def _legacy_openssl_flag(node: str) -> list[str]:
+    """`--openssl-legacy-provider` on Node >= 17 (OpenSSL 3), where it exists and is needed."""
+    version = subprocess.run([node, "--version"], capture_output=True, text=True, check=True).stdout
+    major = int(version.strip().lstrip("v").split(".")[0])
+    return ["--openssl-legacy-provider"] if major >= 17 else []
 
 
 class S3rverNotInstalledError(RuntimeError):
@@ -51,7 +58,7 @@ class S3rverServer:
         self._proc = subprocess.Popen(
             [
                 node,
-                "--openssl-legacy-provider",
+                *_legacy_openssl_flag(node),
                 str(S3RVER_SCRIPT),
                 "--directory",
                 str(self.data_dir),
