@@ -82,8 +82,8 @@ _Entry = tuple[str, int, float]
 """(key, size, modified epoch seconds) of one listed object."""
 
 
-def _paginate(root: S3Root, key_prefix: str, start_after: str | None, **extra: str) -> Iterator[Any]:
-    kwargs: dict[str, Any] = {"Bucket": root.bucket, "Prefix": key_prefix, **extra}
+def _paginate(root: S3Root, key_prefix: str, start_after: str | None) -> Iterator[Any]:
+    kwargs: dict[str, Any] = {"Bucket": root.bucket, "Prefix": key_prefix}
     if start_after is not None:
         kwargs["StartAfter"] = start_after
     paginator = root.client.get_paginator("list_objects_v2")
@@ -107,7 +107,7 @@ def _list_flat(root: S3Root, key_prefix: str, start_after: str | None) -> Iterat
                 raise CheckpointError(
                     f"S3 listed key {entry[0]!r} after {last!r}: this store does not list in binary key order "
                     "(and may skip keys across pages); set the S3 option listing='unordered' "
-                    "(STATEKEEPER_S3_LISTING=unordered; at most 1000 keys per prefix, docs/s3.md)",
+                    f"(STATEKEEPER_S3_LISTING=unordered; at most {UNORDERED_LIMIT} keys per prefix, docs/s3.md)",
                     root.uri_of(key_prefix[len(root.key_prefix) :]),
                 )
             last = entry[0]
