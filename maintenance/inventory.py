@@ -12,6 +12,7 @@ only the new ones; verification reads everything again.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -93,7 +94,10 @@ class _Kind:
     checkpoint_id: str | None = None
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _store_of(operator: str, partition: str) -> StoreId | None:
+    """The store a `state/<operator>/<partition>` prefix names (None: not a store prefix); cached, since
+    every file of a store asks and a listing classifies thousands of files per cycle."""
     if len(partition) != 5 or not partition.isdigit():
         return None
     try:
