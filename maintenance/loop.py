@@ -3,9 +3,10 @@
 Running the three ``statekeeper`` commands from cron or a shell loop starts three processes per cycle,
 each importing the stack, opening the catalog and rebuilding its warm replicas' view from disk: that
 fixed cost dominates a maintainer of many small stores (see docs/benchmarks.md, fleet). This loop
-keeps one process, one catalog connection, one maintenance lease per store per cycle, the warm local copies of the stores (`statekeeper.maintenance.replica`)
-and the parsed commit records and manifests (`statekeeper.maintenance.inventory`) across cycles, so a cycle costs
-its listings and the work it finds. ``statekeeper maintain ROOT --every SECONDS`` runs it.
+keeps one process, one catalog connection, the warm local copies of the stores
+(`statekeeper.maintenance.replica`) and the parsed commit records and manifests
+(`statekeeper.maintenance.inventory`) across cycles, and takes one maintenance lease per store per
+cycle, so a cycle costs its listings and the work it finds. ``statekeeper maintain ROOT --every SECONDS`` runs it.
 """
 
 from __future__ import annotations

@@ -79,6 +79,8 @@ def test_one_lease_per_store_per_cycle_and_refused_when_held_elsewhere(
             (second,) = maintain(h.root, settings, every=0, cycles=1, catalog=catalog)
         assert not second.ok
         assert any("other-host:4242" in e for r in second.reports for e in r.errors)
-        assert {p: s for p, s in all_files(h.root).items() if p.startswith(a.prefix)} == before, "a held store untouched"
+        assert {p: s for p, s in all_files(h.root).items() if p.startswith(a.prefix)} == before, (
+            "a held store untouched"
+        )
         assert catalog.acquired[f"{a.operator}/{a.partition}"] == 1  # the holder's own acquisition only
         assert catalog.leases(h.fm.root_uri) == []
