@@ -17,6 +17,7 @@ three (the lease's TTL, fencing and refusal when held elsewhere are unchanged).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import fcntl
 import hashlib
@@ -97,25 +98,25 @@ class _CycleLeases:
                 stack.push(lease)
 
 
-_cycles_lock = threading.Lock()
-_cycles: dict[tuple[str, int], _CycleLeases] = {}
+_cycle: contextvars.ContextVar[tuple[str, _CycleLeases] | None] = contextvars.ContextVar(
+    "statekeeper_cycle_leases", default=None
+)
+"""The cycle of the running maintenance loop: (root URI, its leases). A context variable,
+so only the loop's own work shares the leases (its per-store pools run in copies of its context,
+`statekeeper.maintenance.workers.run_each`); any other caller in the process, or a second loop, takes
+its own leases and is excluded by them as before."""
 
 
 @contextmanager
 def cycle_leases(root_uri: str, settings: MaintenanceSettings, catalog: Catalog | None) -> Iterator[None]:
     """Within the block, `store_lease` on `root_uri` (with this `catalog`) keeps each store's lease until
     the block ends: one acquisition and one release per store for all the operations run inside it."""
-    key = (root_uri, id(catalog))
     cycle = _CycleLeases(settings, catalog)
-    with _cycles_lock:
-        if key in _cycles:
-            raise RuntimeError(f"maintenance cycle leases on {root_uri} are already held in this process")
-        _cycles[key] = cycle
+    token = _cycle.set((root_uri, cycle))
     try:
         yield
     finally:
-        with _cycles_lock:
-            del _cycles[key]
+        _cycle.reset(token)
         cycle.release()
 
 
@@ -127,10 +128,9 @@ def store_lease(
 
     Inside `cycle_leases` of the same root and catalog, the lease stays held after the block (until the cycle ends).
     """
-    with _cycles_lock:
-        cycle = _cycles.get((root_uri, id(catalog)))
-    if cycle is not None:
-        yield cycle.guard(root_uri, store)
+    current = _cycle.get()
+    if current is not None and current[0] == root_uri and current[1].catalog is catalog:
+        yield current[1].guard(root_uri, store)
         return
     with _acquire(root_uri, store, settings, catalog) as guard:
         yield guard

@@ -9,10 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from statekeeper.maintenance.leasing import LeaseGuard, MaintenanceBusyError, cycle_leases, store_lease
 from statekeeper.maintenance.loop import CycleResult, maintain
 from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.workers import run_each
 from statekeeper.sql import Catalog
 from statekeeper.sql.leases import Lease
+from statekeeper.store.layout import StoreId
 from tests.maintenance.helpers import History, all_files
 from tests.maintenance.test_cli import run_cli
 
@@ -84,3 +87,38 @@ def test_one_lease_per_store_per_cycle_and_refused_when_held_elsewhere(
         )
         assert catalog.acquired[f"{a.operator}/{a.partition}"] == 1  # the holder's own acquisition only
         assert catalog.leases(h.fm.root_uri) == []
+
+
+def test_cycle_leases_are_shared_only_by_the_cycles_own_work(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings, catalog: Catalog
+) -> None:
+    h = make_local_history()
+    h.batches(2)
+    a = h.stores[0]
+    uri = h.fm.root_uri
+    outside: list[BaseException] = []
+
+    def other_caller() -> None:  # a thread of its own: not in the cycle's context
+        try:
+            with store_lease(uri, a, settings, catalog):
+                pass
+        except BaseException as e:
+            outside.append(e)
+
+    with cycle_leases(uri, settings, catalog):
+        with store_lease(uri, a, settings, catalog) as first:
+            pass
+        (held,) = catalog.leases(uri)
+        assert held.scope == f"{a.operator}/{a.partition}", "still held after the operation's block"
+        shared = run_each([a, a], lambda s: _guard_of(uri, s, settings, catalog), parallelism=2)
+        assert shared == [first, first], "the cycle's pool threads share its lease"
+        t = threading.Thread(target=other_caller)
+        t.start()
+        t.join()
+        assert len(outside) == 1 and isinstance(outside[0], MaintenanceBusyError), outside
+    assert catalog.leases(uri) == [], "released when the cycle ends"
+
+
+def _guard_of(uri: str, store: StoreId, settings: MaintenanceSettings, catalog: Catalog) -> LeaseGuard:
+    with store_lease(uri, store, settings, catalog) as guard:
+        return guard
