@@ -441,7 +441,7 @@ class Inventory:
         """Version -> id of the committed full-state changelogs of `store` (a rescale or rollback wrote them)."""
         out: dict[int, str] = {}
         for v, rec in self.records.items():
-            if store.operator in rec.change:
+            if rec.full_state(store.operator, store.partition):
                 cid = rec.checkpoint_id(store.operator, store.partition)
                 if cid is not None:
                     out[v] = cid

@@ -499,6 +499,7 @@ def execute_relayout(
             layouts=layouts,
             batch_id=plan.batch_id,
             change={plan.operator: plan.kind},
+            in_place={plan.operator: [p for p in range(plan.partitions) if targets[p].owned is not None]},
         )
         result.committed = True
     finally:

@@ -107,7 +107,36 @@ def test_maintenance_after_a_rescale(tmp_path: Path, capsys: pytest.CaptureFixtu
         code, doc = _cli(capsys, *args)
         assert code == 0, (args, doc)
     assert read_all(root, 5, layout) == model
-    # expiry removed what only versions before the rescale needed from the stores that continue
+    assert read_all(root, 4, layout), "the retained rescale version still loads"
+    # partition 2 was created by the rescale: nothing of it before the rescale version
     fm = open_file_manager(root)
-    left = [i.path for i in fm.list("state/agg/00000/changelogs/")]
-    assert all(int(p.rsplit("/", 1)[1][:20]) >= 4 for p in left), left
+    left = [i.path for i in fm.list("state/agg/00002/changelogs/")]
+    assert left and all(int(p.rsplit("/", 1)[1][:20]) >= 4 for p in left), left
+
+
+def test_retired_partitions_expire_after_a_rescale_down(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """8 -> 4: once no retained version needs partitions 4..7, expiry and orphan cleanup remove every file
+    of theirs (DESIGN invariant 8); every retained version still loads."""
+    root = (tmp_path / "ckpt").as_uri()
+    model = _history(root, partitions=8, batches=2)
+    assert _cli(capsys, "rescale", root, "--operator", OP, "--partitions", "4", "--force")[0] == 0
+    layout = KeyGroupLayout(4, GROUPS)
+    states = {}
+    for b in range(3, 6):  # versions 4..6
+        run_batch(root, b, layout, {"default": {stored(b"k%d" % b): b"v%d" % b}})
+        model["default"][stored(b"k%d" % b)] = b"v%d" % b
+        states[b + 1] = clean(model)
+    fm = open_file_manager(root)
+    for args in (
+        ["snapshot", root, "--threshold", "1"],
+        ["expire", root, "--retain", "2", "--grace", "0"],
+        ["clean-orphans", root, "--retain", "2", "--grace", "0"],
+        ["expire", root, "--retain", "2", "--grace", "0"],
+        ["verify", root, "--retain", "2"],
+    ):
+        code, doc = _cli(capsys, *args)
+        assert code == 0, (args, doc)
+    for p in range(4, 8):
+        assert not list(fm.list(f"state/agg/{p:05d}/")), f"files of retired partition {p} remain"
+    for v in (5, 6):
+        assert read_all(root, v, layout) == states[v]
