@@ -36,6 +36,9 @@ from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import COMMITS_DIR, StoreId
 
+HEARTBEAT_STALE_SECONDS = 300.0
+"""A Spark driver's heartbeat older than this is dead (store/spark/heartbeat.py refreshes it every few seconds)."""
+
 MAX_PROBLEMS = 20
 """Problems listed per store (the count is always exact)."""
 
@@ -387,6 +390,11 @@ def plan_root(
 
     for e in inv.temps:
         orphan(e, "unfinished write (temp file or incomplete upload)")
+    for e in inv.heartbeats:  # a live driver replaces its heartbeat every few seconds: only a dead one ages
+        if now - e.mtime >= HEARTBEAT_STALE_SECONDS:
+            orphan(e, "heartbeat of a driver that stopped without removing it")
+        else:
+            in_flight.append((e, "heartbeat of a driver that may be running"))
     expired_batches = _plan_batch_files(inv, floor, orphan, in_flight)
     for path, why in sorted(inv.unreadable.items()):
         problems.append(f"cannot read {path}: {why}")
