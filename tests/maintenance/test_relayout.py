@@ -11,13 +11,20 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from statekeeper.maintenance.cli import main
+from statekeeper.maintenance.inventory import Inventory, clear_caches
+from statekeeper.maintenance.relayout import check_writer_idle
 from statekeeper.store import CommitLog, open_file_manager
 from statekeeper.store.key_groups import KeyGroupLayout
+from statekeeper.store.layout import heartbeat_dir
+from statekeeper.store.rescale import RescaleError
+from statekeeper.store.spark.heartbeat import Heartbeat
 from tests.store.test_rescale import GROUPS, OP, clean, read_all, run_batch, stored
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,3 +147,43 @@ def test_retired_partitions_expire_after_a_rescale_down(tmp_path: Path, capsys: 
         assert not list(fm.list(f"state/agg/{p:05d}/")), f"files of retired partition {p} remain"
     for v in (5, 6):
         assert read_all(root, v, layout) == states[v]
+
+
+def test_a_running_drivers_heartbeat_stops_an_offline_rescale(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """While the driver's heartbeat is fresh, rescale refuses and names it; a stopped driver removes it; a
+    killed driver's stale one ages out of --idle-seconds and is an orphan for clean-orphans."""
+    root = (tmp_path / "ckpt").as_uri()
+    _history(root, partitions=2, batches=2)
+    fm = open_file_manager(root)
+    running = threading.Event()
+    running.set()
+    beat = Heartbeat(fm, OP, running.is_set, interval=0.2)
+    beat.start()
+    time.sleep(0.5)
+    beats = [i.path for i in fm.list(heartbeat_dir(OP))]
+    assert len(beats) == 1, "each beat replaces the one before it"
+    code, doc = _cli(capsys, "rescale", root, "--operator", OP, "--partitions", "3", "--idle-seconds", "30")
+    err = capsys.readouterr().err + str(doc.get("error"))
+    assert code == 1 and "heartbeat" in err and "spark/agg/heartbeat/" in err and "s old" in err, err
+    running.clear()  # the query stopped: the heartbeat goes within a poll
+    deadline = time.time() + 10
+    while any(fm.list(heartbeat_dir(OP))) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(fm.list(heartbeat_dir(OP)))
+    assert not beat.running
+
+    killed = Heartbeat(fm, OP, running.is_set)
+    killed.beat()  # a driver killed right after a beat leaves it behind
+    stale = next(iter(fm.list(heartbeat_dir(OP)))).path
+    with pytest.raises(RescaleError, match=r"heartbeat .*/spark/agg/heartbeat/"):
+        check_writer_idle(root, OP, 60)
+    check_writer_idle(root, OP, 60, now=time.time() + 120)  # two minutes later the writer is surely gone
+    local = Path(tmp_path / "ckpt" / stale)
+    old = time.time() - 600
+    os.utime(local, (old, old))
+    clear_caches()
+    assert Inventory.scan(root).heartbeats and not Inventory.scan(root).foreign
+    code, doc = _cli(capsys, "clean-orphans", root, "--grace", "0")
+    assert code == 0 and doc["heartbeats"] == 1 and not local.exists()
