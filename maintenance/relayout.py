@@ -16,14 +16,16 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from statekeeper.maintenance.leasing import store_lease
 from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.sql.layouts import LayoutRow, LayoutSpan, layout_spans
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.files import open_file_manager
+from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.layout import StoreId
 from statekeeper.store.rescale import (
     RelayoutPlan,
@@ -135,6 +137,26 @@ def rollback(root: str, operator: str, to_version: int, **options: Unpack[Relayo
     return _guarded(root, plan_rollback(open_file_manager(root), operator, to_version), options)
 
 
+def layout_history(records: Mapping[int, CommitRecord]) -> list[LayoutSpan]:
+    """Each operator's layouts over the versions of `records` (``statekeeper inspect``; the catalog's
+    `Catalog.layouts` folds the same rows)."""
+    rows = []
+    for v, record in records.items():
+        for op, ids in record.checkpoint_ids.items():
+            lay = record.layouts.get(op)
+            rows.append(LayoutRow(op, v, len(ids), lay.max_key_groups if lay else None, record.change.get(op)))
+    return layout_spans(rows)
+
+
+def describe_layouts(spans: list[LayoutSpan]) -> list[str]:
+    """Lines for people: versions, partitions x key groups, and how each layout began."""
+    return ["layouts (versions: partitions x key groups, how the layout began):"] + [
+        f"  {s.operator} {s.first_version}..{s.last_version}: {s.partitions} x {s.max_key_groups or 'legacy'}"
+        + (f" ({s.change})" if s.change else "")
+        for s in spans
+    ]
+
+
 # -- command line (registered by maintenance.cli) ---------------------------------------------------
 
 
@@ -194,4 +216,13 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return _run(args, lambda options: rollback(args.root, args.operator, args.to_version, **options))
 
 
-__all__ = ["RelayoutOptions", "add_commands", "check_writer_idle", "relayout", "rescale", "rollback"]
+__all__ = [
+    "RelayoutOptions",
+    "add_commands",
+    "check_writer_idle",
+    "describe_layouts",
+    "layout_history",
+    "relayout",
+    "rescale",
+    "rollback",
+]

@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from statekeeper.maintenance.catalog_sync import sync_catalog
 from statekeeper.maintenance.cli import main
 from statekeeper.maintenance.inventory import Inventory, clear_caches
 from statekeeper.maintenance.relayout import check_writer_idle
+from statekeeper.sql import Catalog, LayoutSpan
 from statekeeper.store import CommitLog, open_file_manager
 from statekeeper.store.key_groups import KeyGroupLayout
 from statekeeper.store.layout import heartbeat_dir
@@ -187,3 +189,24 @@ def test_a_running_drivers_heartbeat_stops_an_offline_rescale(
     assert Inventory.scan(root).heartbeats and not Inventory.scan(root).foreign
     code, doc = _cli(capsys, "clean-orphans", root, "--grace", "0")
     assert code == 0 and doc["heartbeats"] == 1 and not local.exists()
+
+
+def test_layouts_in_the_catalog_and_in_inspect(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], catalog: Catalog
+) -> None:
+    """Every layout with its versions: 2 partitions (1..2), rescaled to 3 (3..4), rolled back to 2 (5)."""
+    root = (tmp_path / "ckpt").as_uri()
+    _history(root, partitions=2, batches=2)
+    assert _cli(capsys, "rescale", root, "--operator", OP, "--partitions", "3", "--force")[0] == 0
+    run_batch(root, 3, KeyGroupLayout(3, GROUPS), {"default": {stored(b"x"): b"1"}})
+    assert _cli(capsys, "rollback", root, "--operator", OP, "--to-version", "2", "--force")[0] == 0
+    expected = [
+        LayoutSpan(OP, 1, 2, 2, GROUPS, None),
+        LayoutSpan(OP, 3, 4, 3, GROUPS, "rescale"),
+        LayoutSpan(OP, 5, 5, 2, GROUPS, "rollback"),
+    ]
+    code, doc = _cli(capsys, "inspect", root)
+    assert code == 0 and doc["layouts"] == [s.to_json() for s in expected]
+    assert not sync_catalog(catalog, root).errors
+    assert catalog.layouts(open_file_manager(root).root_uri) == expected
+    assert catalog.layouts(open_file_manager(root).root_uri, operator="other") == []
