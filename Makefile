@@ -3,8 +3,11 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# s3rver, the second S3 implementation the tests run against (beside moto), from the npm registry
+S3RVER_DIR   := tests/s3rver
+S3RVER_STAMP := $(S3RVER_DIR)/node_modules/.installed
 
-.PHONY: run test test-all test-model-long reliability lint typecheck bench check-prereqs clean
+.PHONY: setup run test test-all test-model-long reliability lint typecheck bench check-prereqs clean
 
 check-prereqs:
 	@scripts/check-prereqs.sh "$(PYTHON)"
@@ -15,7 +18,11 @@ $(STAMP): pyproject.toml | check-prereqs
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
-setup: $(STAMP)
+$(S3RVER_STAMP): $(S3RVER_DIR)/package.json $(S3RVER_DIR)/package-lock.json | check-prereqs
+	cd $(S3RVER_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $(S3RVER_STAMP)
+
+setup: $(STAMP) $(S3RVER_STAMP)
 
 # The main job (a Spark streaming query on the store, JOB_SECONDS long) with the Dagster webserver and
 # daemon maintaining its checkpoint beside it on 127.0.0.1. Ctrl-C stops everything; RUN_SECONDS=N
@@ -25,12 +32,12 @@ run: $(STAMP)
 	STATEKEEPER_CHECKPOINT_ROOTS=$(CURDIR)/run/sessions/state $(PY) -m statekeeper.orchestration.run_local -- \
 		env RUN_SECONDS=$(JOB_SECONDS) WORK_DIR=$(CURDIR)/run/sessions $(PY) examples/session_count.py
 
-test: $(STAMP)
+test: $(STAMP) $(S3RVER_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -m "not slow"
 
-test-all: $(STAMP)
+test-all: $(STAMP) $(S3RVER_STAMP)
 	$(PY) -m pytest
 
 # The hypothesis state machines at 10x their default examples (>= 100,000 steps, counted at the end).
@@ -39,7 +46,7 @@ test-model-long: $(STAMP)
 		tests/store/test_model.py tests/store/test_typed_model.py tests/maintenance/test_properties.py
 
 # docs/reliability.md: the whole crash-point sweep (local and S3), model steps at 10x, reader fuzz.
-reliability: $(STAMP)
+reliability: $(STAMP) $(S3RVER_STAMP)
 	$(PY) -m bench reliability
 
 lint: $(STAMP)
@@ -50,4 +57,4 @@ bench: $(STAMP)
 	$(PY) -m bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info $(S3RVER_DIR)/node_modules

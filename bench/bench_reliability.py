@@ -9,6 +9,9 @@
    store, store + maintenance) run under pytest with STATEKEEPER_MODEL_SCALE=10 (`--quick`: 1) and
    report the steps they executed (`tests/model_steps.py`), and the reader fuzz test the bad
    inputs it fed to every persisted-format reader.
+3. S3 implementations: the suites parametrized over the checkpoint backends (file-manager contract,
+   commit/load/recovery, maintenance; `--quick`: the contract only) run under pytest, and the S3
+   tests that passed and failed are counted per implementation (moto's server, s3rver).
 
 `--quick` kills a sample of 2 points per scenario, locally, with 2 partitions, and only prints; the
 full run kills every point with 8 partitions per scenario (more stores: more points), and the figures
@@ -22,6 +25,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import xml.etree.ElementTree as ET
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +61,47 @@ def _sweep(quick: bool, tmp: str) -> dict[str, Any]:
     return result
 
 
+S3_SUITES_QUICK = ["tests/store/test_file_manager.py"]
+S3_SUITES = [*S3_SUITES_QUICK, "tests/store/test_model.py", "tests/store/test_async_commit.py", "tests/maintenance"]
+S3_IMPLEMENTATIONS = {"s3": "moto (ThreadedMotoServer)", "s3rver": "s3rver (Node.js, tests/s3rver)"}
+"""`checkpoint_root` parameter ids of the S3 backends (tests/conftest.py), and what each one is."""
+
+
+def _s3_implementations(quick: bool, tmp: str) -> Counter[tuple[str, str]]:
+    """(implementation, passed|failed) -> tests, from a pytest run of the backend-parametrized suites."""
+    report = os.path.join(tmp, "s3.xml")
+    suites = S3_SUITES_QUICK if quick else S3_SUITES
+    marks = ["-m", "not slow"] if quick else []
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *marks,
+            "-k",
+            "s3",
+            f"--junitxml={report}",
+            *suites,
+        ],
+        cwd=ROOT,
+        check=False,
+    )
+    counts: Counter[tuple[str, str]] = Counter()
+    if not os.path.exists(report):
+        return counts
+    for case in ET.parse(report).getroot().iter("testcase"):
+        name = case.get("name", "")
+        params = set(name[name.find("[") + 1 : -1].split("-")) if name.endswith("]") else set()
+        for impl in S3_IMPLEMENTATIONS:
+            if impl in params and case.find("skipped") is None:
+                failed = case.find("failure") is not None or case.find("error") is not None
+                counts[impl, "failed" if failed else "passed"] += 1
+    return counts
+
+
 def _model_steps(quick: bool, tmp: str) -> tuple[dict[str, dict[str, int]], bool]:
     out = os.path.join(tmp, "steps.json")
     env = {**os.environ, "STATEKEEPER_MODEL_STEPS_FILE": out, "STATEKEEPER_MODEL_SCALE": "1" if quick else "10"}
@@ -76,6 +122,7 @@ def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
     with tempfile.TemporaryDirectory(prefix="sk-reliability-") as tmp:
         sweep = _sweep(quick, tmp)
         figures, models_passed = _model_steps(quick, tmp)
+        s3_runs = _s3_implementations(quick, tmp)
     steps, fuzzed, injected = figures.get("steps", {}), figures.get("fuzzed", {}), figures.get("injected", {})
     kinds = sorted({k for per in sweep["kills"].values() for k in per})
     kills = Table(
@@ -119,7 +166,16 @@ def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
         [[name, n, 0] for name, n in sorted(injected.items())],
         ["each failed with an error naming the file; tests fail on a partial file or a lost version"],
     )
-    tables = [kills, points, models, inputs, disk]
+    s3 = Table(
+        "S3 implementations",
+        ["implementation", "tests passed", "tests failed"],
+        [[label, s3_runs[impl, "passed"], s3_runs[impl, "failed"]] for impl, label in S3_IMPLEMENTATIONS.items()],
+        [
+            f"{sum(1 for impl in S3_IMPLEMENTATIONS if s3_runs[impl, 'passed'])} implementations, each on 127.0.0.1 "
+            f"over HTTP; suites: {', '.join(S3_SUITES_QUICK if quick else S3_SUITES)}; how they differ: docs/s3.md",
+        ],
+    )
+    tables = [kills, points, models, inputs, disk, s3]
     if doc if doc is not None else not quick:
         _write_doc(tables, measured_on, quick)
     return tables

@@ -23,4 +23,15 @@ else
     fail=1
   fi
 fi
+# The tests run S3 against s3rver too (tests/s3rver/package.json, installed with npm ci).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  echo "error: node/npm not found. The tests run a second S3 implementation (s3rver) on Node.js 12 or newer (e.g. 'apt-get install nodejs npm')." >&2
+  fail=1
+else
+  node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+  if [ "$node_major" -lt 12 ]; then
+    echo "error: node reports version $(node --version 2>&1); s3rver needs Node.js 12 or newer." >&2
+    fail=1
+  fi
+fi
 exit $fail

@@ -1,20 +1,32 @@
 """Fixtures shared by every suite.
 
 `checkpoint_root` is parametrized over every checkpoint backend, so a suite written once runs
-against local disk and against S3 through a real HTTP endpoint (moto's server on 127.0.0.1, a
-fresh bucket per test, listings paginated 7 keys per page).
+against local disk and against S3 through real HTTP endpoints on 127.0.0.1: moto's server ("s3") and
+s3rver ("s3rver", a second implementation, `tests/s3rver/`), a fresh bucket per test, listings
+paginated 7 keys per page. The s3rver variants of the suites outside `S3RVER_DEFAULT_SUITES` are
+marked slow, so the default run stays lean.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from tests.s3_support import TEST_CREDENTIALS, MotoServer, empty_and_delete_bucket, new_bucket_name, s3_client
+from tests.s3rver.server import S3RVER_CREDENTIALS, S3rverServer
 
-BACKENDS = ["local", "s3"]
+BACKENDS = ["local", "s3", "s3rver"]
+"""Checkpoint backends: local disk, S3 on moto's server, S3 on s3rver."""
+
+S3RVER_DEFAULT_SUITES = (
+    "tests/store/test_file_manager.py",  # the file-manager contract
+    "tests/store/test_model.py",  # commit / load / recovery against a model
+    "tests/maintenance/test_expiry.py",  # one maintenance suite
+)
+"""Suites whose s3rver variants run by default; elsewhere they are marked slow (`make test-all`)."""
 
 S3_TEST_PAGE_SIZE = 7
 
@@ -52,6 +64,39 @@ def s3_bucket(s3_endpoint: str) -> Iterator[str]:
     empty_and_delete_bucket(client, name)
 
 
+@pytest.fixture(scope="session")
+def s3rver_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """s3rver over real HTTP on 127.0.0.1 (a free port, its own data directory), stopped at the end."""
+    server = S3rverServer(Path(tmp_path_factory.mktemp("s3rver"))).start()
+    try:
+        yield server.endpoint_url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3rver_bucket(s3_endpoint: str, s3rver_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A fresh bucket on s3rver, with the environment pointing statekeeper at s3rver for this test.
+
+    s3rver ignores `If-None-Match`, does not list in key order and shows objects while they upload, so
+    the test runs with the settings statekeeper requires on such a store (the HEAD check, unordered
+    listing, verified publishes: docs/s3.md).
+    Child processes inherit the environment.
+    """
+    for k, v in S3RVER_CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.setenv("STATEKEEPER_S3_ENDPOINT_URL", s3rver_endpoint)
+    monkeypatch.setenv("STATEKEEPER_S3_HEAD_BEFORE_CREATE", "true")
+    monkeypatch.setenv("STATEKEEPER_S3_LISTING", "unordered")
+    monkeypatch.setenv("STATEKEEPER_S3_VERIFY_PUBLISHED", "true")
+    client = s3_client(s3rver_endpoint)
+    name = new_bucket_name()
+    client.create_bucket(Bucket=name)
+    yield name
+    empty_and_delete_bucket(client, name)
+
+
 @pytest.fixture(params=BACKENDS)
 def checkpoint_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A fresh, empty checkpoint root URI on each backend."""
@@ -60,6 +105,9 @@ def checkpoint_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
     elif request.param == "s3":
         bucket = request.getfixturevalue("s3_bucket")
         yield f"s3://{bucket}/ckpt"
+    elif request.param == "s3rver":
+        bucket = request.getfixturevalue("s3rver_bucket")
+        yield f"s3://{bucket}/ckpt"
     else:  # pragma: no cover - every backend is listed above
         raise AssertionError(request.param)
 
@@ -67,6 +115,17 @@ def checkpoint_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
 @pytest.fixture
 def file_manager(checkpoint_root: str) -> CheckpointFileManager:
     return open_file_manager(checkpoint_root)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The s3rver variants outside `S3RVER_DEFAULT_SUITES` run only with the slow suites."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is None or callspec.params.get("checkpoint_root") != "s3rver":
+            continue
+        if not item.nodeid.startswith(S3RVER_DEFAULT_SUITES):
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -160,7 +160,7 @@ def clobber(root: str, path: str, data: bytes | None) -> None:
     """
     from statekeeper.maintenance.inventory import clear_caches
     from statekeeper.store.files import LocalFileManager
-    from statekeeper.store.files.s3 import S3FileManager
+    from statekeeper.store.files.s3 import WRITE_ID_META, S3FileManager
 
     clear_caches()
     fm = open_file_manager(root)
@@ -178,7 +178,8 @@ def clobber(root: str, path: str, data: bytes | None) -> None:
     if data is None:
         fm.client.delete_object(Bucket=fm.bucket, Key=key)
     else:
-        fm.client.put_object(Bucket=fm.bucket, Key=key, Body=data)
+        # a finished publish, as it appears on every store (verify_published looks for the write id)
+        fm.client.put_object(Bucket=fm.bucket, Key=key, Body=data, Metadata={WRITE_ID_META: "test"})
 
 
 def scripted_updates(store_index: int, version: int) -> list[tuple[str, bytes, bytes | None]]:

@@ -198,7 +198,7 @@ def test_logs_name_endpoint_and_bucket_but_never_credentials(
         out.write(b"x" * (6 << 20))
     fm.read_bytes("a")
     fm.delete_many(["a"])
-    ours = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("store"))
+    ours = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("statekeeper.store"))
     assert "new S3 client: endpoint http://127.0.0.1:" in ours
     assert s3_bucket in ours
     assert_no_secret(ours)

@@ -304,17 +304,25 @@ def test_conditional_writes_probe(s3_endpoint: str, s3_bucket: str, raw: Any) ->
 
 @pytest.mark.parametrize("size", [10, 2 * PART + 3], ids=["single", "multipart"])
 def test_store_ignoring_if_none_match_needs_head_check(s3_endpoint: str, s3_bucket: str, size: int) -> None:
-    """Documented fallback: without If-None-Match support an exclusive create would overwrite; the
-    HEAD check refuses (racy between two writers, see docs/s3.md)."""
+    """A store that ignores If-None-Match is refused at the first exclusive publish, naming the
+    capability and the setting; trusted anyway it would overwrite; the documented HEAD check refuses
+    (racy between two writers, see docs/s3.md)."""
     with FaultProxy(s3_endpoint, ignore_if_none_match=True) as proxy:
         common = {"endpoint_url": proxy.endpoint_url, "multipart_threshold": PART, "multipart_part_size": PART}
-        plain = S3FileManager(f"s3://{s3_bucket}/root", **common)
+        probing = S3FileManager(f"s3://{s3_bucket}/root", **common)
+        trusting = S3FileManager(f"s3://{s3_bucket}/root", conditional_writes="trust", **common)
         checked = S3FileManager(f"s3://{s3_bucket}/root", head_before_create=True, **common)
-        with plain.create("commit") as out:
-            out.write(b"first")
-        with plain.create("commit", exclusive=True) as out:
+        refused = pytest.raises(ConfigurationError, match=r"ignores If-None-Match.*STATEKEEPER_S3_HEAD_BEFORE_CREATE")
+        with refused, probing.create("commit") as out:
             out.write(b"x" * size)
-        assert plain.info("commit").size == size, "the store ignored the condition and replaced the file"
+        assert not probing.exists("commit")
+        with probing.create("sst", exclusive=False) as out:  # content-addressed names need no condition
+            out.write(b"sst")
+        with trusting.create("commit") as out:
+            out.write(b"first")
+        with trusting.create("commit", exclusive=True) as out:
+            out.write(b"x" * size)
+        assert trusting.info("commit").size == size, "the store ignored the condition and replaced the file"
         with pytest.raises(CheckpointFileExistsError, match="HEAD check"), checked.create("commit") as out:
             out.write(b"second")
         assert checked.info("commit").size == size
@@ -322,6 +330,7 @@ def test_store_ignoring_if_none_match_needs_head_check(s3_endpoint: str, s3_buck
         with checked.create("fresh", exclusive=True) as out:
             out.write(b"ok")
         assert checked.read_bytes("fresh") == b"ok"
+        assert [i.path for i in checked.list()] == ["commit", "fresh", "sst"], "no probe object is left"
 
 
 def test_manager_pickles_for_executors(fm: S3FileManager) -> None:

@@ -19,6 +19,7 @@ from typing import Any, cast
 import botocore.exceptions as bce
 
 from statekeeper.store.errors import CheckpointError
+from statekeeper.store.files.base import file_not_found
 from statekeeper.store.files.s3.errors import STREAM_ERRORS, backoff, error_code
 from statekeeper.store.files.s3.options import MiB
 from statekeeper.store.files.s3.root import S3Root
@@ -46,6 +47,9 @@ class S3Reader(io.RawIOBase):
         with root.errors("GetObject", self._path):
             if first:
                 resp = root.client.get_object(Bucket=root.bucket, Key=self._key)
+                if not root.published(resp):
+                    resp["Body"].close()
+                    raise file_not_found(root.uri_of(self._path))
                 self.size = int(resp["ContentLength"])
                 self._etag = resp.get("ETag", "")
             else:

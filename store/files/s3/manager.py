@@ -8,20 +8,16 @@ Managers are cheap to make and pickle without their client, so Spark can ship th
 
 from __future__ import annotations
 
-import contextlib
 import io
-import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
-import botocore.exceptions as bce
-
 from statekeeper.store.files.base import DeleteResult, FileInfo, file_not_found
 from statekeeper.store.files.paths import validate_listing, validate_prefix
+from statekeeper.store.files.s3.capabilities import probe_conditional_writes
 from statekeeper.store.files.s3.deletion import abort_upload, delete_objects
 from statekeeper.store.files.s3.download import S3Reader, download
-from statekeeper.store.files.s3.errors import is_conflict
 from statekeeper.store.files.s3.listing import IncompleteUpload, list_objects, list_uploads
 from statekeeper.store.files.s3.root import S3Root
 from statekeeper.store.files.s3.upload import S3Output, put_file
@@ -126,21 +122,7 @@ class S3FileManager:
 
         Writes and deletes one object `_statekeeper_probe_<random>` under the root.
         """
-        root = self._root
-        key = f"{root.key_prefix}_statekeeper_probe_{uuid.uuid4().hex}"
-        try:
-            with root.errors("PutObject", None):
-                root.client.put_object(Bucket=root.bucket, Key=key, Body=b"1", IfNoneMatch="*")
-            try:
-                root.client.put_object(Bucket=root.bucket, Key=key, Body=b"2", IfNoneMatch="*")
-            except bce.ClientError as e:
-                if is_conflict(e):
-                    return True
-                raise root.translate(e, "PutObject", None) from e
-            return False
-        finally:
-            with contextlib.suppress(Exception):
-                root.client.delete_object(Bucket=root.bucket, Key=key)
+        return probe_conditional_writes(self._root)
 
     def list_incomplete_uploads(self, prefix: str = "") -> Iterator[IncompleteUpload]:
         """Multipart uploads started under `prefix` and not completed or aborted (paginated).

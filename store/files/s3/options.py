@@ -62,6 +62,15 @@ class S3Options:
     """MaxKeys of each listing request (tests force pagination with a small value)."""
     head_before_create: bool = False
     """Also HEAD before an exclusive PUT, for stores that ignore If-None-Match (racy; docs/s3.md)."""
+    conditional_writes: str = "auto"
+    """trust | probe | auto: whether to check once per endpoint and bucket that the store honours
+    If-None-Match before the first exclusive publish (refusing if not); auto probes custom endpoints only."""
+    verify_published: bool = False
+    """Treat an object as published only when it carries statekeeper's write-id metadata, for stores
+    that show an object while its upload is still being written (s3rver); costs a HEAD per listed key."""
+    listing: str = "flat"
+    """flat | unordered: page through ListObjectsV2 in the store's (binary key) order, or, for a store
+    that does not list in that order (s3rver), one page of <= 1000 keys sorted by statekeeper."""
 
     # environment variables read for a field, in order, after the STATEKEEPER_S3_<FIELD> one
     _ENV_ALIASES = {
@@ -151,3 +160,14 @@ class S3Options:
             bad("delete_retries", "expected 0..100")
         if not 1 <= self.list_page_size <= 1000:
             bad("list_page_size", "expected 1..1000 keys per page")
+        if self.conditional_writes not in ("trust", "probe", "auto"):
+            bad("conditional_writes", "expected trust, probe or auto")
+        if self.listing not in ("flat", "unordered"):
+            bad("listing", "expected flat or unordered")
+
+    @property
+    def probes_conditional_writes(self) -> bool:
+        """Whether exclusive publishes first check (once) that the store honours If-None-Match."""
+        if self.head_before_create or self.conditional_writes == "trust":
+            return False
+        return self.conditional_writes == "probe" or self.endpoint_url is not None

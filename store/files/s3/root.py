@@ -120,10 +120,18 @@ class S3Root:
             raise self.translate(e, op, path) from e
 
     # -- objects and the bucket -------------------------------------------------------------------
+    def published(self, answer: Mapping[str, Any]) -> bool:
+        """Whether a HEAD/GET answer shows a finished publish: always on S3; with `verify_published`
+        (a store that shows objects while they upload) only when the write-id metadata, which such a
+        store writes last, is there."""
+        return not self.options.verify_published or WRITE_ID_META in answer.get("Metadata", {})
+
     def head(self, key: str, path: str) -> dict[str, Any] | None:
-        """HeadObject, or None when absent. A HEAD 404 does not say whether the bucket exists: check once."""
+        """HeadObject, or None when absent (or not yet published). A HEAD 404 does not say whether the
+        bucket exists: check once."""
         try:
-            return cast(dict[str, Any], self.client.head_object(Bucket=self.bucket, Key=key))
+            answer = cast(dict[str, Any], self.client.head_object(Bucket=self.bucket, Key=key))
+            return answer if self.published(answer) else None
         except bce.ClientError as e:
             code, status = error_code(e)
             if code in NOT_FOUND_CODES or status == 404:

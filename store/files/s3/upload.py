@@ -24,6 +24,7 @@ import botocore.exceptions as bce
 from statekeeper.store.errors import CheckpointError
 from statekeeper.store.faults import reached as fault_point
 from statekeeper.store.files.base import PublishOnExit, overwrite_refused
+from statekeeper.store.files.s3.capabilities import require_conditional_writes
 from statekeeper.store.files.s3.client import shared_upload_pool
 from statekeeper.store.files.s3.errors import error_code, is_conflict
 from statekeeper.store.files.s3.options import MAX_PART_SIZE, MAX_PARTS, MiB
@@ -133,6 +134,8 @@ class S3Output(PublishOnExit):
             self._abort()  # a failed write may have left a multipart upload behind
             raise CheckpointError(f"close after {self._state}", self._root.uri_of(self.path))
         try:
+            if self._exclusive:
+                require_conditional_writes(self._root)
             if self._exclusive and self._root.options.head_before_create and self._taken():
                 raise overwrite_refused(self._root.uri_of(self.path), "HEAD check")
             if self._upload_id is None:
