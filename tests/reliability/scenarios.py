@@ -53,6 +53,7 @@ def settings(work: str) -> MaintenanceSettings:
         snapshot_threshold=2,
         min_versions_to_retain=RETAIN,
         orphan_grace_seconds=0.0,
+        load_grace_seconds=0.0,  # a snapshot is the base at once: expiry deletes within the run
         parallelism=1,  # one thread: the points a run reaches come in the same order every time
         delete_batch_size=2,
         lease_ttl_seconds=1.0,  # a killed maintainer's lease on the catalog expires quickly ...
@@ -162,11 +163,16 @@ def _catalog(work: str, name: str = "catalog.db") -> Catalog:
     path = os.path.join(work, name)
     if not os.path.exists(path):
         _empty_catalog_file(path)
-    catalog = Catalog.open(f"sqlite:///{path}")
+    return observed(Catalog.open(f"sqlite:///{path}"))
+
+
+def observed(catalog: Catalog) -> Catalog:
+    """`catalog`, its transactions reaching the fault seam at "catalog.transaction" before they commit.
+
+    The catalog is not in `statekeeper.store` (it may not import it): its transactions reach the seam
+    through SQLAlchemy's commit event."""
     from sqlalchemy import event
 
-    # The catalog is not in `statekeeper.store` (it may not import it): its transactions reach the seam
-    # through SQLAlchemy's commit event.
     event.listen(catalog.engine, "commit", lambda _conn: faults.reached("catalog.transaction", "catalog"))
     return catalog
 
