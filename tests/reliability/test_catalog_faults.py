@@ -66,7 +66,15 @@ RUNS = [
     Run("expiry", _operation(expire_versions), expires=True),
     Run("orphans", _operation(clean_orphans), expires=True),
 ]
-RUN_IDS = [r.name for r in RUNS]
+
+
+def _cases(default: set[str], *extra: str) -> list[Any]:
+    """A parameter set per run (after the `extra` values); runs not in `default` are `slow` (each case
+    writes, snapshots and checks a small history: several seconds on 2 cores)."""
+    return [
+        pytest.param(*extra, r, id="-".join([*extra, r.name]), marks=() if r.name in default else pytest.mark.slow)
+        for r in RUNS
+    ]
 
 
 def _history(root: str, work: str, catalog: Catalog) -> None:
@@ -142,8 +150,9 @@ def _normalised(export: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[tupl
 # -- PostgreSQL stopped --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("restart", ["during", "after"])
-@pytest.mark.parametrize("run", RUNS, ids=RUN_IDS)
+@pytest.mark.parametrize(
+    ("restart", "run"), _cases({"sync", "expiry"}, "during") + _cases({"snapshot", "orphans"}, "after")
+)
 def test_postgres_stopped_mid_run(
     restartable_postgres: RestartablePostgres, tmp_path: Path, run: Run, restart: str
 ) -> None:
@@ -192,7 +201,7 @@ def _sqlite(tmp_path: Path, name: str) -> str:
     return url
 
 
-@pytest.mark.parametrize("run", RUNS, ids=RUN_IDS)
+@pytest.mark.parametrize("run", _cases({"sync", "expiry"}))
 def test_sqlite_locked_by_another_writer(tmp_path: Path, run: Run) -> None:
     """Another process-level writer takes SQLite's write lock in the middle of the run and holds it for
     1.5 s: the run waits for it (busy timeout) and finishes."""
@@ -227,7 +236,7 @@ def test_sqlite_locked_by_another_writer(tmp_path: Path, run: Run) -> None:
         catalog.close()
 
 
-@pytest.mark.parametrize("run", RUNS, ids=RUN_IDS)
+@pytest.mark.parametrize("run", _cases({"snapshot", "orphans"}))
 def test_sqlite_catalog_deleted_mid_run(tmp_path: Path, run: Run) -> None:
     """The SQLite catalog file is deleted in the middle of the run: the run finishes or fails clearly,
     opening the catalog again says it is not a catalog, and `statekeeper db upgrade` + `catalog

@@ -22,6 +22,8 @@ import pytest
 from tests.reliability.scenarios import SCENARIOS
 
 REPO = Path(__file__).resolve().parents[2]
+SAMPLE = 14
+"""Kill points per scenario in the default run (spread evenly over each trace): 9 scenarios, >= 100 kills."""
 
 
 def run_sweep(tmp_path: Path, *args: str) -> dict[str, Any]:
@@ -37,9 +39,11 @@ def run_sweep(tmp_path: Path, *args: str) -> dict[str, Any]:
 
 
 def test_crash_point_sweep_sample(tmp_path: Path) -> None:
-    result = run_sweep(tmp_path, "--kinds", "local", "--sample", "20")
+    result = run_sweep(tmp_path, "--kinds", "local", "--sample", str(SAMPLE))
     assert set(result["kills"]) == set(SCENARIOS)
     assert result["total_kills"] >= 100, result["kills"]
+    # expiry really deletes (load_grace_seconds=0 in scenarios.settings): it reaches a full sample
+    assert result["traced"]["expiry"]["local"] >= SAMPLE and result["kills"]["expiry"]["local"] == SAMPLE
     assert {"local.publish", "local.published", "local.delete", "catalog.transaction"} <= set(result["points"])
 
 
