@@ -1,8 +1,10 @@
-"""Fixtures of the reliability suites: a PostgreSQL server of their own, which they stop and restart.
+"""Fixtures of the reliability suites: a PostgreSQL server of their own, which they stop and restart,
+and an S3 server in a child process behind a fault-injecting proxy (the soak).
 
 The catalog suites elsewhere share one server (`tests/sql/conftest.py`, or STATEKEEPER_TEST_PG_URL);
 the catalog fault tests stop theirs in the middle of maintenance runs, so they always start a private
-one on 127.0.0.1 (scripts/ensure-postgres.sh) and drive it with `pg_ctl`.
+one on 127.0.0.1 (scripts/ensure-postgres.sh) and drive it with `pg_ctl`. The soak measures this
+process's RSS, so its S3 server (moto) runs in a child process, not in the suite's server thread.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from bench.bench_s3 import moto_server
 from tests.postgres_support import ENV_URL, PostgresServer
+from tests.s3_support import TEST_CREDENTIALS, FaultProxy, new_bucket_name, s3_client
 
 
 class RestartablePostgres(PostgresServer):
@@ -57,3 +62,27 @@ def restartable_postgres() -> Iterator[RestartablePostgres]:
         server.start()
     yield server
     server.stop()
+
+
+@dataclass(frozen=True)
+class SoakS3:
+    root: str
+    proxy: FaultProxy
+
+
+@pytest.fixture
+def soak_s3() -> Iterator[SoakS3]:
+    """An S3 root on moto (a child process on 127.0.0.1) reached through a `FaultProxy` (no faults
+    until the test sets a rate); the store is pointed at the proxy through STATEKEEPER_S3_* variables."""
+    with moto_server() as upstream, FaultProxy(upstream, seed=17) as proxy, pytest.MonkeyPatch.context() as mp:
+        for k, v in TEST_CREDENTIALS.items():
+            mp.setenv(k, v)
+        for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+            mp.delenv(k, raising=False)
+        mp.setenv("AWS_CONFIG_FILE", "/dev/null")
+        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        mp.setenv("STATEKEEPER_S3_ENDPOINT_URL", proxy.endpoint_url)
+        bucket = new_bucket_name()
+        s3_client(upstream).create_bucket(Bucket=bucket)
+        yield SoakS3(f"s3://{bucket}/soak", proxy)
