@@ -9,10 +9,16 @@
    store, store + maintenance) run under pytest with STATEKEEPER_MODEL_SCALE=10 (`--quick`: 1) and
    report the steps they executed (`tests/model_steps.py`), and the reader fuzz test the bad
    inputs it fed to every persisted-format reader.
+3. Faults and soak: the disk-fault tests, the catalog-fault tests (PostgreSQL stopped, SQLite locked,
+   catalog deleted in the middle of sync, snapshot, expiry and orphan runs) and the soak (writers,
+   maintenance loop, readers, S3 faults) count what they injected; the full run includes their
+   `slow` cases (every catalog case, the 10-minute soak), `--quick` only the default ones.
 
 `--quick` kills a sample of 2 points per scenario, locally, with 2 partitions, and only prints; the
 full run kills every point with 8 partitions per scenario (more stores: more points), and the figures
 go to bench/results/reliability.json and docs/reliability.md with the date and machine.
+STATEKEEPER_SWEEP_RESULT=FILE reuses the JSON of a sweep already run (`python -m tests.reliability.sweep
+FILE --kinds local,s3 --partitions 8 ...`, hours on 2 cores) instead of sweeping again.
 """
 
 from __future__ import annotations
@@ -37,9 +43,15 @@ MODEL_TESTS = [
     "tests/store/test_typed_model.py",
     "tests/maintenance/test_properties.py",
 ]
+FAULT_TESTS = ["tests/reliability/test_catalog_faults.py", "tests/reliability/test_soak.py"]
+SWEEP_RESULT_ENV = "STATEKEEPER_SWEEP_RESULT"
 
 
 def _sweep(quick: bool, tmp: str) -> dict[str, Any]:
+    given = os.environ.get(SWEEP_RESULT_ENV)
+    if given:
+        reused: dict[str, Any] = json.loads(Path(given).read_text())
+        return reused
     out = os.path.join(tmp, "sweep.json")
     cmd = [sys.executable, "-m", "tests.reliability.sweep", out, "--work", os.path.join(tmp, "sweep")]
     if quick:
@@ -56,17 +68,28 @@ def _sweep(quick: bool, tmp: str) -> dict[str, Any]:
     return result
 
 
-def _model_steps(quick: bool, tmp: str) -> tuple[dict[str, dict[str, int]], bool]:
-    out = os.path.join(tmp, "steps.json")
-    env = {**os.environ, "STATEKEEPER_MODEL_STEPS_FILE": out, "STATEKEEPER_MODEL_SCALE": "1" if quick else "10"}
+def _counted(tests: list[str], marker: str, scale: str, out: str) -> tuple[dict[str, Any], bool]:
+    """Run `tests` under pytest (`-m marker`); the figures they counted (`tests/model_steps.py`)."""
+    env = {**os.environ, "STATEKEEPER_MODEL_STEPS_FILE": out, "STATEKEEPER_MODEL_SCALE": scale}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider", *MODEL_TESTS],
+        [sys.executable, "-m", "pytest", "-q", "-m", marker, "-p", "no:cacheprovider", *tests],
         cwd=ROOT,
         env=env,
         check=False,
     )
-    figures: dict[str, dict[str, int]] = json.loads(Path(out).read_text()) if os.path.exists(out) else {}
+    figures: dict[str, Any] = json.loads(Path(out).read_text()) if os.path.exists(out) else {}
     return figures, proc.returncode == 0
+
+
+def _model_steps(quick: bool, tmp: str) -> tuple[dict[str, Any], bool]:
+    figures, models_passed = _counted(MODEL_TESTS, "not slow", "1" if quick else "10", os.path.join(tmp, "steps.json"))
+    faults, faults_passed = _counted(
+        FAULT_TESTS, "not slow" if quick else "slow or not slow", "1", os.path.join(tmp, "faults.json")
+    )
+    injected = dict(figures.get("injected", {}))
+    for kind, n in faults.get("injected", {}).items():
+        injected[kind] = injected.get(kind, 0) + n
+    return {**figures, "injected": injected, "soak": faults.get("soak", {})}, models_passed and faults_passed
 
 
 def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
@@ -77,6 +100,7 @@ def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
         sweep = _sweep(quick, tmp)
         figures, models_passed = _model_steps(quick, tmp)
     steps, fuzzed, injected = figures.get("steps", {}), figures.get("fuzzed", {}), figures.get("injected", {})
+    soak_figures: dict[str, dict[str, int]] = figures.get("soak", {})
     kinds = sorted({k for per in sweep["kills"].values() for k in per})
     kills = Table(
         "Crash-point sweep: distinct kill -9 points, by scenario and root",
@@ -104,7 +128,7 @@ def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
         [[name, n] for name, n in sorted(steps.items())] + [["total", sum(steps.values())]],
         [
             f"STATEKEEPER_MODEL_SCALE={'1' if quick else '10'}; "
-            f"{'every machine passed' if models_passed else 'A MACHINE FAILED: see the pytest output'}"
+            f"{'every machine and fault test passed' if models_passed else 'A TEST FAILED: see the pytest output'}"
         ],
     )
     inputs = Table(
@@ -113,13 +137,58 @@ def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
         [[name, n, 0] for name, n in sorted(fuzzed.items())] + [["total", sum(fuzzed.values()), 0]],
         ["every input refused with the reader's own error naming the file (or state variable); a test fails otherwise"],
     )
-    disk = Table(
-        "Disk faults injected on local writes (commit, snapshot, file manager)",
-        ["fault", "injected", "partial file visible or version lost"],
-        [[name, n, 0] for name, n in sorted(injected.items())],
-        ["each failed with an error naming the file; tests fail on a partial file or a lost version"],
+    faults = Table(
+        "Faults injected, by kind (disk, catalog, S3)",
+        ["fault", "injected", "partial file visible, version lost or file needed deleted"],
+        [[name, n, 0] for name, n in sorted(injected.items())] + [["total", sum(injected.values()), 0]],
+        [
+            "disk (ENOSPC, EIO on local writes during commit, snapshot, file manager): each failed with an error "
+            "naming the file, nothing partial visible",
+            "catalog (PostgreSQL stopped with pg_ctl and restarted during or after the run, SQLite locked by "
+            "another writer, the SQLite catalog deleted, each in the middle of a sync, snapshot, expiry or orphan "
+            "run): the run finished or failed with an error naming the database, the next run succeeded, "
+            "`statekeeper catalog rebuild` restored the catalog, every retained version loaded exactly",
+            "S3 (soak, through the fault proxy: 503 SlowDown, 500 before/after the request took effect, "
+            "connection resets before/after, truncated bodies): retried, nothing lost",
+        ],
     )
-    tables = [kills, points, models, inputs, disk]
+    soak = Table(
+        "Soak: writers, maintenance loop, readers and S3 faults together (tests/reliability/test_soak.py)",
+        [
+            "run",
+            "versions",
+            "partitions",
+            "reads",
+            "maintenance cycles",
+            "S3 faults",
+            "max files (bound)",
+            "max bytes",
+            "RSS first/last third (MiB)",
+            "lost",
+        ],
+        [
+            [
+                name,
+                f["versions"],
+                f["partitions"],
+                f["loads"],
+                f["cycles"],
+                f["s3 faults"],
+                f"{f['max files']:,} ({f['file bound']:,})",
+                f["max bytes"],
+                f"{f['rss first third MiB']} / {f['rss last third MiB']}",
+                0,
+            ]
+            for name, f in sorted(soak_figures.items())
+        ],
+        [
+            "every sample (2 s): files and bytes under the root within the bound derived from retention, the "
+            "snapshot threshold, the graces and the write rate; at the end every retained version of every "
+            "partition loads to exactly the model's state, `verify_root` is clean, and the RSS of the last "
+            "third of the samples is within 10% + 24 MiB of the first third's"
+        ],
+    )
+    tables = [kills, points, models, inputs, faults, soak]
     if doc if doc is not None else not quick:
         _write_doc(tables, measured_on, quick)
     return tables
@@ -136,9 +205,13 @@ def _write_doc(tables: list[Table], measured_on: dict[str, Any], quick: bool) ->
         f"commit {m['commit']}, {m['date']}.",
         "",
         "How it is measured: [the crash-point sweep](../tests/reliability/sweep.py) over the fault seam "
-        "[`store/faults.py`](../store/faults.py), and the hypothesis state machines counted by "
-        "[`tests/model_steps.py`](../tests/model_steps.py). The default `make test` runs a sample of the "
-        "sweep (>= 100 kills) and every machine at scale 1; `make test-all` runs the whole sweep, local and S3.",
+        "[`store/faults.py`](../store/faults.py), the hypothesis state machines counted by "
+        "[`tests/model_steps.py`](../tests/model_steps.py), the [disk](../tests/reliability/test_disk_faults.py) "
+        "and [catalog](../tests/reliability/test_catalog_faults.py) fault tests and the "
+        "[soak](../tests/reliability/test_soak.py). The default `make test` runs a sample of the sweep "
+        "(14 points per scenario, >= 100 kills), every machine at scale 1, half of the catalog fault cases and "
+        "the 1-minute soak; `make test-all` runs the whole sweep (local and S3, >= 1,000 kills), every catalog "
+        "fault case and the 10-minute soak.",
         "",
     ]
     parts += [t.markdown() for t in tables]
