@@ -114,6 +114,8 @@ def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
             "model's state, `verify_root` reports a problem, or the catalog differs from a rebuild",
         ],
     )
+    if os.environ.get(SWEEP_RESULT_ENV):
+        kills.notes.append(f"sweep figures from a saved sweep run ({SWEEP_RESULT_ENV}), not swept again")
     if sweep["lost"] or sweep["problems"]:
         kills.rows = [[*row[:-1], "see notes"] for row in kills.rows]
         kills.notes += [p.splitlines()[0] for p in sweep["problems"][:20]]
