@@ -15,9 +15,9 @@ no file a retained version needs was deleted, `verify_root` is clean).
 from __future__ import annotations
 
 import os
-import sqlite3
+import subprocess
+import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
@@ -43,6 +43,16 @@ from tests.reliability.scenarios import SCENARIOS, check, observed, settings, wr
 
 FAULT_AT = 2
 """The fault strikes at this catalog transaction of the run: after it has recorded its start."""
+# Another process: takes SQLite's write lock as soon as it can and holds it for 1.5 s.
+OTHER_WRITER = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], timeout=60, isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+time.sleep(1.5)
+conn.execute("ROLLBACK")
+print("released", flush=True)
+"""
 
 
 @dataclass(frozen=True)
@@ -203,32 +213,26 @@ def _sqlite(tmp_path: Path, name: str) -> str:
 
 @pytest.mark.parametrize("run", _cases({"sync", "expiry"}))
 def test_sqlite_locked_by_another_writer(tmp_path: Path, run: Run) -> None:
-    """Another process-level writer takes SQLite's write lock in the middle of the run and holds it for
-    1.5 s: the run waits for it (busy timeout) and finishes."""
+    """Another process takes SQLite's write lock in the middle of the run and holds it for 1.5 s: the
+    run waits for it (busy timeout) and finishes."""
     url, path = _sqlite(tmp_path, "catalog.db"), tmp_path / "catalog.db"
     root, work = str(tmp_path / "root"), str(tmp_path / "work")
     catalog = observed(Catalog.open(url))
-    held = threading.Event()
-
-    def other_writer() -> None:
-        with closing(sqlite3.connect(path, timeout=60, isolation_level=None)) as conn:
-            conn.execute("BEGIN IMMEDIATE")  # waits for the run's transaction, then blocks its next one
-            held.set()
-            time.sleep(1.5)
-            conn.execute("ROLLBACK")
-
-    writer = threading.Thread(target=other_writer)
+    writers: list[subprocess.Popen[str]] = []
 
     def lock() -> None:
         INJECTED[f"SQLite locked ({run.name})"] += 1
-        writer.start()
+        # BEGIN IMMEDIATE waits for the run's transaction to commit, then blocks the run's next one
+        writers.append(
+            subprocess.Popen([sys.executable, "-c", OTHER_WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+        )
 
     try:
         _history(root, work, catalog)
         with fault_at_transaction(FAULT_AT, lock):
             outcome = _attempt(run, catalog, root, work)
-        writer.join()
-        assert held.is_set()
+        out, _ = writers[0].communicate(timeout=120)
+        assert writers[0].returncode == 0 and out.split() == ["locked", "released"], out
         _assert_clear(outcome, str(path))
         assert _ok(outcome), outcome  # a 1.5 s lock is waited for, not an error
         _assert_recovered(run, catalog, url, root, work, _sqlite(tmp_path, "fresh.db"))
