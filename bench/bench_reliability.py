@@ -10,7 +10,7 @@
    report the steps they executed (`tests/model_steps.py`), and the reader fuzz test the bad
    inputs it fed to every persisted-format reader.
 3. Faults and soak: the disk-fault tests, the catalog-fault tests (PostgreSQL stopped, SQLite locked,
-   catalog deleted in the middle of sync, snapshot, expiry and orphan runs) and the soak (writers,
+   the catalog deleted or dropped in the middle of sync, snapshot, expiry and orphan runs) and the soak (writers,
    maintenance loop, readers, S3 faults) count what they injected; the full run includes their
    `slow` cases (every catalog case, the 10-minute soak), `--quick` only the default ones.
 
@@ -147,7 +147,8 @@ def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
             "disk (ENOSPC, EIO on local writes during commit, snapshot, file manager): each failed with an error "
             "naming the file, nothing partial visible",
             "catalog (PostgreSQL stopped with pg_ctl and restarted during or after the run, SQLite locked by "
-            "another writer, the SQLite catalog deleted, each in the middle of a sync, snapshot, expiry or orphan "
+            "another process, the catalog deleted (SQLite file removed, PostgreSQL database dropped), each in "
+            "the middle of a sync, snapshot, expiry or orphan "
             "run): the run finished or failed with an error naming the database, the next run succeeded, "
             "`statekeeper catalog rebuild` restored the catalog, every retained version loaded exactly",
             "S3 (soak, through the fault proxy: 503 SlowDown, 500 before/after the request took effect, "

@@ -3,13 +3,13 @@ is locked, or is deleted while a catalog sync, snapshot, expiry or orphan run is
 
 Each fault is injected at a catalog transaction in the middle of a real run (the fault seam's
 "catalog.transaction" point, `scenarios.observed`): PostgreSQL is stopped with `pg_ctl` (and started
-again either during the run or after it), another writer holds SQLite's write lock, the SQLite file is
-deleted. Each time: the run either finishes (it waited or reconnected) or fails with an error that
-says what went wrong (an exception naming the database, or a report listing its errors), never
-anything else; the next run on the same catalog object succeeds; `statekeeper catalog rebuild`
-restores the catalog from the checkpoint location alone; the catalog then equals a rebuild into a
-fresh database; and every retained version still loads with exactly the model's state (`scenarios.check`:
-no file a retained version needs was deleted, `verify_root` is clean).
+again either during the run or after it), another process holds SQLite's write lock, the SQLite file
+is deleted, the PostgreSQL database is dropped. Each time: the run either finishes (it waited or
+reconnected) or fails with an error that says what went wrong (an exception naming the database, or
+a report listing its errors), never anything else; the next run succeeds; `statekeeper catalog
+rebuild` restores the catalog from the checkpoint location alone; the catalog then equals a rebuild
+into a fresh database; and every retained version still loads with exactly the model's state
+(`scenarios.check`: no file a retained version needs was deleted, `verify_root` is clean).
 """
 
 from __future__ import annotations
@@ -271,3 +271,40 @@ def test_sqlite_catalog_deleted_mid_run(tmp_path: Path, run: Run) -> None:
         _assert_recovered(run, catalog, url, root, work, _sqlite(tmp_path, "fresh.db"))
     finally:
         catalog.close()
+
+
+@pytest.mark.parametrize("run", _cases({"expiry"}))
+def test_postgres_catalog_dropped_mid_run(restartable_postgres: RestartablePostgres, tmp_path: Path, run: Run) -> None:
+    """The PostgreSQL catalog database is dropped (WITH (FORCE): sessions cut) in the middle of the run:
+    the run fails clearly, opening it says so, and a new database, `statekeeper db upgrade` and
+    `catalog rebuild` bring the catalog back from the checkpoint location."""
+    pg = restartable_postgres
+    url, new_url, fresh_url = pg.new_database(), pg.new_database(), pg.new_database()
+    upgrade(fresh_url)
+    upgrade(url)
+    root, work = str(tmp_path / "root"), str(tmp_path / "work")
+    catalog = observed(Catalog.open(url))
+
+    def drop() -> None:
+        INJECTED[f"catalog deleted ({run.name})"] += 1
+        pg.drop_database(url)
+
+    try:
+        _history(root, work, catalog)
+        with fault_at_transaction(FAULT_AT, drop) as seen:
+            outcome = _attempt(run, catalog, root, work)
+        assert seen[0] >= FAULT_AT
+        assert not _ok(outcome), "the run succeeded without its database"
+        _assert_clear(outcome, "postgres")
+    finally:
+        catalog.close()
+    with pytest.raises(CatalogError, match="catalog database"):
+        Catalog.open(url).close()
+    assert cli.main(["db", "upgrade", "--db", new_url]) == 0
+    catalog = observed(Catalog.open(new_url))
+    try:
+        _assert_recovered(run, catalog, new_url, root, work, fresh_url)
+    finally:
+        catalog.close()
+        for u in (new_url, fresh_url):
+            pg.drop_database(u)
