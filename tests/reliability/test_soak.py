@@ -35,10 +35,12 @@ from typing import Any
 import psutil
 import pytest
 
+from statekeeper.maintenance.inventory import check_root
 from statekeeper.maintenance.loop import CycleResult, maintain
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.sql import Catalog
-from statekeeper.store import CommitLog, StateStore
+from statekeeper.store import CommitLog, StateStore, faults
+from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.files import open_file_manager
 from tests.model_steps import INJECTED, SOAK
 from tests.reliability.conftest import SoakS3
@@ -253,3 +255,28 @@ def test_soak_ten_minutes(soak_s3: SoakS3, tmp_path: Path) -> None:
     figures = soak(soak_s3, tmp_path, seconds=600.0)
     print(figures)
     assert figures["versions"] >= 300
+
+
+def test_a_job_starting_while_maintenance_checks_the_root_is_not_refused(tmp_path: Path) -> None:
+    """Found by the soak: `check_root` looked at commits/, state/ and spark/ (all empty), the job then
+    wrote its first changelog, and the last listing saw that file and refused the root as "not a
+    checkpoint root". The job's first file is injected at exactly that instant (the fault seam's
+    "local.list" point, before the listing of the whole root)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    first = root / "state" / OPERATOR / "00000" / "changelogs" / "00000000000000000001_x.changelog"
+
+    def job_starts(point: str, prefix: str) -> None:
+        if point == "local.list" and prefix == "" and not first.exists():
+            first.parent.mkdir(parents=True)
+            first.write_bytes(b"")
+
+    previous = faults.arm(job_starts)
+    try:
+        check_root(open_file_manager(str(root)))  # no ConfigurationError
+    finally:
+        faults.arm(previous)
+    (root / "notes.txt").write_text("a stray file")
+    shutil.rmtree(root / "state")
+    with pytest.raises(ConfigurationError, match="does not look like a statekeeper checkpoint root"):
+        check_root(open_file_manager(str(root)))
