@@ -45,6 +45,12 @@ MODEL_TESTS = [
 ]
 FAULT_TESTS = ["tests/reliability/test_catalog_faults.py", "tests/reliability/test_soak.py"]
 SWEEP_RESULT_ENV = "STATEKEEPER_SWEEP_RESULT"
+FOUND = [
+    "soak: maintenance refused a root whose job wrote its first file while `check_root` was listing it "
+    '("does not look like a statekeeper checkpoint root"); fixed in `maintenance/inventory.py`, regression '
+    "test `tests/reliability/test_soak.py::test_a_job_starting_while_maintenance_checks_the_root_is_not_refused`",
+]
+"""What the sweep, the fault tests and the soak found (each fixed, with a regression test), for the document."""
 
 
 def _sweep(quick: bool, tmp: str) -> dict[str, Any]:
@@ -218,4 +224,5 @@ def _write_doc(tables: list[Table], measured_on: dict[str, Any], quick: bool) ->
         "",
     ]
     parts += [t.markdown() for t in tables]
+    parts += ["### Bugs these runs found", "", *[f"- {b}" for b in FOUND], ""]
     DOC.write_text("\n".join(parts))
