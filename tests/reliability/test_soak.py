@@ -251,6 +251,7 @@ def test_soak_one_minute(soak_s3: SoakS3, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # ten minutes of soak, then the final check
 def test_soak_ten_minutes(soak_s3: SoakS3, tmp_path: Path) -> None:
     figures = soak(soak_s3, tmp_path, seconds=600.0)
     print(figures)
