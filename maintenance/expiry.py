@@ -81,7 +81,7 @@ def expire_versions(
                     for text in p.problems:
                         report.error(text)
             todo = [p for p in plans if p.expired and not p.blocked]
-            corrupt = _corrupt_bases(fm, inv, todo)
+            corrupt = _corrupt_bases(fm, inv, todo, settings.work_dir)
             for p in todo:
                 if p.store in corrupt:
                     report.blocked_stores += 1
@@ -134,17 +134,20 @@ def _expire_store(
 ) -> DeleteOutcome:
     with planned_store(fm.root_uri, inv, store, settings, catalog) as (plan, lease):
         # Snapshot repair (invariant 10): never delete the changelogs below a base that cannot be restored.
-        corrupt = base_problem(fm, plan, inv.files_of(store).manifest_data) if plan.expired else None
+        manifests = inv.files_of(store).manifest_data
+        corrupt = base_problem(fm, plan, manifests, work_dir=settings.work_dir) if plan.expired else None
         if corrupt is not None:
             return DeleteOutcome(errors=[corrupt], stopped=True)
         return delete_in_order(fm, catalog, plan.expired, settings, pool, lease.check, mark_expired=True)
 
 
-def _corrupt_bases(fm: CheckpointFileManager, inv: Inventory, plans: list[StorePlan]) -> dict[StoreId, str]:
+def _corrupt_bases(
+    fm: CheckpointFileManager, inv: Inventory, plans: list[StorePlan], work_dir: str | None
+) -> dict[StoreId, str]:
     """Stores whose expiry base is a corrupt snapshot (snapshot repair needs the changelogs below it)."""
     out: dict[StoreId, str] = {}
     for p in plans:
-        why = base_problem(fm, p, inv.files_of(p.store).manifest_data)
+        why = base_problem(fm, p, inv.files_of(p.store).manifest_data, work_dir=work_dir)
         if why is not None:
             out[p.store] = why
     return out

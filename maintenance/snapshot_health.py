@@ -7,36 +7,62 @@ the repair replays. The plan (`statekeeper.maintenance.plan`) sees structural da
 unreadable manifest, a missing or resized SST); a bit flip inside an SST shows only in its SHA-256,
 which this module checks by downloading the SST. SST names derive from their content, so an SST
 checked once in this process (or uploaded by it) is not downloaded again: checking a new snapshot
-costs its new SSTs. (A copy damaged after this process checked it is noticed by `verify`, which
-always reads the bytes, and by the next maintainer process.)
+costs its new SSTs.
+
+Each Dagster run is a new process, so with a persistent work directory (the one that keeps the warm
+replicas, `MaintenanceSettings.work_dir`) the SSTs found sound are also remembered in a small JSON
+file per store there (`VerifiedSsts`): a later process skips downloading and hashing an SST whose
+size and modification time are still the ones it had when it was hashed, and hashes it again when
+either differs (a rewritten or replaced copy). A copy damaged in place without either changing is
+noticed by `verify`, which always reads the bytes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
+import logging
 import os
 import tempfile
 import threading
+from dataclasses import dataclass
 
 from statekeeper.maintenance.plan import StorePlan
 from statekeeper.store.errors import StatekeeperError
 from statekeeper.store.files import CheckpointFileManager
-from statekeeper.store.formats.snapshot import SnapshotManifest
+from statekeeper.store.files.base import FileInfo
+from statekeeper.store.formats.snapshot import SnapshotManifest, SstFile
 from statekeeper.store.layout import StoreId
 from statekeeper.store.snapshot import file_sha256
+
+log = logging.getLogger(__name__)
+
+VERIFIED_DIR = "verified-ssts"
+"""Folder of the work directory holding the persisted `VerifiedSsts` files."""
 
 _sound_lock = threading.Lock()
 _sound: set[tuple[str, str, str]] = set()
 """(root, store, SST name) whose content matched its checksum in this process."""
 _corrupt: set[tuple[str, str, str]] = set()
 """(root, store, SST name) whose content did not match (a fresh snapshot must not reuse them)."""
+_hashed = 0
+"""SSTs this process downloaded and hashed (`ssts_hashed`)."""
 
 
 def forget() -> None:
     """Drop what this process learnt about SST contents (as a new maintainer process starts)."""
+    global _hashed
     with _sound_lock:
         _sound.clear()
         _corrupt.clear()
+        _hashed = 0
+
+
+def ssts_hashed() -> int:
+    """How many SSTs this process downloaded and hashed to check them (since start or `forget`)."""
+    with _sound_lock:
+        return _hashed
 
 
 def corrupt_ssts(root: str, store: StoreId) -> frozenset[str]:
@@ -51,8 +77,103 @@ def mark_sound(root: str, store: StoreId, manifest: SnapshotManifest) -> None:
         _sound.update((root, str(store), s.remote_name) for s in manifest.sst_files)
 
 
-def checksum_problem(fm: CheckpointFileManager, store: StoreId, manifest: SnapshotManifest) -> str | None:
-    """Why the snapshot's SSTs do not match the manifest's checksums (None: they all match)."""
+@dataclass(frozen=True, slots=True)
+class VerifiedSst:
+    """An SST whose content matched `sha256` when it had this size and modification time."""
+
+    size: int
+    mtime: float
+    sha256: str
+
+
+class VerifiedSsts:
+    """The SSTs of one store found sound by earlier processes: a JSON file in the work directory.
+
+    ``{"root": ..., "store": ..., "ssts": {remote name: {"size", "mtime", "sha256"}}}``; a file that
+    does not parse, or names another root or store, is ignored (every SST is hashed again).
+    """
+
+    def __init__(self, work_dir: str, root: str, store: StoreId) -> None:
+        digest = hashlib.sha256(root.encode()).hexdigest()[:16]
+        self.path = os.path.join(work_dir, VERIFIED_DIR, digest, store.operator, f"{store.partition:05d}.json")
+        self.root = root
+        self.store = str(store)
+        self.entries: dict[str, VerifiedSst] = self._read()
+        self._changed = False
+
+    def _read(self) -> dict[str, VerifiedSst]:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                data = json.load(f)
+            if data.get("root") != self.root or data.get("store") != self.store:
+                return {}
+            return {
+                str(name): VerifiedSst(int(e["size"]), float(e["mtime"]), str(e["sha256"]))
+                for name, e in data["ssts"].items()
+            }
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+            log.warning("ignoring the verified-SST cache %s (%s): its SSTs are hashed again", self.path, e)
+            return {}
+
+    def is_sound(self, sst: SstFile, size: int, mtime: float) -> bool:
+        """Whether `sst`, now listed with `size` and `mtime`, is the copy found sound before."""
+        known = self.entries.get(sst.remote_name)
+        return known is not None and known == VerifiedSst(size, mtime, sst.sha256) and size == sst.size
+
+    def add(self, sst: SstFile, size: int, mtime: float) -> None:
+        self.entries[sst.remote_name] = VerifiedSst(size, mtime, sst.sha256)
+        self._changed = True
+
+    def discard(self, sst: SstFile) -> None:
+        if self.entries.pop(sst.remote_name, None) is not None:
+            self._changed = True
+
+    def save(self) -> None:
+        """Write the file atomically if anything changed (a failure is logged: the cache is an optimisation)."""
+        if not self._changed:
+            return
+        ssts = {n: {"size": e.size, "mtime": e.mtime, "sha256": e.sha256} for n, e in sorted(self.entries.items())}
+        text = json.dumps({"root": self.root, "store": self.store, "ssts": ssts}, indent=0)
+        folder = os.path.dirname(self.path)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".verified-", dir=folder)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(text)
+                os.replace(tmp, self.path)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
+            self._changed = False
+        except OSError as e:
+            log.warning("cannot write the verified-SST cache %s: %s", self.path, e)
+
+
+def checksum_problem(
+    fm: CheckpointFileManager, store: StoreId, manifest: SnapshotManifest, *, work_dir: str | None = None
+) -> str | None:
+    """Why the snapshot's SSTs do not match the manifest's checksums (None: they all match).
+
+    With `work_dir`, SSTs verified by an earlier process and unchanged since (same size and
+    modification time) are not downloaded again (`VerifiedSsts`).
+    """
+    root = fm.root_uri
+    verified = VerifiedSsts(work_dir, root, store) if work_dir is not None else None
+    try:
+        return _check_ssts(fm, store, manifest, verified)
+    finally:
+        if verified is not None:
+            verified.save()
+
+
+def _check_ssts(
+    fm: CheckpointFileManager, store: StoreId, manifest: SnapshotManifest, verified: VerifiedSsts | None
+) -> str | None:
+    global _hashed
     root = fm.root_uri
     for sst in manifest.sst_files:
         key = (root, str(store), sst.remote_name)
@@ -60,11 +181,23 @@ def checksum_problem(fm: CheckpointFileManager, store: StoreId, manifest: Snapsh
             if key in _sound:
                 continue
         path = store.sst(sst.remote_name)
+        listed: FileInfo | None = None
+        if verified is not None:
+            try:
+                listed = fm.info(path)
+            except (StatekeeperError, OSError) as e:
+                return f"SST {root}/{path} cannot be read: {e}"
+            if verified.is_sound(sst, listed.size, listed.mtime):
+                with _sound_lock:
+                    _sound.add(key)
+                continue
         fd, tmp = tempfile.mkstemp(prefix="statekeeper-sst-")
         os.close(fd)
         try:
             size = fm.download(path, tmp)
             digest = file_sha256(tmp)
+            with _sound_lock:
+                _hashed += 1
         except (StatekeeperError, OSError) as e:
             return f"SST {root}/{path} cannot be read: {e}"
         finally:
@@ -73,14 +206,22 @@ def checksum_problem(fm: CheckpointFileManager, store: StoreId, manifest: Snapsh
         if size != sst.size or digest != sst.sha256:
             with _sound_lock:
                 _corrupt.add(key)
+            if verified is not None:
+                verified.discard(sst)
             return f"SST {root}/{path} does not match the checksum in its snapshot manifest"
         with _sound_lock:
             _sound.add(key)
+        if verified is not None and listed is not None:
+            verified.add(sst, listed.size, listed.mtime)
     return None
 
 
 def base_problem(
-    fm: CheckpointFileManager, plan: StorePlan, manifests: dict[tuple[int, str], SnapshotManifest]
+    fm: CheckpointFileManager,
+    plan: StorePlan,
+    manifests: dict[tuple[int, str], SnapshotManifest],
+    *,
+    work_dir: str | None = None,
 ) -> str | None:
     """Why the plan's expiry base must not become the base (None: it is sound or there is none)."""
     if plan.base is None:
@@ -88,7 +229,7 @@ def base_problem(
     manifest = manifests.get(plan.base)
     if manifest is None:
         return None  # the plan only picks readable manifests
-    why = checksum_problem(fm, plan.store, manifest)
+    why = checksum_problem(fm, plan.store, manifest, work_dir=work_dir)
     if why is None:
         return None
     return (
@@ -98,12 +239,18 @@ def base_problem(
 
 
 def newest_snapshot_problem(
-    fm: CheckpointFileManager, plan: StorePlan, manifests: dict[tuple[int, str], SnapshotManifest], *, checksums: bool
+    fm: CheckpointFileManager,
+    plan: StorePlan,
+    manifests: dict[tuple[int, str], SnapshotManifest],
+    *,
+    checksums: bool,
+    work_dir: str | None = None,
 ) -> str | None:
     """Why the newest committed snapshot of the store is unusable (None: it is intact, or there is none).
 
     Structural damage comes from the plan; with `checksums` the newest intact snapshot's SSTs are
-    also checked against their SHA-256 (each SST downloaded once per process).
+    also checked against their SHA-256 (each SST downloaded once per process, or once per change of
+    the SST with a persistent `work_dir`).
     """
     intact = max(plan.intact_snapshots, default=0)
     newer_broken = [why for v, why in sorted(plan.broken_snapshots.items()) if v > intact]
@@ -115,8 +262,18 @@ def newest_snapshot_problem(
     manifest = manifests.get(ref)
     if manifest is None:
         return None
-    why = checksum_problem(fm, plan.store, manifest)
+    why = checksum_problem(fm, plan.store, manifest, work_dir=work_dir)
     return None if why is None else f"snapshot {plan.store.manifest(*ref)} is corrupt: {why}"
 
 
-__all__ = ["base_problem", "checksum_problem", "corrupt_ssts", "forget", "mark_sound", "newest_snapshot_problem"]
+__all__ = [
+    "VerifiedSst",
+    "VerifiedSsts",
+    "base_problem",
+    "checksum_problem",
+    "corrupt_ssts",
+    "forget",
+    "mark_sound",
+    "newest_snapshot_problem",
+    "ssts_hashed",
+]

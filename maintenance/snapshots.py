@@ -280,7 +280,7 @@ def _snapshot_store(
         files = inv.rescan_store(store)  # what the store holds now that no other maintainer changes it
         plan = plan_store(inv, store, settings)
         row: dict[str, Any] = {"store": str(store), "version": plan.latest, "chain_length": plan.chain_length}
-        repair = _repair_reason(fm, inv, plan)
+        repair = _repair_reason(fm, inv, plan, settings)
         if plan.latest is None or plan.latest_id is None:
             return {**row, "action": "skipped", "reason": "nothing committed"}
         if plan.chain_length < settings.snapshot_threshold and repair is None:
@@ -329,14 +329,17 @@ def _due(fm: CheckpointFileManager, inv: Inventory, plan: StorePlan, settings: M
     """Snapshot when the chain reached the threshold, or at once when the newest snapshot is bad (a repair)."""
     if plan.latest is None:
         return False
-    return plan.chain_length >= settings.snapshot_threshold or _repair_reason(fm, inv, plan) is not None
+    return plan.chain_length >= settings.snapshot_threshold or _repair_reason(fm, inv, plan, settings) is not None
 
 
-def _repair_reason(fm: CheckpointFileManager, inv: Inventory, plan: StorePlan) -> str | None:
+def _repair_reason(
+    fm: CheckpointFileManager, inv: Inventory, plan: StorePlan, settings: MaintenanceSettings
+) -> str | None:
     """Why the store's newest snapshot cannot be restored (None: it can, or there is none)."""
     if plan.latest is None:
         return None
-    return newest_snapshot_problem(fm, plan, inv.files_of(plan.store).manifest_data, checksums=True)
+    manifests = inv.files_of(plan.store).manifest_data
+    return newest_snapshot_problem(fm, plan, manifests, checksums=True, work_dir=settings.work_dir)
 
 
 def _sync(catalog: Catalog, fm: CheckpointFileManager, report: SnapshotReport) -> None:

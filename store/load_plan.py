@@ -199,24 +199,58 @@ def _walk(
             break
         if top[0] == 1:
             break  # the base is the empty version 0
-        depth = target[0] - top[0]  # lineage[depth] is the entry below top
-        if depth >= len(lineage):  # capped lineage: one more header read
-            more = source.read_lineage(*top)
-            if not more:
-                break  # a full-state changelog (written by a rescale or a rollback): replay from empty
-            lineage.extend(more)
-        entry = lineage[depth]
-        if entry[0] != top[0] - 1:
-            raise LineageError(
-                f"lineage of store {store} jumps from version {top[0]} to {entry[0]} in the changelog of "
-                f"version {top[0]}"
-            )
+        entry = _entry_below(source, target, top, lineage)
+        if entry is None:
+            break  # a full-state changelog (written by a rescale or a rollback): replay from empty
         chain.append(entry)
     tail = tuple(f for f in candidates if base is not None and (f is None or f[0] < base[0]))
     source_kind = LoadSource.SNAPSHOT if base is not None else LoadSource.EMPTY
     return LoadPlan(
         store, target[0], target[1], source_kind, base, tuple(reversed(chain)), tuple(lineage), tail, skipped
     )
+
+
+def _entry_below(source: PlanSource, target: Ref, top: Ref, lineage: list[Ref]) -> Ref | None:
+    """The committed version below `top` on the lineage of `target` (None: `top` is a full-state changelog).
+
+    `lineage` is what was read so far, newest first; a capped lineage costs one more header read.
+    """
+    depth = target[0] - top[0]  # lineage[depth] is the entry below top
+    if depth >= len(lineage):
+        more = source.read_lineage(*top)
+        if not more:
+            return None
+        lineage.extend(more)
+    entry = lineage[depth]
+    if entry[0] != top[0] - 1:
+        raise LineageError(
+            f"lineage of store {source.store} jumps from version {top[0]} to {entry[0]} in the changelog of "
+            f"version {top[0]}"
+        )
+    return entry
+
+
+def committed_range(source: PlanSource, plan: LoadPlan, first: int) -> tuple[Ref, ...]:
+    """The committed (version, id) of every version from `first` to the plan's target, oldest first.
+
+    Read from the lineage the plan already holds (the target's changelog names its committed
+    ancestors), extended by one changelog header read each time that lineage was capped; so a range
+    of N versions costs no commit record, where asking the commit log costs N. Below a full-state
+    changelog (a rescale or a rollback: its lineage is empty) the commit records name the rest.
+    """
+    if not 1 <= first <= plan.version:
+        raise LineageError(
+            f"versions {first}..{plan.version} of store {plan.store}: the range starts below 1 or is empty"
+        )
+    refs: list[Ref] = [(plan.version, plan.checkpoint_id)]
+    lineage = list(plan.lineage)
+    while refs[-1][0] > first:
+        entry = _entry_below(source, refs[0], refs[-1], lineage)
+        if entry is None:
+            break
+        refs.append(entry)
+    refs.extend((v, source.committed_id(v)) for v in range(refs[-1][0] - 1, first - 1, -1))
+    return tuple(reversed(refs))
 
 
 class CheckpointPlanSource:
@@ -266,6 +300,7 @@ __all__ = [
     "Ref",
     "SkippedSnapshot",
     "check_header",
+    "committed_range",
     "fall_back",
     "resolve_load_plan",
 ]

@@ -4,7 +4,9 @@ The fast checks run in subprocesses of this interpreter (a fresh ``sys.modules``
 imports none of the extras' packages, and hiding an extra's package gives an error naming the extra.
 The slow one builds the wheel, installs it with only the core into a fresh virtualenv (dependencies
 from the package index), commits and loads a store there, then adds ``[maintenance]`` and runs
-``statekeeper inspect``.
+``statekeeper inspect``, and ``statekeeper snapshot`` and ``statekeeper verify --rebuild`` on a root of
+typed state written here (through the Spark partition task code, without a JVM): maintenance reads
+typed state without PySpark.
 """
 
 from __future__ import annotations
@@ -50,9 +52,7 @@ print("loaded", sorted(m for m in sys.modules if m.split(".")[0] in %r))
 """
 
 
-def _python(
-    code: str, *args: str, python: str = sys.executable, cwd: Path = REPO
-) -> subprocess.CompletedProcess[str]:
+def _python(code: str, *args: str, python: str = sys.executable, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     """Run `code` in `python`; `python -c` puts `cwd` first on sys.path (outside the clone: the installed wheel)."""
     return subprocess.run(
         [python, "-c", textwrap.dedent(code), *args], check=False, cwd=cwd, capture_output=True, text=True, timeout=300
@@ -166,4 +166,28 @@ def test_the_wheel_installs_lean_and_each_extra_works(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "counts/0" in done.stdout
+
+    typed = _typed_root(tmp_path / "typed")
+    for command in (["snapshot", typed, "--threshold", "1"], ["verify", typed, "--rebuild", "--json"]):
+        done = subprocess.run([cli, *command], check=False, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (command, done.stdout, done.stderr)
+    report = json.loads(done.stdout)
+    assert report["ok"] and report["stores"] == 1 and report["rebuilt"] >= 1, report
+    with_maintenance = subprocess.run(
+        [python, "-m", "pip", "list", "--format=json"], check=True, capture_output=True, text=True
+    ).stdout
+    assert "pyspark" not in {p["name"].lower() for p in json.loads(with_maintenance)}
     print(f"core install into a fresh venv: {core_install_s:.0f}s")
+
+
+def _typed_root(directory: Path) -> str:
+    """A root whose operator keeps value, list and map state under recorded schemas, with TTLs and timers."""
+    from statekeeper.store.spark.testing import TwsTester
+    from tests.spark.processors import TypedAll
+
+    with TwsTester(
+        TypedAll(), key="user", output_schema="user string, count long, total long", directory=directory
+    ) as t:
+        for b in range(3):
+            t.run([{"user": f"u{(b + i) % 4}", "value": b * 10 + i} for i in range(6)], processing_time_ms=1000 * b)
+        return t.root

@@ -14,7 +14,9 @@ tables; in short:
 - **Stored grouping keys** lead with the key group: ``u16 BE (crc32(key bytes) mod max_key_groups)``.
 - **Values** (:class:`ValueCodec`): a row ``null bitmap | fixed-width slots (little-endian) | variable
   data``, variable-width fields (strings, binaries, decimals, arrays, structs) holding their length in
-  the slot; one ``struct.pack`` call per value when the row has no nulls or conversions.
+  the slot. Rows of fixed-width fields whose only conversion is the boolean check take one
+  ``struct.pack`` / ``unpack`` call, nulls included (store/formats/null_patterns.py: a null's slot is
+  pad bytes, which ``struct`` writes as zeros, exactly what the checked path writes).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from statekeeper.store.errors import StatekeeperError
+from statekeeper.store.formats.null_patterns import NullPatterns
 from statekeeper.store.formats.typed_schema import INTEGRAL, DataType, SchemaError
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -98,7 +101,7 @@ def _unscaled(v: Any, precision: int, scale: int) -> int:
 
 
 def _bool(v: Any) -> bool:
-    if isinstance(v, bool) or type(v).__name__ == "bool_":
+    if isinstance(v, bool) or (type(v).__module__ == "numpy" and type(v).__name__ in ("bool_", "bool")):
         return bool(v)
     raise TypeError(f"expected a boolean, got {type(v).__name__}")
 
@@ -398,6 +401,24 @@ def _slot(
     raise SchemaError(f"{what}: field {path!r} has unsupported type {typ.simple_string()}")
 
 
+_NONE = (None,)
+
+
+def _type_check(fields: Sequence[int], allowed: tuple[type, ...]) -> Callable[[Any], bool] | None:
+    """A check that the given fields of a row have only `allowed` types (None: no field to check)."""
+    if not fields:
+        return None
+    if len(fields) == 1:
+        i = fields[0]
+        if len(allowed) == 1:
+            only = allowed[0]
+            return lambda row: type(row[i]) is only
+        return lambda row: type(row[i]) in allowed
+    pick = operator.itemgetter(*fields)
+    kinds = set(allowed)
+    return lambda row: set(map(type, pick(row))) <= kinds
+
+
 class ValueCodec:
     """Row bytes of values of one schema; a non-struct schema holds bare values (not 1-tuples)."""
 
@@ -415,39 +436,92 @@ class ValueCodec:
         self.n = len(slots)
         self.nbytes = (self.n + 7) // 8
         self._zero = bytes(self.nbytes)
-        self._row = struct.Struct(f"<{self.nbytes}s" + "".join(s[0] for s in slots))
+        self._formats = [s[0] for s in slots]
+        self._row = struct.Struct(f"<{self.nbytes}s" + "".join(self._formats))
         self._checks = [struct.Struct("<" + s[0]) for s in slots]
         self._to = [s[1] for s in slots]
         self._from = [s[2] for s in slots]
         self._var = [s[3] for s in slots]
-        self._plain = not any(self._to) and not any(self._var)
         self._not_null = sum(1 << i for i, ok in enumerate(self.nullable) if not ok)
         self._bits = [1 << i for i in range(self.n)]
         self._plain_decode = not any(self._from) and not any(self._var)
-
-    def fixed_row_format(self) -> str | None:
-        """The struct format of the fields when every field is fixed-width with no conversion."""
-        if not self._plain or not self._plain_decode:
-            return None
-        return "".join(c.format[1:] for c in self._checks)
+        booleans = [i for i, t in enumerate(types) if t.name == "boolean"]
+        self._fixed = self._plain_decode and all(to is None or i in booleans for i, to in enumerate(self._to))
+        """Fixed-width fields whose only conversion is the boolean check: the one-``struct`` paths."""
+        self._bools = _type_check(booleans, (bool,))
+        self._bools_or_none = _type_check(booleans, (bool, type(None)))
+        self._nulls = NullPatterns(self._formats, self.nbytes, b"", self._not_null) if self._fixed else None
 
     def encode(self, value: Any) -> bytes:
         row = (value,) if self.bare else value
-        if self._plain and type(row) is tuple:
-            if None not in row:
+        if self._fixed and type(row) is tuple:
+            try:
+                if None not in row:
+                    if self._bools is None or self._bools(row):
+                        return self._row.pack(self._zero, *row)
+                elif len(row) == self.n and (self._bools_or_none is None or self._bools_or_none(row)):
+                    assert self._nulls is not None
+                    packed = self._nulls.pack(row)
+                    if packed is not None:
+                        return packed
+            except (struct.error, TypeError):
+                pass  # a wrong arity or a bad value: the checked path names it
+        return self._encode_checked(row)  # conversions, a wrong arity or a bad value: it says which
+
+    def compile(
+        self, head: bytes, encode_any: Callable[..., bytes], decode_any: Callable[..., Any]
+    ) -> tuple[Callable[..., bytes], Callable[..., Any]] | None:
+        """``encode(value, expiry_ms=None)`` / ``decode(raw, now_ms=None)`` of rows behind the fixed `head`,
+        one ``struct`` call each for fixed-width rows (nulls and booleans included), anything else handed
+        to `encode_any` / `decode_any` (None: this schema has no such path)."""
+        if not self._fixed:
+            return None
+        prefix = head + self._zero
+        row = struct.Struct(f"<{len(prefix)}s" + "".join(self._formats))
+        pack, unpack, size = row.pack, row.unpack, row.size
+        nulls = NullPatterns(self._formats, self.nbytes, head, self._not_null)
+        pack_nulls, spread_of, spreads, singles = nulls.pack, nulls.spread, nulls.spreads, nulls.singles
+        bare, n = self.bare, self.n
+        bools, bools_or_none = self._bools, self._bools_or_none
+        null_bare = head + b"\x01" + bytes(row.size - len(prefix))
+
+        def encode(value: Any, expiry_ms: int | None = None) -> bytes:
+            if expiry_ms is None:
                 try:
-                    return self._row.pack(self._zero, *row)
+                    if bare:
+                        if value is None:
+                            return null_bare
+                        if bools is None or type(value) is bool:
+                            return pack(prefix, value)
+                    elif None not in value:
+                        if bools is None or bools(value):
+                            return pack(prefix, *value)
+                    elif type(value) is tuple and len(value) == n and (bools_or_none is None or bools_or_none(value)):
+                        if value.count(None) == 1:  # the common case, inline (`NullPatterns.pack` has it too)
+                            i = value.index(None)
+                            single = singles[i]
+                            if single is not None:
+                                return single[0](single[1], *value[:i], *value[i + 1 :])
+                        packed = pack_nulls(value)
+                        if packed is not None:
+                            return packed
                 except (struct.error, TypeError):
-                    pass  # a wrong arity or a bad value: the checked path names it
-            elif len(row) == self.n:  # nulls: zeros in their slots, bits in the bitmap
-                nulls = sum([b for b, v in zip(self._bits, row, strict=True) if v is None])
-                if not nulls & self._not_null:
-                    try:
-                        slots = [0 if v is None else v for v in row]
-                        return self._row.pack(nulls.to_bytes(self.nbytes, "little"), *slots)
-                    except (struct.error, TypeError):
-                        pass
-        return self._encode_checked(row)  # nulls, a wrong arity or a bad value: it says which
+                    pass  # a value the schema cannot hold: the checked path names it
+            return encode_any(value, expiry_ms)  # a TTL, or a value for the checked path
+
+        def decode(raw: bytes, now_ms: int | None = None) -> Any:
+            if len(raw) == size:
+                t = unpack(raw)
+                if t[0] == prefix:
+                    return t[1] if bare else t[1:]
+                spread = spreads.get(t[0]) or spread_of(t[0])
+                if spread is not None:
+                    if bare:
+                        return None
+                    return tuple(map((t + _NONE).__getitem__, spread))
+            return decode_any(raw, now_ms)
+
+        return encode, decode
 
     def _encode_checked(self, row: Any) -> bytes:
         if isinstance(row, dict):
@@ -485,6 +559,9 @@ class ValueCodec:
         if self._plain_decode:
             if t[0] == self._zero:
                 return t[1] if self.bare else t[1:]
+            spread = self._nulls.spread(t[0]) if self._nulls is not None else None
+            if spread is not None:
+                return None if self.bare else tuple(map((t + _NONE).__getitem__, spread))
             nulls = int.from_bytes(t[0], "little")
             row = tuple([None if nulls & b else x for b, x in zip(self._bits, t[1:], strict=True)])
             return row[0] if self.bare else row

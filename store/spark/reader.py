@@ -37,8 +37,9 @@ from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.errors import ConfigurationError, LineageError
 from statekeeper.store.files import open_file_manager
 from statekeeper.store.formats.typed_schema import DataType
+from statekeeper.store.load_plan import committed_range
 from statekeeper.store.spark.schemas import expiry_of
-from statekeeper.store.spark.state_view import StateView
+from statekeeper.store.spark.state_view import Change, StateView
 from statekeeper.store.state_store import StateStore, StoreConfig
 
 if TYPE_CHECKING:
@@ -112,11 +113,6 @@ class _Options:
         if self.version <= 0:
             raise LineageError(f"no committed version of {self.operator!r} in {self.root}")
         self.ids = self._ids(log, self.version)
-        self.feed: list[list[tuple[int, str]]] = []
-        if self.change_feed:
-            assert self.change_start is not None
-            per_version = [(v, self._ids(log, v)) for v in range(self.change_start + 1, self.version + 1)]
-            self.feed = [[(v, ids[p]) for v, ids in per_version] for p in range(len(self.ids))]
 
     def _ids(self, log: CommitLog, version: int) -> list[str]:
         record = log.get(version)
@@ -282,13 +278,28 @@ def _typed_rows(opts: _Options, view: StateView, p: int) -> Iterator[tuple[Any, 
             yield current, entries, None, p
 
 
+def change_feed(view: StateView, name: str, first_batch: int) -> Iterator[Change]:
+    """The committed changes of variable `name` from batch `first_batch` up to the version the view's
+    store loaded, in batch order.
+
+    The (version, checkpoint id) of each batch come from the lineage the load already read (the loaded
+    changelog names its committed ancestors), not from one commit record per version: the feed costs
+    the load plus one read per changelog it decodes.
+    """
+    store = view.store
+    plan = store.last_plan
+    if plan is None:
+        raise LineageError(f"the change feed of store {store.store_id} needs a loaded committed version")
+    refs = committed_range(store.plan_source, plan, first_batch + 1)
+    return view.changes(store.fm, name, list(refs))
+
+
 def _change_rows(opts: _Options, view: StateView, p: int) -> Iterator[tuple[Any, ...]]:
-    assert opts.var is not None
+    assert opts.var is not None and opts.change_start is not None
     record = view.records.get(opts.var)
     if record is None:
         return
-    fm = open_file_manager(opts.root)
-    for c in view.changes(fm, opts.var, opts.feed[p]):
+    for c in change_feed(view, opts.var, opts.change_start):
         if record.kind == "map":
             yield c.batch_id, c.change_type, c.key, c.user_key, c.value, p
         else:
@@ -350,4 +361,4 @@ def read_state(
     return reader.load()
 
 
-__all__ = ["RAW_SCHEMA", "SCHEMA", "StateDataSource", "read_state"]
+__all__ = ["RAW_SCHEMA", "SCHEMA", "StateDataSource", "change_feed", "read_state"]

@@ -153,7 +153,7 @@ class ValueFormat:
         self._plain_head = b""
         self._old: dict[int, Callable[[bytes, int], Any]] = {}
         self.encode: Callable[..., bytes] = self.encode_any
-        """``encode(value, expiry_ms=None)``: compiled to one ``struct.pack`` for rows without nulls."""
+        """``encode(value, expiry_ms=None)``: one ``struct.pack`` for fixed-width rows (`ValueCodec.compile`)."""
         self.decode: Callable[..., Any] = self.decode_any
         """``decode(raw, now_ms=None)``: compiled to one ``struct.unpack`` for such rows."""
 
@@ -178,36 +178,10 @@ class ValueFormat:
             self._compile(codec)
 
     def _compile(self, codec: ValueCodec) -> None:
-        """One C call per value for the common case: plain header, no nulls, fixed-width fields only."""
-        fast = codec.fixed_row_format()
-        if fast is None:
-            return
-        prefix = self._plain_head + bytes(codec.nbytes)
-        row = struct.Struct(f"<{len(prefix)}s{fast}")
-        pack, unpack, size = row.pack, row.unpack, row.size
-        encode_any, decode_any = self.encode_any, self.decode_any
-        bare = codec.bare
-
-        def encode(value: Any, expiry_ms: int | None = None) -> bytes:
-            if expiry_ms is None:
-                try:
-                    if bare:
-                        if value is not None:
-                            return pack(prefix, value)
-                    elif None not in value:
-                        return pack(prefix, *value)
-                except (struct.error, TypeError):
-                    pass  # a value the schema cannot hold: the checked path names it
-            return encode_any(value, expiry_ms)  # nulls, a TTL
-
-        def decode(raw: bytes, now_ms: int | None = None) -> Any:
-            if len(raw) == size:
-                t = unpack(raw)
-                if t[0] == prefix:
-                    return t[1] if bare else t[1:]
-            return decode_any(raw, now_ms)
-
-        self.encode, self.decode = encode, decode
+        """One C call per value for the common case: plain header, fixed-width fields (nulls and booleans too)."""
+        compiled = codec.compile(self._plain_head, self.encode_any, self.decode_any)
+        if compiled is not None:
+            self.encode, self.decode = compiled
 
     @staticmethod
     def _decode_empty(raw: bytes, pos: int) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,37 +74,58 @@ def _run(query: Any) -> list[Any]:
         query.stop()
 
 
-def test_event_time_timers_watermark_initial_state_match_pyspark(spark: Any, tmp_path: Path) -> None:
+def _parity(
+    spark: Any,
+    tmp_path: Path,
+    reference: Callable[[Any], Any],
+    ours: Callable[[_Collect], StatefulOperator],
+    *,
+    watermark: bool = False,
+    conf: dict[str, str] | None = None,
+) -> tuple[StatefulOperator, list[Any]]:
+    """Run PySpark's query (`reference` of the input stream) and ours (`ours` of a sink) over `FILES`, one
+    file per batch, on the RocksDB provider; assert every batch's output is the same. Returns our operator
+    and the reference query's progress."""
     inputs = tmp_path / "in"
     _write_files(inputs)
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
-    spark.conf.set("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+
+    def stream() -> Any:
+        df = spark.readStream.schema(INPUT).option("maxFilesPerTrigger", 1).parquet(str(inputs))
+        return df.withWatermark("ts", "5 seconds") if watermark else df
+
+    settings = {"spark.sql.streaming.stateStore.providerClass": ROCKSDB, **(conf or {})}
+    for name, value in settings.items():
+        spark.conf.set(name, value)
     try:
-        initial = spark.createDataFrame([("u1", 100), ("u9", 7)], "user string, n long")
-
-        def stream() -> Any:
-            return (
-                spark.readStream.schema(INPUT)
-                .option("maxFilesPerTrigger", 1)
-                .parquet(str(inputs))
-                .withWatermark("ts", "5 seconds")
-            )
-
-        reference = _Collect()
-        tws = (
-            stream()
-            .groupBy("user")
-            .transformWithState(pyspark_sessions(), OUTPUT, "Append", "EventTime", initialState=initial.groupBy("user"))
-        )
+        expected = _Collect()
         progress = _run(
-            tws.writeStream.foreachBatch(reference)
+            reference(stream())
+            .writeStream.foreachBatch(expected)
             .option("checkpointLocation", str(tmp_path / "ref-ckpt"))
             .trigger(availableNow=True)
             .start()
         )
+        got = _Collect()
+        op = ours(got)
+        _run(op.start(stream(), str(tmp_path / "ckpt"), trigger={"availableNow": True}))
+    finally:
+        for name in settings:
+            spark.conf.unset(name)
+    assert sorted(expected.batches) == list(range(len(FILES)))
+    for b in range(len(FILES)):
+        assert got.batches[b] == expected.batches[b], f"batch {b}"
+    return op, progress
 
-        ours = _Collect()
-        op = StatefulOperator(
+
+def test_event_time_timers_watermark_initial_state_match_pyspark(spark: Any, tmp_path: Path) -> None:
+    initial = spark.createDataFrame([("u1", 100), ("u9", 7)], "user string, n long")
+    op, progress = _parity(
+        spark,
+        tmp_path,
+        lambda df: df.groupBy("user").transformWithState(
+            pyspark_sessions(), OUTPUT, "Append", "EventTime", initialState=initial.groupBy("user")
+        ),
+        lambda sink: StatefulOperator(
             (tmp_path / "state").as_uri(),
             "sessions",
             key="user",
@@ -112,16 +134,11 @@ def test_event_time_timers_watermark_initial_state_match_pyspark(spark: Any, tmp
             num_partitions=2,
             time_mode="EventTime",
             initial_state=initial.groupBy("user"),
-            sink=ours,
-        )
-        _run(op.start(stream(), str(tmp_path / "ckpt"), trigger={"availableNow": True}))
-    finally:
-        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
-        spark.conf.unset("spark.sql.streaming.noDataMicroBatches.enabled")
-
-    assert sorted(reference.batches) == list(range(len(FILES)))
-    for b in range(len(FILES)):
-        assert ours.batches[b] == reference.batches[b], f"batch {b}"
+            sink=sink,
+        ),
+        watermark=True,
+        conf={"spark.sql.streaming.noDataMicroBatches.enabled": "false"},
+    )
     dropped = [p.num_rows_dropped_by_watermark for p in op.recent_progress]
     assert dropped == [0, 0, 0, 0, 1, 0]
     assert dropped == [p.stateOperators[0].numRowsDroppedByWatermark for p in progress if p.numInputRows]
@@ -131,32 +148,15 @@ def test_event_time_timers_watermark_initial_state_match_pyspark(spark: Any, tmp
 def test_pandas_flavour_time_mode_none_initial_state_match_pyspark(spark: Any, tmp_path: Path) -> None:
     """transformWithStateInPandas, timeMode "None": map containsKey/removeKey, list put/appendList, pandas
     initial state."""
-    inputs = tmp_path / "in"
-    _write_files(inputs)
-    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
-    try:
-        seed = [("u1", 3, "drop"), ("u1", 4, "z"), ("u8", 1, "q")]
-        initial = spark.createDataFrame(seed, "user string, n long, page string")
-
-        def stream() -> Any:
-            return spark.readStream.schema(INPUT).option("maxFilesPerTrigger", 1).parquet(str(inputs))
-
-        reference = _Collect()
-        tws = (
-            stream()
-            .groupBy("user")
-            .transformWithStateInPandas(
-                pyspark_page_tally(), PANDAS_OUTPUT, "Append", "None", initialState=initial.groupBy("user")
-            )
-        )
-        _run(
-            tws.writeStream.foreachBatch(reference)
-            .option("checkpointLocation", str(tmp_path / "ref-ckpt"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        ours = _Collect()
-        op = StatefulOperator(
+    seed = [("u1", 3, "drop"), ("u1", 4, "z"), ("u8", 1, "q")]
+    initial = spark.createDataFrame(seed, "user string, n long, page string")
+    _parity(
+        spark,
+        tmp_path,
+        lambda df: df.groupBy("user").transformWithStateInPandas(
+            pyspark_page_tally(), PANDAS_OUTPUT, "Append", "None", initialState=initial.groupBy("user")
+        ),
+        lambda sink: StatefulOperator(
             (tmp_path / "state").as_uri(),
             "tally",
             key="user",
@@ -165,11 +165,6 @@ def test_pandas_flavour_time_mode_none_initial_state_match_pyspark(spark: Any, t
             input_format="pandas",
             time_mode="None",
             initial_state=initial.groupBy("user"),
-            sink=ours,
-        )
-        _run(op.start(stream(), str(tmp_path / "ckpt"), trigger={"availableNow": True}))
-    finally:
-        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
-    assert sorted(reference.batches) == list(range(len(FILES)))
-    for b in range(len(FILES)):
-        assert ours.batches[b] == reference.batches[b], f"batch {b}"
+            sink=sink,
+        ),
+    )

@@ -1,0 +1,124 @@
+"""The change feed reads the lineage the load already has, not one commit record per version.
+
+Reads are counted through a file manager that wraps the real one (every other part is real: RocksDB,
+the changelogs a real processor committed through the partition task code).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pytest
+
+from statekeeper.store import CommitLog, StateStore, StoreConfig, open_file_manager
+from statekeeper.store.errors import LineageError
+from statekeeper.store.files.base import CheckpointFileManager, FileInfo
+from statekeeper.store.layout import CHANGELOG_DIR, COMMITS_DIR, SNAPSHOT_DIR
+from statekeeper.store.load_plan import committed_range
+from statekeeper.store.spark.reader import change_feed
+from statekeeper.store.spark.state_view import StateView
+from statekeeper.store.spark.testing import OPERATOR, TwsTester
+from tests.spark.processors import TypedAll
+
+BATCHES = 12
+
+
+class CountingFileManager:
+    """Delegates to a real file manager and counts reads by kind of file (commit / changelog / ...)."""
+
+    def __init__(self, inner: CheckpointFileManager) -> None:
+        self.inner = inner
+        self.reads: Counter[str] = Counter()
+
+    def _count(self, op: str, path: str) -> None:
+        kind = next((d for d in (COMMITS_DIR, CHANGELOG_DIR, SNAPSHOT_DIR) if f"{d}/" in f"/{path}"), "other")
+        self.reads[f"{op} {kind}"] += 1
+
+    def open(self, path: str) -> BinaryIO:
+        self._count("read", path)
+        return self.inner.open(path)
+
+    def read_bytes(self, path: str) -> bytes:
+        self._count("read", path)
+        return self.inner.read_bytes(path)
+
+    def download(self, path: str, local_path: str) -> int:
+        self._count("read", path)
+        return self.inner.download(path, local_path)
+
+    def list(self, prefix: str = "", *, start_after: str | None = None) -> Iterator[FileInfo]:
+        self._count("list", prefix)
+        return self.inner.list(prefix, start_after=start_after)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.fixture(scope="module")
+def tester(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwsTester]:
+    with TwsTester(TypedAll(), key="user", output_schema="user string, count long, total long") as t:
+        for b in range(BATCHES):
+            t.run([{"user": f"u{(b * 3 + i) % 5}", "value": b * 10 + i} for i in range(4)])
+        yield t
+
+
+def _feed(tester: TwsTester, work: Path, first_batch: int) -> tuple[list[Any], Counter[str]]:
+    fm = CountingFileManager(open_file_manager(tester.root))
+    store = StateStore(fm, OPERATOR, 0, config=StoreConfig(local_dir=str(work)))
+    try:
+        store.load(BATCHES)
+        changes = list(change_feed(StateView(store), "totals", first_batch))
+    finally:
+        store.close()
+    return changes, fm.reads
+
+
+def test_the_change_feed_costs_one_commit_record_however_many_versions(tester: TwsTester, tmp_path: Path) -> None:
+    changes, reads = _feed(tester, tmp_path / "all", 0)
+    # one commit record (the loaded version's, checked by the load); a commit log per version cost 12
+    assert reads["read commits"] == 1
+    assert reads["list snapshots"] == 1 and reads["list commits"] == 0
+    # each changelog is read by the load's replay and once by the feed; the end one's header by the plan
+    assert reads["read changelogs"] == 2 * BATCHES + 1
+    assert [c.batch_id for c in changes] == sorted(c.batch_id for c in changes)
+    assert {c.batch_id for c in changes} == set(range(BATCHES))
+
+    before = CountingFileManager(open_file_manager(tester.root))
+    log = CommitLog(before)
+    for v in range(1, BATCHES + 1):
+        log.committed_id(v, OPERATOR, 0)
+    assert before.reads["read commits"] == BATCHES, "the old route: one commit record per version"
+
+    # the feed over a suffix is the matching suffix of the whole feed, with the committed ids
+    tail, tail_reads = _feed(tester, tmp_path / "tail", 7)
+    assert tail == [c for c in changes if c.batch_id >= 7]
+    assert tail_reads["read commits"] == 1
+
+
+def test_committed_range_follows_capped_lineages_and_matches_the_commit_log(tmp_path: Path) -> None:
+    root = tmp_path.as_uri()
+    fm = open_file_manager(root)
+    log = CommitLog(fm)
+    store = StateStore(fm, "op", 0, config=StoreConfig(max_lineage=3, local_dir=str(tmp_path / "w")))
+    try:
+        for v in range(10):
+            store.load(v, log.committed_id(v, "op", 0) if v else None)
+            store.put(b"k", str(v).encode())
+            result = store.commit()
+            log.commit(v + 1, {"op": [result.checkpoint_id]})
+        reader = StateStore(fm, "op", 0, config=StoreConfig(local_dir=str(tmp_path / "r")))
+        try:
+            reader.load(10)
+            assert reader.last_plan is not None
+            want = tuple((v, log.committed_id(v, "op", 0)) for v in range(1, 11))
+            for first in (1, 4, 10):
+                assert committed_range(reader.plan_source, reader.last_plan, first) == want[first - 1 :]
+            with pytest.raises(LineageError, match="starts below 1"):
+                committed_range(reader.plan_source, reader.last_plan, 0)
+        finally:
+            reader.close()
+    finally:
+        store.close()
