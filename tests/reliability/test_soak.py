@@ -255,7 +255,7 @@ def test_soak_one_minute(soak_s3: SoakS3, tmp_path: Path) -> None:
 def test_soak_ten_minutes(soak_s3: SoakS3, tmp_path: Path) -> None:
     figures = soak(soak_s3, tmp_path, seconds=600.0)
     print(figures)
-    assert figures["versions"] >= 300
+    assert figures["versions"] >= 150  # ~350 on a loaded 2-core machine
 
 
 def test_a_job_starting_while_maintenance_checks_the_root_is_not_refused(tmp_path: Path) -> None:
