@@ -523,11 +523,13 @@ def check_root(fm: CheckpointFileManager) -> None:
             raise ConfigurationError(f"checkpoint root {fm.root_uri} does not exist")
         if os.path.realpath(path) == os.path.sep:
             raise ConfigurationError("refusing to maintain the file system root as a checkpoint root")
-    for prefix in (f"{COMMITS_DIR}/", f"{STATE_DIR}/", f"{SPARK_DIR}/"):  # the driver writes spark/ first
+    ours = (f"{COMMITS_DIR}/", f"{STATE_DIR}/", f"{SPARK_DIR}/")
+    for prefix in ours:  # the driver writes spark/ first
         if next(iter(fm.list(prefix)), None) is not None:
             return
     first = next(iter(fm.list("")), None)
-    if first is not None:
+    # A job starting while we list writes its first file after our look at its prefix: still ours.
+    if first is not None and not first.path.startswith(ours):
         raise ConfigurationError(
             f"{fm.root_uri} does not look like a statekeeper checkpoint root: it has files (e.g. {first.path!r}) "
             f"but no {COMMITS_DIR}/, {STATE_DIR}/ or {SPARK_DIR}/ directory; nothing was read or deleted"
