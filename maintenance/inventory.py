@@ -27,6 +27,7 @@ from statekeeper.maintenance.progress import bar as progress_bar
 from statekeeper.store.errors import CheckpointError, ConfigurationError
 from statekeeper.store.files import CheckpointFileManager, LocalFileManager, open_file_manager
 from statekeeper.store.files.paths import validate_component
+from statekeeper.store.files.s3.capabilities import PROBE_PREFIX
 from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import (
@@ -61,6 +62,8 @@ FOREIGN = "foreign"
 
 _SST_NAME = re.compile(r"^[0-9a-f]{40}(?:[0-9a-f]{24})?\.sst$")  # 64 digits: re-uploaded after corruption
 _TEMP_NAME = re.compile(r"^\.(.+)\.[0-9a-f]{32}\.tmp$")
+_PROBE_NAME = re.compile(rf"^{PROBE_PREFIX}[0-9a-f]{{32}}$")
+"""An S3 capability probe's object at the root: written and deleted at once, left only by a killed process."""
 _CACHE_LIMIT = 200_000
 
 T = TypeVar("T")
@@ -120,6 +123,8 @@ def classify(path: str, *, temp_listing: bool = False) -> _Kind:
     """
     parts = path.split("/")
     name = parts[-1]
+    if len(parts) == 1 and _PROBE_NAME.match(name):
+        return _Kind(TEMP)
     if temp_listing:
         m = _TEMP_NAME.match(name)
         final = classify("/".join([*parts[:-1], m.group(1)])) if m is not None else None
