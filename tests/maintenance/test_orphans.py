@@ -166,12 +166,13 @@ def test_a_capability_probe_left_by_a_killed_process_is_an_unfinished_write(tmp_
     try:
         h.batches(2)
         probe = f"{PROBE_PREFIX}{'e' * 32}"
-        with open(os.path.join(h.fm.root_path, probe), "wb") as f:  # as the probe's PUT would leave it
+        assert isinstance(h.fm, LocalFileManager)
+        path = os.path.join(h.fm.root_path, probe)
+        with open(path, "wb") as f:  # as the probe's PUT would leave it
             f.write(b"1")
         patient = MaintenanceSettings(**{**settings.to_json(), "orphan_grace_seconds": 60})
         young = clean_orphans(h.root, patient)
         assert young.ok and young.kept_in_flight == 1 and young.foreign_files == 0 and not young.warnings
-        path = os.path.join(h.fm.root_path, probe)
         os.utime(path, (os.path.getmtime(path) - 120,) * 2)
         report = clean_orphans(h.root, patient)
         assert report.ok and report.temp_files == 1
