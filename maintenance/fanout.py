@@ -1,13 +1,13 @@
 """Snapshot and verify over many stores as one Spark job, for fleets beyond one maintenance process.
 
-The driver lists the root and plans as :func:`statekeeper.maintenance.snapshots.create_snapshots` and
-:func:`statekeeper.maintenance.verify.verify_root` do; the stores to work on are then distributed over Spark's
+The operations stay :func:`statekeeper.maintenance.snapshots.create_snapshots` and
+:func:`statekeeper.maintenance.verify.verify_root`: the driver lists the root, plans, records the run and
+syncs the catalog as the one-process engine does. :class:`SparkEngine` is only their per-store
+executor (`statekeeper.maintenance.executors`): the stores to work on are distributed over Spark's
 executors (``mapInArrow`` over a DataFrame of store names, so it runs on a classic session and over
-Spark Connect alike). Each task opens the checkpoint root and the catalog itself, works on its stores
-one at a time -- a snapshot under the store's catalog lease (invariant 5 holds across machines, since
-the lease lives in the shared database) -- and returns one JSON row per store. The driver gathers the
-rows into the same report the one-process engine produces, recorded in the catalog as one run, and
-syncs the catalog so it knows the new snapshots.
+Spark Connect alike). Each task opens the checkpoint root and the catalog itself and runs the same
+per-store step on its stores one at a time -- a snapshot under the store's catalog lease (invariant 5
+holds across machines, since the lease lives in the shared database) -- returning one JSON row per store.
 
 Executors need the ``[maintenance]`` extra and access to the checkpoint root and the catalog database
 (a file SQLite catalog works only when every executor sees the same file, e.g. on one machine).
@@ -18,23 +18,16 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from statekeeper.maintenance.executors import Row, StoreStep, StoreTask, parse_store
 from statekeeper.maintenance.inventory import Inventory
-from statekeeper.maintenance.plan import plan_store
-from statekeeper.maintenance.reports import SnapshotReport, VerifyReport, recorded
+from statekeeper.maintenance.reports import SnapshotReport, VerifyReport
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import (
-    account_snapshot,
-    check_work_dir,
-    create_snapshots,
-    snapshot_store,
-    sync_after_snapshots,
-)
-from statekeeper.maintenance.verify import StoreVerification, account_verification, verify_root, verify_store
+from statekeeper.maintenance.snapshots import create_snapshots, snapshot_row
+from statekeeper.maintenance.verify import verify_root, verify_row
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.extras import require
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
@@ -55,7 +48,8 @@ RESULT_SCHEMA = "result string"
 class SparkEngine:
     """Where fanned-out maintenance runs: a Spark master URL (``spark://host:7077``, ``local[4]``, ...),
     a Spark Connect URL (``sc://host:15002``), or None for the active session. ``tasks`` caps the
-    number of tasks (default: one per store, at most 1000)."""
+    number of tasks (default: one per store, at most 1000). A per-store executor
+    (`statekeeper.maintenance.executors.StoreExecutor`) for `create_snapshots` and `verify_root`."""
 
     master: str | None = None
     conf: Mapping[str, str] = field(default_factory=dict)
@@ -78,54 +72,44 @@ class SparkEngine:
     def partitions(self, stores: int) -> int:
         return max(1, min(stores, self.tasks or 1000))
 
+    def run_stores(self, task: StoreTask, stores: Sequence[StoreId], step: StoreStep) -> dict[StoreId, Row]:
+        """Ship `task` to Spark's executors, one row per store back (`step` is the driver's: not used)."""
+        if not stores:
+            return {}
+        spark = self.session()
+        df = spark.createDataFrame([(str(s),) for s in stores], "store string")
+        df = df.repartition(self.partitions(len(stores)))
+        rows = df.mapInArrow(functools.partial(_run_task, task), RESULT_SCHEMA).collect()
+        by_store = {}
+        for r in rows:
+            row = json.loads(r[0])
+            by_store[parse_store(row["store"])] = row
+        return by_store
 
-@dataclass(frozen=True)
-class _TaskSpec:
-    """What every task gets (pickled into the closure): never a live client or connection."""
 
-    operation: str
-    root: str
-    settings: MaintenanceSettings
-    catalog_url: str | None
-    rebuild: bool = False
-    checksums: bool = True
-
-
-def _run_task(spec: _TaskSpec, batches: Iterator[Any]) -> Iterator[Any]:
-    """One Spark task: work on each store of its rows, yield one JSON result row per store."""
+def _run_task(task: StoreTask, batches: Iterator[Any]) -> Iterator[Any]:
+    """One Spark task: open the root (and the catalog), run the task's step on each store of its rows."""
     import pyarrow as pa
 
-    stores = [_parse_store(name) for batch in batches for name in batch.column(0).to_pylist()]
+    stores = [parse_store(name) for batch in batches for name in batch.column(0).to_pylist()]
     if not stores:
         return
-    fm = open_file_manager(spec.root)
-    catalog = _open_catalog(spec.catalog_url) if spec.operation == "snapshot" else None
+    fm = open_file_manager(task.root)
+    catalog = _open_catalog(task.catalog_url)
     try:
-        inv = Inventory.scan(fm, parallelism=1, stores=stores, use_cache=spec.operation != "verify")
+        verifying = task.operation == "verify"
+        inv = Inventory.scan(fm, parallelism=1, stores=stores, use_cache=not verifying)
         results = []
         for store in stores:
-            if spec.operation == "snapshot":
-                try:
-                    row = snapshot_store(fm, inv, store, spec.settings, catalog)
-                except Exception as e:
-                    log.debug("snapshot of store %s failed", store, exc_info=True)
-                    row = {"store": str(store), "action": "failed", "error": str(e)}
+            if verifying:
+                row = verify_row(fm, inv, store, task.settings, **task.options)
             else:
-                try:
-                    res = verify_store(fm, inv, store, spec.settings, rebuild=spec.rebuild, checksums=spec.checksums)
-                except Exception as e:
-                    res = StoreVerification(store, [f"store {store}: verification failed: {e}"])
-                row = {**asdict(res), "store": str(store)}
+                row = snapshot_row(fm, inv, store, task.settings, catalog)
             results.append(json.dumps(row, default=str))
         yield pa.RecordBatch.from_pydict({"result": results})
     finally:
         if catalog is not None:
             catalog.close()
-
-
-def _parse_store(name: str) -> StoreId:
-    operator, _, partition = name.rpartition("/")
-    return StoreId(operator, int(partition))
 
 
 def _open_catalog(url: str | None) -> Catalog | None:
@@ -136,104 +120,19 @@ def _open_catalog(url: str | None) -> Catalog | None:
     return Catalog.open(url)
 
 
-def _fan_out(engine: SparkEngine, spec: _TaskSpec, stores: list[StoreId]) -> list[dict[str, Any]]:
-    if not stores:
-        return []
-    spark = engine.session()
-    df = spark.createDataFrame([(str(s),) for s in stores], "store string")
-    df = df.repartition(engine.partitions(len(stores)))
-    rows = df.mapInArrow(functools.partial(_run_task, spec), RESULT_SCHEMA).collect()
-    return [json.loads(r[0]) for r in rows]
-
-
-def _catalog_url(catalog: Catalog | None) -> str | None:
-    """The catalog's URL with its password: the executors connect to the same database (never logged)."""
-    return None if catalog is None else catalog.engine.url.render_as_string(hide_password=False)
-
-
 def create_snapshots_on_spark(
-    root_uri: str | CheckpointFileManager,
-    settings: MaintenanceSettings,
-    engine: SparkEngine,
-    *,
-    catalog: Catalog | None = None,
-    orchestrator_run_id: str | None = None,
-    dry_run: bool = False,
-    progress: bool = False,
-    stores: Iterable[StoreId] | None = None,
+    root_uri: str | CheckpointFileManager, settings: MaintenanceSettings, engine: SparkEngine, **kwargs: Any
 ) -> SnapshotReport:
-    """:func:`statekeeper.maintenance.snapshots.create_snapshots`, with the stores' snapshots built on Spark executors.
-
-    A dry run only plans (on the driver, as the one-process engine does); `progress` bars are not shown.
-    """
-    if dry_run:
-        return create_snapshots(
-            root_uri, settings, catalog=catalog, orchestrator_run_id=orchestrator_run_id, dry_run=True, stores=stores
-        )
-    t0 = time.perf_counter()
-    fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
-    check_work_dir(fm, settings)
-    wanted = None if stores is None else list(stores)
-    report = SnapshotReport(root=fm.root_uri)
-    with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
-        try:
-            inv = Inventory.scan(fm, parallelism=settings.parallelism, stores=wanted)
-            plans = [plan_store(inv, s, settings) for s in (wanted if wanted is not None else inv.store_ids())]
-            report.stores = len(plans)
-            report.max_chain_length = max((p.chain_length for p in plans), default=0)
-            todo = [p.store for p in plans if p.latest is not None and p.chain_length >= settings.snapshot_threshold]
-            report.candidates = len(todo)
-            spec = _TaskSpec("snapshot", fm.root_uri, settings, _catalog_url(catalog))
-            for row in _fan_out(engine, spec, todo):
-                if row["action"] == "failed":
-                    report.error(f"store {row['store']}: {row['error']}")
-                    report.items.append(row)
-                else:
-                    account_snapshot(report, row)
-            if catalog is not None and report.snapshots:
-                sync_after_snapshots(catalog, fm, report)
-        finally:
-            report.seconds = time.perf_counter() - t0
-    log.info(report.summary())
-    return report
+    """:func:`statekeeper.maintenance.snapshots.create_snapshots` with the stores' snapshots built on Spark
+    executors (same keyword arguments; `progress` bars are not shown)."""
+    return create_snapshots(root_uri, settings, executor=engine, **kwargs)
 
 
 def verify_root_on_spark(
-    root_uri: str | CheckpointFileManager,
-    settings: MaintenanceSettings,
-    engine: SparkEngine,
-    *,
-    catalog: Catalog | None = None,
-    rebuild: bool = False,
-    checksums: bool = True,
-    orchestrator_run_id: str | None = None,
-    progress: bool = False,
-    stores: Iterable[StoreId] | None = None,
+    root_uri: str | CheckpointFileManager, settings: MaintenanceSettings, engine: SparkEngine, **kwargs: Any
 ) -> VerifyReport:
-    """:func:`statekeeper.maintenance.verify.verify_root`, with the stores verified on Spark executors; read-only.
-
-    `progress` bars are not shown (the work happens on the executors).
-    """
-    t0 = time.perf_counter()
-    fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
-    wanted = None if stores is None else list(stores)
-    report = VerifyReport(root=fm.root_uri)
-    with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
-        try:
-            ids = wanted if wanted is not None else Inventory.scan(fm, parallelism=settings.parallelism).store_ids()
-            report.stores = len(ids)
-            spec = _TaskSpec("verify", fm.root_uri, settings, None, rebuild=rebuild, checksums=checksums)
-            by_store = {row["store"]: row for row in _fan_out(engine, spec, list(ids))}
-            for s in ids:
-                row = by_store.get(str(s))
-                if row is None:
-                    account_verification(report, StoreVerification(s, [f"store {s}: no result from Spark"]))
-                else:
-                    account_verification(report, StoreVerification(**{**row, "store": s}))
-        finally:
-            report.seconds = time.perf_counter() - t0
-    log.info(report.summary())
-    return report
+    """:func:`statekeeper.maintenance.verify.verify_root` with the stores verified on Spark executors; read-only."""
+    return verify_root(root_uri, settings, executor=engine, **kwargs)
 
 
 def check_engine(name: str, master: str | None) -> SparkEngine | None:

@@ -12,6 +12,7 @@ only the new ones; verification reads everything again.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -26,6 +27,7 @@ from statekeeper.maintenance.progress import bar as progress_bar
 from statekeeper.store.errors import CheckpointError, ConfigurationError
 from statekeeper.store.files import CheckpointFileManager, LocalFileManager, open_file_manager
 from statekeeper.store.files.paths import validate_component
+from statekeeper.store.files.s3.capabilities import PROBE_PREFIX
 from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import (
@@ -64,6 +66,8 @@ FOREIGN = "foreign"
 
 _SST_NAME = re.compile(r"^[0-9a-f]{40}(?:[0-9a-f]{24})?\.sst$")  # 64 digits: re-uploaded after corruption
 _TEMP_NAME = re.compile(r"^\.(.+)\.[0-9a-f]{32}\.tmp$")
+_PROBE_NAME = re.compile(rf"^{PROBE_PREFIX}[0-9a-f]{{32}}$")
+"""An S3 capability probe's object at the root: written and deleted at once, left only by a killed process."""
 _CACHE_LIMIT = 200_000
 
 T = TypeVar("T")
@@ -97,7 +101,10 @@ class _Kind:
     checkpoint_id: str | None = None
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _store_of(operator: str, partition: str) -> StoreId | None:
+    """The store a `state/<operator>/<partition>` prefix names (None: not a store prefix); cached, since
+    every file of a store asks and a listing classifies thousands of files per cycle."""
     if len(partition) != 5 or not partition.isdigit():
         return None
     try:
@@ -120,6 +127,8 @@ def classify(path: str, *, temp_listing: bool = False) -> _Kind:
     """
     parts = path.split("/")
     name = parts[-1]
+    if len(parts) == 1 and _PROBE_NAME.match(name):
+        return _Kind(TEMP)
     if temp_listing:
         m = _TEMP_NAME.match(name)
         final = classify("/".join([*parts[:-1], m.group(1)])) if m is not None else None
@@ -532,11 +541,13 @@ def check_root(fm: CheckpointFileManager) -> None:
             raise ConfigurationError(f"checkpoint root {fm.root_uri} does not exist")
         if os.path.realpath(path) == os.path.sep:
             raise ConfigurationError("refusing to maintain the file system root as a checkpoint root")
-    for prefix in (f"{COMMITS_DIR}/", f"{STATE_DIR}/", f"{SPARK_DIR}/"):  # the driver writes spark/ first
+    ours = (f"{COMMITS_DIR}/", f"{STATE_DIR}/", f"{SPARK_DIR}/")
+    for prefix in ours:  # the driver writes spark/ first
         if next(iter(fm.list(prefix)), None) is not None:
             return
     first = next(iter(fm.list("")), None)
-    if first is not None:
+    # A job starting while we list writes its first file after our look at its prefix: still ours.
+    if first is not None and not first.path.startswith(ours):
         raise ConfigurationError(
             f"{fm.root_uri} does not look like a statekeeper checkpoint root: it has files (e.g. {first.path!r}) "
             f"but no {COMMITS_DIR}/, {STATE_DIR}/ or {SPARK_DIR}/ directory; nothing was read or deleted"

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from statekeeper.maintenance.expiry import expire_versions
+from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.orphans import clean_orphans
 from statekeeper.maintenance.reports import Report
 from statekeeper.maintenance.settings import MaintenanceSettings
@@ -70,8 +71,11 @@ def maintain(
         n += 1
         t0 = time.monotonic()
         result = CycleResult(n, 0.0)
+        # One listing per cycle for all three operations: each lists a store again under its lease
+        # before changing it (`Inventory.rescan_store`), and the snapshots' rescans update the shared view.
+        inv = Inventory.scan(fm, parallelism=settings.parallelism)
         for op in (create_snapshots, expire_versions, clean_orphans):
-            result.reports.append(op(fm, settings, catalog=catalog))
+            result.reports.append(op(fm, settings, catalog=catalog, inventory=inv))
         result.seconds = time.monotonic() - t0
         log.info("%s", result.summary())
         if on_cycle is not None:

@@ -61,11 +61,14 @@ def clean_orphans(
     dry_run: bool = False,
     progress: bool = False,
     stores: Iterable[StoreId] | None = None,
+    inventory: Inventory | None = None,
 ) -> OrphanReport:
     """Delete orphans older than the grace period; `dry_run` reports the files and bytes instead.
 
     With `catalog`: the run is recorded, stores are leased in the catalog and deleted files are
     marked deleted. A store with problems is left untouched and named in the errors.
+    `inventory`: a listing of the root the caller took (the maintenance loop shares one per cycle);
+    each store is listed again under its lease before anything is changed.
     """
     t0 = time.perf_counter()
     fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
@@ -73,7 +76,7 @@ def clean_orphans(
     report = OrphanReport(root=fm.root_uri, dry_run=dry_run)
     with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
         try:
-            inv = Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
+            inv = inventory or Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
             root = plan_root(inv, settings, all_stores=wanted is None)
             plans = [p for s, p in root.stores.items() if wanted is None or s in wanted]
             report.stores = len(plans)

@@ -117,7 +117,7 @@ class Replica:
             self._db = None
 
     def _open_db(self) -> None:
-        self._db = open_db(self.db_dir)
+        self._db = open_db(self.db_dir, bulk_replay=True)
         for name in rd.Rdict.list_cf(self.db_dir, db_options()):
             self._bind(name)
 
@@ -282,7 +282,7 @@ class Replica:
     def _handle_of(self, cf_name: str) -> Any:
         handle = self._handles.get(cf_name)
         if handle is None:
-            self.db.create_column_family(cf_name, db_options())
+            self.db.create_column_family(cf_name, db_options(bulk_replay=True))
             self._bind(cf_name)
             handle = self._handles[cf_name]
         return handle

@@ -23,15 +23,14 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from statekeeper.maintenance.executors import InProcess, Row, StoreExecutor, StoreTask, catalog_url
 from statekeeper.maintenance.inventory import Inventory
-from statekeeper.maintenance.leasing import store_lease
+from statekeeper.maintenance.leasing import LeaseGuard, store_lease
 from statekeeper.maintenance.plan import StorePlan, plan_store
-from statekeeper.maintenance.progress import bar
 from statekeeper.maintenance.replica import Replica, ReplicaBusyError
 from statekeeper.maintenance.reports import SnapshotReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
@@ -170,12 +169,18 @@ def create_snapshots(
     dry_run: bool = False,
     progress: bool = False,
     stores: Iterable[StoreId] | None = None,
+    inventory: Inventory | None = None,
+    executor: StoreExecutor | None = None,
 ) -> SnapshotReport:
     """Snapshot every store (or those in `stores`) whose chain reached `settings.snapshot_threshold`.
 
     With `catalog`: the run is recorded, each store is leased in the catalog, and the catalog is
     synced incrementally afterwards so it knows the new snapshots. `dry_run` only reports which
     stores would be snapshotted.
+    `inventory`: a listing of the root the caller took (the maintenance loop shares one per cycle);
+    each store is listed again under its lease before anything is changed. `executor`: where the
+    stores' snapshots are built (default: a pool of `settings.parallelism` threads in this process;
+    `statekeeper.maintenance.fanout` supplies Spark's executors).
     """
     t0 = time.perf_counter()
     fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
@@ -184,7 +189,7 @@ def create_snapshots(
     report = SnapshotReport(root=fm.root_uri, dry_run=dry_run)
     with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
         try:
-            inv = Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
+            inv = inventory or Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
             ids = wanted if wanted is not None else inv.store_ids()
             plans = [plan_store(inv, s, settings) for s in ids]
             report.stores = len(plans)
@@ -204,7 +209,12 @@ def create_snapshots(
                             }
                         )
                 return report
-            _run_all(fm, inv, todo, settings, catalog, report, progress)
+            task = StoreTask("snapshot", fm.root_uri, settings, catalog_url(catalog))
+            rows = (executor or InProcess(settings.parallelism, progress)).run_stores(
+                task, todo, lambda s: snapshot_row(fm, inv, s, settings, catalog)
+            )
+            for store in todo:
+                _account(report, rows.get(store) or {"store": str(store), "action": "failed", "error": "no result"})
             if catalog is not None and report.snapshots:
                 _sync(catalog, fm, report)
         finally:
@@ -213,47 +223,29 @@ def create_snapshots(
     return report
 
 
-def _run_all(
+def snapshot_row(
     fm: CheckpointFileManager,
     inv: Inventory,
-    todo: list[StoreId],
+    store: StoreId,
     settings: MaintenanceSettings,
     catalog: Catalog | None,
-    report: SnapshotReport,
-    progress: bool,
-) -> None:
-    lock = threading.Lock()
-    pbar = bar(progress, "snapshots", total=len(todo), unit="store")
+) -> Row:
+    """Snapshot one store under its lease: its report row (a failure is a row too, naming the store).
 
-    def one(store: StoreId) -> None:
-        try:
-            row = _snapshot_store(fm, inv, store, settings, catalog)
-        except Exception as e:
-            log.debug("snapshot of store %s failed", store, exc_info=True)
-            with lock:
-                report.error(f"store {store}: {e}")
-                report.items.append({"store": str(store), "action": "failed", "error": str(e)})
-        else:
-            with lock:
-                _account(report, row)
-        finally:
-            with lock:
-                pbar.update(1)
-
+    The per-store step of `create_snapshots`, wherever its executor runs it (`statekeeper.maintenance.executors`).
+    """
     try:
-        if settings.parallelism == 1 or len(todo) <= 1:
-            for s in todo:
-                one(s)
-        else:
-            with ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="snapshot") as pool:
-                list(pool.map(one, todo))
-    finally:
-        pbar.close()
+        return _snapshot_store(fm, inv, store, settings, catalog)
+    except Exception as e:
+        log.debug("snapshot of store %s failed", store, exc_info=True)
+        return {"store": str(store), "action": "failed", "error": str(e)}
 
 
-def _account(report: SnapshotReport, row: dict[str, Any]) -> None:
+def _account(report: SnapshotReport, row: Row) -> None:
     report.items.append(row)
-    if row["action"] != "snapshot":
+    if "error" in row:
+        report.error(f"store {row['store']}: {row['error']}")
+    if row.get("action") != "snapshot":
         return
     report.snapshots += 1
     report.files += row["ssts_uploaded"] + 1
@@ -277,52 +269,67 @@ def _snapshot_store(
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
     with store_lease(fm.root_uri, store, settings, catalog) as lease:
-        files = inv.rescan_store(store)  # what the store holds now that no other maintainer changes it
-        plan = plan_store(inv, store, settings)
-        row: dict[str, Any] = {"store": str(store), "version": plan.latest, "chain_length": plan.chain_length}
-        repair = _repair_reason(fm, inv, plan, settings)
-        if plan.latest is None or plan.latest_id is None:
-            return {**row, "action": "skipped", "reason": "nothing committed"}
-        if plan.chain_length < settings.snapshot_threshold and repair is None:
-            return {**row, "action": "skipped", "reason": "already snapshotted"}
-        snapshots = {v: files.manifest_data[(v, cid)] for v, cid in plan.intact_snapshots.items()}
-        with _checkout(fm, store, settings) as replica:
-            if repair is not None:
-                log.warning("store %s: %s; writing a fresh snapshot from a cold build", store, repair)
-                replica.reset()  # a warm copy may share the damaged files (hard links on local disk)
-            stats = replica.ensure(plan.latest, plan.latest_id, plan.committed, snapshots, plan.full_state)
-            lease.check()
-            try:
-                result = replica.snapshot(set(files.ssts), corrupt_ssts(fm.root_uri, store))
-            except CheckpointFileExistsError:
-                return {**row, "action": "skipped", "reason": "the manifest exists already"}
-        mark_sound(fm.root_uri, store, result.manifest)
-        manifest_bytes = len(result.manifest.to_bytes())
-        log.info(
-            "snapshot of store %s at version %d: %s build, %d changelogs replayed, %d/%d SSTs uploaded",
-            store,
-            plan.latest,
-            "warm" if stats.warm else "cold",
-            stats.changelogs,
-            result.uploaded_files,
-            result.uploaded_files + result.reused_files,
-        )
-        return {
-            **row,
-            "action": "snapshot",
-            "checkpoint_id": plan.latest_id,
-            "manifest": result.manifest_path,
-            "build": "warm" if stats.warm else "cold",
-            "base_version": stats.base_version,
-            "changelogs_replayed": stats.changelogs,
-            "records_replayed": stats.records,
-            "ssts_uploaded": result.uploaded_files,
-            "ssts_reused": result.reused_files,
-            "bytes_uploaded": result.uploaded_bytes + manifest_bytes,
-            "num_keys": result.manifest.num_keys,
-            "build_seconds": round(stats.seconds, 3),
-            "seconds": round(time.perf_counter() - t0, 3),
-        }
+        leased_at = time.time()
+        row = _snapshot_leased(fm, inv, store, settings, lease, t0)
+        # when this maintainer held the store (invariant 5: the holds of two maintainers never overlap)
+        return {**row, "leased_at": leased_at, "released_at": time.time()}
+
+
+def _snapshot_leased(
+    fm: CheckpointFileManager,
+    inv: Inventory,
+    store: StoreId,
+    settings: MaintenanceSettings,
+    lease: LeaseGuard,
+    t0: float,
+) -> dict[str, Any]:
+    """The snapshot of one store whose lease this maintainer holds (skipped when another did it meanwhile)."""
+    files = inv.rescan_store(store)  # what the store holds now that no other maintainer changes it
+    plan = plan_store(inv, store, settings)
+    row: dict[str, Any] = {"store": str(store), "version": plan.latest, "chain_length": plan.chain_length}
+    repair = _repair_reason(fm, inv, plan, settings)
+    if plan.latest is None or plan.latest_id is None:
+        return {**row, "action": "skipped", "reason": "nothing committed"}
+    if plan.chain_length < settings.snapshot_threshold and repair is None:
+        return {**row, "action": "skipped", "reason": "already snapshotted"}
+    snapshots = {v: files.manifest_data[(v, cid)] for v, cid in plan.intact_snapshots.items()}
+    with _checkout(fm, store, settings) as replica:
+        if repair is not None:
+            log.warning("store %s: %s; writing a fresh snapshot from a cold build", store, repair)
+            replica.reset()  # a warm copy may share the damaged files (hard links on local disk)
+        stats = replica.ensure(plan.latest, plan.latest_id, plan.committed, snapshots, plan.full_state)
+        lease.check()
+        try:
+            result = replica.snapshot(set(files.ssts), corrupt_ssts(fm.root_uri, store))
+        except CheckpointFileExistsError:
+            return {**row, "action": "skipped", "reason": "the manifest exists already"}
+    mark_sound(fm.root_uri, store, result.manifest)
+    manifest_bytes = len(result.manifest.to_bytes())
+    log.info(
+        "snapshot of store %s at version %d: %s build, %d changelogs replayed, %d/%d SSTs uploaded",
+        store,
+        plan.latest,
+        "warm" if stats.warm else "cold",
+        stats.changelogs,
+        result.uploaded_files,
+        result.uploaded_files + result.reused_files,
+    )
+    return {
+        **row,
+        "action": "snapshot",
+        "checkpoint_id": plan.latest_id,
+        "manifest": result.manifest_path,
+        "build": "warm" if stats.warm else "cold",
+        "base_version": stats.base_version,
+        "changelogs_replayed": stats.changelogs,
+        "records_replayed": stats.records,
+        "ssts_uploaded": result.uploaded_files,
+        "ssts_reused": result.reused_files,
+        "bytes_uploaded": result.uploaded_bytes + manifest_bytes,
+        "num_keys": result.manifest.num_keys,
+        "build_seconds": round(stats.seconds, 3),
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
 
 
 def _due(fm: CheckpointFileManager, inv: Inventory, plan: StorePlan, settings: MaintenanceSettings) -> bool:
@@ -351,19 +358,12 @@ def _sync(catalog: Catalog, fm: CheckpointFileManager, report: SnapshotReport) -
         log.warning("catalog sync after snapshots of %s: %s", report.root, err)
 
 
-snapshot_store = _snapshot_store
-"""Snapshot one store under its lease (one row of the report); used per store by maintenance.fanout."""
-account_snapshot = _account
-sync_after_snapshots = _sync
-
 __all__ = [
     "MAX_OPEN_REPLICAS",
-    "account_snapshot",
     "check_work_dir",
     "close_replicas",
     "create_snapshots",
     "replica_dir",
-    "snapshot_store",
-    "sync_after_snapshots",
+    "snapshot_row",
     "work_root",
 ]

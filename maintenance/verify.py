@@ -24,15 +24,15 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from statekeeper.maintenance.executors import InProcess, Row, StoreExecutor, StoreTask
 from statekeeper.maintenance.inventory import Inventory, StoreFiles
 from statekeeper.maintenance.plan import StorePlan, plan_store
 from statekeeper.maintenance.replica import Replica, content_digest
 from statekeeper.maintenance.reports import VerifyReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.workers import run_each
 from statekeeper.store.errors import CheckpointError, CorruptFileError, LineageError, StatekeeperError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.formats.changelog import ChangelogReader, Lineage
@@ -69,8 +69,13 @@ def verify_root(
     orchestrator_run_id: str | None = None,
     progress: bool = False,
     stores: Iterable[StoreId] | None = None,
+    executor: StoreExecutor | None = None,
 ) -> VerifyReport:
-    """Check that every retained version of every store (or of `stores`) is loadable; read-only."""
+    """Check that every retained version of every store (or of `stores`) is loadable; read-only.
+
+    `executor`: where the stores are verified (default: a pool of `settings.parallelism` threads here;
+    `statekeeper.maintenance.fanout` supplies Spark's executors).
+    """
     t0 = time.perf_counter()
     fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
     wanted = None if stores is None else list(stores)
@@ -84,18 +89,19 @@ def verify_root(
                 report.error(f"cannot read {path}: {why}")
             ids = wanted if wanted is not None else inv.store_ids()
             report.stores = len(ids)
-            results = run_each(
-                ids,
-                lambda s: _verify_store(fm, inv, s, settings, rebuild=rebuild, checksums=checksums),
-                parallelism=settings.parallelism,
-                progress=progress,
-                desc="verify",
+            options = {"rebuild": rebuild, "checksums": checksums}
+            task = StoreTask("verify", fm.root_uri, settings, options=options)
+            rows = (executor or InProcess(settings.parallelism, progress)).run_stores(
+                task, ids, lambda s: verify_row(fm, inv, s, settings, **options)
             )
-            for s, outcome in zip(ids, results, strict=True):
-                if isinstance(outcome, Exception):
-                    account_verification(report, _StoreResult(s, [f"store {s}: verification failed: {outcome}"]))
+            for s in ids:
+                row = rows.get(s)
+                if row is None:
+                    account_verification(report, _StoreResult(s, [f"store {s}: no verification result came back"]))
+                elif "error" in row:
+                    account_verification(report, _StoreResult(s, [f"store {s}: verification failed: {row['error']}"]))
                 else:
-                    account_verification(report, outcome)
+                    account_verification(report, _StoreResult(**{**row, "store": s}))
         finally:
             report.seconds = time.perf_counter() - t0
     log.info(report.summary())
@@ -395,9 +401,25 @@ def _replayable_base(plan: StorePlan, files: StoreFiles, version: int) -> int | 
     return None
 
 
-StoreVerification = _StoreResult
-"""One store's verification outcome (what maintenance.fanout gathers from Spark tasks)."""
-verify_store = _verify_store
-"""Verify one store of an inventory (read-only); used per store by maintenance.fanout."""
+def verify_row(
+    fm: CheckpointFileManager,
+    inv: Inventory,
+    store: StoreId,
+    settings: MaintenanceSettings,
+    *,
+    rebuild: bool,
+    checksums: bool,
+) -> Row:
+    """Verify one store of an inventory (read-only): its outcome as a row (a failure: an "error" row).
 
-__all__ = ["StoreVerification", "account_verification", "verify_root", "verify_store"]
+    The per-store step of `verify_root`, wherever its executor runs it (`statekeeper.maintenance.executors`).
+    """
+    try:
+        res = _verify_store(fm, inv, store, settings, rebuild=rebuild, checksums=checksums)
+    except Exception as e:
+        log.debug("verification of store %s failed", store, exc_info=True)
+        return {"store": str(store), "error": str(e)}
+    return {**asdict(res), "store": str(store)}
+
+
+__all__ = ["account_verification", "verify_root", "verify_row"]

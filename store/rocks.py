@@ -188,8 +188,13 @@ def relieve_memory_pressure() -> int:
     return flushed
 
 
-def db_options() -> rd.Options:
-    """Options for every store DB and column family; built once per open so nothing is shared by accident."""
+def db_options(*, bulk_replay: bool = False) -> rd.Options:
+    """Options for every store DB and column family; built once per open so nothing is shared by accident.
+
+    `bulk_replay`: a DB only written in large batches and read after a flush (maintenance's warm
+    copies): a vector memtable appends each write and sorts once at flush, ~10x less CPU per
+    insert than the default skip list, whose reads are slow until then.
+    """
     mem = shared_memory()
     opts = rd.Options(raw_mode=True)
     opts.create_if_missing(True)
@@ -198,6 +203,9 @@ def db_options() -> rd.Options:
     opts.set_write_buffer_size(mem.limits.write_buffer_size)
     opts.set_max_write_buffer_number(3)
     opts.set_compression_type(rd.DBCompressionType.lz4())
+    if bulk_replay:
+        opts.set_memtable_factory(rd.MemtableFactory.vector())
+        opts.set_allow_concurrent_memtable_write(False)
     opts.set_max_background_jobs(2)
     opts.set_bytes_per_sync(1 << 20)
     opts.set_keep_log_file_num(2)
@@ -219,13 +227,14 @@ def write_options() -> rd.WriteOptions:
     return wo
 
 
-def open_db(path: str, column_families: Iterable[str] = ()) -> rd.Rdict:
-    """Open (or create) the DB at `path`, passing every column family and its options explicitly."""
+def open_db(path: str, column_families: Iterable[str] = (), *, bulk_replay: bool = False) -> rd.Rdict:
+    """Open (or create) the DB at `path`, passing every column family and its options explicitly
+    (`bulk_replay`: see `db_options`)."""
     names = set(column_families)
     if os.path.exists(os.path.join(path, "CURRENT")):
         names.update(rd.Rdict.list_cf(path, db_options()))
     names.discard(DEFAULT_CF)
-    opts = db_options()
-    db = rd.Rdict(path, opts, column_families={n: db_options() for n in sorted(names)})
+    opts = db_options(bulk_replay=bulk_replay)
+    db = rd.Rdict(path, opts, column_families={n: db_options(bulk_replay=bulk_replay) for n in sorted(names)})
     db.set_write_options(write_options())
     return db

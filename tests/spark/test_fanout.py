@@ -6,10 +6,12 @@ executors, each snapshot under its catalog lease, and the results come back into
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +121,107 @@ def test_the_dagster_resource_selects_the_engine() -> None:
     assert snapshot.keywords["engine"].master == "spark://127.0.0.1:7077"
     with pytest.raises(ConfigurationError, match="unknown maintenance engine"):
         MaintenanceConfig(engine="yarn").snapshot_operation()
+
+
+def test_two_maintainers_one_on_spark_never_hold_a_store_at_once(spark: Any, tmp_path: Path) -> None:
+    """Invariant 5 with fan-out: a maintenance cycle in this process and a snapshot run on Spark executors,
+    started together on one root, both under the catalog's leases. The in-process maintainer holds its
+    first store until a Spark job runs, so the two meet on a store: nobody holds a store while the other
+    does, every store is snapshotted once, and afterwards every retained version still loads."""
+    import threading
+    from dataclasses import replace
+
+    from statekeeper.maintenance.fanout import SparkEngine, create_snapshots_on_spark, verify_root_on_spark
+    from statekeeper.maintenance.loop import maintain
+    from statekeeper.maintenance.settings import MaintenanceSettings
+    from statekeeper.maintenance.verify import verify_root
+    from statekeeper.sql.catalog import Catalog
+    from statekeeper.store import faults
+
+    root = (tmp_path / "root").as_uri()
+    with CheckpointWriter(root, partitions=PARTITIONS) as writer:
+        writer.commit(8)
+    url = f"sqlite:///{tmp_path / 'catalog.db'}"
+    local_settings = MaintenanceSettings(
+        snapshot_threshold=3,
+        min_versions_to_retain=2,
+        orphan_grace_seconds=0.0,
+        load_grace_seconds=0.0,
+        lease_timeout_seconds=120.0,
+        parallelism=1,
+        work_dir=str(tmp_path / "local"),
+    )
+    spark_settings = replace(local_settings, work_dir=str(tmp_path / "spark"))
+    tracker = spark.sparkContext.statusTracker()
+    met = threading.Event()
+
+    def hold_first_store(point: str, subject: str) -> None:
+        if point == "rocks.checkpoint" and not met.is_set():  # only this process's snapshots: the driver's side
+            deadline = time.monotonic() + 120
+            while not tracker.getActiveJobsIds() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(3.0)  # the Spark tasks reach this store's lease and wait for it
+            met.set()
+
+    engine = SparkEngine(tasks=3)
+    barrier = threading.Barrier(2)
+    outcome: dict[str, Any] = {}
+
+    def run(name: str, fn: Any) -> None:
+        catalog = Catalog.open(url)
+        try:
+            barrier.wait()
+            outcome[name] = fn(catalog)
+        except BaseException as e:  # reported below
+            outcome[name] = e
+        finally:
+            catalog.close()
+
+    Catalog.open(url, upgrade=True).close()
+    previous = faults.arm(hold_first_store)
+    try:
+        threads = [
+            threading.Thread(
+                target=run,
+                args=("local", lambda c: maintain(root, local_settings, every=0, cycles=1, catalog=c)[-1].reports),
+            ),
+            threading.Thread(
+                target=run,
+                args=(
+                    "spark",
+                    lambda c: create_snapshots_on_spark(root, spark_settings, engine, catalog=c),
+                ),
+            ),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+    finally:
+        faults.arm(previous)
+    local_reports, spark_report = outcome["local"], outcome["spark"]
+    assert not isinstance(local_reports, BaseException), local_reports
+    assert not isinstance(spark_report, BaseException), spark_report
+    assert met.is_set(), "the two maintainers never ran at the same time"
+    assert all(r.ok for r in local_reports), [r.errors for r in local_reports]
+    assert spark_report.ok, spark_report.errors
+    rows = [("local", r) for r in local_reports[0].items] + [("spark", r) for r in spark_report.items]
+    by_store: dict[str, list[tuple[float, float, str, str]]] = {}
+    for who, r in rows:
+        by_store.setdefault(r["store"], []).append((r["leased_at"], r["released_at"], who, r["action"]))
+    assert sorted(by_store) == [f"agg/{p}" for p in range(PARTITIONS)]
+    contended = 0
+    for store, holds in by_store.items():
+        holds.sort()
+        for (_, released, who, _), (leased, _, other, _) in itertools.pairwise(holds):
+            assert leased >= released, (
+                f"store {store}: {other} took it at {leased} while {who} held it until {released}"
+            )
+        assert [a for *_, a in holds].count("snapshot") == 1, f"store {store} snapshotted other than once: {holds}"
+        contended += len({who for _, _, who, _ in holds}) > 1
+    assert contended >= 1, f"no store was reached by both maintainers: {by_store}"
+    # nothing a retained version needs was deleted (the local cycle expired and cleaned while Spark snapshotted)
+    check = verify_root(root, local_settings, rebuild=True)
+    assert check.ok and check.stores_ok == PARTITIONS, check.errors
+    on_spark = verify_root_on_spark(root, spark_settings, SparkEngine())
+    assert on_spark.ok and on_spark.stores_ok == PARTITIONS, on_spark.errors

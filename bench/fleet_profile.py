@@ -1,0 +1,113 @@
+"""The maintainer's CPU per store-commit, measured and profiled in one process, for tuning the loop.
+
+`bench.bench_fleet` measures a maintainer beside real-time writers; on a shared machine that is slow and
+noisy. This drives the same writer (`bench.bench_fleet._writer_main`, in a child process) in lock step
+instead: `per_cycle` commits of every store, then one `statekeeper maintain` cycle here, whose CPU time
+(this process, all threads) alone is counted, after `warmup` cycles. With ``--profile FILE`` the
+measured cycles run under cProfile with a thread-CPU clock (use ``--parallelism 1`` to see the snapshot
+builds, which otherwise run on pool threads)::
+
+    python -m bench.fleet_profile --stores 16 --cycles 20 [--catalog] [--profile /tmp/cycle.prof]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import multiprocessing
+import os
+import pstats
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from bench.bench_fleet import OPERATOR, _writer_main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.fleet_profile", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stores", type=int, default=16)
+    parser.add_argument("--cycles", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--per-cycle", type=int, default=2, help="commits of every store between two cycles")
+    parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--updates", type=int, default=1_000)
+    parser.add_argument("--parallelism", type=int, default=4)
+    parser.add_argument("--catalog", action="store_true", help="with a SQLite catalog, as `maintain` by default")
+    parser.add_argument("--profile", type=Path, help="write the measured cycles' profile here")
+    args = parser.parse_args(argv)
+
+    from statekeeper.maintenance.loop import maintain
+    from statekeeper.maintenance.settings import MaintenanceSettings
+    from statekeeper.sql.catalog import Catalog
+    from statekeeper.store.commit_log import CommitLog
+    from statekeeper.store.files import open_file_manager
+
+    base = tempfile.mkdtemp(prefix="statekeeper-fleet-profile-")
+    root = Path(base, "ckpt")
+    root.mkdir()
+    uri = root.as_uri()
+    parent, child = multiprocessing.get_context("spawn").Pipe()
+    writer = multiprocessing.get_context("spawn").Process(
+        target=_writer_main,
+        args=(child, uri, list(range(args.stores)), args.keys, args.updates, os.path.join(base, "writer")),
+        daemon=True,
+    )
+    writer.start()
+    commits = CommitLog(open_file_manager(uri))
+    ids: dict[int, str] = {}
+    version = 0
+
+    def commit_all() -> None:
+        nonlocal ids, version
+        parent.send((version, ids))
+        ids = parent.recv()
+        commits.commit(version + 1, {OPERATOR: [ids[p] for p in range(args.stores)]})
+        version += 1
+
+    settings = MaintenanceSettings(
+        snapshot_threshold=10,
+        min_versions_to_retain=20,
+        orphan_grace_seconds=60.0,
+        load_grace_seconds=10.0,
+        parallelism=args.parallelism,
+        work_dir=os.path.join(base, "replicas"),
+    )
+    catalog = Catalog.open(f"sqlite:///{base}/catalog.db", upgrade=True) if args.catalog else None
+    profiler = cProfile.Profile(time.thread_time) if args.profile else None
+    cpu = 0.0
+    measured = 0
+    try:
+        commit_all()  # the bulk load
+        for cycle in range(args.warmup + args.cycles):
+            for _ in range(args.per_cycle):
+                commit_all()
+            counted = cycle >= args.warmup
+            t0 = time.process_time()
+            if profiler is not None and counted:
+                profiler.enable()
+            maintain(uri, settings, every=0, cycles=1, catalog=catalog)
+            if profiler is not None and counted:
+                profiler.disable()
+            if counted:
+                cpu += time.process_time() - t0
+                measured += args.per_cycle * args.stores
+    finally:
+        parent.send(None)
+        writer.join(timeout=60)
+        if catalog is not None:
+            catalog.close()
+        shutil.rmtree(base, ignore_errors=True)
+    print(
+        json.dumps({"stores": args.stores, "store_commits": measured, "cpu_ms_per_store_commit": 1000 * cpu / measured})
+    )
+    if profiler is not None:
+        profiler.dump_stats(args.profile)
+        pstats.Stats(str(args.profile)).sort_stats("cumulative").print_stats(40)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
