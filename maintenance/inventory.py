@@ -35,6 +35,7 @@ from statekeeper.store.layout import (
     CHANGELOG_DIR,
     CHANGELOG_SUFFIX,
     COMMITS_DIR,
+    HEARTBEAT_DIR,
     MANIFEST_SUFFIX,
     SNAPSHOT_DIR,
     SPARK_DIR,
@@ -43,6 +44,7 @@ from statekeeper.store.layout import (
     StoreId,
     parse_batch_name,
     parse_commit_name,
+    parse_heartbeat_name,
     parse_versioned_name,
 )
 from statekeeper.store.snapshot import read_manifest
@@ -58,6 +60,8 @@ TEMP = "temp"
 UPLOAD = "upload"
 BATCH = "batch"
 """The Spark driver's per-batch file; its `version` is the version the batch commits (batch + 1)."""
+HEARTBEAT = "heartbeat"
+"""A running Spark driver's heartbeat (store/spark/heartbeat.py); a stale one is an orphan."""
 FOREIGN = "foreign"
 
 _SST_NAME = re.compile(r"^[0-9a-f]{40}(?:[0-9a-f]{24})?\.sst$")  # 64 digits: re-uploaded after corruption
@@ -142,6 +146,10 @@ def classify(path: str, *, temp_listing: bool = False) -> _Kind:
         b = parse_batch_name(name)
         if b is not None and _store_of(parts[1], "00000") is not None:
             return _Kind(BATCH, version=b + 1)
+        return _Kind(FOREIGN)
+    if len(parts) == 4 and parts[0] == SPARK_DIR and parts[2] == HEARTBEAT_DIR:
+        if parse_heartbeat_name(name) is not None and _store_of(parts[1], "00000") is not None:
+            return _Kind(HEARTBEAT)
         return _Kind(FOREIGN)
     if len(parts) == 5 and parts[0] == STATE_DIR:
         store = _store_of(parts[1], parts[2])
@@ -243,6 +251,8 @@ class Inventory:
         self.stores: dict[StoreId, StoreFiles] = {}
         self.batch_files: list[FileEntry] = []
         """The Spark driver's batch files (`spark/<operator>/batches/`), tied to the version they commit."""
+        self.heartbeats: list[FileEntry] = []
+        """Running (or killed) Spark drivers' heartbeats (`spark/<operator>/heartbeat/`)."""
         self.temps: list[FileEntry] = []
         """Unfinished writes outside any store (commit records, batch files)."""
         self.foreign: list[FileEntry] = []
@@ -339,6 +349,8 @@ class Inventory:
             self.commit_files[entry.version] = entry
         elif entry.kind == BATCH:
             self.batch_files.append(entry)
+        elif entry.kind == HEARTBEAT:
+            self.heartbeats.append(entry)
         elif entry.store is not None:
             files = self.stores.get(entry.store)
             if files is None:
@@ -450,7 +462,7 @@ class Inventory:
         """Version -> id of the committed full-state changelogs of `store` (a rescale or rollback wrote them)."""
         out: dict[int, str] = {}
         for v, rec in self.records.items():
-            if store.operator in rec.change:
+            if rec.full_state(store.operator, store.partition):
                 cid = rec.checkpoint_id(store.operator, store.partition)
                 if cid is not None:
                     out[v] = cid
@@ -475,6 +487,7 @@ class Inventory:
         for files in self.stores.values():
             yield from files.entries()
         yield from self.batch_files
+        yield from self.heartbeats
         yield from self.temps
         yield from self.foreign
 
@@ -546,6 +559,7 @@ __all__ = [
     "CHANGELOG",
     "COMMIT",
     "FOREIGN",
+    "HEARTBEAT",
     "MANIFEST",
     "SST",
     "TEMP",
