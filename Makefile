@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 S3RVER_DIR   := tests/s3rver
 S3RVER_STAMP := $(S3RVER_DIR)/node_modules/.installed
 
-.PHONY: setup run test test-all test-model-long reliability lint typecheck bench check-prereqs clean
+.PHONY: setup run test test-all test-model-long reliability soak lint typecheck bench check-prereqs clean
 
 check-prereqs:
 	@scripts/check-prereqs.sh "$(PYTHON)"
@@ -48,6 +48,10 @@ test-model-long: $(STAMP)
 # docs/reliability.md: the whole crash-point sweep (local and S3), model steps at 10x, reader fuzz.
 reliability: $(STAMP) $(S3RVER_STAMP)
 	$(PY) -m bench reliability
+
+# The 10-minute soak and every catalog fault case (both also run in test-all).
+soak: $(STAMP) $(S3RVER_STAMP)
+	$(PY) -m pytest -m slow tests/reliability/test_soak.py tests/reliability/test_catalog_faults.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -9,13 +9,19 @@
    store, store + maintenance) run under pytest with STATEKEEPER_MODEL_SCALE=10 (`--quick`: 1) and
    report the steps they executed (`tests/model_steps.py`), and the reader fuzz test the bad
    inputs it fed to every persisted-format reader.
-3. S3 implementations: the suites parametrized over the checkpoint backends (file-manager contract,
+3. Faults and soak: the disk-fault tests, the catalog-fault tests (PostgreSQL stopped, SQLite locked,
+   the catalog deleted or dropped in the middle of sync, snapshot, expiry and orphan runs) and the soak (writers,
+   maintenance loop, readers, S3 faults) count what they injected; the full run includes their
+   `slow` cases (every catalog case, the 10-minute soak), `--quick` only the default ones.
+4. S3 implementations: the suites parametrized over the checkpoint backends (file-manager contract,
    commit/load/recovery, maintenance; `--quick`: the contract only) run under pytest, and the S3
    tests that passed and failed are counted per implementation (moto's server, s3rver).
 
 `--quick` kills a sample of 2 points per scenario, locally, with 2 partitions, and only prints; the
 full run kills every point with 8 partitions per scenario (more stores: more points), and the figures
 go to bench/results/reliability.json and docs/reliability.md with the date and machine.
+STATEKEEPER_SWEEP_RESULT=FILE reuses the JSON of a sweep already run (`python -m tests.reliability.sweep
+FILE --kinds local,s3 --partitions 8 ...`, hours on 2 cores) instead of sweeping again.
 """
 
 from __future__ import annotations
@@ -42,9 +48,21 @@ MODEL_TESTS = [
     "tests/store/test_typed_model.py",
     "tests/maintenance/test_properties.py",
 ]
+FAULT_TESTS = ["tests/reliability/test_catalog_faults.py", "tests/reliability/test_soak.py"]
+SWEEP_RESULT_ENV = "STATEKEEPER_SWEEP_RESULT"
+FOUND = [
+    "soak: maintenance refused a root whose job wrote its first file while `check_root` was listing it "
+    '("does not look like a statekeeper checkpoint root"); fixed in `maintenance/inventory.py`, regression '
+    "test `tests/reliability/test_soak.py::test_a_job_starting_while_maintenance_checks_the_root_is_not_refused`",
+]
+"""What the sweep, the fault tests and the soak found (each fixed, with a regression test), for the document."""
 
 
 def _sweep(quick: bool, tmp: str) -> dict[str, Any]:
+    given = os.environ.get(SWEEP_RESULT_ENV)
+    if given:
+        reused: dict[str, Any] = json.loads(Path(given).read_text())
+        return reused
     out = os.path.join(tmp, "sweep.json")
     cmd = [sys.executable, "-m", "tests.reliability.sweep", out, "--work", os.path.join(tmp, "sweep")]
     if quick:
@@ -102,17 +120,28 @@ def _s3_implementations(quick: bool, tmp: str) -> Counter[tuple[str, str]]:
     return counts
 
 
-def _model_steps(quick: bool, tmp: str) -> tuple[dict[str, dict[str, int]], bool]:
-    out = os.path.join(tmp, "steps.json")
-    env = {**os.environ, "STATEKEEPER_MODEL_STEPS_FILE": out, "STATEKEEPER_MODEL_SCALE": "1" if quick else "10"}
+def _counted(tests: list[str], marker: str, scale: str, out: str) -> tuple[dict[str, Any], bool]:
+    """Run `tests` under pytest (`-m marker`); the figures they counted (`tests/model_steps.py`)."""
+    env = {**os.environ, "STATEKEEPER_MODEL_STEPS_FILE": out, "STATEKEEPER_MODEL_SCALE": scale}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider", *MODEL_TESTS],
+        [sys.executable, "-m", "pytest", "-q", "-m", marker, "-p", "no:cacheprovider", *tests],
         cwd=ROOT,
         env=env,
         check=False,
     )
-    figures: dict[str, dict[str, int]] = json.loads(Path(out).read_text()) if os.path.exists(out) else {}
+    figures: dict[str, Any] = json.loads(Path(out).read_text()) if os.path.exists(out) else {}
     return figures, proc.returncode == 0
+
+
+def _model_steps(quick: bool, tmp: str) -> tuple[dict[str, Any], bool]:
+    figures, models_passed = _counted(MODEL_TESTS, "not slow", "1" if quick else "10", os.path.join(tmp, "steps.json"))
+    faults, faults_passed = _counted(
+        FAULT_TESTS, "not slow" if quick else "slow or not slow", "1", os.path.join(tmp, "faults.json")
+    )
+    injected = dict(figures.get("injected", {}))
+    for kind, n in faults.get("injected", {}).items():
+        injected[kind] = injected.get(kind, 0) + n
+    return {**figures, "injected": injected, "soak": faults.get("soak", {})}, models_passed and faults_passed
 
 
 def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
@@ -124,6 +153,7 @@ def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
         figures, models_passed = _model_steps(quick, tmp)
         s3_runs = _s3_implementations(quick, tmp)
     steps, fuzzed, injected = figures.get("steps", {}), figures.get("fuzzed", {}), figures.get("injected", {})
+    soak_figures: dict[str, dict[str, int]] = figures.get("soak", {})
     kinds = sorted({k for per in sweep["kills"].values() for k in per})
     kills = Table(
         "Crash-point sweep: distinct kill -9 points, by scenario and root",
@@ -137,6 +167,8 @@ def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
             "model's state, `verify_root` reports a problem, or the catalog differs from a rebuild",
         ],
     )
+    if os.environ.get(SWEEP_RESULT_ENV):
+        kills.notes.append(f"sweep figures from a saved sweep run ({SWEEP_RESULT_ENV}), not swept again")
     if sweep["lost"] or sweep["problems"]:
         kills.rows = [[*row[:-1], "see notes"] for row in kills.rows]
         kills.notes += [p.splitlines()[0] for p in sweep["problems"][:20]]
@@ -151,7 +183,7 @@ def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
         [[name, n] for name, n in sorted(steps.items())] + [["total", sum(steps.values())]],
         [
             f"STATEKEEPER_MODEL_SCALE={'1' if quick else '10'}; "
-            f"{'every machine passed' if models_passed else 'A MACHINE FAILED: see the pytest output'}"
+            f"{'every machine and fault test passed' if models_passed else 'A TEST FAILED: see the pytest output'}"
         ],
     )
     inputs = Table(
@@ -160,11 +192,57 @@ def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
         [[name, n, 0] for name, n in sorted(fuzzed.items())] + [["total", sum(fuzzed.values()), 0]],
         ["every input refused with the reader's own error naming the file (or state variable); a test fails otherwise"],
     )
-    disk = Table(
-        "Disk faults injected on local writes (commit, snapshot, file manager)",
-        ["fault", "injected", "partial file visible or version lost"],
-        [[name, n, 0] for name, n in sorted(injected.items())],
-        ["each failed with an error naming the file; tests fail on a partial file or a lost version"],
+    faults = Table(
+        "Faults injected, by kind (disk, catalog, S3)",
+        ["fault", "injected", "partial file visible, version lost or file needed deleted"],
+        [[name, n, 0] for name, n in sorted(injected.items())] + [["total", sum(injected.values()), 0]],
+        [
+            "disk (ENOSPC, EIO on local writes during commit, snapshot, file manager): each failed with an error "
+            "naming the file, nothing partial visible",
+            "catalog (PostgreSQL stopped with pg_ctl and restarted during or after the run, SQLite locked by "
+            "another process, the catalog deleted (SQLite file removed, PostgreSQL database dropped), each in "
+            "the middle of a sync, snapshot, expiry or orphan "
+            "run): the run finished or failed with an error naming the database, the next run succeeded, "
+            "`statekeeper catalog rebuild` restored the catalog, every retained version loaded exactly",
+            "S3 (soak, through the fault proxy: 503 SlowDown, 500 before/after the request took effect, "
+            "connection resets before/after, truncated bodies): retried, nothing lost",
+        ],
+    )
+    soak = Table(
+        "Soak: writers, maintenance loop, readers and S3 faults together (tests/reliability/test_soak.py)",
+        [
+            "run",
+            "versions",
+            "partitions",
+            "reads",
+            "maintenance cycles",
+            "S3 faults",
+            "max files (bound)",
+            "max bytes",
+            "RSS first/last third (MiB)",
+            "lost",
+        ],
+        [
+            [
+                name,
+                f["versions"],
+                f["partitions"],
+                f["loads"],
+                f["cycles"],
+                f["s3 faults"],
+                f"{f['max files']:,} ({f['file bound']:,})",
+                f["max bytes"],
+                f"{f['rss first third MiB']} / {f['rss last third MiB']}",
+                0,
+            ]
+            for name, f in sorted(soak_figures.items())
+        ],
+        [
+            "every sample (2 s): files and bytes under the root within the bound derived from retention, the "
+            "snapshot threshold, the graces and the write rate; at the end every retained version of every "
+            "partition loads to exactly the model's state, `verify_root` is clean, and the RSS of the last "
+            "third of the samples is within 10% + 24 MiB of the first third's"
+        ],
     )
     s3 = Table(
         "S3 implementations",
@@ -175,7 +253,7 @@ def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
             f"over HTTP; suites: {', '.join(S3_SUITES_QUICK if quick else S3_SUITES)}; how they differ: docs/s3.md",
         ],
     )
-    tables = [kills, points, models, inputs, disk, s3]
+    tables = [kills, points, models, inputs, faults, soak, s3]
     if doc if doc is not None else not quick:
         _write_doc(tables, measured_on, quick)
     return tables
@@ -192,10 +270,15 @@ def _write_doc(tables: list[Table], measured_on: dict[str, Any], quick: bool) ->
         f"commit {m['commit']}, {m['date']}.",
         "",
         "How it is measured: [the crash-point sweep](../tests/reliability/sweep.py) over the fault seam "
-        "[`store/faults.py`](../store/faults.py), and the hypothesis state machines counted by "
-        "[`tests/model_steps.py`](../tests/model_steps.py). The default `make test` runs a sample of the "
-        "sweep (>= 100 kills) and every machine at scale 1; `make test-all` runs the whole sweep, local and S3.",
+        "[`store/faults.py`](../store/faults.py), the hypothesis state machines counted by "
+        "[`tests/model_steps.py`](../tests/model_steps.py), the [disk](../tests/reliability/test_disk_faults.py) "
+        "and [catalog](../tests/reliability/test_catalog_faults.py) fault tests and the "
+        "[soak](../tests/reliability/test_soak.py). The default `make test` runs a sample of the sweep "
+        "(14 points per scenario, >= 100 kills), every machine at scale 1, half of the catalog fault cases and "
+        "the 1-minute soak; `make test-all` runs the whole sweep (local and S3, >= 1,000 kills), every catalog "
+        "fault case and the 10-minute soak.",
         "",
     ]
     parts += [t.markdown() for t in tables]
+    parts += ["### Bugs these runs found", "", *[f"- {b}" for b in FOUND], ""]
     DOC.write_text("\n".join(parts))

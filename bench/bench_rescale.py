@@ -75,7 +75,6 @@ def build_statekeeper_state(root: Path, keys: int, partitions: int) -> None:
 def statekeeper_offline(work: Path, keys: int, src: int, dst: int) -> dict[str, Any]:
     root = work / f"sk-{keys}-{src}-{dst}"
     build_statekeeper_state(root, keys, src)
-    read = _du(root / "state")
     fm = open_file_manager(root.as_uri())
     t0 = time.perf_counter()
     result = execute_relayout(fm, plan_rescale(fm, "agg", dst), workers=2)
@@ -83,7 +82,7 @@ def statekeeper_offline(work: Path, keys: int, src: int, dst: int) -> dict[str, 
     shutil.rmtree(root, ignore_errors=True)
     return {
         "seconds": seconds,
-        "read": read,
+        "read": result.bytes_read,
         "written": result.bytes_written,
         "moved": result.plan.moved_groups(),
     }

@@ -29,7 +29,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
-from statekeeper.sql import Catalog, CommitObservation, FileObservation, SnapshotObservation, SyncWriter
+from statekeeper.sql import (
+    Catalog,
+    CommitObservation,
+    FileObservation,
+    LayoutObservation,
+    SnapshotObservation,
+    SyncWriter,
+)
 from statekeeper.sql.models import KIND_CHANGELOG, KIND_COMMIT, KIND_FOREIGN, KIND_MANIFEST, KIND_SST, KIND_TEMP
 from statekeeper.store.errors import CheckpointError, ConfigurationError, StatekeeperError
 from statekeeper.store.files import CheckpointFileManager, FileInfo, open_file_manager
@@ -184,7 +191,12 @@ class _Syncer:
             return f"{path}: {e}"
         if record.version != parse_commit_name(path):
             return f"{path}: commit record claims version {record.version}"
-        return CommitObservation(record.version, record.created_at, record.checkpoint_ids)
+        layouts = {
+            op: LayoutObservation(lay.max_key_groups if lay else None, record.change.get(op))
+            for op in record.checkpoint_ids
+            for lay in (record.layouts.get(op),)
+        }
+        return CommitObservation(record.version, record.created_at, record.checkpoint_ids, layouts, record.batch_id)
 
     def ingest_commits(self, writer: SyncWriter, paths: list[str]) -> set[str]:
         """Read and record the commit records of `paths` the catalog lacks; returns the unreadable paths."""

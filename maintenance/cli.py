@@ -320,9 +320,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             }
         )
         problems += p.problems
+    from statekeeper.maintenance.relayout import describe_layouts, layout_history
+
+    layouts = layout_history(inv.records)
     doc: dict[str, Any] = {
         **inv.summary(),
         "floor": plan.floor,
+        "layouts": [s.to_json() for s in layouts],
         "stores": rows,
         "problems": problems,
         "warnings": warnings,
@@ -338,6 +342,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             f"commit records from {inv.oldest_record} (floor {plan.floor})",
             _table(rows, limit=None if args.all else MAX_ROWS),
         ]
+        if any(s.change for s in layouts):
+            out += describe_layouts(layouts)
         if "version_files" in doc:
             vf = doc["version_files"]
             out.append(f"version {args.version} of {args.stores[0]} (base snapshot {vf['snapshot_version']}):")

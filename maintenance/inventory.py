@@ -27,6 +27,7 @@ from statekeeper.maintenance.progress import bar as progress_bar
 from statekeeper.store.errors import CheckpointError, ConfigurationError
 from statekeeper.store.files import CheckpointFileManager, LocalFileManager, open_file_manager
 from statekeeper.store.files.paths import validate_component
+from statekeeper.store.files.s3.capabilities import PROBE_PREFIX
 from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import (
@@ -34,6 +35,7 @@ from statekeeper.store.layout import (
     CHANGELOG_DIR,
     CHANGELOG_SUFFIX,
     COMMITS_DIR,
+    HEARTBEAT_DIR,
     MANIFEST_SUFFIX,
     SNAPSHOT_DIR,
     SPARK_DIR,
@@ -42,6 +44,7 @@ from statekeeper.store.layout import (
     StoreId,
     parse_batch_name,
     parse_commit_name,
+    parse_heartbeat_name,
     parse_versioned_name,
 )
 from statekeeper.store.snapshot import read_manifest
@@ -57,10 +60,14 @@ TEMP = "temp"
 UPLOAD = "upload"
 BATCH = "batch"
 """The Spark driver's per-batch file; its `version` is the version the batch commits (batch + 1)."""
+HEARTBEAT = "heartbeat"
+"""A running Spark driver's heartbeat (store/spark/heartbeat.py); a stale one is an orphan."""
 FOREIGN = "foreign"
 
 _SST_NAME = re.compile(r"^[0-9a-f]{40}(?:[0-9a-f]{24})?\.sst$")  # 64 digits: re-uploaded after corruption
 _TEMP_NAME = re.compile(r"^\.(.+)\.[0-9a-f]{32}\.tmp$")
+_PROBE_NAME = re.compile(rf"^{PROBE_PREFIX}[0-9a-f]{{32}}$")
+"""An S3 capability probe's object at the root: written and deleted at once, left only by a killed process."""
 _CACHE_LIMIT = 200_000
 
 T = TypeVar("T")
@@ -120,6 +127,8 @@ def classify(path: str, *, temp_listing: bool = False) -> _Kind:
     """
     parts = path.split("/")
     name = parts[-1]
+    if len(parts) == 1 and _PROBE_NAME.match(name):
+        return _Kind(TEMP)
     if temp_listing:
         m = _TEMP_NAME.match(name)
         final = classify("/".join([*parts[:-1], m.group(1)])) if m is not None else None
@@ -137,6 +146,10 @@ def classify(path: str, *, temp_listing: bool = False) -> _Kind:
         b = parse_batch_name(name)
         if b is not None and _store_of(parts[1], "00000") is not None:
             return _Kind(BATCH, version=b + 1)
+        return _Kind(FOREIGN)
+    if len(parts) == 4 and parts[0] == SPARK_DIR and parts[2] == HEARTBEAT_DIR:
+        if parse_heartbeat_name(name) is not None and _store_of(parts[1], "00000") is not None:
+            return _Kind(HEARTBEAT)
         return _Kind(FOREIGN)
     if len(parts) == 5 and parts[0] == STATE_DIR:
         store = _store_of(parts[1], parts[2])
@@ -238,6 +251,8 @@ class Inventory:
         self.stores: dict[StoreId, StoreFiles] = {}
         self.batch_files: list[FileEntry] = []
         """The Spark driver's batch files (`spark/<operator>/batches/`), tied to the version they commit."""
+        self.heartbeats: list[FileEntry] = []
+        """Running (or killed) Spark drivers' heartbeats (`spark/<operator>/heartbeat/`)."""
         self.temps: list[FileEntry] = []
         """Unfinished writes outside any store (commit records, batch files)."""
         self.foreign: list[FileEntry] = []
@@ -334,6 +349,8 @@ class Inventory:
             self.commit_files[entry.version] = entry
         elif entry.kind == BATCH:
             self.batch_files.append(entry)
+        elif entry.kind == HEARTBEAT:
+            self.heartbeats.append(entry)
         elif entry.store is not None:
             files = self.stores.get(entry.store)
             if files is None:
@@ -445,7 +462,7 @@ class Inventory:
         """Version -> id of the committed full-state changelogs of `store` (a rescale or rollback wrote them)."""
         out: dict[int, str] = {}
         for v, rec in self.records.items():
-            if store.operator in rec.change:
+            if rec.full_state(store.operator, store.partition):
                 cid = rec.checkpoint_id(store.operator, store.partition)
                 if cid is not None:
                     out[v] = cid
@@ -470,6 +487,7 @@ class Inventory:
         for files in self.stores.values():
             yield from files.entries()
         yield from self.batch_files
+        yield from self.heartbeats
         yield from self.temps
         yield from self.foreign
 
@@ -523,11 +541,13 @@ def check_root(fm: CheckpointFileManager) -> None:
             raise ConfigurationError(f"checkpoint root {fm.root_uri} does not exist")
         if os.path.realpath(path) == os.path.sep:
             raise ConfigurationError("refusing to maintain the file system root as a checkpoint root")
-    for prefix in (f"{COMMITS_DIR}/", f"{STATE_DIR}/", f"{SPARK_DIR}/"):  # the driver writes spark/ first
+    ours = (f"{COMMITS_DIR}/", f"{STATE_DIR}/", f"{SPARK_DIR}/")
+    for prefix in ours:  # the driver writes spark/ first
         if next(iter(fm.list(prefix)), None) is not None:
             return
     first = next(iter(fm.list("")), None)
-    if first is not None:
+    # A job starting while we list writes its first file after our look at its prefix: still ours.
+    if first is not None and not first.path.startswith(ours):
         raise ConfigurationError(
             f"{fm.root_uri} does not look like a statekeeper checkpoint root: it has files (e.g. {first.path!r}) "
             f"but no {COMMITS_DIR}/, {STATE_DIR}/ or {SPARK_DIR}/ directory; nothing was read or deleted"
@@ -539,6 +559,7 @@ __all__ = [
     "CHANGELOG",
     "COMMIT",
     "FOREIGN",
+    "HEARTBEAT",
     "MANIFEST",
     "SST",
     "TEMP",

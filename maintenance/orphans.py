@@ -17,7 +17,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from statekeeper.maintenance.deletion import DeleteOutcome, delete_in_order, delete_recorded
-from statekeeper.maintenance.inventory import BATCH, CHANGELOG, MANIFEST, SST, TEMP, UPLOAD, FileEntry, Inventory
+from statekeeper.maintenance.inventory import (
+    BATCH,
+    CHANGELOG,
+    HEARTBEAT,
+    MANIFEST,
+    SST,
+    TEMP,
+    UPLOAD,
+    FileEntry,
+    Inventory,
+)
 from statekeeper.maintenance.leasing import planned_store
 from statekeeper.maintenance.plan import plan_root
 from statekeeper.maintenance.reports import OrphanReport, recorded
@@ -38,6 +48,7 @@ _COUNTERS = {
     TEMP: "temp_files",
     UPLOAD: "incomplete_uploads",
     BATCH: "batch_files",
+    HEARTBEAT: "heartbeats",
 }
 
 

@@ -36,6 +36,9 @@ from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import COMMITS_DIR, StoreId
 
+HEARTBEAT_STALE_SECONDS = 300.0
+"""A Spark driver's heartbeat older than this is dead (store/spark/heartbeat.py refreshes it every few seconds)."""
+
 MAX_PROBLEMS = 20
 """Problems listed per store (the count is always exact)."""
 
@@ -71,6 +74,9 @@ class StorePlan:
     problem_count: int = 0
     notes: list[str] = field(default_factory=list)
     """Things worth knowing that are not problems (e.g. retention shortened by an earlier run)."""
+    retired: bool = False
+    """A rescale down removed the store from its operator's layout, and no retained version of the
+    operator names it any more: every committed file of it is expired."""
 
     @property
     def blocked(self) -> bool:
@@ -118,7 +124,8 @@ def plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, *,
     for broken_version, text in sorted([*broken, *unreadable], key=lambda item: item[1]):
         _broken_snapshot(plan, broken_version, text)
 
-    if latest is not None:
+    plan.retired = latest is not None and _retired(inv, store, latest, settings.min_versions_to_retain)
+    if latest is not None and not plan.retired:
         plan.retain_from = _retain_from(plan, inv, files.changelogs, settings.min_versions_to_retain)
         # The base is the newest snapshot the oldest retained version can load from that is older than
         # the load grace: a load that listed the snapshots before a newer one existed may still be
@@ -142,6 +149,10 @@ def plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, *,
     needed_from = plan.base[0] if plan.base else 0
     if plan.base is not None and plan.base[0] in plan.full_state and plan.base[0] not in plan.intact_snapshots:
         needed_from -= 1  # a full-state base is its changelog
+    expire_below = plan.base[0] if plan.base is not None else None
+    if plan.retired and not plan.blocked and latest is not None:
+        needed_from = expire_below = latest + 1
+        plan.notes.append(f"store {plan.store}: retired by a rescale after version {latest}; its files expire")
 
     def orphan(e: FileEntry, why: str) -> bool:
         """Deletable now if older than the grace period; returns whether it is."""
@@ -164,7 +175,7 @@ def plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, *,
             if v not in inv.records:
                 continue  # unreadable commit record: a problem already; keep
             if committed.get(v) == cid:
-                if plan.base is not None and v < plan.base[0]:
+                if expire_below is not None and v < expire_below:
                     expired_manifests.append(e)
                 else:
                     plan.needed.append(e)
@@ -265,6 +276,17 @@ def _missing_ssts(present: dict[str, FileEntry], m: SnapshotManifest) -> str:
     return "; ".join(problems[:3]) + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else "")
 
 
+def _retired(inv: Inventory, store: StoreId, latest: int, retain: int) -> bool:
+    """Whether `store` is outside the layout of its operator's newest version and its last committed
+    version `latest` is older than every retained version of the operator (so no load needs it)."""
+    for v in range(inv.latest, latest, -1):
+        record = inv.records.get(v)
+        ids = record.checkpoint_ids.get(store.operator) if record is not None else None
+        if ids is not None:
+            return store.partition >= len(ids) and latest < v - retain + 1
+    return False
+
+
 def _retain_from(plan: StorePlan, inv: Inventory, changelogs: dict[tuple[int, str], FileEntry], retain: int) -> int:
     """The oldest retained version: normally `latest - retain + 1`.
 
@@ -343,6 +365,8 @@ def plan_root(
         if p.latest is None:
             continue
         contribution = p.base[0] if p.base is not None and not p.blocked else 1
+        if p.retired and not p.blocked:
+            contribution = p.latest + 1  # its commit records go once its files are gone
         floor = contribution if floor is None else min(floor, contribution)
     problems: list[str] = []
     warnings: list[str] = []
@@ -366,6 +390,11 @@ def plan_root(
 
     for e in inv.temps:
         orphan(e, "unfinished write (temp file or incomplete upload)")
+    for e in inv.heartbeats:  # a live driver replaces its heartbeat every few seconds: only a dead one ages
+        if now - e.mtime >= HEARTBEAT_STALE_SECONDS:
+            orphan(e, "heartbeat of a driver that stopped without removing it")
+        else:
+            in_flight.append((e, "heartbeat of a driver that may be running"))
     expired_batches = _plan_batch_files(inv, floor, orphan, in_flight)
     for path, why in sorted(inv.unreadable.items()):
         problems.append(f"cannot read {path}: {why}")

@@ -4,7 +4,8 @@ Both commit one new version of the operator while its query is stopped (store/re
 copy and the atomic commit): a rescale re-lays out the head over a new partition count, moving key
 groups by range; a rollback makes a retained older version the head again as a new version (a new
 branch of the lineage; later versions stay readable until expiry removes them). They refuse while a
-writer looks alive (its newest commit record is younger than ``idle_seconds``; ``force`` overrides),
+writer looks alive (its driver's heartbeat, ``spark/<operator>/heartbeat/``, or its newest commit record is
+younger than ``idle_seconds``; ``force`` overrides),
 and hold the maintenance lease of every store they read or write, so no maintenance run expires the
 source state under them. A concurrent commit of the same version by a writer makes the exclusive
 commit record fail and nothing changes: the copies become orphans for ``clean-orphans``.
@@ -15,13 +16,16 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from statekeeper.maintenance.leasing import store_lease
 from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.sql.layouts import LayoutRow, LayoutSpan, layout_spans
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.files import open_file_manager
+from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.layout import StoreId
 from statekeeper.store.rescale import (
     RelayoutPlan,
@@ -31,6 +35,7 @@ from statekeeper.store.rescale import (
     plan_rescale,
     plan_rollback,
 )
+from statekeeper.store.spark.heartbeat import newest_heartbeat
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
 
 if TYPE_CHECKING:
@@ -42,14 +47,37 @@ DEFAULT_IDLE_SECONDS = 60.0
 """How long the newest commit must be ago before an offline rescale or rollback starts."""
 
 
-def check_writer_idle(root: str, idle_seconds: float, *, now: float | None = None) -> None:
-    """Raise `RescaleError` when the newest commit record is younger than `idle_seconds`."""
-    commits = CommitLog(open_file_manager(root))
+class RelayoutOptions(TypedDict, total=False):
+    """What `rescale` and `rollback` share (the CLI's and the Dagster jobs' common settings)."""
+
+    dry_run: bool
+    """Plan only: change nothing."""
+    idle_seconds: float
+    """Refuse while the operator's heartbeat or newest commit record is younger (0: ``--force``)."""
+    workers: int
+    """Source partitions read at once."""
+    settings: MaintenanceSettings | None
+    catalog: Catalog | None
+
+
+def check_writer_idle(root: str, operator: str, idle_seconds: float, *, now: float | None = None) -> None:
+    """Raise `RescaleError` while a writer of `operator` may be running: its driver's heartbeat
+    (store/spark/heartbeat.py) or the newest commit record is younger than `idle_seconds`."""
+    fm = open_file_manager(root)
+    now = time.time() if now is None else now
+    beat = newest_heartbeat(fm, operator, now=now)
+    if beat is not None and beat.age_seconds < idle_seconds:
+        raise RescaleError(
+            f"the Spark driver of operator {operator!r} is running: its heartbeat {fm.root_uri}/{beat.path} is "
+            f"{beat.age_seconds:.0f}s old (< --idle-seconds {idle_seconds:.0f}). Stop the query first; if its "
+            "driver was killed, wait or pass --force"
+        )
+    commits = CommitLog(fm)
     latest = commits.latest()
     record = commits.get(latest) if latest else None
     if record is None:
         return
-    age = (time.time() if now is None else now) - record.created_at
+    age = now - record.created_at
     if age < idle_seconds:
         raise RescaleError(
             f"version {latest} of {root} was committed {age:.0f}s ago (< {idle_seconds:.0f}s): a query may still be "
@@ -78,44 +106,55 @@ def relayout(
         return execute_relayout(fm, plan, rules=TypedStateKeys(), workers=workers)
 
 
+def _guarded(root: str, plan: RelayoutPlan, options: RelayoutOptions) -> RelayoutResult:
+    """Check that no writer runs (unless a dry run), then execute `plan` with `options`."""
+    dry_run = options.get("dry_run", False)
+    if not dry_run:
+        check_writer_idle(root, plan.operator, options.get("idle_seconds", DEFAULT_IDLE_SECONDS))
+    return relayout(
+        root,
+        plan,
+        settings=options.get("settings"),
+        catalog=options.get("catalog"),
+        dry_run=dry_run,
+        workers=options.get("workers", 4),
+    )
+
+
 def rescale(
-    root: str,
-    operator: str,
-    partitions: int,
-    *,
-    max_key_groups: int | None = None,
-    dry_run: bool = False,
-    idle_seconds: float = DEFAULT_IDLE_SECONDS,
-    workers: int = 4,
-    settings: MaintenanceSettings | None = None,
-    catalog: Catalog | None = None,
+    root: str, operator: str, partitions: int, *, max_key_groups: int | None = None, **options: Unpack[RelayoutOptions]
 ) -> RelayoutResult:
     """Commit the head of `operator` re-laid out over `partitions` partitions (the query stopped)."""
     fm = open_file_manager(root)
     plan = plan_rescale(fm, operator, partitions, max_key_groups=max_key_groups, rules=TypedStateKeys())
     if plan.source_layout == plan.target_layout:
         raise RescaleError(f"operator {operator!r} in {fm.root_uri} already has {partitions} partitions")
-    if not dry_run:
-        check_writer_idle(root, idle_seconds)
-    return relayout(root, plan, settings=settings, catalog=catalog, dry_run=dry_run, workers=workers)
+    return _guarded(root, plan, options)
 
 
-def rollback(
-    root: str,
-    operator: str,
-    to_version: int,
-    *,
-    dry_run: bool = False,
-    idle_seconds: float = DEFAULT_IDLE_SECONDS,
-    workers: int = 4,
-    settings: MaintenanceSettings | None = None,
-    catalog: Catalog | None = None,
-) -> RelayoutResult:
+def rollback(root: str, operator: str, to_version: int, **options: Unpack[RelayoutOptions]) -> RelayoutResult:
     """Make retained `to_version` of `operator` the head again, as a new version (the query stopped)."""
-    plan = plan_rollback(open_file_manager(root), operator, to_version)
-    if not dry_run:
-        check_writer_idle(root, idle_seconds)
-    return relayout(root, plan, settings=settings, catalog=catalog, dry_run=dry_run, workers=workers)
+    return _guarded(root, plan_rollback(open_file_manager(root), operator, to_version), options)
+
+
+def layout_history(records: Mapping[int, CommitRecord]) -> list[LayoutSpan]:
+    """Each operator's layouts over the versions of `records` (``statekeeper inspect``; the catalog's
+    `Catalog.layouts` folds the same rows)."""
+    rows = []
+    for v, record in records.items():
+        for op, ids in record.checkpoint_ids.items():
+            lay = record.layouts.get(op)
+            rows.append(LayoutRow(op, v, len(ids), lay.max_key_groups if lay else None, record.change.get(op)))
+    return layout_spans(rows)
+
+
+def describe_layouts(spans: list[LayoutSpan]) -> list[str]:
+    """Lines for people: versions, partitions x key groups, and how each layout began."""
+    return ["layouts (versions: partitions x key groups, how the layout began):"] + [
+        f"  {s.operator} {s.first_version}..{s.last_version}: {s.partitions} x {s.max_key_groups or 'legacy'}"
+        + (f" ({s.change})" if s.change else "")
+        for s in spans
+    ]
 
 
 # -- command line (registered by maintenance.cli) ---------------------------------------------------
@@ -145,59 +184,45 @@ def add_commands(sub: Any, common: argparse.ArgumentParser, positive_int: Any, e
     p.set_defaults(func=cmd_rollback, emit=emit, maybe_catalog=maybe_catalog)
 
 
-def _run(args: argparse.Namespace, run: Any) -> int:
-
-    idle = 0.0 if args.force else args.idle_seconds
+def _run(args: argparse.Namespace, run: Callable[[RelayoutOptions], RelayoutResult]) -> int:
     with args.maybe_catalog(args) as catalog:
-        result: RelayoutResult = run(idle, catalog)
-    doc = {**result.to_json(), "dry_run": args.dry_run, "plan": result.plan.describe()}
-    args.emit(
-        args,
-        doc,
-        lambda: (
-            result.plan.describe()
-            + (
-                ""
-                if args.dry_run
-                else (
-                    f"\ncommitted version {result.plan.new_version}: {result.records} records, "
-                    f"{result.bytes_written} bytes written in {result.seconds:.2f}s"
-                )
+        result = run(
+            RelayoutOptions(
+                dry_run=args.dry_run,
+                idle_seconds=0.0 if args.force else args.idle_seconds,
+                workers=args.workers,
+                catalog=catalog,
             )
-        ),
+        )
+    doc = {**result.to_json(), "dry_run": args.dry_run, "plan": result.plan.describe()}
+    done = (
+        f"\ncommitted version {result.plan.new_version}: {result.records} records copied, {result.deleted} deleted "
+        f"in place, {result.bytes_read} bytes read, {result.bytes_written} bytes written in {result.seconds:.2f}s"
     )
+    args.emit(args, doc, lambda: result.plan.describe() + ("" if args.dry_run else done))
     return 0
 
 
 def cmd_rescale(args: argparse.Namespace) -> int:
     return _run(
         args,
-        lambda idle, catalog: rescale(
-            args.root,
-            args.operator,
-            args.partitions,
-            max_key_groups=args.max_key_groups,
-            dry_run=args.dry_run,
-            idle_seconds=idle,
-            workers=args.workers,
-            catalog=catalog,
+        lambda options: rescale(
+            args.root, args.operator, args.partitions, max_key_groups=args.max_key_groups, **options
         ),
     )
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    return _run(
-        args,
-        lambda idle, catalog: rollback(
-            args.root,
-            args.operator,
-            args.to_version,
-            dry_run=args.dry_run,
-            idle_seconds=idle,
-            workers=args.workers,
-            catalog=catalog,
-        ),
-    )
+    return _run(args, lambda options: rollback(args.root, args.operator, args.to_version, **options))
 
 
-__all__ = ["add_commands", "check_writer_idle", "relayout", "rescale", "rollback"]
+__all__ = [
+    "RelayoutOptions",
+    "add_commands",
+    "check_writer_idle",
+    "describe_layouts",
+    "layout_history",
+    "relayout",
+    "rescale",
+    "rollback",
+]

@@ -137,6 +137,8 @@ class OrphanReport(Report):
     temp_files: int = 0
     incomplete_uploads: int = 0
     batch_files: int = 0
+    heartbeats: int = 0
+    """Stale heartbeats of Spark drivers that were killed."""
     kept_in_flight: int = 0
     """Files that are not needed but may still be being written (younger than the grace period or
     of a version newer than the newest commit)."""

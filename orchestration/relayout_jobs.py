@@ -5,75 +5,66 @@ Launched by hand (the UI's launchpad or ``dagster job launch``) with the same se
 `statekeeper.maintenance.relayout` and report what moved as output metadata (numbers the UI plots).
 """
 
-
 from typing import Any, Optional
 
 from dagster import Config, JobDefinition, MetadataValue, OpExecutionContext, job, op
 
-from statekeeper.maintenance.relayout import DEFAULT_IDLE_SECONDS, rescale, rollback
+from statekeeper.maintenance.relayout import DEFAULT_IDLE_SECONDS, RelayoutOptions, rescale, rollback
 from statekeeper.store.rescale import RelayoutResult
 
 KIND_TAG = "statekeeper/kind"
 
 
-class RescaleConfig(Config):
+class RelayoutConfig(Config):
+    """The settings `rescale_job` and `rollback_job` share (as `statekeeper.maintenance.relayout.RelayoutOptions`)."""
+
     root: str
     operator: str
+    dry_run: bool = False
+    idle_seconds: float = DEFAULT_IDLE_SECONDS
+    workers: int = 4
+
+    def options(self) -> RelayoutOptions:
+        return RelayoutOptions(dry_run=self.dry_run, idle_seconds=self.idle_seconds, workers=self.workers)
+
+
+class RescaleConfig(RelayoutConfig):
     partitions: int
     max_key_groups: Optional[int] = None  # noqa: UP045 - Dagster config resolves typing.Optional
-    dry_run: bool = False
-    idle_seconds: float = DEFAULT_IDLE_SECONDS
-    workers: int = 4
 
 
-class RollbackConfig(Config):
-    root: str
-    operator: str
+class RollbackConfig(RelayoutConfig):
     to_version: int
-    dry_run: bool = False
-    idle_seconds: float = DEFAULT_IDLE_SECONDS
-    workers: int = 4
 
 
-def _metadata(context: OpExecutionContext, result: RelayoutResult) -> dict[str, Any]:
-    doc = result.to_json()
+def _report(context: OpExecutionContext, result: RelayoutResult) -> dict[str, Any]:
+    """The result as the op's output, with what moved as metadata the UI plots."""
     context.add_output_metadata(
         {
             "plan": MetadataValue.text(result.plan.describe()),
             "records": MetadataValue.int(result.records),
+            "deleted": MetadataValue.int(result.deleted),
+            "bytes_read": MetadataValue.int(result.bytes_read),
             "bytes_written": MetadataValue.int(result.bytes_written),
             "seconds": MetadataValue.float(result.seconds),
             "moved_key_groups": MetadataValue.int(result.plan.moved_groups()),
         }
     )
-    return doc
+    return result.to_json()
 
 
 @op(description="Re-lay out an operator's head over a new partition count (the query stopped).")
 def rescale_op(context: OpExecutionContext, config: RescaleConfig) -> dict[str, Any]:
-    result = rescale(
-        config.root,
-        config.operator,
-        config.partitions,
-        max_key_groups=config.max_key_groups,
-        dry_run=config.dry_run,
-        idle_seconds=config.idle_seconds,
-        workers=config.workers,
+    kwargs = config.options()
+    return _report(
+        context,
+        rescale(config.root, config.operator, config.partitions, max_key_groups=config.max_key_groups, **kwargs),
     )
-    return _metadata(context, result)
 
 
 @op(description="Make a retained version of an operator the head again (the query stopped).")
 def rollback_op(context: OpExecutionContext, config: RollbackConfig) -> dict[str, Any]:
-    result = rollback(
-        config.root,
-        config.operator,
-        config.to_version,
-        dry_run=config.dry_run,
-        idle_seconds=config.idle_seconds,
-        workers=config.workers,
-    )
-    return _metadata(context, result)
+    return _report(context, rollback(config.root, config.operator, config.to_version, **config.options()))
 
 
 @job(tags={KIND_TAG: "rescale"}, description="statekeeper rescale ROOT --operator NAME --partitions N")
@@ -90,4 +81,4 @@ def relayout_jobs() -> list[JobDefinition]:
     return [rescale_job, rollback_job]
 
 
-__all__ = ["RescaleConfig", "RollbackConfig", "relayout_jobs", "rescale_job", "rollback_job"]
+__all__ = ["RelayoutConfig", "RescaleConfig", "RollbackConfig", "relayout_jobs", "rescale_job", "rollback_job"]

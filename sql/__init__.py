@@ -29,7 +29,15 @@ from statekeeper.sql.errors import (
     LeaseUnavailableError,
     NotInCatalogError,
 )
-from statekeeper.sql.ingest import CommitObservation, FileObservation, SnapshotObservation, SyncStats, SyncWriter
+from statekeeper.sql.ingest import (
+    CommitObservation,
+    FileObservation,
+    LayoutObservation,
+    SnapshotObservation,
+    SyncStats,
+    SyncWriter,
+)
+from statekeeper.sql.layouts import LayoutRow, LayoutSpan, layout_spans
 from statekeeper.sql.leases import Lease, LeaseInfo
 from statekeeper.sql.lineage import FileRecord, StoreChain, StoreInfo, VersionFiles
 from statekeeper.sql.retention import RetentionPlan, StoreRetention
@@ -42,6 +50,9 @@ __all__ = [
     "CommitObservation",
     "FileObservation",
     "FileRecord",
+    "LayoutObservation",
+    "LayoutRow",
+    "LayoutSpan",
     "Lease",
     "LeaseError",
     "LeaseInfo",
@@ -61,6 +72,7 @@ __all__ = [
     "current_revision",
     "default_url",
     "head_revision",
+    "layout_spans",
     "make_engine",
     "upgrade",
 ]

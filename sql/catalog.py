@@ -27,6 +27,7 @@ from __future__ import annotations
 from statekeeper.sql.export import CatalogExport
 from statekeeper.sql.file_states import FileStateUpdates
 from statekeeper.sql.ingest import CatalogIngest
+from statekeeper.sql.layouts import LayoutQueries
 from statekeeper.sql.leases import LeaseAccess
 from statekeeper.sql.lineage import LineageQueries
 from statekeeper.sql.retention import RetentionPlanning
@@ -34,7 +35,14 @@ from statekeeper.sql.runs import RunRecords
 
 
 class Catalog(
-    CatalogIngest, FileStateUpdates, LineageQueries, RetentionPlanning, RunRecords, LeaseAccess, CatalogExport
+    CatalogIngest,
+    FileStateUpdates,
+    LineageQueries,
+    LayoutQueries,
+    RetentionPlanning,
+    RunRecords,
+    LeaseAccess,
+    CatalogExport,
 ):
     """The lineage catalog on one database (thread-safe: every call uses its own connection)."""
 

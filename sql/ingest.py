@@ -10,7 +10,7 @@ keeps the incremental listing cursors, and at `finish` derives attempt outcomes 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, case, func, select, update
@@ -30,6 +30,7 @@ from statekeeper.sql.models import (
     CheckpointRoot,
     Commit,
     File,
+    Layout,
     Snapshot,
     SnapshotSst,
     Store,
@@ -54,12 +55,25 @@ class FileObservation:
 
 
 @dataclass(frozen=True, slots=True)
+class LayoutObservation:
+    """An operator's layout named by a commit record."""
+
+    max_key_groups: int | None
+    change: str | None = None
+    """``rescale`` or ``rollback`` when the version changed the layout or the head."""
+
+
+@dataclass(frozen=True, slots=True)
 class CommitObservation:
     """A commit record: the winning checkpoint id of every partition of every operator."""
 
     version: int
     committed_at: float
     checkpoint_ids: Mapping[str, Sequence[str]]
+    layouts: Mapping[str, LayoutObservation] = field(default_factory=dict)
+    """Operator -> its layout at this version (an operator without one: as many partitions as ids, legacy)."""
+    batch_id: int | None = None
+    """The batch this version follows (None: ``version - 1``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +238,7 @@ class SyncWriter:
                             ids_of.setdefault((int(sid), int(v)), cid)
             commit_rows = []
             version_rows = []
+            layout_rows = []
             by_sid = {sid: key for key, sid in self._store_ids.items()}
             for c in commits:
                 at = from_timestamp(c.committed_at)
@@ -237,6 +252,18 @@ class SyncWriter:
                     }
                 )
                 for op, ids in sorted(c.checkpoint_ids.items()):
+                    lay = c.layouts.get(op, LayoutObservation(None))
+                    layout_rows.append(
+                        {
+                            "root_id": self.root_id,
+                            "operator": op,
+                            "version": c.version,
+                            "partitions": len(ids),
+                            "max_key_groups": lay.max_key_groups,
+                            "change": lay.change,
+                            "batch_id": c.version - 1 if c.batch_id is None else c.batch_id,
+                        }
+                    )
                     for p, cid in enumerate(ids):
                         sid = self._store_ids[(op, p)]
                         parent = ids_of.get((sid, c.version - 1)) if c.version > 1 else None
@@ -257,6 +284,15 @@ class SyncWriter:
                     ins.on_conflict_do_update(
                         index_elements=["root_id", "version"],
                         set_={k: ins.excluded[k] for k in ("committed_at", "operators", "partitions")},
+                    ),
+                    list(chunk),
+                )
+            for chunk in chunks(layout_rows):
+                ins = self.catalog.insert(Layout)
+                conn.execute(
+                    ins.on_conflict_do_update(
+                        index_elements=["root_id", "operator", "version"],
+                        set_={k: ins.excluded[k] for k in ("partitions", "max_key_groups", "change", "batch_id")},
                     ),
                     list(chunk),
                 )

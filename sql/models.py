@@ -164,6 +164,21 @@ class Commit(Base):
     partitions: Mapped[int] = mapped_column(Integer)
 
 
+class Layout(Base):
+    """An operator's layout at one committed version: its partition count and key groups (None: a
+    legacy layout without key groups), and ``change`` when this version rescaled or rolled it back."""
+
+    __tablename__ = "layouts"
+
+    root_id: Mapped[int] = mapped_column(ForeignKey("checkpoint_roots.id", ondelete="CASCADE"), primary_key=True)
+    operator: Mapped[str] = mapped_column(String(200), primary_key=True)
+    version: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    partitions: Mapped[int] = mapped_column(Integer)
+    max_key_groups: Mapped[int | None] = mapped_column(Integer)
+    change: Mapped[str | None] = mapped_column(String(16))
+    batch_id: Mapped[int] = mapped_column(BigInteger)
+
+
 class Version(Base):
     """A committed version of one store: the winning checkpoint id and the id it was built on."""
 

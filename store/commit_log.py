@@ -38,6 +38,7 @@ class CommitLog:
         layouts: Mapping[str, KeyGroupLayout] | None = None,
         batch_id: int | None = None,
         change: Mapping[str, str] | None = None,
+        in_place: Mapping[str, Sequence[int]] | None = None,
     ) -> CommitRecord:
         """Publish version `version`: the winning checkpoint id of every partition of every operator.
 
@@ -45,7 +46,8 @@ class CommitLog:
         an already committed version raises and leaves the existing record untouched. An operator
         keeps the partition count and layout of the previous version (carried forward when `layouts`
         does not name it) unless this commit is a rescale (`change` says ``rescale`` for it), which
-        names its new layout. `batch_id` defaults to the previous record's batch + 1.
+        names its new layout. `batch_id` defaults to the previous record's batch + 1. `in_place` names the
+        partitions of a `change` whose changelogs extend their lineage (the others are full-state).
         """
         validate_version(version)
         if version < 1:
@@ -76,7 +78,8 @@ class CommitLog:
                     )
         if batch == version - 1:
             batch = None
-        record = CommitRecord(version, ids, layouts=lays, batch_id=batch, change=changes)
+        kept = {op: tuple(sorted(ps)) for op, ps in (in_place or {}).items() if ps}
+        record = CommitRecord(version, ids, layouts=lays, batch_id=batch, change=changes, in_place=kept)
         try:
             with self._fm.create(commit_path(version), exclusive=True) as out:
                 out.write(record.to_bytes())

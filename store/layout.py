@@ -25,6 +25,7 @@ COMMIT_SUFFIX = ".commit"
 SPARK_DIR = "spark"
 BATCHES_DIR = "batches"
 BATCH_SUFFIX = ".json"
+HEARTBEAT_DIR = "heartbeat"
 EVENT_TIME_SUFFIX = ".event_time.json"
 VERSION_DIGITS = 20
 
@@ -32,6 +33,7 @@ _ID = re.compile(r"^[0-9a-f]{32}$")
 _VERSIONED = re.compile(r"^(\d{20})_([0-9a-f]{32})(\.changelog|\.manifest)$")
 _COMMIT = re.compile(r"^(\d{20})\.commit$")
 _BATCH = re.compile(r"^(\d{20})(?:\.event_time)?\.json$")
+_HEARTBEAT = re.compile(r"^(\d{20})\.json$")
 
 
 def new_checkpoint_id() -> str:
@@ -122,4 +124,20 @@ def event_time_path(operator: str, batch_id: int) -> str:
 def parse_batch_name(name: str) -> int | None:
     """`<batch>.json` or `<batch>.event_time.json` -> the batch id; None for any other name."""
     m = _BATCH.match(name.rpartition("/")[2])
+    return int(m.group(1)) if m else None
+
+
+def heartbeat_dir(operator: str) -> str:
+    """Where the running driver of `operator` keeps its heartbeat (store/spark/heartbeat.py)."""
+    return f"{SPARK_DIR}/{validate_component(operator, 'operator name')}/{HEARTBEAT_DIR}/"
+
+
+def heartbeat_path(operator: str, time_ms: int) -> str:
+    """The heartbeat the driver published at `time_ms` (milliseconds since the epoch)."""
+    return f"{heartbeat_dir(operator)}{_v(time_ms)}{BATCH_SUFFIX}"
+
+
+def parse_heartbeat_name(name: str) -> int | None:
+    """`<ms>.json` -> the time in milliseconds; None for any other name."""
+    m = _HEARTBEAT.match(name.rpartition("/")[2])
     return int(m.group(1)) if m else None

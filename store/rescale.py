@@ -29,7 +29,9 @@ from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.errors import ConfigurationError, LineageError, StatekeeperError
 from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.formats.commit import CommitRecord
-from statekeeper.store.key_groups import KeyGroupLayout, group_byte_range
+from statekeeper.store.key_groups import KEY_GROUP_LIMIT, KeyGroupLayout, group_byte_range
+from statekeeper.store.load_plan import LoadPlan, LoadSource
+from statekeeper.store.snapshot import read_manifest
 from statekeeper.store.state_store import StateStore, StoreConfig
 
 log = logging.getLogger(__name__)
@@ -116,6 +118,30 @@ class RelayoutPlan:
     def new_version(self) -> int:
         return self.head_version + 1
 
+    @property
+    def partitions(self) -> int:
+        """Partitions of the new version."""
+        if self.kind == "rollback" or self.target_layout is None:
+            return len(self.source_ids)
+        return self.target_layout.partitions
+
+    def kept_in_place(self) -> dict[int, tuple[int, int]]:
+        """New partition -> the key groups ``[lo, hi)`` it keeps from the old partition of the same number.
+
+        Such a partition is not rewritten: it extends its old lineage with the groups it gains (puts) and
+        loses (deletes). A key group *moves* when its owning partition number changes; only moved groups
+        are written. Rollbacks and legacy layouts keep nothing in place.
+        """
+        old, new = self.source_layout, self.target_layout
+        if self.kind != "rescale" or old is None or new is None:
+            return {}
+        kept = {}
+        for p in range(min(old.partitions, new.partitions)):
+            (a, b), (c, d) = old.groups_of(p), new.groups_of(p)
+            if max(a, c) < min(b, d):
+                kept[p] = (max(a, c), min(b, d))
+        return kept
+
     def moved_groups(self) -> int:
         if self.target_layout is None:
             return 0
@@ -153,7 +179,13 @@ class RelayoutResult:
     plan: RelayoutPlan
     checkpoint_ids: tuple[str, ...] = ()
     records: int = 0
+    """Records copied into new owners (the moved key groups)."""
+    deleted: int = 0
+    """Records deleted from partitions kept in place (the key groups they gave away)."""
+    bytes_read: int = 0
+    """Bytes read from the checkpoint: snapshots (manifests and SSTs) and changelogs loaded."""
     bytes_written: int = 0
+    """Bytes of the new changelogs."""
     seconds: float = 0.0
     committed: bool = False
     per_partition_records: dict[int, int] = field(default_factory=dict)
@@ -168,6 +200,8 @@ class RelayoutResult:
             "partitions": len(self.checkpoint_ids) or len(self.plan.source_ids),
             "moved_key_groups": self.plan.moved_groups(),
             "records": self.records,
+            "deleted": self.deleted,
+            "bytes_read": self.bytes_read,
             "bytes_written": self.bytes_written,
             "seconds": round(self.seconds, 3),
             "committed": self.committed,
@@ -233,10 +267,15 @@ def plan_rollback(fm: CheckpointFileManager, operator: str, to_version: int) -> 
 class _Target:
     """One new partition being written (several source partitions may pour into it at once)."""
 
-    def __init__(self, store: StateStore) -> None:
+    def __init__(self, store: StateStore, owned: tuple[int, int] | None = None) -> None:
         self.store = store
+        self.owned = owned
+        """In place (the store was loaded at the old version): the key groups ``[lo, hi)`` it owns in
+        the new layout, outside which `_trim` deletes; None for a full-state changelog."""
         self.lock = threading.Lock()
         self.records = 0
+        self.deleted = 0
+        self.bytes_read = 0
         self.shared: dict[tuple[str, bytes], bytes] = {}
 
 
@@ -263,6 +302,50 @@ def _pour(target: _Target, cf: str, items: Iterable[tuple[bytes, bytes]]) -> int
     return n
 
 
+def load_bytes(fm: CheckpointFileManager, plan: LoadPlan | None) -> int:
+    """Bytes a load by `plan` read from the checkpoint: its base snapshot (manifest and SSTs) and changelogs."""
+    if plan is None or plan.source is LoadSource.REUSE:
+        return 0
+    total = 0
+    manifest = plan.manifest_path()
+    if manifest is not None:
+        total += fm.info(manifest).size + read_manifest(fm, manifest).total_sst_bytes
+    return total + sum(fm.info(plan.store.changelog(v, c)).size for v, c in plan.replay)
+
+
+def _give(
+    plan: RelayoutPlan,
+    src: StateStore,
+    q: int,
+    gives: list[tuple[int, int, int]],
+    targets: dict[int, _Target],
+    rules: KeyGroupRules,
+) -> int:
+    """Pour the key groups old partition `q` (loaded in `src`) gives into the new partitions that own them."""
+    copied = 0
+    name = f"{plan.operator}/{q} version {plan.source_version}"
+    for cf in src.column_families():
+        rule = rules.rule(cf) if plan.kind == "rescale" else CfRule.LEADING
+        if plan.kind == "rollback":
+            copied += _pour(targets[gives[0][0]], cf, src.items(cf=cf))
+        elif rule is CfRule.LEADING:
+            for p, lo, hi in gives:
+                start, end = group_byte_range(lo, hi)
+                copied += _pour(targets[p], cf, src.items(start, end, cf=cf))
+        elif rule is CfRule.LOCATED:
+            copied += _pour_located(plan, src, cf, gives, targets, rules)
+        else:
+            for p in sorted({p for p, _lo, _hi in gives}):
+                t = targets[p]
+                for k, v in src.items(cf=cf):
+                    with t.lock:
+                        merged = rules.merge_shared(cf, k, t.shared.get((cf, k)), v, name)
+                        if merged is not None:
+                            t.shared[(cf, k)] = merged
+                            t.store.put(k, merged, cf=cf)
+    return copied
+
+
 def _copy_source(
     plan: RelayoutPlan,
     fm: CheckpointFileManager,
@@ -271,32 +354,18 @@ def _copy_source(
     targets: dict[int, _Target],
     rules: KeyGroupRules,
     config: StoreConfig,
-) -> int:
-    """Load old partition `q` and pour its ranges into the new partitions it gives key groups to."""
-    copied = 0
+) -> tuple[int, int]:
+    """Pour old partition `q`'s ranges into the new partitions it gives key groups to; (records, bytes read).
+
+    An old partition kept in place is read from its target (loaded at the old version already);
+    any other is loaded once on its own.
+    """
+    in_place = targets.get(q)
+    if in_place is not None and in_place.owned is not None:
+        return _give(plan, in_place.store, q, gives, targets, rules), 0
     with StateStore(fm, plan.operator, q, config=replace(config, local_dir=None)) as src:
         src.load(plan.source_version, plan.source_ids[q])
-        name = f"{plan.operator}/{q} version {plan.source_version}"
-        for cf in src.column_families():
-            rule = rules.rule(cf) if plan.kind == "rescale" else CfRule.LEADING
-            if plan.kind == "rollback":
-                copied += _pour(targets[gives[0][0]], cf, src.items(cf=cf))
-            elif rule is CfRule.LEADING:
-                for p, lo, hi in gives:
-                    start, end = group_byte_range(lo, hi)
-                    copied += _pour(targets[p], cf, src.items(start, end, cf=cf))
-            elif rule is CfRule.LOCATED:
-                copied += _pour_located(plan, src, cf, gives, targets, rules)
-            else:
-                for p, _lo, _hi in gives:
-                    t = targets[p]
-                    for k, v in src.items(cf=cf):
-                        with t.lock:
-                            merged = rules.merge_shared(cf, k, t.shared.get((cf, k)), v, name)
-                            if merged is not None:
-                                t.shared[(cf, k)] = merged
-                                t.store.put(k, merged, cf=cf)
-    return copied
+        return _give(plan, src, q, gives, targets, rules), load_bytes(fm, src.last_plan)
 
 
 def _pour_located(
@@ -323,6 +392,50 @@ def _pour_located(
     return copied
 
 
+def _open_target(
+    fm: CheckpointFileManager, plan: RelayoutPlan, p: int, rules: KeyGroupRules, config: StoreConfig
+) -> _Target:
+    """New partition `p`: its old store loaded at the source version when it keeps groups in place,
+    else an empty store whose commit is a full-state changelog."""
+    store = StateStore(fm, plan.operator, p, config=replace(config, local_dir=None))
+    if p not in plan.kept_in_place():
+        return _Target(store.begin_full_state(plan.head_version))
+    try:
+        store.load(plan.source_version, plan.source_ids[p])
+    except BaseException:
+        store.close()
+        raise
+    assert plan.target_layout is not None
+    target = _Target(store, plan.target_layout.groups_of(p))
+    target.bytes_read = load_bytes(fm, store.last_plan)
+    for cf in store.column_families():
+        if rules.rule(cf) is CfRule.SHARED:
+            target.shared.update(((cf, k), v) for k, v in store.items(cf=cf))
+    return target
+
+
+def _trim(target: _Target, rules: KeyGroupRules) -> None:
+    """Delete from a partition kept in place every key of the groups it no longer owns (they moved)."""
+    assert target.owned is not None
+    lo, hi = target.owned
+    store = target.store
+    for cf in store.column_families():
+        rule = rules.rule(cf)
+        if rule is CfRule.LEADING:
+            ranges = [group_byte_range(0, lo), (group_byte_range(hi, KEY_GROUP_LIMIT)[0], None)]
+            for start, end in ranges:
+                if start == end:
+                    continue
+                for keys, _values in _chunks(store.items(start, end, cf=cf)):
+                    store.delete_batch(keys, cf=cf)
+                    target.deleted += len(keys)
+        elif rule is CfRule.LOCATED:
+            gone = [k for k, _v in store.items(cf=cf) if not lo <= rules.locate(cf, k) < hi]
+            for i in range(0, len(gone), COPY_CHUNK):
+                store.delete_batch(gone[i : i + COPY_CHUNK], cf=cf)
+            target.deleted += len(gone)
+
+
 def execute_relayout(
     fm: CheckpointFileManager,
     plan: RelayoutPlan,
@@ -331,32 +444,52 @@ def execute_relayout(
     config: StoreConfig | None = None,
     workers: int = 4,
 ) -> RelayoutResult:
-    """Write every new partition as a full-state changelog, then commit the new version atomically."""
+    """Write every new partition, then commit the new version atomically.
+
+    A new partition that keeps key groups in place (`RelayoutPlan.kept_in_place`) commits an ordinary
+    changelog on its old lineage: the groups it gains as puts, the groups it loses as deletes. Any
+    other is a full-state changelog. Only the key groups that change owner are written.
+    """
     rules = rules or GroupLedKeys()
     config = config or StoreConfig()
     t0 = time.perf_counter()
-    partitions = plan.target_layout.partitions if plan.target_layout else len(plan.source_ids)
-    if plan.kind == "rollback":
-        partitions = len(plan.source_ids)
     result = RelayoutResult(plan)
     targets: dict[int, _Target] = {}
     try:
-        for p in range(partitions):
-            store = StateStore(fm, plan.operator, p, config=replace(config, local_dir=None))
-            targets[p] = _Target(store.begin_full_state(plan.head_version))
-        sources = plan.sources()
-        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(sources)))) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            opened = [pool.submit(_open_target, fm, plan, p, rules, config) for p in range(plan.partitions)]
+            failed: BaseException | None = None
+            for p, future in enumerate(opened):
+                try:
+                    targets[p] = future.result()
+                except BaseException as e:  # close every store that did open before raising
+                    failed = failed or e
+            if failed is not None:
+                raise failed
+            sources = {
+                q: gives
+                for q, all_gives in plan.sources().items()
+                if (gives := [g for g in all_gives if not (g[0] == q and targets[q].owned is not None)])
+            }
             futures = [
                 pool.submit(_copy_source, plan, fm, q, gives, targets, rules, config) for q, gives in sources.items()
             ]
-            result.records = sum(f.result() for f in futures)
+            for f in futures:
+                records, read = f.result()
+                result.records += records
+                result.bytes_read += read
+            trims = [pool.submit(_trim, t, rules) for t in targets.values() if t.owned is not None]
+            for trim in trims:
+                trim.result()
         ids = []
-        for p in range(partitions):
+        for p in range(plan.partitions):
             t = targets[p]
             rules.finish(t.store)
             committed = t.store.commit()
             ids.append(committed.checkpoint_id)
             result.bytes_written += committed.metrics.changelog_bytes
+            result.bytes_read += t.bytes_read
+            result.deleted += t.deleted
             result.per_partition_records[p] = t.records
         result.checkpoint_ids = tuple(ids)
         layouts = {plan.operator: plan.target_layout} if plan.target_layout else {}
@@ -366,6 +499,7 @@ def execute_relayout(
             layouts=layouts,
             batch_id=plan.batch_id,
             change={plan.operator: plan.kind},
+            in_place={plan.operator: [p for p in range(plan.partitions) if targets[p].owned is not None]},
         )
         result.committed = True
     finally:
@@ -373,9 +507,11 @@ def execute_relayout(
             t.store.close()
     result.seconds = time.perf_counter() - t0
     log.info(
-        "%s: committed, %d records, %d bytes in %.2fs",
+        "%s: committed, %d records copied, %d deleted in place, %d bytes read, %d bytes written in %.2fs",
         plan.describe(),
         result.records,
+        result.deleted,
+        result.bytes_read,
         result.bytes_written,
         result.seconds,
     )

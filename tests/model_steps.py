@@ -40,17 +40,18 @@ def scaled(examples: int) -> int:
 
 
 def write_report() -> None:
-    """{"steps": {machine: steps}, "fuzzed": {reader: inputs}, "injected": {fault: count}} to
-    STATEKEEPER_MODEL_STEPS_FILE."""
+    """{"steps": {machine: steps}, "fuzzed": {reader: inputs}, "injected": {fault: count}, "soak":
+    {duration: figures}} to STATEKEEPER_MODEL_STEPS_FILE."""
     path = os.environ.get(STEPS_FILE_ENV)
     if path:
         with open(path, "w") as f:
-            json.dump({"steps": dict(STEPS), "fuzzed": dict(FUZZED), "injected": dict(INJECTED)}, f, indent=1)
+            figures = {"steps": dict(STEPS), "fuzzed": dict(FUZZED), "injected": dict(INJECTED), "soak": SOAK}
+            json.dump(figures, f, indent=1)
 
 
 def summary() -> str:
     lines = []
-    for title, counts in (("model-based steps", STEPS), ("bad inputs fuzzed", FUZZED), ("disk faults", INJECTED)):
+    for title, counts in (("model-based steps", STEPS), ("bad inputs fuzzed", FUZZED), ("faults injected", INJECTED)):
         if counts:
             parts = [f"{name} {n:,}" for name, n in sorted(counts.items())]
             lines.append(f"{title}: {sum(counts.values()):,} ({', '.join(parts)})")
@@ -60,4 +61,7 @@ def summary() -> str:
 FUZZED: Counter[str] = Counter()
 """Bad inputs fed to each persisted-format reader (tests/store/test_fuzz_readers.py)."""
 INJECTED: Counter[str] = Counter()
-"""Disk faults injected through the seam, by kind (ENOSPC, EIO), each followed by the checks."""
+"""Faults injected, by kind (disk: ENOSPC, EIO; catalog: PostgreSQL stopped, SQLite locked, catalog
+deleted; S3 in the soak), each followed by the checks."""
+SOAK: dict[str, dict[str, int]] = {}
+"""Figures of each soak run (tests/reliability/test_soak.py), by duration."""

@@ -32,6 +32,13 @@ class CommitRecord:
     rollback commits a version without running a batch, so it repeats the batch id it re-lays out."""
     change: dict[str, str] = field(default_factory=dict)
     """Operator -> ``rescale`` or ``rollback`` when this version changed its layout or its head."""
+    in_place: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Operator -> partitions whose changelog of a ``change`` version extends their own lineage (a
+    rescale kept key groups in place); every other partition of such a version is a full-state changelog."""
+
+    def full_state(self, operator: str, partition: int) -> bool:
+        """Whether the changelog of (`operator`, `partition`) at this version has an empty lineage."""
+        return operator in self.change and partition not in self.in_place.get(operator, ())
 
     def __post_init__(self) -> None:
         for op, layout in self.layouts.items():
@@ -63,6 +70,8 @@ class CommitRecord:
             payload["layouts"] = {op: lay.to_json() for op, lay in sorted(self.layouts.items())}
         if self.change:
             payload["change"] = dict(sorted(self.change.items()))
+        if self.in_place:
+            payload["in_place"] = {op: list(ps) for op, ps in sorted(self.in_place.items())}
         return encode_frame(MAGIC, FORMAT_VERSION, payload)
 
     def same_outcome(self, other: CommitRecord) -> bool:
@@ -90,8 +99,9 @@ class CommitRecord:
         layouts: dict[str, KeyGroupLayout] = {}
         raw_layouts = payload.get("layouts", {})
         change = payload.get("change", {})
-        if not isinstance(raw_layouts, dict) or not isinstance(change, dict):
-            raise CorruptFileError("malformed layouts or change", name)
+        in_place = payload.get("in_place", {})
+        if not isinstance(raw_layouts, dict) or not isinstance(change, dict) or not isinstance(in_place, dict):
+            raise CorruptFileError("malformed layouts, change or in_place", name)
         try:
             for op, lay in raw_layouts.items():
                 layouts[op] = KeyGroupLayout(int(lay["partitions"]), int(lay["max_key_groups"]))
@@ -102,6 +112,7 @@ class CommitRecord:
                 layouts,
                 None if batch == version - 1 else batch,
                 {str(k): str(v) for k, v in change.items()},
+                {str(k): tuple(int(p) for p in v) for k, v in in_place.items()},
             )
         except (KeyError, TypeError, ValueError, ConfigurationError) as e:
             raise CorruptFileError(f"malformed layout: {e}", name) from None

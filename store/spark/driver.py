@@ -46,6 +46,7 @@ from statekeeper.store.spark.api import BatchStatefulProcessor, StatefulProcesso
 from statekeeper.store.spark.connect import initial_state_unsupported, is_connect_dataframe, progress_unavailable
 from statekeeper.store.spark.event_time import EventTime, TaskTime, WatermarkLog, parse_delay_ms, watermark_of
 from statekeeper.store.spark.executor import MARKER_COL, META_COL, PID_COL, FileManagerFactory, TaskSpec, run_task
+from statekeeper.store.spark.heartbeat import DEFAULT_INTERVAL_SECONDS, Heartbeat
 from statekeeper.store.spark.initial_state import collect_initial_state, initial_state_frame
 from statekeeper.store.spark.metrics import BatchProgress, PartitionMetrics
 from statekeeper.store.spark.restart import read_head, rescale_at_restart
@@ -117,6 +118,7 @@ class StatefulOperator:
         initial_state: Any = None,
         output_mode: str = "Append",
         eventTimeColumnName: str = "",  # noqa: N803 - PySpark's argument name
+        heartbeat_seconds: float = DEFAULT_INTERVAL_SECONDS,
     ) -> None:
         validate_component(name, "operator name")
         if eventTimeColumnName:
@@ -159,6 +161,7 @@ class StatefulOperator:
         self.fm_factory = file_manager_factory
         self.upload_timeout_s = upload_timeout_s
         self.max_batch_attempts = max_batch_attempts
+        self.heartbeat_seconds = heartbeat_seconds
         self.on_progress = on_progress
         self.local_dir = local_dir
         self.max_key_groups = check_max_key_groups(max_key_groups)
@@ -190,11 +193,13 @@ class StatefulOperator:
         self._layout: KeyGroupLayout | None = None
         self._rescale_pending = False
         self._last_rescale: dict[str, Any] | None = None
+        self._heartbeat: Heartbeat | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """Spark Connect pickles the foreachBatch function (this operator) to run it in the server's Python
         process: send the configuration only; clients (S3) and Spark objects are rebuilt there."""
         skip = {"fm", "commit_log", "recent_progress", "_partitions", "_next_batch", "_route_cache", "_plan_parts"}
+        skip.add("_heartbeat")
         return {k: v for k, v in self.__dict__.items() if k not in skip and k != "_struct"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -238,6 +243,7 @@ class StatefulOperator:
         """The foreachBatch function."""
         t0 = time.perf_counter()
         spark = df.sparkSession
+        self._beat(spark)
         self._prepare(spark, df, batch_id)
         n = self._partitions
         assert n is not None
@@ -381,6 +387,14 @@ class StatefulOperator:
         if self._layout is not None:  # the partition owning the row's key group
             return owner_column(schema, self.key, self._layout)
         return sf.pmod(sf.hash(*[sf.col(k) for k in self.key]), sf.lit(n)).cast("int")  # legacy: Spark's hash
+
+    def _beat(self, spark: SparkSession) -> None:
+        """Keep this driver's heartbeat alive while a query runs (an offline rescale refuses meanwhile)."""
+        if self._heartbeat is None:
+            self._heartbeat = Heartbeat(
+                self.fm, self.name, lambda: bool(spark.streams.active), interval=self.heartbeat_seconds
+            )
+        self._heartbeat.start()
 
     def _prepare(self, spark: SparkSession, df: DataFrame, batch_id: int) -> None:
         if self._struct is None:

@@ -125,6 +125,8 @@ class BatchProgress:
                 "numTimersFired": self.timers_fired,
                 "rescaleMs": round(1000 * float(self.rescale["seconds"])) if self.rescale else 0,
                 "rescaleMovedKeyGroups": int(self.rescale["moved_key_groups"]) if self.rescale else 0,
+                "rescaleBytesRead": int(self.rescale["bytes_read"]) if self.rescale else 0,
+                "rescaleBytesWritten": int(self.rescale["bytes_written"]) if self.rescale else 0,
             },
         }
 

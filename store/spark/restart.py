@@ -78,12 +78,15 @@ def rescale_at_restart(
     log.info("statekeeper %s: rescaling at restart: %s", operator, plan.describe())
     result = execute_relayout(fm, plan, rules=TypedStateKeys(), config=store_config, workers=workers)
     log.info(
-        "statekeeper %s: rescaled to %d partitions as version %d: %d key groups moved, %d records, %d bytes in %.2fs",
+        "statekeeper %s: rescaled to %d partitions as version %d: %d key groups moved, %d records copied, "
+        "%d deleted in place, %d bytes read, %d bytes written in %.2fs",
         operator,
         partitions,
         plan.new_version,
         plan.moved_groups(),
         result.records,
+        result.deleted,
+        result.bytes_read,
         result.bytes_written,
         result.seconds,
     )

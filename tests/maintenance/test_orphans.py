@@ -19,6 +19,7 @@ from statekeeper.maintenance.snapshots import create_snapshots
 from statekeeper.sql import Catalog
 from statekeeper.store.files import LocalFileManager
 from statekeeper.store.files.s3 import S3FileManager
+from statekeeper.store.files.s3.capabilities import PROBE_PREFIX
 from tests.maintenance.helpers import History, all_files, leftovers
 
 JUNK_SST = "ab" * 20 + ".sst"
@@ -154,5 +155,27 @@ def test_old_temp_file_of_a_commit_record_is_removed_but_a_young_one_stays(tmp_p
         assert report.temp_files == 1 and report.ok
         assert list(fm.list_temp_files("")) == []
         out.cancel()
+    finally:
+        h.close()
+
+
+def test_a_capability_probe_left_by_a_killed_process_is_an_unfinished_write(tmp_path, settings) -> None:
+    """The S3 file manager's conditional-write probe (`_statekeeper_probe_<id>` at the root) is deleted at once;
+    a process killed in between leaves it: ours, so an orphan after the grace period, not a foreign file."""
+    h = History((tmp_path / "root").as_uri())
+    try:
+        h.batches(2)
+        probe = f"{PROBE_PREFIX}{'e' * 32}"
+        assert isinstance(h.fm, LocalFileManager)
+        path = os.path.join(h.fm.root_path, probe)
+        with open(path, "wb") as f:  # as the probe's PUT would leave it
+            f.write(b"1")
+        patient = MaintenanceSettings(**{**settings.to_json(), "orphan_grace_seconds": 60})
+        young = clean_orphans(h.root, patient)
+        assert young.ok and young.kept_in_flight == 1 and young.foreign_files == 0 and not young.warnings
+        os.utime(path, (os.path.getmtime(path) - 120,) * 2)
+        report = clean_orphans(h.root, patient)
+        assert report.ok and report.temp_files == 1
+        assert not os.path.exists(path)
     finally:
         h.close()

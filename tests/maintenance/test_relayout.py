@@ -11,13 +11,22 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from statekeeper.maintenance.catalog_sync import sync_catalog
 from statekeeper.maintenance.cli import main
+from statekeeper.maintenance.inventory import Inventory, clear_caches
+from statekeeper.maintenance.relayout import check_writer_idle
+from statekeeper.sql import Catalog, LayoutSpan
 from statekeeper.store import CommitLog, open_file_manager
 from statekeeper.store.key_groups import KeyGroupLayout
+from statekeeper.store.layout import heartbeat_dir
+from statekeeper.store.rescale import RescaleError
+from statekeeper.store.spark.heartbeat import Heartbeat
 from tests.store.test_rescale import GROUPS, OP, clean, read_all, run_batch, stored
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,7 +116,97 @@ def test_maintenance_after_a_rescale(tmp_path: Path, capsys: pytest.CaptureFixtu
         code, doc = _cli(capsys, *args)
         assert code == 0, (args, doc)
     assert read_all(root, 5, layout) == model
-    # expiry removed what only versions before the rescale needed from the stores that continue
+    assert read_all(root, 4, layout), "the retained rescale version still loads"
+    # partition 2 was created by the rescale: nothing of it before the rescale version
     fm = open_file_manager(root)
-    left = [i.path for i in fm.list("state/agg/00000/changelogs/")]
-    assert all(int(p.rsplit("/", 1)[1][:20]) >= 4 for p in left), left
+    left = [i.path for i in fm.list("state/agg/00002/changelogs/")]
+    assert left and all(int(p.rsplit("/", 1)[1][:20]) >= 4 for p in left), left
+
+
+def test_retired_partitions_expire_after_a_rescale_down(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """8 -> 4: once no retained version needs partitions 4..7, expiry and orphan cleanup remove every file
+    of theirs (DESIGN invariant 8); every retained version still loads."""
+    root = (tmp_path / "ckpt").as_uri()
+    model = _history(root, partitions=8, batches=2)
+    assert _cli(capsys, "rescale", root, "--operator", OP, "--partitions", "4", "--force")[0] == 0
+    layout = KeyGroupLayout(4, GROUPS)
+    states = {}
+    for b in range(3, 6):  # versions 4..6
+        run_batch(root, b, layout, {"default": {stored(b"k%d" % b): b"v%d" % b}})
+        model["default"][stored(b"k%d" % b)] = b"v%d" % b
+        states[b + 1] = clean(model)
+    fm = open_file_manager(root)
+    for args in (
+        ["snapshot", root, "--threshold", "1"],
+        ["expire", root, "--retain", "2", "--grace", "0"],
+        ["clean-orphans", root, "--retain", "2", "--grace", "0"],
+        ["expire", root, "--retain", "2", "--grace", "0"],
+        ["verify", root, "--retain", "2"],
+    ):
+        code, doc = _cli(capsys, *args)
+        assert code == 0, (args, doc)
+    for p in range(4, 8):
+        assert not list(fm.list(f"state/agg/{p:05d}/")), f"files of retired partition {p} remain"
+    for v in (5, 6):
+        assert read_all(root, v, layout) == states[v]
+
+
+def test_a_running_drivers_heartbeat_stops_an_offline_rescale(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """While the driver's heartbeat is fresh, rescale refuses and names it; a stopped driver removes it; a
+    killed driver's stale one ages out of --idle-seconds and is an orphan for clean-orphans."""
+    root = (tmp_path / "ckpt").as_uri()
+    _history(root, partitions=2, batches=2)
+    fm = open_file_manager(root)
+    running = threading.Event()
+    running.set()
+    beat = Heartbeat(fm, OP, running.is_set, interval=0.2)
+    beat.start()
+    time.sleep(0.5)
+    beats = [i.path for i in fm.list(heartbeat_dir(OP))]
+    assert len(beats) == 1, "each beat replaces the one before it"
+    code, doc = _cli(capsys, "rescale", root, "--operator", OP, "--partitions", "3", "--idle-seconds", "30")
+    err = capsys.readouterr().err + str(doc.get("error"))
+    assert code == 1 and "heartbeat" in err and "spark/agg/heartbeat/" in err and "s old" in err, err
+    running.clear()  # the query stopped: the heartbeat goes within a poll
+    deadline = time.time() + 10
+    while any(fm.list(heartbeat_dir(OP))) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(fm.list(heartbeat_dir(OP)))
+    assert not beat.running
+
+    killed = Heartbeat(fm, OP, running.is_set)
+    killed.beat()  # a driver killed right after a beat leaves it behind
+    stale = next(iter(fm.list(heartbeat_dir(OP)))).path
+    with pytest.raises(RescaleError, match=r"heartbeat .*/spark/agg/heartbeat/"):
+        check_writer_idle(root, OP, 60)
+    check_writer_idle(root, OP, 60, now=time.time() + 120)  # two minutes later the writer is surely gone
+    local = Path(tmp_path / "ckpt" / stale)
+    old = time.time() - 600
+    os.utime(local, (old, old))
+    clear_caches()
+    assert Inventory.scan(root).heartbeats and not Inventory.scan(root).foreign
+    code, doc = _cli(capsys, "clean-orphans", root, "--grace", "0")
+    assert code == 0 and doc["heartbeats"] == 1 and not local.exists()
+
+
+def test_layouts_in_the_catalog_and_in_inspect(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], catalog: Catalog
+) -> None:
+    """Every layout with its versions: 2 partitions (1..2), rescaled to 3 (3..4), rolled back to 2 (5)."""
+    root = (tmp_path / "ckpt").as_uri()
+    _history(root, partitions=2, batches=2)
+    assert _cli(capsys, "rescale", root, "--operator", OP, "--partitions", "3", "--force")[0] == 0
+    run_batch(root, 3, KeyGroupLayout(3, GROUPS), {"default": {stored(b"x"): b"1"}})
+    assert _cli(capsys, "rollback", root, "--operator", OP, "--to-version", "2", "--force")[0] == 0
+    expected = [
+        LayoutSpan(OP, 1, 2, 2, GROUPS, None),
+        LayoutSpan(OP, 3, 4, 3, GROUPS, "rescale"),
+        LayoutSpan(OP, 5, 5, 2, GROUPS, "rollback"),
+    ]
+    code, doc = _cli(capsys, "inspect", root)
+    assert code == 0 and doc["layouts"] == [s.to_json() for s in expected]
+    assert not sync_catalog(catalog, root).errors
+    assert catalog.layouts(open_file_manager(root).root_uri) == expected
+    assert catalog.layouts(open_file_manager(root).root_uri, operator="other") == []

@@ -53,6 +53,7 @@ def settings(work: str) -> MaintenanceSettings:
         snapshot_threshold=2,
         min_versions_to_retain=RETAIN,
         orphan_grace_seconds=0.0,
+        load_grace_seconds=0.0,  # a snapshot is the base at once: expiry deletes within the run
         parallelism=1,  # one thread: the points a run reaches come in the same order every time
         delete_batch_size=2,
         lease_ttl_seconds=1.0,  # a killed maintainer's lease on the catalog expires quickly ...
@@ -94,44 +95,59 @@ def store_config(work: str, tag: str) -> StoreConfig:
     return StoreConfig(local_dir=os.path.join(work, tag), block_bytes=1024, snapshot_check_interval=2)
 
 
-def write_batches(root: str, work: str, count: int, *, asynchronous: bool = False, losing: bool = False) -> int:
-    """Resume at the latest committed version and commit `count` more batches on every partition.
+class BatchWriter:
+    """The streaming job's driver and its partitions' stores: each `commit` resumes at the latest
+    committed version and commits the next batches on every partition, then the commit record.
 
     `asynchronous`: the stores commit through an `AsyncUploader` (commit returns once the changelog
     is staged locally) and the driver waits for every upload before the commit record, as the Spark
-    integration does. `losing`: every batch also has a losing attempt on partition 0 (an orphan).
+    integration does. A new writer starts from an empty local directory, as a restarted job does.
     """
-    real = open_file_manager(root)
-    uploader = AsyncUploader(real, os.path.join(work, "staging")) if asynchronous else None
-    fm: CheckpointFileManager = uploader if uploader is not None else real
-    log = CommitLog(real)
-    tag = os.urandom(4).hex()  # a restarted writer starts from an empty local directory
-    stores = [StateStore(fm, OPERATOR, p, config=store_config(work, f"p{p}-{tag}")) for p in range(PARTITIONS)]
-    try:
-        latest = log.latest()
-        ids: list[str | None] = [None] * PARTITIONS
+
+    def __init__(self, root: str, work: str, *, asynchronous: bool = False, partitions: int | None = None) -> None:
+        self.real = open_file_manager(root)
+        self.work = work
+        self.uploader = AsyncUploader(self.real, os.path.join(work, "staging")) if asynchronous else None
+        fm: CheckpointFileManager = self.uploader if self.uploader is not None else self.real
+        self.log = CommitLog(self.real)
+        tag = os.urandom(4).hex()
+        count = PARTITIONS if partitions is None else partitions
+        self.stores = [StateStore(fm, OPERATOR, p, config=store_config(work, f"p{p}-{tag}")) for p in range(count)]
+        self._ids: list[str | None] = [None] * count
+
+    def commit(self, count: int = 1, *, losing: bool = False) -> int:
+        """Commit `count` more batches (`losing`: each also has a losing attempt on partition 0, an
+        orphan); returns the latest committed version."""
+        latest = self.log.latest()
         for version in range(latest + 1, latest + 1 + count):
             if losing:
-                _losing_attempt(real, work, version)
+                _losing_attempt(self.real, self.work, version)
             new_ids: list[str] = []
-            for p, store in enumerate(stores):
-                store.load(version - 1, ids[p])
+            for p, store in enumerate(self.stores):
+                store.load(version - 1, self._ids[p])
                 for k, v in batch_updates(p, version):
                     if v is None:
                         store.delete(k)
                     else:
                         store.put(k, v)
                 new_ids.append(store.commit().checkpoint_id)
-            if uploader is not None:
-                uploader.wait_all()
-            log.commit(version, {OPERATOR: new_ids})
-            ids = list(new_ids)
+            if self.uploader is not None:
+                self.uploader.wait_all()
+            self.log.commit(version, {OPERATOR: new_ids})
+            self._ids = list(new_ids)
         return latest + count
-    finally:
-        for store in stores:
+
+    def close(self) -> None:
+        for store in self.stores:
             store.close()
-        if uploader is not None:
-            uploader.close()
+        if self.uploader is not None:
+            self.uploader.close()
+
+
+def write_batches(root: str, work: str, count: int, *, asynchronous: bool = False, losing: bool = False) -> int:
+    """A restarted writer (`BatchWriter`) commits `count` more batches on every partition."""
+    with closing(BatchWriter(root, work, asynchronous=asynchronous)) as writer:
+        return writer.commit(count, losing=losing)
 
 
 def _losing_attempt(fm: CheckpointFileManager, work: str, version: int) -> None:
@@ -162,11 +178,16 @@ def _catalog(work: str, name: str = "catalog.db") -> Catalog:
     path = os.path.join(work, name)
     if not os.path.exists(path):
         _empty_catalog_file(path)
-    catalog = Catalog.open(f"sqlite:///{path}")
+    return observed(Catalog.open(f"sqlite:///{path}"))
+
+
+def observed(catalog: Catalog) -> Catalog:
+    """`catalog`, its transactions reaching the fault seam at "catalog.transaction" before they commit.
+
+    The catalog is not in `statekeeper.store` (it may not import it): its transactions reach the seam
+    through SQLAlchemy's commit event."""
     from sqlalchemy import event
 
-    # The catalog is not in `statekeeper.store` (it may not import it): its transactions reach the seam
-    # through SQLAlchemy's commit event.
     event.listen(catalog.engine, "commit", lambda _conn: faults.reached("catalog.transaction", "catalog"))
     return catalog
 
@@ -272,7 +293,9 @@ SCENARIOS: dict[str, Scenario] = {
 # -- the check ------------------------------------------------------------------------------------
 
 
-def check(root: str, work: str, scenario: Scenario, committed_before: int) -> list[str]:
+def check(
+    root: str, work: str, scenario: Scenario, committed_before: int, *, partitions: int | None = None
+) -> list[str]:
     """Problems after a kill and a recovery: a committed version lost or wrong, a needed file gone,
     maintenance not verifying clean, a catalog that differs from a rebuild."""
     problems: list[str] = []
@@ -281,7 +304,7 @@ def check(root: str, work: str, scenario: Scenario, committed_before: int) -> li
     if latest < committed_before:
         problems.append(f"latest committed version {latest} < {committed_before} committed before the kill")
     first = max(1, latest - RETAIN + 1) if scenario.expires else 1
-    for p in range(PARTITIONS):
+    for p in range(PARTITIONS if partitions is None else partitions):
         probe = StateStore(fm, OPERATOR, p, config=store_config(work, f"check-{p}-{os.urandom(4).hex()}"))
         try:
             for version in range(first, latest + 1):

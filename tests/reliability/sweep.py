@@ -263,6 +263,7 @@ def sweep_one(scenario: Scenario, roots: Roots, work_base: str, sample: int | No
         shutil.rmtree(work, ignore_errors=True)
     result.kills[scenario.name][roots.kind] = kills
     result.seconds_by_scenario.setdefault(scenario.name, {})[roots.kind] = round(time.monotonic() - t0, 1)
+    print(f"{tag}: {kills} kills of {len(points)} traced points, {result.lost} lost so far", flush=True)
     roots.remove(f"{tag}-tmpl")
 
 

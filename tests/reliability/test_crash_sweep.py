@@ -22,12 +22,16 @@ import pytest
 from tests.reliability.scenarios import SCENARIOS
 
 REPO = Path(__file__).resolve().parents[2]
+SWEEP_TIMEOUT_SECONDS = 4 * 3600
+"""The whole sweep (>= 1,000 kills) takes 1-2 hours on 2 cores."""
+SAMPLE = 14
+"""Kill points per scenario in the default run (spread evenly over each trace): 9 scenarios, >= 100 kills."""
 
 
 def run_sweep(tmp_path: Path, *args: str) -> dict[str, Any]:
     out = tmp_path / "sweep.json"
     cmd = [sys.executable, "-m", "tests.reliability.sweep", str(out), "--work", str(tmp_path / "work"), *args]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=7200, check=False)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_SECONDS, check=False)
     assert out.exists(), f"the sweep did not finish: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-5000:]}"
     result: dict[str, Any] = json.loads(out.read_text())
     assert result["problems"] == [], "\n\n".join(result["problems"])
@@ -36,14 +40,18 @@ def run_sweep(tmp_path: Path, *args: str) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.timeout(1200)  # ~6 minutes on a loaded 2-core machine
 def test_crash_point_sweep_sample(tmp_path: Path) -> None:
-    result = run_sweep(tmp_path, "--kinds", "local", "--sample", "20")
+    result = run_sweep(tmp_path, "--kinds", "local", "--sample", str(SAMPLE))
     assert set(result["kills"]) == set(SCENARIOS)
     assert result["total_kills"] >= 100, result["kills"]
+    # expiry really deletes (load_grace_seconds=0 in scenarios.settings): it reaches a full sample
+    assert result["traced"]["expiry"]["local"] >= SAMPLE and result["kills"]["expiry"]["local"] == SAMPLE
     assert {"local.publish", "local.published", "local.delete", "catalog.transaction"} <= set(result["points"])
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(SWEEP_TIMEOUT_SECONDS + 60)
 def test_crash_point_sweep_every_point(tmp_path: Path, s3_bucket: str) -> None:
     result = run_sweep(tmp_path, "--kinds", "local,s3", "--s3-bucket", s3_bucket, "--partitions", "8")
     traced = sum(n for kinds in result["traced"].values() for n in kinds.values())

@@ -1,6 +1,10 @@
 """A streaming job the driver-kill test runs in its own process (and kills with SIGKILL).
 
 python -m tests.spark.driver_job INPUT_DIR STATE_ROOT SPARK_CHECKPOINT OUTPUT_DIR TASK_SLEEP SINK_SLEEP [async]
+
+Environment: ``JOB_PARTITIONS`` (default 3) the operator's ``num_partitions``; ``JOB_KILL_AT`` =
+``POINT:PREFIX:N`` kills the job's process group with SIGKILL the N-th time the fault point POINT
+(statekeeper.store.faults) is reached for a file whose path starts with PREFIX.
 """
 
 from __future__ import annotations
@@ -8,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -16,6 +21,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from statekeeper.store import faults
 from statekeeper.store.spark import StatefulOperator
 from tests.spark.helpers import SCHEMA
 from tests.spark.processors import SlowCountSum
@@ -50,9 +56,26 @@ def file_sink(output_dir: str, sink_sleep: str) -> Callable[[Any, int], None]:
     return sink
 
 
+def arm_kill(spec: str) -> None:
+    """Install the ``JOB_KILL_AT`` hook (see the module docstring)."""
+    point, prefix, n = spec.split(":")
+    seen = 0
+
+    def hook(reached: str, subject: str) -> None:
+        nonlocal seen
+        if reached == point and subject.startswith(prefix):
+            seen += 1
+            if seen == int(n):
+                os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    faults.arm(hook)
+
+
 def main(argv: list[str]) -> int:
     input_dir, root, checkpoint, output_dir, task_sleep, sink_sleep = argv[:6]
     async_checkpoint = argv[6:] == ["async"]
+    if os.environ.get("JOB_KILL_AT"):
+        arm_kill(os.environ["JOB_KILL_AT"])
     spark = session()
     sink = file_sink(output_dir, sink_sleep)
     op = StatefulOperator(
@@ -61,7 +84,7 @@ def main(argv: list[str]) -> int:
         "user",
         SlowCountSum(float(task_sleep)),
         "user string, count long, total long",
-        num_partitions=3,
+        num_partitions=int(os.environ.get("JOB_PARTITIONS", "3")),
         sink=sink,
         async_checkpoint=async_checkpoint,
     )

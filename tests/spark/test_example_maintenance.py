@@ -18,7 +18,7 @@ from typing import Any
 
 from dagster import DagsterInstance
 
-from statekeeper.maintenance.inventory import BATCH, CHANGELOG, Inventory, clear_caches
+from statekeeper.maintenance.inventory import BATCH, CHANGELOG, HEARTBEAT, Inventory, clear_caches
 from statekeeper.maintenance.plan import plan_root
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import close_replicas
@@ -93,7 +93,7 @@ def _only_what_retained_versions_need(root: str) -> None:
     assert not plan.expired_commits and not plan.expired_batches and not plan.orphans
     kept_in_flight = {e.path for e, _ in plan.in_flight}
     for e, why in plan.in_flight:  # only a batch the stop interrupted (Spark re-runs it on restart)
-        assert e.version == inv.latest + 1 and e.kind in (BATCH, CHANGELOG), (e.path, why)
+        assert e.kind == HEARTBEAT or (e.version == inv.latest + 1 and e.kind in (BATCH, CHANGELOG)), (e.path, why)
     needed = {e.path for p in plan.stores.values() for e in p.needed}
     for p in plan.stores.values():
         assert not p.expired and not p.orphans and not p.problems, (p.store, p.expired, p.orphans, p.problems)

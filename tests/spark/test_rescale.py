@@ -67,6 +67,9 @@ def test_rescale_at_restart_4_8_3_1_4(spark: Any, tmp_path: Path) -> None:
     record = CommitLog(open_file_manager(root)).get(9)
     assert record is not None and record.batch == 4 and len(record.checkpoint_ids["counts"]) == 4
     assert all(r["moved_key_groups"] > 0 for r in rescales)
+    assert all(r["bytes_written"] > 0 and r["bytes_read"] > 0 for r in rescales)
+    custom = op.recent_progress[-1].state_operator_progress()["customMetrics"]
+    assert custom["rescaleBytesWritten"] == rescales[-1]["bytes_written"] and custom["rescaleBytesRead"] > 0
 
 
 def test_rollback_then_restart_recomputes_the_rolled_back_history(spark: Any, tmp_path: Path) -> None:

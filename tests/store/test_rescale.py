@@ -9,6 +9,7 @@ model; layouts and batch ids are in the commit records. Runs on local disk and o
 from __future__ import annotations
 
 import random
+import shutil
 import zlib
 
 import pytest
@@ -183,3 +184,38 @@ def test_rollback_refuses_the_head_and_missing_versions(tmp_path_factory: pytest
     run_batch(root, 0, KeyGroupLayout(1, GROUPS), {"default": {stored(b"a"): b"1"}})
     with pytest.raises(ConfigurationError, match="below the head"):
         plan_rollback(fm, OP, 1)
+
+
+def test_bytes_written_scale_with_the_moved_key_groups(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The same state rescaled 4 -> n for several n: the records copied are exactly those of the key groups
+    that change owner, the records deleted in place exactly those a kept partition gave away, and the bytes
+    written per moved group are about the same every time (a full rewrite is what a rollback writes)."""
+    rng = random.Random(11)
+    per_group = 20
+    state = {group_prefix(g) + b"key%04d" % i: rng.randbytes(200) for g in range(GROUPS) for i in range(per_group)}
+    layout = KeyGroupLayout(4, GROUPS)
+    base = tmp_path_factory.mktemp("moved")
+    run_batch(base.as_uri(), 0, layout, {"default": dict(state)})
+    run_batch(base.as_uri(), 1, layout, {"default": {}})
+    full = execute_relayout(open_file_manager(base.as_uri()), plan_rollback(open_file_manager(base.as_uri()), OP, 1))
+    per_group_full = full.bytes_written / GROUPS
+    assert full.records == len(state)
+    ratios = []
+    for n in (5, 8, 2, 3, 16):
+        root = tmp_path_factory.mktemp(f"to{n}")
+        shutil.copytree(base, root, dirs_exist_ok=True)
+        fm = open_file_manager(root.as_uri())
+        plan = plan_rescale(fm, OP, n)
+        target = KeyGroupLayout(n, GROUPS)
+        moved = plan.moved_groups()
+        assert 0 < moved < GROUPS
+        result = execute_relayout(fm, plan)
+        assert result.records == moved * per_group, "only the moved key groups are copied"
+        given_away = sum(
+            1 for g in range(GROUPS) if layout.owner(g) in plan.kept_in_place() and target.owner(g) != layout.owner(g)
+        )
+        assert result.deleted == given_away * per_group
+        assert result.bytes_read > 0
+        ratios.append(result.bytes_written / (moved * per_group_full))
+        assert read_all(root.as_uri(), plan.new_version, target) == {"default": state}
+    assert all(0.8 < r < 1.3 for r in ratios), ratios
