@@ -364,12 +364,15 @@ def _incremental(catalog: Catalog, syncer: _Syncer, started: float, raise_on_err
         return store, changelogs, manifests
 
     manifest_paths: dict[StoreId, list[str]] = {}
+    listed_files: list[FileInfo] = []  # one catalog write for every store's new files, not one per store
     for store, changelogs, manifests in syncer._map(list_store, stores):
-        syncer.add_files(writer, [*changelogs, *manifests])
+        listed_files += changelogs
+        listed_files += manifests
         manifest_paths[store] = [i.path for i in manifests if classify(i.path).kind == KIND_MANIFEST]
         cursor = _changelog_cursor(store, latest.get((store.operator, store.partition)))
         if cursor is not None:
             cursors[store.changelog_dir()] = cursor
+    syncer.add_files(writer, listed_files)
     new_manifests = _unknown_snapshots(writer, [p for ps in manifest_paths.values() for p in ps])
     bad = syncer.ingest_manifests(writer, new_manifests)
     # The SST directory of a store is listed on its first sync and when it has a new snapshot.
@@ -385,9 +388,11 @@ def _incremental(catalog: Catalog, syncer: _Syncer, started: float, raise_on_err
     def list_ssts(store: StoreId) -> list[FileInfo]:
         return syncer._list(store.sst_dir())
 
+    listed_ssts: list[FileInfo] = []
     for store, ssts in zip(new_manifest_stores, syncer._map(list_ssts, new_manifest_stores), strict=True):
-        syncer.add_files(writer, ssts)
+        listed_ssts += ssts
         cursors[store.sst_dir()] = ""  # marks the SST directory as listed once
+    syncer.add_files(writer, listed_ssts)
     writer.set_cursors(cursors)
     return _finish(catalog, syncer, writer, started, raise_on_error)
 

@@ -7,19 +7,26 @@ destructive step calls `check()` first, which raises once the lease was lost.
 Without a catalog, a lock file (``flock``) per store under ``<work_dir or $TMPDIR>/statekeeper-locks``
 keeps maintainers **on the same host** apart; maintainers on different hosts are not excluded, so
 production deployments pass a catalog.
+
+The maintenance loop runs snapshot, expiry and orphan cleanup one after the other on the same stores:
+inside `cycle_leases` a store's lease is taken the first time an operation needs it and held, renewed
+as usual, until the cycle ends, so a store costs one acquisition and one release per cycle instead of
+three (the lease's TTL, fencing and refusal when held elsewhere are unchanged).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import fcntl
 import hashlib
 import os
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import TYPE_CHECKING, Protocol
 
 from statekeeper.maintenance.settings import MaintenanceSettings
@@ -54,11 +61,85 @@ def lock_path(root_uri: str, store: StoreId, work_dir: str | None) -> str:
     return os.path.join(base, f"{digest}.{store.operator}.{store.partition:05d}.lock")
 
 
+class _CycleLeases:
+    """The leases a maintenance cycle holds on one root: taken on first use, released when the cycle ends."""
+
+    def __init__(self, settings: MaintenanceSettings, catalog: Catalog | None) -> None:
+        self.settings = settings
+        self.catalog = catalog
+        self.entered: list[AbstractContextManager[LeaseGuard]] = []
+        self.held: dict[StoreId, LeaseGuard] = {}
+        self.busy: dict[StoreId, MaintenanceBusyError] = {}
+        self.store_locks: dict[StoreId, threading.Lock] = {}
+        self.lock = threading.Lock()
+
+    def guard(self, root_uri: str, store: StoreId) -> LeaseGuard:
+        with self.lock:
+            store_lock = self.store_locks.setdefault(store, threading.Lock())
+        with store_lock:  # one acquisition per store even when an operation runs stores on threads
+            if store in self.held:
+                return self.held[store]
+            if store in self.busy:  # refused once this cycle: do not wait out the timeout again
+                raise MaintenanceBusyError(str(self.busy[store]))
+            lease = _acquire(root_uri, store, self.settings, self.catalog)
+            try:
+                guard = lease.__enter__()
+            except MaintenanceBusyError as e:
+                self.busy[store] = e
+                raise
+            with self.lock:
+                self.entered.append(lease)
+                self.held[store] = guard
+            return guard
+
+    def release(self) -> None:
+        with ExitStack() as stack:  # every lease is released even if one release fails
+            for lease in self.entered:
+                stack.push(lease)
+
+
+_cycle: contextvars.ContextVar[tuple[str, _CycleLeases] | None] = contextvars.ContextVar(
+    "statekeeper_cycle_leases", default=None
+)
+"""The cycle of the running maintenance loop: (root URI, its leases). A context variable,
+so only the loop's own work shares the leases (its per-store pools run in copies of its context,
+`statekeeper.maintenance.workers.run_each`); any other caller in the process, or a second loop, takes
+its own leases and is excluded by them as before."""
+
+
+@contextmanager
+def cycle_leases(root_uri: str, settings: MaintenanceSettings, catalog: Catalog | None) -> Iterator[None]:
+    """Within the block, `store_lease` on `root_uri` (with this `catalog`) keeps each store's lease until
+    the block ends: one acquisition and one release per store for all the operations run inside it."""
+    cycle = _CycleLeases(settings, catalog)
+    token = _cycle.set((root_uri, cycle))
+    try:
+        yield
+    finally:
+        _cycle.reset(token)
+        cycle.release()
+
+
 @contextmanager
 def store_lease(
     root_uri: str, store: StoreId, settings: MaintenanceSettings, catalog: Catalog | None
 ) -> Iterator[LeaseGuard]:
-    """Hold the maintenance lease of `store` for the block; `MaintenanceBusyError` if another has it."""
+    """Hold the maintenance lease of `store` for the block; `MaintenanceBusyError` if another has it.
+
+    Inside `cycle_leases` of the same root and catalog, the lease stays held after the block (until the cycle ends).
+    """
+    current = _cycle.get()
+    if current is not None and current[0] == root_uri and current[1].catalog is catalog:
+        yield current[1].guard(root_uri, store)
+        return
+    with _acquire(root_uri, store, settings, catalog) as guard:
+        yield guard
+
+
+@contextmanager
+def _acquire(
+    root_uri: str, store: StoreId, settings: MaintenanceSettings, catalog: Catalog | None
+) -> Iterator[LeaseGuard]:
     if catalog is not None:
         from statekeeper.sql.errors import LeaseUnavailableError
 
@@ -104,7 +185,7 @@ def store_lease(
         os.close(fd)  # closing releases the flock
 
 
-__all__ = ["LeaseGuard", "MaintenanceBusyError", "lock_path", "store_lease"]
+__all__ = ["LeaseGuard", "MaintenanceBusyError", "cycle_leases", "lock_path", "planned_store", "store_lease"]
 
 
 @contextmanager

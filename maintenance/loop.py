@@ -3,9 +3,10 @@
 Running the three ``statekeeper`` commands from cron or a shell loop starts three processes per cycle,
 each importing the stack, opening the catalog and rebuilding its warm replicas' view from disk: that
 fixed cost dominates a maintainer of many small stores (see docs/benchmarks.md, fleet). This loop
-keeps one process, one catalog connection, the warm local copies of the stores (`statekeeper.maintenance.replica`)
-and the parsed commit records and manifests (`statekeeper.maintenance.inventory`) across cycles, so a cycle costs
-its listings and the work it finds. ``statekeeper maintain ROOT --every SECONDS`` runs it.
+keeps one process, one catalog connection, the warm local copies of the stores
+(`statekeeper.maintenance.replica`) and the parsed commit records and manifests
+(`statekeeper.maintenance.inventory`) across cycles, and takes one maintenance lease per store per
+cycle, so a cycle costs its listings and the work it finds. ``statekeeper maintain ROOT --every SECONDS`` runs it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from statekeeper.maintenance.expiry import expire_versions
 from statekeeper.maintenance.inventory import Inventory
+from statekeeper.maintenance.leasing import cycle_leases
 from statekeeper.maintenance.orphans import clean_orphans
 from statekeeper.maintenance.reports import Report
 from statekeeper.maintenance.settings import MaintenanceSettings
@@ -74,8 +76,11 @@ def maintain(
         # One listing per cycle for all three operations: each lists a store again under its lease
         # before changing it (`Inventory.rescan_store`), and the snapshots' rescans update the shared view.
         inv = Inventory.scan(fm, parallelism=settings.parallelism)
-        for op in (create_snapshots, expire_versions, clean_orphans):
-            result.reports.append(op(fm, settings, catalog=catalog, inventory=inv))
+        # One lease per store per cycle: taken by the first operation that changes the store, held
+        # (and renewed) through the other two, released here.
+        with cycle_leases(fm.root_uri, settings, catalog):
+            for op in (create_snapshots, expire_versions, clean_orphans):
+                result.reports.append(op(fm, settings, catalog=catalog, inventory=inv))
         result.seconds = time.monotonic() - t0
         log.info("%s", result.summary())
         if on_cycle is not None:

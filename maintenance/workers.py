@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -42,8 +43,10 @@ def run_each(
     try:
         if parallelism <= 1 or len(items) <= 1:
             return [one(i) for i in items]
+        # Each item runs in a copy of the caller's context (e.g. the maintenance loop's `cycle_leases`).
+        contexts = [contextvars.copy_context() for _ in items]
         with ThreadPoolExecutor(max_workers=min(parallelism, len(items)), thread_name_prefix=desc or "maint") as pool:
-            return list(pool.map(one, items))
+            return list(pool.map(lambda ctx, item: ctx.run(one, item), contexts, items))
     finally:
         pbar.close()
 

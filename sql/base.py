@@ -128,12 +128,33 @@ class CatalogBase:
         if found is not None:
             return found
         with self.write() as conn:
-            conn.execute(
-                self.insert(CheckpointRoot)
-                .values(uri=uri, created_at=utcnow())
-                .on_conflict_do_nothing(index_elements=["uri"])
-            )
-            return int(conn.execute(select(CheckpointRoot.id).where(CheckpointRoot.uri == uri)).scalar_one())
+            return self.ensure_root_in(conn, uri)
+
+    def ensure_root_in(self, conn: Connection, uri: str) -> int:
+        """Like `ensure_root`, in the caller's write transaction `conn` (see `root_in`)."""
+        if not isinstance(uri, str) or not uri.strip():
+            raise CatalogConfigError("checkpoint root URI is empty")
+        found = conn.execute(select(CheckpointRoot.id).where(CheckpointRoot.uri == uri)).scalar_one_or_none()
+        if found is not None:
+            return int(found)
+        conn.execute(
+            self.insert(CheckpointRoot)
+            .values(uri=uri, created_at=utcnow())
+            .on_conflict_do_nothing(index_elements=["uri"])
+        )
+        return int(conn.execute(select(CheckpointRoot.id).where(CheckpointRoot.uri == uri)).scalar_one())
+
+    def root_in(self, conn: Connection, uri: str) -> int:
+        """The id of root `uri`, looked up in the caller's transaction `conn`; `NotInCatalogError` if unknown.
+
+        Hot write paths use this instead of `root_id` (a lookup on a connection of its own): the id is
+        then read in the same transaction that writes with it, so it is right even if another process
+        forgot the root and re-added it (SQLite may reuse the id of a deleted row for another URI).
+        """
+        rid = conn.execute(select(CheckpointRoot.id).where(CheckpointRoot.uri == uri)).scalar_one_or_none()
+        if rid is None:
+            raise NotInCatalogError(f"checkpoint root {uri} is not in the catalog: run `statekeeper catalog sync`")
+        return int(rid)
 
     def find_root(self, uri: str) -> int | None:
         with self.read() as conn:

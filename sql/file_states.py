@@ -143,15 +143,14 @@ class FileStateUpdates(CatalogBase):
 
     def mark_deleted(self, uri: str, paths: Iterable[str], *, at: dt.datetime | None = None) -> int:
         """Record that `paths` are gone from the checkpoint location (maintenance deleted them)."""
-        rid = self.root_id(uri)
         with self.write() as conn:
-            return mark_paths_deleted(conn, rid, list(paths), at or utcnow())
+            return mark_paths_deleted(conn, self.root_in(conn, uri), list(paths), at or utcnow())
 
     def mark_expired(self, uri: str, paths: Iterable[str]) -> int:
         """Record that expiry is about to delete `paths` (live or orphan files only)."""
-        rid = self.root_id(uri)
         n = 0
         with self.write() as conn:
+            rid = self.root_in(conn, uri)
             for chunk in chunks(list(paths)):
                 n += conn.execute(
                     update(File)

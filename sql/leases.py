@@ -192,10 +192,15 @@ def _lock_root(conn: Connection, root_id: int) -> None:
 
 
 def _try_acquire(
-    catalog: CatalogBase, root_id: int, scope: str, owner: str, token: str, ttl: float
-) -> tuple[dt.datetime, LeaseInfo | None]:
-    """One attempt: (expires_at, None) when taken, else (_, the conflicting lease)."""
+    catalog: CatalogBase, uri: str, scope: str, owner: str, token: str, ttl: float
+) -> tuple[dt.datetime, LeaseInfo | None, int]:
+    """One attempt: (expires_at, None, root id) when taken, else (_, the conflicting lease, root id).
+
+    The root's id is read (or the root created) in the acquiring transaction itself: no separate
+    lookup, and never a stale id even if another process forgot and re-added the root meanwhile.
+    """
     with catalog.write() as conn:
+        root_id = catalog.ensure_root_in(conn, uri)
         _lock_root(conn, root_id)
         now = utcnow()
         rows = conn.execute(
@@ -212,7 +217,7 @@ def _try_acquire(
             if not _conflicts(scope, other_scope) or other_token == token:
                 continue
             if expires > now:
-                return now, LeaseInfo("", other_scope, other_owner, acquired, expires)
+                return now, LeaseInfo("", other_scope, other_owner, acquired, expires), root_id
             stale.append((other_scope, other_token))
         for other_scope, other_token in stale:  # expired: take over
             conn.execute(
@@ -229,7 +234,7 @@ def _try_acquire(
                 root_id=root_id, scope=scope, owner=owner, token=token, acquired_at=now, expires_at=expires
             )
         )
-        return expires, None
+        return expires, None, root_id
 
 
 class LeaseAccess(CatalogBase):
@@ -256,12 +261,13 @@ class LeaseAccess(CatalogBase):
             raise CatalogConfigError(f"invalid lease timeout={timeout!r} / poll_interval={poll_interval!r}")
         scope = scope_of(store)
         owner = (owner or default_owner())[:200]
-        root_id = self.ensure_root(uri)
+        if not isinstance(uri, str) or not uri.strip():
+            raise CatalogConfigError("checkpoint root URI is empty")
         token = uuid.uuid4().hex
         t0 = time.monotonic()
         while True:
             try:
-                expires, holder = _try_acquire(self, root_id, scope, owner, token, ttl)
+                expires, holder, root_id = _try_acquire(self, uri, scope, owner, token, ttl)
             except IntegrityError:
                 holder = None  # lost an insert race: look again
                 expires = utcnow()

@@ -99,8 +99,8 @@ class RunRecords(CatalogBase):
     ) -> int:
         if not kind or len(kind) > 32:
             raise CatalogConfigError(f"invalid maintenance run kind {kind!r}")
-        rid = self.ensure_root(uri)
-        with self.write() as conn:
+        with self.write() as conn:  # the root's id read in the transaction that writes with it (`root_in`)
+            rid = self.ensure_root_in(conn, uri)
             return int(
                 conn.execute(
                     table_of(MaintenanceRun)

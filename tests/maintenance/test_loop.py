@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from statekeeper.maintenance.leasing import LeaseGuard, MaintenanceBusyError, cycle_leases, store_lease
 from statekeeper.maintenance.loop import CycleResult, maintain
 from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.workers import run_each
+from statekeeper.sql import Catalog
+from statekeeper.sql.leases import Lease
+from statekeeper.store.layout import StoreId
 from tests.maintenance.helpers import History, all_files
 from tests.maintenance.test_cli import run_cli
 
@@ -39,3 +46,79 @@ def test_the_maintain_command(make_local_history: Callable[..., History], tmp_pa
     assert [d["cycle"] for d in docs] == [1, 2]
     assert [r["kind"] for r in docs[0]["reports"]] == ["snapshot", "expire", "clean-orphans"]
     assert any(p.endswith(".manifest") for p in all_files(h.root))
+
+
+class _CountingCatalog(Catalog):
+    """The real SQLite catalog, counting lease acquisitions per store scope."""
+
+    acquired: Counter[str] = Counter()
+
+    def acquire_lease(self, uri: str, store: tuple[str, int] | str | None = None, **kw: Any) -> Lease:
+        lease = super().acquire_lease(uri, store, **kw)
+        self.acquired[lease.scope] += 1
+        return lease
+
+
+def test_one_lease_per_store_per_cycle_and_refused_when_held_elsewhere(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings, tmp_path: Path
+) -> None:
+    h = make_local_history()
+    h.batches(9, losing=1)
+    with _CountingCatalog.open(f"sqlite:///{tmp_path / 'counting.db'}", upgrade=True) as catalog:
+        maintain(h.root, settings, every=0, cycles=1, catalog=catalog)  # snapshots at 9
+        h.batches(4, losing=1)
+        catalog.acquired = Counter()
+        (first,) = maintain(h.root, settings, every=0, cycles=1, catalog=catalog)
+        assert first.ok and all(r.files > 0 for r in first.reports), "all three operations changed the stores"
+        assert set(catalog.acquired.values()) == {1}, f"one acquisition per store and cycle: {catalog.acquired}"
+        assert len(catalog.acquired) == len(h.stores)
+        assert catalog.leases(h.fm.root_uri) == [], "every lease released when the cycle ends"
+
+        h.batches(9, losing=1)
+        a = h.stores[0]
+        catalog.acquired = Counter()
+        before = {p: s for p, s in all_files(h.root).items() if p.startswith(a.prefix)}
+        with catalog.acquire_lease(h.fm.root_uri, (a.operator, a.partition), owner="other-host:4242", ttl=60):
+            (second,) = maintain(h.root, settings, every=0, cycles=1, catalog=catalog)
+        assert not second.ok
+        assert any("other-host:4242" in e for r in second.reports for e in r.errors)
+        assert {p: s for p, s in all_files(h.root).items() if p.startswith(a.prefix)} == before, (
+            "a held store untouched"
+        )
+        assert catalog.acquired[f"{a.operator}/{a.partition}"] == 1  # the holder's own acquisition only
+        assert catalog.leases(h.fm.root_uri) == []
+
+
+def test_cycle_leases_are_shared_only_by_the_cycles_own_work(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings, catalog: Catalog
+) -> None:
+    h = make_local_history()
+    h.batches(2)
+    a = h.stores[0]
+    uri = h.fm.root_uri
+    outside: list[BaseException] = []
+
+    def other_caller() -> None:  # a thread of its own: not in the cycle's context
+        try:
+            with store_lease(uri, a, settings, catalog):
+                pass
+        except BaseException as e:
+            outside.append(e)
+
+    with cycle_leases(uri, settings, catalog):
+        with store_lease(uri, a, settings, catalog) as first:
+            pass
+        (held,) = catalog.leases(uri)
+        assert held.scope == f"{a.operator}/{a.partition}", "still held after the operation's block"
+        shared = run_each([a, a], lambda s: _guard_of(uri, s, settings, catalog), parallelism=2)
+        assert shared == [first, first], "the cycle's pool threads share its lease"
+        t = threading.Thread(target=other_caller)
+        t.start()
+        t.join()
+        assert len(outside) == 1 and isinstance(outside[0], MaintenanceBusyError), outside
+    assert catalog.leases(uri) == [], "released when the cycle ends"
+
+
+def _guard_of(uri: str, store: StoreId, settings: MaintenanceSettings, catalog: Catalog) -> LeaseGuard:
+    with store_lease(uri, store, settings, catalog) as guard:
+        return guard
