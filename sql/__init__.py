@@ -24,6 +24,7 @@ from statekeeper.sql.db import current_revision, default_url, head_revision, mak
 from statekeeper.sql.errors import (
     CatalogConfigError,
     CatalogError,
+    CatalogUnavailableError,
     LeaseError,
     LeaseLostError,
     LeaseUnavailableError,
@@ -47,6 +48,7 @@ __all__ = [
     "Catalog",
     "CatalogConfigError",
     "CatalogError",
+    "CatalogUnavailableError",
     "CommitObservation",
     "FileObservation",
     "FileRecord",

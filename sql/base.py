@@ -13,17 +13,19 @@ Roots are identified by the URI string callers pass; use the file manager's norm
 from __future__ import annotations
 
 import datetime as dt
+import logging
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Self, cast
 
 from sqlalchemy import Connection, Engine, Table, delete, select, update
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from statekeeper.sql.db import check_current, make_engine, read_only
 from statekeeper.sql.db import upgrade as upgrade_db
-from statekeeper.sql.errors import CatalogConfigError, CatalogError, NotInCatalogError
+from statekeeper.sql.errors import CatalogConfigError, CatalogError, CatalogUnavailableError, NotInCatalogError
 from statekeeper.sql.models import (
     Attempt,
     CheckpointRoot,
@@ -57,6 +59,12 @@ def chunks(items: Sequence[Any], n: int = CHUNK) -> Iterator[Sequence[Any]]:
 def from_timestamp(ts: float) -> dt.datetime:
     """A POSIX timestamp as an aware UTC datetime."""
     return dt.datetime.fromtimestamp(ts, dt.UTC)
+
+
+log = logging.getLogger(__name__)
+
+CONNECT_RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0)
+"""Seconds to wait between attempts to reach the catalog's database server (a restart takes a moment)."""
 
 
 class CatalogBase:
@@ -101,13 +109,52 @@ class CatalogBase:
     @contextmanager
     def write(self) -> Iterator[Connection]:
         """A write transaction (SQLite: BEGIN IMMEDIATE)."""
-        with self.engine.begin() as conn:
+        with self._connection(self.engine) as conn, conn.begin():
             yield conn
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
-        with self._ro.connect() as conn:
+        with self._connection(self._ro) as conn:
             yield conn
+
+    @contextmanager
+    def _connection(self, engine: Engine) -> Iterator[Connection]:
+        """A connection, waiting out a database server that is restarting (`CONNECT_RETRY_DELAYS`); a server
+        that stays unreachable, or goes away mid-transaction, is a `CatalogUnavailableError` naming it."""
+        conn = self._connect(engine)
+        try:
+            yield conn
+        except DBAPIError as e:
+            if self._unreachable(e):
+                raise self._unavailable(e) from e
+            raise
+        finally:
+            conn.close()
+
+    def _connect(self, engine: Engine) -> Connection:
+        for delay in (*CONNECT_RETRY_DELAYS, None):
+            try:
+                return engine.connect()
+            except DBAPIError as e:
+                if not self._unreachable(e):
+                    raise
+                if delay is None:
+                    raise self._unavailable(e) from e
+                log.warning("catalog database unreachable, retrying in %.1fs: %s", delay, e.orig or e)
+                time.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _unreachable(self, e: DBAPIError) -> bool:
+        """A lost or refused server connection (SQLite has no server: its errors are its own)."""
+        return e.connection_invalidated or (isinstance(e, OperationalError) and self.dialect != "sqlite")
+
+    def _unavailable(self, e: DBAPIError) -> CatalogUnavailableError:
+        where = self.engine.url.render_as_string(hide_password=True)
+        return CatalogUnavailableError(
+            f"the catalog database {where} is unreachable ({str(e.orig or e).strip().splitlines()[0]}); the "
+            "transaction in progress was not committed: re-run once the database is back (`statekeeper catalog "
+            "rebuild` restores the catalog from the checkpoint if it was lost)"
+        )
 
     def insert(self, model: type[Any]) -> Any:
         """A dialect INSERT supporting on_conflict_do_nothing / on_conflict_do_update."""

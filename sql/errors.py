@@ -13,6 +13,11 @@ class CatalogConfigError(CatalogError, ValueError):
     """A database URL or argument is invalid; nothing was read or written because of it."""
 
 
+class CatalogUnavailableError(CatalogError, ConnectionError):
+    """The catalog database cannot be reached (server stopped, restarting, network); the transaction in
+    progress was not committed. Re-run once it is back."""
+
+
 class NotInCatalogError(CatalogError, LookupError):
     """A root, store or version the caller named is not in the catalog (sync it first?)."""
 
