@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
-from tests.s3_support import TEST_CREDENTIALS, MotoServer, empty_and_delete_bucket, new_bucket_name, s3_client
+from tests.s3_support import (
+    MotoServer,
+    empty_and_delete_bucket,
+    new_bucket_name,
+    point_statekeeper_at,
+    s3_client,
+)
 from tests.s3rver.server import S3RVER_CREDENTIALS, S3rverServer
 
 BACKENDS = ["local", "s3", "s3rver"]
@@ -40,15 +46,7 @@ def s3_endpoint() -> Iterator[str]:
     """
     server = MotoServer().start()
     with pytest.MonkeyPatch.context() as mp:
-        for k, v in TEST_CREDENTIALS.items():
-            mp.setenv(k, v)
-        for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-            mp.delenv(k, raising=False)
-        mp.setenv("AWS_CONFIG_FILE", "/dev/null")
-        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
-        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
-        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        mp.setenv("STATEKEEPER_S3_ENDPOINT_URL", server.endpoint_url)
+        point_statekeeper_at(mp, server.endpoint_url)
         mp.setenv("STATEKEEPER_S3_LIST_PAGE_SIZE", str(S3_TEST_PAGE_SIZE))
         yield server.endpoint_url
     server.stop()

@@ -39,6 +39,21 @@ TEST_CREDENTIALS = {
     "AWS_SESSION_TOKEN": "testing-session-token",
 }
 
+
+def point_statekeeper_at(mp: Any, endpoint_url: str) -> None:
+    """Set (through pytest's MonkeyPatch `mp`) the environment that sends statekeeper's S3 client to the test
+    server at `endpoint_url`, with fake credentials and no profile, config file or instance metadata, so no
+    real AWS account is ever reached."""
+    for k, v in TEST_CREDENTIALS.items():
+        mp.setenv(k, v)
+    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        mp.delenv(k, raising=False)
+    mp.setenv("AWS_CONFIG_FILE", "/dev/null")
+    mp.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+    mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    mp.setenv("STATEKEEPER_S3_ENDPOINT_URL", endpoint_url)
+
 # fault kinds
 SLOWDOWN = "503"  # 503 SlowDown, request not forwarded
 INTERNAL = "500"  # 500 InternalError, request not forwarded

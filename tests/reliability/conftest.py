@@ -20,7 +20,7 @@ import pytest
 
 from bench.bench_s3 import moto_server
 from tests.postgres_support import ENV_URL, PostgresServer
-from tests.s3_support import TEST_CREDENTIALS, FaultProxy, new_bucket_name, s3_client
+from tests.s3_support import FaultProxy, new_bucket_name, point_statekeeper_at, s3_client
 
 
 class RestartablePostgres(PostgresServer):
@@ -75,14 +75,7 @@ def soak_s3() -> Iterator[SoakS3]:
     """An S3 root on moto (a child process on 127.0.0.1) reached through a `FaultProxy` (no faults
     until the test sets a rate); the store is pointed at the proxy through STATEKEEPER_S3_* variables."""
     with moto_server() as upstream, FaultProxy(upstream, seed=17) as proxy, pytest.MonkeyPatch.context() as mp:
-        for k, v in TEST_CREDENTIALS.items():
-            mp.setenv(k, v)
-        for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-            mp.delenv(k, raising=False)
-        mp.setenv("AWS_CONFIG_FILE", "/dev/null")
-        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
-        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        mp.setenv("STATEKEEPER_S3_ENDPOINT_URL", proxy.endpoint_url)
+        point_statekeeper_at(mp, proxy.endpoint_url)
         bucket = new_bucket_name()
         s3_client(upstream).create_bucket(Bucket=bucket)
         yield SoakS3(f"s3://{bucket}/soak", proxy)
