@@ -18,14 +18,16 @@
    tests that passed and failed are counted per implementation (moto's server, s3rver).
 
 `--quick` kills a sample of 2 points per scenario, locally, with 2 partitions, and only prints; the
-full run kills every point with 8 partitions per scenario (more stores: more points), and the figures
-go to bench/results/reliability.json and docs/reliability.md with the date and machine.
+full run kills every point with 8 partitions per scenario (more stores: more points), the local and
+the S3 sweep side by side in two processes while the pytest parts run, and the figures go to
+bench/results/reliability.json and docs/reliability.md with the date and machine.
 STATEKEEPER_SWEEP_RESULT=FILE reuses the JSON of a sweep already run (`python -m tests.reliability.sweep
 FILE --kinds local,s3 --partitions 8 ...`, hours on 2 cores) instead of sweeping again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -58,25 +60,60 @@ FOUND = [
 """What the sweep, the fault tests and the soak found (each fixed, with a regression test), for the document."""
 
 
-def _sweep(quick: bool, tmp: str) -> dict[str, Any]:
+def _start_sweeps(quick: bool, tmp: str, stack: contextlib.ExitStack) -> list[tuple[subprocess.Popen[bytes], str]]:
+    """One sweep process per root kind, started in the background (each is single-threaded: on 2 cores
+    the local and S3 sweeps and the pytest parts below share the machine instead of queueing)."""
+    if os.environ.get(SWEEP_RESULT_ENV):
+        return []
+    cmd = [sys.executable, "-m", "tests.reliability.sweep"]
+    if quick:
+        out = os.path.join(tmp, "sweep-local.json")
+        args = [out, "--work", os.path.join(tmp, "sweep-local"), "--kinds", "local", "--sample", "2"]
+        return [(subprocess.Popen([*cmd, *args], cwd=ROOT), out)]
+    stack.enter_context(fake_credentials())
+    endpoint = stack.enter_context(moto_server())
+    from tests.s3_support import s3_client
+
+    s3_client(endpoint).create_bucket(Bucket="reliability")
+    env = {**os.environ, "STATEKEEPER_S3_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
+    started = []
+    for kind in ("local", "s3"):
+        out = os.path.join(tmp, f"sweep-{kind}.json")
+        args = [out, "--work", os.path.join(tmp, f"sweep-{kind}"), "--kinds", kind, "--partitions", "8"]
+        if kind == "s3":
+            args += ["--s3-bucket", "reliability"]
+        started.append((subprocess.Popen([*cmd, *args], cwd=ROOT, env=env), out))
+    return started
+
+
+def _sweep_result(started: list[tuple[subprocess.Popen[bytes], str]]) -> dict[str, Any]:
+    """The saved sweep (STATEKEEPER_SWEEP_RESULT), or the started sweeps' results merged into one."""
     given = os.environ.get(SWEEP_RESULT_ENV)
     if given:
         reused: dict[str, Any] = json.loads(Path(given).read_text())
         return reused
-    out = os.path.join(tmp, "sweep.json")
-    cmd = [sys.executable, "-m", "tests.reliability.sweep", out, "--work", os.path.join(tmp, "sweep")]
-    if quick:
-        subprocess.run([*cmd, "--kinds", "local", "--sample", "2"], cwd=ROOT, check=False)
-    else:
-        with fake_credentials(), moto_server() as endpoint:
-            from tests.s3_support import s3_client
+    parts = []
+    for proc, out in started:
+        proc.wait()
+        parts.append(json.loads(Path(out).read_text()))
+    return merge_sweeps(parts)
 
-            s3_client(endpoint).create_bucket(Bucket="reliability")
-            env = {**os.environ, "STATEKEEPER_S3_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
-            args = ["--kinds", "local,s3", "--s3-bucket", "reliability", "--partitions", "8"]
-            subprocess.run([*cmd, *args], cwd=ROOT, env=env, check=False)
-    result: dict[str, Any] = json.loads(Path(out).read_text())
-    return result
+
+def merge_sweeps(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Sweep results of disjoint root kinds, run side by side, as one (seconds: the longest)."""
+    merged: dict[str, Any] = {"kills": {}, "seconds_by_scenario": {}, "traced": {}, "points": Counter()}
+    merged.update(not_reached=0, lost=0, problems=[], seconds=0.0, total_kills=0)
+    for part in parts:
+        for key in ("kills", "seconds_by_scenario", "traced"):
+            for scenario, per_kind in part[key].items():
+                merged[key].setdefault(scenario, {}).update(per_kind)
+        merged["points"].update(part["points"])
+        for key in ("not_reached", "lost", "total_kills"):
+            merged[key] += part[key]
+        merged["problems"] += part["problems"]
+        merged["seconds"] = max(merged["seconds"], part["seconds"])
+    merged["points"] = dict(merged["points"])
+    return merged
 
 
 S3_SUITES_QUICK = ["tests/store/test_file_manager.py"]
@@ -148,10 +185,11 @@ def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
     """The tables; docs/reliability.md is rewritten by a full run (`doc=True` also after a quick one,
     which the document then says)."""
     measured_on = machine()
-    with tempfile.TemporaryDirectory(prefix="sk-reliability-") as tmp:
-        sweep = _sweep(quick, tmp)
+    with tempfile.TemporaryDirectory(prefix="sk-reliability-") as tmp, contextlib.ExitStack() as stack:
+        sweeps = _start_sweeps(quick, tmp, stack)
         figures, models_passed = _model_steps(quick, tmp)
         s3_runs = _s3_implementations(quick, tmp)
+        sweep = _sweep_result(sweeps)
     steps, fuzzed, injected = figures.get("steps", {}), figures.get("fuzzed", {}), figures.get("injected", {})
     soak_figures: dict[str, dict[str, int]] = figures.get("soak", {})
     kinds = sorted({k for per in sweep["kills"].values() for k in per})
