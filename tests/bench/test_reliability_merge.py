@@ -23,7 +23,10 @@ def _part(kind: str, kills: int, points: dict[str, int], lost: int, seconds: flo
 
 def test_sweeps_of_two_root_kinds_merge_without_losing_a_count() -> None:
     merged = merge_sweeps(
-        [_part("local", 3, {"local.write": 2, "catalog.transaction": 1}, 0, 10.0), _part("s3", 4, {"s3.put": 4}, 1, 25.0)]
+        [
+            _part("local", 3, {"local.write": 2, "catalog.transaction": 1}, 0, 10.0),
+            _part("s3", 4, {"s3.put": 4}, 1, 25.0),
+        ]
     )
     assert merged["kills"] == {"commit": {"local": 3, "s3": 4}}
     assert merged["traced"] == {"commit": {"local": 4, "s3": 5}}
