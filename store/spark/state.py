@@ -24,8 +24,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from statekeeper.store.errors import ConfigurationError, StoreStateError
-from statekeeper.store.formats.typed_codec import MAX_KEY_GROUPS as KEY_GROUP_LIMIT
-from statekeeper.store.formats.typed_codec import KeyCodec, stored_key_encoder
+from statekeeper.store.formats.typed_keys import MAX_KEY_GROUPS as KEY_GROUP_LIMIT
+from statekeeper.store.formats.typed_keys import KeyCodec, stored_key_encoder
 from statekeeper.store.formats.typed_schema import (
     DataType,
     SchemaError,
