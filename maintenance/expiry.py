@@ -12,7 +12,6 @@ commit record are never touched: they may belong to a batch still in flight.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -61,69 +60,64 @@ def expire_versions(
     `inventory`: a listing of the root the caller took (the maintenance loop shares one per cycle);
     each store is listed again under its lease before anything is changed.
     """
-    t0 = time.perf_counter()
     fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
     wanted = None if stores is None else list(stores)
     report = ExpiryReport(root=fm.root_uri, dry_run=dry_run)
     with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
-        try:
-            inv = inventory or Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
-            root = plan_root(inv, settings, all_stores=wanted is None)
-            plans = [p for s, p in root.stores.items() if wanted is None or s in wanted]
-            report.stores = len(plans)
-            for text in root.problems:
-                report.error(text)
-            for text in root.warnings:
-                report.warn(text)
-            root_expired = [*root.expired_batches, *root.expired_commits]  # commit records last
-            for p in plans:
-                if p.latest is not None and p.retain_from is not None:
-                    report.retained_versions += p.latest - p.retain_from + 1
-                if p.blocked:
-                    report.blocked_stores += 1
-                    for text in p.problems:
-                        report.error(text)
-            todo = [p for p in plans if p.expired and not p.blocked]
-            corrupt = _corrupt_bases(fm, inv, todo, settings.work_dir)
+        inv = inventory or Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
+        root = plan_root(inv, settings, all_stores=wanted is None)
+        plans = [p for s, p in root.stores.items() if wanted is None or s in wanted]
+        report.stores = len(plans)
+        for text in root.problems:
+            report.error(text)
+        for text in root.warnings:
+            report.warn(text)
+        root_expired = [*root.expired_batches, *root.expired_commits]  # commit records last
+        for p in plans:
+            if p.latest is not None and p.retain_from is not None:
+                report.retained_versions += p.latest - p.retain_from + 1
+            if p.blocked:
+                report.blocked_stores += 1
+                for text in p.problems:
+                    report.error(text)
+        todo = [p for p in plans if p.expired and not p.blocked]
+        corrupt = _corrupt_bases(fm, inv, todo, settings.work_dir)
+        for p in todo:
+            if p.store in corrupt:
+                report.blocked_stores += 1
+                report.error(f"store {p.store}: {corrupt[p.store]}")
+        todo = [p for p in todo if p.store not in corrupt]
+        if corrupt:  # the floor counted those bases: keep the commit records below them too
+            root.expired_commits = []
+        if dry_run:
             for p in todo:
-                if p.store in corrupt:
-                    report.blocked_stores += 1
-                    report.error(f"store {p.store}: {corrupt[p.store]}")
-            todo = [p for p in todo if p.store not in corrupt]
-            if corrupt:  # the floor counted those bases: keep the commit records below them too
-                root.expired_commits = []
-            if dry_run:
-                for p in todo:
-                    _account(report, str(p.store), p.expired, "would delete")
-                _account(report, None, root_expired, "would delete")
-                return report
-            with ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="expire-delete") as pool:
-                results = run_each(
-                    [p.store for p in todo],
-                    lambda s: _expire_store(fm, inv, s, settings, catalog, pool),
-                    parallelism=settings.parallelism,
-                    progress=progress,
-                    desc="expire",
-                )
-                for p, res in zip(todo, results, strict=True):
-                    if isinstance(res, Exception):
-                        report.error(f"store {p.store}: {res}")
-                        continue
-                    _account(report, str(p.store), res.deleted, "deleted")
-                    for text in res.errors:
-                        report.error(f"store {p.store}: {text}")
-                if root_expired:
-                    out = delete_recorded(fm, catalog, root.expired_batches, settings, pool, None, mark_expired=True)
-                    if not out.errors:  # a commit record outlives the batch file of its version
-                        out.merge(
-                            delete_recorded(fm, catalog, root.expired_commits, settings, pool, None, mark_expired=True)
-                        )
-                    _account(report, None, out.deleted, "deleted")
-                    for text in out.errors:
-                        report.error(text)
-        finally:
-            report.seconds = time.perf_counter() - t0
-    log.info(report.summary())
+                _account(report, str(p.store), p.expired, "would delete")
+            _account(report, None, root_expired, "would delete")
+            return report
+        with ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="expire-delete") as pool:
+            results = run_each(
+                [p.store for p in todo],
+                lambda s: _expire_store(fm, inv, s, settings, catalog, pool),
+                parallelism=settings.parallelism,
+                progress=progress,
+                desc="expire",
+            )
+            for p, res in zip(todo, results, strict=True):
+                if isinstance(res, Exception):
+                    report.error(f"store {p.store}: {res}")
+                    continue
+                _account(report, str(p.store), res.deleted, "deleted")
+                for text in res.errors:
+                    report.error(f"store {p.store}: {text}")
+            if root_expired:
+                out = delete_recorded(fm, catalog, root.expired_batches, settings, pool, None, mark_expired=True)
+                if not out.errors:  # a commit record outlives the batch file of its version
+                    out.merge(
+                        delete_recorded(fm, catalog, root.expired_commits, settings, pool, None, mark_expired=True)
+                    )
+                _account(report, None, out.deleted, "deleted")
+                for text in out.errors:
+                    report.error(text)
     return report
 
 

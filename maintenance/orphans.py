@@ -70,61 +70,56 @@ def clean_orphans(
     `inventory`: a listing of the root the caller took (the maintenance loop shares one per cycle);
     each store is listed again under its lease before anything is changed.
     """
-    t0 = time.perf_counter()
     fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
     wanted = None if stores is None else list(stores)
     report = OrphanReport(root=fm.root_uri, dry_run=dry_run)
     with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
-        try:
-            inv = inventory or Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
-            root = plan_root(inv, settings, all_stores=wanted is None)
-            plans = [p for s, p in root.stores.items() if wanted is None or s in wanted]
-            report.stores = len(plans)
-            report.foreign_files = len(root.foreign) + sum(len(inv.files_of(p.store).foreign) for p in plans)
-            report.kept_in_flight = len(root.in_flight) + sum(len(p.in_flight) for p in plans)
-            for text in root.problems:
-                report.error(text)
-            for text in root.warnings:
-                report.warn(text)
-            for p in plans:
-                if p.blocked:
-                    report.blocked_stores += 1
-                    for text in p.problems:
-                        report.error(text)
-            for e, why in [*root.in_flight, *(x for p in plans for x in p.in_flight)]:
-                report.items.append(_row(e, "kept", why))
-            todo = [p for p in plans if p.orphans and not p.blocked]
-            if dry_run:
-                for p in todo:
-                    _account(report, [e for e, _ in p.orphans], dict(p.orphans), "would delete")
-                if wanted is None:
-                    _account(report, [e for e, _ in root.orphans], dict(root.orphans), "would delete")
-                return report
-            with ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="orphan-delete") as pool:
-                results = run_each(
-                    [p.store for p in todo],
-                    lambda s: _clean_store(fm, inv, s, settings, catalog, pool),
-                    parallelism=settings.parallelism,
-                    progress=progress,
-                    desc="clean-orphans",
-                )
-                for p, res in zip(todo, results, strict=True):
-                    if isinstance(res, Exception):
-                        report.error(f"store {p.store}: {res}")
-                        continue
-                    out, reasons = res
-                    _account(report, out.deleted, reasons, "deleted")
-                    for text in out.errors:
-                        report.error(f"store {p.store}: {text}")
-                if root.orphans and wanted is None:
-                    entries = [e for e, _ in root.orphans]
-                    out = delete_recorded(fm, catalog, entries, settings, pool, None, mark_expired=False)
-                    _account(report, out.deleted, dict(root.orphans), "deleted")
-                    for text in out.errors:
-                        report.error(text)
-        finally:
-            report.seconds = time.perf_counter() - t0
-    log.info(report.summary())
+        inv = inventory or Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
+        root = plan_root(inv, settings, all_stores=wanted is None)
+        plans = [p for s, p in root.stores.items() if wanted is None or s in wanted]
+        report.stores = len(plans)
+        report.foreign_files = len(root.foreign) + sum(len(inv.files_of(p.store).foreign) for p in plans)
+        report.kept_in_flight = len(root.in_flight) + sum(len(p.in_flight) for p in plans)
+        for text in root.problems:
+            report.error(text)
+        for text in root.warnings:
+            report.warn(text)
+        for p in plans:
+            if p.blocked:
+                report.blocked_stores += 1
+                for text in p.problems:
+                    report.error(text)
+        for e, why in [*root.in_flight, *(x for p in plans for x in p.in_flight)]:
+            report.items.append(_row(e, "kept", why))
+        todo = [p for p in plans if p.orphans and not p.blocked]
+        if dry_run:
+            for p in todo:
+                _account(report, [e for e, _ in p.orphans], dict(p.orphans), "would delete")
+            if wanted is None:
+                _account(report, [e for e, _ in root.orphans], dict(root.orphans), "would delete")
+            return report
+        with ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="orphan-delete") as pool:
+            results = run_each(
+                [p.store for p in todo],
+                lambda s: _clean_store(fm, inv, s, settings, catalog, pool),
+                parallelism=settings.parallelism,
+                progress=progress,
+                desc="clean-orphans",
+            )
+            for p, res in zip(todo, results, strict=True):
+                if isinstance(res, Exception):
+                    report.error(f"store {p.store}: {res}")
+                    continue
+                out, reasons = res
+                _account(report, out.deleted, reasons, "deleted")
+                for text in out.errors:
+                    report.error(f"store {p.store}: {text}")
+            if root.orphans and wanted is None:
+                entries = [e for e, _ in root.orphans]
+                out = delete_recorded(fm, catalog, entries, settings, pool, None, mark_expired=False)
+                _account(report, out.deleted, dict(root.orphans), "deleted")
+                for text in out.errors:
+                    report.error(text)
     return report
 
 

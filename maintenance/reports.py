@@ -8,6 +8,7 @@ numeric field (what Dagster plots), `rows()` a table of what the run did per sto
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
@@ -163,16 +164,29 @@ class VerifyReport(Report):
 
 @contextmanager
 def recorded(catalog: Catalog | None, report: Report, *, orchestrator_run_id: str | None = None) -> Iterator[Report]:
-    """Record the run in the catalog around a block (the catalog marks it failed on errors)."""
+    """Run an operation's block as one maintenance run: timed into `report.seconds` however it ends,
+    recorded in the catalog when there is one (the catalog marks it failed on errors), summarized on
+    the log when it ends without an exception."""
+    t0 = time.perf_counter()
+    with _recorded_in(catalog, report, orchestrator_run_id):
+        try:
+            yield report
+        finally:
+            report.seconds = time.perf_counter() - t0
+    log.info(report.summary())
+
+
+@contextmanager
+def _recorded_in(catalog: Catalog | None, report: Report, orchestrator_run_id: str | None) -> Iterator[None]:
     if catalog is None:
-        yield report
+        yield
         return
     with catalog.record_run(
         report.root, report.kind, dry_run=report.dry_run, orchestrator_run_id=orchestrator_run_id
     ) as run:
         report.run_id = run.run_id
         try:
-            yield report
+            yield
         finally:
             run.stores = report.stores
             run.files = report.files

@@ -22,7 +22,6 @@ import logging
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -44,6 +43,16 @@ if TYPE_CHECKING:
     from statekeeper.sql.catalog import Catalog
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """How deep verification goes, the same for every store of a run (and on every executor)."""
+
+    rebuild: bool = False
+    """Also rebuild versions and compare them with their snapshots, and load the latest through `StateStore`."""
+    checksums: bool = True
+    """Check the SHA-256 of SST files, not only their sizes."""
 
 
 @dataclass
@@ -76,35 +85,28 @@ def verify_root(
     `executor`: where the stores are verified (default: a pool of `settings.parallelism` threads here;
     `statekeeper.maintenance.fanout` supplies Spark's executors).
     """
-    t0 = time.perf_counter()
     fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
     wanted = None if stores is None else list(stores)
     report = VerifyReport(root=fm.root_uri)
     with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
-        try:
-            inv = Inventory.scan(
-                fm, parallelism=settings.parallelism, progress=progress, stores=wanted, use_cache=False
-            )
-            for path, why in sorted(inv.unreadable.items()):
-                report.error(f"cannot read {path}: {why}")
-            ids = wanted if wanted is not None else inv.store_ids()
-            report.stores = len(ids)
-            options = {"rebuild": rebuild, "checksums": checksums}
-            task = StoreTask("verify", fm.root_uri, settings, options=options)
-            rows = (executor or InProcess(settings.parallelism, progress)).run_stores(
-                task, ids, lambda s: verify_row(fm, inv, s, settings, **options)
-            )
-            for s in ids:
-                row = rows.get(s)
-                if row is None:
-                    account_verification(report, _StoreResult(s, [f"store {s}: no verification result came back"]))
-                elif "error" in row:
-                    account_verification(report, _StoreResult(s, [f"store {s}: verification failed: {row['error']}"]))
-                else:
-                    account_verification(report, _StoreResult(**{**row, "store": s}))
-        finally:
-            report.seconds = time.perf_counter() - t0
-    log.info(report.summary())
+        inv = Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted, use_cache=False)
+        for path, why in sorted(inv.unreadable.items()):
+            report.error(f"cannot read {path}: {why}")
+        ids = wanted if wanted is not None else inv.store_ids()
+        report.stores = len(ids)
+        options = VerifyOptions(rebuild=rebuild, checksums=checksums)
+        task = StoreTask("verify", fm.root_uri, settings, options=asdict(options))
+        rows = (executor or InProcess(settings.parallelism, progress)).run_stores(
+            task, ids, lambda s: verify_row(fm, inv, s, settings, options)
+        )
+        for s in ids:
+            row = rows.get(s)
+            if row is None:
+                account_verification(report, _StoreResult(s, [f"store {s}: no verification result came back"]))
+            elif "error" in row:
+                account_verification(report, _StoreResult(s, [f"store {s}: verification failed: {row['error']}"]))
+            else:
+                account_verification(report, _StoreResult(**{**row, "store": s}))
     return report
 
 
@@ -127,13 +129,7 @@ def account_verification(report: VerifyReport, res: _StoreResult) -> None:
 
 
 def _verify_store(
-    fm: CheckpointFileManager,
-    inv: Inventory,
-    store: StoreId,
-    settings: MaintenanceSettings,
-    *,
-    rebuild: bool,
-    checksums: bool,
+    fm: CheckpointFileManager, inv: Inventory, store: StoreId, settings: MaintenanceSettings, options: VerifyOptions
 ) -> _StoreResult:
     plan = plan_store(inv, store, settings)
     files = inv.files_of(store)
@@ -176,11 +172,11 @@ def _verify_store(
         for b in sorted({b for b in bases.values() if b > 0}):
             cid = committed[b]
             res.snapshots += 1
-            n, size, errors = _verify_ssts(fm, store, files, b, cid, work, checksums)
+            n, size, errors = _verify_ssts(fm, store, files, b, cid, work, options.checksums)
             res.ssts += n
             res.bytes += size
             res.errors += errors
-        if rebuild and not res.errors:
+        if options.rebuild and not res.errors:
             _rebuild_and_compare(fm, store, plan, files, min(bases.values()), work, res)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -402,24 +398,18 @@ def _replayable_base(plan: StorePlan, files: StoreFiles, version: int) -> int | 
 
 
 def verify_row(
-    fm: CheckpointFileManager,
-    inv: Inventory,
-    store: StoreId,
-    settings: MaintenanceSettings,
-    *,
-    rebuild: bool,
-    checksums: bool,
+    fm: CheckpointFileManager, inv: Inventory, store: StoreId, settings: MaintenanceSettings, options: VerifyOptions
 ) -> Row:
     """Verify one store of an inventory (read-only): its outcome as a row (a failure: an "error" row).
 
     The per-store step of `verify_root`, wherever its executor runs it (`statekeeper.maintenance.executors`).
     """
     try:
-        res = _verify_store(fm, inv, store, settings, rebuild=rebuild, checksums=checksums)
+        res = _verify_store(fm, inv, store, settings, options)
     except Exception as e:
         log.debug("verification of store %s failed", store, exc_info=True)
         return {"store": str(store), "error": str(e)}
     return {**asdict(res), "store": str(store)}
 
 
-__all__ = ["account_verification", "verify_root", "verify_row"]
+__all__ = ["VerifyOptions", "account_verification", "verify_root", "verify_row"]
