@@ -14,11 +14,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from statekeeper.maintenance.inventory import FOREIGN, MANIFEST, SST, TEMP, UPLOAD, FileEntry, classify
+from statekeeper.maintenance.inventory import FOREIGN, MANIFEST, SST, TEMP, UPLOAD, FileEntry, Inventory, classify
+from statekeeper.maintenance.plan import RootPlan, StorePlan, plan_root
+from statekeeper.maintenance.reports import DeletionReport
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.files import CheckpointFileManager, DeleteResult
 from statekeeper.store.files.paths import validate_relative_path
+from statekeeper.store.layout import StoreId
 
 if TYPE_CHECKING:
     from statekeeper.sql.catalog import Catalog
@@ -122,56 +125,67 @@ def delete_entries(
     return outcome
 
 
-def delete_recorded(
-    fm: CheckpointFileManager,
-    catalog: Catalog | None,
-    entries: Sequence[FileEntry],
-    settings: MaintenanceSettings,
-    pool: ThreadPoolExecutor | None,
-    check: Callable[[], None] | None,
-    *,
-    mark_expired: bool,
-) -> DeleteOutcome:
-    """`delete_entries`, telling the catalog (if any) what is about to go and what went."""
-    if not entries:
-        return DeleteOutcome()
-    validate_deletable(entries)
-    if catalog is not None and mark_expired:
-        catalog.mark_expired(fm.root_uri, [e.path for e in entries])
-    out = delete_entries(fm, entries, batch_size=settings.delete_batch_size, pool=pool, check=check)
-    if catalog is not None and out.deleted:
-        catalog.mark_deleted(fm.root_uri, [e.path for e in out.deleted])
-    return out
+@dataclass(frozen=True)
+class Deleter:
+    """How one maintenance run deletes planned files: through `fm`, telling `catalog` (if any) what is about
+    to go (`mark_expired`: as expired first) and what went, in batches of the settings' size on `pool`."""
+
+    fm: CheckpointFileManager
+    catalog: Catalog | None
+    settings: MaintenanceSettings
+    pool: ThreadPoolExecutor | None
+    mark_expired: bool
+
+    def delete(self, entries: Sequence[FileEntry], check: Callable[[], None] | None = None) -> DeleteOutcome:
+        """`delete_entries`, with the catalog told; `check()` (a lease's) runs before each batch."""
+        if not entries:
+            return DeleteOutcome()
+        validate_deletable(entries)
+        root = self.fm.root_uri
+        if self.catalog is not None and self.mark_expired:
+            self.catalog.mark_expired(root, [e.path for e in entries])
+        out = delete_entries(self.fm, entries, batch_size=self.settings.delete_batch_size, pool=self.pool, check=check)
+        if self.catalog is not None and out.deleted:
+            self.catalog.mark_deleted(root, [e.path for e in out.deleted])
+        return out
+
+    def delete_in_order(self, entries: Sequence[FileEntry], check: Callable[[], None] | None = None) -> DeleteOutcome:
+        """Manifests, then SSTs (kept if a manifest could not be deleted), then everything else.
+
+        So no manifest that survives a failure or crash ever names a deleted SST.
+        """
+        validate_deletable(entries)
+        outcome = DeleteOutcome()
+        manifests = [e for e in entries if e.kind == MANIFEST]
+        ssts = [e for e in entries if e.kind == SST]
+        rest = [e for e in entries if e.kind not in (MANIFEST, SST)]
+        first = self.delete(manifests, check)
+        outcome.merge(first)
+        if first.stopped:
+            outcome.errors.append(f"kept {len(ssts)} SST file(s): a manifest could not be deleted")
+            outcome.stopped = True
+        else:
+            outcome.merge(self.delete(ssts, check))
+        outcome.merge(self.delete(rest, check))
+        return outcome
 
 
-def delete_in_order(
-    fm: CheckpointFileManager,
-    catalog: Catalog | None,
-    entries: Sequence[FileEntry],
-    settings: MaintenanceSettings,
-    pool: ThreadPoolExecutor | None,
-    check: Callable[[], None] | None,
-    *,
-    mark_expired: bool,
-) -> DeleteOutcome:
-    """Manifests, then SSTs (kept if a manifest could not be deleted), then everything else.
-
-    So no manifest that survives a failure or crash ever names a deleted SST.
-    """
-    validate_deletable(entries)
-    outcome = DeleteOutcome()
-    manifests = [e for e in entries if e.kind == MANIFEST]
-    ssts = [e for e in entries if e.kind == SST]
-    rest = [e for e in entries if e.kind not in (MANIFEST, SST)]
-    first = delete_recorded(fm, catalog, manifests, settings, pool, check, mark_expired=mark_expired)
-    outcome.merge(first)
-    if first.stopped:
-        outcome.errors.append(f"kept {len(ssts)} SST file(s): a manifest could not be deleted")
-        outcome.stopped = True
-    else:
-        outcome.merge(delete_recorded(fm, catalog, ssts, settings, pool, check, mark_expired=mark_expired))
-    outcome.merge(delete_recorded(fm, catalog, rest, settings, pool, check, mark_expired=mark_expired))
-    return outcome
+def plan_deletions(
+    inv: Inventory, settings: MaintenanceSettings, wanted: list[StoreId] | None, report: DeletionReport
+) -> tuple[RootPlan, list[StorePlan]]:
+    """The root's plan and the plans of the `wanted` stores (None: every store) for expiry or orphan
+    cleanup, with the root's problems and warnings, and every blocked store, in `report`."""
+    root = plan_root(inv, settings, all_stores=wanted is None)
+    plans = [p for s, p in root.stores.items() if wanted is None or s in wanted]
+    report.stores = len(plans)
+    for text in root.problems:
+        report.error(text)
+    for text in root.warnings:
+        report.warn(text)
+    for p in plans:
+        if p.blocked:
+            report.blocked(p.problems)
+    return root, plans
 
 
-__all__ = ["DeleteOutcome", "delete_entries", "delete_in_order", "delete_recorded", "validate_deletable"]
+__all__ = ["DeleteOutcome", "Deleter", "delete_entries", "plan_deletions", "validate_deletable"]

@@ -16,10 +16,10 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from statekeeper.maintenance.deletion import DeleteOutcome, delete_in_order, delete_recorded
-from statekeeper.maintenance.inventory import BATCH, CHANGELOG, COMMIT, MANIFEST, SST, FileEntry, Inventory
+from statekeeper.maintenance.deletion import DeleteOutcome, Deleter, plan_deletions
+from statekeeper.maintenance.inventory import FileEntry, Inventory
 from statekeeper.maintenance.leasing import planned_store
-from statekeeper.maintenance.plan import StorePlan, plan_root
+from statekeeper.maintenance.plan import StorePlan
 from statekeeper.maintenance.reports import ExpiryReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshot_health import base_problem
@@ -31,14 +31,6 @@ if TYPE_CHECKING:
     from statekeeper.sql.catalog import Catalog
 
 log = logging.getLogger(__name__)
-
-_COUNTERS = {
-    CHANGELOG: "changelogs",
-    MANIFEST: "manifests",
-    SST: "ssts",
-    COMMIT: "commit_records",
-    BATCH: "batch_files",
-}
 
 
 def expire_versions(
@@ -65,27 +57,16 @@ def expire_versions(
     report = ExpiryReport(root=fm.root_uri, dry_run=dry_run)
     with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
         inv = inventory or Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
-        root = plan_root(inv, settings, all_stores=wanted is None)
-        plans = [p for s, p in root.stores.items() if wanted is None or s in wanted]
-        report.stores = len(plans)
-        for text in root.problems:
-            report.error(text)
-        for text in root.warnings:
-            report.warn(text)
+        root, plans = plan_deletions(inv, settings, wanted, report)
         root_expired = [*root.expired_batches, *root.expired_commits]  # commit records last
         for p in plans:
             if p.latest is not None and p.retain_from is not None:
                 report.retained_versions += p.latest - p.retain_from + 1
-            if p.blocked:
-                report.blocked_stores += 1
-                for text in p.problems:
-                    report.error(text)
         todo = [p for p in plans if p.expired and not p.blocked]
         corrupt = _corrupt_bases(fm, inv, todo, settings.work_dir)
         for p in todo:
             if p.store in corrupt:
-                report.blocked_stores += 1
-                report.error(f"store {p.store}: {corrupt[p.store]}")
+                report.blocked([f"store {p.store}: {corrupt[p.store]}"])
         todo = [p for p in todo if p.store not in corrupt]
         if corrupt:  # the floor counted those bases: keep the commit records below them too
             root.expired_commits = []
@@ -95,9 +76,10 @@ def expire_versions(
             _account(report, None, root_expired, "would delete")
             return report
         with ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="expire-delete") as pool:
+            deleter = Deleter(fm, catalog, settings, pool, mark_expired=True)
             results = run_each(
                 [p.store for p in todo],
-                lambda s: _expire_store(fm, inv, s, settings, catalog, pool),
+                lambda s: _expire_store(deleter, inv, s),
                 parallelism=settings.parallelism,
                 progress=progress,
                 desc="expire",
@@ -110,32 +92,24 @@ def expire_versions(
                 for text in res.errors:
                     report.error(f"store {p.store}: {text}")
             if root_expired:
-                out = delete_recorded(fm, catalog, root.expired_batches, settings, pool, None, mark_expired=True)
+                out = deleter.delete(root.expired_batches)
                 if not out.errors:  # a commit record outlives the batch file of its version
-                    out.merge(
-                        delete_recorded(fm, catalog, root.expired_commits, settings, pool, None, mark_expired=True)
-                    )
+                    out.merge(deleter.delete(root.expired_commits))
                 _account(report, None, out.deleted, "deleted")
                 for text in out.errors:
                     report.error(text)
     return report
 
 
-def _expire_store(
-    fm: CheckpointFileManager,
-    inv: Inventory,
-    store: StoreId,
-    settings: MaintenanceSettings,
-    catalog: Catalog | None,
-    pool: ThreadPoolExecutor,
-) -> DeleteOutcome:
-    with planned_store(fm.root_uri, inv, store, settings, catalog) as (plan, lease):
+def _expire_store(deleter: Deleter, inv: Inventory, store: StoreId) -> DeleteOutcome:
+    fm, settings = deleter.fm, deleter.settings
+    with planned_store(fm.root_uri, inv, store, settings, deleter.catalog) as (plan, lease):
         # Snapshot repair (invariant 10): never delete the changelogs below a base that cannot be restored.
         manifests = inv.files_of(store).manifest_data
         corrupt = base_problem(fm, plan, manifests, work_dir=settings.work_dir) if plan.expired else None
         if corrupt is not None:
             return DeleteOutcome(errors=[corrupt], stopped=True)
-        return delete_in_order(fm, catalog, plan.expired, settings, pool, lease.check, mark_expired=True)
+        return deleter.delete_in_order(plan.expired, lease.check)
 
 
 def _corrupt_bases(
@@ -152,14 +126,8 @@ def _corrupt_bases(
 
 def _account(report: ExpiryReport, store: str | None, entries: Iterable[FileEntry], action: str) -> None:
     for e in entries:
-        report.files += 1
-        report.bytes += e.size
-        name = _COUNTERS.get(e.kind)
-        if name is not None:
-            setattr(report, name, getattr(report, name) + 1)
-        report.items.append(
-            {"store": store, "path": e.path, "kind": e.kind, "version": e.version, "bytes": e.size, "action": action}
-        )
+        row = {"store": store, "path": e.path, "kind": e.kind, "version": e.version, "bytes": e.size, "action": action}
+        report.count(e, row)
 
 
 __all__ = ["expire_versions"]

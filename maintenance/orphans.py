@@ -16,20 +16,9 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from statekeeper.maintenance.deletion import DeleteOutcome, delete_in_order, delete_recorded
-from statekeeper.maintenance.inventory import (
-    BATCH,
-    CHANGELOG,
-    HEARTBEAT,
-    MANIFEST,
-    SST,
-    TEMP,
-    UPLOAD,
-    FileEntry,
-    Inventory,
-)
+from statekeeper.maintenance.deletion import DeleteOutcome, Deleter, plan_deletions
+from statekeeper.maintenance.inventory import FileEntry, Inventory
 from statekeeper.maintenance.leasing import planned_store
-from statekeeper.maintenance.plan import plan_root
 from statekeeper.maintenance.reports import OrphanReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.workers import run_each
@@ -40,16 +29,6 @@ if TYPE_CHECKING:
     from statekeeper.sql.catalog import Catalog
 
 log = logging.getLogger(__name__)
-
-_COUNTERS = {
-    CHANGELOG: "changelogs",
-    MANIFEST: "manifests",
-    SST: "ssts",
-    TEMP: "temp_files",
-    UPLOAD: "incomplete_uploads",
-    BATCH: "batch_files",
-    HEARTBEAT: "heartbeats",
-}
 
 
 def clean_orphans(
@@ -75,20 +54,9 @@ def clean_orphans(
     report = OrphanReport(root=fm.root_uri, dry_run=dry_run)
     with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
         inv = inventory or Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
-        root = plan_root(inv, settings, all_stores=wanted is None)
-        plans = [p for s, p in root.stores.items() if wanted is None or s in wanted]
-        report.stores = len(plans)
+        root, plans = plan_deletions(inv, settings, wanted, report)
         report.foreign_files = len(root.foreign) + sum(len(inv.files_of(p.store).foreign) for p in plans)
         report.kept_in_flight = len(root.in_flight) + sum(len(p.in_flight) for p in plans)
-        for text in root.problems:
-            report.error(text)
-        for text in root.warnings:
-            report.warn(text)
-        for p in plans:
-            if p.blocked:
-                report.blocked_stores += 1
-                for text in p.problems:
-                    report.error(text)
         for e, why in [*root.in_flight, *(x for p in plans for x in p.in_flight)]:
             report.items.append(_row(e, "kept", why))
         todo = [p for p in plans if p.orphans and not p.blocked]
@@ -99,9 +67,10 @@ def clean_orphans(
                 _account(report, [e for e, _ in root.orphans], dict(root.orphans), "would delete")
             return report
         with ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="orphan-delete") as pool:
+            deleter = Deleter(fm, catalog, settings, pool, mark_expired=False)
             results = run_each(
                 [p.store for p in todo],
-                lambda s: _clean_store(fm, inv, s, settings, catalog, pool),
+                lambda s: _clean_store(deleter, inv, s),
                 parallelism=settings.parallelism,
                 progress=progress,
                 desc="clean-orphans",
@@ -116,24 +85,17 @@ def clean_orphans(
                     report.error(f"store {p.store}: {text}")
             if root.orphans and wanted is None:
                 entries = [e for e, _ in root.orphans]
-                out = delete_recorded(fm, catalog, entries, settings, pool, None, mark_expired=False)
+                out = deleter.delete(entries)
                 _account(report, out.deleted, dict(root.orphans), "deleted")
                 for text in out.errors:
                     report.error(text)
     return report
 
 
-def _clean_store(
-    fm: CheckpointFileManager,
-    inv: Inventory,
-    store: StoreId,
-    settings: MaintenanceSettings,
-    catalog: Catalog | None,
-    pool: ThreadPoolExecutor,
-) -> tuple[DeleteOutcome, dict[FileEntry, str]]:
-    with planned_store(fm.root_uri, inv, store, settings, catalog) as (plan, lease):
+def _clean_store(deleter: Deleter, inv: Inventory, store: StoreId) -> tuple[DeleteOutcome, dict[FileEntry, str]]:
+    with planned_store(deleter.fm.root_uri, inv, store, deleter.settings, deleter.catalog) as (plan, lease):
         entries = [e for e, _ in plan.orphans]
-        out = delete_in_order(fm, catalog, entries, settings, pool, lease.check, mark_expired=False)
+        out = deleter.delete_in_order(entries, lease.check)
         return out, dict(plan.orphans)
 
 
@@ -152,12 +114,7 @@ def _row(e: FileEntry, action: str, reason: str) -> dict[str, object]:
 
 def _account(report: OrphanReport, entries: Iterable[FileEntry], reasons: dict[FileEntry, str], action: str) -> None:
     for e in entries:
-        report.files += 1
-        report.bytes += e.size
-        name = _COUNTERS.get(e.kind)
-        if name is not None:
-            setattr(report, name, getattr(report, name) + 1)
-        report.items.append(_row(e, action, reasons.get(e, "")))
+        report.count(e, _row(e, action, reasons.get(e, "")))
 
 
 __all__ = ["clean_orphans"]
