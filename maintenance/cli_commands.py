@@ -198,24 +198,6 @@ def _version_files(inv: Any, plan: Any, store: StoreId, version: int) -> dict[st
     return {"store": str(store), "version": version, "snapshot_version": base or None, "files": rows}
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
-    from statekeeper.maintenance.fanout import verify_operation
-
-    settings = settings_of(args)
-    verify_root = verify_operation(args.engine, args.master)
-    with maybe_catalog(args) as catalog:
-        report = verify_root(
-            args.root,
-            settings,
-            catalog=catalog,
-            rebuild=args.rebuild,
-            checksums=not args.no_checksums,
-            progress=show_progress(args),
-            stores=args.stores,
-        )
-    return report_out(args, report)
-
-
 SNAPSHOT_COLUMNS = [
     "store",
     "version",
@@ -231,38 +213,43 @@ SNAPSHOT_COLUMNS = [
 RUN_COLUMNS = ["id", "kind", "status", "dry_run", "started_at", "seconds", "stores", "files", "bytes", "error_count"]
 
 
-def _run_dry_runnable(args: argparse.Namespace, operation: Callable[..., Report], columns: Sequence[str] | None) -> int:
-    """Run snapshot / expire / clean-orphans on the root: the same options, the same report."""
+def _run_operation(
+    args: argparse.Namespace, operation: Callable[..., Report], columns: Sequence[str] | None = None, **options: Any
+) -> int:
+    """Run a maintenance operation on the root with the command's settings, catalog, progress and stores."""
     settings = settings_of(args)
     with maybe_catalog(args) as catalog:
         report = operation(
-            args.root,
-            settings,
-            catalog=catalog,
-            dry_run=args.dry_run,
-            progress=show_progress(args),
-            stores=args.stores,
+            args.root, settings, catalog=catalog, progress=show_progress(args), stores=args.stores, **options
         )
     return report_out(args, report, columns)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from statekeeper.maintenance.fanout import verify_operation
+
+    verify_root = verify_operation(args.engine, args.master)
+    return _run_operation(args, verify_root, rebuild=args.rebuild, checksums=not args.no_checksums)
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
     from statekeeper.maintenance.fanout import snapshot_operation
 
     create_snapshots = snapshot_operation(args.engine, args.master)
-    return _run_dry_runnable(args, create_snapshots, None if args.dry_run else SNAPSHOT_COLUMNS)
+    return _run_operation(args, create_snapshots, None if args.dry_run else SNAPSHOT_COLUMNS, dry_run=args.dry_run)
 
 
 def cmd_expire(args: argparse.Namespace) -> int:
     from statekeeper.maintenance.expiry import expire_versions
 
-    return _run_dry_runnable(args, expire_versions, ["action", "kind", "path", "bytes"])
+    return _run_operation(args, expire_versions, ["action", "kind", "path", "bytes"], dry_run=args.dry_run)
 
 
 def cmd_clean_orphans(args: argparse.Namespace) -> int:
     from statekeeper.maintenance.orphans import clean_orphans
 
-    return _run_dry_runnable(args, clean_orphans, ["action", "kind", "path", "bytes", "reason"])
+    columns = ["action", "kind", "path", "bytes", "reason"]
+    return _run_operation(args, clean_orphans, columns, dry_run=args.dry_run)
 
 
 # -- catalog queries --------------------------------------------------------------------------------
