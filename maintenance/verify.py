@@ -17,7 +17,6 @@ payload, say) is reported naming its changelog, and nothing in it is ever execut
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import shutil
@@ -37,6 +36,7 @@ from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.formats.changelog import ChangelogReader, Lineage
 from statekeeper.store.layout import StoreId
 from statekeeper.store.load_plan import fall_back, resolve_load_plan
+from statekeeper.store.snapshot import file_sha256
 from statekeeper.store.state_store import StateStore, StoreConfig
 
 if TYPE_CHECKING:
@@ -308,7 +308,7 @@ def _verify_ssts(
         try:
             got = fm.download(path, tmp)
             size += got
-            digest = _sha256(tmp)
+            digest = file_sha256(tmp)
         except (StatekeeperError, OSError) as e:
             errors.append(f"store {store}: SST {path} of snapshot {version} cannot be read: {e}")
             continue
@@ -318,14 +318,6 @@ def _verify_ssts(
         if got != sst.size or digest != sst.sha256:
             errors.append(f"store {store}: SST {path} of snapshot {version} does not match the manifest's checksum")
     return len(manifest.sst_files), size, errors
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _digest_of(replica: Replica) -> tuple[int, str]:
