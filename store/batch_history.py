@@ -73,7 +73,7 @@ class BatchHistory:
 
     @property
     def head_record(self) -> CommitRecord:
-        if not self._extend():
+        if not self._path and not self._extend():
             raise LineageError(f"no committed version of operator {self.operator!r} in {self.root}")
         return self._path[0]
 
