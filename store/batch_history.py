@@ -159,7 +159,12 @@ class BatchHistory:
                 f"changeEndBatchId {last} is before changeStartBatchId {first} "
                 f"(operator {self.operator!r} in {self.root})"
             )
-        end = self.version_of(last)
+        try:
+            end = self.version_of(last)
+        except LineageError:
+            if self._expired is None:
+                raise
+            raise self._gone(first) from None  # the range's first batch is gone too: name it
         while self._path[-1].batch >= first and self._extend():
             pass
         oldest = self._path[-1]

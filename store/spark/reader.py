@@ -2,8 +2,8 @@
 
 A PySpark Python Data Source (``pyspark.sql.datasource``) named ``statekeeper``; one input partition
 per state partition, each read by loading that partition's store at the requested committed version
-(snapshot + changelog replay) in a temporary directory. Options are named as Spark's state data
-source names them::
+(snapshot + changelog replay) in a temporary directory (the change feed reads changelogs only).
+Options are named as Spark's state data source names them::
 
     spark.dataSource.register(StateDataSource)
     df = (spark.read.format("statekeeper").option("root", root).option("operator", "sessions")
@@ -16,8 +16,14 @@ source names them::
 - ``readRegisteredTimers=true``: ``key``, ``expiration_timestamp_ms``, ``partition_id``.
 - ``readChangeFeed=true`` with ``changeStartBatchId`` (and ``changeEndBatchId``, default the latest):
   ``batch_id``, ``change_type`` (update / delete), ``key``, [``user_map_key``], ``value``,
-  ``partition_id`` from the committed changelogs.
-- ``batchId`` b reads version b + 1 (``version`` v directly). Version v is the state after batch v - 1.
+  ``partition_id`` from the committed changelogs of the head's history (store/batch_history.py), one
+  Spark input partition per (layout segment, partition). Rescale and rollback versions only copy state
+  and are not reported: a feed across a rescale reads the batches before it from the old layout's
+  partitions and those after from the new one's; across a rollback it follows the head's history (the
+  abandoned branch is not in it). The value schema is the end version's; each task decodes changelogs
+  with schemas read once on the driver, without loading a store (docs/rescale.md).
+- ``batchId`` b reads the latest version of the head's history carrying batch b (usually b + 1; after
+  a rescale or rollback of b, that version); ``version`` v reads v directly (any retained version).
 - Without ``stateVarName``: every variable as untyped rows (partition, state, kind, key, user_key,
   value as JSON, expires_at_ms); ``raw=true`` gives the stored bytes instead.
 """
@@ -305,7 +311,9 @@ def change_feed(view: StateView, name: str, first_batch: int) -> Iterator[Change
 
     The (version, checkpoint id) of each batch come from the lineage the load already read (the loaded
     changelog names its committed ancestors), not from one commit record per version: the feed costs
-    the load plus one read per changelog it decodes.
+    the load plus one read per changelog it decodes. Batches are numbered ``version - 1`` and the range
+    is one store's: valid within one layout and no rollback. The reader's feed (``readChangeFeed``)
+    resolves batch ids and layouts through the commit records instead (store/batch_history.py).
     """
     store = view.store
     plan = store.last_plan
