@@ -8,8 +8,6 @@ with another ``num_partitions``, `execute_relayout`). The change feed over the w
 from __future__ import annotations
 
 import importlib
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +17,12 @@ from statekeeper.store import CommitLog, open_file_manager
 from statekeeper.store.rescale import execute_relayout, plan_rescale, plan_rollback
 from statekeeper.store.spark import StatefulOperator, read_state
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
-from tests.spark.helpers import run_query, write_inputs
+from tests.spark.helpers import run_query, stage_files, write_inputs
 from tests.spark.processors import CountSum
 
 OUT = "user string, count long, total long"
 OP = "counts"
 pd: Any = importlib.import_module("pandas")  # no pandas stubs in the project
-
-
-def _stage(all_dir: Path, input_dir: Path, files: range) -> None:
-    input_dir.mkdir(exist_ok=True)
-    for f in files:
-        name = f"part-{f:05d}.parquet"
-        shutil.copy2(all_dir / name, input_dir / name)
-        os.utime(input_dir / name, (1_700_000_000 + f, 1_700_000_000 + f))
 
 
 def _want_feed(df: Any, last: int, first: int = 0) -> set[tuple[int, str, str, int, int]]:
@@ -76,7 +66,7 @@ def test_change_feed_and_batch_reads_across_rescales_and_a_rollback(spark: Any, 
     fm = open_file_manager(root)
 
     def run(files: range, partitions: int) -> None:
-        _stage(tmp_path / "all", tmp_path / "in", files)
+        stage_files(tmp_path / "all", tmp_path / "in", files)
         op = StatefulOperator(root, OP, "user", CountSum(), OUT, num_partitions=partitions)
         run_query(spark, op, tmp_path / "in", tmp_path / "ckpt")
 
