@@ -144,3 +144,28 @@ def test_a_rollback_record_without_its_source_falls_back_to_the_newest_version_o
     assert [h.version_of(b) for b in range(5)] == [1, 2, 6, 7, 8]
     assert [[r.version for r in s.records] for s in h.changes(0, 4)] == [[1, 2, 3], [7, 8]]
     assert [r.batch for s in h.changes(0, 4) for r in s.records] == [0, 1, 2, 3, 4]
+
+
+class _CountingCommits:
+    """A real file manager that counts the commit records read."""
+
+    def __init__(self, root: Path) -> None:
+        self.inner = open_file_manager(root.as_uri())
+        self.reads = 0
+
+    def read_bytes(self, path: str) -> bytes:
+        self.reads += path.startswith(commit_path(1).split("/")[0])
+        return self.inner.read_bytes(path)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def test_a_read_costs_the_records_of_its_range_not_the_whole_log(tmp_path: Path) -> None:
+    _run(tmp_path, [("batch", 0)] * 40 + [("rescale", 1)] + [("batch", 0)] * 9)  # head: version 50, batch 48
+    fm = _CountingCommits(tmp_path)
+    h = BatchHistory(CommitLog(fm), OP, tmp_path.as_uri())  # type: ignore[arg-type]
+    assert h.version_of(48) == 50 and fm.reads == 1  # the latest batch: the head's record only
+    segments = h.changes(38, 48)  # batches 38..48: versions 39..50, the rescale (41) cut out
+    assert [[r.version for r in s.records] for s in segments] == [[39, 40], list(range(42, 51))]
+    assert fm.reads == 13  # versions 38..50: the range and the one below it
