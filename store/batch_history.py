@@ -126,8 +126,11 @@ class BatchHistory:
             if version > 0 and self.log.get(version) is None:
                 self._expired = version
             if not self._path and version == self.head:
+                found = self.log.get(version)
+                has = "nothing" if found is None else f"operators {sorted(found.checkpoint_ids)}"
                 raise ConfigurationError(
-                    f"version {version} is not committed for operator {self.operator!r} in {self.root}"
+                    f"operator {self.operator!r} is not in the commit of version {version} in {self.root} "
+                    f"(it has {has})"
                 )
             return False
         self._path.append(record)

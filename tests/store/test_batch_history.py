@@ -169,3 +169,10 @@ def test_a_read_costs_the_records_of_its_range_not_the_whole_log(tmp_path: Path)
     segments = h.changes(38, 48)  # batches 38..48: versions 39..50, the rescale (41) cut out
     assert [[r.version for r in s.records] for s in segments] == [[39, 40], list(range(42, 51))]
     assert fm.reads == 13  # versions 38..50: the range and the one below it
+
+
+def test_an_unknown_operator_is_refused_naming_the_ones_there(tmp_path: Path) -> None:
+    _run(tmp_path, [("batch", 0)])
+    h = BatchHistory(CommitLog(open_file_manager(tmp_path.as_uri())), "other", tmp_path.as_uri())
+    with pytest.raises(ConfigurationError, match=r"operator 'other' is not in the commit of version 1 .*\['op'\]"):
+        h.version_of(0)
