@@ -17,7 +17,7 @@ from typing import Any
 from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.formats.changelog import ChangelogReader
 from statekeeper.store.formats.typed_codec import CorruptStateError, KeyCodec
-from statekeeper.store.formats.typed_schema import DataType
+from statekeeper.store.formats.typed_schema import DataType, SchemaError, from_json
 from statekeeper.store.layout import StoreId
 from statekeeper.store.spark.schemas import (
     META_CF,
@@ -26,6 +26,7 @@ from statekeeper.store.spark.schemas import (
     expiry_of,
     read_grouping_key,
     read_record,
+    schema_key,
     variable_names,
 )
 from statekeeper.store.spark.state import KEY_GROUP_BYTES, TIMERS_CF, grouping_key_codec
@@ -107,6 +108,8 @@ class TypedSchemas:
                 reader = ChangelogReader(stream, where)
                 reader.check_footer()
                 for cf, keys, values in reader.blocks():
+                    if cf == META_CF:
+                        self._check_schemas(name, keys, values, where)
                     if cf != name:
                         continue
                     for k, raw in zip(keys, values, strict=True):
@@ -123,6 +126,27 @@ class TypedSchemas:
                             value,
                             None if raw is None else expiry_of(raw),
                         )
+
+    def _check_schemas(self, name: str, keys: list[bytes], values: list[bytes | None], where: str) -> None:
+        """Refuse a changelog that records another schema under an id these schemas know differently:
+        its values would decode under the wrong schema (each partition numbers its own schemas; the
+        change feed decodes every partition with the end version's, as a rescale requires them equal)."""
+        prefix = schema_key(name, 0)[:-4]
+        known = self._record(name).schemas
+        for k, v in zip(keys, values, strict=True):
+            if v is None or len(k) != len(prefix) + 4 or not k.startswith(prefix):
+                continue
+            sid = int.from_bytes(k[len(prefix) :], "big")
+            try:
+                same = from_json(v) == known.get(sid)
+            except SchemaError:
+                same = False
+            if not same:
+                raise CorruptStateError(
+                    f"changelog {where} records schema {sid} of state variable {name!r} unlike the schemas read"
+                    f"{self.where}: partitions number their schemas differently, so the change feed cannot "
+                    "decode them with one set (read each partition at its own version instead)"
+                )
 
 
 class StateView(TypedSchemas):
