@@ -34,7 +34,7 @@ from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.formats.changelog import ChangelogReader
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import StoreId
-from statekeeper.store.loading import ChainReplay
+from statekeeper.store.loading import apply_changelog
 from statekeeper.store.rocks import DEFAULT_CF, db_options, open_db, track_memtable, untrack_memtables
 from statekeeper.store.snapshot import SnapshotResult, restore_snapshot, write_snapshot
 
@@ -42,8 +42,7 @@ log = logging.getLogger(__name__)
 
 MARKER = "warm.json"
 LOCK = "replica.lock"
-REPLAY_BATCH_BYTES = 8 << 20
-"""Decoded changelog bytes buffered (the last update of each key, `ChainReplay`) before a write."""
+REPLAY_BATCH_BYTES = 32 << 20
 
 
 class ReplicaBusyError(StoreStateError):
@@ -259,18 +258,17 @@ class Replica:
         return 0
 
     def _replay_range(self, start: int, end: int, committed: Mapping[int, str]) -> tuple[int, int]:
-        """Replay the committed changelogs of versions start+1 .. end onto the open DB (as one chain: a
-        key updated in several of them is written once)."""
+        """Replay the committed changelogs of versions start+1 .. end onto the open DB."""
         self._drop_marker()
         self.state = None  # the DB is between versions until the replay completes
-        chain = ChainReplay(self.db, self._handle_of, REPLAY_BATCH_BYTES)
+        records = 0
         for v in range(start + 1, end + 1):
             cid = committed.get(v)
             if cid is None:
                 raise LineageError(f"version {v} of store {self.store} is not committed (no commit record names it)")
             full = v in self._full_state
-            self._replay(v, cid, committed.get(v - 1) if v > 1 and not full else None, chain)
-        return end - start, chain.finish()
+            records += self._replay(v, cid, committed.get(v - 1) if v > 1 and not full else None)
+        return end - start, records
 
     def _open_changelog(self, path: str, v: int) -> tuple[BinaryIO, str | None]:
         f = self.fm.open(path)
@@ -289,7 +287,7 @@ class Replica:
             handle = self._handles[cf_name]
         return handle
 
-    def _replay(self, version: int, checkpoint_id: str, parent_id: str | None, chain: ChainReplay) -> int:
+    def _replay(self, version: int, checkpoint_id: str, parent_id: str | None) -> int:
         path = self.store.changelog(version, checkpoint_id)
         name = f"{self.fm.root_uri}/{path}"
         f, tmp = self._open_changelog(path, version)
@@ -309,7 +307,7 @@ class Replica:
                     f"{h.lineage[0] if h.lineage else 'nothing'}, not committed ({version - 1}, {parent_id}): {name}"
                 )
             reader.check_footer()
-            return chain.add(reader)
+            return apply_changelog(reader, self.db, self._handle_of, REPLAY_BATCH_BYTES)
         finally:
             f.close()
             if tmp is not None:

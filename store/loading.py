@@ -189,69 +189,6 @@ def apply_changelog(reader: ChangelogReader, db: rd.Rdict, handle_of: Callable[[
         wb = handle = put = delete = None  # type: ignore[assignment]
 
 
-class ChainReplay:
-    """Replays a chain of changelogs, oldest first, writing only the last update of each key.
-
-    When a chain of N changelogs is replayed in one go (maintenance advancing its warm copy by the
-    changelogs since its last snapshot), a key updated in several of them needs one RocksDB write,
-    not N: each block goes into a per-column-family dict (`dict.update` over the decoded columns, in
-    C), and the dicts are written out in one write batch whenever they hold about `batch_bytes` of
-    decoded blocks, and at `finish`. The result is exactly what applying every changelog in order
-    gives: a later update of a key replaces the earlier one before anything is written, and writes of
-    a later buffer land after those of an earlier one. Memory stays bounded by `batch_bytes`.
-    """
-
-    def __init__(self, db: rd.Rdict, handle_of: Callable[[str], Any], batch_bytes: int) -> None:
-        self._db = db
-        self._handle_of = handle_of
-        self._batch_bytes = batch_bytes
-        self._pending: dict[str, dict[bytes, bytes | None]] = {}
-        self._bytes = 0
-        self.records = 0
-        """Records read (every update of the chain, superseded ones included)."""
-
-    def add(self, reader: ChangelogReader) -> int:
-        """Take every record of a checked changelog (the next of the chain); returns its record count."""
-        records = 0
-        pending = self._pending
-        for cf_name, keys, values in reader.blocks():
-            latest = pending.get(cf_name)
-            if latest is None:
-                latest = pending[cf_name] = {}
-            latest.update(zip(keys, values, strict=True))
-            records += len(keys)
-            self._bytes += reader.last_block_bytes
-            if self._bytes >= self._batch_bytes:
-                self._write_pending()
-        self.records += records
-        return records
-
-    def finish(self) -> int:
-        """Write what is still buffered; returns the records read over the whole chain."""
-        self._write_pending()
-        return self.records
-
-    def _write_pending(self) -> None:
-        wb = rd.WriteBatch(raw_mode=True)
-        handle: Any = None
-        try:
-            for cf_name, latest in self._pending.items():
-                handle = self._handle_of(cf_name)
-                put, delete = wb.put, wb.delete
-                for k, val in latest.items():
-                    if val is None:
-                        delete(k, handle)
-                    else:
-                        put(k, val, handle)
-            self._pending.clear()  # in place: `add` holds it
-            self._bytes = 0
-            if not wb.is_empty():
-                self._db.write(wb)
-                relieve_memory_pressure()
-        finally:
-            wb = handle = put = delete = None  # type: ignore[assignment]  # see `apply_changelog`
-
-
 def _no_intact_path(plan: LoadPlan, why: BaseException) -> CorruptFileError:
     first = plan.skipped[0]
     return CorruptFileError(
@@ -262,4 +199,4 @@ def _no_intact_path(plan: LoadPlan, why: BaseException) -> CorruptFileError:
     )
 
 
-__all__ = ["ChainReplay", "LoadMetrics", "PlanExecution", "apply_changelog"]
+__all__ = ["LoadMetrics", "PlanExecution", "apply_changelog"]

@@ -228,8 +228,6 @@ class ChangelogReader:
         self.name = name
         self.header = read_header(f, name)
         self._dctx = zstandard.ZstdDecompressor() if self.header.codec == "zstd" else None
-        self.last_block_bytes = 0
-        """Decoded size of the block `blocks` yielded last (for callers that bound what they buffer)."""
 
     def check_footer(self) -> tuple[int, int]:
         """On a seekable file, validate the footer before reading blocks; returns (blocks, records)."""
@@ -287,7 +285,6 @@ class ChangelogReader:
             if len(raw) != raw_len:
                 raise CorruptFileError(f"block {seen_blocks} has {len(raw)} bytes, header says {raw_len}", name)
             keys, values = decode_block_payload(raw, n, name)
-            self.last_block_bytes = raw_len
             seen_blocks += 1
             seen_records += n
             yield cf_b.decode(), keys, values
