@@ -39,6 +39,7 @@ class CommitLog:
         batch_id: int | None = None,
         change: Mapping[str, str] | None = None,
         in_place: Mapping[str, Sequence[int]] | None = None,
+        copied_from: Mapping[str, int] | None = None,
     ) -> CommitRecord:
         """Publish version `version`: the winning checkpoint id of every partition of every operator.
 
@@ -47,7 +48,8 @@ class CommitLog:
         keeps the partition count and layout of the previous version (carried forward when `layouts`
         does not name it) unless this commit is a rescale (`change` says ``rescale`` for it), which
         names its new layout. `batch_id` defaults to the previous record's batch + 1. `in_place` names the
-        partitions of a `change` whose changelogs extend their lineage (the others are full-state).
+        partitions of a `change` whose changelogs extend their lineage (the others are full-state);
+        `copied_from` the version a `change` copied (a rollback's source, for the batch history).
         """
         validate_version(version)
         if version < 1:
@@ -79,7 +81,10 @@ class CommitLog:
         if batch == version - 1:
             batch = None
         kept = {op: tuple(sorted(ps)) for op, ps in (in_place or {}).items() if ps}
-        record = CommitRecord(version, ids, layouts=lays, batch_id=batch, change=changes, in_place=kept)
+        copied = dict(copied_from or {})
+        record = CommitRecord(
+            version, ids, layouts=lays, batch_id=batch, change=changes, in_place=kept, copied_from=copied
+        )
         try:
             with self._fm.create(commit_path(version), exclusive=True) as out:
                 out.write(record.to_bytes())

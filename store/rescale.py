@@ -500,6 +500,7 @@ def execute_relayout(
             batch_id=plan.batch_id,
             change={plan.operator: plan.kind},
             in_place={plan.operator: [p for p in range(plan.partitions) if targets[p].owned is not None]},
+            copied_from={plan.operator: plan.source_version},
         )
         result.committed = True
     finally:

@@ -35,6 +35,9 @@ class CommitRecord:
     in_place: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """Operator -> partitions whose changelog of a ``change`` version extends their own lineage (a
     rescale kept key groups in place); every other partition of such a version is a full-state changelog."""
+    copied_from: dict[str, int] = field(default_factory=dict)
+    """Operator -> the committed version a ``change`` version copied (a rollback's source; a rescale
+    copies the version below it). Absent in records written before it was recorded."""
 
     def full_state(self, operator: str, partition: int) -> bool:
         """Whether the changelog of (`operator`, `partition`) at this version has an empty lineage."""
@@ -72,6 +75,8 @@ class CommitRecord:
             payload["change"] = dict(sorted(self.change.items()))
         if self.in_place:
             payload["in_place"] = {op: list(ps) for op, ps in sorted(self.in_place.items())}
+        if self.copied_from:
+            payload["copied_from"] = dict(sorted(self.copied_from.items()))
         return encode_frame(MAGIC, FORMAT_VERSION, payload)
 
     def same_outcome(self, other: CommitRecord) -> bool:
@@ -100,8 +105,9 @@ class CommitRecord:
         raw_layouts = payload.get("layouts", {})
         change = payload.get("change", {})
         in_place = payload.get("in_place", {})
-        if not isinstance(raw_layouts, dict) or not isinstance(change, dict) or not isinstance(in_place, dict):
-            raise CorruptFileError("malformed layouts, change or in_place", name)
+        copied = payload.get("copied_from", {})
+        if not all(isinstance(x, dict) for x in (raw_layouts, change, in_place, copied)):
+            raise CorruptFileError("malformed layouts, change, in_place or copied_from", name)
         try:
             for op, lay in raw_layouts.items():
                 layouts[op] = KeyGroupLayout(int(lay["partitions"]), int(lay["max_key_groups"]))
@@ -113,6 +119,7 @@ class CommitRecord:
                 None if batch == version - 1 else batch,
                 {str(k): str(v) for k, v in change.items()},
                 {str(k): tuple(int(p) for p in v) for k, v in in_place.items()},
+                {str(k): int(v) for k, v in copied.items()},
             )
         except (KeyError, TypeError, ValueError, ConfigurationError) as e:
             raise CorruptFileError(f"malformed layout: {e}", name) from None

@@ -2,8 +2,8 @@
 
 A PySpark Python Data Source (``pyspark.sql.datasource``) named ``statekeeper``; one input partition
 per state partition, each read by loading that partition's store at the requested committed version
-(snapshot + changelog replay) in a temporary directory. Options are named as Spark's state data
-source names them::
+(snapshot + changelog replay) in a temporary directory (the change feed reads changelogs only).
+Options are named as Spark's state data source names them::
 
     spark.dataSource.register(StateDataSource)
     df = (spark.read.format("statekeeper").option("root", root).option("operator", "sessions")
@@ -16,8 +16,14 @@ source names them::
 - ``readRegisteredTimers=true``: ``key``, ``expiration_timestamp_ms``, ``partition_id``.
 - ``readChangeFeed=true`` with ``changeStartBatchId`` (and ``changeEndBatchId``, default the latest):
   ``batch_id``, ``change_type`` (update / delete), ``key``, [``user_map_key``], ``value``,
-  ``partition_id`` from the committed changelogs.
-- ``batchId`` b reads version b + 1 (``version`` v directly). Version v is the state after batch v - 1.
+  ``partition_id`` from the committed changelogs of the head's history (store/batch_history.py), one
+  Spark input partition per (layout segment, partition). Rescale and rollback versions only copy state
+  and are not reported: a feed across a rescale reads the batches before it from the old layout's
+  partitions and those after from the new one's; across a rollback it follows the head's history (the
+  abandoned branch is not in it). The value schema is the end version's; each task decodes changelogs
+  with schemas read once on the driver, without loading a store (docs/rescale.md).
+- ``batchId`` b reads the latest version of the head's history carrying batch b (usually b + 1; after
+  a rescale or rollback of b, that version); ``version`` v reads v directly (any retained version).
 - Without ``stateVarName``: every variable as untyped rows (partition, state, kind, key, user_key,
   value as JSON, expires_at_ms); ``raw=true`` gives the stored bytes instead.
 """
@@ -33,13 +39,15 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from statekeeper.store.batch_history import BatchHistory, Segment
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.errors import ConfigurationError, LineageError
 from statekeeper.store.files import open_file_manager
 from statekeeper.store.formats.typed_schema import DataType
+from statekeeper.store.layout import StoreId
 from statekeeper.store.load_plan import committed_range
-from statekeeper.store.spark.schemas import expiry_of
-from statekeeper.store.spark.state_view import Change, StateView
+from statekeeper.store.spark.schemas import VariableRecord, expiry_of
+from statekeeper.store.spark.state_view import Change, StateView, TypedSchemas
 from statekeeper.store.state_store import StateStore, StoreConfig
 
 if TYPE_CHECKING:
@@ -92,24 +100,25 @@ class _Options:
         self.flatten = _flag(options, "flattencollectiontypes", True)
         self.change_feed = _flag(options, "readchangefeed")
         log = CommitLog(open_file_manager(self.root))
-        latest = log.latest()
+        history = BatchHistory(log, self.operator, self.root)
         version = _int_option(options, "version")
         batch_id = _int_option(options, "batchid")
         if version is None and batch_id is not None:
-            version = batch_id + 1
+            version = history.version_of(batch_id)
         self.change_start = _int_option(options, "changestartbatchid")
         end_batch = _int_option(options, "changeendbatchid")
+        self.segments: list[Segment] = []
         if self.change_feed:
             if not self.var:
                 raise ConfigurationError("readChangeFeed needs the option stateVarName")
             if self.change_start is None or self.change_start < 0:
                 raise ConfigurationError("readChangeFeed needs the option changeStartBatchId (a batch id >= 0)")
-            version = latest if end_batch is None else end_batch + 1
-            if version - 1 < self.change_start:
-                raise ConfigurationError(
-                    f"changeEndBatchId {version - 1} is before changeStartBatchId {self.change_start}"
-                )
-        self.version = latest if version is None else version
+            end = history.head_record.batch if end_batch is None else end_batch
+            self.segments = history.changes(self.change_start, end)
+            version = history.version_of(end)
+        if version is None:
+            version = history.head_record.version
+        self.version = version
         if self.version <= 0:
             raise LineageError(f"no committed version of {self.operator!r} in {self.root}")
         self.ids = self._ids(log, self.version)
@@ -137,7 +146,7 @@ def _open_view(opts: _Options, partition: int, ckpt: str, work: str) -> tuple[St
         raise
 
 
-def _typed_columns(opts: _Options, view: StateView) -> list[tuple[str, Any]]:
+def _typed_columns(opts: _Options, view: TypedSchemas) -> list[tuple[str, Any]]:
     """(name, Spark JSON type) of the typed output."""
     key = view.key_schema.json_value() if view.key_schema is not None else "string"
     if opts.timers:
@@ -177,29 +186,31 @@ def _typed_columns(opts: _Options, view: StateView) -> list[tuple[str, Any]]:
     return [*cols, ("expiration_timestamp", "timestamp"), ("partition_id", "integer")]
 
 
-def _typed_schema(opts: _Options) -> Any:
-    """The Spark schema of a typed read, from the schema records (first partition that has them)."""
-    from pyspark.sql.types import StructType
-
+def _end_schemas(opts: _Options) -> TypedSchemas:
+    """The recorded schemas at the end version (first partition that has the variable, or timers)."""
     work = tempfile.mkdtemp(prefix="statekeeper-reader-")
     try:
-        found: StateView | None = None
         for p, ckpt in enumerate(opts.ids):
             store, view = _open_view(opts, p, ckpt, f"{work}/{p}")
             try:
                 if opts.timers or opts.var in view.records:
-                    found = view
-                    break
+                    return TypedSchemas(view.key_schema, view.records, view.where)
             finally:
                 store.close()
-        if found is None:
-            raise ConfigurationError(
-                f"state variable {opts.var!r} is not in {opts.operator!r} at version {opts.version} in {opts.root}"
-            )
-        fields = [{"name": n, "type": t, "nullable": True, "metadata": {}} for n, t in _typed_columns(opts, found)]
-        return StructType.fromJson({"type": "struct", "fields": fields})
+        raise ConfigurationError(
+            f"state variable {opts.var!r} is not in {opts.operator!r} at version {opts.version} in {opts.root}"
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _typed_schema(opts: _Options) -> Any:
+    """The Spark schema of a typed read, from the schema records of the end version."""
+    from pyspark.sql.types import StructType
+
+    found = _end_schemas(opts)
+    fields = [{"name": n, "type": t, "nullable": True, "metadata": {}} for n, t in _typed_columns(opts, found)]
+    return StructType.fromJson({"type": "struct", "fields": fields})
 
 
 class StateDataSource(DataSource):
@@ -222,21 +233,37 @@ class StateDataSource(DataSource):
 class _StateReader(DataSourceReader):
     def __init__(self, opts: _Options) -> None:
         self.opts = opts
+        self.feed_schemas: tuple[DataType | None, dict[str, VariableRecord]] | None = None
+        if opts.change_feed:  # read once here: the feed's tasks decode changelogs without loading a store
+            schemas = _end_schemas(opts)
+            self.feed_schemas = (schemas.key_schema, schemas.records)
 
     def partitions(self) -> list[InputPartition]:
-        return [InputPartition((p, ckpt)) for p, ckpt in enumerate(self.opts.ids)]
+        """One per state partition; for the change feed one per (layout segment, partition of it)."""
+        if not self.opts.change_feed:
+            return [InputPartition((p, ckpt)) for p, ckpt in enumerate(self.opts.ids)]
+        parts = [
+            InputPartition((p, tuple((r.version, r.checkpoint_id, r.batch_id) for r in seg.refs(p))))
+            for seg in self.opts.segments
+            for p in range(seg.partitions)
+        ]
+        return parts or [InputPartition((0, ()))]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        opts = self.opts
+        if self.feed_schemas is not None:
+            p, refs = partition.value
+            key_schema, records = self.feed_schemas
+            where = f" (operator {opts.operator}, change feed of partition {p})"
+            yield from _change_rows(opts, TypedSchemas(key_schema, records, where), p, refs)
+            return
         p, ckpt = partition.value
         work = tempfile.mkdtemp(prefix="statekeeper-reader-")
-        opts = self.opts
         store, view = _open_view(opts, p, ckpt, work)
         try:
             if opts.timers:
                 for key, expiry in view.timers():
                     yield key, expiry, p
-            elif opts.change_feed:
-                yield from _change_rows(opts, view, p)
             elif opts.var:
                 yield from _typed_rows(opts, view, p)
             else:
@@ -284,7 +311,9 @@ def change_feed(view: StateView, name: str, first_batch: int) -> Iterator[Change
 
     The (version, checkpoint id) of each batch come from the lineage the load already read (the loaded
     changelog names its committed ancestors), not from one commit record per version: the feed costs
-    the load plus one read per changelog it decodes.
+    the load plus one read per changelog it decodes. Batches are numbered ``version - 1`` and the range
+    is one store's: valid within one layout and no rollback. The reader's feed (``readChangeFeed``)
+    resolves batch ids and layouts through the commit records instead (store/batch_history.py).
     """
     store = view.store
     plan = store.last_plan
@@ -294,12 +323,16 @@ def change_feed(view: StateView, name: str, first_batch: int) -> Iterator[Change
     return view.changes(store.fm, name, list(refs))
 
 
-def _change_rows(opts: _Options, view: StateView, p: int) -> Iterator[tuple[Any, ...]]:
-    assert opts.var is not None and opts.change_start is not None
-    record = view.records.get(opts.var)
-    if record is None:
+def _change_rows(
+    opts: _Options, schemas: TypedSchemas, p: int, refs: tuple[tuple[int, str, int], ...]
+) -> Iterator[tuple[Any, ...]]:
+    """The change feed rows partition `p` wrote at `refs` ((version, checkpoint id, batch id))."""
+    assert opts.var is not None
+    record = schemas.records.get(opts.var)
+    if record is None or not refs:
         return
-    for c in change_feed(view, opts.var, opts.change_start):
+    fm = open_file_manager(opts.root)
+    for c in schemas.changes_of(fm, StoreId(opts.operator, p), opts.var, refs):
         if record.kind == "map":
             yield c.batch_id, c.change_type, c.key, c.user_key, c.value, p
         else:

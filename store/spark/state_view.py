@@ -10,14 +10,14 @@ variable and, for the change feed, the changelog file.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.formats.changelog import ChangelogReader
 from statekeeper.store.formats.typed_codec import CorruptStateError, KeyCodec
-from statekeeper.store.formats.typed_schema import DataType
+from statekeeper.store.formats.typed_schema import DataType, SchemaError, from_json
 from statekeeper.store.layout import StoreId
 from statekeeper.store.spark.schemas import (
     META_CF,
@@ -26,6 +26,7 @@ from statekeeper.store.spark.schemas import (
     expiry_of,
     read_grouping_key,
     read_record,
+    schema_key,
     variable_names,
 )
 from statekeeper.store.spark.state import KEY_GROUP_BYTES, TIMERS_CF, grouping_key_codec
@@ -45,24 +46,18 @@ class Change:
     expiry_ms: int | None
 
 
-class StateView:
-    """Typed rows of one loaded store; `where` names the store in error messages."""
+class TypedSchemas:
+    """The schemas recorded for one operator's state: decode stored keys, values and changelogs.
 
-    def __init__(self, store: StateStore) -> None:
-        self.store = store
-        sid = store.store_id
-        self.where = f" (operator {sid.operator} partition {sid.partition})"
-        names = store.column_families()
-        self.records: dict[str, VariableRecord] = {}
-        self.key_schema: DataType | None = None
-        if META_CF in names:
-            meta = store.column_family(META_CF)
-            self.key_schema = read_grouping_key(meta)
-            for name in variable_names(meta):
-                record = read_record(meta, name)
-                if record is not None:
-                    self.records[name] = record
-        self.key_codec = grouping_key_codec(self.key_schema) if self.key_schema is not None else None
+    Built from a loaded store (:class:`StateView`) or from schemas read once on the driver (the change
+    feed decodes changelogs of any partition without loading a store); `where` names it in errors.
+    """
+
+    def __init__(self, key_schema: DataType | None, records: dict[str, VariableRecord], where: str) -> None:
+        self.key_schema = key_schema
+        self.records = records
+        self.where = where
+        self.key_codec = grouping_key_codec(key_schema) if key_schema is not None else None
         self._formats: dict[str, ValueFormat] = {}
 
     def value_schema(self, name: str) -> DataType | None:
@@ -98,6 +93,80 @@ class StateView:
         key, end = codec.decode_prefix(storage_key, KEY_GROUP_BYTES)
         return key, uk_codec.decode(storage_key, end)
 
+    def changes_of(
+        self, fm: CheckpointFileManager, store: StoreId, name: str, refs: Iterable[tuple[int, str, int]]
+    ) -> Iterator[Change]:
+        """The committed changes of `name` in the changelogs of `store` at `refs` ((version, checkpoint id,
+        batch id), in order); each change carries its ref's batch id."""
+        fmt = self.value_format(name)
+        uk_codec = self._user_key_codec(name) if self._record(name).kind == "map" else None
+        for version, ckpt, batch in refs:
+            path = store.changelog(version, ckpt)
+            where = f"{fm.root_uri}/{path}"
+            with fm.open(path) as f:
+                stream = f if f.seekable() else io.BytesIO(f.read())
+                reader = ChangelogReader(stream, where)
+                reader.check_footer()
+                for cf, keys, values in reader.blocks():
+                    if cf == META_CF:
+                        self._check_schemas(name, keys, values, where)
+                    if cf != name:
+                        continue
+                    for k, raw in zip(keys, values, strict=True):
+                        try:
+                            key, uk = self.split_key(name, k, uk_codec)
+                            value = None if raw is None else fmt.decode(raw)
+                        except CorruptStateError as e:
+                            raise CorruptStateError(f"{e} in changelog {where}") from None
+                        yield Change(
+                            batch,
+                            "delete" if raw is None else "update",
+                            key,
+                            uk,
+                            value,
+                            None if raw is None else expiry_of(raw),
+                        )
+
+    def _check_schemas(self, name: str, keys: list[bytes], values: list[bytes | None], where: str) -> None:
+        """Refuse a changelog that records another schema under an id these schemas know differently:
+        its values would decode under the wrong schema (each partition numbers its own schemas; the
+        change feed decodes every partition with the end version's, as a rescale requires them equal)."""
+        prefix = schema_key(name, 0)[:-4]
+        known = self._record(name).schemas
+        for k, v in zip(keys, values, strict=True):
+            if v is None or len(k) != len(prefix) + 4 or not k.startswith(prefix):
+                continue
+            sid = int.from_bytes(k[len(prefix) :], "big")
+            try:
+                same = from_json(v) == known.get(sid)
+            except SchemaError:
+                same = False
+            if not same:
+                raise CorruptStateError(
+                    f"changelog {where} records schema {sid} of state variable {name!r} unlike the schemas read"
+                    f"{self.where}: partitions number their schemas differently, so the change feed cannot "
+                    "decode them with one set (read each partition at its own version instead)"
+                )
+
+
+class StateView(TypedSchemas):
+    """Typed rows of one loaded store."""
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+        sid = store.store_id
+        names = store.column_families()
+        records: dict[str, VariableRecord] = {}
+        key_schema: DataType | None = None
+        if META_CF in names:
+            meta = store.column_family(META_CF)
+            key_schema = read_grouping_key(meta)
+            for name in variable_names(meta):
+                record = read_record(meta, name)
+                if record is not None:
+                    records[name] = record
+        super().__init__(key_schema, records, f" (operator {sid.operator} partition {sid.partition})")
+
     def rows(self, name: str) -> Iterator[tuple[Any, Any, Any, int | None]]:
         """(grouping key, map key or None, value, expiry ms or None) of every row, in key order."""
         if name not in self.store.column_families():
@@ -117,37 +186,12 @@ class StateView:
             yield key, int.from_bytes(k[end : end + 8], "big")
 
     def changes(self, fm: CheckpointFileManager, name: str, versions: list[tuple[int, str]]) -> Iterator[Change]:
-        """The committed changes of `name` in the changelogs of `versions` ((version, checkpoint id), in order)."""
-        fmt = self.value_format(name)
-        uk_codec = self._user_key_codec(name) if self._record(name).kind == "map" else None
-        sid = self.store.store_id
-        for version, ckpt in versions:
-            path = StoreId(sid.operator, sid.partition).changelog(version, ckpt)
-            where = f"{fm.root_uri}/{path}"
-            with fm.open(path) as f:
-                stream = f if f.seekable() else io.BytesIO(f.read())
-                reader = ChangelogReader(stream, where)
-                reader.check_footer()
-                for cf, keys, values in reader.blocks():
-                    if cf != name:
-                        continue
-                    for k, raw in zip(keys, values, strict=True):
-                        try:
-                            key, uk = self.split_key(name, k, uk_codec)
-                            value = None if raw is None else fmt.decode(raw)
-                        except CorruptStateError as e:
-                            raise CorruptStateError(f"{e} in changelog {where}") from None
-                        yield Change(
-                            version - 1,
-                            "delete" if raw is None else "update",
-                            key,
-                            uk,
-                            value,
-                            None if raw is None else expiry_of(raw),
-                        )
+        """The committed changes of `name` in this store's changelogs of `versions` ((version, checkpoint id),
+        in order), numbered as batch ``version - 1`` (the store alone does not know its commit records)."""
+        return self.changes_of(fm, self.store.store_id, name, ((v, c, v - 1) for v, c in versions))
 
 
-__all__ = ["Change", "StateView", "check_typed_state"]
+__all__ = ["Change", "StateView", "TypedSchemas", "check_typed_state"]
 
 
 def check_typed_state(store: StateStore, fm: CheckpointFileManager, versions: list[tuple[int, str]]) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,15 @@ def write_inputs(directory: Path, files: int, rows: int, keys: int, seed: int = 
         os.utime(directory / f"part-{f:05d}.parquet", (1_700_000_000 + f, 1_700_000_000 + f))
         batches.append(data)
     return batches
+
+
+def stage_files(all_dir: Path, input_dir: Path, files: range) -> None:
+    """Copy files `files` of `write_inputs`'s `all_dir` into `input_dir` (the query's source), in order."""
+    input_dir.mkdir(exist_ok=True)
+    for f in files:
+        name = f"part-{f:05d}.parquet"
+        shutil.copy2(all_dir / name, input_dir / name)
+        os.utime(input_dir / name, (1_700_000_000 + f, 1_700_000_000 + f))
 
 
 def reference(batches: list[list[tuple[str, int]]]) -> dict[str, tuple[int, int]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -16,10 +17,11 @@ import pytest
 from statekeeper.store import CommitLog, StateStore, StoreConfig, open_file_manager
 from statekeeper.store.errors import LineageError
 from statekeeper.store.files.base import CheckpointFileManager, FileInfo
+from statekeeper.store.formats.typed_codec import CorruptStateError
 from statekeeper.store.layout import CHANGELOG_DIR, COMMITS_DIR, SNAPSHOT_DIR
 from statekeeper.store.load_plan import committed_range
 from statekeeper.store.spark.reader import change_feed
-from statekeeper.store.spark.state_view import StateView
+from statekeeper.store.spark.state_view import StateView, TypedSchemas
 from statekeeper.store.spark.testing import OPERATOR, TwsTester
 from tests.spark.processors import TypedAll
 
@@ -120,5 +122,23 @@ def test_committed_range_follows_capped_lineages_and_matches_the_commit_log(tmp_
                 committed_range(reader.plan_source, reader.last_plan, 0)
         finally:
             reader.close()
+    finally:
+        store.close()
+
+
+def test_a_changelog_numbering_a_schema_differently_is_refused(tester: TwsTester, tmp_path: Path) -> None:
+    """The reader's feed decodes every partition with the end version's schemas: a changelog that records
+    another schema under one of their ids (a partition numbering its schemas differently) is refused."""
+    fm = open_file_manager(tester.root)
+    store = StateStore(fm, OPERATOR, 0, config=StoreConfig(local_dir=str(tmp_path)))
+    try:
+        store.load(BATCHES)
+        view = StateView(store)
+        first = [(1, CommitLog(fm).committed_id(1, OPERATOR, 0), 0)]
+        assert list(TypedSchemas(view.key_schema, view.records, "").changes_of(fm, store.store_id, "totals", first))
+        other = view.records["values"].schemas
+        records = {**view.records, "totals": replace(view.records["totals"], schemas=dict(other))}
+        with pytest.raises(CorruptStateError, match="records schema 1 of state variable 'totals' unlike"):
+            list(TypedSchemas(view.key_schema, records, "").changes_of(fm, store.store_id, "totals", first))
     finally:
         store.close()

@@ -7,8 +7,6 @@ the next batch, and every later batch routes rows to the partition owning their 
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -16,18 +14,10 @@ from statekeeper.store import CommitLog, StateStore, open_file_manager
 from statekeeper.store.key_groups import group_at
 from statekeeper.store.rescale import execute_relayout, plan_rollback
 from statekeeper.store.spark import StatefulOperator
-from tests.spark.helpers import CollectingSink, reference, run_query, state_of, write_inputs
+from tests.spark.helpers import CollectingSink, reference, run_query, stage_files, state_of, write_inputs
 from tests.spark.processors import CountSum
 
 OUT = "user string, count long, total long"
-
-
-def _stage(all_dir: Path, input_dir: Path, files: range) -> None:
-    input_dir.mkdir(exist_ok=True)
-    for f in files:
-        name = f"part-{f:05d}.parquet"
-        shutil.copy2(all_dir / name, input_dir / name)
-        os.utime(input_dir / name, (1_700_000_000 + f, 1_700_000_000 + f))
 
 
 def _owned_groups_only(root: str, operator: str) -> None:
@@ -49,7 +39,7 @@ def test_rescale_at_restart_4_8_3_1_4(spark: Any, tmp_path: Path) -> None:
     sink = CollectingSink()
     rescales = []
     for stage, n in enumerate((4, 8, 3, 1, 4)):
-        _stage(tmp_path / "all", tmp_path / "in", range(stage, stage + 1))
+        stage_files(tmp_path / "all", tmp_path / "in", range(stage, stage + 1))
         op = StatefulOperator(root, "counts", "user", CountSum(), OUT, num_partitions=n, sink=sink)
         run_query(spark, op, tmp_path / "in", tmp_path / "ckpt")
         progress = op.recent_progress[-1]
@@ -77,7 +67,7 @@ def test_rollback_then_restart_recomputes_the_rolled_back_history(spark: Any, tm
     and 3 run again on the rolled-back state and the output equals the reference."""
     batches = write_inputs(tmp_path / "all", files=4, rows=100, keys=30)
     root = (tmp_path / "state").as_uri()
-    _stage(tmp_path / "all", tmp_path / "in", range(4))
+    stage_files(tmp_path / "all", tmp_path / "in", range(4))
     op = StatefulOperator(root, "counts", "user", CountSum(), OUT, num_partitions=3)
     run_query(spark, op, tmp_path / "in", tmp_path / "ckpt")
     assert state_of(spark, root, "counts") == reference(batches)

@@ -16,10 +16,10 @@ import pytest
 from statekeeper.store import CommitLog, open_file_manager
 from statekeeper.store.spark import StatefulOperator
 from tests.spark.driver_job import file_sink
-from tests.spark.helpers import reference, run_query, state_of, write_inputs
+from tests.spark.helpers import reference, run_query, stage_files, state_of, write_inputs
 from tests.spark.processors import SlowCountSum
 from tests.spark.test_driver_kill import _start
-from tests.spark.test_rescale import OUT, _owned_groups_only, _stage
+from tests.spark.test_rescale import OUT, _owned_groups_only
 
 pytestmark = pytest.mark.slow
 
@@ -49,12 +49,12 @@ def test_driver_killed_during_an_online_rescale(spark: Any, tmp_path: Path, kill
     args = [str(tmp_path / "in"), root, str(ckpt), str(out), "0.0", "0.0"]
     commits = CommitLog(open_file_manager(root))
 
-    _stage(tmp_path / "all", tmp_path / "in", range(2))  # batches 0, 1 on 3 partitions, in this process
+    stage_files(tmp_path / "all", tmp_path / "in", range(2))  # batches 0, 1 on 3 partitions, in this process
     sink = file_sink(str(out), "0")
     op = StatefulOperator(root, "counts", "user", SlowCountSum(0.0), OUT, num_partitions=3, sink=sink)
     run_query(spark, op, tmp_path / "in", ckpt)
     assert commits.latest() == 2
-    _stage(tmp_path / "all", tmp_path / "in", range(2, 4))
+    stage_files(tmp_path / "all", tmp_path / "in", range(2, 4))
     assert _run(args, log, 5, kill_at) != 0, "the kill point was never reached"
     latest = commits.latest()
     record = commits.get(latest, use_cache=False)
