@@ -3,14 +3,20 @@
 Every path is checked before the first deletion (relative, inside the root, in the statekeeper
 layout, not foreign), so a bad plan or argument deletes nothing (DESIGN invariants 4 and 7).
 Incomplete S3 multipart uploads are aborted instead of deleted.
+
+The catalog hears about it through `CatalogMarks`, in few statements: a store's files are marked
+expired in one statement before the first of them is deleted, and what went is marked deleted once
+per run (the catalog is derived from the checkpoint location, invariant 6: a crash before that
+statement leaves rows a sync corrects, as a crash between a deletion and its statement always did).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -41,6 +47,48 @@ class DeleteOutcome:
         self.deleted.extend(other.deleted)
         self.errors.extend(other.errors)
         self.stopped = self.stopped or other.stopped
+
+
+class CatalogMarks:
+    """What one maintenance run tells the catalog about the files it deletes (thread-safe).
+
+    `expiring` writes at once (the catalog must know before the files go); `deleted` collects, and
+    `flush` writes everything collected in one statement.
+    """
+
+    def __init__(self, catalog: Catalog, root_uri: str) -> None:
+        self.catalog = catalog
+        self.root_uri = root_uri
+        self._deleted: list[str] = []
+        self._lock = threading.Lock()
+
+    def expiring(self, entries: Sequence[FileEntry]) -> None:
+        if entries:
+            self.catalog.mark_expired(self.root_uri, [e.path for e in entries])
+
+    def deleted(self, entries: Sequence[FileEntry]) -> None:
+        with self._lock:
+            self._deleted.extend(e.path for e in entries)
+
+    def flush(self) -> None:
+        with self._lock:
+            paths, self._deleted = self._deleted, []
+        if paths:
+            self.catalog.mark_deleted(self.root_uri, paths)
+
+
+@contextmanager
+def catalog_marks(catalog: Catalog | None, root_uri: str) -> Iterator[CatalogMarks | None]:
+    """`CatalogMarks` of a run over `root_uri` (None without a catalog), flushed when the block ends,
+    also when it raises (what was deleted is gone either way)."""
+    if catalog is None:
+        yield None
+        return
+    marks = CatalogMarks(catalog, root_uri)
+    try:
+        yield marks
+    finally:
+        marks.flush()
 
 
 def validate_deletable(entries: Sequence[FileEntry]) -> None:
@@ -124,7 +172,7 @@ def delete_entries(
 
 def delete_recorded(
     fm: CheckpointFileManager,
-    catalog: Catalog | None,
+    marks: CatalogMarks | None,
     entries: Sequence[FileEntry],
     settings: MaintenanceSettings,
     pool: ThreadPoolExecutor | None,
@@ -132,21 +180,21 @@ def delete_recorded(
     *,
     mark_expired: bool,
 ) -> DeleteOutcome:
-    """`delete_entries`, telling the catalog (if any) what is about to go and what went."""
+    """`delete_entries`, telling the catalog (through `marks`, if any) what is about to go and what went."""
     if not entries:
         return DeleteOutcome()
     validate_deletable(entries)
-    if catalog is not None and mark_expired:
-        catalog.mark_expired(fm.root_uri, [e.path for e in entries])
+    if marks is not None and mark_expired:
+        marks.expiring(entries)
     out = delete_entries(fm, entries, batch_size=settings.delete_batch_size, pool=pool, check=check)
-    if catalog is not None and out.deleted:
-        catalog.mark_deleted(fm.root_uri, [e.path for e in out.deleted])
+    if marks is not None and out.deleted:
+        marks.deleted(out.deleted)
     return out
 
 
 def delete_in_order(
     fm: CheckpointFileManager,
-    catalog: Catalog | None,
+    marks: CatalogMarks | None,
     entries: Sequence[FileEntry],
     settings: MaintenanceSettings,
     pool: ThreadPoolExecutor | None,
@@ -156,22 +204,33 @@ def delete_in_order(
 ) -> DeleteOutcome:
     """Manifests, then SSTs (kept if a manifest could not be deleted), then everything else.
 
-    So no manifest that survives a failure or crash ever names a deleted SST.
+    So no manifest that survives a failure or crash ever names a deleted SST. With `mark_expired`,
+    all of `entries` are marked expired in one statement first.
     """
     validate_deletable(entries)
+    if marks is not None and mark_expired:
+        marks.expiring(entries)
     outcome = DeleteOutcome()
     manifests = [e for e in entries if e.kind == MANIFEST]
     ssts = [e for e in entries if e.kind == SST]
     rest = [e for e in entries if e.kind not in (MANIFEST, SST)]
-    first = delete_recorded(fm, catalog, manifests, settings, pool, check, mark_expired=mark_expired)
+    first = delete_recorded(fm, marks, manifests, settings, pool, check, mark_expired=False)
     outcome.merge(first)
     if first.stopped:
         outcome.errors.append(f"kept {len(ssts)} SST file(s): a manifest could not be deleted")
         outcome.stopped = True
     else:
-        outcome.merge(delete_recorded(fm, catalog, ssts, settings, pool, check, mark_expired=mark_expired))
-    outcome.merge(delete_recorded(fm, catalog, rest, settings, pool, check, mark_expired=mark_expired))
+        outcome.merge(delete_recorded(fm, marks, ssts, settings, pool, check, mark_expired=False))
+    outcome.merge(delete_recorded(fm, marks, rest, settings, pool, check, mark_expired=False))
     return outcome
 
 
-__all__ = ["DeleteOutcome", "delete_entries", "delete_in_order", "delete_recorded", "validate_deletable"]
+__all__ = [
+    "CatalogMarks",
+    "DeleteOutcome",
+    "catalog_marks",
+    "delete_entries",
+    "delete_in_order",
+    "delete_recorded",
+    "validate_deletable",
+]

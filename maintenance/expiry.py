@@ -17,7 +17,13 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from statekeeper.maintenance.deletion import DeleteOutcome, delete_in_order, delete_recorded
+from statekeeper.maintenance.deletion import (
+    CatalogMarks,
+    DeleteOutcome,
+    catalog_marks,
+    delete_in_order,
+    delete_recorded,
+)
 from statekeeper.maintenance.inventory import BATCH, CHANGELOG, COMMIT, MANIFEST, SST, FileEntry, Inventory
 from statekeeper.maintenance.leasing import planned_store
 from statekeeper.maintenance.plan import StorePlan, plan_root
@@ -97,10 +103,13 @@ def expire_versions(
                     _account(report, str(p.store), p.expired, "would delete")
                 _account(report, None, root_expired, "would delete")
                 return report
-            with ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="expire-delete") as pool:
+            with (
+                ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="expire-delete") as pool,
+                catalog_marks(catalog, fm.root_uri) as marks,
+            ):
                 results = run_each(
                     [p.store for p in todo],
-                    lambda s: _expire_store(fm, inv, s, settings, catalog, pool),
+                    lambda s: _expire_store(fm, inv, s, settings, catalog, marks, pool),
                     parallelism=settings.parallelism,
                     progress=progress,
                     desc="expire",
@@ -113,10 +122,10 @@ def expire_versions(
                     for text in res.errors:
                         report.error(f"store {p.store}: {text}")
                 if root_expired:
-                    out = delete_recorded(fm, catalog, root.expired_batches, settings, pool, None, mark_expired=True)
+                    out = delete_recorded(fm, marks, root.expired_batches, settings, pool, None, mark_expired=True)
                     if not out.errors:  # a commit record outlives the batch file of its version
                         out.merge(
-                            delete_recorded(fm, catalog, root.expired_commits, settings, pool, None, mark_expired=True)
+                            delete_recorded(fm, marks, root.expired_commits, settings, pool, None, mark_expired=True)
                         )
                     _account(report, None, out.deleted, "deleted")
                     for text in out.errors:
@@ -133,6 +142,7 @@ def _expire_store(
     store: StoreId,
     settings: MaintenanceSettings,
     catalog: Catalog | None,
+    marks: CatalogMarks | None,
     pool: ThreadPoolExecutor,
 ) -> DeleteOutcome:
     with planned_store(fm.root_uri, inv, store, settings, catalog) as (plan, lease):
@@ -141,7 +151,7 @@ def _expire_store(
         corrupt = base_problem(fm, plan, manifests, work_dir=settings.work_dir) if plan.expired else None
         if corrupt is not None:
             return DeleteOutcome(errors=[corrupt], stopped=True)
-        return delete_in_order(fm, catalog, plan.expired, settings, pool, lease.check, mark_expired=True)
+        return delete_in_order(fm, marks, plan.expired, settings, pool, lease.check, mark_expired=True)
 
 
 def _corrupt_bases(

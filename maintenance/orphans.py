@@ -16,7 +16,13 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from statekeeper.maintenance.deletion import DeleteOutcome, delete_in_order, delete_recorded
+from statekeeper.maintenance.deletion import (
+    CatalogMarks,
+    DeleteOutcome,
+    catalog_marks,
+    delete_in_order,
+    delete_recorded,
+)
 from statekeeper.maintenance.inventory import (
     BATCH,
     CHANGELOG,
@@ -100,10 +106,13 @@ def clean_orphans(
                 if wanted is None:
                     _account(report, [e for e, _ in root.orphans], dict(root.orphans), "would delete")
                 return report
-            with ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="orphan-delete") as pool:
+            with (
+                ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="orphan-delete") as pool,
+                catalog_marks(catalog, fm.root_uri) as marks,
+            ):
                 results = run_each(
                     [p.store for p in todo],
-                    lambda s: _clean_store(fm, inv, s, settings, catalog, pool),
+                    lambda s: _clean_store(fm, inv, s, settings, catalog, marks, pool),
                     parallelism=settings.parallelism,
                     progress=progress,
                     desc="clean-orphans",
@@ -118,7 +127,7 @@ def clean_orphans(
                         report.error(f"store {p.store}: {text}")
                 if root.orphans and wanted is None:
                     entries = [e for e, _ in root.orphans]
-                    out = delete_recorded(fm, catalog, entries, settings, pool, None, mark_expired=False)
+                    out = delete_recorded(fm, marks, entries, settings, pool, None, mark_expired=False)
                     _account(report, out.deleted, dict(root.orphans), "deleted")
                     for text in out.errors:
                         report.error(text)
@@ -134,11 +143,12 @@ def _clean_store(
     store: StoreId,
     settings: MaintenanceSettings,
     catalog: Catalog | None,
+    marks: CatalogMarks | None,
     pool: ThreadPoolExecutor,
 ) -> tuple[DeleteOutcome, dict[FileEntry, str]]:
     with planned_store(fm.root_uri, inv, store, settings, catalog) as (plan, lease):
         entries = [e for e, _ in plan.orphans]
-        out = delete_in_order(fm, catalog, entries, settings, pool, lease.check, mark_expired=False)
+        out = delete_in_order(fm, marks, entries, settings, pool, lease.check, mark_expired=False)
         return out, dict(plan.orphans)
 
 
