@@ -42,7 +42,7 @@ test-all: $(STAMP) $(S3RVER_STAMP)
 
 # The hypothesis state machines at 10x their default examples (>= 100,000 steps, counted at the end).
 test-model-long: $(STAMP)
-	STATEKEEPER_MODEL_SCALE=10 $(PY) -m pytest -m "not slow" tests/store/test_file_manager_model.py \
+	STATEKEEPER_MODEL_SCALE=10 $(PY) -m pytest -m "not slow" --timeout=6000 tests/store/test_file_manager_model.py \
 		tests/store/test_model.py tests/store/test_typed_model.py tests/maintenance/test_properties.py
 
 # docs/reliability.md: the whole crash-point sweep (local and S3), model steps at 10x, reader fuzz.

@@ -52,6 +52,8 @@ MODEL_TESTS = [
 ]
 FAULT_TESTS = ["tests/reliability/test_catalog_faults.py", "tests/reliability/test_soak.py"]
 SWEEP_RESULT_ENV = "STATEKEEPER_SWEEP_RESULT"
+TEST_TIMEOUT_SECONDS = 600
+"""pytest-timeout's per-test limit (pyproject.toml), multiplied by STATEKEEPER_MODEL_SCALE for the machines."""
 FOUND = [
     "soak: maintenance refused a root whose job wrote its first file while `check_root` was listing it "
     '("does not look like a statekeeper checkpoint root"); fixed in `maintenance/inventory.py`, regression '
@@ -160,8 +162,9 @@ def _s3_implementations(quick: bool, tmp: str) -> Counter[tuple[str, str]]:
 def _counted(tests: list[str], marker: str, scale: str, out: str) -> tuple[dict[str, Any], bool]:
     """Run `tests` under pytest (`-m marker`); the figures they counted (`tests/model_steps.py`)."""
     env = {**os.environ, "STATEKEEPER_MODEL_STEPS_FILE": out, "STATEKEEPER_MODEL_SCALE": scale}
+    timeout = f"--timeout={TEST_TIMEOUT_SECONDS * int(scale)}"  # N times the examples take N times as long
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-m", marker, "-p", "no:cacheprovider", *tests],
+        [sys.executable, "-m", "pytest", "-q", "-m", marker, "-p", "no:cacheprovider", timeout, *tests],
         cwd=ROOT,
         env=env,
         check=False,

@@ -3,14 +3,20 @@
 Every path is checked before the first deletion (relative, inside the root, in the statekeeper
 layout, not foreign), so a bad plan or argument deletes nothing (DESIGN invariants 4 and 7).
 Incomplete S3 multipart uploads are aborted instead of deleted.
+
+The catalog hears about it through `CatalogMarks`, in few statements: a store's files are marked
+expired in one statement before the first of them is deleted, and what went is marked deleted once
+per run (the catalog is derived from the checkpoint location, invariant 6: a crash before that
+statement leaves rows a sync corrects, as a crash between a deletion and its statement always did).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -44,6 +50,48 @@ class DeleteOutcome:
         self.deleted.extend(other.deleted)
         self.errors.extend(other.errors)
         self.stopped = self.stopped or other.stopped
+
+
+class CatalogMarks:
+    """What one maintenance run tells the catalog about the files it deletes (thread-safe).
+
+    `expiring` writes at once (the catalog must know before the files go); `deleted` collects, and
+    `flush` writes everything collected in one statement.
+    """
+
+    def __init__(self, catalog: Catalog, root_uri: str) -> None:
+        self.catalog = catalog
+        self.root_uri = root_uri
+        self._deleted: list[str] = []
+        self._lock = threading.Lock()
+
+    def expiring(self, entries: Sequence[FileEntry]) -> None:
+        if entries:
+            self.catalog.mark_expired(self.root_uri, [e.path for e in entries])
+
+    def deleted(self, entries: Sequence[FileEntry]) -> None:
+        with self._lock:
+            self._deleted.extend(e.path for e in entries)
+
+    def flush(self) -> None:
+        with self._lock:
+            paths, self._deleted = self._deleted, []
+        if paths:
+            self.catalog.mark_deleted(self.root_uri, paths)
+
+
+@contextmanager
+def catalog_marks(catalog: Catalog | None, root_uri: str) -> Iterator[CatalogMarks | None]:
+    """`CatalogMarks` of a run over `root_uri` (None without a catalog), flushed when the block ends,
+    also when it raises (what was deleted is gone either way)."""
+    if catalog is None:
+        yield None
+        return
+    marks = CatalogMarks(catalog, root_uri)
+    try:
+        yield marks
+    finally:
+        marks.flush()
 
 
 def validate_deletable(entries: Sequence[FileEntry]) -> None:
@@ -127,47 +175,55 @@ def delete_entries(
 
 @dataclass(frozen=True)
 class Deleter:
-    """How one maintenance run deletes planned files: through `fm`, telling `catalog` (if any) what is about
-    to go (`mark_expired`: as expired first) and what went, in batches of the settings' size on `pool`."""
+    """How one maintenance run deletes planned files: through `fm`, in batches of the settings' size on
+    `pool`, telling the catalog through `marks` (if any) what went and, with `mark_expired`, what is
+    about to go."""
 
     fm: CheckpointFileManager
-    catalog: Catalog | None
+    marks: CatalogMarks | None
     settings: MaintenanceSettings
     pool: ThreadPoolExecutor | None
     mark_expired: bool
 
     def delete(self, entries: Sequence[FileEntry], check: Callable[[], None] | None = None) -> DeleteOutcome:
         """`delete_entries`, with the catalog told; `check()` (a lease's) runs before each batch."""
-        if not entries:
-            return DeleteOutcome()
-        validate_deletable(entries)
-        root = self.fm.root_uri
-        if self.catalog is not None and self.mark_expired:
-            self.catalog.mark_expired(root, [e.path for e in entries])
-        out = delete_entries(self.fm, entries, batch_size=self.settings.delete_batch_size, pool=self.pool, check=check)
-        if self.catalog is not None and out.deleted:
-            self.catalog.mark_deleted(root, [e.path for e in out.deleted])
-        return out
+        return self._delete(entries, check, mark_expired=self.mark_expired)
 
     def delete_in_order(self, entries: Sequence[FileEntry], check: Callable[[], None] | None = None) -> DeleteOutcome:
         """Manifests, then SSTs (kept if a manifest could not be deleted), then everything else.
 
-        So no manifest that survives a failure or crash ever names a deleted SST.
+        So no manifest that survives a failure or crash ever names a deleted SST. With `mark_expired`,
+        all of `entries` are marked expired in one statement first.
         """
         validate_deletable(entries)
+        if self.marks is not None and self.mark_expired:
+            self.marks.expiring(entries)
         outcome = DeleteOutcome()
         manifests = [e for e in entries if e.kind == MANIFEST]
         ssts = [e for e in entries if e.kind == SST]
         rest = [e for e in entries if e.kind not in (MANIFEST, SST)]
-        first = self.delete(manifests, check)
+        first = self._delete(manifests, check, mark_expired=False)
         outcome.merge(first)
         if first.stopped:
             outcome.errors.append(f"kept {len(ssts)} SST file(s): a manifest could not be deleted")
             outcome.stopped = True
         else:
-            outcome.merge(self.delete(ssts, check))
-        outcome.merge(self.delete(rest, check))
+            outcome.merge(self._delete(ssts, check, mark_expired=False))
+        outcome.merge(self._delete(rest, check, mark_expired=False))
         return outcome
+
+    def _delete(
+        self, entries: Sequence[FileEntry], check: Callable[[], None] | None, *, mark_expired: bool
+    ) -> DeleteOutcome:
+        if not entries:
+            return DeleteOutcome()
+        validate_deletable(entries)
+        if self.marks is not None and mark_expired:
+            self.marks.expiring(entries)
+        out = delete_entries(self.fm, entries, batch_size=self.settings.delete_batch_size, pool=self.pool, check=check)
+        if self.marks is not None and out.deleted:
+            self.marks.deleted(out.deleted)
+        return out
 
 
 def plan_deletions(
@@ -188,4 +244,12 @@ def plan_deletions(
     return root, plans
 
 
-__all__ = ["DeleteOutcome", "Deleter", "delete_entries", "plan_deletions", "validate_deletable"]
+__all__ = [
+    "CatalogMarks",
+    "DeleteOutcome",
+    "Deleter",
+    "catalog_marks",
+    "delete_entries",
+    "plan_deletions",
+    "validate_deletable",
+]

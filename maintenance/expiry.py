@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from statekeeper.maintenance.deletion import DeleteOutcome, Deleter, plan_deletions
+from statekeeper.maintenance.deletion import DeleteOutcome, Deleter, catalog_marks, plan_deletions
 from statekeeper.maintenance.inventory import FileEntry, Inventory
 from statekeeper.maintenance.leasing import planned_store
 from statekeeper.maintenance.plan import StorePlan
@@ -75,11 +75,14 @@ def expire_versions(
                 _account(report, str(p.store), p.expired, "would delete")
             _account(report, None, root_expired, "would delete")
             return report
-        with ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="expire-delete") as pool:
-            deleter = Deleter(fm, catalog, settings, pool, mark_expired=True)
+        with (
+            ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="expire-delete") as pool,
+            catalog_marks(catalog, fm.root_uri) as marks,
+        ):
+            deleter = Deleter(fm, marks, settings, pool, mark_expired=True)
             results = run_each(
                 [p.store for p in todo],
-                lambda s: _expire_store(deleter, inv, s),
+                lambda s: _expire_store(deleter, inv, s, catalog),
                 parallelism=settings.parallelism,
                 progress=progress,
                 desc="expire",
@@ -101,9 +104,9 @@ def expire_versions(
     return report
 
 
-def _expire_store(deleter: Deleter, inv: Inventory, store: StoreId) -> DeleteOutcome:
+def _expire_store(deleter: Deleter, inv: Inventory, store: StoreId, catalog: Catalog | None) -> DeleteOutcome:
     fm, settings = deleter.fm, deleter.settings
-    with planned_store(fm.root_uri, inv, store, settings, deleter.catalog) as (plan, lease):
+    with planned_store(fm.root_uri, inv, store, settings, catalog) as (plan, lease):
         # Snapshot repair (invariant 10): never delete the changelogs below a base that cannot be restored.
         manifests = inv.files_of(store).manifest_data
         corrupt = base_problem(fm, plan, manifests, work_dir=settings.work_dir) if plan.expired else None

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from statekeeper.maintenance.deletion import DeleteOutcome, Deleter, plan_deletions
+from statekeeper.maintenance.deletion import DeleteOutcome, Deleter, catalog_marks, plan_deletions
 from statekeeper.maintenance.inventory import FileEntry, Inventory
 from statekeeper.maintenance.leasing import planned_store
 from statekeeper.maintenance.reports import OrphanReport, recorded
@@ -66,11 +66,14 @@ def clean_orphans(
             if wanted is None:
                 _account(report, [e for e, _ in root.orphans], dict(root.orphans), "would delete")
             return report
-        with ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="orphan-delete") as pool:
-            deleter = Deleter(fm, catalog, settings, pool, mark_expired=False)
+        with (
+            ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="orphan-delete") as pool,
+            catalog_marks(catalog, fm.root_uri) as marks,
+        ):
+            deleter = Deleter(fm, marks, settings, pool, mark_expired=False)
             results = run_each(
                 [p.store for p in todo],
-                lambda s: _clean_store(deleter, inv, s),
+                lambda s: _clean_store(deleter, inv, s, catalog),
                 parallelism=settings.parallelism,
                 progress=progress,
                 desc="clean-orphans",
@@ -92,8 +95,10 @@ def clean_orphans(
     return report
 
 
-def _clean_store(deleter: Deleter, inv: Inventory, store: StoreId) -> tuple[DeleteOutcome, dict[FileEntry, str]]:
-    with planned_store(deleter.fm.root_uri, inv, store, deleter.settings, deleter.catalog) as (plan, lease):
+def _clean_store(
+    deleter: Deleter, inv: Inventory, store: StoreId, catalog: Catalog | None
+) -> tuple[DeleteOutcome, dict[FileEntry, str]]:
+    with planned_store(deleter.fm.root_uri, inv, store, deleter.settings, catalog) as (plan, lease):
         entries = [e for e, _ in plan.orphans]
         out = deleter.delete_in_order(entries, lease.check)
         return out, dict(plan.orphans)

