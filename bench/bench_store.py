@@ -32,7 +32,7 @@ import zstandard
 from bench.baselines import KEY_BYTES, VALUE_BYTES, RawRocks, random_keys, random_values, sequential_keys
 from bench.report import Table
 from statekeeper.store.formats.changelog import encode_block_parts
-from statekeeper.store.formats.typed_codec import KeyCodec, stored_key_encoder
+from statekeeper.store.formats.typed_keys import KeyCodec, stored_key_encoder
 from statekeeper.store.formats.typed_schema import parse_ddl
 from statekeeper.store.spark.schemas import ValueFormat
 from statekeeper.store.state_store import ColumnFamily, StateStore, StoreConfig
@@ -425,8 +425,9 @@ def run(quick: bool) -> list[Table]:
         rows=[[r[0], *(round(x, 0) if isinstance(x, float) else x for x in r[1:])] for r in codec_rows],
         notes=[
             f"{sz.single:,} values per row, best of {sz.rounds} rounds. Typed = what the state layer stores "
-            "(store/formats/typed_codec.py): keys with their 2-byte key group, values with their tag and schema "
-            "id. Pickle (protocol 5) is what it stored before typed state; it is no longer written anywhere.",
+            "(store/formats/typed_keys.py, typed_codec.py): keys with their 2-byte key group, values with their "
+            "tag and schema id. Pickle (protocol 5) is what it stored before typed state; it is no longer written "
+            "anywhere.",
             "The Arrow IPC row serializes one record batch per value (the alternative considered for values).",
         ],
     )

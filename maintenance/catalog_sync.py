@@ -33,9 +33,9 @@ from statekeeper.sql import (
     Catalog,
     CommitObservation,
     FileObservation,
-    LayoutObservation,
     SnapshotObservation,
     SyncWriter,
+    layout_rows,
 )
 from statekeeper.sql.models import KIND_CHANGELOG, KIND_COMMIT, KIND_FOREIGN, KIND_MANIFEST, KIND_SST, KIND_TEMP
 from statekeeper.store.errors import CheckpointError, ConfigurationError, StatekeeperError
@@ -191,11 +191,7 @@ class _Syncer:
             return f"{path}: {e}"
         if record.version != parse_commit_name(path):
             return f"{path}: commit record claims version {record.version}"
-        layouts = {
-            op: LayoutObservation(lay.max_key_groups if lay else None, record.change.get(op))
-            for op in record.checkpoint_ids
-            for lay in (record.layouts.get(op),)
-        }
+        layouts = layout_rows(record.version, record.checkpoint_ids, record.layouts, record.change)
         return CommitObservation(record.version, record.created_at, record.checkpoint_ids, layouts, record.batch_id)
 
     def ingest_commits(self, writer: SyncWriter, paths: list[str]) -> set[str]:

@@ -11,33 +11,41 @@ leases are host-local lock files and no run is recorded). Settings default to th
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn
+from collections.abc import Sequence
+from typing import NoReturn
 
+from statekeeper.maintenance.cli_commands import (
+    cmd_catalog_chains,
+    cmd_catalog_files,
+    cmd_catalog_rebuild,
+    cmd_catalog_retention,
+    cmd_catalog_sync,
+    cmd_clean_orphans,
+    cmd_db_current,
+    cmd_db_upgrade,
+    cmd_expire,
+    cmd_inspect,
+    cmd_maintain,
+    cmd_runs,
+    cmd_snapshot,
+    cmd_verify,
+    maybe_catalog,
+)
+from statekeeper.maintenance.cli_output import (
+    EXIT_ERRORS,
+    EXIT_OK,
+    EXIT_USAGE,
+    MAX_ROWS,
+    UsageError,
+    emit,
+    print_failure,
+)
 from statekeeper.store.errors import ConfigurationError, StatekeeperError
 from statekeeper.store.layout import StoreId
 
-if TYPE_CHECKING:
-    from statekeeper.maintenance.reports import Report
-    from statekeeper.maintenance.settings import MaintenanceSettings
-    from statekeeper.sql.catalog import Catalog
-
-log = logging.getLogger("statekeeper")
-
-EXIT_OK = 0
-EXIT_ERRORS = 1
-EXIT_USAGE = 2
-MAX_ROWS = 40
-"""Rows printed per table without --all."""
-
-
-class UsageError(Exception):
-    """Bad arguments or configuration: exit code 2."""
-
+__all__ = ["EXIT_ERRORS", "EXIT_OK", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 
 # -- argument parsing -------------------------------------------------------------------------------
 
@@ -135,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_maintain)
     from statekeeper.maintenance.relayout import add_commands
 
-    add_commands(sub, common, _positive_int, _emit, _maybe_catalog)
+    add_commands(sub, common, _positive_int, emit, maybe_catalog)
 
     cat = sub.add_parser("catalog", help="the lineage catalog")
     csub = cat.add_subparsers(dest="catalog_command", required=True, parser_class=_Parser)
@@ -176,435 +184,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# -- helpers ----------------------------------------------------------------------------------------
-
-
-def _settings(args: argparse.Namespace) -> MaintenanceSettings:
-    from statekeeper.maintenance.settings import MaintenanceSettings
-
-    return MaintenanceSettings.from_env(
-        snapshot_threshold=getattr(args, "threshold", None),
-        min_versions_to_retain=getattr(args, "retain", None),
-        orphan_grace_seconds=getattr(args, "grace", None),
-        load_grace_seconds=getattr(args, "load_grace", None),
-        parallelism=getattr(args, "parallelism", None),
-        lease_ttl_seconds=getattr(args, "lease_ttl", None),
-        lease_timeout_seconds=getattr(args, "lease_timeout", None),
-        work_dir=getattr(args, "work_dir", None),
-        delete_batch_size=getattr(args, "delete_batch_size", None),
-    )
-
-
-def _db_url(args: argparse.Namespace) -> str:
-    from statekeeper.sql.db import default_url
-
-    return str(args.db) if args.db else default_url()
-
-
-def _open_catalog(args: argparse.Namespace) -> Catalog:
-    """The catalog; the embedded SQLite default is migrated on first use, a server database is not."""
-    from statekeeper.sql.catalog import Catalog
-    from statekeeper.sql.db import normalize_url
-
-    url = _db_url(args)
-    auto = normalize_url(url).get_backend_name() == "sqlite" and not args.db
-    return Catalog.open(url, upgrade=auto)
-
-
-@contextmanager
-def _maybe_catalog(args: argparse.Namespace) -> Iterator[Catalog | None]:
-    if getattr(args, "no_catalog", False):
-        yield None
-        return
-    catalog = _open_catalog(args)
-    try:
-        yield catalog
-    finally:
-        catalog.close()
-
-
-def _progress(args: argparse.Namespace) -> bool:
-    chosen = getattr(args, "progress", None)
-    return bool(sys.stderr.isatty()) if chosen is None else bool(chosen)
-
-
-def _emit(args: argparse.Namespace, document: Any, text: Callable[[], str]) -> None:
-    if args.json:
-        json.dump(document, sys.stdout, indent=2, default=str, sort_keys=False)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(text() + "\n")
-
-
-def _table(
-    rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None, *, limit: int | None = MAX_ROWS
-) -> str:
-    if not rows:
-        return "(none)"
-    cols = list(columns or rows[0].keys())
-    shown = rows if limit is None else rows[:limit]
-
-    def cell(v: Any) -> str:
-        if v is None:
-            return "-"
-        if isinstance(v, float):
-            return f"{v:.3f}"
-        return str(v)
-
-    cells = [[cell(r.get(c)) for c in cols] for r in shown]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in cells]
-    if len(rows) > len(shown):
-        lines.append(f"... and {len(rows) - len(shown)} more (--all or --json shows every row)")
-    return "\n".join(lines)
-
-
-def _report_out(args: argparse.Namespace, report: Report, columns: Sequence[str] | None = None) -> int:
-    def text() -> str:
-        parts = [report.summary()]
-        rows = report.rows()
-        if rows:
-            parts.append(_table(rows, columns, limit=None if args.all else MAX_ROWS))
-        counts = ", ".join(f"{k}={v}" for k, v in report.metadata().items() if k not in ("seconds",))
-        parts.append(counts)
-        if report.errors:
-            parts.append("errors:")
-            parts += [f"  {e}" for e in report.errors[: None if args.all else MAX_ROWS]]
-        if report.warnings:
-            parts.append("warnings (not a failure):")
-            parts += [f"  {w}" for w in report.warnings[: None if args.all else MAX_ROWS]]
-        return "\n".join(parts)
-
-    _emit(args, report.to_json(), text)
-    for e in report.errors[:10]:
-        log.error("%s", e)
-    for w in report.warnings[:10]:
-        log.warning("%s", w)
-    return EXIT_OK if report.ok else EXIT_ERRORS
-
-
-# -- commands ---------------------------------------------------------------------------------------
-
-
-def cmd_inspect(args: argparse.Namespace) -> int:
-    from statekeeper.maintenance.inventory import Inventory
-    from statekeeper.maintenance.plan import plan_root
-
-    settings = _settings(args)
-    inv = Inventory.scan(args.root, parallelism=settings.parallelism, progress=_progress(args), stores=args.stores)
-    plan = plan_root(inv, settings, all_stores=args.stores is None)
-    rows = []
-    problems = list(plan.problems)
-    warnings = list(plan.warnings)
-    for s, p in plan.stores.items():
-        if args.stores and s not in args.stores:
-            continue
-        files = inv.files_of(s)
-        rows.append(
-            {
-                "store": str(s),
-                "latest": p.latest,
-                "retain_from": p.retain_from,
-                "base": p.base[0] if p.base else None,
-                "snapshot": p.snapshot[0] if p.snapshot else None,
-                "chain": p.chain_length,
-                "changelogs": len(files.changelogs),
-                "snapshots": len(files.manifests),
-                "ssts": len(files.ssts),
-                "bytes": sum(e.size for e in files.entries()),
-                "expired": len(p.expired),
-                "orphans": len(p.orphans),
-                "in_flight": len(p.in_flight),
-                "problems": p.problem_count,
-            }
-        )
-        problems += p.problems
-    from statekeeper.maintenance.relayout import describe_layouts, layout_history
-
-    layouts = layout_history(inv.records)
-    doc: dict[str, Any] = {
-        **inv.summary(),
-        "floor": plan.floor,
-        "layouts": [s.to_json() for s in layouts],
-        "stores": rows,
-        "problems": problems,
-        "warnings": warnings,
-    }
-    if args.version is not None:
-        if not args.stores or len(args.stores) != 1:
-            raise UsageError("--version needs exactly one --store")
-        doc["version_files"] = _version_files(inv, plan.stores.get(args.stores[0]), args.stores[0], args.version)
-
-    def text() -> str:
-        out = [
-            f"{inv.root_uri}: latest version {inv.latest}, {len(rows)} store(s), "
-            f"commit records from {inv.oldest_record} (floor {plan.floor})",
-            _table(rows, limit=None if args.all else MAX_ROWS),
-        ]
-        if any(s.change for s in layouts):
-            out += describe_layouts(layouts)
-        if "version_files" in doc:
-            vf = doc["version_files"]
-            out.append(f"version {args.version} of {args.stores[0]} (base snapshot {vf['snapshot_version']}):")
-            out.append(_table(vf["files"], limit=None))
-        if problems:
-            out.append("problems:")
-            out += [f"  {p}" for p in problems]
-        if warnings:
-            out.append("warnings (someone else's files; left alone, not a failure):")
-            out += [f"  {w}" for w in warnings[: None if args.all else MAX_ROWS]]
-        return "\n".join(out)
-
-    _emit(args, doc, text)
-    return EXIT_ERRORS if problems else EXIT_OK
-
-
-def _version_files(inv: Any, plan: Any, store: StoreId, version: int) -> dict[str, Any]:
-    if plan is None or version not in plan.committed:
-        raise UsageError(f"version {version} of store {store} is not committed (or its commit record was expired)")
-    base = plan.base_for(version)
-    files = inv.files_of(store)
-    rows: list[dict[str, Any]] = []
-    if base:
-        cid = plan.committed[base]
-        m = files.manifests[(base, cid)]
-        rows.append({"path": m.path, "kind": m.kind, "version": base, "bytes": m.size})
-        for sst in files.manifest_data[(base, cid)].sst_files:
-            e = files.ssts.get(sst.remote_name)
-            rows.append(
-                {"path": store.sst(sst.remote_name), "kind": "sst", "version": None, "bytes": e.size if e else None}
-            )
-    for v in range(base + 1, version + 1):
-        cid = plan.committed.get(v)
-        e = files.changelogs.get((v, cid)) if cid else None
-        rows.append(
-            {
-                "path": e.path if e else f"(missing changelog of version {v})",
-                "kind": "changelog",
-                "version": v,
-                "bytes": e.size if e else None,
-            }
-        )
-    return {"store": str(store), "version": version, "snapshot_version": base or None, "files": rows}
-
-
-def cmd_verify(args: argparse.Namespace) -> int:
-    from statekeeper.maintenance.fanout import verify_operation
-
-    settings = _settings(args)
-    verify_root = verify_operation(args.engine, args.master)
-    with _maybe_catalog(args) as catalog:
-        report = verify_root(
-            args.root,
-            settings,
-            catalog=catalog,
-            rebuild=args.rebuild,
-            checksums=not args.no_checksums,
-            progress=_progress(args),
-            stores=args.stores,
-        )
-    return _report_out(args, report)
-
-
-def cmd_snapshot(args: argparse.Namespace) -> int:
-    from statekeeper.maintenance.fanout import snapshot_operation
-
-    settings = _settings(args)
-    create_snapshots = snapshot_operation(args.engine, args.master)
-    with _maybe_catalog(args) as catalog:
-        report = create_snapshots(
-            args.root, settings, catalog=catalog, dry_run=args.dry_run, progress=_progress(args), stores=args.stores
-        )
-    return _report_out(
-        args,
-        report,
-        [
-            "store",
-            "version",
-            "chain_length",
-            "action",
-            "build",
-            "changelogs_replayed",
-            "ssts_uploaded",
-            "ssts_reused",
-            "bytes_uploaded",
-            "seconds",
-        ]
-        if not args.dry_run
-        else None,
-    )
-
-
-def cmd_expire(args: argparse.Namespace) -> int:
-    from statekeeper.maintenance.expiry import expire_versions
-
-    settings = _settings(args)
-    with _maybe_catalog(args) as catalog:
-        report = expire_versions(
-            args.root, settings, catalog=catalog, dry_run=args.dry_run, progress=_progress(args), stores=args.stores
-        )
-    return _report_out(args, report, ["action", "kind", "path", "bytes"])
-
-
-def cmd_clean_orphans(args: argparse.Namespace) -> int:
-    from statekeeper.maintenance.orphans import clean_orphans
-
-    settings = _settings(args)
-    with _maybe_catalog(args) as catalog:
-        report = clean_orphans(
-            args.root, settings, catalog=catalog, dry_run=args.dry_run, progress=_progress(args), stores=args.stores
-        )
-    return _report_out(args, report, ["action", "kind", "path", "bytes", "reason"])
-
-
-def cmd_catalog_sync(args: argparse.Namespace, *, rebuild: bool = False) -> int:
-    from statekeeper.maintenance.catalog_sync import rebuild_catalog, sync_catalog
-
-    catalog = _open_catalog(args)
-    try:
-        if rebuild:
-            result = rebuild_catalog(catalog, args.root, raise_on_error=False, record_run=True)
-        else:
-            result = sync_catalog(catalog, args.root, full=args.full, raise_on_error=False, record_run=True)
-    finally:
-        catalog.close()
-    doc = result.to_json()
-
-    def text() -> str:
-        lines = [
-            f"catalog {result.mode} of {result.root}: {result.commits} commit records, {result.files_new} new files, "
-            f"{result.files_deleted} gone, {result.snapshots} snapshots ({result.seconds:.2f}s)"
-        ]
-        lines += [f"  error: {e}" for e in result.errors]
-        return "\n".join(lines)
-
-    _emit(args, doc, text)
-    return EXIT_ERRORS if result.errors else EXIT_OK
-
-
-def cmd_catalog_rebuild(args: argparse.Namespace) -> int:
-    return cmd_catalog_sync(args, rebuild=True)
-
-
-def _catalog_root(args: argparse.Namespace) -> str:
-    from statekeeper.store.files import open_file_manager
-
-    return open_file_manager(args.root).root_uri
-
-
-def cmd_catalog_chains(args: argparse.Namespace) -> int:
-    catalog = _open_catalog(args)
-    try:
-        chains = catalog.chain_lengths(_catalog_root(args), min_length=args.min_length)
-    finally:
-        catalog.close()
-    rows = [c.to_json() for c in chains]
-    _emit(args, rows, lambda: _table(rows, limit=None if args.all else MAX_ROWS))
-    return EXIT_OK
-
-
-def cmd_catalog_files(args: argparse.Namespace) -> int:
-    catalog = _open_catalog(args)
-    try:
-        vf = catalog.files_for_version(_catalog_root(args), args.store.operator, args.store.partition, args.version)
-    finally:
-        catalog.close()
-    doc = vf.to_json()
-
-    def text() -> str:
-        rows = [{"path": f.path, "kind": f.kind, "bytes": f.size, "state": f.state} for f in vf.files]
-        lines = [
-            f"version {vf.version} of {args.store}: base snapshot {vf.snapshot_version}, {vf.total_bytes:,} bytes",
-            _table(rows, limit=None),
-        ]
-        lines += [f"  missing: {m}" for m in vf.missing]
-        return "\n".join(lines)
-
-    _emit(args, doc, text)
-    return EXIT_OK if vf.loadable else EXIT_ERRORS
-
-
-def cmd_catalog_retention(args: argparse.Namespace) -> int:
-    retain = args.retain if args.retain is not None else _settings(args).min_versions_to_retain
-    if retain < 1:
-        raise UsageError(f"--retain {retain}: at least 1 version must be retained")
-    catalog = _open_catalog(args)
-    try:
-        # State files only: `expire` keeps commit records from the lowest base snapshot on, which the
-        # catalog's query does not model (`statekeeper expire --dry-run` lists exactly what would go).
-        plan = catalog.retention_plan(_catalog_root(args), retain, commit_records=False)
-    finally:
-        catalog.close()
-    doc = plan.to_json()
-    rows = [{"path": f.path, "kind": f.kind, "bytes": f.size} for f in plan.files]
-
-    def text() -> str:
-        return (
-            f"keeping {retain} version(s) per store would delete {plan.total_files} state file(s), "
-            f"{plan.total_bytes:,} bytes (as the catalog knows them; `expire --dry-run` reads the location)\n"
-            + _table(rows, limit=None if args.all else MAX_ROWS)
-        )
-
-    _emit(args, doc, text)
-    return EXIT_OK
-
-
-def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from statekeeper.sql.db import normalize_url, upgrade
-
-    url = _db_url(args)
-    revision = upgrade(url)
-    where = normalize_url(url).render_as_string(hide_password=True)
-    _emit(args, {"database": where, "revision": revision}, lambda: f"catalog database {where} is at {revision}")
-    return EXIT_OK
-
-
-def cmd_db_current(args: argparse.Namespace) -> int:
-    from statekeeper.sql.db import current_revision, head_revision, normalize_url
-
-    url = _db_url(args)
-    current, head = current_revision(url), head_revision()
-    where = normalize_url(url).render_as_string(hide_password=True)
-    doc = {"database": where, "revision": current, "head": head, "current": current == head}
-    _emit(args, doc, lambda: f"catalog database {where} is at {current} (this release: {head})")
-    return EXIT_OK if current == head else EXIT_ERRORS
-
-
-def cmd_runs(args: argparse.Namespace) -> int:
-    catalog = _open_catalog(args)
-    try:
-        root = _catalog_root(args) if args.root else None
-        runs = catalog.runs(root, kind=args.kind, status=args.status, limit=args.limit)
-    finally:
-        catalog.close()
-    rows = [r.to_json() for r in runs]
-    columns = ["id", "kind", "status", "dry_run", "started_at", "seconds", "stores", "files", "bytes", "error_count"]
-    _emit(args, rows, lambda: _table(rows, columns, limit=None))
-    return EXIT_OK
-
-
-def cmd_maintain(args: argparse.Namespace) -> int:
-    from statekeeper.maintenance.loop import CycleResult, maintain
-
-    settings = _settings(args)
-    failed = 0
-
-    def on_cycle(result: CycleResult) -> None:
-        nonlocal failed
-        failed += not result.ok
-        doc = {"cycle": result.cycle, "seconds": result.seconds, "reports": [r.to_json() for r in result.reports]}
-        _emit(args, doc, result.summary)
-        sys.stdout.flush()
-        for r in result.reports:
-            for e in r.errors[:10]:
-                log.error("%s", e)
-
-    with _maybe_catalog(args) as catalog:
-        maintain(args.root, settings, every=args.every, catalog=catalog, cycles=args.cycles, on_cycle=on_cycle)
-    return EXIT_ERRORS if failed else EXIT_OK
-
-
 # -- entry point ------------------------------------------------------------------------------------
 
 
@@ -622,27 +201,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except (UsageError, ConfigurationError, CatalogConfigError) as e:
-        _fail(args, e, EXIT_USAGE)
-        return EXIT_USAGE
+        return print_failure(args, e, EXIT_USAGE)
     except NotInCatalogError as e:
-        _fail(args, e, EXIT_ERRORS)
-        return EXIT_ERRORS
+        return print_failure(args, e, EXIT_ERRORS)
     except CatalogError as e:
-        _fail(args, e, EXIT_USAGE if "statekeeper db upgrade" in str(e) else EXIT_ERRORS)
-        return EXIT_USAGE if "statekeeper db upgrade" in str(e) else EXIT_ERRORS
+        return print_failure(args, e, EXIT_USAGE if "statekeeper db upgrade" in str(e) else EXIT_ERRORS)
     except (StatekeeperError, OSError, SQLAlchemyError) as e:
-        _fail(args, e, EXIT_ERRORS)
-        return EXIT_ERRORS
+        return print_failure(args, e, EXIT_ERRORS)
     except KeyboardInterrupt:
         sys.stderr.write("statekeeper: interrupted\n")
         return 130
-
-
-def _fail(args: argparse.Namespace, e: BaseException, code: int) -> None:
-    sys.stderr.write(f"statekeeper {args.command}: error: {e}\n")
-    if getattr(args, "json", False):
-        json.dump({"ok": False, "error": str(e), "error_type": type(e).__name__, "exit_code": code}, sys.stdout)
-        sys.stdout.write("\n")
 
 
 if __name__ == "__main__":

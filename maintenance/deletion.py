@@ -20,11 +20,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from statekeeper.maintenance.inventory import FOREIGN, MANIFEST, SST, TEMP, UPLOAD, FileEntry, classify
+from statekeeper.maintenance.inventory import FOREIGN, MANIFEST, SST, TEMP, UPLOAD, FileEntry, Inventory, classify
+from statekeeper.maintenance.plan import RootPlan, StorePlan, plan_root
+from statekeeper.maintenance.reports import DeletionReport
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.files import CheckpointFileManager, DeleteResult
 from statekeeper.store.files.paths import validate_relative_path
+from statekeeper.store.layout import StoreId
 
 if TYPE_CHECKING:
     from statekeeper.sql.catalog import Catalog
@@ -170,67 +173,83 @@ def delete_entries(
     return outcome
 
 
-def delete_recorded(
-    fm: CheckpointFileManager,
-    marks: CatalogMarks | None,
-    entries: Sequence[FileEntry],
-    settings: MaintenanceSettings,
-    pool: ThreadPoolExecutor | None,
-    check: Callable[[], None] | None,
-    *,
-    mark_expired: bool,
-) -> DeleteOutcome:
-    """`delete_entries`, telling the catalog (through `marks`, if any) what is about to go and what went."""
-    if not entries:
-        return DeleteOutcome()
-    validate_deletable(entries)
-    if marks is not None and mark_expired:
-        marks.expiring(entries)
-    out = delete_entries(fm, entries, batch_size=settings.delete_batch_size, pool=pool, check=check)
-    if marks is not None and out.deleted:
-        marks.deleted(out.deleted)
-    return out
+@dataclass(frozen=True)
+class Deleter:
+    """How one maintenance run deletes planned files: through `fm`, in batches of the settings' size on
+    `pool`, telling the catalog through `marks` (if any) what went and, with `mark_expired`, what is
+    about to go."""
+
+    fm: CheckpointFileManager
+    marks: CatalogMarks | None
+    settings: MaintenanceSettings
+    pool: ThreadPoolExecutor | None
+    mark_expired: bool
+
+    def delete(self, entries: Sequence[FileEntry], check: Callable[[], None] | None = None) -> DeleteOutcome:
+        """`delete_entries`, with the catalog told; `check()` (a lease's) runs before each batch."""
+        return self._delete(entries, check, mark_expired=self.mark_expired)
+
+    def delete_in_order(self, entries: Sequence[FileEntry], check: Callable[[], None] | None = None) -> DeleteOutcome:
+        """Manifests, then SSTs (kept if a manifest could not be deleted), then everything else.
+
+        So no manifest that survives a failure or crash ever names a deleted SST. With `mark_expired`,
+        all of `entries` are marked expired in one statement first.
+        """
+        validate_deletable(entries)
+        if self.marks is not None and self.mark_expired:
+            self.marks.expiring(entries)
+        outcome = DeleteOutcome()
+        manifests = [e for e in entries if e.kind == MANIFEST]
+        ssts = [e for e in entries if e.kind == SST]
+        rest = [e for e in entries if e.kind not in (MANIFEST, SST)]
+        first = self._delete(manifests, check, mark_expired=False)
+        outcome.merge(first)
+        if first.stopped:
+            outcome.errors.append(f"kept {len(ssts)} SST file(s): a manifest could not be deleted")
+            outcome.stopped = True
+        else:
+            outcome.merge(self._delete(ssts, check, mark_expired=False))
+        outcome.merge(self._delete(rest, check, mark_expired=False))
+        return outcome
+
+    def _delete(
+        self, entries: Sequence[FileEntry], check: Callable[[], None] | None, *, mark_expired: bool
+    ) -> DeleteOutcome:
+        if not entries:
+            return DeleteOutcome()
+        validate_deletable(entries)
+        if self.marks is not None and mark_expired:
+            self.marks.expiring(entries)
+        out = delete_entries(self.fm, entries, batch_size=self.settings.delete_batch_size, pool=self.pool, check=check)
+        if self.marks is not None and out.deleted:
+            self.marks.deleted(out.deleted)
+        return out
 
 
-def delete_in_order(
-    fm: CheckpointFileManager,
-    marks: CatalogMarks | None,
-    entries: Sequence[FileEntry],
-    settings: MaintenanceSettings,
-    pool: ThreadPoolExecutor | None,
-    check: Callable[[], None] | None,
-    *,
-    mark_expired: bool,
-) -> DeleteOutcome:
-    """Manifests, then SSTs (kept if a manifest could not be deleted), then everything else.
-
-    So no manifest that survives a failure or crash ever names a deleted SST. With `mark_expired`,
-    all of `entries` are marked expired in one statement first.
-    """
-    validate_deletable(entries)
-    if marks is not None and mark_expired:
-        marks.expiring(entries)
-    outcome = DeleteOutcome()
-    manifests = [e for e in entries if e.kind == MANIFEST]
-    ssts = [e for e in entries if e.kind == SST]
-    rest = [e for e in entries if e.kind not in (MANIFEST, SST)]
-    first = delete_recorded(fm, marks, manifests, settings, pool, check, mark_expired=False)
-    outcome.merge(first)
-    if first.stopped:
-        outcome.errors.append(f"kept {len(ssts)} SST file(s): a manifest could not be deleted")
-        outcome.stopped = True
-    else:
-        outcome.merge(delete_recorded(fm, marks, ssts, settings, pool, check, mark_expired=False))
-    outcome.merge(delete_recorded(fm, marks, rest, settings, pool, check, mark_expired=False))
-    return outcome
+def plan_deletions(
+    inv: Inventory, settings: MaintenanceSettings, wanted: list[StoreId] | None, report: DeletionReport
+) -> tuple[RootPlan, list[StorePlan]]:
+    """The root's plan and the plans of the `wanted` stores (None: every store) for expiry or orphan
+    cleanup, with the root's problems and warnings, and every blocked store, in `report`."""
+    root = plan_root(inv, settings, all_stores=wanted is None)
+    plans = [p for s, p in root.stores.items() if wanted is None or s in wanted]
+    report.stores = len(plans)
+    for text in root.problems:
+        report.error(text)
+    for text in root.warnings:
+        report.warn(text)
+    for p in plans:
+        if p.blocked:
+            report.blocked(p.problems)
+    return root, plans
 
 
 __all__ = [
     "CatalogMarks",
     "DeleteOutcome",
+    "Deleter",
     "catalog_marks",
     "delete_entries",
-    "delete_in_order",
-    "delete_recorded",
+    "plan_deletions",
     "validate_deletable",
 ]

@@ -44,7 +44,7 @@ class StoreTask:
     settings: MaintenanceSettings
     catalog_url: str | None = field(default=None, repr=False)
     options: Mapping[str, Any] = field(default_factory=dict)
-    """Operation options (verify: rebuild, checksums)."""
+    """Operation options as plain values (verify: `statekeeper.maintenance.verify.VerifyOptions`)."""
 
 
 class StoreExecutor(Protocol):

@@ -12,21 +12,14 @@ commit record are never touched: they may belong to a batch still in flight.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from statekeeper.maintenance.deletion import (
-    CatalogMarks,
-    DeleteOutcome,
-    catalog_marks,
-    delete_in_order,
-    delete_recorded,
-)
-from statekeeper.maintenance.inventory import BATCH, CHANGELOG, COMMIT, MANIFEST, SST, FileEntry, Inventory
+from statekeeper.maintenance.deletion import DeleteOutcome, Deleter, catalog_marks, plan_deletions
+from statekeeper.maintenance.inventory import FileEntry, Inventory
 from statekeeper.maintenance.leasing import planned_store
-from statekeeper.maintenance.plan import StorePlan, plan_root
+from statekeeper.maintenance.plan import StorePlan
 from statekeeper.maintenance.reports import ExpiryReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshot_health import base_problem
@@ -38,14 +31,6 @@ if TYPE_CHECKING:
     from statekeeper.sql.catalog import Catalog
 
 log = logging.getLogger(__name__)
-
-_COUNTERS = {
-    CHANGELOG: "changelogs",
-    MANIFEST: "manifests",
-    SST: "ssts",
-    COMMIT: "commit_records",
-    BATCH: "batch_files",
-}
 
 
 def expire_versions(
@@ -67,91 +52,67 @@ def expire_versions(
     `inventory`: a listing of the root the caller took (the maintenance loop shares one per cycle);
     each store is listed again under its lease before anything is changed.
     """
-    t0 = time.perf_counter()
     fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
     wanted = None if stores is None else list(stores)
     report = ExpiryReport(root=fm.root_uri, dry_run=dry_run)
     with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
-        try:
-            inv = inventory or Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
-            root = plan_root(inv, settings, all_stores=wanted is None)
-            plans = [p for s, p in root.stores.items() if wanted is None or s in wanted]
-            report.stores = len(plans)
-            for text in root.problems:
-                report.error(text)
-            for text in root.warnings:
-                report.warn(text)
-            root_expired = [*root.expired_batches, *root.expired_commits]  # commit records last
-            for p in plans:
-                if p.latest is not None and p.retain_from is not None:
-                    report.retained_versions += p.latest - p.retain_from + 1
-                if p.blocked:
-                    report.blocked_stores += 1
-                    for text in p.problems:
-                        report.error(text)
-            todo = [p for p in plans if p.expired and not p.blocked]
-            corrupt = _corrupt_bases(fm, inv, todo, settings.work_dir)
+        inv = inventory or Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
+        root, plans = plan_deletions(inv, settings, wanted, report)
+        root_expired = [*root.expired_batches, *root.expired_commits]  # commit records last
+        for p in plans:
+            if p.latest is not None and p.retain_from is not None:
+                report.retained_versions += p.latest - p.retain_from + 1
+        todo = [p for p in plans if p.expired and not p.blocked]
+        corrupt = _corrupt_bases(fm, inv, todo, settings.work_dir)
+        for p in todo:
+            if p.store in corrupt:
+                report.blocked([f"store {p.store}: {corrupt[p.store]}"])
+        todo = [p for p in todo if p.store not in corrupt]
+        if corrupt:  # the floor counted those bases: keep the commit records below them too
+            root.expired_commits = []
+        if dry_run:
             for p in todo:
-                if p.store in corrupt:
-                    report.blocked_stores += 1
-                    report.error(f"store {p.store}: {corrupt[p.store]}")
-            todo = [p for p in todo if p.store not in corrupt]
-            if corrupt:  # the floor counted those bases: keep the commit records below them too
-                root.expired_commits = []
-            if dry_run:
-                for p in todo:
-                    _account(report, str(p.store), p.expired, "would delete")
-                _account(report, None, root_expired, "would delete")
-                return report
-            with (
-                ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="expire-delete") as pool,
-                catalog_marks(catalog, fm.root_uri) as marks,
-            ):
-                results = run_each(
-                    [p.store for p in todo],
-                    lambda s: _expire_store(fm, inv, s, settings, catalog, marks, pool),
-                    parallelism=settings.parallelism,
-                    progress=progress,
-                    desc="expire",
-                )
-                for p, res in zip(todo, results, strict=True):
-                    if isinstance(res, Exception):
-                        report.error(f"store {p.store}: {res}")
-                        continue
-                    _account(report, str(p.store), res.deleted, "deleted")
-                    for text in res.errors:
-                        report.error(f"store {p.store}: {text}")
-                if root_expired:
-                    out = delete_recorded(fm, marks, root.expired_batches, settings, pool, None, mark_expired=True)
-                    if not out.errors:  # a commit record outlives the batch file of its version
-                        out.merge(
-                            delete_recorded(fm, marks, root.expired_commits, settings, pool, None, mark_expired=True)
-                        )
-                    _account(report, None, out.deleted, "deleted")
-                    for text in out.errors:
-                        report.error(text)
-        finally:
-            report.seconds = time.perf_counter() - t0
-    log.info(report.summary())
+                _account(report, str(p.store), p.expired, "would delete")
+            _account(report, None, root_expired, "would delete")
+            return report
+        with (
+            ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="expire-delete") as pool,
+            catalog_marks(catalog, fm.root_uri) as marks,
+        ):
+            deleter = Deleter(fm, marks, settings, pool, mark_expired=True)
+            results = run_each(
+                [p.store for p in todo],
+                lambda s: _expire_store(deleter, inv, s, catalog),
+                parallelism=settings.parallelism,
+                progress=progress,
+                desc="expire",
+            )
+            for p, res in zip(todo, results, strict=True):
+                if isinstance(res, Exception):
+                    report.error(f"store {p.store}: {res}")
+                    continue
+                _account(report, str(p.store), res.deleted, "deleted")
+                for text in res.errors:
+                    report.error(f"store {p.store}: {text}")
+            if root_expired:
+                out = deleter.delete(root.expired_batches)
+                if not out.errors:  # a commit record outlives the batch file of its version
+                    out.merge(deleter.delete(root.expired_commits))
+                _account(report, None, out.deleted, "deleted")
+                for text in out.errors:
+                    report.error(text)
     return report
 
 
-def _expire_store(
-    fm: CheckpointFileManager,
-    inv: Inventory,
-    store: StoreId,
-    settings: MaintenanceSettings,
-    catalog: Catalog | None,
-    marks: CatalogMarks | None,
-    pool: ThreadPoolExecutor,
-) -> DeleteOutcome:
+def _expire_store(deleter: Deleter, inv: Inventory, store: StoreId, catalog: Catalog | None) -> DeleteOutcome:
+    fm, settings = deleter.fm, deleter.settings
     with planned_store(fm.root_uri, inv, store, settings, catalog) as (plan, lease):
         # Snapshot repair (invariant 10): never delete the changelogs below a base that cannot be restored.
         manifests = inv.files_of(store).manifest_data
         corrupt = base_problem(fm, plan, manifests, work_dir=settings.work_dir) if plan.expired else None
         if corrupt is not None:
             return DeleteOutcome(errors=[corrupt], stopped=True)
-        return delete_in_order(fm, marks, plan.expired, settings, pool, lease.check, mark_expired=True)
+        return deleter.delete_in_order(plan.expired, lease.check)
 
 
 def _corrupt_bases(
@@ -168,14 +129,8 @@ def _corrupt_bases(
 
 def _account(report: ExpiryReport, store: str | None, entries: Iterable[FileEntry], action: str) -> None:
     for e in entries:
-        report.files += 1
-        report.bytes += e.size
-        name = _COUNTERS.get(e.kind)
-        if name is not None:
-            setattr(report, name, getattr(report, name) + 1)
-        report.items.append(
-            {"store": store, "path": e.path, "kind": e.kind, "version": e.version, "bytes": e.size, "action": action}
-        )
+        row = {"store": store, "path": e.path, "kind": e.kind, "version": e.version, "bytes": e.size, "action": action}
+        report.count(e, row)
 
 
 __all__ = ["expire_versions"]

@@ -27,7 +27,7 @@ from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.reports import SnapshotReport, VerifyReport
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import create_snapshots, snapshot_row
-from statekeeper.maintenance.verify import verify_root, verify_row
+from statekeeper.maintenance.verify import VerifyOptions, verify_root, verify_row
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.extras import require
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
@@ -102,7 +102,7 @@ def _run_task(task: StoreTask, batches: Iterator[Any]) -> Iterator[Any]:
         results = []
         for store in stores:
             if verifying:
-                row = verify_row(fm, inv, store, task.settings, **task.options)
+                row = verify_row(fm, inv, store, task.settings, VerifyOptions(**task.options))
             else:
                 row = snapshot_row(fm, inv, store, task.settings, catalog)
             results.append(json.dumps(row, default=str))

@@ -16,26 +16,9 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from statekeeper.maintenance.deletion import (
-    CatalogMarks,
-    DeleteOutcome,
-    catalog_marks,
-    delete_in_order,
-    delete_recorded,
-)
-from statekeeper.maintenance.inventory import (
-    BATCH,
-    CHANGELOG,
-    HEARTBEAT,
-    MANIFEST,
-    SST,
-    TEMP,
-    UPLOAD,
-    FileEntry,
-    Inventory,
-)
+from statekeeper.maintenance.deletion import DeleteOutcome, Deleter, catalog_marks, plan_deletions
+from statekeeper.maintenance.inventory import FileEntry, Inventory
 from statekeeper.maintenance.leasing import planned_store
-from statekeeper.maintenance.plan import plan_root
 from statekeeper.maintenance.reports import OrphanReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.workers import run_each
@@ -46,16 +29,6 @@ if TYPE_CHECKING:
     from statekeeper.sql.catalog import Catalog
 
 log = logging.getLogger(__name__)
-
-_COUNTERS = {
-    CHANGELOG: "changelogs",
-    MANIFEST: "manifests",
-    SST: "ssts",
-    TEMP: "temp_files",
-    UPLOAD: "incomplete_uploads",
-    BATCH: "batch_files",
-    HEARTBEAT: "heartbeats",
-}
 
 
 def clean_orphans(
@@ -76,79 +49,58 @@ def clean_orphans(
     `inventory`: a listing of the root the caller took (the maintenance loop shares one per cycle);
     each store is listed again under its lease before anything is changed.
     """
-    t0 = time.perf_counter()
     fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
     wanted = None if stores is None else list(stores)
     report = OrphanReport(root=fm.root_uri, dry_run=dry_run)
     with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
-        try:
-            inv = inventory or Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
-            root = plan_root(inv, settings, all_stores=wanted is None)
-            plans = [p for s, p in root.stores.items() if wanted is None or s in wanted]
-            report.stores = len(plans)
-            report.foreign_files = len(root.foreign) + sum(len(inv.files_of(p.store).foreign) for p in plans)
-            report.kept_in_flight = len(root.in_flight) + sum(len(p.in_flight) for p in plans)
-            for text in root.problems:
-                report.error(text)
-            for text in root.warnings:
-                report.warn(text)
-            for p in plans:
-                if p.blocked:
-                    report.blocked_stores += 1
-                    for text in p.problems:
-                        report.error(text)
-            for e, why in [*root.in_flight, *(x for p in plans for x in p.in_flight)]:
-                report.items.append(_row(e, "kept", why))
-            todo = [p for p in plans if p.orphans and not p.blocked]
-            if dry_run:
-                for p in todo:
-                    _account(report, [e for e, _ in p.orphans], dict(p.orphans), "would delete")
-                if wanted is None:
-                    _account(report, [e for e, _ in root.orphans], dict(root.orphans), "would delete")
-                return report
-            with (
-                ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="orphan-delete") as pool,
-                catalog_marks(catalog, fm.root_uri) as marks,
-            ):
-                results = run_each(
-                    [p.store for p in todo],
-                    lambda s: _clean_store(fm, inv, s, settings, catalog, marks, pool),
-                    parallelism=settings.parallelism,
-                    progress=progress,
-                    desc="clean-orphans",
-                )
-                for p, res in zip(todo, results, strict=True):
-                    if isinstance(res, Exception):
-                        report.error(f"store {p.store}: {res}")
-                        continue
-                    out, reasons = res
-                    _account(report, out.deleted, reasons, "deleted")
-                    for text in out.errors:
-                        report.error(f"store {p.store}: {text}")
-                if root.orphans and wanted is None:
-                    entries = [e for e, _ in root.orphans]
-                    out = delete_recorded(fm, marks, entries, settings, pool, None, mark_expired=False)
-                    _account(report, out.deleted, dict(root.orphans), "deleted")
-                    for text in out.errors:
-                        report.error(text)
-        finally:
-            report.seconds = time.perf_counter() - t0
-    log.info(report.summary())
+        inv = inventory or Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
+        root, plans = plan_deletions(inv, settings, wanted, report)
+        report.foreign_files = len(root.foreign) + sum(len(inv.files_of(p.store).foreign) for p in plans)
+        report.kept_in_flight = len(root.in_flight) + sum(len(p.in_flight) for p in plans)
+        for e, why in [*root.in_flight, *(x for p in plans for x in p.in_flight)]:
+            report.items.append(_row(e, "kept", why))
+        todo = [p for p in plans if p.orphans and not p.blocked]
+        if dry_run:
+            for p in todo:
+                _account(report, [e for e, _ in p.orphans], dict(p.orphans), "would delete")
+            if wanted is None:
+                _account(report, [e for e, _ in root.orphans], dict(root.orphans), "would delete")
+            return report
+        with (
+            ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="orphan-delete") as pool,
+            catalog_marks(catalog, fm.root_uri) as marks,
+        ):
+            deleter = Deleter(fm, marks, settings, pool, mark_expired=False)
+            results = run_each(
+                [p.store for p in todo],
+                lambda s: _clean_store(deleter, inv, s, catalog),
+                parallelism=settings.parallelism,
+                progress=progress,
+                desc="clean-orphans",
+            )
+            for p, res in zip(todo, results, strict=True):
+                if isinstance(res, Exception):
+                    report.error(f"store {p.store}: {res}")
+                    continue
+                out, reasons = res
+                _account(report, out.deleted, reasons, "deleted")
+                for text in out.errors:
+                    report.error(f"store {p.store}: {text}")
+            if root.orphans and wanted is None:
+                entries = [e for e, _ in root.orphans]
+                out = deleter.delete(entries)
+                _account(report, out.deleted, dict(root.orphans), "deleted")
+                for text in out.errors:
+                    report.error(text)
     return report
 
 
 def _clean_store(
-    fm: CheckpointFileManager,
-    inv: Inventory,
-    store: StoreId,
-    settings: MaintenanceSettings,
-    catalog: Catalog | None,
-    marks: CatalogMarks | None,
-    pool: ThreadPoolExecutor,
+    deleter: Deleter, inv: Inventory, store: StoreId, catalog: Catalog | None
 ) -> tuple[DeleteOutcome, dict[FileEntry, str]]:
-    with planned_store(fm.root_uri, inv, store, settings, catalog) as (plan, lease):
+    with planned_store(deleter.fm.root_uri, inv, store, deleter.settings, catalog) as (plan, lease):
         entries = [e for e, _ in plan.orphans]
-        out = delete_in_order(fm, marks, entries, settings, pool, lease.check, mark_expired=False)
+        out = deleter.delete_in_order(entries, lease.check)
         return out, dict(plan.orphans)
 
 
@@ -167,12 +119,7 @@ def _row(e: FileEntry, action: str, reason: str) -> dict[str, object]:
 
 def _account(report: OrphanReport, entries: Iterable[FileEntry], reasons: dict[FileEntry, str], action: str) -> None:
     for e in entries:
-        report.files += 1
-        report.bytes += e.size
-        name = _COUNTERS.get(e.kind)
-        if name is not None:
-            setattr(report, name, getattr(report, name) + 1)
-        report.items.append(_row(e, action, reasons.get(e, "")))
+        report.count(e, _row(e, action, reasons.get(e, "")))
 
 
 __all__ = ["clean_orphans"]

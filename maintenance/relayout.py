@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from statekeeper.maintenance.leasing import store_lease
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.sql.layouts import LayoutRow, LayoutSpan, layout_spans
+from statekeeper.sql.layouts import LayoutSpan, layout_rows, layout_spans
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.files import open_file_manager
 from statekeeper.store.formats.commit import CommitRecord
@@ -140,11 +140,7 @@ def rollback(root: str, operator: str, to_version: int, **options: Unpack[Relayo
 def layout_history(records: Mapping[int, CommitRecord]) -> list[LayoutSpan]:
     """Each operator's layouts over the versions of `records` (``statekeeper inspect``; the catalog's
     `Catalog.layouts` folds the same rows)."""
-    rows = []
-    for v, record in records.items():
-        for op, ids in record.checkpoint_ids.items():
-            lay = record.layouts.get(op)
-            rows.append(LayoutRow(op, v, len(ids), lay.max_key_groups if lay else None, record.change.get(op)))
+    rows = (row for v, r in records.items() for row in layout_rows(v, r.checkpoint_ids, r.layouts, r.change))
     return layout_spans(rows)
 
 

@@ -8,10 +8,23 @@ numeric field (what Dagster plots), `rows()` a table of what the run did per sto
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from statekeeper.maintenance.inventory import (
+    BATCH,
+    CHANGELOG,
+    COMMIT,
+    HEARTBEAT,
+    MANIFEST,
+    SST,
+    TEMP,
+    UPLOAD,
+    FileEntry,
+)
 
 if TYPE_CHECKING:
     from statekeeper.sql.catalog import Catalog
@@ -113,37 +126,71 @@ class SnapshotReport(Report):
 
 
 @dataclass
-class ExpiryReport(Report):
-    kind: str = "expire"
-    root: str = ""
+class DeletionReport(Report):
+    """What expiry and orphan cleanup both report: the files they delete, counted by kind, and the stores
+    a problem kept them from touching."""
+
     changelogs: int = 0
     manifests: int = 0
     ssts: int = 0
-    commit_records: int = 0
     batch_files: int = 0
-    """The Spark driver's batch files expired with their commit records."""
+    """The Spark driver's batch files."""
     blocked_stores: int = 0
     """Stores left untouched because of a problem (named in errors)."""
-    retained_versions: int = 0
+
+    COUNTERS: ClassVar[Mapping[str, str]] = {
+        CHANGELOG: "changelogs",
+        MANIFEST: "manifests",
+        SST: "ssts",
+        BATCH: "batch_files",
+    }
+    """File kind -> the field that counts files of that kind."""
+
+    def count(self, entry: FileEntry, row: dict[str, Any]) -> None:
+        """One file deleted (or that would be, on a dry run): counted by kind and size, and listed as `row`."""
+        self.files += 1
+        self.bytes += entry.size
+        name = self.COUNTERS.get(entry.kind)
+        if name is not None:
+            setattr(self, name, getattr(self, name) + 1)
+        self.items.append(row)
+
+    def blocked(self, problems: Iterable[str]) -> None:
+        """A store left untouched: counted, its problems named in the errors."""
+        self.blocked_stores += 1
+        for text in problems:
+            self.error(text)
 
 
 @dataclass
-class OrphanReport(Report):
+class ExpiryReport(DeletionReport):
+    kind: str = "expire"
+    root: str = ""
+    commit_records: int = 0
+    retained_versions: int = 0
+
+    COUNTERS: ClassVar[Mapping[str, str]] = {**DeletionReport.COUNTERS, COMMIT: "commit_records"}
+
+
+@dataclass
+class OrphanReport(DeletionReport):
     kind: str = "clean-orphans"
     root: str = ""
-    changelogs: int = 0
-    manifests: int = 0
-    ssts: int = 0
     temp_files: int = 0
     incomplete_uploads: int = 0
-    batch_files: int = 0
     heartbeats: int = 0
     """Stale heartbeats of Spark drivers that were killed."""
     kept_in_flight: int = 0
     """Files that are not needed but may still be being written (younger than the grace period or
     of a version newer than the newest commit)."""
     foreign_files: int = 0
-    blocked_stores: int = 0
+
+    COUNTERS: ClassVar[Mapping[str, str]] = {
+        **DeletionReport.COUNTERS,
+        TEMP: "temp_files",
+        UPLOAD: "incomplete_uploads",
+        HEARTBEAT: "heartbeats",
+    }
 
 
 @dataclass
@@ -163,16 +210,29 @@ class VerifyReport(Report):
 
 @contextmanager
 def recorded(catalog: Catalog | None, report: Report, *, orchestrator_run_id: str | None = None) -> Iterator[Report]:
-    """Record the run in the catalog around a block (the catalog marks it failed on errors)."""
+    """Run an operation's block as one maintenance run: timed into `report.seconds` however it ends,
+    recorded in the catalog when there is one (the catalog marks it failed on errors), summarized on
+    the log when it ends without an exception."""
+    t0 = time.perf_counter()
+    with _recorded_in(catalog, report, orchestrator_run_id):
+        try:
+            yield report
+        finally:
+            report.seconds = time.perf_counter() - t0
+    log.info(report.summary())
+
+
+@contextmanager
+def _recorded_in(catalog: Catalog | None, report: Report, orchestrator_run_id: str | None) -> Iterator[None]:
     if catalog is None:
-        yield report
+        yield
         return
     with catalog.record_run(
         report.root, report.kind, dry_run=report.dry_run, orchestrator_run_id=orchestrator_run_id
     ) as run:
         report.run_id = run.run_id
         try:
-            yield report
+            yield
         finally:
             run.stores = report.stores
             run.files = report.files
@@ -181,4 +241,4 @@ def recorded(catalog: Catalog | None, report: Report, *, orchestrator_run_id: st
             run.details = {k: v for k, v in report.metadata().items() if k not in ("stores", "files", "bytes")}
 
 
-__all__ = ["ExpiryReport", "OrphanReport", "Report", "SnapshotReport", "VerifyReport", "recorded"]
+__all__ = ["DeletionReport", "ExpiryReport", "OrphanReport", "Report", "SnapshotReport", "VerifyReport", "recorded"]

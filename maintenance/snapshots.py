@@ -182,44 +182,39 @@ def create_snapshots(
     stores' snapshots are built (default: a pool of `settings.parallelism` threads in this process;
     `statekeeper.maintenance.fanout` supplies Spark's executors).
     """
-    t0 = time.perf_counter()
     fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
     check_work_dir(fm, settings)
     wanted = None if stores is None else list(stores)
     report = SnapshotReport(root=fm.root_uri, dry_run=dry_run)
     with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
-        try:
-            inv = inventory or Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
-            ids = wanted if wanted is not None else inv.store_ids()
-            plans = [plan_store(inv, s, settings) for s in ids]
-            report.stores = len(plans)
-            report.max_chain_length = max((p.chain_length for p in plans), default=0)
-            todo = [p.store for p in plans if _due(fm, inv, p, settings)]
-            report.candidates = len(todo)
-            if dry_run:
-                for p in plans:
-                    if p.store in todo:
-                        report.items.append(
-                            {
-                                "store": str(p.store),
-                                "version": p.latest,
-                                "snapshot_version": p.snapshot[0] if p.snapshot else None,
-                                "chain_length": p.chain_length,
-                                "action": "would snapshot",
-                            }
-                        )
-                return report
-            task = StoreTask("snapshot", fm.root_uri, settings, catalog_url(catalog))
-            rows = (executor or InProcess(settings.parallelism, progress)).run_stores(
-                task, todo, lambda s: snapshot_row(fm, inv, s, settings, catalog)
-            )
-            for store in todo:
-                _account(report, rows.get(store) or {"store": str(store), "action": "failed", "error": "no result"})
-            if catalog is not None and report.snapshots:
-                _sync(catalog, fm, report)
-        finally:
-            report.seconds = time.perf_counter() - t0
-    log.info(report.summary())
+        inv = inventory or Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted)
+        ids = wanted if wanted is not None else inv.store_ids()
+        plans = [plan_store(inv, s, settings) for s in ids]
+        report.stores = len(plans)
+        report.max_chain_length = max((p.chain_length for p in plans), default=0)
+        todo = [p.store for p in plans if _due(fm, inv, p, settings)]
+        report.candidates = len(todo)
+        if dry_run:
+            for p in plans:
+                if p.store in todo:
+                    report.items.append(
+                        {
+                            "store": str(p.store),
+                            "version": p.latest,
+                            "snapshot_version": p.snapshot[0] if p.snapshot else None,
+                            "chain_length": p.chain_length,
+                            "action": "would snapshot",
+                        }
+                    )
+            return report
+        task = StoreTask("snapshot", fm.root_uri, settings, catalog_url(catalog))
+        rows = (executor or InProcess(settings.parallelism, progress)).run_stores(
+            task, todo, lambda s: snapshot_row(fm, inv, s, settings, catalog)
+        )
+        for store in todo:
+            _account(report, rows.get(store) or {"store": str(store), "action": "failed", "error": "no result"})
+        if catalog is not None and report.snapshots:
+            _sync(catalog, fm, report)
     return report
 
 

@@ -17,12 +17,10 @@ payload, say) is reported naming its changelog, and nothing in it is ever execut
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -38,12 +36,23 @@ from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.formats.changelog import ChangelogReader, Lineage
 from statekeeper.store.layout import StoreId
 from statekeeper.store.load_plan import fall_back, resolve_load_plan
+from statekeeper.store.snapshot import file_sha256
 from statekeeper.store.state_store import StateStore, StoreConfig
 
 if TYPE_CHECKING:
     from statekeeper.sql.catalog import Catalog
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """How deep verification goes, the same for every store of a run (and on every executor)."""
+
+    rebuild: bool = False
+    """Also rebuild versions and compare them with their snapshots, and load the latest through `StateStore`."""
+    checksums: bool = True
+    """Check the SHA-256 of SST files, not only their sizes."""
 
 
 @dataclass
@@ -76,35 +85,28 @@ def verify_root(
     `executor`: where the stores are verified (default: a pool of `settings.parallelism` threads here;
     `statekeeper.maintenance.fanout` supplies Spark's executors).
     """
-    t0 = time.perf_counter()
     fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
     wanted = None if stores is None else list(stores)
     report = VerifyReport(root=fm.root_uri)
     with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
-        try:
-            inv = Inventory.scan(
-                fm, parallelism=settings.parallelism, progress=progress, stores=wanted, use_cache=False
-            )
-            for path, why in sorted(inv.unreadable.items()):
-                report.error(f"cannot read {path}: {why}")
-            ids = wanted if wanted is not None else inv.store_ids()
-            report.stores = len(ids)
-            options = {"rebuild": rebuild, "checksums": checksums}
-            task = StoreTask("verify", fm.root_uri, settings, options=options)
-            rows = (executor or InProcess(settings.parallelism, progress)).run_stores(
-                task, ids, lambda s: verify_row(fm, inv, s, settings, **options)
-            )
-            for s in ids:
-                row = rows.get(s)
-                if row is None:
-                    account_verification(report, _StoreResult(s, [f"store {s}: no verification result came back"]))
-                elif "error" in row:
-                    account_verification(report, _StoreResult(s, [f"store {s}: verification failed: {row['error']}"]))
-                else:
-                    account_verification(report, _StoreResult(**{**row, "store": s}))
-        finally:
-            report.seconds = time.perf_counter() - t0
-    log.info(report.summary())
+        inv = Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted, use_cache=False)
+        for path, why in sorted(inv.unreadable.items()):
+            report.error(f"cannot read {path}: {why}")
+        ids = wanted if wanted is not None else inv.store_ids()
+        report.stores = len(ids)
+        options = VerifyOptions(rebuild=rebuild, checksums=checksums)
+        task = StoreTask("verify", fm.root_uri, settings, options=asdict(options))
+        rows = (executor or InProcess(settings.parallelism, progress)).run_stores(
+            task, ids, lambda s: verify_row(fm, inv, s, settings, options)
+        )
+        for s in ids:
+            row = rows.get(s)
+            if row is None:
+                account_verification(report, _StoreResult(s, [f"store {s}: no verification result came back"]))
+            elif "error" in row:
+                account_verification(report, _StoreResult(s, [f"store {s}: verification failed: {row['error']}"]))
+            else:
+                account_verification(report, _StoreResult(**{**row, "store": s}))
     return report
 
 
@@ -127,13 +129,7 @@ def account_verification(report: VerifyReport, res: _StoreResult) -> None:
 
 
 def _verify_store(
-    fm: CheckpointFileManager,
-    inv: Inventory,
-    store: StoreId,
-    settings: MaintenanceSettings,
-    *,
-    rebuild: bool,
-    checksums: bool,
+    fm: CheckpointFileManager, inv: Inventory, store: StoreId, settings: MaintenanceSettings, options: VerifyOptions
 ) -> _StoreResult:
     plan = plan_store(inv, store, settings)
     files = inv.files_of(store)
@@ -176,11 +172,11 @@ def _verify_store(
         for b in sorted({b for b in bases.values() if b > 0}):
             cid = committed[b]
             res.snapshots += 1
-            n, size, errors = _verify_ssts(fm, store, files, b, cid, work, checksums)
+            n, size, errors = _verify_ssts(fm, store, files, b, cid, work, options.checksums)
             res.ssts += n
             res.bytes += size
             res.errors += errors
-        if rebuild and not res.errors:
+        if options.rebuild and not res.errors:
             _rebuild_and_compare(fm, store, plan, files, min(bases.values()), work, res)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -312,7 +308,7 @@ def _verify_ssts(
         try:
             got = fm.download(path, tmp)
             size += got
-            digest = _sha256(tmp)
+            digest = file_sha256(tmp)
         except (StatekeeperError, OSError) as e:
             errors.append(f"store {store}: SST {path} of snapshot {version} cannot be read: {e}")
             continue
@@ -322,14 +318,6 @@ def _verify_ssts(
         if got != sst.size or digest != sst.sha256:
             errors.append(f"store {store}: SST {path} of snapshot {version} does not match the manifest's checksum")
     return len(manifest.sst_files), size, errors
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _digest_of(replica: Replica) -> tuple[int, str]:
@@ -402,24 +390,18 @@ def _replayable_base(plan: StorePlan, files: StoreFiles, version: int) -> int | 
 
 
 def verify_row(
-    fm: CheckpointFileManager,
-    inv: Inventory,
-    store: StoreId,
-    settings: MaintenanceSettings,
-    *,
-    rebuild: bool,
-    checksums: bool,
+    fm: CheckpointFileManager, inv: Inventory, store: StoreId, settings: MaintenanceSettings, options: VerifyOptions
 ) -> Row:
     """Verify one store of an inventory (read-only): its outcome as a row (a failure: an "error" row).
 
     The per-store step of `verify_root`, wherever its executor runs it (`statekeeper.maintenance.executors`).
     """
     try:
-        res = _verify_store(fm, inv, store, settings, rebuild=rebuild, checksums=checksums)
+        res = _verify_store(fm, inv, store, settings, options)
     except Exception as e:
         log.debug("verification of store %s failed", store, exc_info=True)
         return {"store": str(store), "error": str(e)}
     return {**asdict(res), "store": str(store)}
 
 
-__all__ = ["account_verification", "verify_root", "verify_row"]
+__all__ = ["VerifyOptions", "account_verification", "verify_root", "verify_row"]

@@ -12,6 +12,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from dagster import ConfigurableResource, EnvVar
@@ -136,31 +137,11 @@ class MaintenanceConfig(ConfigurableResource):  # type: ignore[type-arg]
     def settings(self) -> MaintenanceSettings:
         from statekeeper.maintenance.settings import MaintenanceSettings
 
-        return MaintenanceSettings(
-            snapshot_threshold=self.snapshot_threshold,
-            min_versions_to_retain=self.min_versions_to_retain,
-            orphan_grace_seconds=self.orphan_grace_seconds,
-            load_grace_seconds=self.load_grace_seconds,
-            parallelism=self.parallelism,
-            lease_ttl_seconds=self.lease_ttl_seconds,
-            lease_timeout_seconds=self.lease_timeout_seconds,
-            work_dir=self.work_dir,
-            delete_batch_size=self.delete_batch_size,
-        )
+        return MaintenanceSettings(**{f.name: getattr(self, f.name) for f in fields(MaintenanceSettings)})
 
     @classmethod
     def from_settings(cls, settings: MaintenanceSettings) -> MaintenanceConfig:
-        return cls(
-            snapshot_threshold=settings.snapshot_threshold,
-            min_versions_to_retain=settings.min_versions_to_retain,
-            orphan_grace_seconds=settings.orphan_grace_seconds,
-            load_grace_seconds=settings.load_grace_seconds,
-            parallelism=settings.parallelism,
-            lease_ttl_seconds=settings.lease_ttl_seconds,
-            lease_timeout_seconds=settings.lease_timeout_seconds,
-            work_dir=settings.work_dir,
-            delete_batch_size=settings.delete_batch_size,
-        )
+        return cls(**settings.to_json())
 
     @classmethod
     def from_env(cls) -> MaintenanceConfig:

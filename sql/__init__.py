@@ -33,12 +33,11 @@ from statekeeper.sql.errors import (
 from statekeeper.sql.ingest import (
     CommitObservation,
     FileObservation,
-    LayoutObservation,
     SnapshotObservation,
     SyncStats,
     SyncWriter,
 )
-from statekeeper.sql.layouts import LayoutRow, LayoutSpan, layout_spans
+from statekeeper.sql.layouts import LayoutRow, LayoutSpan, layout_rows, layout_spans
 from statekeeper.sql.leases import Lease, LeaseInfo
 from statekeeper.sql.lineage import FileRecord, StoreChain, StoreInfo, VersionFiles
 from statekeeper.sql.retention import RetentionPlan, StoreRetention
@@ -52,7 +51,6 @@ __all__ = [
     "CommitObservation",
     "FileObservation",
     "FileRecord",
-    "LayoutObservation",
     "LayoutRow",
     "LayoutSpan",
     "Lease",
@@ -74,6 +72,7 @@ __all__ = [
     "current_revision",
     "default_url",
     "head_revision",
+    "layout_rows",
     "layout_spans",
     "make_engine",
     "upgrade",

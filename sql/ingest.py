@@ -10,13 +10,14 @@ keeps the incremental listing cursors, and at `finish` derives attempt outcomes 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, case, func, select, update
 
 from statekeeper.sql.base import CatalogBase, chunks, from_timestamp, table_of
 from statekeeper.sql.file_states import derive_states, mark_paths_deleted
+from statekeeper.sql.layouts import LayoutRow
 from statekeeper.sql.models import (
     KIND_CHANGELOG,
     KIND_MANIFEST,
@@ -55,23 +56,15 @@ class FileObservation:
 
 
 @dataclass(frozen=True, slots=True)
-class LayoutObservation:
-    """An operator's layout named by a commit record."""
-
-    max_key_groups: int | None
-    change: str | None = None
-    """``rescale`` or ``rollback`` when the version changed the layout or the head."""
-
-
-@dataclass(frozen=True, slots=True)
 class CommitObservation:
     """A commit record: the winning checkpoint id of every partition of every operator."""
 
     version: int
     committed_at: float
     checkpoint_ids: Mapping[str, Sequence[str]]
-    layouts: Mapping[str, LayoutObservation] = field(default_factory=dict)
-    """Operator -> its layout at this version (an operator without one: as many partitions as ids, legacy)."""
+    layouts: Sequence[LayoutRow] = ()
+    """Each operator's layout at this version (`statekeeper.sql.layouts.layout_rows`; an operator without
+    a row: as many partitions as ids, legacy)."""
     batch_id: int | None = None
     """The batch this version follows (None: ``version - 1``)."""
 
@@ -251,8 +244,9 @@ class SyncWriter:
                         "partitions": sum(len(ids) for ids in c.checkpoint_ids.values()),
                     }
                 )
+                named = {r.operator: r for r in c.layouts}
                 for op, ids in sorted(c.checkpoint_ids.items()):
-                    lay = c.layouts.get(op, LayoutObservation(None))
+                    lay = named.get(op) or LayoutRow(op, c.version, len(ids), None)
                     layout_rows.append(
                         {
                             "root_id": self.root_id,

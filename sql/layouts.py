@@ -8,9 +8,9 @@ is the folding alone, so `statekeeper inspect` shows the same spans read from th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import select
 
@@ -27,6 +27,28 @@ class LayoutRow:
     partitions: int
     max_key_groups: int | None
     change: str | None = None
+
+
+class KeyGroups(Protocol):
+    """What a recorded layout tells the catalog (``statekeeper.store.key_groups.KeyGroupLayout`` has it)."""
+
+    @property
+    def max_key_groups(self) -> int: ...
+
+
+def layout_rows(
+    version: int,
+    checkpoint_ids: Mapping[str, Sequence[str]],
+    layouts: Mapping[str, KeyGroups],
+    change: Mapping[str, str],
+) -> list[LayoutRow]:
+    """The layout of each operator a commit record of `version` names: as many partitions as ids, the
+    key groups of its recorded layout (None: a legacy operator without one) and how the version changed it."""
+    rows = []
+    for op, ids in checkpoint_ids.items():
+        lay = layouts.get(op)
+        rows.append(LayoutRow(op, version, len(ids), lay.max_key_groups if lay else None, change.get(op)))
+    return rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,4 +105,4 @@ class LayoutQueries(CatalogBase):
         return layout_spans(rows)
 
 
-__all__ = ["LayoutQueries", "LayoutRow", "LayoutSpan", "layout_spans"]
+__all__ = ["KeyGroups", "LayoutQueries", "LayoutRow", "LayoutSpan", "layout_rows", "layout_spans"]

@@ -28,12 +28,10 @@ log = logging.getLogger(__name__)
 _SKIP_PREFIXES = ("LOG",)  # RocksDB info logs are not state
 
 
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The SHA-256 of a file's content, hex (what a manifest records of each SST file)."""
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 @dataclass(frozen=True)

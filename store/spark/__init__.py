@@ -65,7 +65,8 @@ if TYPE_CHECKING:
         TimerValues,
         keys_of,
     )
-    from statekeeper.store.spark.driver import StatefulOperator, UploadTimeoutError
+    from statekeeper.store.spark.batch_records import UploadTimeoutError
+    from statekeeper.store.spark.driver import StatefulOperator
     from statekeeper.store.spark.handle import StatefulProcessorHandle
     from statekeeper.store.spark.metrics import BatchProgress, PartitionMetrics
     from statekeeper.store.spark.reader import StateDataSource, read_state
@@ -81,7 +82,7 @@ _EXPORTS = {
     "TimerValues": "api",
     "keys_of": "api",
     "StatefulOperator": "driver",
-    "UploadTimeoutError": "driver",
+    "UploadTimeoutError": "batch_records",
     "StatefulProcessorHandle": "handle",
     "BatchProgress": "metrics",
     "PartitionMetrics": "metrics",

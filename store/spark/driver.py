@@ -33,16 +33,14 @@ from typing import TYPE_CHECKING, Any
 
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.errors import (
-    CheckpointFileExistsError,
-    CheckpointFileNotFoundError,
     ConfigurationError,
     StatekeeperError,
 )
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.files.paths import validate_component
 from statekeeper.store.key_groups import KeyGroupLayout
-from statekeeper.store.layout import StoreId, batch_path
 from statekeeper.store.spark.api import BatchStatefulProcessor, StatefulProcessor
+from statekeeper.store.spark.batch_records import BatchRecords, UploadTimeoutError
 from statekeeper.store.spark.connect import initial_state_unsupported, is_connect_dataframe, progress_unavailable
 from statekeeper.store.spark.event_time import EventTime, TaskTime, WatermarkLog, parse_delay_ms, watermark_of
 from statekeeper.store.spark.executor import MARKER_COL, META_COL, PID_COL, FileManagerFactory, TaskSpec, run_task
@@ -67,10 +65,6 @@ log = logging.getLogger(__name__)
 ROUTE_COL = "__sk_route"
 TRACE_ENV = "STATEKEEPER_SPARK_TRACE"
 Sink = Callable[["DataFrame", int], None]
-
-
-class UploadTimeoutError(StatekeeperError):
-    """Some partitions' changelogs did not become durable in the checkpoint location in time."""
 
 
 class StatefulOperator:
@@ -183,6 +177,7 @@ class StatefulOperator:
             self.fm_factory(self.root) if self.fm_factory else (open_file_manager(self.root))
         )
         self.commit_log = CommitLog(self.fm)
+        self.records = BatchRecords(self.fm, self.commit_log, self.name)
         self.recent_progress: deque[BatchProgress] = deque(maxlen=self.history)
         self._partitions: int | None = None
         self._next_batch: int | None = None
@@ -198,8 +193,8 @@ class StatefulOperator:
     def __getstate__(self) -> dict[str, Any]:
         """Spark Connect pickles the foreachBatch function (this operator) to run it in the server's Python
         process: send the configuration only; clients (S3) and Spark objects are rebuilt there."""
-        skip = {"fm", "commit_log", "recent_progress", "_partitions", "_next_batch", "_route_cache", "_plan_parts"}
-        skip.add("_heartbeat")
+        skip = {"fm", "commit_log", "records", "recent_progress", "_partitions", "_next_batch", "_route_cache"}
+        skip |= {"_plan_parts", "_heartbeat"}
         return {k: v for k, v in self.__dict__.items() if k not in skip and k != "_struct"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -247,7 +242,7 @@ class StatefulOperator:
         self._prepare(spark, df, batch_id)
         n = self._partitions
         assert n is not None
-        ts = self._batch_timestamp(batch_id, n)
+        ts = self.records.batch_timestamp(batch_id, n)
         version, target = batch_id + self._shift, batch_id + self._shift + 1
         already = self.commit_log.get(target) is not None
         base: dict[str, Any] = dict(
@@ -276,7 +271,7 @@ class StatefulOperator:
             self._next_batch = batch_id + 1
             self._finish(BatchProgress(mode="skipped", duration_ms=(time.perf_counter() - t0) * 1000, **base))
             return
-        load_ids = self._load_ids(version, n)
+        load_ids = self.records.load_ids(version, n)
         task_time, max_event_before = self._task_time(batch_id)
         spec = TaskSpec(
             root=self.root,
@@ -312,7 +307,7 @@ class StatefulOperator:
                 upload_wait_ms = 0.0
                 if spec.commit and self.async_checkpoint:
                     t_wait = time.perf_counter()
-                    self._await_uploads(target, metas)
+                    self.records.await_uploads(target, metas, self.upload_timeout_s)
                     upload_wait_ms = (time.perf_counter() - t_wait) * 1000
             except UploadTimeoutError as e:
                 out.unpersist()
@@ -331,10 +326,17 @@ class StatefulOperator:
             self._record_event_time(batch_id, task_time, max_event_before, metas)
             if spec.commit:
                 ids = [m.checkpoint_id or "" for m in metas]
-                self._write_commit_record(target, ids, batch_id)
+                self.records.commit(target, ids, batch_id, self._layout)
             commit_record_ms = (time.perf_counter() - t_rec) * 1000
-            progress = self._progress(
-                base, "commit" if spec.commit else "replay", metas, attempt, job_ms, upload_wait_ms, commit_record_ms
+            progress = BatchProgress.of_partitions(
+                base,
+                "commit" if spec.commit else "replay",
+                metas,
+                attempts=attempt,
+                job_ms=job_ms,
+                upload_wait_ms=upload_wait_ms if self.async_checkpoint else None,
+                commit_record_ms=commit_record_ms,
+                watermark_ms=task_time.watermark_ms,
             )
             self._next_batch = batch_id + 1
             t_sink = time.perf_counter()
@@ -411,7 +413,7 @@ class StatefulOperator:
         self._shift = head.shift
         layout, recorded = head.layout, head.partitions
         if recorded is None:
-            recorded = self._intent_partitions(batch_id)
+            recorded = self.records.intent_partitions(batch_id)
         self._rescale_pending = False
         if head.record is not None and recorded != self.num_partitions:
             if head.rerun:
@@ -436,51 +438,6 @@ class StatefulOperator:
         self._layout = layout
         self._partitions = recorded or self.num_partitions
         self._next_batch = batch_id
-
-    def _batch_path(self, batch_id: int) -> str:
-        """Owned by the version the batch commits: maintenance expires it with that commit record."""
-        return batch_path(self.name, batch_id)
-
-    def _read_batch_file(self, batch_id: int) -> dict[str, Any] | None:
-        try:
-            data: dict[str, Any] = json.loads(self.fm.read_bytes(self._batch_path(batch_id)))
-        except (FileNotFoundError, CheckpointFileNotFoundError):
-            return None
-        except ValueError as e:
-            name = f"{self.fm.root_uri}/{self._batch_path(batch_id)}"
-            raise ConfigurationError(f"unreadable batch file {name}: {e}") from e
-        return data
-
-    def _intent_partitions(self, batch_id: int) -> int | None:
-        data = self._read_batch_file(batch_id)
-        return int(data["num_partitions"]) if data else None
-
-    def _batch_timestamp(self, batch_id: int, n: int) -> int:
-        """The batch's processing time, recorded before its first attempt and reused by re-runs."""
-        data = self._read_batch_file(batch_id)
-        if data is None:
-            data = {"batch_id": batch_id, "timestamp_ms": int(time.time() * 1000), "num_partitions": n}
-            try:
-                with self.fm.create(self._batch_path(batch_id), exclusive=True) as f:
-                    f.write(json.dumps(data).encode())
-            except CheckpointFileExistsError:
-                data = self._read_batch_file(batch_id) or data
-        return int(data["timestamp_ms"])
-
-    def _load_ids(self, version: int, n: int) -> tuple[str, ...]:
-        if version == 0:
-            return ("",) * n
-        ids = self.commit_log.committed_id  # for its error message on a missing record
-        record = self.commit_log.get(version)
-        if record is None:
-            ids(version, self.name, 0)  # raises LineageError naming the missing version
-        assert record is not None
-        got = record.checkpoint_ids.get(self.name, ())
-        if len(got) != n:
-            raise ConfigurationError(
-                f"the commit of version {version} names {len(got)} partitions of {self.name!r}, expected {n}"
-            )
-        return tuple(got)
 
     def _routes(self, spark: SparkSession, n: int) -> list[int]:
         """For each partition p, an int whose Spark hash partitioning (pmod(murmur3, n)) is p."""
@@ -532,70 +489,6 @@ class StatefulOperator:
                 f"{sorted(m.partition for m in metas)}"
             )
         return [by_partition[p] for p in range(n)]
-
-    def _await_uploads(self, version: int, metas: list[PartitionMetrics]) -> None:
-        missing = {
-            StoreId(self.name, m.partition).changelog(version, m.checkpoint_id or "") for m in metas if m.checkpoint_id
-        }
-        deadline = time.monotonic() + self.upload_timeout_s
-        delay = 0.002
-        while missing:
-            missing = {p for p in missing if not self.fm.exists(p)}
-            if not missing:
-                return
-            if time.monotonic() >= deadline:
-                raise UploadTimeoutError(
-                    f"{len(missing)} changelog(s) of version {version} are not durable in {self.fm.root_uri} after "
-                    f"{self.upload_timeout_s}s: {sorted(missing)[:4]}"
-                )
-            time.sleep(delay)
-            delay = min(delay * 2, 0.25)
-
-    def _write_commit_record(self, version: int, ids: list[str], batch_id: int) -> None:
-        layouts = {self.name: self._layout} if self._layout is not None else {}
-        try:
-            self.commit_log.commit(version, {self.name: ids}, layouts=layouts, batch_id=batch_id)
-        except CheckpointFileExistsError as e:
-            raise StatekeeperError(
-                f"version {version} of {self.name!r} in {self.fm.root_uri} was committed by someone else with "
-                "other checkpoint ids: is a second query running on the same state root?"
-            ) from e
-
-    def _progress(
-        self,
-        base: dict[str, Any],
-        mode: str,
-        metas: list[PartitionMetrics],
-        attempts: int,
-        job_ms: float,
-        upload_wait_ms: float,
-        commit_record_ms: float,
-    ) -> BatchProgress:
-        task_time = self._task_time(base["batch_id"])[0]
-        return BatchProgress(
-            mode=mode,
-            input_rows=sum(m.input_rows for m in metas),
-            output_rows=sum(m.output_rows for m in metas),
-            num_rows_total=sum(m.rows_total for m in metas),
-            num_rows_updated=sum(m.rows_updated for m in metas),
-            num_rows_removed=sum(m.rows_removed for m in metas),
-            ttl_removed=sum(m.ttl_removed for m in metas),
-            timers_fired=sum(m.timers_fired for m in metas),
-            changelog_bytes=sum(m.changelog_bytes for m in metas),
-            load_ms=max(m.load_ms for m in metas),
-            process_ms=max(m.process_ms for m in metas),
-            commit_ms=max(m.commit_ms for m in metas),
-            upload_ms=upload_wait_ms if self.async_checkpoint else max(m.upload_ms for m in metas),
-            stores_reused=sum(1 for m in metas if m.reused_local),
-            replayed_changelogs=sum(m.replayed_changelogs for m in metas),
-            job_ms=job_ms,
-            commit_record_ms=commit_record_ms,
-            attempts=attempts,
-            watermark_ms=task_time.watermark_ms,
-            num_rows_dropped_by_watermark=sum(m.late_rows for m in metas),
-            partitions=metas,
-            **base,
-        )
 
     def _finish(self, progress: BatchProgress) -> None:
         self.recent_progress.append(progress)

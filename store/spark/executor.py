@@ -37,7 +37,7 @@ from statekeeper.store.async_upload import AsyncUploader
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.errors import StoreStateError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
-from statekeeper.store.formats.typed_codec import CorruptStateError
+from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import Field, from_arrow, struct
 from statekeeper.store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor
 from statekeeper.store.spark.event_time import TaskTime

@@ -95,6 +95,49 @@ class BatchProgress:
     """When the operator was rescaled at this restart: what moved and how long it took
     (`statekeeper.store.rescale.RelayoutResult.to_json`)."""
 
+    @classmethod
+    def of_partitions(
+        cls,
+        base: dict[str, Any],
+        mode: str,
+        metas: list[PartitionMetrics],
+        *,
+        attempts: int,
+        job_ms: float,
+        upload_wait_ms: float | None,
+        commit_record_ms: float,
+        watermark_ms: int,
+    ) -> BatchProgress:
+        """The batch's progress from its partitions' metrics: sums of counts, the slowest partition's phases.
+
+        `base` holds the batch's identity (operator, batch_id, version, ...); `upload_wait_ms` is the
+        driver's wait for async uploads (None in sync mode: then the slowest task's upload counts).
+        """
+        return cls(
+            mode=mode,
+            input_rows=sum(m.input_rows for m in metas),
+            output_rows=sum(m.output_rows for m in metas),
+            num_rows_total=sum(m.rows_total for m in metas),
+            num_rows_updated=sum(m.rows_updated for m in metas),
+            num_rows_removed=sum(m.rows_removed for m in metas),
+            ttl_removed=sum(m.ttl_removed for m in metas),
+            timers_fired=sum(m.timers_fired for m in metas),
+            changelog_bytes=sum(m.changelog_bytes for m in metas),
+            load_ms=max(m.load_ms for m in metas),
+            process_ms=max(m.process_ms for m in metas),
+            commit_ms=max(m.commit_ms for m in metas),
+            upload_ms=max(m.upload_ms for m in metas) if upload_wait_ms is None else upload_wait_ms,
+            stores_reused=sum(1 for m in metas if m.reused_local),
+            replayed_changelogs=sum(m.replayed_changelogs for m in metas),
+            num_rows_dropped_by_watermark=sum(m.late_rows for m in metas),
+            job_ms=job_ms,
+            commit_record_ms=commit_record_ms,
+            attempts=attempts,
+            watermark_ms=watermark_ms,
+            partitions=metas,
+            **base,
+        )
+
     @property
     def repaired_snapshots(self) -> int:
         """Unreadable snapshots the batch's loads passed over (each a repair, logged as a warning)."""

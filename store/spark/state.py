@@ -3,7 +3,7 @@
 One column family per state variable; keys and values are typed by schemas recorded in the
 checkpoint (store/spark/schemas.py), never pickled:
 
-- grouping key ``gk`` = ``key group u16 BE | order-preserving key`` (store/formats/typed_codec.py);
+- grouping key ``gk`` = ``key group u16 BE | order-preserving key`` (store/formats/typed_keys.py);
   the key group is ``crc32(key bytes) mod max_key_groups`` (fixed at the first batch)
 - ValueState / ListState: key ``gk``; a ListState keeps the whole list in one value
 - MapState: key ``gk | order-preserving user key``, so one key's entries are a prefix range
@@ -24,8 +24,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from statekeeper.store.errors import ConfigurationError, StoreStateError
-from statekeeper.store.formats.typed_codec import MAX_KEY_GROUPS as KEY_GROUP_LIMIT
-from statekeeper.store.formats.typed_codec import KeyCodec, stored_key_encoder
+from statekeeper.store.formats.typed_keys import MAX_KEY_GROUPS as KEY_GROUP_LIMIT
+from statekeeper.store.formats.typed_keys import KeyCodec, stored_key_encoder
 from statekeeper.store.formats.typed_schema import (
     DataType,
     SchemaError,

@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.run import run_bench
 
 
 def test_quick_benchmarks_run_and_print_tables(tmp_path: Path) -> None:
-    env = {**os.environ, "TMPDIR": str(tmp_path)}  # the suites' scratch DBs go under pytest's tmp dir
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "store", "commit"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = proc.stdout
+    out = run_bench(tmp_path, ["--quick", "store", "commit"])  # the suites' scratch DBs go under tmp_path
     for title in (
         "### Store vs raw rocksdict: throughput",
         "### Where a batch put's time goes",

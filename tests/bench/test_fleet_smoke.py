@@ -2,35 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.bench.run import run_bench
 
-
-def _bench_fleet(tmp_path: Path, args: list[str], timeout: float, module: str = "bench.bench_fleet") -> str:
-    """`python -m MODULE ARGS` with scratch files under `tmp_path`; its stdout."""
-    proc = subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=ROOT,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc.stdout
+FLEET = "bench.bench_fleet"
 
 
 def test_fleet_benchmark_runs_both_maintainers(tmp_path: Path) -> None:
     plot = tmp_path / "fleet.png"
     args = ["--stores", "2", "3", "--seconds", "6", "--keys", "500", "--updates", "50", "--plot", str(plot)]
-    out = _bench_fleet(tmp_path, args, timeout=300)
+    out = run_bench(tmp_path, args, module=FLEET, timeout=300)
     for title in ("### Fleet: one maintainer beside", "### Fleet: the maintainer's cost model", "### Fleet over time"):
         assert title in out, out
     for mode in (
@@ -50,7 +34,8 @@ def test_fleet_benchmark_runs_both_maintainers(tmp_path: Path) -> None:
 def test_fleet_benchmark_compares_fan_out_over_a_cluster(tmp_path: Path) -> None:
     """`--fanout N`: the stores-snapshotted-per-second row of one process and of a standalone cluster."""
     args = ["--stores", "2", "--mode", "maintain", "--seconds", "4", "--keys", "500", "--updates", "50"]
-    out = _bench_fleet(tmp_path, [*args, "--fanout", "4", "--plot", str(tmp_path / "fleet.png")], timeout=900)
+    args += ["--fanout", "4", "--plot", str(tmp_path / "fleet.png")]
+    out = run_bench(tmp_path, args, module=FLEET, timeout=900)
     assert "### Fleet: stores snapshotted per second" in out, out
     assert "| one process | 4 | 4 |" in out and "| Spark standalone, 2 x 1 core | 4 | 4 |" in out
 
@@ -60,7 +45,7 @@ def test_fleet_profile_measures_the_maintainer_per_store_commit(tmp_path: Path) 
     import json
 
     args = ["--stores", "2", "--cycles", "2", "--warmup", "1", "--keys", "300", "--updates", "30", "--catalog"]
-    out = _bench_fleet(tmp_path, [*args, "--profile", str(tmp_path / "cycle.prof")], 300, "bench.fleet_profile")
+    out = run_bench(tmp_path, [*args, "--profile", str(tmp_path / "cycle.prof")], module="bench.fleet_profile")
     result = json.loads(out.splitlines()[0])
     assert result["store_commits"] == 8 and result["cpu_ms_per_store_commit"] > 0
     assert "maintain" in out and (tmp_path / "cycle.prof").stat().st_size > 0

@@ -7,12 +7,13 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.plan import plan_root
 from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshots import create_snapshots
 from statekeeper.store import CommitLog, StateStore, StoreConfig
 from statekeeper.store.files import open_file_manager
 from statekeeper.store.layout import StoreId
@@ -135,6 +136,17 @@ class History:
         for inst in self.instances.values():
             inst.close()
         shutil.rmtree(self.work, ignore_errors=True)
+
+
+def snapshotted_history(make_history: Callable[..., History], settings: MaintenanceSettings) -> History:
+    """Two stores with expirable history, losing attempts (orphans) and snapshots at versions 5 and 9."""
+    h = make_history()
+    h.batches(5, losing=1)
+    create_snapshots(h.root, settings)
+    h.batches(4)
+    create_snapshots(h.root, settings)
+    h.batches(2)
+    return h
 
 
 def leftovers(root: str, settings: MaintenanceSettings) -> list[str]:

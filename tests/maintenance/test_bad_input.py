@@ -17,18 +17,7 @@ from statekeeper.maintenance.snapshots import create_snapshots
 from statekeeper.maintenance.verify import verify_root
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.layout import StoreId, commit_path
-from tests.maintenance.helpers import History, all_files, clobber
-
-
-def _prepared(make_history: Callable[..., History], settings: MaintenanceSettings) -> History:
-    """Two stores with expirable history, losing attempts (orphans) and a snapshot at 5 and 9."""
-    h = make_history()
-    h.batches(5, losing=1)
-    create_snapshots(h.root, settings)
-    h.batches(4)
-    create_snapshots(h.root, settings)
-    h.batches(2)
-    return h
+from tests.maintenance.helpers import History, all_files, clobber, snapshotted_history
 
 
 def _store_files(h: History, store: StoreId) -> dict[str, int]:
@@ -58,7 +47,7 @@ def test_more_broken_snapshots_on_local_disk(
 
 
 def _broken_snapshot(make: Callable[..., History], settings: MaintenanceSettings, damage: str) -> None:
-    h = _prepared(make, settings)
+    h = snapshotted_history(make, settings)
     bad, good = h.stores
     inv = Inventory.scan(h.fm)
     (key, manifest) = max(inv.files_of(bad).manifests.items())
@@ -96,7 +85,7 @@ def _broken_snapshot(make: Callable[..., History], settings: MaintenanceSettings
 def test_foreign_files_are_reported_never_deleted(
     make_history: Callable[..., History], settings: MaintenanceSettings
 ) -> None:
-    h = _prepared(make_history, settings)
+    h = snapshotted_history(make_history, settings)
     bad, good = h.stores
     foreign = {
         "notes.txt": b"operator notes",
@@ -126,7 +115,7 @@ def test_foreign_files_are_reported_never_deleted(
 def test_an_unreadable_commit_record_stops_every_deletion(
     make_local_history: Callable[..., History], settings: MaintenanceSettings
 ) -> None:
-    h = _prepared(make_local_history, settings)
+    h = snapshotted_history(make_local_history, settings)
     clobber(h.root, commit_path(3), b"SKCR garbage")
     before = all_files(h.root)
     errors = _maintain(h, settings)

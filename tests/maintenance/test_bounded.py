@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -33,8 +31,8 @@ from statekeeper.maintenance.orphans import clean_orphans
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import close_replicas, create_snapshots
 from statekeeper.maintenance.verify import verify_root
+from tests.maintenance import writer_proc
 
-ROOT = Path(__file__).resolve().parents[2]
 N, T, GRACE = 3, 4, 1.0
 
 
@@ -102,13 +100,7 @@ def test_a_checkpoint_stays_bounded_while_maintenance_runs_beside_the_writer(tmp
     root = (tmp_path / "ckpt" / uuid.uuid4().hex[:8]).as_uri()
     os.makedirs(tmp_path / "ckpt", exist_ok=True)
     out = tmp_path / "writer.json"
-    writer = subprocess.Popen(
-        [sys.executable, "-m", "tests.maintenance.writer_proc", root, str(batches), str(out), "0.05"],
-        cwd=ROOT,
-        env=dict(os.environ),
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    writer = writer_proc.spawn(root, batches, out, 0.05)
     settings = MaintenanceSettings(
         snapshot_threshold=T,
         min_versions_to_retain=N,

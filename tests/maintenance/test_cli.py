@@ -3,40 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.cli_support import run_cli
 from tests.maintenance.helpers import History, all_files, clobber
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
 NO_GRACE = ("--grace", "0", "--load-grace", "0")
-
-
-def run_cli(
-    *args: str, home: Path, check: int | None = 0, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, "STATEKEEPER_HOME": str(home), **(env or {})}
-    full_env.pop("STATEKEEPER_DB_URL", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "statekeeper.maintenance", *args],
-        cwd=ROOT,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    if check is not None:
-        assert proc.returncode == check, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    return proc
 
 
 def as_json(proc: subprocess.CompletedProcess[str]) -> Any:

@@ -4,9 +4,6 @@ checks every state it rebuilds from the checkpoint) and every retained version s
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -21,9 +18,8 @@ from statekeeper.maintenance.verify import verify_root
 from statekeeper.store import StateStore, StoreConfig
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.files import open_file_manager
+from tests.maintenance import writer_proc
 from tests.maintenance.helpers import content, scripted_state
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -40,13 +36,7 @@ def test_maintenance_while_a_writer_commits(
 ) -> None:
     root = f"{checkpoint_root.rstrip('/')}/{uuid.uuid4().hex[:10]}"
     out = tmp_path / "writer.json"
-    writer = subprocess.Popen(
-        [sys.executable, "-m", "tests.maintenance.writer_proc", root, str(batches), str(out), "0.25"],
-        cwd=ROOT,
-        env=dict(os.environ),
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    writer = writer_proc.spawn(root, batches, out, 0.25)
     # The orphan grace must outlast the writer's slowest write, the load grace its slowest load (a
     # rebuild that listed the snapshots before a newer one existed reads the older files); a few
     # seconds do here.

@@ -16,8 +16,8 @@ from statekeeper.maintenance.workers import run_each
 from statekeeper.sql import Catalog
 from statekeeper.sql.leases import Lease
 from statekeeper.store.layout import StoreId
+from tests.cli_support import run_cli
 from tests.maintenance.helpers import History, all_files
-from tests.maintenance.test_cli import run_cli
 
 
 def test_cycles_snapshot_expire_and_clean(make_history: Callable[..., History], settings: MaintenanceSettings) -> None:

@@ -10,7 +10,7 @@ from statekeeper.store import CommitLog, StateStore, StoreConfig
 from statekeeper.store.formats.typed_schema import parse_ddl
 from statekeeper.store.spark.handle import StatefulProcessorHandle
 from statekeeper.store.spark.state import StateContext
-from tests.maintenance.test_cli import run_cli
+from tests.cli_support import run_cli
 
 
 class _Exploit:

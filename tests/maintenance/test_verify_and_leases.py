@@ -14,23 +14,13 @@ from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import create_snapshots
 from statekeeper.maintenance.verify import verify_root
 from statekeeper.sql import Catalog
-from tests.maintenance.helpers import History, all_files, clobber
-
-
-def _history(make_history: Callable[..., History], settings: MaintenanceSettings) -> History:
-    h = make_history()
-    h.batches(5, losing=1)
-    create_snapshots(h.root, settings)
-    h.batches(4)
-    create_snapshots(h.root, settings)
-    h.batches(2)
-    return h
+from tests.maintenance.helpers import History, all_files, clobber, snapshotted_history
 
 
 def test_a_healthy_root_verifies_with_rebuilds(
     make_history: Callable[..., History], settings: MaintenanceSettings, catalog: Catalog
 ) -> None:
-    h = _history(make_history, settings)
+    h = snapshotted_history(make_history, settings)
     report = verify_root(h.root, settings, rebuild=True, catalog=catalog)
     assert report.ok, report.errors
     assert report.versions == 2 * 3 and report.stores_ok == 2
@@ -46,7 +36,7 @@ def test_a_healthy_root_verifies_with_rebuilds(
 def test_verify_names_damaged_and_missing_files(
     make_history: Callable[..., History], settings: MaintenanceSettings
 ) -> None:
-    h = _history(make_history, settings)
+    h = snapshotted_history(make_history, settings)
     a, b = h.stores
     v = h.latest
     changelog = a.changelog(v, h.committed[v][a][0])
@@ -64,7 +54,7 @@ def test_verify_names_damaged_and_missing_files(
 def test_sst_checksums_and_a_snapshot_that_differs_from_its_changelogs(
     make_history: Callable[..., History], settings: MaintenanceSettings, tmp_path
 ) -> None:
-    h = _history(make_history, settings)
+    h = snapshotted_history(make_history, settings)
     a, b = h.stores
     inv = Inventory.scan(h.fm)
     _key, manifest = max(inv.files_of(a).manifest_data.items())
@@ -92,7 +82,7 @@ def test_sst_checksums_and_a_snapshot_that_differs_from_its_changelogs(
 def test_a_store_leased_by_another_maintainer_is_skipped_with_a_clear_error(
     make_local_history: Callable[..., History], settings: MaintenanceSettings, catalog: Catalog
 ) -> None:
-    h = _history(make_local_history, settings)
+    h = snapshotted_history(make_local_history, settings)
     a, _b = h.stores
     uri = h.fm.root_uri
     with catalog.acquire_lease(uri, (a.operator, a.partition), owner="other-host:4242", ttl=60):
@@ -108,7 +98,7 @@ def test_a_store_leased_by_another_maintainer_is_skipped_with_a_clear_error(
 def test_the_second_maintainer_waits_for_the_lease(
     make_local_history: Callable[..., History], settings: MaintenanceSettings, catalog: Catalog
 ) -> None:
-    h = _history(make_local_history, settings)
+    h = snapshotted_history(make_local_history, settings)
     a = h.stores[0]
     lease = catalog.acquire_lease(h.fm.root_uri, (a.operator, a.partition), owner="first", ttl=60)
     threading.Timer(1.0, lease.release).start()
@@ -123,7 +113,7 @@ def test_the_second_maintainer_waits_for_the_lease(
 def test_without_a_catalog_a_lock_file_keeps_maintainers_on_one_host_apart(
     make_local_history: Callable[..., History], settings: MaintenanceSettings
 ) -> None:
-    h = _history(make_local_history, settings)
+    h = snapshotted_history(make_local_history, settings)
     h.batches(2)
     a = h.stores[0]
     with store_lease(h.fm.root_uri, a, settings, None):

@@ -10,9 +10,11 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 from statekeeper.store import CommitLog, StateStore, StoreConfig
 from statekeeper.store.files import open_file_manager
@@ -73,6 +75,17 @@ def main(root: str, batches: int, out: str, pause: float) -> int:
     with open(out, "w") as f:
         json.dump({"ids": ids, "rebuilds": rebuilds}, f)
     return 0
+
+
+def spawn(root: str, batches: int, out: Path, pause: float) -> subprocess.Popen[str]:
+    """This job in its own process (stderr piped, for the test's failure message)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.maintenance.writer_proc", root, str(batches), str(out), str(pause)],
+        cwd=Path(__file__).resolve().parents[2],
+        env=dict(os.environ),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 if __name__ == "__main__":

@@ -111,3 +111,25 @@ def test_dagster_definitions_validate(tmp_path: Path) -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "statekeeper" in out
+
+
+def test_maintenance_config_carries_every_setting() -> None:
+    """The Dagster resource and the settings name the same fields, and every value survives the round trip."""
+    from dataclasses import fields
+
+    from statekeeper.maintenance.settings import MaintenanceSettings
+    from statekeeper.orchestration.resources import MaintenanceConfig
+
+    settings = MaintenanceSettings(
+        snapshot_threshold=3,
+        min_versions_to_retain=7,
+        orphan_grace_seconds=5.5,
+        load_grace_seconds=1.5,
+        parallelism=2,
+        lease_ttl_seconds=30.0,
+        lease_timeout_seconds=2.0,
+        work_dir="/tmp/statekeeper-work",
+        delete_batch_size=10,
+    )
+    assert {f.name for f in fields(MaintenanceSettings)} <= set(MaintenanceConfig.model_fields)
+    assert MaintenanceConfig.from_settings(settings).settings() == settings

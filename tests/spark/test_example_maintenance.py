@@ -10,9 +10,6 @@ the retained versions need; the job then resumes from it and its exactly-once ch
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +23,8 @@ from statekeeper.orchestration.assets import LINEAGE, ORPHANS, RETAINED, SNAPSHO
 from statekeeper.orchestration.config import OrchestrationConfig, parse_roots
 from statekeeper.orchestration.definitions import build_definitions
 from statekeeper.orchestration.jobs import JOB_NAMES
+from tests.cli_support import run_cli
 from tests.orchestration.conftest import make_resources
-from tests.spark.conftest import ROOT
 from tests.spark.example_runner import run_example
 
 RETAIN = 1
@@ -36,18 +33,7 @@ OPS = ["--retain", str(RETAIN), "--threshold", str(THRESHOLD), "--grace", "0", "
 
 
 def _cli(home: Path, *args: str) -> dict[str, Any]:
-    env = {**os.environ, "STATEKEEPER_HOME": str(home)}
-    env.pop("STATEKEEPER_DB_URL", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "statekeeper.maintenance", *args, "--json"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, f"statekeeper {' '.join(args)}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    proc = run_cli(*args, "--json", home=home)
     doc = json.loads(proc.stdout)
     if not isinstance(doc, dict):
         return {"rows": doc}

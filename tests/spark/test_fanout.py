@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,33 +15,17 @@ from typing import Any
 import pytest
 
 from statekeeper.store.errors import ConfigurationError
+from tests.cli_support import run_cli
 from tests.orchestration.helpers import CheckpointWriter
 from tests.spark.cluster_support import StandaloneCluster
-from tests.spark.conftest import ROOT, spark_env
+from tests.spark.conftest import spark_env
 
 PARTITIONS = 6
 
 
 def _cli(*args: str, home: Path) -> Any:
-    env = {
-        **os.environ,
-        **spark_env(),
-        "STATEKEEPER_HOME": str(home),
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "SPARK_LOCAL_HOSTNAME": "127.0.0.1",
-    }
-    env.pop("STATEKEEPER_DB_URL", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "statekeeper.maintenance", *args, "--json"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=420,
-        check=False,
-    )
-    assert done.returncode == 0, f"{args}: rc={done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
-    return json.loads(done.stdout)
+    env = {**spark_env(), "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOCAL_HOSTNAME": "127.0.0.1"}
+    return json.loads(run_cli(*args, "--json", home=home, env=env, timeout=420).stdout)
 
 
 def _applications(cluster: StandaloneCluster) -> set[str]:
