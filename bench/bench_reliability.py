@@ -19,7 +19,7 @@
 
 `--quick` kills a sample of 2 points per scenario, locally, with 2 partitions, and only prints; the
 full run kills every point with 8 partitions per scenario (more stores: more points), the local and
-the S3 sweep side by side in two processes while the pytest parts run, and the figures go to
+the S3 sweep side by side in two processes while the three pytest parts run side by side too, and the figures go to
 bench/results/reliability.json and docs/reliability.md with the date and machine.
 STATEKEEPER_SWEEP_RESULT=FILE reuses the JSON of a sweep already run (`python -m tests.reliability.sweep
 FILE --kinds local,s3 --partitions 8 ...`, hours on 2 cores) instead of sweeping again.
@@ -35,6 +35,7 @@ import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -173,11 +174,13 @@ def _counted(tests: list[str], marker: str, scale: str, out: str) -> tuple[dict[
     return figures, proc.returncode == 0
 
 
-def _model_steps(quick: bool, tmp: str) -> tuple[dict[str, Any], bool]:
-    figures, models_passed = _counted(MODEL_TESTS, "not slow", "1" if quick else "10", os.path.join(tmp, "steps.json"))
-    faults, faults_passed = _counted(
-        FAULT_TESTS, "not slow" if quick else "slow or not slow", "1", os.path.join(tmp, "faults.json")
+def _model_steps(quick: bool, tmp: str, pool: ThreadPoolExecutor) -> tuple[dict[str, Any], bool]:
+    """The machines' and the fault tests' figures; the two pytest runs go side by side on `pool`."""
+    models = pool.submit(_counted, MODEL_TESTS, "not slow", "1" if quick else "10", os.path.join(tmp, "steps.json"))
+    fault_run = pool.submit(
+        _counted, FAULT_TESTS, "not slow" if quick else "slow or not slow", "1", os.path.join(tmp, "faults.json")
     )
+    (figures, models_passed), (faults, faults_passed) = models.result(), fault_run.result()
     injected = dict(figures.get("injected", {}))
     for kind, n in faults.get("injected", {}).items():
         injected[kind] = injected.get(kind, 0) + n
@@ -190,8 +193,10 @@ def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
     measured_on = machine()
     with tempfile.TemporaryDirectory(prefix="sk-reliability-") as tmp, contextlib.ExitStack() as stack:
         sweeps = _start_sweeps(quick, tmp, stack)
-        figures, models_passed = _model_steps(quick, tmp)
-        s3_runs = _s3_implementations(quick, tmp)
+        with ThreadPoolExecutor(3) as pool:  # three pytest processes: mostly waits on servers and children
+            s3_run = pool.submit(_s3_implementations, quick, tmp)
+            figures, models_passed = _model_steps(quick, tmp, pool)
+            s3_runs = s3_run.result()
         sweep = _sweep_result(sweeps)
     steps, fuzzed, injected = figures.get("steps", {}), figures.get("fuzzed", {}), figures.get("injected", {})
     soak_figures: dict[str, dict[str, int]] = figures.get("soak", {})
