@@ -59,6 +59,10 @@ FOUND = [
     "soak: maintenance refused a root whose job wrote its first file while `check_root` was listing it "
     '("does not look like a statekeeper checkpoint root"); fixed in `maintenance/inventory.py`, regression '
     "test `tests/reliability/test_soak.py::test_a_job_starting_while_maintenance_checks_the_root_is_not_refused`",
+    "soak (on a loaded machine): maintenance refused an S3 root holding only the conditional-write probe "
+    "(`_statekeeper_probe_<id>`) a starting job writes before its first commit; fixed in `check_root` "
+    "(`maintenance/inventory.py`), regression test "
+    "`tests/maintenance/test_bad_input.py::test_a_root_holding_only_a_starting_jobs_capability_probe_is_ours`",
 ]
 """What the sweep, the fault tests and the soak found (each fixed, with a regression test), for the document."""
 

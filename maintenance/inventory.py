@@ -545,8 +545,9 @@ def check_root(fm: CheckpointFileManager) -> None:
     for prefix in ours:  # the driver writes spark/ first
         if next(iter(fm.list(prefix)), None) is not None:
             return
-    first = next(iter(fm.list("")), None)
-    # A job starting while we list writes its first file after our look at its prefix: still ours.
+    # A job starting while we list writes its first file after our look at its prefix: still ours. So is
+    # the S3 capability probe a starting job writes (and deletes) at the root before its first commit.
+    first = next((f for f in fm.list("") if not _PROBE_NAME.match(f.path)), None)
     if first is not None and not first.path.startswith(ours):
         raise ConfigurationError(
             f"{fm.root_uri} does not look like a statekeeper checkpoint root: it has files (e.g. {first.path!r}) "

@@ -16,6 +16,7 @@ from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import create_snapshots
 from statekeeper.maintenance.verify import verify_root
 from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.files.s3.capabilities import PROBE_PREFIX
 from statekeeper.store.layout import StoreId, commit_path
 from tests.maintenance.helpers import History, all_files, clobber, snapshotted_history
 
@@ -200,6 +201,20 @@ def test_roots_that_are_not_checkpoint_roots_are_refused(tmp_path, settings: Mai
         expire_versions("/", settings)
     with pytest.raises(ConfigurationError, match="unsupported checkpoint root scheme"):
         expire_versions("ftp://host/x", settings)
+
+
+def test_a_root_holding_only_a_starting_jobs_capability_probe_is_ours(tmp_path, settings: MaintenanceSettings) -> None:
+    """A job's S3 file manager writes (and deletes) `_statekeeper_probe_<id>` at the root before its first
+    commit: a maintainer looking at that moment must see an empty checkpoint root, not a foreign one (the
+    soak found this on a loaded machine)."""
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / f"{PROBE_PREFIX}{'a' * 32}").write_bytes(b"1")
+    for op in (create_snapshots, expire_versions, clean_orphans, verify_root):
+        assert op(root.as_uri(), settings).ok
+    (root / "notes.txt").write_text("someone else's")
+    with pytest.raises(ConfigurationError, match=r"notes\.txt"):
+        verify_root(root.as_uri(), settings)
 
 
 def test_a_work_dir_inside_the_root_is_refused(tmp_path, settings: MaintenanceSettings) -> None:
