@@ -218,7 +218,12 @@ def _maintain_loop(p: FleetParams, root: str, work: str, stop: Path) -> int:
     while not stop.exists():
         time.sleep(0.2)
     proc.terminate()  # SIGTERM between or within a cycle: a maintainer may die at any point (invariant 4)
-    out, _ = proc.communicate(timeout=120)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # seen once on a machine loaded 5x over its cores
+        log.warning("statekeeper maintain still running 120 s after SIGTERM; killing it")
+        proc.kill()
+        out, _ = proc.communicate(timeout=120)
     return out.count("cycle ")
 
 
