@@ -37,6 +37,7 @@ from statekeeper.sql import Catalog
 from statekeeper.store import CommitLog, StateStore, StoreConfig, faults
 from statekeeper.store.async_upload import AsyncUploader
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
+from tests.reliability import scenario_rescale
 
 OPERATOR = "sweep"
 PARTITIONS = 2
@@ -245,6 +246,8 @@ class Scenario:
     """After `act`/`recover` only the newest RETAIN versions are retained (older ones may be gone)."""
     catalog: bool = False
     """Recovery also syncs the catalog; the check compares it with a rebuild."""
+    verify: Callable[[str, str, int], list[str]] | None = None
+    """The scenario's own check (root, work, committed before the kill), instead of the per-partition model."""
 
 
 def _commit(root: str, work: str) -> None:
@@ -286,6 +289,13 @@ SCENARIOS: dict[str, Scenario] = {
             expires=True,
             catalog=True,
         ),
+        Scenario(
+            "rescale",
+            scenario_rescale.prepare,
+            scenario_rescale.rescale,
+            scenario_rescale.recover,
+            verify=scenario_rescale.check,
+        ),
     )
 }
 
@@ -298,6 +308,8 @@ def check(
 ) -> list[str]:
     """Problems after a kill and a recovery: a committed version lost or wrong, a needed file gone,
     maintenance not verifying clean, a catalog that differs from a rebuild."""
+    if scenario.verify is not None:
+        return scenario.verify(root, work, committed_before)
     problems: list[str] = []
     fm = open_file_manager(root)
     latest = CommitLog(fm).latest()
