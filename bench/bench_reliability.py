@@ -1,7 +1,8 @@
 """Reliability in figures: `python -m bench reliability` writes docs/reliability.md.
 
 1. Crash-point sweep (`tests/reliability/sweep.py`): every scenario (commit, async commit, snapshot,
-   expiry, orphan cleanup, catalog sync, catalog rebuild, snapshot and expiry with a catalog) on
+   expiry, orphan cleanup, catalog sync, catalog rebuild, snapshot and expiry with a catalog, snapshot
+   repair, offline rescale) on
    local disk and on S3 (moto's server in its own process on 127.0.0.1) is traced through the fault
    seam (`store/faults.py`), then a child is killed with SIGKILL at every point it reached, the
    checkpoint recovered and checked against the model: distinct kills, and how many lost anything.
