@@ -18,12 +18,13 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from statekeeper.maintenance.inventory import FOREIGN, MANIFEST, SST, TEMP, UPLOAD, FileEntry, Inventory, classify
 from statekeeper.maintenance.plan import RootPlan, StorePlan, plan_root
 from statekeeper.maintenance.reports import DeletionReport
 from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.workers import run_each
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.files import CheckpointFileManager, DeleteResult
 from statekeeper.store.files.paths import validate_relative_path
@@ -226,6 +227,43 @@ class Deleter:
         return out
 
 
+R = TypeVar("R")
+
+
+@contextmanager
+def run_deleter(
+    fm: CheckpointFileManager, catalog: Catalog | None, settings: MaintenanceSettings, *, mark_expired: bool, name: str
+) -> Iterator[Deleter]:
+    """The `Deleter` of one run: a pool of `settings.parallelism` threads named `name`, and the catalog's
+    marks, flushed when the block ends."""
+    with (
+        ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix=name) as pool,
+        catalog_marks(catalog, fm.root_uri) as marks,
+    ):
+        yield Deleter(fm, marks, settings, pool, mark_expired=mark_expired)
+
+
+def each_store(
+    plans: Sequence[StorePlan],
+    fn: Callable[[StoreId], R],
+    report: DeletionReport,
+    *,
+    parallelism: int,
+    progress: bool,
+    desc: str,
+) -> list[tuple[StorePlan, R]]:
+    """`fn(store)` for every plan's store, `parallelism` at once; a store that raised is named in the
+    report's errors and left out of the result (one store's failure does not stop the others)."""
+    results = run_each([p.store for p in plans], fn, parallelism=parallelism, progress=progress, desc=desc)
+    done: list[tuple[StorePlan, R]] = []
+    for p, res in zip(plans, results, strict=True):
+        if isinstance(res, Exception):
+            report.error(f"store {p.store}: {res}")
+        else:
+            done.append((p, res))
+    return done
+
+
 def plan_deletions(
     inv: Inventory, settings: MaintenanceSettings, wanted: list[StoreId] | None, report: DeletionReport
 ) -> tuple[RootPlan, list[StorePlan]]:
@@ -250,6 +288,8 @@ __all__ = [
     "Deleter",
     "catalog_marks",
     "delete_entries",
+    "each_store",
     "plan_deletions",
+    "run_deleter",
     "validate_deletable",
 ]

@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from statekeeper.maintenance.deletion import DeleteOutcome, Deleter, catalog_marks, plan_deletions
+from statekeeper.maintenance.deletion import DeleteOutcome, Deleter, each_store, plan_deletions, run_deleter
 from statekeeper.maintenance.inventory import FileEntry, Inventory
 from statekeeper.maintenance.leasing import planned_store
 from statekeeper.maintenance.plan import StorePlan
 from statekeeper.maintenance.reports import ExpiryReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshot_health import base_problem
-from statekeeper.maintenance.workers import run_each
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.layout import StoreId
 
@@ -75,22 +73,16 @@ def expire_versions(
                 _account(report, str(p.store), p.expired, "would delete")
             _account(report, None, root_expired, "would delete")
             return report
-        with (
-            ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="expire-delete") as pool,
-            catalog_marks(catalog, fm.root_uri) as marks,
-        ):
-            deleter = Deleter(fm, marks, settings, pool, mark_expired=True)
-            results = run_each(
-                [p.store for p in todo],
+        with run_deleter(fm, catalog, settings, mark_expired=True, name="expire-delete") as deleter:
+            done = each_store(
+                todo,
                 lambda s: _expire_store(deleter, inv, s, catalog),
+                report,
                 parallelism=settings.parallelism,
                 progress=progress,
                 desc="expire",
             )
-            for p, res in zip(todo, results, strict=True):
-                if isinstance(res, Exception):
-                    report.error(f"store {p.store}: {res}")
-                    continue
+            for p, res in done:
                 _account(report, str(p.store), res.deleted, "deleted")
                 for text in res.errors:
                     report.error(f"store {p.store}: {text}")

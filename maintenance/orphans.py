@@ -13,15 +13,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from statekeeper.maintenance.deletion import DeleteOutcome, Deleter, catalog_marks, plan_deletions
+from statekeeper.maintenance.deletion import DeleteOutcome, Deleter, each_store, plan_deletions, run_deleter
 from statekeeper.maintenance.inventory import FileEntry, Inventory
 from statekeeper.maintenance.leasing import planned_store
 from statekeeper.maintenance.reports import OrphanReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.workers import run_each
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.layout import StoreId
 
@@ -66,23 +64,16 @@ def clean_orphans(
             if wanted is None:
                 _account(report, [e for e, _ in root.orphans], dict(root.orphans), "would delete")
             return report
-        with (
-            ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix="orphan-delete") as pool,
-            catalog_marks(catalog, fm.root_uri) as marks,
-        ):
-            deleter = Deleter(fm, marks, settings, pool, mark_expired=False)
-            results = run_each(
-                [p.store for p in todo],
+        with run_deleter(fm, catalog, settings, mark_expired=False, name="orphan-delete") as deleter:
+            done = each_store(
+                todo,
                 lambda s: _clean_store(deleter, inv, s, catalog),
+                report,
                 parallelism=settings.parallelism,
                 progress=progress,
                 desc="clean-orphans",
             )
-            for p, res in zip(todo, results, strict=True):
-                if isinstance(res, Exception):
-                    report.error(f"store {p.store}: {res}")
-                    continue
-                out, reasons = res
+            for p, (out, reasons) in done:
                 _account(report, out.deleted, reasons, "deleted")
                 for text in out.errors:
                     report.error(f"store {p.store}: {text}")

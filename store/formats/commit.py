@@ -108,6 +108,11 @@ class CommitRecord:
         copied = payload.get("copied_from", {})
         if not all(isinstance(x, dict) for x in (raw_layouts, change, in_place, copied)):
             raise CorruptFileError("malformed layouts, change, in_place or copied_from", name)
+        for op, source in copied.items():
+            if not isinstance(source, int) or isinstance(source, bool) or not 0 <= source < version:
+                raise CorruptFileError(
+                    f"operator {op!r}: copied_from {source!r} is not a version below {version}", name
+                )
         try:
             for op, lay in raw_layouts.items():
                 layouts[op] = KeyGroupLayout(int(lay["partitions"]), int(lay["max_key_groups"]))
@@ -119,7 +124,7 @@ class CommitRecord:
                 None if batch == version - 1 else batch,
                 {str(k): str(v) for k, v in change.items()},
                 {str(k): tuple(int(p) for p in v) for k, v in in_place.items()},
-                {str(k): int(v) for k, v in copied.items()},
+                {str(k): v for k, v in copied.items()},
             )
         except (KeyError, TypeError, ValueError, ConfigurationError) as e:
-            raise CorruptFileError(f"malformed layout: {e}", name) from None
+            raise CorruptFileError(f"malformed layouts, change or in_place: {e}", name) from None

@@ -23,10 +23,13 @@ import pytest
 
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import create_snapshots
-from statekeeper.store.errors import CheckpointError
+from statekeeper.store.errors import CheckpointError, CorruptFileError
 from statekeeper.store.files import open_file_manager
 from statekeeper.store.formats.changelog import ChangelogReader
+from statekeeper.store.formats.commit import FORMAT_VERSION as COMMIT_FORMAT
+from statekeeper.store.formats.commit import MAGIC as COMMIT_MAGIC
 from statekeeper.store.formats.commit import CommitRecord
+from statekeeper.store.formats.framing import decode_whole_frame, encode_frame
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.formats.typed_codec import CorruptStateError
 from statekeeper.store.formats.typed_schema import parse_ddl
@@ -101,6 +104,37 @@ def test_reader_refuses_bad_bytes_naming_the_file(kind: str, written: Path) -> N
                 pytest.fail(f"{kind} {path}: a damaged copy was accepted ({len(bad)} of {len(data)} bytes)")
     assert [(i.path, i.size) for i in fm.list()] == before, "reading bad input changed the checkpoint"
     FUZZED[kind] += fed
+
+
+MALFORMED_COMMIT_FIELDS: list[dict[str, Any]] = [
+    {"copied_from": {"op": "3"}},
+    {"copied_from": {"op": [1]}},
+    {"copied_from": {"op": -1}},
+    {"copied_from": {"op": True}},
+    {"copied_from": {"op": 10**6}},  # a version at or above the record's own: a rollback copies an older one
+    {"copied_from": ["op", 1]},
+    {"in_place": {"op": "0,1"}},
+    {"in_place": {"op": [None]}},
+    {"layouts": {"op": {"partitions": "many", "max_key_groups": 8}}},
+    {"layouts": {"op": {"partitions": 3}}},
+    {"batch_id": -2},
+    {"batch_id": "7"},
+    {"operators": {"op": [1, 2]}},
+]
+
+
+@pytest.mark.parametrize("fields", MALFORMED_COMMIT_FIELDS, ids=repr)
+def test_commit_record_with_well_framed_but_malformed_fields_is_refused(fields: dict[str, Any], written: Path) -> None:
+    """The checksum passes (the record is re-framed), so only the field checks stand between a bad
+    record and the batch history, the reader and rescale."""
+    fm = open_file_manager(str(written))
+    path = next(i.path for i in fm.list() if i.path.endswith(".commit"))
+    payload = decode_whole_frame(fm.read_bytes(path), COMMIT_MAGIC, COMMIT_FORMAT, path)
+    bad = encode_frame(COMMIT_MAGIC, COMMIT_FORMAT, {**payload, **fields})
+    with pytest.raises(CorruptFileError) as e:
+        CommitRecord.from_bytes(bad, path)
+    assert path in str(e.value)
+    FUZZED["commit record"] += 1
 
 
 class Meta:
