@@ -14,7 +14,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 DOC = ROOT / "docs" / "benchmarks.md"
-OWN_DOCS = {"reliability"}  # suites that write their own document (docs/reliability.md), not a comparison
+OWN_DOCS = {"reliability", "reliability-sweep"}  # results of docs/reliability.md (and its saved sweep), not comparisons
 
 
 @dataclass
