@@ -54,6 +54,7 @@ def point_statekeeper_at(mp: Any, endpoint_url: str) -> None:
     mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
     mp.setenv("STATEKEEPER_S3_ENDPOINT_URL", endpoint_url)
 
+
 # fault kinds
 SLOWDOWN = "503"  # 503 SlowDown, request not forwarded
 INTERNAL = "500"  # 500 InternalError, request not forwarded

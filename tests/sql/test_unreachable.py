@@ -73,4 +73,3 @@ def test_sqlite_errors_stay_its_own(tmp_path) -> None:
         assert not isinstance(info.value, CatalogUnavailableError)
     finally:
         catalog.close()
-
