@@ -546,8 +546,8 @@ def check_root(fm: CheckpointFileManager) -> None:
         if next(iter(fm.list(prefix)), None) is not None:
             return
     # A job starting while we list writes its first file after our look at its prefix: still ours. So is
-    # the S3 capability probe a starting job writes (and deletes) at the root before its first commit.
-    first = next((f for f in fm.list("") if not _PROBE_NAME.match(f.path)), None)
+    # any file `classify` calls ours at the top (the S3 capability probe a starting job writes and deletes).
+    first = next((f for f in fm.list("") if classify(f.path).kind == FOREIGN), None)
     if first is not None and not first.path.startswith(ours):
         raise ConfigurationError(
             f"{fm.root_uri} does not look like a statekeeper checkpoint root: it has files (e.g. {first.path!r}) "
