@@ -11,7 +11,11 @@ production deployments pass a catalog.
 The maintenance loop runs snapshot, expiry and orphan cleanup one after the other on the same stores:
 inside `cycle_leases` a store's lease is taken the first time an operation needs it and held, renewed
 as usual, until the cycle ends, so a store costs one acquisition and one release per cycle instead of
-three (the lease's TTL, fencing and refusal when held elsewhere are unchanged).
+three (the lease's TTL, fencing and refusal when held elsewhere are unchanged). Given the stores it will
+visit, the cycle takes every free one at its start in a single catalog transaction
+(`Catalog.acquire_leases`): one lease row per store as before, but one acquisition, one renewal thread
+and one release for all of them; a store held elsewhere is left to the per-store path, which waits
+for it up to the lease timeout and then reports it busy.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import TYPE_CHECKING, Protocol
 
@@ -92,6 +96,21 @@ class _CycleLeases:
                 self.held[store] = guard
             return guard
 
+    def take_free(self, root_uri: str, stores: Sequence[StoreId]) -> None:
+        """Take the catalog leases of every store of `stores` nobody holds, in one transaction."""
+        if self.catalog is None or not stores:
+            return
+        lease, _ = self.catalog.acquire_leases(
+            root_uri, [(s.operator, s.partition) for s in stores], ttl=self.settings.lease_ttl_seconds
+        )
+        if lease is None:
+            return
+        lease.keep_alive()
+        taken = set(lease.scopes)
+        with self.lock:
+            self.entered.append(lease)
+            self.held.update((s, lease) for s in stores if f"{s.operator}/{s.partition}" in taken)
+
     def release(self) -> None:
         with ExitStack() as stack:  # every lease is released even if one release fails
             for lease in self.entered:
@@ -108,12 +127,16 @@ its own leases and is excluded by them as before."""
 
 
 @contextmanager
-def cycle_leases(root_uri: str, settings: MaintenanceSettings, catalog: Catalog | None) -> Iterator[None]:
+def cycle_leases(
+    root_uri: str, settings: MaintenanceSettings, catalog: Catalog | None, stores: Sequence[StoreId] = ()
+) -> Iterator[None]:
     """Within the block, `store_lease` on `root_uri` (with this `catalog`) keeps each store's lease until
-    the block ends: one acquisition and one release per store for all the operations run inside it."""
+    the block ends: one acquisition and one release per store for all the operations run inside it.
+    The free ones of `stores` are taken at once when the block starts (one catalog transaction)."""
     cycle = _CycleLeases(settings, catalog)
     token = _cycle.set((root_uri, cycle))
     try:
+        cycle.take_free(root_uri, stores)
         yield
     finally:
         _cycle.reset(token)

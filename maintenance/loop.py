@@ -5,8 +5,9 @@ each importing the stack, opening the catalog and rebuilding its warm replicas' 
 fixed cost dominates a maintainer of many small stores (see docs/benchmarks.md, fleet). This loop
 keeps one process, one catalog connection, the warm local copies of the stores
 (`statekeeper.maintenance.replica`) and the parsed commit records and manifests
-(`statekeeper.maintenance.inventory`) across cycles, and takes one maintenance lease per store per
-cycle, so a cycle costs its listings and the work it finds. ``statekeeper maintain ROOT --every SECONDS`` runs it.
+(`statekeeper.maintenance.inventory`) across cycles, and takes the maintenance leases of all the
+stores it finds free in one catalog transaction per cycle, so a cycle costs its listings and the work
+it finds. ``statekeeper maintain ROOT --every SECONDS`` runs it.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def maintain(
         inv = Inventory.scan(fm, parallelism=settings.parallelism)
         # One lease per store per cycle: taken by the first operation that changes the store, held
         # (and renewed) through the other two, released here.
-        with cycle_leases(fm.root_uri, settings, catalog):
+        with cycle_leases(fm.root_uri, settings, catalog, stores=inv.store_ids()):
             for op in (create_snapshots, expire_versions, clean_orphans):
                 result.reports.append(op(fm, settings, catalog=catalog, inventory=inv))
         result.seconds = time.monotonic() - t0

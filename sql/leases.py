@@ -26,7 +26,7 @@ from types import TracebackType
 from sqlalchemy import Connection, delete, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from statekeeper.sql.base import CatalogBase
+from statekeeper.sql.base import CatalogBase, chunks
 from statekeeper.sql.errors import CatalogConfigError, LeaseLostError, LeaseUnavailableError
 from statekeeper.sql.models import ROOT_SCOPE, CheckpointRoot, MaintenanceLease, utcnow
 
@@ -68,14 +68,15 @@ class LeaseInfo:
 
 
 class Lease:
-    """A held lease; release it with `release()` or by leaving its `with` block."""
+    """A held lease of one scope, or of several store scopes taken together (`LeaseAccess.acquire_leases`:
+    one token, renewed and released as one); release it with `release()` or by leaving its `with` block."""
 
     def __init__(
         self,
         catalog: CatalogBase,
         root: str,
         root_id: int,
-        scope: str,
+        scopes: tuple[str, ...],
         owner: str,
         token: str,
         ttl: float,
@@ -83,7 +84,7 @@ class Lease:
     ) -> None:
         self.catalog = catalog
         self.root = root
-        self.scope = scope
+        self.scopes = scopes
         self.owner = owner
         self.token = token
         self.ttl = ttl
@@ -98,11 +99,18 @@ class Lease:
         return f"Lease({self.root!r}, {self.scope!r}, owner={self.owner!r}, expires_at={self.expires_at.isoformat()})"
 
     @property
+    def scope(self) -> str:
+        """The scope, or for a lease of several stores a description of them."""
+        if len(self.scopes) == 1:
+            return self.scopes[0]
+        return f"{len(self.scopes)} stores ({self.scopes[0]}, ...)"
+
+    @property
     def held(self) -> bool:
         return not self._released and self._lost is None and utcnow() < self.expires_at
 
     def _lost_error(self, why: str) -> LeaseLostError:
-        what = "the whole root" if self.scope == ROOT_SCOPE else f"store {self.scope}"
+        what = "the whole root" if self.scopes == (ROOT_SCOPE,) else f"store {self.scope}"
         return LeaseLostError(f"lost the maintenance lease on {what} of {self.root} ({why}); stop and rerun")
 
     def renew(self, ttl: float | None = None) -> None:
@@ -117,14 +125,10 @@ class Lease:
             _lock_root(conn, self._root_id)
             n = conn.execute(
                 update(MaintenanceLease)
-                .where(
-                    MaintenanceLease.root_id == self._root_id,
-                    MaintenanceLease.scope == self.scope,
-                    MaintenanceLease.token == self.token,
-                )
+                .where(MaintenanceLease.root_id == self._root_id, MaintenanceLease.token == self.token)
                 .values(expires_at=expires)
             ).rowcount
-        if n != 1:
+        if n != len(self.scopes):
             self._lost = self._lost_error("it expired and another maintainer took it over")
             raise self._lost
         self.expires_at = expires
@@ -151,9 +155,7 @@ class Lease:
         with self.catalog.write() as conn:
             conn.execute(
                 delete(MaintenanceLease).where(
-                    MaintenanceLease.root_id == self._root_id,
-                    MaintenanceLease.scope == self.scope,
-                    MaintenanceLease.token == self.token,
+                    MaintenanceLease.root_id == self._root_id, MaintenanceLease.token == self.token
                 )
             )
 
@@ -172,7 +174,7 @@ class Lease:
                 except Exception:  # transient database trouble: try again next period
                     continue
 
-        self._thread = threading.Thread(target=run, name=f"lease-{self.scope}", daemon=True)
+        self._thread = threading.Thread(target=run, name=f"lease-{self.scopes[0]}", daemon=True)
         self._thread.start()
         return self
 
@@ -237,8 +239,78 @@ def _try_acquire(
         return expires, None, root_id
 
 
+def _try_acquire_stores(
+    catalog: CatalogBase, uri: str, scopes: list[str], owner: str, token: str, ttl: float
+) -> tuple[Lease | None, dict[str, LeaseInfo]]:
+    """One transaction: take every scope of `scopes` nobody holds.
+
+    Returns the lease of those taken and the holders of the rest."""
+    with catalog.write() as conn:
+        root_id = catalog.ensure_root_in(conn, uri)
+        _lock_root(conn, root_id)
+        now = utcnow()
+        live: dict[str, LeaseInfo] = {}
+        for other_scope, other_owner, acquired, expires in conn.execute(
+            select(
+                MaintenanceLease.scope,
+                MaintenanceLease.owner,
+                MaintenanceLease.acquired_at,
+                MaintenanceLease.expires_at,
+            ).where(MaintenanceLease.root_id == root_id, MaintenanceLease.expires_at > now)
+        ):
+            live[other_scope] = LeaseInfo(uri, other_scope, other_owner, acquired, expires)
+        refused = {s: live.get(ROOT_SCOPE) or live[s] for s in scopes if ROOT_SCOPE in live or s in live}
+        taken = [s for s in scopes if s not in refused]
+        if not taken:
+            return None, refused
+        for part in chunks([*taken, ROOT_SCOPE]):  # expired holders of what we take: take over
+            conn.execute(
+                delete(MaintenanceLease).where(
+                    MaintenanceLease.root_id == root_id,
+                    MaintenanceLease.scope.in_(part),
+                    MaintenanceLease.expires_at <= now,
+                )
+            )
+        expires = now + dt.timedelta(seconds=ttl)
+        conn.execute(
+            MaintenanceLease.__table__.insert(),  # type: ignore[attr-defined]
+            [
+                dict(root_id=root_id, scope=s, owner=owner, token=token, acquired_at=now, expires_at=expires)
+                for s in taken
+            ],
+        )
+        return Lease(catalog, uri, root_id, tuple(taken), owner, token, ttl, expires), refused
+
+
 class LeaseAccess(CatalogBase):
-    """`Catalog.acquire_lease` and `Catalog.leases`."""
+    """`Catalog.acquire_lease`, `Catalog.acquire_leases` and `Catalog.leases`."""
+
+    def acquire_leases(
+        self, uri: str, stores: list[tuple[str, int]], *, owner: str | None = None, ttl: float = 300.0
+    ) -> tuple[Lease | None, dict[str, LeaseInfo]]:
+        """Take, in one transaction and without waiting, the leases of every store of `stores` that no one
+        holds: (one `Lease` covering them all, None if none was free; the holder of each store refused).
+
+        For a maintainer about to work on many stores: one acquisition, one renewal per period and one
+        release instead of one each per store. A conflicting write (another acquirer, SQLite busy)
+        refuses nothing and takes nothing: (None, {}), and the caller takes the leases one by one.
+        """
+        if not ttl > 0:
+            raise CatalogConfigError(f"lease ttl={ttl!r} must be > 0 seconds")
+        scopes = list(dict.fromkeys(scope_of(s) for s in stores))
+        if ROOT_SCOPE in scopes:
+            raise CatalogConfigError("acquire_leases takes store leases only: use acquire_lease for the whole root")
+        if not scopes:
+            return None, {}
+        owner = (owner or default_owner())[:200]
+        try:
+            return _try_acquire_stores(self, uri, scopes, owner, uuid.uuid4().hex, ttl)
+        except IntegrityError:
+            return None, {}
+        except OperationalError as e:
+            if "locked" not in str(e).lower():
+                raise
+            return None, {}
 
     def acquire_lease(
         self,
@@ -278,7 +350,7 @@ class LeaseAccess(CatalogBase):
                 expires = utcnow()
             else:
                 if holder is None:
-                    return Lease(self, uri, root_id, scope, owner, token, ttl, expires)
+                    return Lease(self, uri, root_id, (scope,), owner, token, ttl, expires)
             waited = time.monotonic() - t0
             if waited >= timeout:
                 if holder is None:

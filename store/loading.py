@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 import rocksdict as rd
@@ -168,12 +170,17 @@ def apply_changelog(reader: ChangelogReader, db: rd.Rdict, handle_of: Callable[[
     try:
         for cf_name, keys, values in reader.blocks():
             handle = handle_of(cf_name)
-            put, delete = wb.put, wb.delete
-            for k, val in zip(keys, values, strict=True):
-                if val is None:
-                    delete(k, handle)
-                else:
-                    put(k, val, handle)
+            if len(keys) != len(values):
+                raise CorruptFileError(f"a block of {len(keys)} keys holds {len(values)} values", reader.name)
+            if None in values:
+                put, delete = wb.put, wb.delete
+                for k, val in zip(keys, values, strict=True):
+                    if val is None:
+                        delete(k, handle)
+                    else:
+                        put(k, val, handle)
+            else:  # the common block of puts only: the loop in C (a third of the time per record)
+                deque(map(wb.put, keys, values, repeat(handle, len(keys))), maxlen=0)
             records += len(keys)
             if wb.size_in_bytes() >= batch_bytes:
                 db.write(wb)

@@ -49,14 +49,22 @@ def test_the_maintain_command(make_local_history: Callable[..., History], tmp_pa
 
 
 class _CountingCatalog(Catalog):
-    """The real SQLite catalog, counting lease acquisitions per store scope."""
+    """The real SQLite catalog, counting lease acquisitions per store scope and catalog transactions taking them."""
 
     acquired: Counter[str] = Counter()
+    transactions = 0
 
     def acquire_lease(self, uri: str, store: tuple[str, int] | str | None = None, **kw: Any) -> Lease:
         lease = super().acquire_lease(uri, store, **kw)
         self.acquired[lease.scope] += 1
+        self.transactions += 1
         return lease
+
+    def acquire_leases(self, uri: str, stores: list[tuple[str, int]], **kw: Any) -> tuple[Lease | None, Any]:
+        lease, refused = super().acquire_leases(uri, stores, **kw)
+        self.acquired.update(lease.scopes if lease is not None else ())
+        self.transactions += 1
+        return lease, refused
 
 
 def test_one_lease_per_store_per_cycle_and_refused_when_held_elsewhere(
@@ -68,10 +76,12 @@ def test_one_lease_per_store_per_cycle_and_refused_when_held_elsewhere(
         maintain(h.root, settings, every=0, cycles=1, catalog=catalog)  # snapshots at 9
         h.batches(4, losing=1)
         catalog.acquired = Counter()
+        catalog.transactions = 0
         (first,) = maintain(h.root, settings, every=0, cycles=1, catalog=catalog)
         assert first.ok and all(r.files > 0 for r in first.reports), "all three operations changed the stores"
         assert set(catalog.acquired.values()) == {1}, f"one acquisition per store and cycle: {catalog.acquired}"
         assert len(catalog.acquired) == len(h.stores)
+        assert catalog.transactions == 1, "all the stores' leases taken in one catalog transaction"
         assert catalog.leases(h.fm.root_uri) == [], "every lease released when the cycle ends"
 
         h.batches(9, losing=1)

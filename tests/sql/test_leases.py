@@ -132,6 +132,49 @@ def test_root_and_store_scopes(catalog: Catalog) -> None:
         catalog.acquire_lease(ROOT, ("agg", 0), ttl=0)
 
 
+def test_many_store_leases_in_one_transaction(catalog: Catalog) -> None:
+    stores = [("agg", p) for p in range(6)]
+    crashed = catalog.acquire_lease(ROOT, ("agg", 4), owner="crashed", ttl=0.3)
+    with catalog.acquire_lease(ROOT, ("agg", 1), owner="busy", ttl=30) as busy:
+        time.sleep(0.4)  # the crashed maintainer's lease expires; busy's does not
+        group, refused = catalog.acquire_leases(ROOT, [*stores, ("agg", 0)], owner="cycle", ttl=30)
+        assert group is not None and group.scopes == ("agg/0", "agg/2", "agg/3", "agg/4", "agg/5")
+        assert {s: i.owner for s, i in refused.items()} == {"agg/1": "busy"}
+        held = {i.scope: i.owner for i in catalog.leases(ROOT)}
+        assert held == {"agg/1": "busy", **{s: "cycle" for s in group.scopes}}, "the expired lease taken over"
+        with pytest.raises(LeaseLostError, match="another maintainer took it over"):
+            crashed.check()
+        with pytest.raises(LeaseUnavailableError, match="'cycle' holds a lease on store agg/3"):
+            catalog.acquire_lease(ROOT, ("agg", 3), owner="other")
+        none, all_refused = catalog.acquire_leases(ROOT, stores[2:4], owner="other")
+        assert none is None and set(all_refused) == {"agg/2", "agg/3"}
+        before = group.expires_at
+        group.renew()  # one statement renews all five
+        assert group.expires_at > before and {i.expires_at for i in catalog.leases(ROOT) if i.owner == "cycle"} == {
+            group.expires_at
+        }
+        group.release()
+        assert [i.owner for i in catalog.leases(ROOT)] == ["busy"], "released together, the other holder's kept"
+        assert busy.held
+    with catalog.acquire_lease(ROOT, None, owner="root-job"):
+        none, refused = catalog.acquire_leases(ROOT, stores, owner="cycle")
+        assert none is None and {i.owner for i in refused.values()} == {"root-job"}
+    with pytest.raises(CatalogConfigError, match="store leases only"):
+        catalog.acquire_leases(ROOT, ["*"])  # type: ignore[list-item]
+    assert catalog.acquire_leases(ROOT, []) == (None, {})
+
+
+def test_a_lease_of_many_stores_is_lost_when_any_is_taken_over(catalog: Catalog) -> None:
+    group, _ = catalog.acquire_leases(ROOT, [("agg", 0), ("agg", 1)], owner="slow", ttl=0.3)
+    assert group is not None
+    time.sleep(0.4)
+    catalog.acquire_lease(ROOT, ("agg", 1), owner="new", ttl=30)
+    with pytest.raises(LeaseLostError, match=r"store 2 stores \(agg/0, ...\).*took it over"):
+        group.check()
+    group.release()
+    assert [i.owner for i in catalog.leases(ROOT)] == ["new"]
+
+
 CHILD = textwrap.dedent(
     """
     import json, os, sys, time
