@@ -27,8 +27,9 @@ each of the three operations listed it (now once per cycle, `statekeeper.mainten
 (now a vector memtable, sorted once at flush: ~1 ms less); with the default SQLite catalog, catalog work
 (leases per store and operation, marking deleted files, the incremental sync after snapshots, run
 records) is about half of what is left. Measured per store-commit: 5.4-5.6 -> 4.2 ms without a catalog,
-8.6-9.3 -> 7.9 ms with it. 1,000 store-commits/s in 2 cores (2 ms) still needs fewer catalog round trips
-(one lease per store per cycle, a cached root id) and snapshots that do not replay, or a fan-out
+8.6-9.3 -> 7.9 ms with it, then ~5 ms once a cycle took one lease per store and (since) all of them in
+one transaction. 1,000 store-commits/s in 2 cores (2 ms) still needs snapshots that do not replay (a
+fifth of the CPU is RocksDB flushing and compacting what was replayed), or a fan-out
 (``--fanout N`` compares stores snapshotted per second on a Spark standalone cluster).
 
     python -m bench fleet                                   # the sweep in FULL (the lead's machine)
