@@ -100,6 +100,8 @@ class _CycleLeases:
         """Take the catalog leases of every store of `stores` nobody holds, in one transaction."""
         if self.catalog is None or not stores:
             return
+        from statekeeper.sql.leases import scope_of
+
         lease, _ = self.catalog.acquire_leases(
             root_uri, [(s.operator, s.partition) for s in stores], ttl=self.settings.lease_ttl_seconds
         )
@@ -109,7 +111,7 @@ class _CycleLeases:
         taken = set(lease.scopes)
         with self.lock:
             self.entered.append(lease)
-            self.held.update((s, lease) for s in stores if f"{s.operator}/{s.partition}" in taken)
+            self.held.update((s, lease) for s in stores if scope_of((s.operator, s.partition)) in taken)
 
     def release(self) -> None:
         with ExitStack() as stack:  # every lease is released even if one release fails

@@ -50,8 +50,11 @@ def scope_of(store: tuple[str, int] | str | None) -> str:
     return f"{operator}/{partition}"
 
 
-def _conflicts(scope: str, other: str) -> bool:
-    return scope == other or ROOT_SCOPE in (scope, other)
+def _holder(scope: str, live: dict[str, LeaseInfo]) -> LeaseInfo | None:
+    """The live lease `scope` conflicts with (the root lease conflicts with every store lease, and back)."""
+    if scope == ROOT_SCOPE:
+        return next(iter(live.values()), None)
+    return live.get(ROOT_SCOPE) or live.get(scope)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,9 +197,10 @@ def _lock_root(conn: Connection, root_id: int) -> None:
 
 
 def _try_acquire(
-    catalog: CatalogBase, uri: str, scope: str, owner: str, token: str, ttl: float
-) -> tuple[dt.datetime, LeaseInfo | None, int]:
-    """One attempt: (expires_at, None, root id) when taken, else (_, the conflicting lease, root id).
+    catalog: CatalogBase, uri: str, scopes: list[str], owner: str, token: str, ttl: float
+) -> tuple[Lease | None, dict[str, LeaseInfo]]:
+    """One attempt, one transaction: take every scope of `scopes` no live lease conflicts with, taking
+    over expired ones. Returns a lease of the scopes taken (None: none) and the holder of each of the rest.
 
     The root's id is read (or the root created) in the acquiring transaction itself: no separate
     lookup, and never a stale id even if another process forgot and re-added the root meanwhile.
@@ -205,81 +209,46 @@ def _try_acquire(
         root_id = catalog.ensure_root_in(conn, uri)
         _lock_root(conn, root_id)
         now = utcnow()
-        rows = conn.execute(
+        live: dict[str, LeaseInfo] = {}
+        for other_scope, other_owner, other_token, acquired, expires in conn.execute(
             select(
                 MaintenanceLease.scope,
                 MaintenanceLease.owner,
                 MaintenanceLease.token,
                 MaintenanceLease.acquired_at,
                 MaintenanceLease.expires_at,
-            ).where(MaintenanceLease.root_id == root_id)
-        ).all()
-        stale = []
-        for other_scope, other_owner, other_token, acquired, expires in rows:
-            if not _conflicts(scope, other_scope) or other_token == token:
-                continue
-            if expires > now:
-                return now, LeaseInfo("", other_scope, other_owner, acquired, expires), root_id
-            stale.append((other_scope, other_token))
-        for other_scope, other_token in stale:  # expired: take over
-            conn.execute(
-                delete(MaintenanceLease).where(
-                    MaintenanceLease.root_id == root_id,
-                    MaintenanceLease.scope == other_scope,
-                    MaintenanceLease.token == other_token,
-                    MaintenanceLease.expires_at <= now,
-                )
-            )
-        expires = now + dt.timedelta(seconds=ttl)
-        conn.execute(
-            MaintenanceLease.__table__.insert().values(  # type: ignore[attr-defined]
-                root_id=root_id, scope=scope, owner=owner, token=token, acquired_at=now, expires_at=expires
-            )
-        )
-        return expires, None, root_id
-
-
-def _try_acquire_stores(
-    catalog: CatalogBase, uri: str, scopes: list[str], owner: str, token: str, ttl: float
-) -> tuple[Lease | None, dict[str, LeaseInfo]]:
-    """One transaction: take every scope of `scopes` nobody holds.
-
-    Returns the lease of those taken and the holders of the rest."""
-    with catalog.write() as conn:
-        root_id = catalog.ensure_root_in(conn, uri)
-        _lock_root(conn, root_id)
-        now = utcnow()
-        live: dict[str, LeaseInfo] = {}
-        for other_scope, other_owner, acquired, expires in conn.execute(
-            select(
-                MaintenanceLease.scope,
-                MaintenanceLease.owner,
-                MaintenanceLease.acquired_at,
-                MaintenanceLease.expires_at,
             ).where(MaintenanceLease.root_id == root_id, MaintenanceLease.expires_at > now)
         ):
-            live[other_scope] = LeaseInfo(uri, other_scope, other_owner, acquired, expires)
-        refused = {s: live.get(ROOT_SCOPE) or live[s] for s in scopes if ROOT_SCOPE in live or s in live}
-        taken = [s for s in scopes if s not in refused]
+            if other_token != token:
+                live[other_scope] = LeaseInfo(uri, other_scope, other_owner, acquired, expires)
+        refused = {scope: holder for scope in scopes if (holder := _holder(scope, live)) is not None}
+        taken = [scope for scope in scopes if scope not in refused]
         if not taken:
             return None, refused
-        for part in chunks([*taken, ROOT_SCOPE]):  # expired holders of what we take: take over
-            conn.execute(
-                delete(MaintenanceLease).where(
-                    MaintenanceLease.root_id == root_id,
-                    MaintenanceLease.scope.in_(part),
-                    MaintenanceLease.expires_at <= now,
-                )
-            )
+        stale = delete(MaintenanceLease).where(MaintenanceLease.root_id == root_id, MaintenanceLease.expires_at <= now)
+        if ROOT_SCOPE in taken:  # expired holders of what we take: take over
+            conn.execute(stale)
+        else:
+            for part in chunks([*taken, ROOT_SCOPE]):
+                conn.execute(stale.where(MaintenanceLease.scope.in_(part)))
         expires = now + dt.timedelta(seconds=ttl)
         conn.execute(
             MaintenanceLease.__table__.insert(),  # type: ignore[attr-defined]
             [
-                dict(root_id=root_id, scope=s, owner=owner, token=token, acquired_at=now, expires_at=expires)
-                for s in taken
+                dict(root_id=root_id, scope=scope, owner=owner, token=token, acquired_at=now, expires_at=expires)
+                for scope in taken
             ],
         )
         return Lease(catalog, uri, root_id, tuple(taken), owner, token, ttl, expires), refused
+
+
+def _check_request(uri: str, ttl: float, owner: str | None) -> str:
+    """Refuse a bad root or ttl; the owner to record."""
+    if not ttl > 0:
+        raise CatalogConfigError(f"lease ttl={ttl!r} must be > 0 seconds")
+    if not isinstance(uri, str) or not uri.strip():
+        raise CatalogConfigError("checkpoint root URI is empty")
+    return (owner or default_owner())[:200]
 
 
 class LeaseAccess(CatalogBase):
@@ -295,16 +264,14 @@ class LeaseAccess(CatalogBase):
         release instead of one each per store. A conflicting write (another acquirer, SQLite busy)
         refuses nothing and takes nothing: (None, {}), and the caller takes the leases one by one.
         """
-        if not ttl > 0:
-            raise CatalogConfigError(f"lease ttl={ttl!r} must be > 0 seconds")
+        owner = _check_request(uri, ttl, owner)
         scopes = list(dict.fromkeys(scope_of(s) for s in stores))
         if ROOT_SCOPE in scopes:
             raise CatalogConfigError("acquire_leases takes store leases only: use acquire_lease for the whole root")
         if not scopes:
             return None, {}
-        owner = (owner or default_owner())[:200]
         try:
-            return _try_acquire_stores(self, uri, scopes, owner, uuid.uuid4().hex, ttl)
+            return _try_acquire(self, uri, scopes, owner, uuid.uuid4().hex, ttl)
         except IntegrityError:
             return None, {}
         except OperationalError as e:
@@ -327,34 +294,29 @@ class LeaseAccess(CatalogBase):
         Waits up to `timeout` seconds for a holder to release or expire, then raises
         `LeaseUnavailableError` naming the holder. Use as a context manager to release on exit.
         """
-        if not ttl > 0:
-            raise CatalogConfigError(f"lease ttl={ttl!r} must be > 0 seconds")
+        owner = _check_request(uri, ttl, owner)
         if timeout < 0 or not poll_interval > 0:
             raise CatalogConfigError(f"invalid lease timeout={timeout!r} / poll_interval={poll_interval!r}")
         scope = scope_of(store)
-        owner = (owner or default_owner())[:200]
-        if not isinstance(uri, str) or not uri.strip():
-            raise CatalogConfigError("checkpoint root URI is empty")
         token = uuid.uuid4().hex
         t0 = time.monotonic()
         while True:
+            holder: LeaseInfo | None = None
             try:
-                expires, holder, root_id = _try_acquire(self, uri, scope, owner, token, ttl)
+                lease, refused = _try_acquire(self, uri, [scope], owner, token, ttl)
             except IntegrityError:
-                holder = None  # lost an insert race: look again
-                expires = utcnow()
+                pass  # lost an insert race: look again
             except OperationalError as e:
                 if "locked" not in str(e).lower():  # SQLite busy beyond its timeout: keep waiting
                     raise
-                holder = None
-                expires = utcnow()
             else:
-                if holder is None:
-                    return Lease(self, uri, root_id, (scope,), owner, token, ttl, expires)
+                if lease is not None:
+                    return lease
+                holder = refused[scope]
             waited = time.monotonic() - t0
             if waited >= timeout:
                 if holder is None:
-                    raise LeaseUnavailableError(uri, scope, "an unknown maintainer", scope, expires, waited)
+                    raise LeaseUnavailableError(uri, scope, "an unknown maintainer", scope, utcnow(), waited)
                 raise LeaseUnavailableError(uri, scope, holder.owner, holder.scope, holder.expires_at, waited)
             time.sleep(min(poll_interval, max(0.0, timeout - waited)))
 

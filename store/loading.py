@@ -170,9 +170,7 @@ def apply_changelog(reader: ChangelogReader, db: rd.Rdict, handle_of: Callable[[
     try:
         for cf_name, keys, values in reader.blocks():
             handle = handle_of(cf_name)
-            if len(keys) != len(values):
-                raise CorruptFileError(f"a block of {len(keys)} keys holds {len(values)} values", reader.name)
-            if None in values:
+            if None in values:  # equal lengths: `decode_block_payload` refuses a block whose counts differ
                 put, delete = wb.put, wb.delete
                 for k, val in zip(keys, values, strict=True):
                     if val is None:
