@@ -16,13 +16,14 @@ maps its next batch to the version after them.
 
 from __future__ import annotations
 
+import functools
 import logging
-import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import Enum
+from itertools import islice
 from typing import Protocol
 
 from statekeeper.store.commit_log import CommitLog
@@ -31,7 +32,7 @@ from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.key_groups import KEY_GROUP_LIMIT, KeyGroupLayout, group_byte_range
 from statekeeper.store.load_plan import LoadPlan, LoadSource
-from statekeeper.store.snapshot import read_manifest
+from statekeeper.store.snapshot import read_manifest, write_snapshot
 from statekeeper.store.state_store import StateStore, StoreConfig
 
 log = logging.getLogger(__name__)
@@ -149,21 +150,16 @@ class RelayoutPlan:
             return self.target_layout.max_key_groups
         return self.target_layout.moved_groups(self.source_layout)
 
-    def sources(self) -> dict[int, list[tuple[int, int, int]]]:
-        """Old partition -> [(new partition, lo, hi)] of key groups it gives (rollback: all of itself)."""
-        found: dict[int, list[tuple[int, int, int]]] = {}
+    def sources_of(self, p: int) -> list[tuple[int, int, int]]:
+        """[(old partition, lo, hi)]: the key groups ``[lo, hi)`` new partition `p` takes from each old one
+        (a rollback: all of its own; a legacy layout: its groups, from every old partition)."""
         target = self.target_layout
         if self.kind == "rollback" or target is None:
-            return {q: [(q, 0, -1)] for q in range(len(self.source_ids))}
-        for p in range(target.partitions):
-            lo, hi = target.groups_of(p)
-            if self.source_layout is None:
-                pairs = [(q, lo, hi) for q in range(len(self.source_ids))]
-            else:
-                pairs = target.overlaps(p, self.source_layout)
-            for q, a, b in pairs:
-                found.setdefault(q, []).append((p, a, b))
-        return found
+            return [(p, 0, -1)]
+        lo, hi = target.groups_of(p)
+        if self.source_layout is None:
+            return [(q, lo, hi) for q in range(len(self.source_ids))]
+        return target.overlaps(p, self.source_layout)
 
     def describe(self) -> str:
         src = f"{len(self.source_ids)} partitions" + ("" if self.source_layout else " (legacy layout)")
@@ -186,9 +182,12 @@ class RelayoutResult:
     """Bytes read from the checkpoint: snapshots (manifests and SSTs) and changelogs loaded."""
     bytes_written: int = 0
     """Bytes of the new changelogs."""
+    snapshots: int = 0
+    """Snapshots written of new partitions whose changelog holds their whole state."""
+    snapshot_bytes: int = 0
+    """Bytes of those snapshots (manifests and SSTs)."""
     seconds: float = 0.0
     committed: bool = False
-    per_partition_records: dict[int, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -203,6 +202,8 @@ class RelayoutResult:
             "deleted": self.deleted,
             "bytes_read": self.bytes_read,
             "bytes_written": self.bytes_written,
+            "snapshots": self.snapshots,
+            "snapshot_bytes": self.snapshot_bytes,
             "seconds": round(self.seconds, 3),
             "committed": self.committed,
         }
@@ -265,41 +266,61 @@ def plan_rollback(fm: CheckpointFileManager, operator: str, to_version: int) -> 
 
 
 class _Target:
-    """One new partition being written (several source partitions may pour into it at once)."""
+    """One new partition being written, from every old partition that gives it key groups."""
 
     def __init__(self, store: StateStore, owned: tuple[int, int] | None = None) -> None:
         self.store = store
         self.owned = owned
         """In place (the store was loaded at the old version): the key groups ``[lo, hi)`` it owns in
         the new layout, outside which `_trim` deletes; None for a full-state changelog."""
-        self.lock = threading.Lock()
         self.records = 0
         self.deleted = 0
         self.bytes_read = 0
         self.shared: dict[tuple[str, bytes], bytes] = {}
 
 
-def _chunks(items: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[list[bytes], list[bytes]]]:
-    keys: list[bytes] = []
-    values: list[bytes] = []
-    for k, v in items:
-        keys.append(k)
-        values.append(v)
-        if len(keys) >= COPY_CHUNK:
-            yield keys, values
-            keys, values = [], []
-    if keys:
+@dataclass(frozen=True)
+class PartitionBuild:
+    """One new partition written: its changelog is published, the commit record does not name it yet."""
+
+    partition: int
+    checkpoint_id: str
+    in_place: bool
+    records: int
+    deleted: int
+    bytes_read: int
+    bytes_written: int
+    """Its changelog."""
+    snapshot_bytes: int
+    """Its snapshot (manifest and SSTs uploaded), for a full-state changelog; 0 without one."""
+    snapshot: bool
+
+
+PartitionRunner = Callable[[Callable[[int], PartitionBuild], list[int]], Iterable[PartitionBuild]]
+"""Runs the build of each new partition somewhere (threads here; Spark's executors at a restart)."""
+
+
+def in_threads(workers: int) -> PartitionRunner:
+    """Build the new partitions on a pool of `workers` threads of this process."""
+
+    def run(build: Callable[[int], PartitionBuild], partitions: list[int]) -> list[PartitionBuild]:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            return list(pool.map(build, partitions))
+
+    return run
+
+
+def _chunks(items: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[Sequence[bytes], Sequence[bytes]]]:
+    """`items` as (keys, values) lists of up to `COPY_CHUNK` records (the per-record loops in C)."""
+    while chunk := list(islice(items, COPY_CHUNK)):
+        keys, values = zip(*chunk, strict=True)
         yield keys, values
 
 
-def _pour(target: _Target, cf: str, items: Iterable[tuple[bytes, bytes]]) -> int:
-    n = 0
+def _pour(target: _Target, cf: str, items: Iterable[tuple[bytes, bytes]]) -> None:
     for keys, values in _chunks(iter(items)):
-        with target.lock:
-            target.store.put_batch(keys, values, cf=cf)
-            target.records += len(keys)
-        n += len(keys)
-    return n
+        target.store.put_batch(keys, values, cf=cf)
+        target.records += len(keys)
 
 
 def load_bytes(fm: CheckpointFileManager, plan: LoadPlan | None) -> int:
@@ -313,83 +334,24 @@ def load_bytes(fm: CheckpointFileManager, plan: LoadPlan | None) -> int:
     return total + sum(fm.info(plan.store.changelog(v, c)).size for v, c in plan.replay)
 
 
-def _give(
-    plan: RelayoutPlan,
-    src: StateStore,
-    q: int,
-    gives: list[tuple[int, int, int]],
-    targets: dict[int, _Target],
-    rules: KeyGroupRules,
-) -> int:
-    """Pour the key groups old partition `q` (loaded in `src`) gives into the new partitions that own them."""
-    copied = 0
+def _give(plan: RelayoutPlan, src: StateStore, q: int, lo: int, hi: int, target: _Target, rules: KeyGroupRules) -> None:
+    """Pour the key groups ``[lo, hi)`` of old partition `q` (loaded in `src`) into `target`."""
     name = f"{plan.operator}/{q} version {plan.source_version}"
     for cf in src.column_families():
         rule = rules.rule(cf) if plan.kind == "rescale" else CfRule.LEADING
         if plan.kind == "rollback":
-            copied += _pour(targets[gives[0][0]], cf, src.items(cf=cf))
+            _pour(target, cf, src.items(cf=cf))
         elif rule is CfRule.LEADING:
-            for p, lo, hi in gives:
-                start, end = group_byte_range(lo, hi)
-                copied += _pour(targets[p], cf, src.items(start, end, cf=cf))
+            start, end = group_byte_range(lo, hi)
+            _pour(target, cf, src.items(start, end, cf=cf))
         elif rule is CfRule.LOCATED:
-            copied += _pour_located(plan, src, cf, gives, targets, rules)
+            _pour(target, cf, ((k, v) for k, v in src.items(cf=cf) if lo <= rules.locate(cf, k) < hi))
         else:
-            for p in sorted({p for p, _lo, _hi in gives}):
-                t = targets[p]
-                for k, v in src.items(cf=cf):
-                    with t.lock:
-                        merged = rules.merge_shared(cf, k, t.shared.get((cf, k)), v, name)
-                        if merged is not None:
-                            t.shared[(cf, k)] = merged
-                            t.store.put(k, merged, cf=cf)
-    return copied
-
-
-def _copy_source(
-    plan: RelayoutPlan,
-    fm: CheckpointFileManager,
-    q: int,
-    gives: list[tuple[int, int, int]],
-    targets: dict[int, _Target],
-    rules: KeyGroupRules,
-    config: StoreConfig,
-) -> tuple[int, int]:
-    """Pour old partition `q`'s ranges into the new partitions it gives key groups to; (records, bytes read).
-
-    An old partition kept in place is read from its target (loaded at the old version already);
-    any other is loaded once on its own.
-    """
-    in_place = targets.get(q)
-    if in_place is not None and in_place.owned is not None:
-        return _give(plan, in_place.store, q, gives, targets, rules), 0
-    with StateStore(fm, plan.operator, q, config=replace(config, local_dir=None)) as src:
-        src.load(plan.source_version, plan.source_ids[q])
-        return _give(plan, src, q, gives, targets, rules), load_bytes(fm, src.last_plan)
-
-
-def _pour_located(
-    plan: RelayoutPlan,
-    src: StateStore,
-    cf: str,
-    gives: list[tuple[int, int, int]],
-    targets: dict[int, _Target],
-    rules: KeyGroupRules,
-) -> int:
-    assert plan.target_layout is not None
-    dest: dict[int, tuple[list[bytes], list[bytes]]] = {p: ([], []) for p, _, _ in gives}
-    owner = plan.target_layout.owner
-    copied = 0
-    for k, v in src.items(cf=cf):
-        g = rules.locate(cf, k)
-        p = owner(g)
-        if any(p == gp and lo <= g < hi for gp, lo, hi in gives):
-            keys, values = dest[p]
-            keys.append(k)
-            values.append(v)
-    for p, (keys, values) in dest.items():
-        copied += _pour(targets[p], cf, zip(keys, values, strict=True))
-    return copied
+            for k, v in src.items(cf=cf):
+                merged = rules.merge_shared(cf, k, target.shared.get((cf, k)), v, name)
+                if merged is not None:
+                    target.shared[(cf, k)] = merged
+                    target.store.put(k, merged, cf=cf)
 
 
 def _open_target(
@@ -436,6 +398,59 @@ def _trim(target: _Target, rules: KeyGroupRules) -> None:
             target.deleted += len(gone)
 
 
+def build_partition(
+    fm: CheckpointFileManager, plan: RelayoutPlan, rules: KeyGroupRules, config: StoreConfig, p: int
+) -> PartitionBuild:
+    """Write new partition `p` of `plan` and publish its changelog (not the commit record).
+
+    It loads each old partition that gives it key groups and copies just those ranges. A full-state
+    changelog is also snapshotted from the DB the copy built, so the partition's first load restores SST
+    files instead of replaying every record; a failed snapshot costs only that (logged).
+    """
+    target = _open_target(fm, plan, p, rules, config)
+    try:
+        for q, lo, hi in plan.sources_of(p):
+            if q == p and target.owned is not None:
+                continue  # its own groups are in place already
+            with StateStore(fm, plan.operator, q, config=replace(config, local_dir=None)) as src:
+                src.load(plan.source_version, plan.source_ids[q])
+                target.bytes_read += load_bytes(fm, src.last_plan)
+                _give(plan, src, q, lo, hi, target, rules)
+        if target.owned is not None:
+            _trim(target, rules)
+        rules.finish(target.store)
+        committed = target.store.commit()
+        snapshot_bytes, snapshot = 0, False
+        if target.owned is None:
+            try:
+                snap = write_snapshot(
+                    fm,
+                    target.store.store_id,
+                    committed.version,
+                    committed.checkpoint_id,
+                    target.store.db,
+                    target.store.local_dir,
+                )
+            except Exception as e:  # the changelog holds the state: loads replay it instead
+                log.warning("%s: no snapshot of new partition %d (%s)", plan.operator, p, e)
+            else:
+                snapshot_bytes = snap.uploaded_bytes + fm.info(snap.manifest_path).size
+                snapshot = True
+        return PartitionBuild(
+            p,
+            committed.checkpoint_id,
+            target.owned is not None,
+            target.records,
+            target.deleted,
+            target.bytes_read,
+            committed.metrics.changelog_bytes,
+            snapshot_bytes,
+            snapshot,
+        )
+    finally:
+        target.store.close()
+
+
 def execute_relayout(
     fm: CheckpointFileManager,
     plan: RelayoutPlan,
@@ -443,75 +458,55 @@ def execute_relayout(
     rules: KeyGroupRules | None = None,
     config: StoreConfig | None = None,
     workers: int = 4,
+    runner: PartitionRunner | None = None,
 ) -> RelayoutResult:
-    """Write every new partition, then commit the new version atomically.
+    """Write every new partition (`build_partition`, on `runner`: `workers` threads by default), then commit
+    the new version atomically.
 
     A new partition that keeps key groups in place (`RelayoutPlan.kept_in_place`) commits an ordinary
     changelog on its old lineage: the groups it gains as puts, the groups it loses as deletes. Any
-    other is a full-state changelog. Only the key groups that change owner are written.
+    other is a full-state changelog, snapshotted. Only the key groups that change owner are written.
+    A failure or crash before the commit record leaves the old layout (the new changelogs are orphans).
     """
     rules = rules or GroupLedKeys()
     config = config or StoreConfig()
     t0 = time.perf_counter()
     result = RelayoutResult(plan)
-    targets: dict[int, _Target] = {}
-    try:
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            opened = [pool.submit(_open_target, fm, plan, p, rules, config) for p in range(plan.partitions)]
-            failed: BaseException | None = None
-            for p, future in enumerate(opened):
-                try:
-                    targets[p] = future.result()
-                except BaseException as e:  # close every store that did open before raising
-                    failed = failed or e
-            if failed is not None:
-                raise failed
-            sources = {
-                q: gives
-                for q, all_gives in plan.sources().items()
-                if (gives := [g for g in all_gives if not (g[0] == q and targets[q].owned is not None)])
-            }
-            futures = [
-                pool.submit(_copy_source, plan, fm, q, gives, targets, rules, config) for q, gives in sources.items()
-            ]
-            for f in futures:
-                records, read = f.result()
-                result.records += records
-                result.bytes_read += read
-            trims = [pool.submit(_trim, t, rules) for t in targets.values() if t.owned is not None]
-            for trim in trims:
-                trim.result()
-        ids = []
-        for p in range(plan.partitions):
-            t = targets[p]
-            rules.finish(t.store)
-            committed = t.store.commit()
-            ids.append(committed.checkpoint_id)
-            result.bytes_written += committed.metrics.changelog_bytes
-            result.bytes_read += t.bytes_read
-            result.deleted += t.deleted
-            result.per_partition_records[p] = t.records
-        result.checkpoint_ids = tuple(ids)
-        layouts = {plan.operator: plan.target_layout} if plan.target_layout else {}
-        CommitLog(fm).commit(
-            plan.new_version,
-            {plan.operator: ids},
-            layouts=layouts,
-            batch_id=plan.batch_id,
-            change={plan.operator: plan.kind},
-            in_place={plan.operator: [p for p in range(plan.partitions) if targets[p].owned is not None]},
-            copied_from={plan.operator: plan.source_version},
-        )
-        result.committed = True
-    finally:
-        for t in targets.values():
-            t.store.close()
+    run = runner or in_threads(workers)
+    built = {
+        b.partition: b
+        for b in run(functools.partial(build_partition, fm, plan, rules, config), list(range(plan.partitions)))
+    }
+    if sorted(built) != list(range(plan.partitions)):
+        raise RescaleError(f"{plan.describe()}: built partitions {sorted(built)}, not 0..{plan.partitions - 1}")
+    builds = [built[p] for p in range(plan.partitions)]
+    for b in builds:
+        result.records += b.records
+        result.deleted += b.deleted
+        result.bytes_read += b.bytes_read
+        result.bytes_written += b.bytes_written
+        result.snapshots += b.snapshot
+        result.snapshot_bytes += b.snapshot_bytes
+    ids = [b.checkpoint_id for b in builds]
+    layouts = {plan.operator: plan.target_layout} if plan.target_layout else {}
+    CommitLog(fm).commit(
+        plan.new_version,
+        {plan.operator: ids},
+        layouts=layouts,
+        batch_id=plan.batch_id,
+        change={plan.operator: plan.kind},
+        in_place={plan.operator: [b.partition for b in builds if b.in_place]},
+        copied_from={plan.operator: plan.source_version},
+    )
+    result.checkpoint_ids = tuple(ids)
+    result.committed = True
     result.seconds = time.perf_counter() - t0
     log.info(
-        "%s: committed, %d records copied, %d deleted in place, %d bytes read, %d bytes written in %.2fs",
+        "%s: committed, %d records copied, %d deleted in place, %d snapshots, %d bytes read, %d bytes written in %.2fs",
         plan.describe(),
         result.records,
         result.deleted,
+        result.snapshots,
         result.bytes_read,
         result.bytes_written,
         result.seconds,
@@ -523,10 +518,14 @@ __all__ = [
     "CfRule",
     "GroupLedKeys",
     "KeyGroupRules",
+    "PartitionBuild",
+    "PartitionRunner",
     "RelayoutPlan",
     "RelayoutResult",
     "RescaleError",
+    "build_partition",
     "execute_relayout",
+    "in_threads",
     "plan_rescale",
     "plan_rollback",
 ]

@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
@@ -195,9 +196,8 @@ class ColumnFamily:
                     delete(k)
                 else:
                     put(k, v)
-        else:
-            for k, v in zip(ks, vs, strict=True):
-                put(k, v)
+        else:  # puts only: the loop in C
+            deque(map(put, ks, vs), maxlen=0)
         self._db.write(wb)
         self._flush()
         self._store._log_block(self.name, ks, vs)

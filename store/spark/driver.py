@@ -427,7 +427,7 @@ class StatefulOperator:
                     self.num_partitions,
                 )
             else:
-                result = rescale_at_restart(self.fm, self.name, self.num_partitions, self.store_config)
+                result = rescale_at_restart(self.fm, self.name, self.num_partitions, self.store_config, spark)
                 self._last_rescale = result.to_json()
                 self._shift += 1
                 layout, recorded = result.plan.target_layout, self.num_partitions

@@ -10,15 +10,19 @@ commit record names the new layout), so the batch runs on the new layout.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.key_groups import KeyGroupLayout
-from statekeeper.store.rescale import RelayoutResult, execute_relayout, plan_rescale
+from statekeeper.store.rescale import PartitionBuild, PartitionRunner, RelayoutResult, execute_relayout, plan_rescale
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
 from statekeeper.store.state_store import StoreConfig
 
@@ -70,13 +74,39 @@ def read_head(commit_log: CommitLog, fm: CheckpointFileManager, operator: str, b
     return Head(record, latest - last_batch - 1, record is not None and batch_id == last_batch)
 
 
+def on_executors(spark: Any) -> PartitionRunner:
+    """Build the new partitions as one Spark job, a task per partition, on the query's own executors
+    (classic or Connect): the copy runs in parallel beside the data instead of on the driver."""
+
+    def run(build: Callable[[int], PartitionBuild], partitions: list[int]) -> list[PartitionBuild]:
+        def task(batches: Iterator[Any]) -> Iterator[Any]:
+            import pyarrow as pa
+
+            for batch in batches:
+                done = [json.dumps(dataclasses.asdict(build(partitions[i]))) for i in batch.column(0).to_pylist()]
+                yield pa.RecordBatch.from_pydict({"build": done}, schema=pa.schema([("build", pa.string())]))
+
+        n = len(partitions)
+        rows = spark.range(0, n, 1, n).mapInArrow(task, "build string").collect()  # one index per task
+        return [PartitionBuild(**json.loads(r[0])) for r in rows]
+
+    return run
+
+
 def rescale_at_restart(
-    fm: CheckpointFileManager, operator: str, partitions: int, store_config: StoreConfig, workers: int = 4
+    fm: CheckpointFileManager,
+    operator: str,
+    partitions: int,
+    store_config: StoreConfig,
+    spark: Any = None,
+    workers: int = 4,
 ) -> RelayoutResult:
-    """Commit the operator's head re-laid out over ``partitions`` partitions (before the next batch)."""
+    """Commit the operator's head re-laid out over ``partitions`` partitions (before the next batch):
+    its new partitions built on `spark`'s executors, or on `workers` threads here without a session."""
     plan = plan_rescale(fm, operator, partitions, rules=TypedStateKeys(), config=store_config)
     log.info("statekeeper %s: rescaling at restart: %s", operator, plan.describe())
-    result = execute_relayout(fm, plan, rules=TypedStateKeys(), config=store_config, workers=workers)
+    runner = on_executors(spark) if spark is not None else None
+    result = execute_relayout(fm, plan, rules=TypedStateKeys(), config=store_config, workers=workers, runner=runner)
     log.info(
         "statekeeper %s: rescaled to %d partitions as version %d: %d key groups moved, %d records copied, "
         "%d deleted in place, %d bytes read, %d bytes written in %.2fs",
@@ -93,4 +123,4 @@ def rescale_at_restart(
     return result
 
 
-__all__ = ["Head", "read_head", "rescale_at_restart"]
+__all__ = ["Head", "on_executors", "read_head", "rescale_at_restart"]
