@@ -4,7 +4,8 @@ python -m tests.spark.driver_job INPUT_DIR STATE_ROOT SPARK_CHECKPOINT OUTPUT_DI
 
 Environment: ``JOB_PARTITIONS`` (default 3) the operator's ``num_partitions``; ``JOB_KILL_AT`` =
 ``POINT:PREFIX:N`` kills the job's process group with SIGKILL the N-th time the fault point POINT
-(statekeeper.store.faults) is reached for a file whose path starts with PREFIX.
+(statekeeper.store.faults) is reached for a file whose path starts with PREFIX, in the driver or in
+any one Python worker (each counts its own).
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ from tests.spark.processors import SlowCountSum
 
 def session() -> SparkSession:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
-    spark = (
+    builder = (
         SparkSession.builder.master("local[2]")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
-        .getOrCreate()
     )
+    if os.environ.get("JOB_KILL_AT"):
+        builder = builder.config("spark.python.daemon.module", "tests.spark.kill_daemon")  # in executors too
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

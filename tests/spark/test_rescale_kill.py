@@ -1,8 +1,8 @@
-"""kill -9 of the driver during an online rescale (3 -> 5 partitions at restart), then restart (DESIGN
-invariant 11): killed before, among or after the new partitions' changelogs and around the commit record
-that names the new layout, the checkpoint holds the old layout or the new one, never a mix; the restart
-finishes the rescale and the batches, every batch is delivered exactly once and the state equals the
-reference."""
+"""kill -9 of the job during an online rescale (3 -> 5 partitions at restart, the new partitions built by
+the executors), then restart (DESIGN invariant 11): killed before, among or after the new partitions'
+files and around the commit record that names the new layout, the checkpoint holds the old layout or the
+new one, never a mix; the restart finishes the rescale and the batches, every batch is delivered exactly
+once and the state equals the reference."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ from tests.spark.test_rescale import OUT, _owned_groups_only
 pytestmark = pytest.mark.slow
 
 KILL_POINTS = [
-    "local.put_file:state/:1",  # before the first new partition's changelog is published
-    "local.put_file:state/:4",  # three of five published
-    "local.publish:commits/:1",  # every changelog published, the commit record not
+    "local.put_file:state/:1",  # in an executor: before the first file of a new partition is published
+    "local.put_file:state/:3",  # in an executor: some new partitions' files published, not all
+    "local.publish:commits/:1",  # in the driver: every changelog published, the commit record not
     "local.published:commits/:1",  # the commit record naming the new layout is visible
 ]
 
