@@ -19,7 +19,8 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -70,8 +71,10 @@ class KeyGroupRules(Protocol):
         (None: do not copy it); raise `RescaleError` when they conflict."""
         ...
 
-    def finish(self, store: StateStore) -> None:
-        """Fix up a new partition once every range is copied (e.g. recount its rows)."""
+    def finish(self, store: StateStore, poured: Mapping[str, int] | None) -> None:
+        """Fix up a new partition once every range is copied (e.g. its row count). `poured`: the records
+        copied into each column family of a partition built from empty (then all it holds); None for
+        one kept in place, which holds more."""
         ...
 
     def max_key_groups(self, store: StateStore) -> int | None:
@@ -91,7 +94,7 @@ class GroupLedKeys:
     def merge_shared(self, cf: str, key: bytes, kept: bytes | None, new: bytes, source: str) -> bytes | None:
         return new  # pragma: no cover - LEADING only
 
-    def finish(self, store: StateStore) -> None:
+    def finish(self, store: StateStore, poured: Mapping[str, int] | None) -> None:
         return None
 
     def max_key_groups(self, store: StateStore) -> int | None:
@@ -274,6 +277,7 @@ class _Target:
         """In place (the store was loaded at the old version): the key groups ``[lo, hi)`` it owns in
         the new layout, outside which `_trim` deletes; None for a full-state changelog."""
         self.records = 0
+        self.poured: Counter[str] = Counter()
         self.deleted = 0
         self.bytes_read = 0
         self.shared: dict[tuple[str, bytes], bytes] = {}
@@ -321,6 +325,7 @@ def _pour(target: _Target, cf: str, items: Iterable[tuple[bytes, bytes]]) -> Non
     for keys, values in _chunks(iter(items)):
         target.store.put_batch(keys, values, cf=cf)
         target.records += len(keys)
+        target.poured[cf] += len(keys)
 
 
 def load_bytes(fm: CheckpointFileManager, plan: LoadPlan | None) -> int:
@@ -418,7 +423,7 @@ def build_partition(
                 _give(plan, src, q, lo, hi, target, rules)
         if target.owned is not None:
             _trim(target, rules)
-        rules.finish(target.store)
+        rules.finish(target.store, target.poured if target.owned is None else None)
         committed = target.store.commit()
         snapshot_bytes, snapshot = 0, False
         if target.owned is None:

@@ -9,6 +9,7 @@ count, which is recounted for each new partition.
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 
 from statekeeper.store.key_groups import group_at
 from statekeeper.store.rescale import CfRule, RescaleError
@@ -47,11 +48,11 @@ class TypedStateKeys:
             )
         return None if kept is not None else new
 
-    def finish(self, store: StateStore) -> None:
+    def finish(self, store: StateStore, poured: Mapping[str, int] | None) -> None:
         rows = 0
         for cf in store.column_families():
             if not cf.startswith(INTERNAL_PREFIX) and cf != "default":
-                rows += sum(1 for _ in store.items(cf=cf))
+                rows += poured.get(cf, 0) if poured is not None else sum(1 for _ in store.items(cf=cf))
         if rows or META_CF in store.column_families():
             store.put(ROWS_TOTAL, _I64.pack(rows), cf=META_CF)
 
