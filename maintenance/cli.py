@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_maintain)
     from statekeeper.maintenance.relayout import add_commands
 
-    add_commands(sub, common, _positive_int, emit, maybe_catalog)
+    add_commands(sub, [common, fan], _positive_int, emit, maybe_catalog)
 
     cat = sub.add_parser("catalog", help="the lineage catalog")
     csub = cat.add_subparsers(dest="catalog_command", required=True, parser_class=_Parser)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
+from statekeeper.maintenance.fanout import SparkEngine, check_engine
 from statekeeper.maintenance.leasing import store_lease
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.sql.layouts import LayoutSpan, layout_rows, layout_spans
@@ -37,6 +38,7 @@ from statekeeper.store.rescale import (
 )
 from statekeeper.store.spark.heartbeat import newest_heartbeat
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
+from statekeeper.store.spark.restart import on_executors
 
 if TYPE_CHECKING:
     from statekeeper.sql.catalog import Catalog
@@ -55,7 +57,9 @@ class RelayoutOptions(TypedDict, total=False):
     idle_seconds: float
     """Refuse while the operator's heartbeat or newest commit record is younger (0: ``--force``)."""
     workers: int
-    """Source partitions read at once."""
+    """New partitions built at once (threads of this process)."""
+    engine: SparkEngine | None
+    """Build the new partitions on this Spark engine's executors instead (one task each)."""
     settings: MaintenanceSettings | None
     catalog: Catalog | None
 
@@ -93,8 +97,10 @@ def relayout(
     catalog: Catalog | None = None,
     dry_run: bool = False,
     workers: int = 4,
+    engine: SparkEngine | None = None,
 ) -> RelayoutResult:
-    """Execute `plan` under the maintenance leases of every store it reads or writes."""
+    """Execute `plan` under the maintenance leases of every store it reads or writes: its new partitions
+    built on `workers` threads here, or as one Spark job on `engine` (``--engine spark``)."""
     if dry_run:
         return RelayoutResult(plan)
     settings = settings or MaintenanceSettings.from_env()
@@ -103,7 +109,8 @@ def relayout(
     with ExitStack() as leases:
         for p in range(partitions):
             leases.enter_context(store_lease(fm.root_uri, StoreId(plan.operator, p), settings, catalog))
-        return execute_relayout(fm, plan, rules=TypedStateKeys(), workers=workers)
+        runner = on_executors(engine.session()) if engine is not None else None
+        return execute_relayout(fm, plan, rules=TypedStateKeys(), workers=workers, runner=runner)
 
 
 def _guarded(root: str, plan: RelayoutPlan, options: RelayoutOptions) -> RelayoutResult:
@@ -118,6 +125,7 @@ def _guarded(root: str, plan: RelayoutPlan, options: RelayoutOptions) -> Relayou
         catalog=options.get("catalog"),
         dry_run=dry_run,
         workers=options.get("workers", 4),
+        engine=options.get("engine"),
     )
 
 
@@ -156,14 +164,17 @@ def describe_layouts(spans: list[LayoutSpan]) -> list[str]:
 # -- command line (registered by maintenance.cli) ---------------------------------------------------
 
 
-def add_commands(sub: Any, common: argparse.ArgumentParser, positive_int: Any, emit: Any, maybe_catalog: Any) -> None:
-    """Register ``rescale`` and ``rollback``; `emit` and `maybe_catalog` are the CLI's output and catalog helpers."""
+def add_commands(
+    sub: Any, parents: list[argparse.ArgumentParser], positive_int: Any, emit: Any, maybe_catalog: Any
+) -> None:
+    """Register ``rescale`` and ``rollback`` (`parents`: the CLI's common and ``--engine`` options); `emit` and
+    `maybe_catalog` are the CLI's output and catalog helpers."""
     shared = argparse.ArgumentParser(add_help=False)
     shared.add_argument("root", help="checkpoint root: a local path, file:// or s3://bucket/prefix")
     shared.add_argument("--operator", required=True, help="the operator's name")
     shared.add_argument("--dry-run", action="store_true", help="print the plan; change nothing")
     shared.add_argument("--no-catalog", action="store_true", help="leases as host-local lock files")
-    shared.add_argument("--workers", type=positive_int, default=4, help="source partitions read at once")
+    shared.add_argument("--workers", type=positive_int, default=4, help="new partitions built at once (threads)")
     shared.add_argument(
         "--idle-seconds",
         type=float,
@@ -171,11 +182,11 @@ def add_commands(sub: Any, common: argparse.ArgumentParser, positive_int: Any, e
         help="refuse while the newest commit is younger than this (a writer may be running)",
     )
     shared.add_argument("--force", action="store_true", help="skip the running-writer check")
-    p = sub.add_parser("rescale", parents=[common, shared], help="change an operator's partition count (offline)")
+    p = sub.add_parser("rescale", parents=[*parents, shared], help="change an operator's partition count (offline)")
     p.add_argument("--partitions", type=positive_int, required=True, help="the new partition count")
     p.add_argument("--max-key-groups", type=positive_int, help="key groups of a legacy operator without a layout")
     p.set_defaults(func=cmd_rescale, emit=emit, maybe_catalog=maybe_catalog)
-    p = sub.add_parser("rollback", parents=[common, shared], help="make a retained version the head again")
+    p = sub.add_parser("rollback", parents=[*parents, shared], help="make a retained version the head again")
     p.add_argument("--to-version", type=positive_int, required=True, help="the retained version to restart from")
     p.set_defaults(func=cmd_rollback, emit=emit, maybe_catalog=maybe_catalog)
 
@@ -187,13 +198,15 @@ def _run(args: argparse.Namespace, run: Callable[[RelayoutOptions], RelayoutResu
                 dry_run=args.dry_run,
                 idle_seconds=0.0 if args.force else args.idle_seconds,
                 workers=args.workers,
+                engine=check_engine(args.engine, args.master),
                 catalog=catalog,
             )
         )
     doc = {**result.to_json(), "dry_run": args.dry_run, "plan": result.plan.describe()}
     done = (
         f"\ncommitted version {result.plan.new_version}: {result.records} records copied, {result.deleted} deleted "
-        f"in place, {result.bytes_read} bytes read, {result.bytes_written} bytes written in {result.seconds:.2f}s"
+        f"in place, {result.bytes_read} bytes read, {result.bytes_written} bytes of changelogs and "
+        f"{result.snapshot_bytes} of {result.snapshots} snapshots written in {result.seconds:.2f}s"
     )
     args.emit(args, doc, lambda: result.plan.describe() + ("" if args.dry_run else done))
     return 0

@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 from dagster import Config, JobDefinition, MetadataValue, OpExecutionContext, job, op
 
+from statekeeper.maintenance.fanout import check_engine
 from statekeeper.maintenance.relayout import DEFAULT_IDLE_SECONDS, RelayoutOptions, rescale, rollback
 from statekeeper.store.rescale import RelayoutResult
 
@@ -23,9 +24,17 @@ class RelayoutConfig(Config):
     dry_run: bool = False
     idle_seconds: float = DEFAULT_IDLE_SECONDS
     workers: int = 4
+    engine: str = "local"
+    """``spark``: build the new partitions as one Spark job (on ``master``) instead of in threads here."""
+    master: Optional[str] = None  # noqa: UP045 - Dagster config resolves typing.Optional
 
     def options(self) -> RelayoutOptions:
-        return RelayoutOptions(dry_run=self.dry_run, idle_seconds=self.idle_seconds, workers=self.workers)
+        return RelayoutOptions(
+            dry_run=self.dry_run,
+            idle_seconds=self.idle_seconds,
+            workers=self.workers,
+            engine=check_engine(self.engine, self.master),
+        )
 
 
 class RescaleConfig(RelayoutConfig):
@@ -46,6 +55,8 @@ def _report(context: OpExecutionContext, result: RelayoutResult) -> dict[str, An
             "deleted": MetadataValue.int(result.deleted),
             "bytes_read": MetadataValue.int(result.bytes_read),
             "bytes_written": MetadataValue.int(result.bytes_written),
+            "snapshots": MetadataValue.int(result.snapshots),
+            "snapshot_bytes": MetadataValue.int(result.snapshot_bytes),
             "seconds": MetadataValue.float(result.seconds),
             "moved_key_groups": MetadataValue.int(result.plan.moved_groups()),
         }

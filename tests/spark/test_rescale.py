@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from statekeeper.maintenance.fanout import SparkEngine
+from statekeeper.maintenance.relayout import rescale
 from statekeeper.store import CommitLog, StateStore, open_file_manager
 from statekeeper.store.key_groups import group_at
 from statekeeper.store.rescale import execute_relayout, plan_rollback
@@ -60,6 +62,40 @@ def test_rescale_at_restart_4_8_3_1_4(spark: Any, tmp_path: Path) -> None:
     assert all(r["bytes_written"] > 0 and r["bytes_read"] > 0 for r in rescales)
     custom = op.recent_progress[-1].state_operator_progress()["customMetrics"]
     assert custom["rescaleBytesWritten"] == rescales[-1]["bytes_written"] and custom["rescaleBytesRead"] > 0
+
+
+def test_offline_rescale_on_spark_executors_then_restart(spark: Any, tmp_path: Path) -> None:
+    """`statekeeper rescale --engine spark`: the new partitions are built as one Spark job; each one
+    written from empty is snapshotted, so its first load restores SSTs instead of replaying every
+    record; the query restarts on the new layout with every batch delivered once."""
+    batches = write_inputs(tmp_path / "all", files=3, rows=150, keys=50)
+    root = (tmp_path / "state").as_uri()
+    sink = CollectingSink()
+    stage_files(tmp_path / "all", tmp_path / "in", range(2))
+    run_query(
+        spark,
+        StatefulOperator(root, "counts", "user", CountSum(), OUT, num_partitions=3, sink=sink),
+        tmp_path / "in",
+        tmp_path / "ckpt",
+    )
+    result = rescale(root, "counts", 5, idle_seconds=0.0, engine=SparkEngine(), workers=1)
+    assert result.committed and len(result.checkpoint_ids) == 5
+    record = CommitLog(open_file_manager(root)).get(result.plan.new_version)
+    assert record is not None
+    in_place = record.in_place["counts"]
+    assert result.snapshots == 5 - len(in_place) > 0 and result.snapshot_bytes > 0
+    assert state_of(spark, root, "counts") == reference(batches[:2])
+    for p in set(range(5)) - set(in_place):
+        with StateStore(root, "counts", p) as s:
+            s.load(result.plan.new_version)
+            assert s.last_plan is not None and s.last_plan.manifest_path() is not None and not s.last_plan.replay
+    _owned_groups_only(root, "counts")
+    stage_files(tmp_path / "all", tmp_path / "in", range(2, 3))
+    op = StatefulOperator(root, "counts", "user", CountSum(), OUT, num_partitions=5, sink=sink)
+    run_query(spark, op, tmp_path / "in", tmp_path / "ckpt")
+    assert op.recent_progress[-1].rescale is None and op.recent_progress[-1].num_partitions == 5
+    assert sorted(sink.deliveries) == [0, 1, 2]
+    assert state_of(spark, root, "counts") == reference(batches)
 
 
 def test_rollback_then_restart_recomputes_the_rolled_back_history(spark: Any, tmp_path: Path) -> None:
