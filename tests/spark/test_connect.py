@@ -24,6 +24,7 @@ from tests.spark.helpers import (
     JsonLinesProgress,
     read_batch_output,
     reference,
+    stage_files,
     write_inputs,
 )
 from tests.spark.processors import CountSum
@@ -57,14 +58,14 @@ def remote(spark_connect_url: str) -> Iterator[Any]:
                 os.environ[key] = value
 
 
-def _run(remote: Any, tmp_path: Path, root: str, **options: Any) -> StatefulOperator:
+def _run(remote: Any, tmp_path: Path, root: str, partitions: int = 3, **options: Any) -> StatefulOperator:
     op = StatefulOperator(
         root,
         "counts",
         "user",
         CountSum(),
         OUT,
-        num_partitions=3,
+        num_partitions=partitions,
         sink=JsonFileSink(str(tmp_path / "out")),
         on_progress=JsonLinesProgress(str(tmp_path / "progress.jsonl")),
         **options,
@@ -100,6 +101,26 @@ def test_operator_sink_and_reader_over_spark_connect(remote: Any, tmp_path: Path
     _check(remote, tmp_path, root, batches)
     with pytest.raises(ConnectProgressError, match="on_progress"):
         _ = op.last_progress
+
+
+def test_rescale_at_restart_over_spark_connect(remote: Any, tmp_path: Path) -> None:
+    """A restart with another num_partitions over Connect: the driver (in the server's foreachBatch process)
+    builds the new partitions as a Spark job through the Connect session, then runs the batch on them."""
+    batches = write_inputs(tmp_path / "all", files=2, rows=200, keys=30, seed=52)
+    root = (tmp_path / "state").as_uri()
+    stage_files(tmp_path / "all", tmp_path / "in", range(1))
+    _run(remote, tmp_path, root)
+    stage_files(tmp_path / "all", tmp_path / "in", range(1, 2))
+    _run(remote, tmp_path, root, partitions=5)
+    record = CommitLog(open_file_manager(root)).get(3)
+    assert record is not None and record.change.get("counts") is None and len(record.checkpoint_ids["counts"]) == 5
+    rescaled = CommitLog(open_file_manager(root)).get(2)
+    assert rescaled is not None and rescaled.change == {"counts": "rescale"}
+    rows = read_state(remote, root, "counts").collect()
+    assert {json.loads(r["key"])[0]: tuple(json.loads(r["value"])) for r in rows} == reference(batches)
+    for b in range(2):
+        running = reference(batches[: b + 1])
+        assert read_batch_output(tmp_path / "out", b) == {u: running[u] for u, _ in batches[b]}
 
 
 @pytest.mark.slow
