@@ -106,21 +106,7 @@ def rescale_at_restart(
     plan = plan_rescale(fm, operator, partitions, rules=TypedStateKeys(), config=store_config)
     log.info("statekeeper %s: rescaling at restart: %s", operator, plan.describe())
     runner = on_executors(spark) if spark is not None else None
-    result = execute_relayout(fm, plan, rules=TypedStateKeys(), config=store_config, workers=workers, runner=runner)
-    log.info(
-        "statekeeper %s: rescaled to %d partitions as version %d: %d key groups moved, %d records copied, "
-        "%d deleted in place, %d bytes read, %d bytes written in %.2fs",
-        operator,
-        partitions,
-        plan.new_version,
-        plan.moved_groups(),
-        result.records,
-        result.deleted,
-        result.bytes_read,
-        result.bytes_written,
-        result.seconds,
-    )
-    return result
+    return execute_relayout(fm, plan, rules=TypedStateKeys(), config=store_config, workers=workers, runner=runner)
 
 
 __all__ = ["Head", "on_executors", "read_head", "rescale_at_restart"]
