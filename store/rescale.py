@@ -276,8 +276,8 @@ class _Target:
         self.owned = owned
         """In place (the store was loaded at the old version): the key groups ``[lo, hi)`` it owns in
         the new layout, outside which `_trim` deletes; None for a full-state changelog."""
-        self.records = 0
         self.poured: Counter[str] = Counter()
+        """Records copied into each column family."""
         self.deleted = 0
         self.bytes_read = 0
         self.shared: dict[tuple[str, bytes], bytes] = {}
@@ -297,7 +297,6 @@ class PartitionBuild:
     """Its changelog."""
     snapshot_bytes: int
     """Its snapshot (manifest and SSTs uploaded), for a full-state changelog; 0 without one."""
-    snapshot: bool
 
 
 PartitionRunner = Callable[[Callable[[int], PartitionBuild], list[int]], Iterable[PartitionBuild]]
@@ -324,7 +323,6 @@ def _chunks(items: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[Sequence[byt
 def _pour(target: _Target, cf: str, items: Iterable[tuple[bytes, bytes]]) -> None:
     for keys, values in _chunks(iter(items)):
         target.store.put_batch(keys, values, cf=cf)
-        target.records += len(keys)
         target.poured[cf] += len(keys)
 
 
@@ -425,7 +423,7 @@ def build_partition(
             _trim(target, rules)
         rules.finish(target.store, target.poured if target.owned is None else None)
         committed = target.store.commit()
-        snapshot_bytes, snapshot = 0, False
+        snapshot_bytes = 0
         if target.owned is None:
             try:
                 snap = write_snapshot(
@@ -440,17 +438,15 @@ def build_partition(
                 log.warning("%s: no snapshot of new partition %d (%s)", plan.operator, p, e)
             else:
                 snapshot_bytes = snap.uploaded_bytes + fm.info(snap.manifest_path).size
-                snapshot = True
         return PartitionBuild(
             p,
             committed.checkpoint_id,
             target.owned is not None,
-            target.records,
+            sum(target.poured.values()),
             target.deleted,
             target.bytes_read,
             committed.metrics.changelog_bytes,
             snapshot_bytes,
-            snapshot,
         )
     finally:
         target.store.close()
@@ -490,7 +486,7 @@ def execute_relayout(
         result.deleted += b.deleted
         result.bytes_read += b.bytes_read
         result.bytes_written += b.bytes_written
-        result.snapshots += b.snapshot
+        result.snapshots += b.snapshot_bytes > 0
         result.snapshot_bytes += b.snapshot_bytes
     ids = [b.checkpoint_id for b in builds]
     layouts = {plan.operator: plan.target_layout} if plan.target_layout else {}

@@ -8,6 +8,7 @@ model; layouts and batch ids are in the commit records. Runs on local disk and o
 
 from __future__ import annotations
 
+import errno
 import random
 import shutil
 import zlib
@@ -16,11 +17,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from statekeeper.store import CommitLog, StateStore
+from statekeeper.store import CommitLog, StateStore, faults
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.files import open_file_manager
 from statekeeper.store.key_groups import KeyGroupLayout, group_at, group_prefix
+from statekeeper.store.layout import StoreId
 from statekeeper.store.rescale import execute_relayout, plan_rescale, plan_rollback
+from statekeeper.store.snapshot import read_manifest
 
 OP = "agg"
 GROUPS = 64
@@ -219,3 +222,55 @@ def test_bytes_written_scale_with_the_moved_key_groups(tmp_path_factory: pytest.
         ratios.append(result.bytes_written / (moved * per_group_full))
         assert read_all(root.as_uri(), plan.new_version, target) == {"default": state}
     assert all(0.8 < r < 1.3 for r in ratios), ratios
+
+
+def test_partitions_written_from_empty_are_snapshotted_and_repaired(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A rescale snapshots each partition it writes as a full-state changelog, so a load restores it
+    without replay. The changelog stays the source of truth (DESIGN invariant 10): a bad SST in that
+    snapshot is repaired by replaying the full-state changelog, and a snapshot that cannot be written
+    leaves the rescale committed with loads that replay."""
+    rng = random.Random(5)
+    state = {stored(b"key%d" % i): rng.randbytes(40) for i in range(300)}
+    layout, target = KeyGroupLayout(4, GROUPS), KeyGroupLayout(6, GROUPS)
+    base = tmp_path_factory.mktemp("snapshotted")
+    run_batch(base.as_uri(), 0, layout, {"default": dict(state)})
+    unwritable = tmp_path_factory.mktemp("unwritable")
+    shutil.copytree(base, unwritable, dirs_exist_ok=True)
+
+    fm = open_file_manager(base.as_uri())
+    result = execute_relayout(fm, plan_rescale(fm, OP, 6))
+    record = CommitLog(fm).get(result.plan.new_version)
+    assert record is not None
+    full = [p for p in range(6) if p not in record.in_place[OP]]
+    assert result.snapshots == len(full) > 0 and result.snapshot_bytes > 0
+    for p in full:
+        with StateStore(fm, OP, p) as s:
+            s.load(result.plan.new_version)
+            assert s.last_plan is not None and s.last_plan.manifest_path() is not None and not s.last_plan.replay
+    p = full[0]
+    store = StoreId(OP, p)
+    manifest = read_manifest(fm, store.manifest(result.plan.new_version, result.checkpoint_ids[p]))
+    sst = base / store.sst(manifest.sst_files[0].remote_name)
+    data = bytearray(sst.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    sst.write_bytes(bytes(data))
+    with StateStore(fm, OP, p) as s:
+        s.load(result.plan.new_version)
+        assert s.last_plan is not None and s.last_plan.repairs == 1 and s.last_plan.manifest_path() is None
+    assert read_all(base.as_uri(), result.plan.new_version, target) == {"default": state}
+
+    def no_checkpoints(point: str, subject: str) -> None:
+        if point == "rocks.checkpoint":
+            raise OSError(errno.EIO, "injected", subject)
+
+    fm = open_file_manager(unwritable.as_uri())
+    previous = faults.arm(no_checkpoints)
+    try:
+        result = execute_relayout(fm, plan_rescale(fm, OP, 6))
+    finally:
+        faults.arm(previous)
+    assert result.committed and result.snapshots == 0 and result.snapshot_bytes == 0
+    with StateStore(fm, OP, full[0]) as s:
+        s.load(result.plan.new_version)
+        assert s.last_plan is not None and s.last_plan.manifest_path() is None
+    assert read_all(unwritable.as_uri(), result.plan.new_version, target) == {"default": state}
