@@ -320,8 +320,8 @@ def _chunks(items: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[Sequence[byt
         yield keys, values
 
 
-def _pour(target: _Target, cf: str, items: Iterable[tuple[bytes, bytes]]) -> None:
-    for keys, values in _chunks(iter(items)):
+def _pour(target: _Target, cf: str, chunks: Iterable[tuple[Sequence[bytes], Sequence[bytes]]]) -> None:
+    for keys, values in chunks:
         target.store.put_batch(keys, values, cf=cf)
         target.poured[cf] += len(keys)
 
@@ -343,12 +343,12 @@ def _give(plan: RelayoutPlan, src: StateStore, q: int, lo: int, hi: int, target:
     for cf in src.column_families():
         rule = rules.rule(cf) if plan.kind == "rescale" else CfRule.LEADING
         if plan.kind == "rollback":
-            _pour(target, cf, src.items(cf=cf))
+            _pour(target, cf, src.chunks(size=COPY_CHUNK, cf=cf))
         elif rule is CfRule.LEADING:
             start, end = group_byte_range(lo, hi)
-            _pour(target, cf, src.items(start, end, cf=cf))
+            _pour(target, cf, src.chunks(start, end, size=COPY_CHUNK, cf=cf))
         elif rule is CfRule.LOCATED:
-            _pour(target, cf, ((k, v) for k, v in src.items(cf=cf) if lo <= rules.locate(cf, k) < hi))
+            _pour(target, cf, _chunks((k, v) for k, v in src.items(cf=cf) if lo <= rules.locate(cf, k) < hi))
         else:
             for k, v in src.items(cf=cf):
                 merged = rules.merge_shared(cf, k, target.shared.get((cf, k)), v, name)
@@ -391,7 +391,7 @@ def _trim(target: _Target, rules: KeyGroupRules) -> None:
             for start, end in ranges:
                 if start == end:
                     continue
-                for keys, _values in _chunks(store.items(start, end, cf=cf)):
+                for keys, _values in store.chunks(start, end, size=COPY_CHUNK, cf=cf):
                     store.delete_batch(keys, cf=cf)
                     target.deleted += len(keys)
         elif rule is CfRule.LOCATED:
