@@ -343,10 +343,10 @@ def _give(plan: RelayoutPlan, src: StateStore, q: int, lo: int, hi: int, target:
     for cf in src.column_families():
         rule = rules.rule(cf) if plan.kind == "rescale" else CfRule.LEADING
         if plan.kind == "rollback":
-            _pour(target, cf, src.chunks(size=COPY_CHUNK, cf=cf))
-        elif rule is CfRule.LEADING:
+            target.poured[cf] += target.store.put_sorted(src.chunks(size=COPY_CHUNK, cf=cf), cf=cf)
+        elif rule is CfRule.LEADING:  # a byte range in key order: one SST file ingested
             start, end = group_byte_range(lo, hi)
-            _pour(target, cf, src.chunks(start, end, size=COPY_CHUNK, cf=cf))
+            target.poured[cf] += target.store.put_sorted(src.chunks(start, end, size=COPY_CHUNK, cf=cf), cf=cf)
         elif rule is CfRule.LOCATED:
             _pour(target, cf, _chunks((k, v) for k, v in src.items(cf=cf) if lo <= rules.locate(cf, k) < hi))
         else:

@@ -13,8 +13,9 @@ import os
 import shutil
 import tempfile
 import time
+import uuid
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any, cast
@@ -22,7 +23,7 @@ from typing import Any, cast
 import rocksdict as rd
 
 from statekeeper.store.commit_log import CommitLog
-from statekeeper.store.errors import ConfigurationError, StoreStateError
+from statekeeper.store.errors import ConfigurationError, StatekeeperError, StoreStateError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.formats.changelog import ChangelogHeader, ChangelogWriter, Lineage
 from statekeeper.store.layout import StoreId, new_checkpoint_id, validate_checkpoint_id, validate_version
@@ -187,6 +188,43 @@ class ColumnFamily:
         if len(ks) != len(vs):
             raise ConfigurationError(f"put_batch got {len(ks)} keys and {len(vs)} values for {self.name!r}")
         self._write_batch(ks, vs)
+
+    def put_sorted(self, chunks: Iterable[tuple[Sequence[bytes], Sequence[bytes]]]) -> int:
+        """`put_batch` of chunks whose keys strictly increase across all of them (a bulk copy of a
+        range): written as one SST file and ingested, no memtable to fill and flush. Returns the records.
+
+        A failure (keys out of order, a full disk) abandons the attempt, as its changelog may hold
+        records the DB does not.
+        """
+        if self._db_put is _closed:
+            _closed()
+        self._flush()
+        path = os.path.join(self._store._work, f"ingest-{uuid.uuid4().hex}.sst")
+        writer = rd.SstFileWriter(options=db_options())
+        records = 0
+        try:
+            writer.open(path)
+            for ks, vs in chunks:
+                if len(ks) != len(vs):
+                    raise ConfigurationError(f"put_sorted got {len(ks)} keys and {len(vs)} values for {self.name!r}")
+                deque(map(writer.__setitem__, ks, vs), maxlen=0)
+                self._store._log_block(self.name, ks, vs)
+                records += len(ks)
+            if records:
+                writer.finish()
+                ingest = rd.IngestExternalFileOptions()
+                ingest.set_move_files(True)
+                self._db.ingest_external_file([path], ingest)
+        except Exception as e:
+            self._store.abort()
+            if isinstance(e, StatekeeperError):
+                raise
+            where = f"column family {self.name!r} of {self._store.store_id}"
+            raise StoreStateError(f"bulk load of {where} failed: {e}") from e
+        finally:
+            if os.path.exists(path):
+                os.unlink(path)
+        return records
 
     def delete_batch(self, keys: Any) -> None:
         ks = _arrow_to_list(keys)
@@ -472,6 +510,9 @@ class StateStore(PlanExecution):
 
     def put_batch(self, keys: Any, values: Any, cf: str = DEFAULT_CF) -> None:
         self.column_family(cf).put_batch(keys, values)
+
+    def put_sorted(self, chunks: Iterable[tuple[Sequence[bytes], Sequence[bytes]]], cf: str = DEFAULT_CF) -> int:
+        return self.column_family(cf).put_sorted(chunks)
 
     def delete_batch(self, keys: Any, cf: str = DEFAULT_CF) -> None:
         self.column_family(cf).delete_batch(keys)

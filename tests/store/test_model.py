@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from statekeeper.store import CommitLog, LineageError, StateStore, StoreConfig
+from statekeeper.store import CommitLog, LineageError, StateStore, StoreConfig, StoreStateError
 from statekeeper.store.snapshot import write_snapshot
 from tests.model_steps import CountedSteps, scaled
 
@@ -26,6 +26,8 @@ PARTITIONS = 3
 CFS = ["default", "counts", "lists"]
 keys = st.binary(min_size=0, max_size=3).map(lambda b: b"k" + b)
 values = st.binary(min_size=0, max_size=40)
+HOW = ["one", "batch", "sorted"]
+"""How an op is applied: alone, in a `put_batch` run, or in a `put_sorted` bulk load."""
 
 State = dict[str, dict[bytes, bytes]]
 STATS = {"batches": 0}
@@ -75,10 +77,13 @@ class StoreMachine(CountedSteps, RuleBasedStateMachine):
     # -- a batch ---------------------------------------------------------------------------------
     @rule(
         p=st.integers(0, PARTITIONS - 1),
-        ops=st.lists(st.tuples(st.sampled_from(CFS), keys, st.one_of(st.none(), values), st.booleans()), max_size=40),
+        ops=st.lists(
+            st.tuples(st.sampled_from(CFS), keys, st.one_of(st.none(), values), st.sampled_from(HOW)),
+            max_size=40,
+        ),
         outcome=st.sampled_from(["commit", "commit", "commit", "abort"]),
     )
-    def task_attempt(self, p: int, ops: list[tuple[str, bytes, bytes | None, bool]], outcome: str) -> None:
+    def task_attempt(self, p: int, ops: list[tuple[str, bytes, bytes | None, str]], outcome: str) -> None:
         """One task attempt of the current batch on partition p: load, update, commit or abort."""
         v = self.latest
         ckpt, state = self.committed[v][p]
@@ -87,13 +92,19 @@ class StoreMachine(CountedSteps, RuleBasedStateMachine):
         model = copy_state(state)
         i = 0
         while i < len(ops):
-            cf, _, _, batched = ops[i]
-            if batched:  # a run of ops on one column family through the batch API
+            cf, _, _, how = ops[i]
+            if how != "one":  # a run of ops on one column family through the batch API
                 run = [o for o in ops[i : i + 8] if o[0] == cf]
                 dels = [k for _, k, val, _ in run if val is None]
                 puts = [(k, pv) for _, k, pv, _ in run if pv is not None]
                 store.delete_batch(dels, cf=cf)
-                store.put_batch([k for k, _ in puts], [pv for _, pv in puts], cf=cf)
+                if how == "sorted":  # a bulk copy: strictly increasing keys, in chunks
+                    puts = sorted(dict(puts).items())
+                    runs = [puts[j : j + 3] for j in range(0, len(puts), 3)]
+                    chunks = [([k for k, _ in r], [pv for _, pv in r]) for r in runs]
+                    assert store.put_sorted(chunks, cf=cf) == len(puts)
+                else:
+                    store.put_batch([k for k, _ in puts], [pv for _, pv in puts], cf=cf)
                 for k in dels:
                     model.setdefault(cf, {}).pop(k, None)
                 for k, pv in puts:
@@ -257,3 +268,18 @@ def test_load_catches_up_an_older_local_copy_by_replaying_only_the_gap(tmp_path)
     assert dict(later.items()) == {b"k2": b"v2"}
     first.close()
     later.close()
+
+
+def test_a_bulk_load_out_of_key_order_is_refused_and_abandons_its_attempt(tmp_path) -> None:
+    local = tmp_path / "local"
+    store = StateStore((tmp_path / "root").as_uri(), "agg", 0, config=StoreConfig(local_dir=str(local))).load(0)
+    store.put(b"a", b"1")
+    with pytest.raises(StoreStateError, match="strict ascending order") as err:
+        store.put_sorted([([b"b", b"d"], [b"2", b"4"]), ([b"c"], [b"3"])])
+    assert "'default' of agg/0" in str(err.value)
+    with pytest.raises(StoreStateError, match="without load"):
+        store.commit()  # the changelog may hold what the DB does not: nothing of it commits
+    assert local.is_dir() and not list(local.glob("**/ingest-*"))  # its SST file is gone
+    store.load(0)
+    assert dict(store.items()) == {}
+    store.close()
