@@ -584,7 +584,7 @@ def run(quick: bool) -> list[Table]:
         if FLOOR_JOBS:
             where.notes.append(
                 f"The floor ran {FLOOR_JOBS[0]:.1f} Spark jobs per batch (its shuffle's map stage and the noop write). "
-                "statekeeper's figure counts every batch's jobs, the first batch's one-off ones too (routing values); "
+                "statekeeper's figure counts every batch's jobs, the first batch's one-off ones too; "
                 "a batch needs at least the tasks job and, after the commit record, the sink's read of the persisted "
                 "task output.",
             )

@@ -48,7 +48,7 @@ from statekeeper.store.spark.heartbeat import DEFAULT_INTERVAL_SECONDS, Heartbea
 from statekeeper.store.spark.initial_state import collect_initial_state, initial_state_frame
 from statekeeper.store.spark.metrics import BatchProgress, PartitionMetrics
 from statekeeper.store.spark.restart import read_head, rescale_at_restart
-from statekeeper.store.spark.routing import owner_column, routable
+from statekeeper.store.spark.routing import hash_routes, owner_column, routable
 from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from statekeeper.store.spark.state import check_max_key_groups
 from statekeeper.store.spark.task_input import DEFAULT_INPUT_BUDGET_BYTES
@@ -181,7 +181,6 @@ class StatefulOperator:
         self.recent_progress: deque[BatchProgress] = deque(maxlen=self.history)
         self._partitions: int | None = None
         self._next_batch: int | None = None
-        self._route_cache: dict[int, list[int]] = {}
         self._plan_parts: dict[tuple[str, int, KeyGroupLayout | None], tuple[Any, Any, Any]] = {}
         self._struct: StructType | None = None
         self._shift = 0
@@ -193,7 +192,7 @@ class StatefulOperator:
     def __getstate__(self) -> dict[str, Any]:
         """Spark Connect pickles the foreachBatch function (this operator) to run it in the server's Python
         process: send the configuration only; clients (S3) and Spark objects are rebuilt there."""
-        skip = {"fm", "commit_log", "records", "recent_progress", "_partitions", "_next_batch", "_route_cache"}
+        skip = {"fm", "commit_log", "records", "recent_progress", "_partitions", "_next_batch"}
         skip |= {"_plan_parts", "_heartbeat"}
         return {k: v for k, v in self.__dict__.items() if k not in skip and k != "_struct"}
 
@@ -439,26 +438,6 @@ class StatefulOperator:
         self._partitions = recorded or self.num_partitions
         self._next_batch = batch_id
 
-    def _routes(self, spark: SparkSession, n: int) -> list[int]:
-        """For each partition p, an int whose Spark hash partitioning (pmod(murmur3, n)) is p."""
-        routes = self._route_cache.get(n)
-        if routes is None:
-            from pyspark.sql import functions as sf
-
-            rows = (
-                spark.range(0, max(64, 64 * n))
-                .selectExpr("cast(id as int) as v", f"pmod(hash(cast(id as int)), {n}) as p")
-                .groupBy("p")
-                .agg(sf.min("v").alias("v"))
-                .collect()
-            )
-            found = {int(r["p"]): int(r["v"]) for r in rows}
-            if len(found) != n:
-                raise StatekeeperError(f"could not find routing values for all {n} partitions")
-            routes = [int(found[p]) for p in range(n)]
-            self._route_cache[n] = routes
-        return routes
-
     def _plan(self, spark: SparkSession, df: DataFrame, n: int) -> DataFrame:
         from pyspark.sql import functions as sf
 
@@ -471,7 +450,7 @@ class StatefulOperator:
                 sf.lit(True).alias(MARKER_COL),
             )
             pid = self._partition_column(n, df.schema).alias(PID_COL)
-            route = sf.element_at(sf.array(*[sf.lit(r) for r in self._routes(spark, n)]), sf.col(PID_COL) + 1)
+            route = sf.element_at(sf.array(*[sf.lit(r) for r in hash_routes(n)]), sf.col(PID_COL) + 1)
             cached = self._plan_parts[schema_key] = (markers, pid, route)
         markers, pid, route = cached
         data = df.select("*", pid, sf.lit(False).alias(MARKER_COL))

@@ -72,4 +72,36 @@ def owner_column(schema: StructType, key_columns: tuple[str, ...], layout: KeyGr
     return sf.expr(f"cast(((({group}) + 1) * {n} - 1) div {g} as int)")
 
 
-__all__ = ["key_group_sql", "owner_column", "routable"]
+_M32 = 0xFFFFFFFF
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & _M32
+
+
+def spark_int_hash(value: int, seed: int = 42) -> int:
+    """Spark's ``hash()`` of an int column (Murmur3 x86_32, seed 42), which hash partitioning uses."""
+    k1 = _rotl((value * 0xCC9E2D51) & _M32, 15) * 0x1B873593 & _M32
+    h1 = _rotl((seed ^ k1) & _M32, 13)
+    h1 = (h1 * 5 + 0xE6546B64) & _M32
+    h1 ^= 4
+    h1 ^= h1 >> 16
+    h1 = (h1 * 0x85EBCA6B) & _M32
+    h1 ^= h1 >> 13
+    h1 = (h1 * 0xC2B2AE35) & _M32
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 & 0x80000000 else h1
+
+
+def hash_routes(partitions: int) -> list[int]:
+    """For each partition p, the smallest int whose Spark hash partitioning ``pmod(hash(v), n)`` is p:
+    a row carrying it in the repartition column lands in partition p. Computed here, not by a Spark job."""
+    found: dict[int, int] = {}
+    value = 0
+    while len(found) < partitions:
+        found.setdefault(spark_int_hash(value) % partitions, value)  # % of a positive n is pmod
+        value += 1
+    return [found[p] for p in range(partitions)]
+
+
+__all__ = ["hash_routes", "key_group_sql", "owner_column", "routable", "spark_int_hash"]

@@ -154,3 +154,24 @@ def test_spark_computes_the_key_group_python_stores(spark: Any) -> None:
         codec = KeyCodec(struct(*(Field(c, from_arrow(out.schema.field(c).type, c)) for c in cols)), "key")
         for r in out.to_pylist():
             assert zlib.crc32(codec.encode(tuple(r[c] for c in cols))) % 1024 == r["g"], (cols, r)
+
+
+def test_rows_route_to_their_partition_by_spark_own_hash_partitioning(spark: Any) -> None:
+    """The routing values computed in Python land each marker row in its partition under Spark's own
+    ``repartition(n, col)``, and the Murmur3 behind them equals Spark's ``hash()`` of an int."""
+    from pyspark.sql import functions as sf
+
+    from statekeeper.store.spark.routing import hash_routes, spark_int_hash
+
+    values = [-(2**31), -7, -1, 0, 1, 2, 42, 65_537, 2**31 - 1]
+    got = spark.createDataFrame([(v,) for v in values], "v int").selectExpr("v", "hash(v) as h").collect()
+    assert {r["v"]: r["h"] for r in got} == {v: spark_int_hash(v) for v in values}
+    for n in (1, 3, 4, 8, 200):
+        routes = hash_routes(n)
+        landed = (
+            spark.createDataFrame([(p, r) for p, r in enumerate(routes)], "p int, r int")
+            .repartition(n, "r")
+            .select("p", sf.spark_partition_id().alias("at"))
+            .collect()
+        )
+        assert {row["p"]: row["at"] for row in landed} == {p: p for p in range(n)}
