@@ -190,6 +190,9 @@ class RelayoutResult:
     snapshot_bytes: int = 0
     """Bytes of those snapshots (manifests and SSTs)."""
     seconds: float = 0.0
+    slowest_build_seconds: float = 0.0
+    """The longest `build_partition` (the builds run in parallel: the rest of `seconds` is scheduling,
+    planning and the commit record)."""
     committed: bool = False
 
     def to_json(self) -> dict[str, object]:
@@ -208,6 +211,7 @@ class RelayoutResult:
             "snapshots": self.snapshots,
             "snapshot_bytes": self.snapshot_bytes,
             "seconds": round(self.seconds, 3),
+            "slowest_build_seconds": round(self.slowest_build_seconds, 3),
             "committed": self.committed,
         }
 
@@ -297,6 +301,7 @@ class PartitionBuild:
     """Its changelog."""
     snapshot_bytes: int
     """Its snapshot (manifest and SSTs uploaded), for a full-state changelog; 0 without one."""
+    seconds: float
 
 
 PartitionRunner = Callable[[Callable[[int], PartitionBuild], list[int]], Iterable[PartitionBuild]]
@@ -410,6 +415,7 @@ def build_partition(
     changelog is also snapshotted from the DB the copy built, so the partition's first load restores SST
     files instead of replaying every record; a failed snapshot costs only that (logged).
     """
+    t0 = time.perf_counter()
     target = _open_target(fm, plan, p, rules, config)
     try:
         for q, lo, hi in plan.sources_of(p):
@@ -447,6 +453,7 @@ def build_partition(
             target.bytes_read,
             committed.metrics.changelog_bytes,
             snapshot_bytes,
+            time.perf_counter() - t0,
         )
     finally:
         target.store.close()
@@ -488,6 +495,7 @@ def execute_relayout(
         result.bytes_written += b.bytes_written
         result.snapshots += b.snapshot_bytes > 0
         result.snapshot_bytes += b.snapshot_bytes
+        result.slowest_build_seconds = max(result.slowest_build_seconds, b.seconds)
     ids = [b.checkpoint_id for b in builds]
     layouts = {plan.operator: plan.target_layout} if plan.target_layout else {}
     CommitLog(fm).commit(
@@ -503,7 +511,8 @@ def execute_relayout(
     result.committed = True
     result.seconds = time.perf_counter() - t0
     log.info(
-        "%s: committed, %d records copied, %d deleted in place, %d snapshots, %d bytes read, %d bytes written in %.2fs",
+        "%s: committed, %d records copied, %d deleted in place, %d snapshots, %d bytes read, %d bytes written in "
+        "%.2fs (slowest partition %.2fs)",
         plan.describe(),
         result.records,
         result.deleted,
@@ -511,6 +520,7 @@ def execute_relayout(
         result.bytes_read,
         result.bytes_written,
         result.seconds,
+        result.slowest_build_seconds,
     )
     return result
 
