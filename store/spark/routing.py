@@ -1,4 +1,5 @@
-"""Routing rows to the partition that owns their key group, computed by Spark itself.
+"""Routing rows to the partition that owns their key group, computed by Spark itself, and the values
+that steer Spark's hash partitioning to each partition (`hash_routes`, Spark's Murmur3 in Python).
 
 The executor stores each grouping key under key group ``crc32(encoded key) mod G`` (docs/formats.md,
 "Keys"). For a partition to own a contiguous range of key groups, Spark must send a row to the
