@@ -148,6 +148,16 @@ class StoreMachine(CountedSteps, RuleBasedStateMachine):
         ckpt, state = self.committed[v][p]
         store = self.instances[p].load(v, ckpt or None)
         assert store_content(store) == normalise(state)
+        cf, size = data.draw(st.sampled_from(CFS)), data.draw(st.integers(1, 5))
+        start, end = data.draw(st.one_of(st.none(), keys)), data.draw(st.one_of(st.none(), keys))
+        in_range = [
+            (k, v)
+            for k, v in sorted(state.get(cf, {}).items())
+            if (start is None or k >= start) and (end is None or k < end)
+        ]
+        chunks = list(store.chunks(start, end, size=size, cf=cf)) if cf in store.column_families() else []
+        assert all(0 < len(ks) == len(vs) <= size for ks, vs in chunks)
+        assert [kv for ks, vs in chunks for kv in zip(ks, vs, strict=True)] == in_range  # bulk reads
         store.abort()
 
     @rule(p=st.integers(0, PARTITIONS - 1))
