@@ -58,6 +58,7 @@ def _report(context: OpExecutionContext, result: RelayoutResult) -> dict[str, An
             "snapshots": MetadataValue.int(result.snapshots),
             "snapshot_bytes": MetadataValue.int(result.snapshot_bytes),
             "seconds": MetadataValue.float(result.seconds),
+            "slowest_build_seconds": MetadataValue.float(result.slowest_build_seconds),
             "moved_key_groups": MetadataValue.int(result.plan.moved_groups()),
         }
     )
