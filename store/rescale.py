@@ -325,12 +325,6 @@ def _chunks(items: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[Sequence[byt
         yield keys, values
 
 
-def _pour(target: _Target, cf: str, chunks: Iterable[tuple[Sequence[bytes], Sequence[bytes]]]) -> None:
-    for keys, values in chunks:
-        target.store.put_batch(keys, values, cf=cf)
-        target.poured[cf] += len(keys)
-
-
 def load_bytes(fm: CheckpointFileManager, plan: LoadPlan | None) -> int:
     """Bytes a load by `plan` read from the checkpoint: its base snapshot (manifest and SSTs) and changelogs."""
     if plan is None or plan.source is LoadSource.REUSE:
@@ -353,7 +347,9 @@ def _give(plan: RelayoutPlan, src: StateStore, q: int, lo: int, hi: int, target:
             start, end = group_byte_range(lo, hi)
             target.poured[cf] += target.store.put_sorted(src.chunks(start, end, size=COPY_CHUNK, cf=cf), cf=cf)
         elif rule is CfRule.LOCATED:
-            _pour(target, cf, _chunks((k, v) for k, v in src.items(cf=cf) if lo <= rules.locate(cf, k) < hi))
+            for keys, values in _chunks((k, v) for k, v in src.items(cf=cf) if lo <= rules.locate(cf, k) < hi):
+                target.store.put_batch(keys, values, cf=cf)
+                target.poured[cf] += len(keys)
         else:
             for k, v in src.items(cf=cf):
                 merged = rules.merge_shared(cf, k, target.shared.get((cf, k)), v, name)
