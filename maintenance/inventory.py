@@ -261,6 +261,9 @@ class Inventory:
         self.reads = 0
         self.seconds = 0.0
         self._committed: dict[StoreId, dict[int, str]] | None = None
+        self._current: set[StoreId] = set()
+        """Stores whose view was listed while this maintainer held their lease and that it has not changed
+        since: `rescan_store` returns their view without listing again."""
 
     # -- scanning ---------------------------------------------------------------------------------
     @classmethod
@@ -272,14 +275,19 @@ class Inventory:
         progress: bool = False,
         stores: Iterable[StoreId] | None = None,
         use_cache: bool = True,
+        leased: Iterable[StoreId] = (),
     ) -> Inventory:
         """List `root` once and read every commit record and manifest not read before.
 
         With `stores`, only those stores' prefixes (and the commit records) are listed. Without
-        `use_cache` every commit record and manifest is read again (verification).
+        `use_cache` every commit record and manifest is read again (verification). `leased`: stores
+        whose lease the caller held before this listing started and holds while it uses the
+        inventory (the maintenance loop's cycle leases): their listing is already one taken under
+        the lease, so `rescan_store` does not list them again.
         """
         fm = open_file_manager(root) if isinstance(root, str) else root
         inv = cls(fm, parallelism=parallelism, use_cache=use_cache)
+        inv._current.update(leased)
         check_root(fm)
         t0 = time.perf_counter()
         inv.scanned_at = time.time()
@@ -318,8 +326,13 @@ class Inventory:
     def rescan_store(self, store: StoreId) -> StoreFiles:
         """List one store's prefix again (after taking its lease) and read its new manifests.
 
-        Commit records are not listed again: a stale view of them only keeps more files.
+        Commit records are not listed again: a stale view of them only keeps more files. A store
+        listed under the lease this maintainer still holds, and not changed by it since (`changed`),
+        is not listed again: only its writer adds files meanwhile, and files missing from a view
+        are never deleted.
         """
+        if store in self._current and store in self.stores:
+            return self.stores[store]
         files = StoreFiles(store)
         prefix = f"{store.prefix}/"
         self.listings += 1
@@ -334,6 +347,10 @@ class Inventory:
         self._read_manifests(files)
         self.stores[store] = files
         return files
+
+    def changed(self, store: StoreId) -> None:
+        """This maintainer wrote or deleted files of `store`: the next `rescan_store` lists it again."""
+        self._current.discard(store)
 
     def _entry(self, raw: FileEntry, *, temp_listing: bool) -> FileEntry:
         k = classify(raw.path, temp_listing=temp_listing and raw.kind == TEMP)

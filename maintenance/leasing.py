@@ -65,10 +65,11 @@ def lock_path(root_uri: str, store: StoreId, work_dir: str | None) -> str:
     return os.path.join(base, f"{digest}.{store.operator}.{store.partition:05d}.lock")
 
 
-class _CycleLeases:
+class CycleLeases:
     """The leases a maintenance cycle holds on one root: taken on first use, released when the cycle ends."""
 
-    def __init__(self, settings: MaintenanceSettings, catalog: Catalog | None) -> None:
+    def __init__(self, root_uri: str, settings: MaintenanceSettings, catalog: Catalog | None) -> None:
+        self.root_uri = root_uri
         self.settings = settings
         self.catalog = catalog
         self.entered: list[AbstractContextManager[LeaseGuard]] = []
@@ -96,14 +97,22 @@ class _CycleLeases:
                 self.held[store] = guard
             return guard
 
-    def take_free(self, root_uri: str, stores: Sequence[StoreId]) -> None:
-        """Take the catalog leases of every store of `stores` nobody holds, in one transaction."""
+    def held_stores(self) -> frozenset[StoreId]:
+        """The stores whose lease this cycle holds now."""
+        with self.lock:
+            return frozenset(self.held)
+
+    def take_free(self, stores: Sequence[StoreId]) -> None:
+        """Take the catalog leases of every store of `stores` nobody holds (not this cycle either), in one
+        transaction."""
+        with self.lock:
+            stores = [s for s in stores if s not in self.held]
         if self.catalog is None or not stores:
             return
         from statekeeper.sql.leases import scope_of
 
         lease, _ = self.catalog.acquire_leases(
-            root_uri, [(s.operator, s.partition) for s in stores], ttl=self.settings.lease_ttl_seconds
+            self.root_uri, [(s.operator, s.partition) for s in stores], ttl=self.settings.lease_ttl_seconds
         )
         if lease is None:
             return
@@ -119,7 +128,7 @@ class _CycleLeases:
                 stack.push(lease)
 
 
-_cycle: contextvars.ContextVar[tuple[str, _CycleLeases] | None] = contextvars.ContextVar(
+_cycle: contextvars.ContextVar[tuple[str, CycleLeases] | None] = contextvars.ContextVar(
     "statekeeper_cycle_leases", default=None
 )
 """The cycle of the running maintenance loop: (root URI, its leases). A context variable,
@@ -131,15 +140,16 @@ its own leases and is excluded by them as before."""
 @contextmanager
 def cycle_leases(
     root_uri: str, settings: MaintenanceSettings, catalog: Catalog | None, stores: Sequence[StoreId] = ()
-) -> Iterator[None]:
+) -> Iterator[CycleLeases]:
     """Within the block, `store_lease` on `root_uri` (with this `catalog`) keeps each store's lease until
     the block ends: one acquisition and one release per store for all the operations run inside it.
-    The free ones of `stores` are taken at once when the block starts (one catalog transaction)."""
-    cycle = _CycleLeases(settings, catalog)
+    The free ones of `stores` are taken at once when the block starts (one catalog transaction); more
+    with `CycleLeases.take_free`."""
+    cycle = CycleLeases(root_uri, settings, catalog)
     token = _cycle.set((root_uri, cycle))
     try:
-        cycle.take_free(root_uri, stores)
-        yield
+        cycle.take_free(stores)
+        yield cycle
     finally:
         _cycle.reset(token)
         cycle.release()
@@ -210,7 +220,15 @@ def _acquire(
         os.close(fd)  # closing releases the flock
 
 
-__all__ = ["LeaseGuard", "MaintenanceBusyError", "cycle_leases", "lock_path", "planned_store", "store_lease"]
+__all__ = [
+    "CycleLeases",
+    "LeaseGuard",
+    "MaintenanceBusyError",
+    "cycle_leases",
+    "lock_path",
+    "planned_store",
+    "store_lease",
+]
 
 
 @contextmanager
@@ -225,4 +243,5 @@ def planned_store(
         plan = plan_store(inv, store, settings)
         if plan.blocked:
             raise RuntimeError("; ".join(plan.problems))
+        inv.changed(store)  # the caller deletes: a later operation lists the store again
         yield plan, lease

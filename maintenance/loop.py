@@ -27,6 +27,7 @@ from statekeeper.maintenance.reports import Report
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import create_snapshots
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
+from statekeeper.store.layout import StoreId
 
 if TYPE_CHECKING:
     from statekeeper.sql.catalog import Catalog
@@ -69,19 +70,23 @@ def maintain(
     stop = stop or threading.Event()
     fm = open_file_manager(root) if isinstance(root, str) else root
     results: list[CycleResult] = []
+    known: list[StoreId] | None = None  # the stores the previous cycle found
     n = 0
     while not stop.is_set() and (cycles is None or n < cycles):
         n += 1
         t0 = time.monotonic()
         result = CycleResult(n, 0.0)
-        # One listing per cycle for all three operations: each lists a store again under its lease
-        # before changing it (`Inventory.rescan_store`), and the snapshots' rescans update the shared view.
-        inv = Inventory.scan(fm, parallelism=settings.parallelism)
-        # One lease per store per cycle: taken by the first operation that changes the store, held
-        # (and renewed) through the other two, released here.
-        with cycle_leases(fm.root_uri, settings, catalog, stores=inv.store_ids()):
+        # One lease per store per cycle, held (and renewed) through the three operations, released
+        # here: the stores the previous cycle found are taken before this cycle's listing, so that
+        # listing is one taken under their leases and no operation lists them again unless this
+        # maintainer changed them meanwhile (`Inventory.rescan_store`). New stores (and all of them
+        # in the first cycle) are leased by the first operation that needs them, then listed again.
+        with cycle_leases(fm.root_uri, settings, catalog, stores=known or ()) as leases:
+            inv = Inventory.scan(fm, parallelism=settings.parallelism, leased=leases.held_stores())
+            leases.take_free(inv.store_ids())  # the new ones
             for op in (create_snapshots, expire_versions, clean_orphans):
                 result.reports.append(op(fm, settings, catalog=catalog, inventory=inv))
+        known = inv.store_ids()
         result.seconds = time.monotonic() - t0
         log.info("%s", result.summary())
         if on_cycle is not None:

@@ -288,6 +288,7 @@ def _snapshot_leased(
     if plan.chain_length < settings.snapshot_threshold and repair is None:
         return {**row, "action": "skipped", "reason": "already snapshotted"}
     snapshots = {v: files.manifest_data[(v, cid)] for v, cid in plan.intact_snapshots.items()}
+    inv.changed(store)  # a snapshot is written: a later operation lists the store again
     with _checkout(fm, store, settings) as replica:
         if repair is not None:
             log.warning("store %s: %s; writing a fresh snapshot from a cold build", store, repair)

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from statekeeper.maintenance.leasing import LeaseGuard, MaintenanceBusyError, cycle_leases, store_lease
 from statekeeper.maintenance.loop import CycleResult, maintain
 from statekeeper.maintenance.settings import MaintenanceSettings
@@ -132,3 +134,48 @@ def test_cycle_leases_are_shared_only_by_the_cycles_own_work(
 def _guard_of(uri: str, store: StoreId, settings: MaintenanceSettings, catalog: Catalog) -> LeaseGuard:
     with store_lease(uri, store, settings, catalog) as guard:
         return guard
+
+
+def test_stores_leased_before_the_listing_are_not_listed_again_unless_changed(
+    make_local_history: Callable[..., History],
+    settings: MaintenanceSettings,
+    catalog: Catalog,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """From the second cycle on the loop holds the known stores' leases before it lists the root, so an
+    operation lists a store again only after an earlier one of the same cycle changed it; expiry keeps the
+    chains bounded, and every retained version loads."""
+    h = make_local_history()
+    h.batches(3, losing=1)
+    listed: Counter[StoreId] = Counter()
+    real_list = h.fm.list
+
+    def counting_list(prefix: str = "", **kw: Any) -> Any:
+        for s in h.stores:
+            if prefix == f"{s.prefix}/":
+                listed[s] += 1
+        return real_list(prefix, **kw)
+
+    monkeypatch.setattr(h.fm, "list", counting_list)
+    checked: list[int] = []
+
+    def between(result: CycleResult) -> None:
+        assert result.ok, result.summary()
+        snapshot, expire, orphans = result.reports
+        by_name = {str(s): s for s in h.stores}
+        changed = Counter(by_name[i["store"]] for i in snapshot.items if i.get("action") == "snapshot")
+        changed.update({by_name[i["store"]] for i in expire.items if i["action"] == "deleted" and i["store"]})
+        if result.cycle > 1:
+            oldest = min(int(p.rsplit("/", 1)[1].split("_")[0]) for p in all_files(h.root) if "/changelogs/" in p)
+            assert oldest >= h.latest - settings.min_versions_to_retain - settings.snapshot_threshold - 2
+            for s in h.stores:
+                assert listed[s] <= changed[s], (
+                    f"cycle {result.cycle}: store {s} listed {listed[s]}x, changed {changed[s]}x"
+                )
+            checked.append(result.cycle)
+        listed.clear()
+        h.batches(2, losing=1)
+
+    maintain(h.fm, settings, every=0, cycles=8, catalog=catalog, on_cycle=between)
+    assert checked == list(range(2, 9))
+    h.check_loadable(h.retained(settings))
