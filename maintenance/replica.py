@@ -24,13 +24,14 @@ import shutil
 import time
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, BinaryIO, cast
+from typing import Any, cast
 
 import rocksdict as rd
 
 from statekeeper.store.errors import CorruptFileError, LineageError, StoreStateError, UnsupportedFormatError
 from statekeeper.store.faults import reached as fault_point
 from statekeeper.store.files import CheckpointFileManager
+from statekeeper.store.files.base import open_seekable
 from statekeeper.store.formats.changelog import ChangelogReader
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import StoreId
@@ -270,15 +271,6 @@ class Replica:
             records += self._replay(v, cid, committed.get(v - 1) if v > 1 and not full else None)
         return end - start, records
 
-    def _open_changelog(self, path: str, v: int) -> tuple[BinaryIO, str | None]:
-        f = self.fm.open(path)
-        if f.seekable():
-            return f, None
-        f.close()
-        tmp = os.path.join(self.dir, f"replay-{v}.changelog")
-        self.fm.download(path, tmp)
-        return open(tmp, "rb"), tmp
-
     def _handle_of(self, cf_name: str) -> Any:
         handle = self._handles.get(cf_name)
         if handle is None:
@@ -290,8 +282,7 @@ class Replica:
     def _replay(self, version: int, checkpoint_id: str, parent_id: str | None) -> int:
         path = self.store.changelog(version, checkpoint_id)
         name = f"{self.fm.root_uri}/{path}"
-        f, tmp = self._open_changelog(path, version)
-        try:
+        with open_seekable(self.fm, path, self.dir) as f:
             reader = ChangelogReader(f, name)
             h = reader.header
             if (h.operator, h.partition, h.version, h.checkpoint_id) != (
@@ -308,11 +299,6 @@ class Replica:
                 )
             reader.check_footer()
             return apply_changelog(reader, self.db, self._handle_of, REPLAY_BATCH_BYTES)
-        finally:
-            f.close()
-            if tmp is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
 
     # -- using ------------------------------------------------------------------------------------
     def snapshot(self, existing_ssts: set[str], corrupt_ssts: frozenset[str] = frozenset()) -> SnapshotResult:

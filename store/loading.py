@@ -11,16 +11,16 @@ raise, naming the bad snapshot.
 from __future__ import annotations
 
 import logging
-import os
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from itertools import repeat
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import rocksdict as rd
 
 from statekeeper.store.errors import CorruptFileError, LineageError, UnsupportedFormatError
+from statekeeper.store.files.base import open_seekable
 from statekeeper.store.formats.changelog import ChangelogReader, Lineage
 from statekeeper.store.load_plan import (
     CheckpointPlanSource,
@@ -142,23 +142,12 @@ class PlanExecution:
     def _replay(self, version: int, checkpoint_id: str) -> int:
         path = self.store_id.changelog(version, checkpoint_id)
         name = f"{self.fm.root_uri}/{path}"
-        tmp: str | None = None
-        f: BinaryIO = self.fm.open(path)
-        try:
-            if not f.seekable():
-                f.close()
-                tmp = os.path.join(self._work, f"replay-{version}.changelog")
-                self.fm.download(path, tmp)
-                f = open(tmp, "rb")  # noqa: SIM115 - closed below
+        with open_seekable(self.fm, path, self._work) as f:
             reader = ChangelogReader(f, name)
             check_header(self.store_id, reader.header, version, checkpoint_id, name)
             reader.check_footer()
             assert self._db is not None
             return apply_changelog(reader, self._db, self._handle_of, self.config.replay_batch_bytes)
-        finally:
-            f.close()
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
 
 
 def apply_changelog(reader: ChangelogReader, db: rd.Rdict, handle_of: Callable[[str], Any], batch_bytes: int) -> int:

@@ -6,11 +6,13 @@ so callers never handle temp names, renames or multipart uploads themselves.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import BinaryIO, Protocol, Self, runtime_checkable
+from typing import BinaryIO, Protocol, Self, cast, runtime_checkable
 
 from statekeeper.store.errors import CheckpointFileExistsError, CheckpointFileNotFoundError
 
@@ -82,6 +84,29 @@ class PublishOnExit(ABC):
             self.close()
         else:
             self.cancel()
+
+
+SPOOL_BYTES = 64 << 20
+"""A file `open_seekable` copies from a stream stays in memory up to this size, then goes to disk."""
+
+
+def open_seekable(fm: CheckpointFileManager, path: str, spill_dir: str | None = None) -> BinaryIO:
+    """`fm.open(path)`, seekable: a stream (an S3 GET) is copied as it is read, in memory up to
+    `SPOOL_BYTES` and then in a temporary file under `spill_dir`, so the file is fetched once."""
+    f = fm.open(path)
+    if f.seekable():
+        return f
+    try:
+        copy = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES, dir=spill_dir)  # noqa: SIM115 - returned
+        try:
+            shutil.copyfileobj(f, copy, 1 << 20)
+            copy.seek(0)
+        except BaseException:
+            copy.close()
+            raise
+    finally:
+        f.close()
+    return cast(BinaryIO, copy)
 
 
 def file_not_found(uri: str) -> CheckpointFileNotFoundError:

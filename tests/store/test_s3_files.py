@@ -7,6 +7,7 @@ The backend-neutral behaviour is covered by test_file_manager.py on both backend
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import os
 import pickle
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from statekeeper.store.errors import (
     CheckpointError,
@@ -352,3 +355,48 @@ def test_selected_by_scheme(s3_bucket: str) -> None:
         out.write(b"t")
     assert [i.path for i in bucket_root.list()] == ["top"]
     assert os.environ["STATEKEEPER_S3_LIST_PAGE_SIZE"] == "7"
+
+
+@given(st.datetimes(min_value=dt.datetime(1970, 1, 2), max_value=dt.datetime(2200, 1, 1)))
+def test_timestamps_parse_as_botocore_parses_them(when: dt.datetime) -> None:
+    """The clients' fast timestamp parser agrees with botocore's own on both forms S3 sends."""
+    import botocore.utils
+
+    from statekeeper.store.files.s3.client import parse_timestamp
+
+    iso = when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+    http = when.strftime("%a, %d %b %Y %H:%M:%S GMT")
+    for text in (iso, http, when.isoformat() + "+00:00", str(int(when.replace(tzinfo=dt.UTC).timestamp()))):
+        assert parse_timestamp(text) == botocore.utils.parse_timestamp(text), text
+
+
+def test_a_load_fetches_each_changelog_once(s3_endpoint: str, s3_bucket: str, tmp_path: Path) -> None:
+    """Replaying changelogs from S3 issues one GetObject per changelog (the stream is kept, not fetched again)."""
+    from statekeeper.store import CommitLog, StateStore, StoreConfig
+
+    fm = S3FileManager(f"s3://{s3_bucket}/ckpt", endpoint_url=s3_endpoint)
+    commits = CommitLog(fm)
+    writer = StateStore(fm, "agg", 0, config=StoreConfig(local_dir=str(tmp_path / "w")))
+    ckpt = None
+    for v in range(5):
+        store = writer.load(v, ckpt)
+        store.put(b"k%d" % v, os.urandom(100))
+        ckpt = store.commit().checkpoint_id
+        commits.commit(v + 1, {"agg": [ckpt]})
+    writer.close()
+    gets: list[str] = []
+
+    def count(params: dict[str, Any], **_: Any) -> None:
+        gets.append(params["Key"])
+
+    events = fm.client.meta.events  # the process's shared client: unregistered below
+    events.register("provide-client-params.s3.GetObject", count)
+    reader = StateStore(fm, "agg", 0, config=StoreConfig(local_dir=str(tmp_path / "r")))
+    try:
+        assert len(list(reader.load(5, ckpt).items())) == 5
+    finally:
+        reader.close()
+        events.unregister("provide-client-params.s3.GetObject", count)
+    changelog_gets = [k for k in gets if "/changelogs/" in k]
+    # once each for the replay, and the newest once more: the load plan reads its lineage first
+    assert len(set(changelog_gets)) == 5 and len(changelog_gets) == 6, gets

@@ -4,17 +4,25 @@ Making a boto3 client costs ~0.1-0.5 s of CPU and a Spark executor opens a manag
 so there is one client per process and distinct client settings. Its botocore `Config` carries the
 retry mode (`standard`, or `adaptive` for client-side rate limiting) and the attempt budget: every
 request statekeeper sends is retried by botocore, never by a loop of ours.
+
+Its response parser reads timestamps with `parse_timestamp` instead of botocore's default (dateutil's
+general parser): every listed object carries a LastModified, and parsing those was a quarter of the
+CPU a maintainer spent on an S3 root.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, cast
 
 import boto3
+import botocore.session
+import botocore.utils
 from botocore.config import Config
 
 from statekeeper.store.files.s3.options import S3Options
@@ -29,6 +37,19 @@ _clients: dict[tuple[Any, ...], S3Client] = {}
 _upload_pool: tuple[int, ThreadPoolExecutor] | None = None
 UPLOAD_THREADS = 32
 """Part uploads in flight per process; each open output has at most one (memory stays bounded)."""
+
+
+def parse_timestamp(value: str) -> dt.datetime:
+    """A timestamp of an S3 response as botocore's parser returns it (aware datetime), fast for the two
+    forms S3 sends: ISO 8601 in XML bodies (``2026-11-23T12:34:56.000Z``) and RFC 7231 in headers."""
+    try:
+        if value.endswith("Z"):
+            return dt.datetime.fromisoformat(value[:-1]).replace(tzinfo=dt.UTC)
+        if value[:1].isalpha():
+            return parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        pass
+    return botocore.utils.parse_timestamp(value)  # anything else: botocore's own
 
 
 def shared_client(options: S3Options) -> S3Client:
@@ -58,7 +79,9 @@ def shared_client(options: S3Options) -> S3Client:
             max_pool_connections=options.max_pool_connections,
             s3=cast(Any, {"addressing_style": style}),
         )
-        session = boto3.session.Session()
+        core = botocore.session.get_session()
+        core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
+        session = boto3.session.Session(botocore_session=core)
         region = options.region_name or session.region_name or "us-east-1"
         client = session.client("s3", endpoint_url=options.endpoint_url, region_name=region, config=config)
         _clients[key] = client
