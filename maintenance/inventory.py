@@ -119,11 +119,13 @@ def _owning_store(parts: list[str]) -> StoreId | None:
     return _store_of(parts[1], parts[2]) if len(parts) >= 3 and parts[0] == STATE_DIR else None
 
 
+@functools.lru_cache(maxsize=1 << 17)
 def classify(path: str, *, temp_listing: bool = False) -> _Kind:
     """What `path` is by the layout of docs/formats.md; anything else is foreign.
 
     Temp names are only ours when the local file manager's temp listing reports them and the name
-    they would have been published under is itself a checkpoint file.
+    they would have been published under is itself a checkpoint file. Cached: a path's kind follows
+    from its name alone, and a maintainer classifies every retained file again each cycle.
     """
     parts = path.split("/")
     name = parts[-1]
