@@ -27,7 +27,9 @@ fails nothing (one under ``commits/`` still stops commit record deletion).
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -92,9 +94,35 @@ class StorePlan:
         return max((v for v in (*self.intact_snapshots, *self.full_state) if v <= version), default=0)
 
 
+_plans: weakref.WeakKeyDictionary[Inventory, dict[StoreId, tuple[StoreFiles, MaintenanceSettings, StorePlan]]] = (
+    weakref.WeakKeyDictionary()
+)
+_plans_lock = threading.Lock()
+
+
 def plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, *, now: float | None = None) -> StorePlan:
-    """Classify every file of `store` (see the module docstring)."""
-    now = time.time() if now is None else now
+    """Classify every file of `store` (see the module docstring).
+
+    Without `now`, the plan of the same view of the store (the same listing, `Inventory.rescan_store`
+    makes a new one) and settings is returned again: the operations of a maintenance cycle plan each
+    store several times. Its clock is then the first plan's, which only keeps files longer (a file
+    becomes an orphan, a snapshot a base, once older than a grace period).
+    """
+    if now is not None:
+        return _plan_store(inv, store, settings, now)
+    files = inv.files_of(store)
+    with _plans_lock:
+        memo = _plans.setdefault(inv, {})
+        cached = memo.get(store)
+    if cached is not None and cached[0] is files and cached[1] == settings:
+        return cached[2]
+    plan = _plan_store(inv, store, settings, time.time())
+    with _plans_lock:
+        memo[store] = (files, settings, plan)
+    return plan
+
+
+def _plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, now: float) -> StorePlan:
     grace = settings.orphan_grace_seconds
     load_grace = settings.load_grace_seconds
     files = inv.files_of(store)
@@ -358,8 +386,8 @@ def plan_root(
     all_stores: bool = True,
 ) -> RootPlan:
     """Plan every store; commit records expire only when every store of the root was planned."""
-    now = time.time() if now is None else now
     stores = {s: plan_store(inv, s, settings, now=now) for s in inv.store_ids()}
+    now = time.time() if now is None else now
     floor: int | None = None
     for p in stores.values():
         if p.latest is None:
