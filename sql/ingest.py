@@ -408,45 +408,55 @@ class SyncWriter:
 
     # snapshots
     def add_snapshots(self, snapshots: Sequence[SnapshotObservation]) -> None:
+        """Record `snapshots` (present) and the SSTs each references, in three statements per chunk."""
         if not snapshots:
             return
         with self.catalog.write() as conn:
             self._ensure_stores(conn, ((s.operator, s.partition) for s in snapshots))
-            for s in snapshots:
-                sid = self._store_ids[(s.operator, s.partition)]
+            keyed = {(self._store_ids[(s.operator, s.partition)], s.version, s.checkpoint_id): s for s in snapshots}
+            for chunk in chunks(list(keyed.items())):
                 ins = self.catalog.insert(Snapshot)
                 conn.execute(
-                    ins.values(
-                        store_id=sid,
-                        version=s.version,
-                        checkpoint_id=s.checkpoint_id,
-                        manifest_path=s.manifest_path,
-                        sst_count=len(s.sst_files),
-                        sst_bytes=sum(size for _, size in s.sst_files),
-                        num_keys=s.num_keys,
-                        created_at=from_timestamp(s.created_at),
-                        deleted_at=None,
-                    ).on_conflict_do_update(
+                    ins.on_conflict_do_update(
                         index_elements=["store_id", "version", "checkpoint_id"], set_={"deleted_at": None}
-                    )
+                    ),
+                    [
+                        {
+                            "store_id": sid,
+                            "version": v,
+                            "checkpoint_id": cid,
+                            "manifest_path": s.manifest_path,
+                            "sst_count": len(s.sst_files),
+                            "sst_bytes": sum(size for _, size in s.sst_files),
+                            "num_keys": s.num_keys,
+                            "created_at": from_timestamp(s.created_at),
+                            "deleted_at": None,
+                        }
+                        for (sid, v, cid), s in chunk
+                    ],
                 )
-                snap_id = conn.execute(
-                    select(Snapshot.id).where(
-                        Snapshot.store_id == sid,
-                        Snapshot.version == s.version,
-                        Snapshot.checkpoint_id == s.checkpoint_id,
+                found = conn.execute(
+                    select(Snapshot.id, Snapshot.store_id, Snapshot.version, Snapshot.checkpoint_id).where(
+                        Snapshot.store_id.in_(sorted({sid for (sid, _, _), _ in chunk})),
+                        Snapshot.version.in_(sorted({v for (_, v, _), _ in chunk})),
                     )
-                ).scalar_one()
-                refs = {path: size for path, size in s.sst_files}
-                for chunk in chunks(sorted(refs.items())):
+                ).all()
+                ids = {(int(sid), int(v), cid): int(snap_id) for snap_id, sid, v, cid in found}
+                refs = [
+                    {"snapshot_id": ids[key], "sst_path": path, "size": size}
+                    for key, s in chunk
+                    for path, size in sorted(dict(s.sst_files).items())
+                ]
+                for refs_chunk in chunks(refs):
                     conn.execute(
                         self.catalog.insert(SnapshotSst).on_conflict_do_nothing(
                             index_elements=["snapshot_id", "sst_path"]
                         ),
-                        [{"snapshot_id": snap_id, "sst_path": p, "size": size} for p, size in chunk],
+                        list(refs_chunk),
                     )
+            for (sid, v, _), _ in keyed.items():
                 self._sst_stores.add(sid)
-                self._note_version(s.version)
+                self._note_version(v)
         self.stats.snapshots += len(snapshots)
 
     def known_snapshots(self, keys: Iterable[tuple[str, int, int, str]]) -> set[tuple[str, int, int, str]]:
