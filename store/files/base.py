@@ -86,7 +86,7 @@ class PublishOnExit(ABC):
             self.cancel()
 
 
-SPOOL_BYTES = 64 << 20
+SPOOL_BYTES = 16 << 20
 """A file `open_seekable` copies from a stream stays in memory up to this size, then goes to disk."""
 
 
