@@ -161,7 +161,7 @@ def test_stores_leased_before_the_listing_are_not_listed_again_unless_changed(
 
     def between(result: CycleResult) -> None:
         assert result.ok, result.summary()
-        snapshot, expire, orphans = result.reports
+        snapshot, expire, _ = result.reports
         by_name = {str(s): s for s in h.stores}
         changed = Counter(by_name[i["store"]] for i in snapshot.items if i.get("action") == "snapshot")
         changed.update({by_name[i["store"]] for i in expire.items if i["action"] == "deleted" and i["store"]})
