@@ -465,15 +465,20 @@ class Inventory:
 
     def _committed_map(self) -> dict[StoreId, dict[int, str]]:
         if self._committed is None:
-            out: dict[StoreId, dict[int, str]] = {}
+            by_key: dict[tuple[str, int], dict[int, str]] = {}  # one StoreId per store, not per record
             for v, rec in self.records.items():
                 for op, ids in rec.checkpoint_ids.items():
                     for p, cid in enumerate(ids):
-                        try:
-                            sid = StoreId(op, p)
-                        except ConfigurationError:
-                            continue
-                        out.setdefault(sid, {})[v] = cid
+                        versions = by_key.get((op, p))
+                        if versions is None:
+                            versions = by_key[(op, p)] = {}
+                        versions[v] = cid
+            out: dict[StoreId, dict[int, str]] = {}
+            for (op, p), versions in by_key.items():
+                try:
+                    out[StoreId(op, p)] = versions
+                except ConfigurationError:
+                    continue
             self._committed = out
         return self._committed
 

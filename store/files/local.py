@@ -127,6 +127,24 @@ class _LocalOutput(PublishOnExit):
             os.unlink(self._tmp)
 
 
+def _sorted_entries(directory: str, rel: str, name_prefix: str) -> list[tuple[str, os.DirEntry[str], bool]]:
+    """(path relative to the root, entry, is a directory) of `directory`'s published entries whose name
+    starts with `name_prefix`, in key order (a directory sorts as its name + "/", as S3 lists keys)."""
+    try:
+        entries = list(os.scandir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    keyed = []
+    for e in entries:
+        if not e.name.startswith(name_prefix) or is_temp_name(e.name):
+            continue
+        is_dir = e.is_dir(follow_symlinks=False)
+        sort_name = e.name + "/" if is_dir else e.name
+        keyed.append((f"{rel}/{sort_name}" if rel else sort_name, e, is_dir))
+    keyed.sort(key=lambda t: t[0])
+    return keyed
+
+
 class LocalFileManager:
     """A checkpoint root that is a directory; accepts a plain path or a `file://` URI."""
 
@@ -246,32 +264,28 @@ class LocalFileManager:
         yield from self._walk(base, base_rel, name_prefix, start_after)
 
     def _walk(self, directory: str, rel: str, name_prefix: str, start_after: str | None) -> Iterator[FileInfo]:
-        try:
-            entries = list(os.scandir(directory))
-        except (FileNotFoundError, NotADirectoryError):
-            return
-        keyed = []
-        for e in entries:
-            if not e.name.startswith(name_prefix) or is_temp_name(e.name):
+        """Files under `directory` in key order; iterative (a stack of directories), so a file is not
+        passed up through one generator per directory level."""
+        stack = [iter(_sorted_entries(directory, rel, name_prefix))]
+        while stack:
+            item = next(stack[-1], None)
+            if item is None:
+                stack.pop()
                 continue
-            is_dir = e.is_dir(follow_symlinks=False)
-            keyed.append((e.name + "/" if is_dir else e.name, e, is_dir))
-        keyed.sort(key=lambda t: t[0])
-        for sort_name, entry, is_dir in keyed:
-            rel_path = f"{rel}/{sort_name}" if rel else sort_name
+            rel_path, entry, is_dir = item
             if is_dir:
                 # Prune subtrees that lie entirely at or before `start_after`.
                 if start_after is not None and rel_path < start_after and not start_after.startswith(rel_path):
                     continue
-                yield from self._walk(entry.path, rel_path.rstrip("/"), "", start_after)
-            else:
-                if start_after is not None and rel_path <= start_after:
-                    continue
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                yield FileInfo(rel_path, st.st_size, st.st_mtime)
+                stack.append(iter(_sorted_entries(entry.path, rel_path.rstrip("/"), "")))
+                continue
+            if start_after is not None and rel_path <= start_after:
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            yield FileInfo(rel_path, st.st_size, st.st_mtime)
 
     def list_temp_files(self, prefix: str = "") -> Iterator[FileInfo]:
         """Leftovers of writes that never published (crashed or still running)."""
