@@ -370,9 +370,17 @@ def test_timestamps_parse_as_botocore_parses_them(when: dt.datetime) -> None:
         assert parse_timestamp(text) == botocore.utils.parse_timestamp(text), text
 
 
-def test_a_load_fetches_each_changelog_once(s3_endpoint: str, s3_bucket: str, tmp_path: Path) -> None:
-    """Replaying changelogs from S3 issues one GetObject per changelog (the stream is kept, not fetched again)."""
+@pytest.mark.parametrize("spool", [None, 64], ids=["in-memory", "spilled-to-disk"])
+def test_a_load_fetches_each_changelog_once(
+    s3_endpoint: str, s3_bucket: str, tmp_path: Path, spool: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replaying changelogs from S3 issues one GetObject per changelog (the stream is kept, not fetched
+    again), also when the kept copy outgrows memory and goes to a temporary file."""
     from statekeeper.store import CommitLog, StateStore, StoreConfig
+    from statekeeper.store.files import base
+
+    if spool is not None:
+        monkeypatch.setattr(base, "SPOOL_BYTES", spool)
 
     fm = S3FileManager(f"s3://{s3_bucket}/ckpt", endpoint_url=s3_endpoint)
     commits = CommitLog(fm)
