@@ -128,10 +128,8 @@ class CycleLeases:
                 stack.push(lease)
 
 
-_cycle: contextvars.ContextVar[tuple[str, CycleLeases] | None] = contextvars.ContextVar(
-    "statekeeper_cycle_leases", default=None
-)
-"""The cycle of the running maintenance loop: (root URI, its leases). A context variable,
+_cycle: contextvars.ContextVar[CycleLeases | None] = contextvars.ContextVar("statekeeper_cycle_leases", default=None)
+"""The leases of the running maintenance loop's cycle (`CycleLeases.root_uri` names its root). A context variable,
 so only the loop's own work shares the leases (its per-store pools run in copies of its context,
 `statekeeper.maintenance.workers.run_each`); any other caller in the process, or a second loop, takes
 its own leases and is excluded by them as before."""
@@ -146,7 +144,7 @@ def cycle_leases(
     The free ones of `stores` are taken at once when the block starts (one catalog transaction); more
     with `CycleLeases.take_free`."""
     cycle = CycleLeases(root_uri, settings, catalog)
-    token = _cycle.set((root_uri, cycle))
+    token = _cycle.set(cycle)
     try:
         cycle.take_free(stores)
         yield cycle
@@ -163,9 +161,9 @@ def store_lease(
 
     Inside `cycle_leases` of the same root and catalog, the lease stays held after the block (until the cycle ends).
     """
-    current = _cycle.get()
-    if current is not None and current[0] == root_uri and current[1].catalog is catalog:
-        yield current[1].guard(root_uri, store)
+    cycle = _cycle.get()
+    if cycle is not None and cycle.root_uri == root_uri and cycle.catalog is catalog:
+        yield cycle.guard(root_uri, store)
         return
     with _acquire(root_uri, store, settings, catalog) as guard:
         yield guard

@@ -9,12 +9,12 @@ variable and, for the change feed, the changelog file.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from statekeeper.store.files import CheckpointFileManager
+from statekeeper.store.files.base import open_seekable
 from statekeeper.store.formats.changelog import ChangelogReader
 from statekeeper.store.formats.typed_codec import CorruptStateError, KeyCodec
 from statekeeper.store.formats.typed_schema import DataType, SchemaError, from_json
@@ -103,9 +103,8 @@ class TypedSchemas:
         for version, ckpt, batch in refs:
             path = store.changelog(version, ckpt)
             where = f"{fm.root_uri}/{path}"
-            with fm.open(path) as f:
-                stream = f if f.seekable() else io.BytesIO(f.read())
-                reader = ChangelogReader(stream, where)
+            with open_seekable(fm, path) as f:
+                reader = ChangelogReader(f, where)
                 reader.check_footer()
                 for cf, keys, values in reader.blocks():
                     if cf == META_CF:
