@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.leasing import LeaseGuard, MaintenanceBusyError, cycle_leases, store_lease
 from statekeeper.maintenance.loop import CycleResult, maintain
 from statekeeper.maintenance.settings import MaintenanceSettings
@@ -157,6 +158,17 @@ def test_stores_leased_before_the_listing_are_not_listed_again_unless_changed(
         return real_list(prefix, **kw)
 
     monkeypatch.setattr(h.fm, "list", counting_list)
+    real_scan = Inventory.scan.__func__  # type: ignore[attr-defined]
+    reused: list[set[str]] = []
+
+    def scan_checking_leases(cls: type[Inventory], /, *args: Any, leased: Any = (), **kw: Any) -> Inventory:
+        """Invariant 5: a listing reused under a lease was taken while that lease was already held."""
+        stores = {f"{s.operator}/{s.partition}" for s in leased}
+        assert stores <= {lease.scope for lease in catalog.leases(h.fm.root_uri)}
+        reused.append(stores)
+        return real_scan(cls, *args, leased=leased, **kw)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(Inventory, "scan", classmethod(scan_checking_leases))
     checked: list[int] = []
 
     def between(result: CycleResult) -> None:
@@ -178,4 +190,5 @@ def test_stores_leased_before_the_listing_are_not_listed_again_unless_changed(
 
     maintain(h.fm, settings, every=0, cycles=8, catalog=catalog, on_cycle=between)
     assert checked == list(range(2, 9))
+    assert reused[0] == set() and all(len(r) == len(h.stores) for r in reused[1:]), reused
     h.check_loadable(h.retained(settings))
