@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from statekeeper.store.async_upload import AsyncUploader
 from statekeeper.store.commit_log import CommitLog
-from statekeeper.store.errors import StoreStateError
+from statekeeper.store.errors import LineageError, StoreStateError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import Field, from_arrow, struct
@@ -163,6 +163,10 @@ class _Cache:
                 _, old = self.stores.popitem(last=False)
                 self._close(old)
             return store
+
+    def holds(self, spec: TaskSpec, partition: int) -> bool:
+        with self.lock:
+            return (spec.root, spec.operator, partition) in self.stores
 
     def drop(self, spec: TaskSpec, partition: int) -> None:
         with self.lock:
@@ -351,14 +355,8 @@ def run_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.R
 
 def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: float) -> Iterator[pa.RecordBatch]:
     attempt, task_attempt_id = _task_attempt()
-    store = CACHE.store(spec, partition)
     uploader = CACHE.uploader(spec)
-    load_id = spec.load_ids[partition] or None
-    try:
-        store.load(spec.version, load_id)
-    except BaseException:
-        CACHE.drop(spec, partition)
-        raise
+    store = _load(spec, partition)
     load = store.last_load
     out = _Output(spec.output_schema)
     clock = _OutputClock()
@@ -469,6 +467,36 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
         if not committed:
             store.abort()
         raise
+
+
+def _load(spec: TaskSpec, partition: int) -> StateStore:
+    """The partition's store loaded at the batch's version, from this worker's cache when it can.
+
+    A cached store that contradicts the root (its commit records or snapshots name other attempts: the
+    root was deleted and written again, as in a notebook that starts over) is dropped and the load redone
+    from the root alone, once.
+    """
+    load_id = spec.load_ids[partition] or None
+    warm = CACHE.holds(spec, partition)
+    while True:
+        store = CACHE.store(spec, partition)
+        try:
+            return store.load(spec.version, load_id)
+        except LineageError as e:
+            CACHE.drop(spec, partition)
+            if not warm:
+                raise
+            warm = False
+            log.warning(
+                "statekeeper %s/%d: this worker's cached store disagrees with %s (%s); loading it afresh",
+                spec.operator,
+                partition,
+                spec.root,
+                e,
+            )
+        except BaseException:
+            CACHE.drop(spec, partition)
+            raise
 
 
 def _task_phases(phases: InputPhases, clock: _OutputClock, process_ms: float) -> dict[str, float]:

@@ -115,6 +115,27 @@ def test_speculative_duplicates_and_stale_workers(
     assert got == {"a": (3, 104), "b": (2, 12), "c": (1, 20)}
 
 
+def test_a_state_root_deleted_and_recreated_under_a_warm_worker_is_loaded_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[_Cache]
+) -> None:
+    """A notebook user deletes the state root and the query's checkpoint and starts again in the same
+    session: the worker's cached store (and its commit records) describe the old root, not the new one."""
+    import shutil
+
+    root_dir = tmp_path / "state"
+    root = root_dir.as_uri()
+    for run in range(2):
+        log = CommitLog(open_file_manager(root))
+        load_id = ""
+        for version, rows in enumerate([[("a", 1)], [("a", 2), ("b", 5)], [("b", 1)]]):
+            _on(monkeypatch, workers[0 if version == 2 else 1])  # worker 0 loads version 2 from the root
+            out, meta = _run(_spec(root, version, load_id, tmp_path), rows)
+            load_id = meta["checkpoint_id"]
+            log.commit(version + 1, {"op": [load_id]})
+        assert out == [("b", 2, 6)], f"run {run}"
+        shutil.rmtree(root_dir)
+
+
 def test_replay_mode_aborts_and_gives_the_same_output(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[_Cache]
 ) -> None:
