@@ -1,6 +1,6 @@
 """The user-facing processor API, shaped after PySpark's ``StatefulProcessor``.
 
-Moving a ``transformWithState`` job over means changing the imports: the processor has ``init``,
+A ``transformWithState`` processor (PySpark's own class, or this one) runs unchanged: it has ``init``,
 ``handleInputRows`` (per grouping key), optional ``handleExpiredTimer`` and ``close``; the handle gives
 ``getValueState`` / ``getListState`` / ``getMapState`` (with ``ttlDurationMs``) and processing-time timers.
 ``BatchStatefulProcessor`` is the vectorized variant: one call per partition with the whole batch as an

@@ -29,7 +29,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.errors import (
@@ -58,6 +58,7 @@ from statekeeper.store.state_store import StoreConfig
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor as PySparkStatefulProcessor
     from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,15 @@ log = logging.getLogger(__name__)
 ROUTE_COL = "__sk_route"
 TRACE_ENV = "STATEKEEPER_SPARK_TRACE"
 Sink = Callable[["DataFrame", int], None]
+
+
+def _pyspark_processor(processor: object) -> bool:
+    """A processor written for PySpark's transformWithState runs unchanged: same methods, same handle."""
+    try:
+        from pyspark.sql.streaming.stateful_processor import StatefulProcessor as PySparkProcessor
+    except ImportError:  # PySpark before 4.0
+        return False
+    return isinstance(processor, PySparkProcessor)
 
 
 class StatefulOperator:
@@ -90,7 +100,7 @@ class StatefulOperator:
         checkpoint_root: str,
         name: str,
         key: str | list[str],
-        processor: StatefulProcessor | BatchStatefulProcessor,
+        processor: StatefulProcessor | BatchStatefulProcessor | PySparkStatefulProcessor,
         output_schema: StructType | str,
         *,
         num_partitions: int = 4,
@@ -125,9 +135,10 @@ class StatefulOperator:
                 f"output_mode {output_mode!r}: transformWithState supports 'Append' and 'Update' (each batch's "
                 "output goes to the sink as it is produced); 'Complete' is not supported"
             )
-        if not isinstance(processor, StatefulProcessor | BatchStatefulProcessor):
+        if not isinstance(processor, StatefulProcessor | BatchStatefulProcessor) and not _pyspark_processor(processor):
             raise ConfigurationError(
-                f"processor must be a StatefulProcessor or BatchStatefulProcessor, got {type(processor).__name__}"
+                "processor must be a statekeeper StatefulProcessor or BatchStatefulProcessor, or PySpark's own "
+                f"pyspark.sql.streaming.StatefulProcessor, got {type(processor).__name__}"
             )
         keys = [key] if isinstance(key, str) else list(key)
         if not keys or not all(isinstance(k, str) and k for k in keys):
@@ -281,7 +292,7 @@ class StatefulOperator:
             commit=not already,
             batch_ts_ms=ts,
             key_columns=self.key,
-            processor=self.processor,
+            processor=cast("StatefulProcessor | BatchStatefulProcessor", self.processor),  # PySpark's: same methods
             output_schema=self._arrow_schema(),
             input_format=self.input_format,
             async_upload=self.async_checkpoint,

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 
@@ -47,6 +47,9 @@ from statekeeper.store.spark.task_input import TaskInput
 from statekeeper.store.spark.time_mode import TimeMode
 from statekeeper.store.state_store import StateStore
 
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor as PySparkStatefulProcessor
+
 OPERATOR = "tester"
 
 
@@ -62,7 +65,7 @@ class TwsTester:
 
     def __init__(
         self,
-        processor: StatefulProcessor | BatchStatefulProcessor,
+        processor: StatefulProcessor | BatchStatefulProcessor | PySparkStatefulProcessor,
         key: str | list[str],
         output_schema: Any,
         *,
@@ -158,7 +161,7 @@ class TwsTester:
             commit=True,
             batch_ts_ms=self.processing_time_ms,
             key_columns=self.key,
-            processor=self.processor,
+            processor=cast("StatefulProcessor | BatchStatefulProcessor", self.processor),  # PySpark's: same methods
             output_schema=self.output_schema,
             input_format=self.input_format,
             local_dir=self.local_dir,

@@ -19,7 +19,6 @@ from tests.spark.tws_processors import (
     OUTPUT,
     PANDAS_OUTPUT,
     PageTally,
-    Sessions,
     pyspark_page_tally,
     pyspark_sessions,
 )
@@ -129,7 +128,7 @@ def test_event_time_timers_watermark_initial_state_match_pyspark(spark: Any, tmp
             (tmp_path / "state").as_uri(),
             "sessions",
             key="user",
-            processor=Sessions(),
+            processor=pyspark_sessions(),  # PySpark's own processor class, unchanged
             output_schema=OUTPUT,
             num_partitions=2,
             time_mode="EventTime",

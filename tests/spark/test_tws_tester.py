@@ -19,7 +19,7 @@ from statekeeper.store.spark.api import ExpiredTimerInfo
 from statekeeper.store.spark.event_time import next_watermark, parse_delay_ms
 from statekeeper.store.spark.testing import TwsTester
 from statekeeper.store.spark.time_mode import TimeMode
-from tests.spark.tws_processors import OUTPUT, Sessions
+from tests.spark.tws_processors import OUTPUT, Sessions, pyspark_sessions
 
 T0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 T0_MS = int(T0.timestamp() * 1000)
@@ -171,3 +171,6 @@ def test_pyspark_options_we_lack_raise_naming_them(tmp_path: Any) -> None:
         StatefulOperator(root, "op", "user", Sessions(), OUTPUT, output_mode="Complete")
     with pytest.raises(ConfigurationError, match="go together"):
         StatefulOperator(root, "op", "user", Sessions(), OUTPUT, event_time_column="ts")
+    with pytest.raises(ConfigurationError, match=r"pyspark\.sql\.streaming\.StatefulProcessor, got dict"):
+        StatefulOperator(root, "op", "user", {}, OUTPUT)  # type: ignore[arg-type]
+    StatefulOperator(root, "op", "user", pyspark_sessions(), OUTPUT)  # PySpark's own processor is accepted
