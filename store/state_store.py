@@ -8,6 +8,7 @@ snapshots the state: the maintenance process does that.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -583,16 +584,21 @@ class StateStore(PlanExecution):
                 return lineage[: i + 1]
         return lineage
 
-    def _close_db(self) -> None:
+    def _close_db(self, discard: bool = False) -> None:
         untrack_memtables(self)
         for cf in self._cfs.values():
             cf._unbind()
         if self._db is not None:
+            if discard:  # dropped column families are not flushed on close: no writing of what is deleted next
+                for name in self._cfs:
+                    if name != DEFAULT_CF:
+                        with contextlib.suppress(Exception):  # a failed drop only costs that flush
+                            self._db.drop_column_family(name)
             self._db.close()
             self._db = None
 
     def _discard_local(self) -> None:
-        self._close_db()
+        self._close_db(discard=True)
         self._loaded = None
         self._lineage = ()
         shutil.rmtree(self._db_dir, ignore_errors=True)
