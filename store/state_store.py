@@ -467,9 +467,11 @@ class StateStore(PlanExecution):
             if wrote:
                 self._loaded = None
 
-    def close(self) -> None:
+    def close(self, *, discard: bool = False) -> None:
+        """Close the store; with `discard` (or a temporary work directory) its local DB is about to be
+        deleted, so nothing is flushed."""
         self.abort()
-        self._close_db()
+        self._close_db(discard or self._owns_work)
         if self._owns_work:
             shutil.rmtree(self._work, ignore_errors=True)
 

@@ -177,7 +177,7 @@ class _Cache:
     @staticmethod
     def _close(store: StateStore) -> None:
         with contextlib.suppress(Exception):
-            store.close()
+            store.close(discard=True)
         shutil.rmtree(store.local_dir, ignore_errors=True)
 
     def close_all(self) -> None:
