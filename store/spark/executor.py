@@ -476,27 +476,30 @@ def _load(spec: TaskSpec, partition: int) -> StateStore:
     root was deleted and written again, as in a notebook that starts over) is dropped and the load redone
     from the root alone, once.
     """
-    load_id = spec.load_ids[partition] or None
     warm = CACHE.holds(spec, partition)
-    while True:
-        store = CACHE.store(spec, partition)
-        try:
-            return store.load(spec.version, load_id)
-        except LineageError as e:
-            CACHE.drop(spec, partition)
-            if not warm:
-                raise
-            warm = False
-            log.warning(
-                "statekeeper %s/%d: this worker's cached store disagrees with %s (%s); loading it afresh",
-                spec.operator,
-                partition,
-                spec.root,
-                e,
-            )
-        except BaseException:
-            CACHE.drop(spec, partition)
+    try:
+        return _load_cached(spec, partition)
+    except LineageError as e:
+        if not warm:
             raise
+        log.warning(
+            "statekeeper %s/%d: this worker's cached store disagrees with %s (%s); loading it afresh",
+            spec.operator,
+            partition,
+            spec.root,
+            e,
+        )
+    return _load_cached(spec, partition)
+
+
+def _load_cached(spec: TaskSpec, partition: int) -> StateStore:
+    """Load the cached (or a new) store of `partition`; a failed load drops it from the cache."""
+    store = CACHE.store(spec, partition)
+    try:
+        return store.load(spec.version, spec.load_ids[partition] or None)
+    except BaseException:
+        CACHE.drop(spec, partition)
+        raise
 
 
 def _task_phases(phases: InputPhases, clock: _OutputClock, process_ms: float) -> dict[str, float]:
