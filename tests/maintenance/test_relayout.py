@@ -171,8 +171,8 @@ def test_a_running_drivers_heartbeat_stops_an_offline_rescale(
     assert code == 1 and "heartbeat" in err and "spark/agg/heartbeat/" in err and "s old" in err, err
     running.clear()  # the query stopped: the heartbeat goes within a poll
     deadline = time.time() + 10
-    while any(fm.list(heartbeat_dir(OP))) and time.time() < deadline:
-        time.sleep(0.1)
+    while (beat.running or any(fm.list(heartbeat_dir(OP)))) and time.time() < deadline:
+        time.sleep(0.1)  # the thread deletes its file, then returns: wait for both
     assert not any(fm.list(heartbeat_dir(OP)))
     assert not beat.running
 
