@@ -205,8 +205,8 @@ def _run(args: argparse.Namespace, run: Callable[[RelayoutOptions], RelayoutResu
     doc = {**result.to_json(), "dry_run": args.dry_run, "plan": result.plan.describe()}
     done = (
         f"\ncommitted version {result.plan.new_version}: {result.records} records copied, {result.deleted} deleted "
-        f"in place, {result.bytes_read} bytes read, {result.bytes_written} bytes of changelogs and "
-        f"{result.snapshot_bytes} of {result.snapshots} snapshots written in {result.seconds:.2f}s"
+        f"in place, {result.bytes_read} bytes read, {result.bytes_written} bytes of changelogs written in "
+        f"{result.seconds:.2f}s"
     )
     args.emit(args, doc, lambda: result.plan.describe() + ("" if args.dry_run else done))
     return 0

@@ -298,7 +298,7 @@ class Replica:
                     f"{h.lineage[0] if h.lineage else 'nothing'}, not committed ({version - 1}, {parent_id}): {name}"
                 )
             reader.check_footer()
-            return apply_changelog(reader, self.db, self._handle_of, REPLAY_BATCH_BYTES)
+            return apply_changelog(reader, self.db, self._handle_of, REPLAY_BATCH_BYTES, self.dir)
 
     # -- using ------------------------------------------------------------------------------------
     def snapshot(self, existing_ssts: set[str], corrupt_ssts: frozenset[str] = frozenset()) -> SnapshotResult:

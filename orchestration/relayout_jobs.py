@@ -55,8 +55,6 @@ def _report(context: OpExecutionContext, result: RelayoutResult) -> dict[str, An
             "deleted": MetadataValue.int(result.deleted),
             "bytes_read": MetadataValue.int(result.bytes_read),
             "bytes_written": MetadataValue.int(result.bytes_written),
-            "snapshots": MetadataValue.int(result.snapshots),
-            "snapshot_bytes": MetadataValue.int(result.snapshot_bytes),
             "seconds": MetadataValue.float(result.seconds),
             "slowest_build_seconds": MetadataValue.float(result.slowest_build_seconds),
             "moved_key_groups": MetadataValue.int(result.plan.moved_groups()),

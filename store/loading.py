@@ -11,6 +11,7 @@ raise, naming the bad snapshot.
 from __future__ import annotations
 
 import logging
+import os
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -21,7 +22,7 @@ import rocksdict as rd
 
 from statekeeper.store.errors import CorruptFileError, LineageError, UnsupportedFormatError
 from statekeeper.store.files.base import open_seekable
-from statekeeper.store.formats.changelog import ChangelogReader, Lineage
+from statekeeper.store.formats.changelog import ChangelogReader, Lineage, SstFile
 from statekeeper.store.load_plan import (
     CheckpointPlanSource,
     LoadPlan,
@@ -30,7 +31,7 @@ from statekeeper.store.load_plan import (
     check_header,
     fall_back,
 )
-from statekeeper.store.rocks import db_options, open_db, relieve_memory_pressure
+from statekeeper.store.rocks import db_options, ingest_sst, open_db, relieve_memory_pressure
 from statekeeper.store.snapshot import read_manifest, restore_snapshot
 
 if TYPE_CHECKING:
@@ -147,17 +148,33 @@ class PlanExecution:
             check_header(self.store_id, reader.header, version, checkpoint_id, name)
             reader.check_footer()
             assert self._db is not None
-            return apply_changelog(reader, self._db, self._handle_of, self.config.replay_batch_bytes)
+            return apply_changelog(reader, self._db, self._handle_of, self.config.replay_batch_bytes, self._work)
 
 
-def apply_changelog(reader: ChangelogReader, db: rd.Rdict, handle_of: Callable[[str], Any], batch_bytes: int) -> int:
-    """Write every record of a checked changelog into `db` in write batches of ~`batch_bytes`; returns
-    the record count. `handle_of` maps a column family name to its handle (creating it if need be)."""
+def apply_changelog(
+    reader: ChangelogReader, db: rd.Rdict, handle_of: Callable[[str], Any], batch_bytes: int, work_dir: str
+) -> int:
+    """Write every record of a checked changelog into `db` in write batches of ~`batch_bytes`, and ingest
+    its SST blocks (copied into `work_dir` first); returns the record count. `handle_of` maps a column
+    family name to its handle (creating it if need be)."""
     wb = rd.WriteBatch(raw_mode=True)
     handle: Any = None
     records = 0
     try:
-        for cf_name, keys, values in reader.blocks():
+        for entry in reader.entries(work_dir):
+            if isinstance(entry, SstFile):
+                if not wb.is_empty():  # order matters: the SST's records are newer than these
+                    db.write(wb)
+                    wb = rd.WriteBatch(raw_mode=True)
+                handle_of(entry.cf)
+                try:
+                    ingest_sst(db.get_column_family(entry.cf), entry.path)
+                finally:
+                    if os.path.exists(entry.path):
+                        os.unlink(entry.path)
+                records += entry.records
+                continue
+            cf_name, keys, values = entry
             handle = handle_of(cf_name)
             if None in values:  # equal lengths: `decode_block_payload` refuses a block whose counts differ
                 put, delete = wb.put, wb.delete

@@ -33,7 +33,7 @@ from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.key_groups import KEY_GROUP_LIMIT, KeyGroupLayout, group_byte_range
 from statekeeper.store.load_plan import LoadPlan, LoadSource
-from statekeeper.store.snapshot import read_manifest, write_snapshot
+from statekeeper.store.snapshot import read_manifest
 from statekeeper.store.state_store import StateStore, StoreConfig
 
 log = logging.getLogger(__name__)
@@ -185,10 +185,6 @@ class RelayoutResult:
     """Bytes read from the checkpoint: snapshots (manifests and SSTs) and changelogs loaded."""
     bytes_written: int = 0
     """Bytes of the new changelogs."""
-    snapshots: int = 0
-    """Snapshots written of new partitions whose changelog holds their whole state."""
-    snapshot_bytes: int = 0
-    """Bytes of those snapshots (manifests and SSTs)."""
     seconds: float = 0.0
     slowest_build_seconds: float = 0.0
     """The longest `build_partition` (the builds run in parallel: the rest of `seconds` is scheduling,
@@ -208,8 +204,6 @@ class RelayoutResult:
             "deleted": self.deleted,
             "bytes_read": self.bytes_read,
             "bytes_written": self.bytes_written,
-            "snapshots": self.snapshots,
-            "snapshot_bytes": self.snapshot_bytes,
             "seconds": round(self.seconds, 3),
             "slowest_build_seconds": round(self.slowest_build_seconds, 3),
             "committed": self.committed,
@@ -299,8 +293,6 @@ class PartitionBuild:
     bytes_read: int
     bytes_written: int
     """Its changelog."""
-    snapshot_bytes: int
-    """Its snapshot (manifest and SSTs uploaded), for a full-state changelog; 0 without one."""
     seconds: float
 
 
@@ -407,9 +399,9 @@ def build_partition(
 ) -> PartitionBuild:
     """Write new partition `p` of `plan` and publish its changelog (not the commit record).
 
-    It loads each old partition that gives it key groups and copies just those ranges. A full-state
-    changelog is also snapshotted from the DB the copy built, so the partition's first load restores SST
-    files instead of replaying every record; a failed snapshot costs only that (logged).
+    It loads each old partition that gives it key groups and copies just those ranges, each range as
+    one SST file that is ingested and logged as it is (`ColumnFamily.put_sorted`): the partition's first
+    load ingests the same files instead of replaying records, so no snapshot is needed.
     """
     t0 = time.perf_counter()
     target = _open_target(fm, plan, p, rules, config)
@@ -425,21 +417,6 @@ def build_partition(
             _trim(target, rules)
         rules.finish(target.store, target.poured if target.owned is None else None)
         committed = target.store.commit()
-        snapshot_bytes = 0
-        if target.owned is None:
-            try:
-                snap = write_snapshot(
-                    fm,
-                    target.store.store_id,
-                    committed.version,
-                    committed.checkpoint_id,
-                    target.store.db,
-                    target.store.local_dir,
-                )
-            except Exception as e:  # the changelog holds the state: loads replay it instead
-                log.warning("%s: no snapshot of new partition %d (%s)", plan.operator, p, e)
-            else:
-                snapshot_bytes = snap.uploaded_bytes + fm.info(snap.manifest_path).size
         return PartitionBuild(
             p,
             committed.checkpoint_id,
@@ -448,7 +425,6 @@ def build_partition(
             target.deleted,
             target.bytes_read,
             committed.metrics.changelog_bytes,
-            snapshot_bytes,
             time.perf_counter() - t0,
         )
     finally:
@@ -469,7 +445,7 @@ def execute_relayout(
 
     A new partition that keeps key groups in place (`RelayoutPlan.kept_in_place`) commits an ordinary
     changelog on its old lineage: the groups it gains as puts, the groups it loses as deletes. Any
-    other is a full-state changelog, snapshotted. Only the key groups that change owner are written.
+    other is a full-state changelog. Only the key groups that change owner are written.
     A failure or crash before the commit record leaves the old layout (the new changelogs are orphans).
     """
     rules = rules or GroupLedKeys()
@@ -489,8 +465,6 @@ def execute_relayout(
         result.deleted += b.deleted
         result.bytes_read += b.bytes_read
         result.bytes_written += b.bytes_written
-        result.snapshots += b.snapshot_bytes > 0
-        result.snapshot_bytes += b.snapshot_bytes
         result.slowest_build_seconds = max(result.slowest_build_seconds, b.seconds)
     ids = [b.checkpoint_id for b in builds]
     layouts = {plan.operator: plan.target_layout} if plan.target_layout else {}
@@ -507,12 +481,11 @@ def execute_relayout(
     result.committed = True
     result.seconds = time.perf_counter() - t0
     log.info(
-        "%s: committed, %d records copied, %d deleted in place, %d snapshots, %d bytes read, %d bytes written in "
+        "%s: committed, %d records copied, %d deleted in place, %d bytes read, %d bytes written in "
         "%.2fs (slowest partition %.2fs)",
         plan.describe(),
         result.records,
         result.deleted,
-        result.snapshots,
         result.bytes_read,
         result.bytes_written,
         result.seconds,

@@ -220,6 +220,14 @@ def db_options(*, bulk_replay: bool = False) -> rd.Options:
     return opts
 
 
+def ingest_sst(cf_db: rd.Rdict, path: str) -> None:
+    """Move the external SST file at `path` into `cf_db` (an Rdict bound to one column family); its
+    records get newer sequence numbers than every write before, as if written now."""
+    ingest = rd.IngestExternalFileOptions()
+    ingest.set_move_files(True)
+    cf_db.ingest_external_file([path], ingest)
+
+
 def write_options() -> rd.WriteOptions:
     wo = rd.WriteOptions()
     # A property at run time; the bundled stub wrongly declares a method. The changelog is the durability.

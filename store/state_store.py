@@ -33,6 +33,7 @@ from statekeeper.store.loading import LoadMetrics, PlanExecution
 from statekeeper.store.rocks import (
     DEFAULT_CF,
     db_options,
+    ingest_sst,
     open_db,
     relieve_memory_pressure,
     track_memtable,
@@ -192,7 +193,8 @@ class ColumnFamily:
 
     def put_sorted(self, chunks: Iterable[tuple[Sequence[bytes], Sequence[bytes]]]) -> int:
         """`put_batch` of chunks whose keys strictly increase across all of them (a bulk copy of a
-        range): written as one SST file and ingested, no memtable to fill and flush. Returns the records.
+        range): written as one SST file, logged as one SST block of the changelog (a replay ingests it
+        too) and ingested, no memtable to fill and flush and no record encoded twice. Returns the records.
 
         A failure (keys out of order, a full disk) abandons the attempt, as its changelog may hold
         records the DB does not.
@@ -209,13 +211,11 @@ class ColumnFamily:
                 if len(ks) != len(vs):
                     raise ConfigurationError(f"put_sorted got {len(ks)} keys and {len(vs)} values for {self.name!r}")
                 deque(map(writer.__setitem__, ks, vs), maxlen=0)
-                self._store._log_block(self.name, ks, vs)
                 records += len(ks)
             if records:
                 writer.finish()
-                ingest = rd.IngestExternalFileOptions()
-                ingest.set_move_files(True)
-                self._db.ingest_external_file([path], ingest)
+                self._store._log_sst(self.name, path, records)
+                ingest_sst(self._db, path)
         except Exception as e:
             self._store.abort()
             if isinstance(e, StatekeeperError):
@@ -561,6 +561,10 @@ class StateStore(PlanExecution):
         assert self._writer is not None
         self._writer.append_block(cf, keys, values)
         relieve_memory_pressure()
+
+    def _log_sst(self, cf: str, path: str, records: int) -> None:
+        assert self._writer is not None
+        self._writer.append_sst(cf, path, records)
 
     def _start_attempt(self, version: int, checkpoint_id: str, *, full_state: bool = False) -> None:
         self._loaded = (version, checkpoint_id)

@@ -5,6 +5,7 @@ Layout (all integers little-endian; docs/formats.md has the full table)::
     frame   magic "SKCL", format version, JSON header (identity, version, checkpoint id, lineage, codec)
     block*  0x01, cf name, record count, raw and compressed sizes, CRC32, zstd payload
             payload = key lengths u32[n] | value lengths i32[n] (-1: delete) | keys | values
+            or 0x02, cf name, record count, size, CRC32, an SST file (a bulk load: ingested on replay)
     footer  0xFF, block count u32, record count u64, CRC32, end magic "SKCE"
 
 The writer never holds more than one block per column family in memory; the reader streams blocks
@@ -34,8 +35,11 @@ MAGIC = b"SKCL"
 END_MAGIC = b"SKCE"
 FORMAT_VERSION = 1
 BLOCK_DATA = 0x01
+BLOCK_SST = 0x02
 BLOCK_END = 0xFF
 _BLOCK_HEAD = struct.Struct("<IIII")  # records, raw_len, comp_len, crc32
+_SST_HEAD = struct.Struct("<QQI")  # records, size, crc32
+_COPY_BYTES = 1 << 20
 _FOOTER = struct.Struct("<BIQI4s")  # kind, blocks, records, crc32(blocks, records), end magic
 FOOTER_SIZE = _FOOTER.size
 _LITTLE = sys.byteorder == "little"
@@ -158,6 +162,17 @@ def decode_block_payload(raw: bytes, n: int, name: str) -> tuple[list[bytes], li
     return keys, values
 
 
+@dataclass(frozen=True)
+class SstFile:
+    """A bulk-loaded block: `records` sorted puts of column family `cf` as one SST file (RocksDB's
+    external-file format, written by `SstFileWriter`), replayed by ingesting it."""
+
+    cf: str
+    path: str
+    """The local copy the reader wrote, owned by the consumer ("" when the reader only checked it)."""
+    records: int
+
+
 class ChangelogWriter:
     """Streams blocks to a local file; `finish` seals it with the footer and fsyncs."""
 
@@ -197,6 +212,26 @@ class ChangelogWriter:
             f.write(p)
         self.blocks += 1
         self.records += n
+
+    def append_sst(self, cf: str, path: str, records: int) -> None:
+        """Append the SST file at `path` (sorted puts of `cf`, not compressed again: its blocks are)."""
+        f = self._file
+        if f is None:
+            raise CorruptFileError("changelog already finished", self.path)
+        name = cf.encode()
+        head = bytes((BLOCK_SST, len(name))) + name
+        size = os.path.getsize(path)
+        crc = zlib.crc32(head + struct.pack("<QQ", records, size))
+        with open(path, "rb") as src:
+            while chunk := src.read(_COPY_BYTES):
+                crc = zlib.crc32(chunk, crc)
+            f.write(head)
+            f.write(_SST_HEAD.pack(records, size, crc))
+            src.seek(0)
+            while chunk := src.read(_COPY_BYTES):
+                f.write(chunk)
+        self.blocks += 1
+        self.records += records
 
     def finish(self) -> int:
         """Write the footer, fsync and close; returns the file size."""
@@ -266,6 +301,17 @@ class ChangelogReader:
         return int(blocks), int(records)
 
     def blocks(self) -> Iterator[tuple[str, list[bytes], list[bytes | None]]]:
+        """The record blocks; a changelog holding a bulk-loaded SST block is refused (use `entries`)."""
+        for entry in self.entries(None):
+            if isinstance(entry, SstFile):
+                raise CorruptFileError(
+                    f"block of column family {entry.cf!r} is a bulk-loaded SST file: read it with entries()", self.name
+                )
+            yield entry
+
+    def entries(self, sst_dir: str | None) -> Iterator[tuple[str, list[bytes], list[bytes | None]] | SstFile]:
+        """Every block in order: record blocks as (cf, keys, values), SST blocks as `SstFile` copied into
+        `sst_dir` (None: checked and skipped), each checked against its CRC before it is yielded."""
         f, name = self._f, self.name
         seen_blocks = seen_records = 0
         while True:
@@ -282,25 +328,60 @@ class ChangelogReader:
                 if f.read(1):
                     raise CorruptFileError("unexpected bytes after the footer", name)
                 return
-            if kind_b[0] != BLOCK_DATA:
+            if kind_b[0] not in (BLOCK_DATA, BLOCK_SST):
                 raise CorruptFileError(f"unknown block kind 0x{kind_b[0]:02x}", name)
             name_len = _read_exact(f, 1, name, "a block header")[0]
             cf_b = _read_exact(f, name_len, name, "a block header")
-            n, raw_len, comp_len, crc = _BLOCK_HEAD.unpack(_read_exact(f, _BLOCK_HEAD.size, name, "a block header"))
-            payload = _read_exact(f, comp_len, name, "a block")
-            head = kind_b + bytes((name_len,)) + cf_b + struct.pack("<III", n, raw_len, comp_len)
-            if zlib.crc32(payload, zlib.crc32(head)) != crc:
-                raise CorruptFileError(f"checksum mismatch in block {seen_blocks}", name)
-            if self._dctx is not None:
-                try:
-                    raw = self._dctx.decompress(payload, max_output_size=raw_len)
-                except zstandard.ZstdError as e:
-                    raise CorruptFileError(f"block {seen_blocks} does not decompress ({e})", name) from None
+            entry: tuple[str, list[bytes], list[bytes | None]] | SstFile
+            if kind_b[0] == BLOCK_SST:
+                entry = self._sst(kind_b + bytes((name_len,)) + cf_b, sst_dir, seen_blocks)
+                n = entry.records
             else:
-                raw = payload
-            if len(raw) != raw_len:
-                raise CorruptFileError(f"block {seen_blocks} has {len(raw)} bytes, header says {raw_len}", name)
-            keys, values = decode_block_payload(raw, n, name)
+                n, raw_len, comp_len, crc = _BLOCK_HEAD.unpack(_read_exact(f, _BLOCK_HEAD.size, name, "a block header"))
+                payload = _read_exact(f, comp_len, name, "a block")
+                head = kind_b + bytes((name_len,)) + cf_b + struct.pack("<III", n, raw_len, comp_len)
+                if zlib.crc32(payload, zlib.crc32(head)) != crc:
+                    raise CorruptFileError(f"checksum mismatch in block {seen_blocks}", name)
+                if self._dctx is not None:
+                    try:
+                        raw = self._dctx.decompress(payload, max_output_size=raw_len)
+                    except zstandard.ZstdError as e:
+                        raise CorruptFileError(f"block {seen_blocks} does not decompress ({e})", name) from None
+                else:
+                    raw = payload
+                if len(raw) != raw_len:
+                    raise CorruptFileError(f"block {seen_blocks} has {len(raw)} bytes, header says {raw_len}", name)
+                keys, values = decode_block_payload(raw, n, name)
+                entry = (cf_b.decode(), keys, values)
             seen_blocks += 1
             seen_records += n
-            yield cf_b.decode(), keys, values
+            yield entry
+
+    def _sst(self, head: bytes, sst_dir: str | None, index: int) -> SstFile:
+        """Stream an SST block's file into `sst_dir` (or nowhere), checking its CRC."""
+        f, name = self._f, self.name
+        records, size, crc = _SST_HEAD.unpack(_read_exact(f, _SST_HEAD.size, name, "a block header"))
+        running = zlib.crc32(head + struct.pack("<QQ", records, size))
+        cf = head[2:].decode()
+        path = "" if sst_dir is None else os.path.join(sst_dir, f"replay-{index}-{os.getpid()}-{id(self):x}.sst")
+        out = open(path, "wb") if path else None  # noqa: SIM115 - closed below
+        try:
+            left = size
+            while left:
+                chunk = f.read(min(left, _COPY_BYTES))
+                if not chunk:
+                    raise CorruptFileError(f"file is truncated in the SST file of block {index}", name)
+                running = zlib.crc32(chunk, running)
+                if out is not None:
+                    out.write(chunk)
+                left -= len(chunk)
+            if running != crc:
+                raise CorruptFileError(f"checksum mismatch in block {index} (an SST file)", name)
+        except BaseException:
+            if out is not None:
+                out.close()
+                os.unlink(path)
+            raise
+        if out is not None:
+            out.close()
+        return SstFile(cf, path, records)

@@ -13,6 +13,7 @@ from typing import Any
 from statekeeper.maintenance.fanout import SparkEngine
 from statekeeper.maintenance.relayout import rescale
 from statekeeper.store import CommitLog, StateStore, open_file_manager
+from statekeeper.store.formats.changelog import ChangelogReader, SstFile
 from statekeeper.store.key_groups import group_at
 from statekeeper.store.rescale import execute_relayout, plan_rollback
 from statekeeper.store.spark import StatefulOperator
@@ -66,8 +67,8 @@ def test_rescale_at_restart_4_8_3_1_4(spark: Any, tmp_path: Path) -> None:
 
 def test_offline_rescale_on_spark_executors_then_restart(spark: Any, tmp_path: Path) -> None:
     """`statekeeper rescale --engine spark`: the new partitions are built as one Spark job; each one
-    written from empty is snapshotted, so its first load restores SSTs instead of replaying every
-    record; the query restarts on the new layout with every batch delivered once."""
+    written from empty holds its state as SST blocks in its changelog, so its first load ingests files
+    instead of replaying records; the query restarts on the new layout with every batch delivered once."""
     batches = write_inputs(tmp_path / "all", files=3, rows=150, keys=50)
     root = (tmp_path / "state").as_uri()
     sink = CollectingSink()
@@ -83,12 +84,18 @@ def test_offline_rescale_on_spark_executors_then_restart(spark: Any, tmp_path: P
     record = CommitLog(open_file_manager(root)).get(result.plan.new_version)
     assert record is not None
     in_place = record.in_place["counts"]
-    assert result.snapshots == 5 - len(in_place) > 0 and result.snapshot_bytes > 0
+    assert 0 < len(in_place) < 5
     assert state_of(spark, root, "counts") == reference(batches[:2])
+    fm = open_file_manager(root)
     for p in set(range(5)) - set(in_place):
+        cid = result.checkpoint_ids[p]
         with StateStore(root, "counts", p) as s:
             s.load(result.plan.new_version)
-            assert s.last_plan is not None and s.last_plan.manifest_path() is not None and not s.last_plan.replay
+            assert s.last_plan is not None and s.last_plan.replay == ((result.plan.new_version, cid),)
+            assert s.last_plan.manifest_path() is None
+        with fm.open(s.store_id.changelog(result.plan.new_version, cid)) as f:
+            bulk = [e.cf for e in ChangelogReader(f, "new partition").entries(None) if isinstance(e, SstFile)]
+        assert bulk, "a moved range of a key-group-led column family is one SST block"
     _owned_groups_only(root, "counts")
     stage_files(tmp_path / "all", tmp_path / "in", range(2, 3))
     op = StatefulOperator(root, "counts", "user", CountSum(), OUT, num_partitions=5, sink=sink)

@@ -8,7 +8,6 @@ model; layouts and batch ids are in the commit records. Runs on local disk and o
 
 from __future__ import annotations
 
-import errno
 import random
 import shutil
 import zlib
@@ -17,13 +16,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from statekeeper.store import CommitLog, StateStore, faults
-from statekeeper.store.errors import ConfigurationError
+from statekeeper.store import CommitLog, StateStore
+from statekeeper.store.errors import ConfigurationError, CorruptFileError
 from statekeeper.store.files import open_file_manager
+from statekeeper.store.formats.changelog import ChangelogReader, SstFile
 from statekeeper.store.key_groups import KeyGroupLayout, group_at, group_prefix
 from statekeeper.store.layout import StoreId
 from statekeeper.store.rescale import execute_relayout, plan_rescale, plan_rollback
-from statekeeper.store.snapshot import read_manifest
 
 OP = "agg"
 GROUPS = 64
@@ -224,53 +223,39 @@ def test_bytes_written_scale_with_the_moved_key_groups(tmp_path_factory: pytest.
     assert all(0.8 < r < 1.3 for r in ratios), ratios
 
 
-def test_partitions_written_from_empty_are_snapshotted_and_repaired(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """A rescale snapshots each partition it writes as a full-state changelog, so a load restores it
-    without replay. The changelog stays the source of truth (DESIGN invariant 10): a bad SST in that
-    snapshot is repaired by replaying the full-state changelog, and a snapshot that cannot be written
-    leaves the rescale committed with loads that replay."""
+def test_partitions_written_from_empty_hold_their_ranges_as_sst_files(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A moved range is one SST file, logged in the changelog as it is: the first load of a partition
+    written from empty ingests it (one changelog, no snapshot, no record decoded) and the state is exact;
+    a flipped bit inside that block is refused naming the changelog (its CRC covers the whole file)."""
     rng = random.Random(5)
     state = {stored(b"key%d" % i): rng.randbytes(40) for i in range(300)}
     layout, target = KeyGroupLayout(4, GROUPS), KeyGroupLayout(6, GROUPS)
-    base = tmp_path_factory.mktemp("snapshotted")
+    base = tmp_path_factory.mktemp("sst-blocks")
     run_batch(base.as_uri(), 0, layout, {"default": dict(state)})
-    unwritable = tmp_path_factory.mktemp("unwritable")
-    shutil.copytree(base, unwritable, dirs_exist_ok=True)
-
     fm = open_file_manager(base.as_uri())
     result = execute_relayout(fm, plan_rescale(fm, OP, 6))
-    record = CommitLog(fm).get(result.plan.new_version)
+    version = result.plan.new_version
+    record = CommitLog(fm).get(version)
     assert record is not None
     full = [p for p in range(6) if p not in record.in_place[OP]]
-    assert result.snapshots == len(full) > 0 and result.snapshot_bytes > 0
+    assert full
     for p in full:
+        path = StoreId(OP, p).changelog(version, result.checkpoint_ids[p])
+        with fm.open(path) as f:
+            entries = list(ChangelogReader(f, path).entries(None))
+        assert entries and all(isinstance(e, SstFile) and e.cf == "default" for e in entries), entries
         with StateStore(fm, OP, p) as s:
-            s.load(result.plan.new_version)
-            assert s.last_plan is not None and s.last_plan.manifest_path() is not None and not s.last_plan.replay
-    p = full[0]
-    store = StoreId(OP, p)
-    manifest = read_manifest(fm, store.manifest(result.plan.new_version, result.checkpoint_ids[p]))
-    sst = base / store.sst(manifest.sst_files[0].remote_name)
-    data = bytearray(sst.read_bytes())
+            s.load(version)
+            assert s.last_plan is not None and s.last_plan.manifest_path() is None
+            assert s.last_plan.replay == ((version, result.checkpoint_ids[p]),)
+    assert read_all(base.as_uri(), version, target) == {"default": state}
+
+    path = StoreId(OP, full[0]).changelog(version, result.checkpoint_ids[full[0]])
+    data = bytearray((base / path).read_bytes())
     data[len(data) // 2] ^= 0xFF
-    sst.write_bytes(bytes(data))
-    with StateStore(fm, OP, p) as s:
-        s.load(result.plan.new_version)
-        assert s.last_plan is not None and s.last_plan.repairs == 1 and s.last_plan.manifest_path() is None
-    assert read_all(base.as_uri(), result.plan.new_version, target) == {"default": state}
-
-    def no_checkpoints(point: str, subject: str) -> None:
-        if point == "rocks.checkpoint":
-            raise OSError(errno.EIO, "injected", subject)
-
-    fm = open_file_manager(unwritable.as_uri())
-    previous = faults.arm(no_checkpoints)
-    try:
-        result = execute_relayout(fm, plan_rescale(fm, OP, 6))
-    finally:
-        faults.arm(previous)
-    assert result.committed and result.snapshots == 0 and result.snapshot_bytes == 0
-    with StateStore(fm, OP, full[0]) as s:
-        s.load(result.plan.new_version)
-        assert s.last_plan is not None and s.last_plan.manifest_path() is None
-    assert read_all(unwritable.as_uri(), result.plan.new_version, target) == {"default": state}
+    (base / path).write_bytes(bytes(data))
+    with StateStore(fm, OP, full[0]) as s, pytest.raises(CorruptFileError, match=r"an SST file") as err:
+        s.load(version)
+    assert path in str(err.value)
