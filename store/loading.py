@@ -22,7 +22,7 @@ import rocksdict as rd
 
 from statekeeper.store.errors import CorruptFileError, LineageError, UnsupportedFormatError
 from statekeeper.store.files.base import open_seekable
-from statekeeper.store.formats.changelog import ChangelogReader, Lineage, SstFile
+from statekeeper.store.formats.changelog import ChangelogReader, Lineage, RangeDelete, SstFile
 from statekeeper.store.load_plan import (
     CheckpointPlanSource,
     LoadPlan,
@@ -173,6 +173,10 @@ def apply_changelog(
                     if os.path.exists(entry.path):
                         os.unlink(entry.path)
                 records += entry.records
+                continue
+            if isinstance(entry, RangeDelete):
+                wb.delete_range(entry.start, entry.end, handle_of(entry.cf))
+                records += 1
                 continue
             cf_name, keys, values = entry
             handle = handle_of(cf_name)

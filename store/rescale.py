@@ -380,13 +380,11 @@ def _trim(target: _Target, rules: KeyGroupRules) -> None:
     for cf in store.column_families():
         rule = rules.rule(cf)
         if rule is CfRule.LEADING:
-            ranges = [group_byte_range(0, lo), (group_byte_range(hi, KEY_GROUP_LIMIT)[0], None)]
-            for start, end in ranges:
-                if start == end:
-                    continue
-                for keys, _values in store.chunks(start, end, size=COPY_CHUNK, cf=cf):
-                    store.delete_batch(keys, cf=cf)
-                    target.deleted += len(keys)
+            family = store.column_family(cf)
+            for start, end in (group_byte_range(0, lo), (group_byte_range(hi, KEY_GROUP_LIMIT)[0], None)):
+                if start != end and (count := family.count(start, end)):
+                    family.delete_range(start, end)  # one tombstone, one changelog block
+                    target.deleted += count
         elif rule is CfRule.LOCATED:
             gone = [k for k, _v in store.items(cf=cf) if not lo <= rules.locate(cf, k) < hi]
             for i in range(0, len(gone), COPY_CHUNK):

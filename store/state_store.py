@@ -231,6 +231,27 @@ class ColumnFamily:
         ks = _arrow_to_list(keys)
         self._write_batch(ks, [None] * len(ks))
 
+    def delete_range(self, start: bytes, end: bytes | None = None) -> None:
+        """Delete every key in ``[start, end)`` (None: through the last key) as one range tombstone,
+        logged as one range-delete block: O(1) however many keys it covers."""
+        if self._db_put is _closed:
+            _closed()
+        self._flush()  # order: the buffered records are older than the tombstone
+        if end is None:
+            it = self._db.iter()
+            it.seek_to_last()
+            if not it.valid() or it.key() < start:
+                return
+            end = it.key() + b"\x00"  # just past the last key: what the replay applies is this exact range
+            del it
+        if start >= end:
+            return
+        wb = rd.WriteBatch(raw_mode=True)
+        wb.delete_range(start, end, self._handle)
+        self._db.write(wb)
+        assert self._store._writer is not None
+        self._store._writer.append_range_delete(self.name, start, end)
+
     def _write_batch(self, ks: Sequence[bytes], vs: Sequence[bytes | None]) -> None:
         if self._db_put is _closed:
             _closed()
@@ -302,6 +323,17 @@ class ColumnFamily:
         keys = self._db.keys(from_key=start, read_opt=reads[0])
         values = self._db.values(from_key=start, read_opt=reads[1])
         return _lockstep(keys, values, size, reads)
+
+    def count(self, start: bytes | None = None, end: bytes | None = None) -> int:
+        """The number of keys in ``[start, end)``, by a keys-only scan."""
+        ro = rd.ReadOptions()
+        if end is not None:
+            ro.set_iterate_upper_bound(end)
+        keys = self._db.keys(from_key=start, read_opt=ro)
+        n = 0
+        while chunk := list(islice(keys, 8192)):
+            n += len(chunk)
+        return n
 
     def __repr__(self) -> str:
         return f"ColumnFamily({self.name!r})"
@@ -521,6 +553,9 @@ class StateStore(PlanExecution):
 
     def delete_batch(self, keys: Any, cf: str = DEFAULT_CF) -> None:
         self.column_family(cf).delete_batch(keys)
+
+    def delete_range(self, start: bytes, end: bytes | None = None, cf: str = DEFAULT_CF) -> None:
+        self.column_family(cf).delete_range(start, end)
 
     def items(
         self, start: bytes | None = None, end: bytes | None = None, *, prefix: bytes | None = None, cf: str = DEFAULT_CF

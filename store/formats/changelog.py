@@ -6,6 +6,7 @@ Layout (all integers little-endian; docs/formats.md has the full table)::
     block*  0x01, cf name, record count, raw and compressed sizes, CRC32, zstd payload
             payload = key lengths u32[n] | value lengths i32[n] (-1: delete) | keys | values
             or 0x02, cf name, record count, size, CRC32, an SST file (a bulk load: ingested on replay)
+            or 0x03, cf name, start and end keys, CRC32 (a range delete: one tombstone on replay)
     footer  0xFF, block count u32, record count u64, CRC32, end magic "SKCE"
 
 The writer never holds more than one block per column family in memory; the reader streams blocks
@@ -36,10 +37,13 @@ END_MAGIC = b"SKCE"
 FORMAT_VERSION = 1
 BLOCK_DATA = 0x01
 BLOCK_SST = 0x02
+BLOCK_RANGE_DELETE = 0x03
 BLOCK_END = 0xFF
 _BLOCK_HEAD = struct.Struct("<IIII")  # records, raw_len, comp_len, crc32
 _SST_HEAD = struct.Struct("<QQI")  # records, size, crc32
 _COPY_BYTES = 1 << 20
+_MAX_RANGE_KEY = 1 << 24
+"""A range delete's key longer than this is a damaged length, refused before it is read."""
 _FOOTER = struct.Struct("<BIQI4s")  # kind, blocks, records, crc32(blocks, records), end magic
 FOOTER_SIZE = _FOOTER.size
 _LITTLE = sys.byteorder == "little"
@@ -173,6 +177,19 @@ class SstFile:
     records: int
 
 
+@dataclass(frozen=True)
+class RangeDelete:
+    """A range-delete block: every key of column family `cf` in ``[start, end)`` is deleted."""
+
+    cf: str
+    start: bytes
+    end: bytes
+
+
+def _range_body(start: bytes, end: bytes) -> bytes:
+    return struct.pack("<I", len(start)) + start + struct.pack("<I", len(end)) + end
+
+
 class ChangelogWriter:
     """Streams blocks to a local file; `finish` seals it with the footer and fsyncs."""
 
@@ -232,6 +249,18 @@ class ChangelogWriter:
                 f.write(chunk)
         self.blocks += 1
         self.records += records
+
+    def append_range_delete(self, cf: str, start: bytes, end: bytes) -> None:
+        """Append a range delete of ``[start, end)`` in `cf` (counted as one record)."""
+        f = self._file
+        if f is None:
+            raise CorruptFileError("changelog already finished", self.path)
+        name = cf.encode()
+        block = bytes((BLOCK_RANGE_DELETE, len(name))) + name + _range_body(start, end)
+        f.write(block)
+        f.write(struct.pack("<I", zlib.crc32(block)))
+        self.blocks += 1
+        self.records += 1
 
     def finish(self) -> int:
         """Write the footer, fsync and close; returns the file size."""
@@ -303,15 +332,19 @@ class ChangelogReader:
     def blocks(self) -> Iterator[tuple[str, list[bytes], list[bytes | None]]]:
         """The record blocks; a changelog holding a bulk-loaded SST block is refused (use `entries`)."""
         for entry in self.entries(None):
-            if isinstance(entry, SstFile):
+            if isinstance(entry, (SstFile, RangeDelete)):
+                what = "a bulk-loaded SST file" if isinstance(entry, SstFile) else "a range delete"
                 raise CorruptFileError(
-                    f"block of column family {entry.cf!r} is a bulk-loaded SST file: read it with entries()", self.name
+                    f"a block of column family {entry.cf!r} is {what}, not records: read it with entries()", self.name
                 )
             yield entry
 
-    def entries(self, sst_dir: str | None) -> Iterator[tuple[str, list[bytes], list[bytes | None]] | SstFile]:
+    def entries(
+        self, sst_dir: str | None
+    ) -> Iterator[tuple[str, list[bytes], list[bytes | None]] | SstFile | RangeDelete]:
         """Every block in order: record blocks as (cf, keys, values), SST blocks as `SstFile` copied into
-        `sst_dir` (None: checked and skipped), each checked against its CRC before it is yielded."""
+        `sst_dir` (None: checked and skipped), range deletes as `RangeDelete`, each checked against its
+        CRC before it is yielded."""
         f, name = self._f, self.name
         seen_blocks = seen_records = 0
         while True:
@@ -328,14 +361,17 @@ class ChangelogReader:
                 if f.read(1):
                     raise CorruptFileError("unexpected bytes after the footer", name)
                 return
-            if kind_b[0] not in (BLOCK_DATA, BLOCK_SST):
+            if kind_b[0] not in (BLOCK_DATA, BLOCK_SST, BLOCK_RANGE_DELETE):
                 raise CorruptFileError(f"unknown block kind 0x{kind_b[0]:02x}", name)
             name_len = _read_exact(f, 1, name, "a block header")[0]
             cf_b = _read_exact(f, name_len, name, "a block header")
-            entry: tuple[str, list[bytes], list[bytes | None]] | SstFile
+            entry: tuple[str, list[bytes], list[bytes | None]] | SstFile | RangeDelete
             if kind_b[0] == BLOCK_SST:
                 entry = self._sst(kind_b + bytes((name_len,)) + cf_b, sst_dir, seen_blocks)
                 n = entry.records
+            elif kind_b[0] == BLOCK_RANGE_DELETE:
+                entry = self._range_delete(kind_b + bytes((name_len,)) + cf_b, seen_blocks)
+                n = 1
             else:
                 n, raw_len, comp_len, crc = _BLOCK_HEAD.unpack(_read_exact(f, _BLOCK_HEAD.size, name, "a block header"))
                 payload = _read_exact(f, comp_len, name, "a block")
@@ -356,6 +392,19 @@ class ChangelogReader:
             seen_blocks += 1
             seen_records += n
             yield entry
+
+    def _range_delete(self, head: bytes, index: int) -> RangeDelete:
+        f, name = self._f, self.name
+        keys = []
+        for what in ("start", "end"):
+            (length,) = struct.unpack("<I", _read_exact(f, 4, name, f"the {what} key of a range delete"))
+            if length > _MAX_RANGE_KEY:
+                raise CorruptFileError(f"range delete in block {index} has a {length}-byte {what} key", name)
+            keys.append(_read_exact(f, length, name, f"the {what} key of a range delete"))
+        (crc,) = struct.unpack("<I", _read_exact(f, 4, name, "a block header"))
+        if zlib.crc32(head + _range_body(*keys)) != crc:
+            raise CorruptFileError(f"checksum mismatch in block {index} (a range delete)", name)
+        return RangeDelete(head[2:].decode(), keys[0], keys[1])
 
     def _sst(self, head: bytes, sst_dir: str | None, index: int) -> SstFile:
         """Stream an SST block's file into `sst_dir` (or nowhere), checking its CRC."""

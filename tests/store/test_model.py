@@ -26,8 +26,9 @@ PARTITIONS = 3
 CFS = ["default", "counts", "lists"]
 keys = st.binary(min_size=0, max_size=3).map(lambda b: b"k" + b)
 values = st.binary(min_size=0, max_size=40)
-HOW = ["one", "batch", "sorted"]
-"""How an op is applied: alone, in a `put_batch` run, or in a `put_sorted` bulk load."""
+HOW = ["one", "batch", "sorted", "range"]
+"""How an op is applied: alone, in a `put_batch` run, in a `put_sorted` bulk load, or as a
+`delete_range` from its key (to the key its value spells, or through the last key)."""
 
 State = dict[str, dict[bytes, bytes]]
 STATS = {"batches": 0}
@@ -93,6 +94,14 @@ class StoreMachine(CountedSteps, RuleBasedStateMachine):
         i = 0
         while i < len(ops):
             cf, _, _, how = ops[i]
+            if how == "range":
+                _, start, val, _ = ops[i]
+                end = None if val is None else b"k" + val[:3]
+                store.delete_range(start, end, cf=cf)
+                for k in [k for k in model.get(cf, {}) if start <= k and (end is None or k < end)]:
+                    del model[cf][k]
+                i += 1
+                continue
             if how != "one":  # a run of ops on one column family through the batch API
                 run = [o for o in ops[i : i + 8] if o[0] == cf]
                 dels = [k for _, k, val, _ in run if val is None]
