@@ -77,6 +77,17 @@ def _pyspark_processor(processor: object) -> bool:
     return isinstance(processor, PySparkProcessor)
 
 
+def _streams_active(spark: SparkSession) -> bool:
+    """Whether a streaming query runs in `spark`; a stopped session (its RPC environment gone) runs none,
+    so the heartbeat goes instead of failing every poll until the process exits (the next batch starts
+    it again if that was wrong)."""
+    try:
+        return bool(spark.streams.active)
+    except Exception as e:  # py4j / Connect errors of a stopped session
+        log.debug("statekeeper: no active streams (%s)", e)
+        return False
+
+
 class StatefulOperator:
     """A stateful operator on the store, run through ``foreachBatch``.
 
@@ -404,7 +415,7 @@ class StatefulOperator:
         """Keep this driver's heartbeat alive while a query runs (an offline rescale refuses meanwhile)."""
         if self._heartbeat is None:
             self._heartbeat = Heartbeat(
-                self.fm, self.name, lambda: bool(spark.streams.active), interval=self.heartbeat_seconds
+                self.fm, self.name, lambda: _streams_active(spark), interval=self.heartbeat_seconds
             )
         self._heartbeat.start()
 

@@ -6,6 +6,7 @@ orphan cleanup removes); its rerun commits the new layout with every key intact 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -26,6 +27,7 @@ from statekeeper.store import CommitLog, open_file_manager
 from statekeeper.store.key_groups import KeyGroupLayout
 from statekeeper.store.layout import heartbeat_dir
 from statekeeper.store.rescale import RescaleError
+from statekeeper.store.spark.driver import _streams_active
 from statekeeper.store.spark.heartbeat import Heartbeat
 from tests.store.test_rescale import GROUPS, OP, clean, read_all, run_batch, stored
 
@@ -149,6 +151,24 @@ def test_retired_partitions_expire_after_a_rescale_down(tmp_path: Path, capsys: 
         assert not list(fm.list(f"state/agg/{p:05d}/")), f"files of retired partition {p} remain"
     for v in (5, 6):
         assert read_all(root, v, layout) == states[v]
+
+
+def test_a_heartbeat_whose_spark_session_stopped_goes(tmp_path: Path) -> None:
+    """A session stopped under the heartbeat thread (its streams call raises: "RpcEnv has been stopped")
+    runs no query: the heartbeat is deleted and the thread ends, instead of failing every poll."""
+
+    class StoppedSession:
+        @property
+        def streams(self) -> object:
+            raise RuntimeError("java.lang.IllegalStateException: RpcEnv has been stopped")
+
+    fm = open_file_manager((tmp_path / "ckpt").as_uri())
+    beat = Heartbeat(fm, OP, functools.partial(_streams_active, StoppedSession()), interval=0.2)  # type: ignore[arg-type]
+    beat.start()
+    deadline = time.time() + 10
+    while beat.running and time.time() < deadline:
+        time.sleep(0.05)
+    assert not beat.running and not any(fm.list(heartbeat_dir(OP)))
 
 
 def test_a_running_drivers_heartbeat_stops_an_offline_rescale(
