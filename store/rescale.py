@@ -296,16 +296,33 @@ class PartitionBuild:
     seconds: float
 
 
-PartitionRunner = Callable[[Callable[[int], PartitionBuild], list[int]], Iterable[PartitionBuild]]
-"""Runs the build of each new partition somewhere (threads here; Spark's executors at a restart)."""
+BuildRun = Callable[[list[int]], list[PartitionBuild]]
+"""Builds a run of new partitions in order, in one place (`build_partitions`)."""
+
+PartitionRunner = Callable[[BuildRun, list[int]], Iterable[PartitionBuild]]
+"""Runs the builds of the new partitions somewhere, as runs of neighbours (`contiguous_runs`): threads
+here, Spark's executors at a restart or with ``--engine spark``."""
+
+
+def contiguous_runs(partitions: list[int], runs: int) -> list[list[int]]:
+    """`partitions` cut into at most `runs` runs of neighbours of about equal length. Neighbouring new
+    partitions take their key groups from the same old ones, which a run loads once for all of them."""
+    runs = max(1, min(runs, len(partitions)))
+    size, extra = divmod(len(partitions), runs)
+    out, start = [], 0
+    for i in range(runs):
+        end = start + size + (i < extra)
+        out.append(partitions[start:end])
+        start = end
+    return out
 
 
 def in_threads(workers: int) -> PartitionRunner:
-    """Build the new partitions on a pool of `workers` threads of this process."""
+    """Build the new partitions on a pool of `workers` threads of this process, a run each."""
 
-    def run(build: Callable[[int], PartitionBuild], partitions: list[int]) -> list[PartitionBuild]:
+    def run(build: BuildRun, partitions: list[int]) -> list[PartitionBuild]:
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            return list(pool.map(build, partitions))
+            return [b for done in pool.map(build, contiguous_runs(partitions, workers)) for b in done]
 
     return run
 
@@ -392,25 +409,72 @@ def _trim(target: _Target, rules: KeyGroupRules) -> None:
             target.deleted += len(gone)
 
 
+class _Sources:
+    """The old partitions a run of builds has loaded, kept while the next build needs them."""
+
+    def __init__(self, fm: CheckpointFileManager, plan: RelayoutPlan, config: StoreConfig) -> None:
+        self.fm, self.plan, self.config = fm, plan, replace(config, local_dir=None)
+        self.loaded: dict[int, StateStore] = {}
+
+    def keep_only(self, needed: set[int]) -> None:
+        for q in set(self.loaded) - needed:
+            self.loaded.pop(q).close()
+
+    def get(self, q: int) -> tuple[StateStore, int]:
+        """Old partition `q` loaded at the source version, and the bytes that took (0 when kept)."""
+        if q in self.loaded:
+            return self.loaded[q], 0
+        src = StateStore(self.fm, self.plan.operator, q, config=self.config)
+        try:
+            src.load(self.plan.source_version, self.plan.source_ids[q])
+        except BaseException:
+            src.close()
+            raise
+        self.loaded[q] = src
+        return src, load_bytes(self.fm, src.last_plan)
+
+    def close(self) -> None:
+        self.keep_only(set())
+
+
+def build_partitions(
+    fm: CheckpointFileManager, plan: RelayoutPlan, rules: KeyGroupRules, config: StoreConfig, run: list[int]
+) -> list[PartitionBuild]:
+    """Build the new partitions of `run` in order (`build_partition`), loading each old partition once
+    for the neighbours that take groups from it."""
+    sources = _Sources(fm, plan, config)
+    try:
+        return [build_partition(fm, plan, rules, config, p, sources) for p in run]
+    finally:
+        sources.close()
+
+
 def build_partition(
-    fm: CheckpointFileManager, plan: RelayoutPlan, rules: KeyGroupRules, config: StoreConfig, p: int
+    fm: CheckpointFileManager,
+    plan: RelayoutPlan,
+    rules: KeyGroupRules,
+    config: StoreConfig,
+    p: int,
+    sources: _Sources | None = None,
 ) -> PartitionBuild:
     """Write new partition `p` of `plan` and publish its changelog (not the commit record).
 
-    It loads each old partition that gives it key groups and copies just those ranges, each range as
-    one SST file that is ingested and logged as it is (`ColumnFamily.put_sorted`): the partition's first
-    load ingests the same files instead of replaying records, so no snapshot is needed.
+    It loads each old partition that gives it key groups (or takes it from `sources`) and copies just
+    those ranges, each range as one SST file that is ingested and logged as it is
+    (`ColumnFamily.put_sorted`): the partition's first load ingests the same files instead of replaying
+    records, so no snapshot is needed.
     """
     t0 = time.perf_counter()
+    own = sources is None
+    sources = sources or _Sources(fm, plan, config)
+    given = [(q, lo, hi) for q, lo, hi in plan.sources_of(p) if not (q == p and p in plan.kept_in_place())]
+    sources.keep_only({q for q, _lo, _hi in given})
     target = _open_target(fm, plan, p, rules, config)
     try:
-        for q, lo, hi in plan.sources_of(p):
-            if q == p and target.owned is not None:
-                continue  # its own groups are in place already
-            with StateStore(fm, plan.operator, q, config=replace(config, local_dir=None)) as src:
-                src.load(plan.source_version, plan.source_ids[q])
-                target.bytes_read += load_bytes(fm, src.last_plan)
-                _give(plan, src, q, lo, hi, target, rules)
+        for q, lo, hi in given:  # a partition kept in place has its own groups already
+            src, read = sources.get(q)
+            target.bytes_read += read
+            _give(plan, src, q, lo, hi, target, rules)
         if target.owned is not None:
             _trim(target, rules)
         rules.finish(target.store, target.poured if target.owned is None else None)
@@ -427,6 +491,8 @@ def build_partition(
         )
     finally:
         target.store.close()
+        if own:
+            sources.close()
 
 
 def execute_relayout(
@@ -453,7 +519,7 @@ def execute_relayout(
     run = runner or in_threads(workers)
     built = {
         b.partition: b
-        for b in run(functools.partial(build_partition, fm, plan, rules, config), list(range(plan.partitions)))
+        for b in run(functools.partial(build_partitions, fm, plan, rules, config), list(range(plan.partitions)))
     }
     if sorted(built) != list(range(plan.partitions)):
         raise RescaleError(f"{plan.describe()}: built partitions {sorted(built)}, not 0..{plan.partitions - 1}")
@@ -493,6 +559,7 @@ def execute_relayout(
 
 
 __all__ = [
+    "BuildRun",
     "CfRule",
     "GroupLedKeys",
     "KeyGroupRules",
@@ -502,6 +569,8 @@ __all__ = [
     "RelayoutResult",
     "RescaleError",
     "build_partition",
+    "build_partitions",
+    "contiguous_runs",
     "execute_relayout",
     "in_threads",
     "plan_rescale",

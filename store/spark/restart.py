@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,15 @@ from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.key_groups import KeyGroupLayout
-from statekeeper.store.rescale import PartitionBuild, PartitionRunner, RelayoutResult, execute_relayout, plan_rescale
+from statekeeper.store.rescale import (
+    BuildRun,
+    PartitionBuild,
+    PartitionRunner,
+    RelayoutResult,
+    contiguous_runs,
+    execute_relayout,
+    plan_rescale,
+)
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
 from statekeeper.store.state_store import StoreConfig
 
@@ -86,24 +94,22 @@ def on_executors(spark: Any) -> PartitionRunner:
     """Build the new partitions as one Spark job on the query's own executors (classic or Connect): the
     copy runs in parallel beside the data instead of on the driver.
 
-    One task per slot, each building every slots-th partition (a Python task costs ~30 ms on top of its
-    build); one task per partition where the slots are unknown.
+    One task per slot, each building a run of neighbouring partitions (`contiguous_runs`: a Python task
+    costs ~30 ms on top of its builds, and neighbours share the old partitions they load); one task per
+    partition where the slots are unknown.
     """
 
-    def run(build: Callable[[int], PartitionBuild], partitions: list[int]) -> list[PartitionBuild]:
-        tasks = min(len(partitions), task_slots(spark) or len(partitions))
+    def run(build: BuildRun, partitions: list[int]) -> list[PartitionBuild]:
+        runs = contiguous_runs(partitions, task_slots(spark) or len(partitions))
 
         def task(batches: Iterator[Any]) -> Iterator[Any]:
             import pyarrow as pa
 
             for batch in batches:
-                done = [
-                    json.dumps(dataclasses.asdict(build(p)))
-                    for i in batch.column(0).to_pylist()
-                    for p in partitions[i::tasks]
-                ]
+                done = [json.dumps(dataclasses.asdict(b)) for i in batch.column(0).to_pylist() for b in build(runs[i])]
                 yield pa.RecordBatch.from_pydict({"build": done}, schema=pa.schema([("build", pa.string())]))
 
+        tasks = len(runs)
         rows = spark.range(0, tasks, 1, tasks).mapInArrow(task, "build string").collect()  # one index per task
         return [PartitionBuild(**json.loads(r[0])) for r in rows]
 
