@@ -351,10 +351,10 @@ def _give(plan: RelayoutPlan, src: StateStore, q: int, lo: int, hi: int, target:
     for cf in src.column_families():
         rule = rules.rule(cf) if plan.kind == "rescale" else CfRule.LEADING
         if plan.kind == "rollback":
-            target.poured[cf] += target.store.put_sorted(src.chunks(size=COPY_CHUNK, cf=cf), cf=cf)
+            target.poured[cf] += target.store.put_sorted(src.items(cf=cf), cf=cf)
         elif rule is CfRule.LEADING:  # a byte range in key order: one SST file ingested
             start, end = group_byte_range(lo, hi)
-            target.poured[cf] += target.store.put_sorted(src.chunks(start, end, size=COPY_CHUNK, cf=cf), cf=cf)
+            target.poured[cf] += target.store.put_sorted(src.items(start, end, cf=cf), cf=cf)
         elif rule is CfRule.LOCATED:
             for keys, values in _chunks((k, v) for k, v in src.items(cf=cf) if lo <= rules.locate(cf, k) < hi):
                 target.store.put_batch(keys, values, cf=cf)

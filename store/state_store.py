@@ -18,7 +18,7 @@ import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from itertools import islice
+from itertools import islice, starmap
 from typing import Any, cast
 
 import rocksdict as rd
@@ -191,10 +191,11 @@ class ColumnFamily:
             raise ConfigurationError(f"put_batch got {len(ks)} keys and {len(vs)} values for {self.name!r}")
         self._write_batch(ks, vs)
 
-    def put_sorted(self, chunks: Iterable[tuple[Sequence[bytes], Sequence[bytes]]]) -> int:
-        """`put_batch` of chunks whose keys strictly increase across all of them (a bulk copy of a
-        range): written as one SST file, logged as one SST block of the changelog (a replay ingests it
-        too) and ingested, no memtable to fill and flush and no record encoded twice. Returns the records.
+    def put_sorted(self, items: Iterable[tuple[bytes, bytes]]) -> int:
+        """Put (key, value) `items` whose keys strictly increase (a bulk copy of a range, e.g. another
+        store's `items(start, end)`): written as one SST file, logged as one SST block of the changelog (a
+        replay ingests it too) and ingested, no memtable to fill and flush and no record encoded. The
+        per-record loop runs in C. Returns the records.
 
         A failure (keys out of order, a full disk) abandons the attempt, as its changelog may hold
         records the DB does not.
@@ -207,11 +208,9 @@ class ColumnFamily:
         records = 0
         try:
             writer.open(path)
-            for ks, vs in chunks:
-                if len(ks) != len(vs):
-                    raise ConfigurationError(f"put_sorted got {len(ks)} keys and {len(vs)} values for {self.name!r}")
-                deque(map(writer.__setitem__, ks, vs), maxlen=0)
-                records += len(ks)
+            written = starmap(writer.__setitem__, items)
+            while n := len(list(islice(written, 65536))):
+                records += n
             if records:
                 writer.finish()
                 self._store._log_sst(self.name, path, records)
@@ -548,8 +547,8 @@ class StateStore(PlanExecution):
     def put_batch(self, keys: Any, values: Any, cf: str = DEFAULT_CF) -> None:
         self.column_family(cf).put_batch(keys, values)
 
-    def put_sorted(self, chunks: Iterable[tuple[Sequence[bytes], Sequence[bytes]]], cf: str = DEFAULT_CF) -> int:
-        return self.column_family(cf).put_sorted(chunks)
+    def put_sorted(self, items: Iterable[tuple[bytes, bytes]], cf: str = DEFAULT_CF) -> int:
+        return self.column_family(cf).put_sorted(items)
 
     def delete_batch(self, keys: Any, cf: str = DEFAULT_CF) -> None:
         self.column_family(cf).delete_batch(keys)

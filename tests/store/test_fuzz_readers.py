@@ -79,7 +79,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_batches(root, str(base / "work"), 4, losing=True)
     with StateStore(root, "bulk", 0) as bulk:  # a changelog with an SST block, as a rescale writes
         bulk.load(0)
-        bulk.put_sorted([([b"a%04d" % i for i in range(500)], [b"v" * 20] * 500)])
+        bulk.put_sorted((b"a%04d" % i, b"v" * 20) for i in range(500))
         bulk.put(b"z", b"after")
         bulk.commit()
     create_snapshots(root, MaintenanceSettings(snapshot_threshold=2, work_dir=str(base / "maintenance")))

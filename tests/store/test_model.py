@@ -107,11 +107,9 @@ class StoreMachine(CountedSteps, RuleBasedStateMachine):
                 dels = [k for _, k, val, _ in run if val is None]
                 puts = [(k, pv) for _, k, pv, _ in run if pv is not None]
                 store.delete_batch(dels, cf=cf)
-                if how == "sorted":  # a bulk copy: strictly increasing keys, in chunks
+                if how == "sorted":  # a bulk copy: strictly increasing keys
                     puts = sorted(dict(puts).items())
-                    runs = [puts[j : j + 3] for j in range(0, len(puts), 3)]
-                    chunks = [([k for k, _ in r], [pv for _, pv in r]) for r in runs]
-                    assert store.put_sorted(chunks, cf=cf) == len(puts)
+                    assert store.put_sorted(iter(puts), cf=cf) == len(puts)
                 else:
                     store.put_batch([k for k, _ in puts], [pv for _, pv in puts], cf=cf)
                 for k in dels:
@@ -294,7 +292,7 @@ def test_a_bulk_load_out_of_key_order_is_refused_and_abandons_its_attempt(tmp_pa
     store = StateStore((tmp_path / "root").as_uri(), "agg", 0, config=StoreConfig(local_dir=str(local))).load(0)
     store.put(b"a", b"1")
     with pytest.raises(StoreStateError, match="strict ascending order") as err:
-        store.put_sorted([([b"b", b"d"], [b"2", b"4"]), ([b"c"], [b"3"])])
+        store.put_sorted([(b"b", b"2"), (b"d", b"4"), (b"c", b"3")])
     assert "'default' of agg/0" in str(err.value)
     with pytest.raises(StoreStateError, match="without load"):
         store.commit()  # the changelog may hold what the DB does not: nothing of it commits
