@@ -52,7 +52,7 @@ class TypedStateKeys:
         rows = 0
         for cf in store.column_families():
             if not cf.startswith(INTERNAL_PREFIX) and cf != "default":
-                rows += poured.get(cf, 0) if poured is not None else sum(len(ks) for ks, _ in store.chunks(cf=cf))
+                rows += poured.get(cf, 0) if poured is not None else store.column_family(cf).count()
         if rows or META_CF in store.column_families():
             store.put(ROWS_TOTAL, _I64.pack(rows), cf=META_CF)
 

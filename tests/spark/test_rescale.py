@@ -51,6 +51,7 @@ def test_rescale_at_restart_4_8_3_1_4(spark: Any, tmp_path: Path) -> None:
             assert progress.rescale is not None and progress.rescale["partitions"] == n
             rescales.append(progress.rescale)
         assert state_of(spark, root, "counts") == reference(batches[: stage + 1])
+        assert progress.num_rows_total == len(reference(batches[: stage + 1])), "rows recounted after a rescale"
         _owned_groups_only(root, "counts")
     # each batch delivered once, with the running totals of the keys it touched
     assert sink.deliveries == [0, 1, 2, 3, 4]
