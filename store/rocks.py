@@ -210,6 +210,9 @@ def db_options(*, bulk_replay: bool = False) -> rd.Options:
     opts.set_bytes_per_sync(1 << 20)
     opts.set_keep_log_file_num(2)
     opts.set_max_open_files(256)
+    # Its 16 default threads are spawned at every open but only open files up front with unlimited
+    # max_open_files: one saves ~1 ms per open (rescales and loads open many small DBs).
+    opts.set_max_file_opening_threads(1)
     table = rd.BlockBasedOptions()
     table.set_block_cache(mem.cache)
     table.set_cache_index_and_filter_blocks(True)
