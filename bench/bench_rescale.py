@@ -242,7 +242,8 @@ def run(quick: bool) -> list[Table]:
                 "groupBy(key).agg(count, sum) (PySpark 4.3, experimental API).",
                 "statekeeper offline: the same state, snapshotted first as maintenance keeps it, rescaled on 2 "
                 "threads of one process (rocksdict holds the GIL for most of it) and as one Spark job of a task "
-                "per executor slot (each building every other new partition) on the same local[2] session "
+                "per executor slot (each building a run of neighbouring new partitions, which load each old one once) "
+                "on the same local[2] session "
                 "(statekeeper rescale --engine spark).",
                 "statekeeper online: the first batch after a restart with the new num_partitions (it rescales "
                 "first, as a Spark job on the query's executors) against normal batches, each also the first after "
