@@ -368,17 +368,23 @@ def _give(plan: RelayoutPlan, src: StateStore, q: int, lo: int, hi: int, target:
 
 
 def _open_target(
-    fm: CheckpointFileManager, plan: RelayoutPlan, p: int, rules: KeyGroupRules, config: StoreConfig
+    fm: CheckpointFileManager,
+    plan: RelayoutPlan,
+    p: int,
+    rules: KeyGroupRules,
+    config: StoreConfig,
+    into: StateStore | None,
 ) -> _Target:
-    """New partition `p`: its old store loaded at the source version when it keeps groups in place,
-    else an empty store whose commit is a full-state changelog."""
-    store = StateStore(fm, plan.operator, p, config=replace(config, local_dir=None))
+    """New partition `p` (in `into`, or a store of its own): its old store loaded at the source version
+    when it keeps groups in place, else an empty store whose commit is a full-state changelog."""
+    store = into or StateStore(fm, plan.operator, p, config=replace(config, local_dir=None))
     if p not in plan.kept_in_place():
         return _Target(store.begin_full_state(plan.head_version))
     try:
         store.load(plan.source_version, plan.source_ids[p])
     except BaseException:
-        store.close()
+        if into is None:
+            store.close()
         raise
     assert plan.target_layout is not None
     target = _Target(store, plan.target_layout.groups_of(p))
@@ -456,20 +462,22 @@ def build_partition(
     config: StoreConfig,
     p: int,
     sources: _Sources | None = None,
+    into: StateStore | None = None,
 ) -> PartitionBuild:
     """Write new partition `p` of `plan` and publish its changelog (not the commit record).
 
     It loads each old partition that gives it key groups (or takes it from `sources`) and copies just
     those ranges, each range as one SST file that is ingested and logged as it is
     (`ColumnFamily.put_sorted`): the partition's first load ingests the same files instead of replaying
-    records, so no snapshot is needed.
+    records, so no snapshot is needed. Built `into` a store of the caller's (a Spark worker's cached
+    one), it stays open holding the new version; else it is written in a temporary store.
     """
     t0 = time.perf_counter()
     own = sources is None
     sources = sources or _Sources(fm, plan, config)
     given = [(q, lo, hi) for q, lo, hi in plan.sources_of(p) if not (q == p and p in plan.kept_in_place())]
     sources.keep_only({q for q, _lo, _hi in given})
-    target = _open_target(fm, plan, p, rules, config)
+    target = _open_target(fm, plan, p, rules, config, into)
     try:
         for q, lo, hi in given:  # a partition kept in place has its own groups already
             src, read = sources.get(q)
@@ -490,7 +498,8 @@ def build_partition(
             time.perf_counter() - t0,
         )
     finally:
-        target.store.close()
+        if into is None:
+            target.store.close()
         if own:
             sources.close()
 
@@ -515,22 +524,29 @@ def execute_relayout(
     rules = rules or GroupLedKeys()
     config = config or StoreConfig()
     t0 = time.perf_counter()
-    result = RelayoutResult(plan)
     run = runner or in_threads(workers)
-    built = {
-        b.partition: b
-        for b in run(functools.partial(build_partitions, fm, plan, rules, config), list(range(plan.partitions)))
-    }
+    builds = run(functools.partial(build_partitions, fm, plan, rules, config), list(range(plan.partitions)))
+    return commit_relayout(fm, plan, builds, time.perf_counter() - t0)
+
+
+def commit_relayout(
+    fm: CheckpointFileManager, plan: RelayoutPlan, builds: Iterable[PartitionBuild], seconds: float
+) -> RelayoutResult:
+    """Write the commit record naming every built partition of `plan` (the switch to the new layout:
+    one exclusive publish); `seconds`: how long the builds took."""
+    t0 = time.perf_counter()
+    result = RelayoutResult(plan)
+    built = {b.partition: b for b in builds}
     if sorted(built) != list(range(plan.partitions)):
         raise RescaleError(f"{plan.describe()}: built partitions {sorted(built)}, not 0..{plan.partitions - 1}")
-    builds = [built[p] for p in range(plan.partitions)]
-    for b in builds:
+    ordered = [built[p] for p in range(plan.partitions)]
+    for b in ordered:
         result.records += b.records
         result.deleted += b.deleted
         result.bytes_read += b.bytes_read
         result.bytes_written += b.bytes_written
         result.slowest_build_seconds = max(result.slowest_build_seconds, b.seconds)
-    ids = [b.checkpoint_id for b in builds]
+    ids = [b.checkpoint_id for b in ordered]
     layouts = {plan.operator: plan.target_layout} if plan.target_layout else {}
     CommitLog(fm).commit(
         plan.new_version,
@@ -538,12 +554,12 @@ def execute_relayout(
         layouts=layouts,
         batch_id=plan.batch_id,
         change={plan.operator: plan.kind},
-        in_place={plan.operator: [b.partition for b in builds if b.in_place]},
+        in_place={plan.operator: [b.partition for b in ordered if b.in_place]},
         copied_from={plan.operator: plan.source_version},
     )
     result.checkpoint_ids = tuple(ids)
     result.committed = True
-    result.seconds = time.perf_counter() - t0
+    result.seconds = seconds + time.perf_counter() - t0
     log.info(
         "%s: committed, %d records copied, %d deleted in place, %d bytes read, %d bytes written in "
         "%.2fs (slowest partition %.2fs)",
@@ -570,6 +586,7 @@ __all__ = [
     "RescaleError",
     "build_partition",
     "build_partitions",
+    "commit_relayout",
     "contiguous_runs",
     "execute_relayout",
     "in_threads",

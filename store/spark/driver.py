@@ -39,6 +39,7 @@ from statekeeper.store.errors import (
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.files.paths import validate_component
 from statekeeper.store.key_groups import KeyGroupLayout
+from statekeeper.store.rescale import PartitionBuild, RelayoutPlan, commit_relayout, plan_rescale
 from statekeeper.store.spark.api import BatchStatefulProcessor, StatefulProcessor
 from statekeeper.store.spark.batch_records import BatchRecords, UploadTimeoutError
 from statekeeper.store.spark.connect import initial_state_unsupported, is_connect_dataframe, progress_unavailable
@@ -47,7 +48,8 @@ from statekeeper.store.spark.executor import MARKER_COL, META_COL, PID_COL, File
 from statekeeper.store.spark.heartbeat import DEFAULT_INTERVAL_SECONDS, Heartbeat
 from statekeeper.store.spark.initial_state import collect_initial_state, initial_state_frame
 from statekeeper.store.spark.metrics import BatchProgress, PartitionMetrics
-from statekeeper.store.spark.restart import read_head, rescale_at_restart
+from statekeeper.store.spark.rescale_rules import TypedStateKeys
+from statekeeper.store.spark.restart import read_head
 from statekeeper.store.spark.routing import hash_routes, owner_column, routable
 from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from statekeeper.store.spark.state import check_max_key_groups
@@ -208,7 +210,8 @@ class StatefulOperator:
         self._shift = 0
         self._layout: KeyGroupLayout | None = None
         self._rescale_pending = False
-        self._last_rescale: dict[str, Any] | None = None
+        self._relayout: RelayoutPlan | None = None
+        """The rescale the next batch starts with (planned at its restart)."""
         self._heartbeat: Heartbeat | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -273,9 +276,8 @@ class StatefulOperator:
             async_checkpoint=self.async_checkpoint,
             num_partitions=n,
             batch_timestamp_ms=ts,
-            rescale=self._last_rescale,
         )
-        self._last_rescale = None
+        relayout = self._relayout
         if already and self.sink is None:
             log.info("statekeeper %s: batch %d is already committed; nothing to do", self.name, batch_id)
             self._next_batch = batch_id + 1
@@ -292,7 +294,7 @@ class StatefulOperator:
             self._next_batch = batch_id + 1
             self._finish(BatchProgress(mode="skipped", duration_ms=(time.perf_counter() - t0) * 1000, **base))
             return
-        load_ids = self.records.load_ids(version, n)
+        load_ids = ("",) * n if relayout else self.records.load_ids(version, n)
         task_time, max_event_before = self._task_time(batch_id)
         spec = TaskSpec(
             root=self.root,
@@ -314,6 +316,7 @@ class StatefulOperator:
             input_budget_bytes=self.task_input_budget_bytes,
             time=task_time,
             initial_state=self._initial_rows(df, n) if version == 0 else None,
+            relayout=relayout,
         )
         plan = self._plan(spark, df, n)
         attempt = 0
@@ -345,6 +348,10 @@ class StatefulOperator:
         try:
             t_rec = time.perf_counter()
             self._record_event_time(batch_id, task_time, max_event_before, metas)
+            if relayout is not None:  # the new layout first (invariant 11), then the batch on it
+                builds = [PartitionBuild(**m.relayout) for m in metas if m.relayout]
+                base["rescale"] = commit_relayout(self.fm, relayout, builds, job_ms / 1000).to_json()
+                self._relayout = None
             if spec.commit:
                 ids = [m.checkpoint_id or "" for m in metas]
                 self.records.commit(target, ids, batch_id, self._layout)
@@ -447,11 +454,13 @@ class StatefulOperator:
                     recorded,
                     self.num_partitions,
                 )
-            else:
-                result = rescale_at_restart(self.fm, self.name, self.num_partitions, self.store_config, spark)
-                self._last_rescale = result.to_json()
+            else:  # the batch's tasks build the new partitions first; the job commits both versions
+                self._relayout = plan_rescale(
+                    self.fm, self.name, self.num_partitions, rules=TypedStateKeys(), config=self.store_config
+                )
+                log.info("statekeeper %s: rescaling in batch %d: %s", self.name, batch_id, self._relayout.describe())
                 self._shift += 1
-                layout, recorded = result.plan.target_layout, self.num_partitions
+                layout, recorded = self._relayout.target_layout, self.num_partitions
         elif head.record is None:
             n = recorded or self.num_partitions
             routable_keys = routable(df.schema, self.key) and n <= self.max_key_groups

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
 import gc
 import hashlib
 import importlib
@@ -39,9 +40,11 @@ from statekeeper.store.errors import LineageError, StoreStateError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import Field, from_arrow, struct
+from statekeeper.store.rescale import PartitionBuild, RelayoutPlan, build_partition
 from statekeeper.store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor
 from statekeeper.store.spark.event_time import TaskTime
 from statekeeper.store.spark.handle import StatefulProcessorHandle
+from statekeeper.store.spark.rescale_rules import TypedStateKeys
 from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from statekeeper.store.spark.state import StateContext
 from statekeeper.store.spark.state_view import check_typed_state
@@ -95,6 +98,9 @@ class TaskSpec:
     """Time mode, watermarks and event-time column of the batch (store/spark/event_time.py)."""
     initial_state: pa.Table | None = None
     """First batch only: the initial state rows, with the state partition of each in PID_COL."""
+    relayout: RelayoutPlan | None = None
+    """The rescale this batch starts with: each task first builds its new partition (`version` is the
+    rescale's new version, which the driver commits just before the batch's)."""
 
 
 def _key_schema(schema: pa.Schema, key_columns: tuple[str, ...]) -> Any:
@@ -356,7 +362,11 @@ def run_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.R
 def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: float) -> Iterator[pa.RecordBatch]:
     attempt, task_attempt_id = _task_attempt()
     uploader = CACHE.uploader(spec)
-    store = _load(spec, partition)
+    build = None
+    if spec.relayout is not None:
+        store, build = _build(spec, partition)
+    else:
+        store = _load(spec, partition)
     load = store.last_load
     out = _Output(spec.output_schema)
     clock = _OutputClock()
@@ -430,6 +440,7 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
             "replayed_changelogs": load.replayed_changelogs if load else 0,
             "replayed_records": load.replayed_records if load else 0,
             "repaired_snapshots": load.repaired_snapshots if load else 0,
+            "relayout": dataclasses.asdict(build) if build else None,
         }
         if spec.commit:
             result = store.commit()
@@ -467,6 +478,28 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
         if not committed:
             store.abort()
         raise
+
+
+def _build(spec: TaskSpec, partition: int) -> tuple[StateStore, PartitionBuild]:
+    """New partition `partition` of the rescale the batch starts with, built into this worker's store of
+    it (`build_partition`) and left loaded at the new version for the batch: no job of its own, no load
+    of what was just written. Its changelog is uploaded before the task goes on (the driver commits the
+    rescale's record after the job, then the batch's)."""
+    assert spec.relayout is not None
+    uploader = CACHE.uploader(spec)
+    store = CACHE.store(spec, partition)
+    try:
+        build = build_partition(uploader, spec.relayout, TypedStateKeys(), spec.store_config, partition, into=store)
+        path = store.store_id.changelog(spec.relayout.new_version, build.checkpoint_id)
+        pending = uploader.pending(path)
+        if pending is not None:
+            pending.result()
+            uploader.forget(path)
+        store.load(spec.relayout.new_version, build.checkpoint_id)  # what it holds: a reuse
+    except BaseException:
+        CACHE.drop(spec, partition)
+        raise
+    return store, build
 
 
 def _load(spec: TaskSpec, partition: int) -> StateStore:

@@ -40,6 +40,8 @@ class PartitionMetrics:
     """Max event time of the partition's input rows in ms (None without event time or rows)."""
     repaired_snapshots: int = 0
     """Unreadable snapshots the partition's load passed over (snapshot repair)."""
+    relayout: dict[str, Any] | None = None
+    """The first batch of a rescale: the `PartitionBuild` of the new partition the task built first."""
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> PartitionMetrics:

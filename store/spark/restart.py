@@ -3,16 +3,17 @@
 Versions and batch ids usually differ by one (batch ``b`` commits version ``b + 1``), but a rescale or
 a rollback commits a version without running a batch (it repeats the batch id of the state it copies,
 `CommitRecord.batch_id`), so the driver reads the offset from the newest commit record. When the
-operator is started with a ``num_partitions`` other than its recorded layout's, the driver rescales
-before the batch (store/rescale.py: each new partition takes exactly its key-group ranges, and one
-commit record names the new layout), so the batch runs on the new layout.
+operator is started with a ``num_partitions`` other than its recorded layout's, the first batch
+rescales: each of its tasks first builds its new partition (store/rescale.py: exactly its key-group
+ranges) and runs the batch on it, then the driver commits one record naming the new layout and one for
+the batch, so the batch runs on the new layout. `on_executors` builds the new partitions of an offline
+rescale (``statekeeper rescale --engine spark``) as a Spark job.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,15 +27,8 @@ from statekeeper.store.rescale import (
     BuildRun,
     PartitionBuild,
     PartitionRunner,
-    RelayoutResult,
     contiguous_runs,
-    execute_relayout,
-    plan_rescale,
 )
-from statekeeper.store.spark.rescale_rules import TypedStateKeys
-from statekeeper.store.state_store import StoreConfig
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -116,20 +110,4 @@ def on_executors(spark: Any) -> PartitionRunner:
     return run
 
 
-def rescale_at_restart(
-    fm: CheckpointFileManager,
-    operator: str,
-    partitions: int,
-    store_config: StoreConfig,
-    spark: Any = None,
-    workers: int = 4,
-) -> RelayoutResult:
-    """Commit the operator's head re-laid out over ``partitions`` partitions (before the next batch):
-    its new partitions built on `spark`'s executors, or on `workers` threads here without a session."""
-    plan = plan_rescale(fm, operator, partitions, rules=TypedStateKeys(), config=store_config)
-    log.info("statekeeper %s: rescaling at restart: %s", operator, plan.describe())
-    runner = on_executors(spark) if spark is not None else None
-    return execute_relayout(fm, plan, rules=TypedStateKeys(), config=store_config, workers=workers, runner=runner)
-
-
-__all__ = ["Head", "on_executors", "read_head", "rescale_at_restart", "task_slots"]
+__all__ = ["Head", "on_executors", "read_head", "task_slots"]
