@@ -12,7 +12,8 @@ Same state in every column: ``keys`` distinct keys of a ``count`` / ``sum`` aggr
   threads and, on a copy, as one Spark job (``--engine spark``). Bytes read: the source state files;
   written: the new changelogs (a moved range is one SST file in them, ingested by the first load).
 - **statekeeper online**: a `StatefulOperator` (CountSum) holding the keys, restarted with ``to``
-  partitions; the first batch after the restart (which rescales first) minus a normal batch.
+  partitions; the first batch after the restart (whose tasks each build their new partition first) against
+  a normal batch.
 
 Run ``python -m bench rescale`` (1M and 10M keys; ``BENCH_RESCALE_KEYS=1000000`` for one size; ``--quick``
 for a smoke run with 20k).
@@ -245,10 +246,10 @@ def run(quick: bool) -> list[Table]:
                 "per executor slot (each building a run of neighbouring new partitions, which load each old one once) "
                 "on the same local[2] session "
                 "(statekeeper rescale --engine spark).",
-                "statekeeper online: the first batch after a restart with the new num_partitions (it rescales "
-                "first, as a Spark job on the query's executors) against normal batches, each also the first after "
-                "a restart but without a rescale, on the old partition count before and on the new one after; "
-                "1000 input rows each, the state snapshotted after its first batch; measured up to 1M keys.",
+                "statekeeper online: the first batch after a restart with the new num_partitions (each of its tasks "
+                "builds its new partition first, then runs the batch on it) against normal batches, each also the "
+                "first after a restart but without a rescale, on the old partition count before and on the new "
+                "one after; 1000 input rows each, the state snapshotted after its first batch; measured up to 1M keys.",
                 "statekeeper writes only the key groups that change owner: a new partition that keeps groups in "
                 "place commits an ordinary changelog (puts of what it gains, deletes of what it loses), any other "
                 "a full-state changelog; each moved range is one SST file, logged in the changelog as it is and "
