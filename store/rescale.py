@@ -20,17 +20,16 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from enum import Enum
 from itertools import islice
-from typing import Protocol
 
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.errors import ConfigurationError, LineageError, StatekeeperError
 from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.formats.commit import CommitRecord
+from statekeeper.store.key_group_rules import CfRule, GroupLedKeys, KeyGroupRules
 from statekeeper.store.key_groups import KEY_GROUP_LIMIT, KeyGroupLayout, group_byte_range
 from statekeeper.store.load_plan import LoadPlan, LoadSource
 from statekeeper.store.snapshot import read_manifest
@@ -44,61 +43,6 @@ COPY_CHUNK = 8192
 
 class RescaleError(StatekeeperError):
     """A rescale or rollback cannot be done as asked; nothing was committed."""
-
-
-class CfRule(Enum):
-    """How the keys of one column family are assigned to key groups."""
-
-    LEADING = "leading"
-    """Every key starts with its key group: a range of groups is a byte range (a range scan)."""
-    LOCATED = "located"
-    """The key group is inside the key (`KeyGroupRules.locate`): every key is read and routed."""
-    SHARED = "shared"
-    """Per-partition metadata: copied to every new partition (`KeyGroupRules.merge_shared`)."""
-
-
-class KeyGroupRules(Protocol):
-    """What a rescale needs to know about the keys of a store (the Spark integration has its own)."""
-
-    def rule(self, cf: str) -> CfRule: ...
-
-    def locate(self, cf: str, key: bytes) -> int:
-        """The key group of `key` in a `LOCATED` column family."""
-        ...
-
-    def merge_shared(self, cf: str, key: bytes, kept: bytes | None, new: bytes, source: str) -> bytes | None:
-        """The value a `SHARED` key gets when `new` comes from `source` and `kept` was copied before
-        (None: do not copy it); raise `RescaleError` when they conflict."""
-        ...
-
-    def finish(self, store: StateStore, poured: Mapping[str, int] | None) -> None:
-        """Fix up a new partition once every range is copied (e.g. its row count). `poured`: the records
-        copied into each column family of a partition built from empty (then all it holds); None for
-        one kept in place, which holds more."""
-        ...
-
-    def max_key_groups(self, store: StateStore) -> int | None:
-        """The key-group count recorded in a loaded store, if it records one."""
-        ...
-
-
-class GroupLedKeys:
-    """Rules for stores whose every key leads with its key group (the plain store convention)."""
-
-    def rule(self, cf: str) -> CfRule:
-        return CfRule.LEADING
-
-    def locate(self, cf: str, key: bytes) -> int:  # pragma: no cover - LEADING only
-        raise NotImplementedError
-
-    def merge_shared(self, cf: str, key: bytes, kept: bytes | None, new: bytes, source: str) -> bytes | None:
-        return new  # pragma: no cover - LEADING only
-
-    def finish(self, store: StateStore, poured: Mapping[str, int] | None) -> None:
-        return None
-
-    def max_key_groups(self, store: StateStore) -> int | None:
-        return None
 
 
 @dataclass(frozen=True)
@@ -415,28 +359,45 @@ def _trim(target: _Target, rules: KeyGroupRules) -> None:
             target.deleted += len(gone)
 
 
-class _Sources:
-    """The old partitions a run of builds has loaded, kept while the next build needs them."""
+class SourceStores:
+    """The old partitions a run of builds has loaded, kept while the next build needs them.
 
-    def __init__(self, fm: CheckpointFileManager, plan: RelayoutPlan, config: StoreConfig) -> None:
+    `cached` may lend a store of the caller's (a Spark worker's cached store of that partition number,
+    likely still holding the source version: its load is then a reuse); it stays the caller's. Other
+    sources are loaded into temporary stores, closed once no build needs them.
+    """
+
+    def __init__(
+        self,
+        fm: CheckpointFileManager,
+        plan: RelayoutPlan,
+        config: StoreConfig,
+        cached: Callable[[int], StateStore | None] | None = None,
+    ) -> None:
         self.fm, self.plan, self.config = fm, plan, replace(config, local_dir=None)
-        self.loaded: dict[int, StateStore] = {}
+        self.cached = cached
+        self.loaded: dict[int, tuple[StateStore, bool]] = {}
+        """Old partition -> (its store, whether this object opened it)."""
 
     def keep_only(self, needed: set[int]) -> None:
         for q in set(self.loaded) - needed:
-            self.loaded.pop(q).close()
+            store, own = self.loaded.pop(q)
+            if own:
+                store.close()
 
     def get(self, q: int) -> tuple[StateStore, int]:
         """Old partition `q` loaded at the source version, and the bytes that took (0 when kept)."""
         if q in self.loaded:
-            return self.loaded[q], 0
-        src = StateStore(self.fm, self.plan.operator, q, config=self.config)
+            return self.loaded[q][0], 0
+        lent = self.cached(q) if self.cached is not None else None
+        src = lent or StateStore(self.fm, self.plan.operator, q, config=self.config)
         try:
             src.load(self.plan.source_version, self.plan.source_ids[q])
         except BaseException:
-            src.close()
+            if lent is None:
+                src.close()
             raise
-        self.loaded[q] = src
+        self.loaded[q] = (src, lent is None)
         return src, load_bytes(self.fm, src.last_plan)
 
     def close(self) -> None:
@@ -448,7 +409,7 @@ def build_partitions(
 ) -> list[PartitionBuild]:
     """Build the new partitions of `run` in order (`build_partition`), loading each old partition once
     for the neighbours that take groups from it."""
-    sources = _Sources(fm, plan, config)
+    sources = SourceStores(fm, plan, config)
     try:
         return [build_partition(fm, plan, rules, config, p, sources) for p in run]
     finally:
@@ -461,7 +422,7 @@ def build_partition(
     rules: KeyGroupRules,
     config: StoreConfig,
     p: int,
-    sources: _Sources | None = None,
+    sources: SourceStores | None = None,
     into: StateStore | None = None,
 ) -> PartitionBuild:
     """Write new partition `p` of `plan` and publish its changelog (not the commit record).
@@ -474,7 +435,7 @@ def build_partition(
     """
     t0 = time.perf_counter()
     own = sources is None
-    sources = sources or _Sources(fm, plan, config)
+    sources = sources or SourceStores(fm, plan, config)
     given = [(q, lo, hi) for q, lo, hi in plan.sources_of(p) if not (q == p and p in plan.kept_in_place())]
     sources.keep_only({q for q, _lo, _hi in given})
     target = _open_target(fm, plan, p, rules, config, into)
@@ -584,6 +545,7 @@ __all__ = [
     "RelayoutPlan",
     "RelayoutResult",
     "RescaleError",
+    "SourceStores",
     "build_partition",
     "build_partitions",
     "commit_relayout",

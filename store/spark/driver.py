@@ -44,7 +44,7 @@ from statekeeper.store.spark.api import BatchStatefulProcessor, StatefulProcesso
 from statekeeper.store.spark.batch_records import BatchRecords, UploadTimeoutError
 from statekeeper.store.spark.connect import initial_state_unsupported, is_connect_dataframe, progress_unavailable
 from statekeeper.store.spark.event_time import EventTime, TaskTime, WatermarkLog, parse_delay_ms, watermark_of
-from statekeeper.store.spark.executor import MARKER_COL, META_COL, PID_COL, FileManagerFactory, TaskSpec, run_task
+from statekeeper.store.spark.executor import MARKER_COL, META_COL, PID_COL, TaskSpec, run_task
 from statekeeper.store.spark.heartbeat import DEFAULT_INTERVAL_SECONDS, Heartbeat
 from statekeeper.store.spark.initial_state import collect_initial_state, initial_state_frame
 from statekeeper.store.spark.metrics import BatchProgress, PartitionMetrics
@@ -55,6 +55,7 @@ from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from statekeeper.store.spark.state import check_max_key_groups
 from statekeeper.store.spark.task_input import DEFAULT_INPUT_BUDGET_BYTES
 from statekeeper.store.spark.time_mode import TimeMode
+from statekeeper.store.spark.worker_cache import FileManagerFactory
 from statekeeper.store.state_store import StoreConfig
 
 if TYPE_CHECKING:

@@ -13,22 +13,16 @@ the missing changelogs, when its version is on the requested version's lineage (
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import dataclasses
+import functools
 import gc
-import hashlib
 import importlib
 import json
 import logging
 import os
-import shutil
-import tempfile
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -37,10 +31,10 @@ import pyarrow.compute as pc
 from statekeeper.store.async_upload import AsyncUploader
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.errors import LineageError, StoreStateError
-from statekeeper.store.files import CheckpointFileManager, open_file_manager
+from statekeeper.store.files import open_file_manager
 from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import Field, from_arrow, struct
-from statekeeper.store.rescale import PartitionBuild, RelayoutPlan, build_partition
+from statekeeper.store.rescale import PartitionBuild, RelayoutPlan, SourceStores, build_partition
 from statekeeper.store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor
 from statekeeper.store.spark.event_time import TaskTime
 from statekeeper.store.spark.handle import StatefulProcessorHandle
@@ -56,16 +50,13 @@ from statekeeper.store.spark.task_input import (
     TaskInput,
     groups_of,
 )
+from statekeeper.store.spark.worker_cache import CACHE, FileManagerFactory
 from statekeeper.store.state_store import StateStore, StoreConfig
 
 log = logging.getLogger(__name__)
 
 META_COL = "__sk_meta"
-LOCAL_DIR_ENV = "STATEKEEPER_SPARK_LOCAL_DIR"
-MAX_STORES_ENV = "STATEKEEPER_SPARK_MAX_STORES"
 OUTPUT_BATCH_ROWS = 8192
-
-FileManagerFactory = Callable[[str], CheckpointFileManager]
 
 
 @dataclass(frozen=True)
@@ -106,96 +97,6 @@ class TaskSpec:
 def _key_schema(schema: pa.Schema, key_columns: tuple[str, ...]) -> Any:
     """The grouping key's struct: the types of the key columns."""
     return struct(*(Field(c, from_arrow(schema.field(c).type, f"grouping key column {c!r}")) for c in key_columns))
-
-
-# -- the per-process cache ------------------------------------------------------------------------
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class _Cache:
-    """Stores and uploaders of this Python worker process, LRU-bounded."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.stores: OrderedDict[tuple[str, str, int], StateStore] = OrderedDict()
-        self.uploaders: dict[str, AsyncUploader] = {}
-        self.base: str | None = None
-        self.max_stores = int(os.environ.get(MAX_STORES_ENV, "64"))
-
-    def process_dir(self, configured: str | None) -> str:
-        if self.base is None:
-            default = os.path.join(tempfile.gettempdir(), "statekeeper-spark")
-            root = configured or os.environ.get(LOCAL_DIR_ENV) or default
-            os.makedirs(root, exist_ok=True)
-            for name in os.listdir(root):  # work dirs of worker processes that died
-                if name.isdigit() and int(name) != os.getpid() and not _alive(int(name)):
-                    shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-            self.base = os.path.join(root, str(os.getpid()))
-            os.makedirs(self.base, exist_ok=True)
-            atexit.register(self.close_all)
-        return self.base
-
-    def uploader(self, spec: TaskSpec) -> AsyncUploader:
-        up = self.uploaders.get(spec.root)
-        if up is None:
-            fm = spec.fm_factory(spec.root) if spec.fm_factory else open_file_manager(spec.root)
-            tag = hashlib.sha1(spec.root.encode()).hexdigest()[:16]
-            up = AsyncUploader(fm, os.path.join(self.process_dir(spec.local_dir), "uploads", tag))
-            self.uploaders[spec.root] = up
-        return up
-
-    def store(self, spec: TaskSpec, partition: int) -> StateStore:
-        key = (spec.root, spec.operator, partition)
-        with self.lock:
-            store = self.stores.get(key)
-            if store is not None:
-                self.stores.move_to_end(key)
-                return store
-            base = self.process_dir(spec.local_dir)
-            tag = hashlib.sha1(f"{spec.root}\0{spec.operator}".encode()).hexdigest()[:16]
-            local = os.path.join(base, "stores", tag, f"{partition:05d}")
-            shutil.rmtree(local, ignore_errors=True)
-            config = replace(spec.store_config, local_dir=local)
-            store = StateStore(self.uploader(spec), spec.operator, partition, config=config)
-            self.stores[key] = store
-            while len(self.stores) > self.max_stores:
-                _, old = self.stores.popitem(last=False)
-                self._close(old)
-            return store
-
-    def holds(self, spec: TaskSpec, partition: int) -> bool:
-        with self.lock:
-            return (spec.root, spec.operator, partition) in self.stores
-
-    def drop(self, spec: TaskSpec, partition: int) -> None:
-        with self.lock:
-            store = self.stores.pop((spec.root, spec.operator, partition), None)
-        if store is not None:
-            self._close(store)
-
-    @staticmethod
-    def _close(store: StateStore) -> None:
-        with contextlib.suppress(Exception):
-            store.close(discard=True)
-        shutil.rmtree(store.local_dir, ignore_errors=True)
-
-    def close_all(self) -> None:
-        for up in self.uploaders.values():
-            with contextlib.suppress(Exception):
-                up.close(wait=True)
-        for store in list(self.stores.values()):
-            self._close(store)
-        self.stores.clear()
-
-
-CACHE = _Cache()
 
 
 # -- output ---------------------------------------------------------------------------------------
@@ -489,7 +390,13 @@ def _build(spec: TaskSpec, partition: int) -> tuple[StateStore, PartitionBuild]:
     uploader = CACHE.uploader(spec)
     store = CACHE.store(spec, partition)
     try:
-        build = build_partition(uploader, spec.relayout, TypedStateKeys(), spec.store_config, partition, into=store)
+        sources = SourceStores(uploader, spec.relayout, spec.store_config, functools.partial(_cached, spec))
+        try:
+            build = build_partition(
+                uploader, spec.relayout, TypedStateKeys(), spec.store_config, partition, sources, into=store
+            )
+        finally:
+            sources.close()
         path = store.store_id.changelog(spec.relayout.new_version, build.checkpoint_id)
         pending = uploader.pending(path)
         if pending is not None:
@@ -500,6 +407,11 @@ def _build(spec: TaskSpec, partition: int) -> tuple[StateStore, PartitionBuild]:
         CACHE.drop(spec, partition)
         raise
     return store, build
+
+
+def _cached(spec: TaskSpec, partition: int) -> StateStore | None:
+    """This worker's store of `partition` if it holds one (an old partition it ran before a rescale)."""
+    return CACHE.store(spec, partition) if CACHE.holds(spec, partition) else None
 
 
 def _load(spec: TaskSpec, partition: int) -> StateStore:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping
 
+from statekeeper.store.key_group_rules import CfRule
 from statekeeper.store.key_groups import group_at
-from statekeeper.store.rescale import CfRule, RescaleError
+from statekeeper.store.rescale import RescaleError
 from statekeeper.store.spark.schemas import META_CF, read_max_key_groups
 from statekeeper.store.spark.state import INTERNAL_PREFIX, ROWS_TOTAL, TIMER_INDEX_CF, TTL_CF
 from statekeeper.store.state_store import StateStore

@@ -15,10 +15,11 @@ from statekeeper.store.errors import ConfigurationError, StoreStateError
 from statekeeper.store.formats.typed_schema import SchemaEvolutionError
 from statekeeper.store.spark import executor
 from statekeeper.store.spark.api import StatefulProcessor, TimerValues
-from statekeeper.store.spark.executor import MARKER_COL, META_COL, PID_COL, TaskSpec, _Cache, run_task
+from statekeeper.store.spark.executor import MARKER_COL, META_COL, PID_COL, TaskSpec, run_task
 from statekeeper.store.spark.handle import StatefulProcessorHandle
 from statekeeper.store.spark.state import StateContext
 from statekeeper.store.spark.state_view import StateView
+from statekeeper.store.spark.worker_cache import _Cache
 from tests.spark.processors import CountSum
 
 SCHEMA = pa.schema([("user", pa.string()), ("count", pa.int64()), ("total", pa.int64()), (META_COL, pa.string())])

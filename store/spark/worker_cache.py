@@ -1,0 +1,136 @@
+"""The Python worker's cache of open stores and uploaders, per (root, operator, partition).
+
+Spark reuses Python workers, so a partition's next task on the same worker finds its RocksDB open
+(executor.py); the cache is LRU-bounded (``STATEKEEPER_SPARK_MAX_STORES``, 64) and its local
+directories live under ``STATEKEEPER_SPARK_LOCAL_DIR`` (or the temp dir), per worker process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import os
+import shutil
+import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Protocol
+
+from statekeeper.store.async_upload import AsyncUploader
+from statekeeper.store.files import CheckpointFileManager, open_file_manager
+from statekeeper.store.state_store import StateStore, StoreConfig
+
+LOCAL_DIR_ENV = "STATEKEEPER_SPARK_LOCAL_DIR"
+MAX_STORES_ENV = "STATEKEEPER_SPARK_MAX_STORES"
+
+FileManagerFactory = Callable[[str], CheckpointFileManager]
+
+
+class StoreSpec(Protocol):
+    """What the cache needs of a task's spec (`executor.TaskSpec`)."""
+
+    @property
+    def root(self) -> str: ...
+    @property
+    def operator(self) -> str: ...
+    @property
+    def local_dir(self) -> str | None: ...
+    @property
+    def store_config(self) -> StoreConfig: ...
+    @property
+    def fm_factory(self) -> FileManagerFactory | None: ...
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _Cache:
+    """Stores and uploaders of this Python worker process, LRU-bounded."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.stores: OrderedDict[tuple[str, str, int], StateStore] = OrderedDict()
+        self.uploaders: dict[str, AsyncUploader] = {}
+        self.base: str | None = None
+        self.max_stores = int(os.environ.get(MAX_STORES_ENV, "64"))
+
+    def process_dir(self, configured: str | None) -> str:
+        if self.base is None:
+            default = os.path.join(tempfile.gettempdir(), "statekeeper-spark")
+            root = configured or os.environ.get(LOCAL_DIR_ENV) or default
+            os.makedirs(root, exist_ok=True)
+            for name in os.listdir(root):  # work dirs of worker processes that died
+                if name.isdigit() and int(name) != os.getpid() and not _alive(int(name)):
+                    shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            self.base = os.path.join(root, str(os.getpid()))
+            os.makedirs(self.base, exist_ok=True)
+            atexit.register(self.close_all)
+        return self.base
+
+    def uploader(self, spec: StoreSpec) -> AsyncUploader:
+        up = self.uploaders.get(spec.root)
+        if up is None:
+            fm = spec.fm_factory(spec.root) if spec.fm_factory else open_file_manager(spec.root)
+            tag = hashlib.sha1(spec.root.encode()).hexdigest()[:16]
+            up = AsyncUploader(fm, os.path.join(self.process_dir(spec.local_dir), "uploads", tag))
+            self.uploaders[spec.root] = up
+        return up
+
+    def store(self, spec: StoreSpec, partition: int) -> StateStore:
+        key = (spec.root, spec.operator, partition)
+        with self.lock:
+            store = self.stores.get(key)
+            if store is not None:
+                self.stores.move_to_end(key)
+                return store
+            base = self.process_dir(spec.local_dir)
+            tag = hashlib.sha1(f"{spec.root}\0{spec.operator}".encode()).hexdigest()[:16]
+            local = os.path.join(base, "stores", tag, f"{partition:05d}")
+            shutil.rmtree(local, ignore_errors=True)
+            config = replace(spec.store_config, local_dir=local)
+            store = StateStore(self.uploader(spec), spec.operator, partition, config=config)
+            self.stores[key] = store
+            while len(self.stores) > self.max_stores:
+                _, old = self.stores.popitem(last=False)
+                self._close(old)
+            return store
+
+    def holds(self, spec: StoreSpec, partition: int) -> bool:
+        with self.lock:
+            return (spec.root, spec.operator, partition) in self.stores
+
+    def drop(self, spec: StoreSpec, partition: int) -> None:
+        with self.lock:
+            store = self.stores.pop((spec.root, spec.operator, partition), None)
+        if store is not None:
+            self._close(store)
+
+    @staticmethod
+    def _close(store: StateStore) -> None:
+        with contextlib.suppress(Exception):
+            store.close(discard=True)
+        shutil.rmtree(store.local_dir, ignore_errors=True)
+
+    def close_all(self) -> None:
+        for up in self.uploaders.values():
+            with contextlib.suppress(Exception):
+                up.close(wait=True)
+        for store in list(self.stores.values()):
+            self._close(store)
+        self.stores.clear()
+
+
+CACHE = _Cache()
+
+
+__all__ = ["CACHE", "LOCAL_DIR_ENV", "MAX_STORES_ENV", "FileManagerFactory", "StoreSpec"]
