@@ -66,6 +66,30 @@ def test_rescale_at_restart_4_8_3_1_4(spark: Any, tmp_path: Path) -> None:
     assert custom["rescaleBytesWritten"] == rescales[-1]["bytes_written"] and custom["rescaleBytesRead"] > 0
 
 
+def test_rescale_inside_the_first_batch_with_async_checkpoints(spark: Any, tmp_path: Path) -> None:
+    """With asynchronous changelog uploads, the first batch after a restart on more partitions still builds
+    every new partition before its own commit: the rescale's record (its new partitions' changelogs
+    uploaded) precedes the batch's, the batch runs on the new layout, and the output is exactly once."""
+    batches = write_inputs(tmp_path / "all", files=3, rows=150, keys=50)
+    root = (tmp_path / "state").as_uri()
+    sink = CollectingSink()
+    for stage, n in enumerate((2, 2, 5)):
+        stage_files(tmp_path / "all", tmp_path / "in", range(stage, stage + 1))
+        op = StatefulOperator(
+            root, "counts", "user", CountSum(), OUT, num_partitions=n, sink=sink, async_checkpoint=True
+        )
+        run_query(spark, op, tmp_path / "in", tmp_path / "ckpt")
+    progress = op.recent_progress[-1]
+    assert progress.rescale is not None and progress.rescale["partitions"] == 5 and progress.num_partitions == 5
+    commits = CommitLog(open_file_manager(root))
+    rescaled, batch = commits.get(progress.version - 1), commits.get(progress.version)
+    assert rescaled is not None and rescaled.change == {"counts": "rescale"} and batch is not None
+    assert len(batch.checkpoint_ids["counts"]) == 5 and batch.batch == 2
+    assert sorted(sink.deliveries) == [0, 1, 2]
+    assert state_of(spark, root, "counts") == reference(batches)
+    _owned_groups_only(root, "counts")
+
+
 def test_offline_rescale_on_spark_executors_then_restart(spark: Any, tmp_path: Path) -> None:
     """`statekeeper rescale --engine spark`: the new partitions are built as one Spark job; each one
     written from empty holds its state as SST blocks in its changelog, so its first load ingests files
