@@ -478,7 +478,7 @@ def execute_relayout(
     the new version atomically.
 
     A new partition that keeps key groups in place (`RelayoutPlan.kept_in_place`) commits an ordinary
-    changelog on its old lineage: the groups it gains as puts, the groups it loses as deletes. Any
+    changelog on its old lineage: the groups it gains as SST blocks, the groups it loses as range deletes. Any
     other is a full-state changelog. Only the key groups that change owner are written.
     A failure or crash before the commit record leaves the old layout (the new changelogs are orphans).
     """
@@ -491,10 +491,11 @@ def execute_relayout(
 
 
 def commit_relayout(
-    fm: CheckpointFileManager, plan: RelayoutPlan, builds: Iterable[PartitionBuild], seconds: float
+    fm: CheckpointFileManager, plan: RelayoutPlan, builds: Iterable[PartitionBuild], seconds: float | None = None
 ) -> RelayoutResult:
     """Write the commit record naming every built partition of `plan` (the switch to the new layout:
-    one exclusive publish); `seconds`: how long the builds took."""
+    one exclusive publish); `seconds`: how long the builds took (None: they ran in parallel inside other
+    work, a batch's tasks, so the slowest one stands for them)."""
     t0 = time.perf_counter()
     result = RelayoutResult(plan)
     built = {b.partition: b for b in builds}
@@ -520,7 +521,8 @@ def commit_relayout(
     )
     result.checkpoint_ids = tuple(ids)
     result.committed = True
-    result.seconds = seconds + time.perf_counter() - t0
+    built_in = result.slowest_build_seconds if seconds is None else seconds
+    result.seconds = built_in + time.perf_counter() - t0
     log.info(
         "%s: committed, %d records copied, %d deleted in place, %d bytes read, %d bytes written in "
         "%.2fs (slowest partition %.2fs)",

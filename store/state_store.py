@@ -213,7 +213,7 @@ class ColumnFamily:
                 records += n
             if records:
                 writer.finish()
-                self._store._log_sst(self.name, path, records)
+                self._store._changelog().append_sst(self.name, path, records)
                 ingest_sst(self._db, path)
         except Exception as e:
             self._store.abort()
@@ -248,8 +248,7 @@ class ColumnFamily:
         wb = rd.WriteBatch(raw_mode=True)
         wb.delete_range(start, end, self._handle)
         self._db.write(wb)
-        assert self._store._writer is not None
-        self._store._writer.append_range_delete(self.name, start, end)
+        self._store._changelog().append_range_delete(self.name, start, end)
 
     def _write_batch(self, ks: Sequence[bytes], vs: Sequence[bytes | None]) -> None:
         if self._db_put is _closed:
@@ -596,9 +595,10 @@ class StateStore(PlanExecution):
         self._writer.append_block(cf, keys, values)
         relieve_memory_pressure()
 
-    def _log_sst(self, cf: str, path: str, records: int) -> None:
+    def _changelog(self) -> ChangelogWriter:
+        """The open attempt's changelog (bulk blocks are appended to it directly)."""
         assert self._writer is not None
-        self._writer.append_sst(cf, path, records)
+        return self._writer
 
     def _start_attempt(self, version: int, checkpoint_id: str, *, full_state: bool = False) -> None:
         self._loaded = (version, checkpoint_id)

@@ -206,9 +206,7 @@ class ChangelogWriter:
         n = len(keys)
         if n == 0:
             return
-        f = self._file
-        if f is None:
-            raise CorruptFileError("changelog already finished", self.path)
+        f = self._open_file()
         parts = encode_block_parts(keys, values)
         raw_len = sum(map(len, parts))
         if self._cctx is not None:
@@ -232,9 +230,7 @@ class ChangelogWriter:
 
     def append_sst(self, cf: str, path: str, records: int) -> None:
         """Append the SST file at `path` (sorted puts of `cf`, not compressed again: its blocks are)."""
-        f = self._file
-        if f is None:
-            raise CorruptFileError("changelog already finished", self.path)
+        f = self._open_file()
         name = cf.encode()
         head = bytes((BLOCK_SST, len(name))) + name
         size = os.path.getsize(path)
@@ -252,9 +248,7 @@ class ChangelogWriter:
 
     def append_range_delete(self, cf: str, start: bytes, end: bytes) -> None:
         """Append a range delete of ``[start, end)`` in `cf` (counted as one record)."""
-        f = self._file
-        if f is None:
-            raise CorruptFileError("changelog already finished", self.path)
+        f = self._open_file()
         name = cf.encode()
         block = bytes((BLOCK_RANGE_DELETE, len(name))) + name + _range_body(start, end)
         f.write(block)
@@ -262,11 +256,14 @@ class ChangelogWriter:
         self.blocks += 1
         self.records += 1
 
+    def _open_file(self) -> BinaryIO:
+        if self._file is None:
+            raise CorruptFileError("changelog already finished", self.path)
+        return self._file
+
     def finish(self) -> int:
         """Write the footer, fsync and close; returns the file size."""
-        f = self._file
-        if f is None:
-            raise CorruptFileError("changelog already finished", self.path)
+        f = self._open_file()
         self._file = None
         body = struct.pack("<IQ", self.blocks, self.records)
         f.write(_FOOTER.pack(BLOCK_END, self.blocks, self.records, zlib.crc32(body), END_MAGIC))
@@ -365,17 +362,18 @@ class ChangelogReader:
                 raise CorruptFileError(f"unknown block kind 0x{kind_b[0]:02x}", name)
             name_len = _read_exact(f, 1, name, "a block header")[0]
             cf_b = _read_exact(f, name_len, name, "a block header")
+            head = kind_b + bytes((name_len,)) + cf_b
             entry: tuple[str, list[bytes], list[bytes | None]] | SstFile | RangeDelete
             if kind_b[0] == BLOCK_SST:
-                entry = self._sst(kind_b + bytes((name_len,)) + cf_b, sst_dir, seen_blocks)
+                entry = self._sst(head, sst_dir, seen_blocks)
                 n = entry.records
             elif kind_b[0] == BLOCK_RANGE_DELETE:
-                entry = self._range_delete(kind_b + bytes((name_len,)) + cf_b, seen_blocks)
+                entry = self._range_delete(head, seen_blocks)
                 n = 1
             else:
                 n, raw_len, comp_len, crc = _BLOCK_HEAD.unpack(_read_exact(f, _BLOCK_HEAD.size, name, "a block header"))
                 payload = _read_exact(f, comp_len, name, "a block")
-                head = kind_b + bytes((name_len,)) + cf_b + struct.pack("<III", n, raw_len, comp_len)
+                head += struct.pack("<III", n, raw_len, comp_len)
                 if zlib.crc32(payload, zlib.crc32(head)) != crc:
                     raise CorruptFileError(f"checksum mismatch in block {seen_blocks}", name)
                 if self._dctx is not None:

@@ -351,8 +351,7 @@ class StatefulOperator:
             self._record_event_time(batch_id, task_time, max_event_before, metas)
             if relayout is not None:  # the new layout first (invariant 11), then the batch on it
                 builds = [PartitionBuild(**m.relayout) for m in metas if m.relayout]
-                slowest = max((b.seconds for b in builds), default=0.0)  # the builds ran in parallel
-                base["rescale"] = commit_relayout(self.fm, relayout, builds, slowest).to_json()
+                base["rescale"] = commit_relayout(self.fm, relayout, builds).to_json()
                 self._relayout = None
             if spec.commit:
                 ids = [m.checkpoint_id or "" for m in metas]

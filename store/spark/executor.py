@@ -347,13 +347,11 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
             result = store.commit()
             committed = True
             path = store.store_id.changelog(result.version, result.checkpoint_id)
-            pending = uploader.pending(path)
-            upload_ms = 0.0
-            if pending is not None and not spec.async_upload:
-                upload_ms = pending.result().upload_ms
-                uploader.forget(path)
-            elif pending is not None:
-                _forget_when_done(uploader, pending.path)
+            if spec.async_upload:
+                upload_ms = 0.0
+                _forget_when_done(uploader, path)
+            else:
+                upload_ms = _await_upload(uploader, path)
             meta.update(
                 checkpoint_id=result.checkpoint_id,
                 commit_ms=result.metrics.commit_ms,
@@ -397,11 +395,7 @@ def _build(spec: TaskSpec, partition: int) -> tuple[StateStore, PartitionBuild]:
             )
         finally:
             sources.close()
-        path = store.store_id.changelog(spec.relayout.new_version, build.checkpoint_id)
-        pending = uploader.pending(path)
-        if pending is not None:
-            pending.result()
-            uploader.forget(path)
+        _await_upload(uploader, store.store_id.changelog(spec.relayout.new_version, build.checkpoint_id))
         store.load(spec.relayout.new_version, build.checkpoint_id)  # what it holds: a reuse
     except BaseException:
         CACHE.drop(spec, partition)
@@ -488,6 +482,16 @@ def _locate_corrupt_changelog(spec: TaskSpec, store: StateStore, window: int = 1
     except Exception as e:
         return f" (could not locate the changelog: {e})"
     return f"; found: {found[0]}" if found else ""
+
+
+def _await_upload(uploader: AsyncUploader, path: str) -> float:
+    """Wait until the changelog at `path` is in the checkpoint; returns how long its upload took (ms)."""
+    pending = uploader.pending(path)
+    if pending is None:
+        return 0.0
+    upload_ms = pending.result().upload_ms
+    uploader.forget(path)
+    return upload_ms
 
 
 def _forget_when_done(uploader: AsyncUploader, path: str) -> None:
