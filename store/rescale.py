@@ -390,15 +390,28 @@ class SourceStores:
         if q in self.loaded:
             return self.loaded[q][0], 0
         lent = self.cached(q) if self.cached is not None else None
-        src = lent or StateStore(self.fm, self.plan.operator, q, config=self.config)
+        if lent is not None:
+            try:
+                return self._keep(q, lent, own=False)
+            except LineageError as e:  # it remembers another root's commits (the root was written anew)
+                log.warning(
+                    "%s/%d: a cached store disagrees with %s (%s); loading it afresh",
+                    self.plan.operator,
+                    q,
+                    self.fm.root_uri,
+                    e,
+                )
+        src = StateStore(self.fm, self.plan.operator, q, config=self.config)
         try:
-            src.load(self.plan.source_version, self.plan.source_ids[q])
+            return self._keep(q, src, own=True)
         except BaseException:
-            if lent is None:
-                src.close()
+            src.close()
             raise
-        self.loaded[q] = (src, lent is None)
-        return src, load_bytes(self.fm, src.last_plan)
+
+    def _keep(self, q: int, store: StateStore, *, own: bool) -> tuple[StateStore, int]:
+        store.load(self.plan.source_version, self.plan.source_ids[q])
+        self.loaded[q] = (store, own)
+        return store, load_bytes(self.fm, store.last_plan)
 
     def close(self) -> None:
         self.keep_only(set())

@@ -16,13 +16,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from statekeeper.store import CommitLog, StateStore
+from statekeeper.store import CommitLog, StateStore, StoreConfig
 from statekeeper.store.errors import ConfigurationError, CorruptFileError
 from statekeeper.store.files import open_file_manager
 from statekeeper.store.formats.changelog import ChangelogReader, SstFile
 from statekeeper.store.key_groups import KeyGroupLayout, group_at, group_prefix
 from statekeeper.store.layout import StoreId
-from statekeeper.store.rescale import execute_relayout, plan_rescale, plan_rollback
+from statekeeper.store.rescale import SourceStores, execute_relayout, plan_rescale, plan_rollback
 
 OP = "agg"
 GROUPS = 64
@@ -259,3 +259,28 @@ def test_partitions_written_from_empty_hold_their_ranges_as_sst_files(
     with StateStore(fm, OP, full[0]) as s, pytest.raises(CorruptFileError, match=r"an SST file") as err:
         s.load(version)
     assert path in str(err.value)
+
+
+def test_a_stale_lent_source_is_read_from_the_root(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A source lent by its caller (a Spark worker's cached store) that remembers another root's commits
+    (the root was deleted and written again under a warm worker) is not trusted: the source is loaded
+    from the root instead, and the lent store stays the caller's."""
+    layout = KeyGroupLayout(4, GROUPS)
+    base = tmp_path_factory.mktemp("stale-lent")
+    root = base / "root"
+    run_batch(root.as_uri(), 0, layout, {"default": {stored(b"key%d" % i): b"old" for i in range(200)}})
+    lent = StateStore(root.as_uri(), OP, 1, config=StoreConfig(local_dir=str(base / "worker"))).load(1)
+    shutil.rmtree(root)
+    fresh: dict[bytes, bytes | None] = {stored(b"key%d" % i): b"new" for i in range(200)}
+    run_batch(root.as_uri(), 0, layout, {"default": dict(fresh)})
+    fm = open_file_manager(root.as_uri())
+    plan = plan_rescale(fm, OP, 6)
+    sources = SourceStores(fm, plan, StoreConfig(), lambda q: lent if q == 1 else None)
+    try:
+        src, read = sources.get(1)
+        assert src is not lent and read > 0
+        lo, hi = layout.groups_of(1)
+        assert dict(src.items()) == {k: v for k, v in fresh.items() if lo <= group_at(k) < hi}
+    finally:
+        sources.close()
+    lent.close()
