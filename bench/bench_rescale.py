@@ -24,10 +24,12 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import statistics
 import struct
 import tempfile
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,7 @@ import pyarrow.parquet as pq
 from bench.report import Table
 from statekeeper.store import CommitLog, StateStore, open_file_manager
 from statekeeper.store.key_groups import KeyGroupLayout, group_prefix
-from statekeeper.store.rescale import execute_relayout, plan_rescale
+from statekeeper.store.rescale import RelayoutResult, execute_relayout, plan_rescale
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,28 @@ GROUPS = 1024
 SHAPES = [(4, 8), (8, 4)]
 KEYS_ENV = "BENCH_RESCALE_KEYS"
 """Comma-separated state sizes of a full run (default 1M and 10M keys)."""
+REPEATS_ENV = "BENCH_RESCALE_REPEATS"
+"""How many times each rescale is timed on a fresh copy of the same state (default 3): the tables show
+the median, the JSON every time (single timings of Spark's repartition spread by up to 50% here)."""
 _VALUE = struct.Struct("<qq")
+
+
+def _repeats() -> int:
+    return max(1, int(os.environ.get(REPEATS_ENV, "3")))
+
+
+def _timed_on_copies(source: Path, copy: Path, action: Callable[[Path], Any]) -> tuple[list[float], Any]:
+    """Time `action` on `_repeats()` fresh copies of the directory `source` (the copy is not timed);
+    returns every time and the last result."""
+    times, result = [], None
+    for _ in range(_repeats()):
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(source, copy)
+        t0 = time.perf_counter()
+        result = action(copy)
+        times.append(time.perf_counter() - t0)
+    shutil.rmtree(copy, ignore_errors=True)
+    return times, result
 
 
 def _du(path: Path) -> int:
@@ -94,20 +117,17 @@ def statekeeper_offline(spark: Any, work: Path, keys: int, src: int, dst: int) -
     root = work / f"sk-{keys}-{src}-{dst}"
     build_statekeeper_state(root, keys, src)
     _snapshot_all(root)
-    copy = work / f"sk-{keys}-{src}-{dst}-copy"
-    shutil.copytree(root, copy)
     out: dict[str, Any] = {}
-    for name, where, runner in (("threads", root, None), ("spark", copy, on_executors(spark))):
-        fm = open_file_manager(where.as_uri())
-        t0 = time.perf_counter()
-        result = execute_relayout(fm, plan_rescale(fm, "agg", dst), workers=2, runner=runner)
-        out[name] = time.perf_counter() - t0
-        out.update(
-            read=result.bytes_read,
-            written=result.bytes_written,
-            moved=result.plan.moved_groups(),
-        )
-        shutil.rmtree(where, ignore_errors=True)
+    for name, runner in (("threads", None), ("spark", on_executors(spark))):
+
+        def rescale(where: Path, runner: Any = runner) -> RelayoutResult:
+            fm = open_file_manager(where.as_uri())
+            return execute_relayout(fm, plan_rescale(fm, "agg", dst), workers=2, runner=runner)
+
+        times, result = _timed_on_copies(root, work / f"sk-{keys}-{src}-{dst}-copy", rescale)
+        out[name], out[f"{name}_times"] = statistics.median(times), times
+        out.update(read=result.bytes_read, written=result.bytes_written, moved=result.plan.moved_groups())
+    shutil.rmtree(root, ignore_errors=True)
     return out
 
 
@@ -137,12 +157,14 @@ def spark_offline(spark: Any, work: Path, keys: int, src: int, dst: int) -> dict
     manager = getattr(spark, "_streamingCheckpointManager", None)
     if manager is None:
         raise RuntimeError("this PySpark has no spark._streamingCheckpointManager.repartition (Spark < 4.2)")
-    t0 = time.perf_counter()
-    manager.repartition(str(ckpt), dst)
-    seconds = time.perf_counter() - t0
-    after = _du(ckpt)
+
+    def repartition(where: Path) -> int:
+        manager.repartition(str(where), dst)
+        return _du(where)
+
+    times, after = _timed_on_copies(ckpt, work / f"spark-{keys}-{src}-{dst}-copy", repartition)
     shutil.rmtree(ckpt, ignore_errors=True)
-    return {"seconds": seconds, "read": before, "written": after - before}
+    return {"seconds": statistics.median(times), "times": times, "read": before, "written": after - before}
 
 
 def statekeeper_online(spark: Any, work: Path, keys: int, src: int, dst: int) -> dict[str, Any]:
@@ -177,13 +199,22 @@ def statekeeper_online(spark: Any, work: Path, keys: int, src: int, dst: int) ->
     add_file(1, 1000, 1)
     normal = run(src)
     add_file(2, 1000, 2)
-    first = run(dst)
-    add_file(3, 1000, 3)
-    after = run(dst)
-    shutil.rmtree(root, ignore_errors=True)
-    shutil.rmtree(ckpt, ignore_errors=True)
-    shutil.rmtree(inputs, ignore_errors=True)
-    return {"normal": normal, "first": first, "after": after, "extra": first - after}
+    kept = {d: d.with_name(d.name + "-kept") for d in (root, ckpt)}
+    for d, copy in kept.items():
+        shutil.copytree(d, copy)
+    firsts, afters = [], []
+    for _ in range(_repeats()):  # each time from the same state, on `src` partitions after file 1
+        for d, copy in kept.items():
+            shutil.rmtree(d, ignore_errors=True)
+            shutil.copytree(copy, d)
+        (inputs / "part-00003.parquet").unlink(missing_ok=True)
+        firsts.append(run(dst))
+        add_file(3, 1000, 3)
+        afters.append(run(dst))
+    for d in (root, ckpt, inputs, *kept.values()):
+        shutil.rmtree(d, ignore_errors=True)
+    first, after = statistics.median(firsts), statistics.median(afters)
+    return {"normal": normal, "first": first, "after": after, "firsts": firsts, "afters": afters}
 
 
 def run(quick: bool) -> list[Table]:
@@ -191,6 +222,7 @@ def run(quick: bool) -> list[Table]:
     work = Path(tempfile.mkdtemp(prefix="bench-rescale-"))
     spark = _spark(work / "spark-local")
     rows: list[list[Any]] = []
+    timings: list[list[Any]] = []
     try:
         statekeeper_offline(spark, work, 1_000, 2, 4)  # not timed: Python workers started, modules imported
         for keys in sizes:
@@ -218,6 +250,16 @@ def run(quick: bool) -> list[Table]:
                         sk["moved"],
                     ]
                 )
+                timings.append(
+                    [
+                        f"{keys:,}",
+                        f"{src}->{dst}",
+                        _listed(sp["times"]) if sp else "failed",
+                        _listed(sk["threads_times"]),
+                        _listed(sk["spark_times"]),
+                        f"{_listed(online['firsts'])} / {_listed(online['afters'])}" if online else "-",
+                    ]
+                )
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -239,6 +281,8 @@ def run(quick: bool) -> list[Table]:
             ],
             rows,
             notes=[
+                "Every time is the median of several runs, each on a fresh copy of the same state (the next table "
+                "lists them all).",
                 "Spark offline: spark._streamingCheckpointManager.repartition on the RocksDB provider's state of "
                 "groupBy(key).agg(count, sum) (PySpark 4.3, experimental API).",
                 "statekeeper offline: the same state, snapshotted first as maintenance keeps it, rescaled on 2 "
@@ -255,5 +299,22 @@ def run(quick: bool) -> list[Table]:
                 "a full-state changelog; each moved range is one SST file, logged in the changelog as it is and "
                 "ingested by the first load (no records encoded, no snapshot needed).",
             ],
-        )
+        ),
+        Table(
+            "Rescale: every timing (s), each on a fresh copy of the same state",
+            [
+                "keys",
+                "partitions",
+                "Spark offline",
+                "statekeeper offline, 2 threads",
+                "statekeeper offline, Spark job",
+                "online first batch / normal after",
+            ],
+            timings,
+            notes=[f"The table above shows the median of these ({REPEATS_ENV}, default 3)."],
+        ),
     ]
+
+
+def _listed(times: list[float]) -> str:
+    return ", ".join(f"{t:.2f}" for t in times)
