@@ -78,10 +78,8 @@ def read_head(commit_log: CommitLog, fm: CheckpointFileManager, operator: str, b
 
 def task_slots(spark: Any) -> int | None:
     """How many tasks the session's executors run at once (classic); None where it cannot say (Connect)."""
-    try:
-        return int(spark.sparkContext.defaultParallelism)
-    except Exception:  # Spark Connect has no SparkContext
-        return None
+    context = _spark_context(spark)
+    return None if context is None else int(context.defaultParallelism)
 
 
 def on_executors(spark: Any) -> PartitionRunner:
@@ -90,24 +88,40 @@ def on_executors(spark: Any) -> PartitionRunner:
 
     One task per slot, each building a run of neighbouring partitions (`contiguous_runs`: a Python task
     costs ~30 ms on top of its builds, and neighbours share the old partitions they load); one task per
-    partition where the slots are unknown.
+    partition where the slots are unknown. On a classic session the job is an RDD's (~45 ms less than a
+    DataFrame's planning and Arrow round trip, a tenth of a 1M-key rescale); over Connect, `mapInArrow`.
     """
 
     def run(build: BuildRun, partitions: list[int]) -> list[PartitionBuild]:
         runs = contiguous_runs(partitions, task_slots(spark) or len(partitions))
 
+        def built(i: int) -> list[str]:
+            return [json.dumps(dataclasses.asdict(b)) for b in build(runs[i])]
+
         def task(batches: Iterator[Any]) -> Iterator[Any]:
             import pyarrow as pa
 
             for batch in batches:
-                done = [json.dumps(dataclasses.asdict(b)) for i in batch.column(0).to_pylist() for b in build(runs[i])]
+                done = [b for i in batch.column(0).to_pylist() for b in built(i)]
                 yield pa.RecordBatch.from_pydict({"build": done}, schema=pa.schema([("build", pa.string())]))
 
-        tasks = len(runs)
-        rows = spark.range(0, tasks, 1, tasks).mapInArrow(task, "build string").collect()  # one index per task
-        return [PartitionBuild(**json.loads(r[0])) for r in rows]
+        tasks = len(runs)  # one index per task
+        context = _spark_context(spark)
+        if context is not None:
+            rows = context.parallelize(range(tasks), tasks).flatMap(built).collect()
+        else:
+            rows = [r[0] for r in spark.range(0, tasks, 1, tasks).mapInArrow(task, "build string").collect()]
+        return [PartitionBuild(**json.loads(r)) for r in rows]
 
     return run
+
+
+def _spark_context(spark: Any) -> Any:
+    """The classic session's SparkContext; None over Spark Connect."""
+    try:
+        return spark.sparkContext
+    except Exception:  # Spark Connect has no SparkContext
+        return None
 
 
 __all__ = ["Head", "on_executors", "read_head", "task_slots"]

@@ -16,8 +16,11 @@ from typing import Any
 import pytest
 
 from statekeeper.store import CommitLog, open_file_manager
+from statekeeper.store.rescale import execute_relayout, plan_rescale
 from statekeeper.store.spark import StatefulOperator, read_state
 from statekeeper.store.spark.connect import ConnectProgressError
+from statekeeper.store.spark.rescale_rules import TypedStateKeys
+from statekeeper.store.spark.restart import on_executors
 from tests.spark.helpers import (
     SCHEMA,
     JsonFileSink,
@@ -104,8 +107,8 @@ def test_operator_sink_and_reader_over_spark_connect(remote: Any, tmp_path: Path
 
 
 def test_rescale_at_restart_over_spark_connect(remote: Any, tmp_path: Path) -> None:
-    """A restart with another num_partitions over Connect: the driver (in the server's foreachBatch process)
-    builds the new partitions as a Spark job through the Connect session, then runs the batch on them."""
+    """A restart with another num_partitions over Connect: the first batch's tasks (planned by the driver in
+    the server's foreachBatch process) build their new partitions, then run the batch on them."""
     batches = write_inputs(tmp_path / "all", files=2, rows=200, keys=30, seed=52)
     root = (tmp_path / "state").as_uri()
     stage_files(tmp_path / "all", tmp_path / "in", range(1))
@@ -121,6 +124,20 @@ def test_rescale_at_restart_over_spark_connect(remote: Any, tmp_path: Path) -> N
     for b in range(2):
         running = reference(batches[: b + 1])
         assert read_batch_output(tmp_path / "out", b) == {u: running[u] for u, _ in batches[b]}
+
+
+def test_offline_rescale_as_a_spark_job_over_connect(remote: Any, tmp_path: Path) -> None:
+    """`on_executors` with a Connect session (no SparkContext): the builds run as a `mapInArrow` job, and the
+    rescaled state reads back whole on the new layout."""
+    batches = write_inputs(tmp_path / "in", files=2, rows=200, keys=30, seed=53)
+    root = (tmp_path / "state").as_uri()
+    _run(remote, tmp_path, root)
+    fm = open_file_manager(root)
+    plan = plan_rescale(fm, "counts", 5, rules=TypedStateKeys())
+    result = execute_relayout(fm, plan, rules=TypedStateKeys(), runner=on_executors(remote))
+    assert result.committed and len(result.checkpoint_ids) == 5
+    rows = read_state(remote, root, "counts").collect()
+    assert {json.loads(r["key"])[0]: tuple(json.loads(r["value"])) for r in rows} == reference(batches)
 
 
 @pytest.mark.slow
