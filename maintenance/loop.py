@@ -25,7 +25,7 @@ from statekeeper.maintenance.leasing import cycle_leases
 from statekeeper.maintenance.orphans import clean_orphans
 from statekeeper.maintenance.reports import Report
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.snapshots import create_snapshots, raise_open_file_limit
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.layout import StoreId
 
@@ -68,6 +68,7 @@ def maintain(
     (the next one retries); the results of every cycle are returned (only the last 100 are kept).
     """
     stop = stop or threading.Event()
+    raise_open_file_limit()  # a warm copy of every store stays open across cycles
     fm = open_file_manager(root) if isinstance(root, str) else root
     results: list[CycleResult] = []
     known: list[StoreId] | None = None  # the stores the previous cycle found

@@ -7,7 +7,8 @@ have yet (content-named, so shared SSTs are never uploaded twice) and write the 
 Stores run in parallel on a bounded pool; each under its maintenance lease.
 
 Warm copies live in ``<work_dir>/replicas/<root hash>/<operator>/<partition>``; this process keeps
-up to `MAX_OPEN_REPLICAS` of them open between runs, and a later process reuses the directories.
+up to `open_replica_limit()` of them open between runs (one per store of a fleet), and a later process
+reuses the directories.
 Without `work_dir` they live in a temp directory removed when the process exits.
 """
 
@@ -17,6 +18,7 @@ import atexit
 import hashlib
 import logging
 import os
+import resource
 import shutil
 import tempfile
 import threading
@@ -44,8 +46,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAX_OPEN_REPLICAS = 32
-"""Warm copies kept open in this process; older ones are closed (their directories stay)."""
+MAX_OPEN_REPLICAS = 4096
+"""At most this many warm copies stay open in this process (fewer where the file limit is low: see
+`open_replica_limit`); older ones are closed (their directories stay)."""
+FILES_PER_REPLICA = 16
+"""File descriptors an open warm copy may hold (about 10: its DB's log, manifest, lock and SSTs, its lock)."""
 
 
 @dataclass
@@ -122,10 +127,33 @@ def _checkout(fm: CheckpointFileManager, store: StoreId, settings: MaintenanceSe
     _evict()
 
 
+def open_replica_limit() -> int:
+    """How many warm copies may stay open: one per store of a fleet up to `MAX_OPEN_REPLICAS`, within the
+    process's open-file limit (a reopened copy costs ~3 ms of CPU per snapshot; at least 32 stay open)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_OPEN_REPLICAS
+    return max(32, min(MAX_OPEN_REPLICAS, (soft - 256) // FILES_PER_REPLICA))
+
+
+def raise_open_file_limit() -> None:
+    """Raise this process's soft open-file limit to its hard limit (as servers that hold many files open
+    do), so a long-running maintainer keeps a warm copy of every store."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        log.info("open-file limit %d -> %d: up to %d warm copies stay open", soft, target, open_replica_limit())
+    except (ValueError, OSError) as e:
+        log.info("open-file limit stays %d (%s): up to %d warm copies stay open", soft, e, open_replica_limit())
+
+
 def _evict() -> None:
     with _registry_lock:
         open_slots = [(k, s) for k, s in _slots.items() if s.replica is not None]
-        excess = len(open_slots) - MAX_OPEN_REPLICAS
+        excess = len(open_slots) - open_replica_limit()
         victims = []
         for k, s in open_slots:
             if excess <= 0:
@@ -359,6 +387,8 @@ __all__ = [
     "check_work_dir",
     "close_replicas",
     "create_snapshots",
+    "open_replica_limit",
+    "raise_open_file_limit",
     "replica_dir",
     "snapshot_row",
     "work_root",

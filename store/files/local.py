@@ -159,10 +159,11 @@ class LocalFileManager:
         self._root = os.path.abspath(root)
         if os.path.exists(self._root) and not os.path.isdir(self._root):
             raise ConfigurationError(f"checkpoint root {self._root!r} exists and is not a directory")
+        self._root_uri = Path(self._root).as_uri()  # once: every file's name and cache key starts with it
 
     @property
     def root_uri(self) -> str:
-        return Path(self._root).as_uri()
+        return self._root_uri
 
     @property
     def root_path(self) -> str:
