@@ -28,9 +28,12 @@ each of the three operations listed it (now once per cycle, `statekeeper.mainten
 (leases per store and operation, marking deleted files, the incremental sync after snapshots, run
 records) is about half of what is left. Measured per store-commit: 5.4-5.6 -> 4.2 ms without a catalog,
 8.6-9.3 -> 7.9 ms with it, then ~5 ms once a cycle took one lease per store and (since) all of them in
-one transaction. 1,000 store-commits/s in 2 cores (2 ms) still needs snapshots that do not replay (a
-fifth of the CPU is RocksDB flushing and compacting what was replayed), or a fan-out
-(``--fanout N`` compares stores snapshotted per second on a Spark standalone cluster).
+one transaction. Beyond 32 stores each snapshot also reopened its warm copy's DB (~3 ms of CPU: the
+process kept only 32 open); with a copy of every store open, 3.8 -> 1.7 ms per store-commit (`maintain`,
+fitted over 16-128 stores), i.e. 1,000 store-commits/s in 2 cores. What is left is mostly the snapshot:
+the flush of what was replayed (a sort of the vector memtable, ~6 ms per 10k updates), the replay itself,
+the snapshot's hashing and upload. ``--fanout N`` compares stores snapshotted per second on a Spark
+standalone cluster.
 
     python -m bench fleet                                   # the sweep in FULL (the lead's machine)
     python -m bench.bench_fleet --stores 64 --seconds 120 --mode cli    # one run, printed
