@@ -201,11 +201,12 @@ def test_a_fleet_keeps_a_warm_copy_of_every_store_open(tmp_path: Path, monkeypat
     import resource
 
     from statekeeper.maintenance import snapshots
+    from statekeeper.maintenance.replica import Replica
     from statekeeper.store.files import open_file_manager
 
     created: Counter[StoreId] = Counter()
 
-    class CountedReplica(snapshots.Replica):
+    class CountedReplica(Replica):
         def __init__(self, fm: Any, store: StoreId, directory: str) -> None:
             created[store] += 1
             super().__init__(fm, store, directory)
