@@ -34,6 +34,7 @@ import datetime as dt
 import json
 import shutil
 import tempfile
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -361,7 +362,9 @@ def _untyped_rows(
             )
 
 
-_registered: set[int] = set()
+_registered: weakref.WeakSet[SparkSession] = weakref.WeakSet()
+"""Sessions the data source is registered with; weak, so that a new session that happens to get the address
+of a collected one (notebooks, test suites creating Connect sessions one after another) is not taken for it."""
 
 
 def read_state(
@@ -379,9 +382,9 @@ def read_state(
     Extra keyword options are passed as reader options (``stateVarName="totals"``,
     ``readChangeFeed=True, changeStartBatchId=0``, ``flattenCollectionTypes=False``, ...).
     """
-    if id(spark) not in _registered:
+    if spark not in _registered:
         spark.dataSource.register(StateDataSource)
-        _registered.add(id(spark))
+        _registered.add(spark)
     reader = spark.read.format("statekeeper").option("root", root).option("operator", operator)
     if version is not None:
         reader = reader.option("version", str(version))
