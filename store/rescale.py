@@ -30,7 +30,7 @@ from statekeeper.store.errors import ConfigurationError, LineageError, Statekeep
 from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.key_group_rules import CfRule, GroupLedKeys, KeyGroupRules
-from statekeeper.store.key_groups import KEY_GROUP_LIMIT, KeyGroupLayout, group_byte_range
+from statekeeper.store.key_groups import KEY_GROUP_LIMIT, KeyGroupLayout, group_at, group_byte_range
 from statekeeper.store.load_plan import LoadPlan, LoadSource
 from statekeeper.store.snapshot import read_manifest
 from statekeeper.store.state_store import StateStore, StoreConfig
@@ -289,6 +289,24 @@ def load_bytes(fm: CheckpointFileManager, plan: LoadPlan | None) -> int:
     return total + sum(fm.info(plan.store.changelog(v, c)).size for v, c in plan.replay)
 
 
+def _check_group_led(plan: RelayoutPlan, src: StateStore, q: int, cf: str, name: str) -> None:
+    """Refuse, before anything is committed, to copy byte ranges of a column family whose first key does
+    not lead with one of old partition `q`'s key groups: its keys are not group-led (a statekeeper.store.spark
+    operator's metadata under the plain store's rules), and a range copy would drop them."""
+    if plan.source_layout is None:
+        return
+    first = next(iter(src.column_family(cf).items()), None)
+    if first is None:
+        return
+    lo, hi = plan.source_layout.groups_of(q)
+    if len(first[0]) < 2 or not lo <= group_at(first[0]) < hi:
+        raise RescaleError(
+            f"{plan.describe()}: column family {cf!r} of {name} holds key {first[0][:16]!r}, which does not lead "
+            f"with one of the partition's key groups [{lo}, {hi}): pass the key-group rules of the store's writer "
+            "(rules=TypedStateKeys() for a statekeeper.store.spark operator, as `statekeeper rescale` does)"
+        )
+
+
 def _give(plan: RelayoutPlan, src: StateStore, q: int, lo: int, hi: int, target: _Target, rules: KeyGroupRules) -> None:
     """Pour the key groups ``[lo, hi)`` of old partition `q` (loaded in `src`) into `target`."""
     name = f"{plan.operator}/{q} version {plan.source_version}"
@@ -297,6 +315,7 @@ def _give(plan: RelayoutPlan, src: StateStore, q: int, lo: int, hi: int, target:
         if plan.kind == "rollback":
             target.poured[cf] += target.store.put_sorted(src.items(cf=cf), cf=cf)
         elif rule is CfRule.LEADING:  # a byte range in key order: one SST file ingested
+            _check_group_led(plan, src, q, cf, name)
             start, end = group_byte_range(lo, hi)
             target.poured[cf] += target.store.put_sorted(src.items(start, end, cf=cf), cf=cf)
         elif rule is CfRule.LOCATED:

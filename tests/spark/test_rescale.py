@@ -10,12 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from statekeeper.maintenance.fanout import SparkEngine
 from statekeeper.maintenance.relayout import rescale
 from statekeeper.store import CommitLog, StateStore, open_file_manager
 from statekeeper.store.formats.changelog import ChangelogReader, SstFile
 from statekeeper.store.key_groups import group_at
-from statekeeper.store.rescale import execute_relayout, plan_rollback
+from statekeeper.store.rescale import RescaleError, execute_relayout, plan_rescale, plan_rollback
 from statekeeper.store.spark import StatefulOperator
 from tests.spark.helpers import CollectingSink, reference, run_query, stage_files, state_of, write_inputs
 from tests.spark.processors import CountSum
@@ -207,3 +209,23 @@ def test_rows_route_to_their_partition_by_spark_own_hash_partitioning(spark: Any
             .collect()
         )
         assert {row["p"]: row["at"] for row in landed} == {p: p for p in range(n)}
+
+
+def test_a_rescale_under_the_plain_stores_rules_is_refused_before_anything_commits(spark: Any, tmp_path: Path) -> None:
+    """`execute_relayout` with its default rules (every key group-led) on an operator's typed state: its
+    metadata keys lead with no key group, so a range copy would drop them; the rescale is refused naming the
+    column family and the rules to pass, and the old layout stays the head, whole."""
+    batches = write_inputs(tmp_path / "in", files=2, rows=150, keys=50)
+    root = (tmp_path / "state").as_uri()
+    run_query(
+        spark,
+        StatefulOperator(root, "counts", "user", CountSum(), OUT, num_partitions=3),
+        tmp_path / "in",
+        tmp_path / "ckpt",
+    )
+    fm = open_file_manager(root)
+    head = CommitLog(fm).latest()
+    with pytest.raises(RescaleError, match=r"column family '__meta'.*TypedStateKeys"):
+        execute_relayout(fm, plan_rescale(fm, "counts", 5), workers=1)
+    assert CommitLog(fm).latest() == head
+    assert state_of(spark, root, "counts") == reference(batches)
