@@ -7,8 +7,8 @@ it; the base of the oldest retained version is the store's **base**. Then:
 
 - **needed** (never deleted): commit records from the root's *floor* on, committed changelogs after
   the base, committed manifests from the base on and every SST they reference. A snapshot becomes
-  the base only once it is older than `load_grace_seconds` (a load that listed the snapshots before
-  it existed may still be reading the older files; docs/maintenance.md says why that suffices).
+  the base once it is older than `load_grace_seconds` (default 0: a load that listed the snapshots
+  before it existed and loses a file starts over from it; docs/maintenance.md says why that is safe).
 - **expired** (expiry deletes them; they are committed, so nothing writes them any more): committed
   changelogs at or below the base, committed manifests below it, SSTs only those manifests
   reference, and commit records below the floor (the lowest base of any store), with the Spark
@@ -156,8 +156,7 @@ def _plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, n
     if latest is not None and not plan.retired:
         plan.retain_from = _retain_from(plan, inv, files.changelogs, settings.min_versions_to_retain)
         # The base is the newest snapshot the oldest retained version can load from that is older than
-        # the load grace: a load that listed the snapshots before a newer one existed may still be
-        # reading the older snapshot and the changelogs after it, for at most as long as a load takes.
+        # the load grace (a load still reading the older files then starts over from the newer one).
         newest = plan.base_for(plan.retain_from)
         settled = [
             v

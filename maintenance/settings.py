@@ -25,9 +25,10 @@ class MaintenanceSettings:
     """Newest committed versions of each store that stay loadable (at least 1)."""
     orphan_grace_seconds: float = 3600.0
     """Files that are not committed are deleted only when older than this (they may be in flight)."""
-    load_grace_seconds: float = 300.0
-    """A new snapshot becomes the expiry base only when older than this: longer than the slowest load
-    (a load that listed the snapshots before it existed reads the older files for at most that long)."""
+    load_grace_seconds: float = 0.0
+    """A new snapshot becomes the expiry base only when older than this. Loads need no wait (one that
+    loses a file to expiry starts over from the newer snapshot); a grace longer than the slowest load
+    spares such a load the second start, at the cost of keeping the older snapshot that long."""
     parallelism: int = 4
     """Stores worked on at once, and delete batches in flight at once."""
     lease_ttl_seconds: float = 600.0

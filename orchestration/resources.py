@@ -105,7 +105,7 @@ class MaintenanceConfig(ConfigurableResource):  # type: ignore[type-arg]
         default=3600, description="Orphan candidates younger than this may be in flight: kept."
     )
     load_grace_seconds: float = Field(
-        default=300, description="A new snapshot becomes the expiry base when older than this (> slowest load)."
+        default=0, description="A new snapshot becomes the expiry base when older than this (loads start over)."
     )
     parallelism: int = Field(default=4, description="Stores / delete batches worked on in parallel.")
     lease_ttl_seconds: float = Field(default=600, description="Expiry of the catalog lease a maintainer holds.")

@@ -6,6 +6,12 @@ also where snapshot repair happens (DESIGN invariant 10): when the base snapshot
 takes the plan's next fallback (an older snapshot, or replay from version 0) and counts the repair
 in the load metrics. Only when no base can be reached through committed changelogs does the load
 raise, naming the bad snapshot.
+
+It is also where a load survives expiry running beside it (docs/maintenance.md, "Why that is safe"):
+expiry deletes a snapshot, or changelogs after it, only once a newer snapshot exists. So when a file
+the plan names is missing and a fresh listing finds a newer base than the plan's, the load was racing
+expiry, not reading a broken checkpoint: it starts over from the newer base (at most
+`MAX_REPLANS` times) instead of repairing.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import rocksdict as rd
 
-from statekeeper.store.errors import CorruptFileError, LineageError, UnsupportedFormatError
+from statekeeper.store.errors import CheckpointError, CorruptFileError, LineageError, UnsupportedFormatError
 from statekeeper.store.files.base import open_seekable
 from statekeeper.store.formats.changelog import ChangelogReader, Lineage, RangeDelete, SstFile
 from statekeeper.store.load_plan import (
@@ -30,6 +36,7 @@ from statekeeper.store.load_plan import (
     SkippedSnapshot,
     check_header,
     fall_back,
+    resolve_load_plan,
 )
 from statekeeper.store.rocks import db_options, ingest_sst, open_db, relieve_memory_pressure
 from statekeeper.store.snapshot import read_manifest, restore_snapshot
@@ -44,6 +51,12 @@ _UNREADABLE_SNAPSHOT = (CorruptFileError, UnsupportedFormatError, FileNotFoundEr
 """What restoring a snapshot raises when one of its files is missing, truncated or corrupt (not a
 transient or permission error of the storage: those propagate, a fallback would not help)."""
 
+MAX_REPLANS = 3
+"""How often one load starts over from a newer snapshot after expiry removed a file it was about to
+read. Each start is from a strictly newer base at or below the target, and expiry removes a snapshot
+of a retained version only once a newer one is the base: one start is the rule (a writer's head does
+not move while its own task loads), the bound only guards against a store changing under the load."""
+
 
 @dataclass(frozen=True)
 class LoadMetrics:
@@ -54,6 +67,8 @@ class LoadMetrics:
     replayed_records: int
     repaired_snapshots: int = 0
     """Unreadable snapshots the load passed over (each logged as a warning naming the file)."""
+    replans: int = 0
+    """Times the load started over from a newer snapshot because expiry removed a file it needed."""
 
 
 class LoadSettings(Protocol):
@@ -89,6 +104,41 @@ class PlanExecution:
     def _discard_local(self) -> None:
         raise NotImplementedError
 
+    def plan_load(self, version: int, checkpoint_id: str | None = None, *, use_local: bool = True) -> LoadPlan:
+        raise NotImplementedError
+
+    def _load(self, version: int, checkpoint_id: str | None) -> tuple[LoadPlan, LoadMetrics]:
+        """Plan and execute a load; returns the plan taken (after any fallback or replan)."""
+        replans = 0
+        try:
+            plan = self.plan_load(version, checkpoint_id)
+        except FileNotFoundError as e:  # expiry removed a changelog the walk reached after the listing
+            self._log_replan(e, version, "planning again")
+            plan, replans = self.plan_load(version, checkpoint_id, use_local=False), 1  # lists the newer base
+        while True:
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("%s", plan.describe())
+            try:
+                plan, metrics = self._execute(plan)
+                return plan, replace(metrics, replans=replans) if replans else metrics
+            except FileNotFoundError as e:
+                newer = self._newer_plan(plan) if replans < MAX_REPLANS else None
+                if newer is None:
+                    raise
+                self._log_replan(
+                    e, version, f"loading from the snapshot of version {newer.base[0] if newer.base else 0}"
+                )
+                plan, replans = newer, replans + 1
+
+    def _log_replan(self, e: FileNotFoundError, version: int, then: str) -> None:
+        log.info(
+            "store %s: %s was expired while loading version %d; %s",
+            self.store_id,
+            getattr(e, "path", None) or e,
+            version,
+            then,
+        )
+
     def _execute(self, plan: LoadPlan) -> tuple[LoadPlan, LoadMetrics]:
         """Make the local DB hold the plan's target; returns the plan taken (after any fallback)."""
         if plan.source is LoadSource.REUSE:
@@ -101,12 +151,22 @@ class PlanExecution:
         try:
             records = sum(self._replay(v, c) for v, c in plan.replay)
         except _UNREADABLE_SNAPSHOT as e:
-            if not plan.skipped:
+            if not plan.skipped or (isinstance(e, FileNotFoundError) and self._newer_plan(plan)):
                 raise
             raise _no_intact_path(plan, e) from e
         self._lineage = plan.store_lineage[: self.config.max_lineage]
         snapshot = plan.base[0] if plan.base is not None else None
         return plan, LoadMetrics(0.0, False, snapshot, len(plan.replay), records, plan.repairs)
+
+    def _newer_plan(self, plan: LoadPlan) -> LoadPlan | None:
+        """A fresh plan from the checkpoint as it is now, if it starts from a newer base than `plan`
+        (a catch-up's base is the local version): then expiry removed what `plan` read, else None."""
+        try:
+            fresh = resolve_load_plan(self.plan_source, plan.version, plan.checkpoint_id, verify_commit=False)
+        except (CheckpointError, LineageError):
+            return None
+        old = plan.base[0] if plan.base is not None else 0
+        return fresh if fresh.base is not None and fresh.base[0] > old else None
 
     def _restore_base(self, plan: LoadPlan) -> LoadPlan:
         """Restore the plan's base (falling back past unreadable snapshots) and open the DB."""
@@ -120,6 +180,8 @@ class PlanExecution:
                 restore_snapshot(self.fm, self.store_id, manifest, self._db_dir)
                 break
             except _UNREADABLE_SNAPSHOT as e:
+                if isinstance(e, FileNotFoundError) and self._newer_plan(plan) is not None:
+                    raise  # expired beside this load, not broken: `_load` starts over from the newer base
                 bad = getattr(e, "path", None) or f"{self.fm.root_uri}/{manifest_path}"
                 log.warning(
                     "store %s: the snapshot of version %d is unreadable (%s); loading version %d without it",
@@ -214,4 +276,4 @@ def _no_intact_path(plan: LoadPlan, why: BaseException) -> CorruptFileError:
     )
 
 
-__all__ = ["LoadMetrics", "PlanExecution", "apply_changelog"]
+__all__ = ["MAX_REPLANS", "LoadMetrics", "PlanExecution", "apply_changelog"]

@@ -404,10 +404,7 @@ class StateStore(PlanExecution):
             self.abort()
         t0 = time.perf_counter()
         try:
-            plan = self.plan_load(version, checkpoint_id)
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("%s", plan.describe())
-            plan, metrics = self._execute(plan)
+            plan, metrics = self._load(version, checkpoint_id)
         except BaseException:
             self._discard_local()
             raise
@@ -434,8 +431,9 @@ class StateStore(PlanExecution):
         self.last_plan = None
         return self
 
-    def plan_load(self, version: int, checkpoint_id: str | None = None) -> LoadPlan:
-        """Resolve (without executing) how `load(version, checkpoint_id)` would rebuild the state."""
+    def plan_load(self, version: int, checkpoint_id: str | None = None, *, use_local: bool = True) -> LoadPlan:
+        """Resolve (without executing) how `load(version, checkpoint_id)` would rebuild the state
+        (from the checkpoint alone, not catching up the local copy, unless `use_local`)."""
         validate_version(version)
         if version == 0:
             checkpoint_id = ""
@@ -443,7 +441,8 @@ class StateStore(PlanExecution):
             checkpoint_id = self.commit_log.committed_id(version, self.store_id.operator, self.store_id.partition)
         else:
             validate_checkpoint_id(checkpoint_id)
-        local = self._loaded if self._db is not None and os.path.exists(os.path.join(self._db_dir, "CURRENT")) else None
+        usable = use_local and self._db is not None
+        local = self._loaded if usable and os.path.exists(os.path.join(self._db_dir, "CURRENT")) else None
         return resolve_load_plan(
             self.plan_source, version, checkpoint_id, local=local, verify_commit=self.config.verify_commit
         )

@@ -341,6 +341,7 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
             "replayed_changelogs": load.replayed_changelogs if load else 0,
             "replayed_records": load.replayed_records if load else 0,
             "repaired_snapshots": load.repaired_snapshots if load else 0,
+            "load_replans": load.replans if load else 0,
             "relayout": dataclasses.asdict(build) if build else None,
         }
         if spec.commit:

@@ -40,6 +40,8 @@ class PartitionMetrics:
     """Max event time of the partition's input rows in ms (None without event time or rows)."""
     repaired_snapshots: int = 0
     """Unreadable snapshots the partition's load passed over (snapshot repair)."""
+    load_replans: int = 0
+    """Times the partition's load started over from a newer snapshot that expiry had made the base."""
     relayout: dict[str, Any] | None = None
     """The first batch of a rescale: the `PartitionBuild` of the new partition the task built first."""
 
@@ -145,6 +147,11 @@ class BatchProgress:
         """Unreadable snapshots the batch's loads passed over (each a repair, logged as a warning)."""
         return sum(p.repaired_snapshots for p in self.partitions)
 
+    @property
+    def load_replans(self) -> int:
+        """Loads that started over from a newer snapshot after expiry removed a file they needed."""
+        return sum(p.load_replans for p in self.partitions)
+
     def state_operator_progress(self) -> dict[str, Any]:
         """The same figures under the names of Spark's ``StateOperatorProgress`` JSON."""
         return {
@@ -166,6 +173,7 @@ class BatchProgress:
                 "storesReused": self.stores_reused,
                 "replayedChangelogs": self.replayed_changelogs,
                 "repairedSnapshots": self.repaired_snapshots,
+                "loadReplans": self.load_replans,
                 "numTtlRemoved": self.ttl_removed,
                 "numTimersFired": self.timers_fired,
                 "rescaleMs": round(1000 * float(self.rescale["seconds"])) if self.rescale else 0,
@@ -182,6 +190,7 @@ class BatchProgress:
         """One log line."""
         d = {k: v for k, v in self.to_dict().items() if k != "partitions"}
         d["repaired_snapshots"] = self.repaired_snapshots
+        d["load_replans"] = self.load_replans
         for k, v in d.items():
             if isinstance(v, float):
                 d[k] = round(v, 1)

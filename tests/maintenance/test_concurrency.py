@@ -28,6 +28,9 @@ from tests.maintenance.helpers import content, scripted_state
         pytest.param(24, 6.0, 6.0, id="fast"),
         # the default orphan grace (1 h): the base still moves, held back only by the load grace
         pytest.param(24, 3600.0, 3.0, id="default-orphan-grace"),
+        # the default load grace (0): a snapshot is the base at once; a load that loses a file to
+        # expiry (the writer's rebuilds, the losing attempts) starts over from the newer snapshot
+        pytest.param(24, 6.0, 0.0, id="default-load-grace"),
         pytest.param(150, 6.0, 6.0, id="long", marks=pytest.mark.slow),
     ],
 )
@@ -37,9 +40,7 @@ def test_maintenance_while_a_writer_commits(
     root = f"{checkpoint_root.rstrip('/')}/{uuid.uuid4().hex[:10]}"
     out = tmp_path / "writer.json"
     writer = writer_proc.spawn(root, batches, out, 0.25)
-    # The orphan grace must outlast the writer's slowest write, the load grace its slowest load (a
-    # rebuild that listed the snapshots before a newer one existed reads the older files); a few
-    # seconds do here.
+    # The orphan grace must outlast the writer's slowest write; a few seconds do here.
     settings = MaintenanceSettings(
         snapshot_threshold=3,
         min_versions_to_retain=2,

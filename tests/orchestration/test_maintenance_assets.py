@@ -32,8 +32,8 @@ def check(result: Any, name: str) -> tuple[bool, dict[str, Any]]:
     return evals[0].passed, {k: v.value for k, v in evals[0].metadata.items()}
 
 
-def catalog_run(orch: Orch, run_id: str) -> Any:
-    runs = [r for r in orch.catalog.runs(orch.root) if r.orchestrator_run_id == run_id and not r.dry_run]
+def catalog_run(orch: Orch, run_id: str, kind: str) -> Any:
+    runs = [r for r in orch.catalog.runs(orch.root, kind=kind) if r.orchestrator_run_id == run_id and not r.dry_run]
     assert len(runs) == 1, runs
     return runs[0]
 
@@ -48,8 +48,8 @@ def test_snapshot_job(orch: Orch) -> None:
     assert {r.data["store"] for r in md["details"].records} >= {"agg/0", "agg/1"}
     passed, chk = check(result, CHAINS)
     assert passed and chk["max_chain_length"] == 0
-    run = catalog_run(orch, result.run_id)
-    assert run.kind == "snapshot" and run.status == "succeeded" and md["catalog_run_id"] == run.id
+    run = catalog_run(orch, result.run_id, "snapshot")
+    assert run.status == "succeeded" and md["catalog_run_id"] == run.id
     # a fresh store loads the latest version from the snapshot
     with StateStore(orch.root, "agg", 0) as fresh:
         fresh.load(THRESHOLD + 1)
@@ -62,6 +62,24 @@ def test_snapshot_job(orch: Orch) -> None:
     assert md["snapshots"] == 1
     passed, chk = check(result, CHAINS)
     assert passed is True and chk["max_chain_length"] == THRESHOLD  # agg/0 waits at the threshold: within
+
+
+def test_a_snapshot_run_expires_what_its_snapshots_made_unneeded(orch: Orch) -> None:
+    """A sensor-driven fleet drops each old base when the new snapshots land, not an hour later at the
+    expiry schedule; the retained versions' loadability check stays with the expiry schedule's runs."""
+    orch.writer.commit(THRESHOLD)
+    first = run_job(orch, SNAPSHOTS)
+    assert materialization(first, RETAINED)["changelogs"] == 0  # the first base: nothing below it yet
+    orch.writer.commit(RETAIN + THRESHOLD)
+    result = run_job(orch, SNAPSHOTS)
+    assert materialization(result, SNAPSHOTS)["snapshots"] == 2
+    md = materialization(result, RETAINED)
+    assert md["changelogs"] == 2 * THRESHOLD, md  # up to the first snapshots, now below the retained
+    assert catalog_run(orch, result.run_id, "expire").file_count == md["files"]
+    assert not [e for e in result.get_asset_check_evaluations() if e.check_name == LOADABLE]
+    with StateStore(orch.root, "agg", 1) as fresh:
+        fresh.load(orch.writer.version)
+        assert fresh.get(b"p1-k0") is not None
 
 
 def test_expiry_job(orch: Orch) -> None:
@@ -77,8 +95,8 @@ def test_expiry_job(orch: Orch) -> None:
     assert md["changelogs"] > 0
     passed, chk = check(result, LOADABLE)
     assert passed, chk
-    run = catalog_run(orch, result.run_id)
-    assert run.kind == "expire" and run.file_count == md["files"]
+    run = catalog_run(orch, result.run_id, "expire")
+    assert run.file_count == md["files"]
 
 
 def test_orphan_cleanup_job(orch: Orch) -> None:
@@ -90,4 +108,4 @@ def test_orphan_cleanup_job(orch: Orch) -> None:
     assert md["files"] >= 1 and md["changelogs"] >= 1
     passed, chk = check(result, NO_ORPHANS)
     assert passed and chk["orphans_past_grace"] == 0
-    assert catalog_run(orch, result.run_id).kind == "clean-orphans"
+    assert catalog_run(orch, result.run_id, "clean-orphans")

@@ -1,0 +1,116 @@
+"""A load racing expiry at the default `load_grace_seconds` (0): a newer snapshot becomes the base at
+once and expiry deletes what an older plan names; the load notices (a file it was about to read is
+gone and a fresh listing has a newer base) and starts over from that base, instead of taking the
+gap for a broken checkpoint."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+
+from statekeeper.maintenance.expiry import expire_versions
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.store import StateStore, StoreConfig
+from statekeeper.store.load_plan import LoadPlan, LoadSource, Ref
+from tests.maintenance.helpers import History, content
+
+
+@pytest.fixture
+def head_only(settings: MaintenanceSettings) -> MaintenanceSettings:
+    """Retain the newest version only: a snapshot of it is the base, everything before it expires."""
+    assert settings.load_grace_seconds == MaintenanceSettings().load_grace_seconds == 0
+    return replace(settings, min_versions_to_retain=1)
+
+
+def _snapshot_and_expire(h: History, settings: MaintenanceSettings) -> None:
+    assert create_snapshots(h.root, settings).snapshots > 0
+    report = expire_versions(h.root, settings)
+    assert report.ok and report.changelogs > 0, report.errors
+
+
+@pytest.mark.parametrize("race", ["after-planning", "while-planning"])
+def test_a_cold_load_whose_snapshot_expires_after_it_listed_starts_over_from_the_newer_one(
+    make_history: Callable[..., History],
+    head_only: MaintenanceSettings,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    race: str,
+) -> None:
+    """Expiry runs between the load's listing of the snapshots and its reads: after the plan is made
+    (the snapshot and changelogs it names are gone), or within it (the changelog headers it walks)."""
+    h = make_history()
+    h.batches(5)
+    assert create_snapshots(h.root, head_only).snapshots > 0
+    h.batches(6)
+    store, latest = h.stores[0], h.latest
+    probe = h._instance(store, "probe")
+    listed = probe.plan_source.list_snapshots
+    planned = probe.plan_load
+    raced: list[set[Ref]] = []
+
+    def listed_then_expired() -> set[Ref]:
+        snaps = listed()
+        if not raced:
+            raced.append(snaps)
+            if race == "while-planning":
+                _snapshot_and_expire(h, head_only)
+        return snaps
+
+    def planned_then_expired(version: int, checkpoint_id: str | None = None, *, use_local: bool = True) -> LoadPlan:
+        plan = planned(version, checkpoint_id, use_local=use_local)
+        if race == "after-planning" and len(raced) == 1:
+            raced.append(set())
+            assert (plan.source, plan.base and plan.base[0]) == (LoadSource.SNAPSHOT, 5)
+            _snapshot_and_expire(h, head_only)
+        return plan
+
+    monkeypatch.setattr(probe.plan_source, "list_snapshots", listed_then_expired)
+    monkeypatch.setattr(probe, "plan_load", planned_then_expired)
+    ckpt, state = h.committed[latest][store]
+    try:
+        with caplog.at_level(logging.WARNING, logger="statekeeper.store.loading"):
+            probe.load(latest, ckpt)
+        assert content(probe) == state
+        assert [v for v, _ in raced[0]] == [5], "the load listed the older snapshot only"
+        load = probe.last_load
+        assert load is not None and (load.replans, load.snapshot_version, load.repaired_snapshots) == (1, latest, 0)
+        repairs = [r for r in caplog.records if r.name == "statekeeper.store.loading"]
+        assert not repairs, "a race with expiry is not a broken snapshot"
+    finally:
+        probe.close()
+        shutil.rmtree(probe.local_dir, ignore_errors=True)
+
+
+def test_a_catch_up_whose_changelogs_expired_loads_the_newer_snapshot(
+    make_history: Callable[..., History], head_only: MaintenanceSettings
+) -> None:
+    """An executor that last ran the partition a few batches ago holds an older version locally; the
+    changelogs after it were expired meanwhile (a snapshot above them is the base). The writer has not
+    looked for snapshots since (`snapshot_check_interval`), so its changelogs' lineage still reaches
+    the executor's version and the plan is a catch-up."""
+    h = make_history(config=StoreConfig(block_bytes=1024, snapshot_check_interval=0))
+    h.batches(3)
+    store = h.stores[0]
+    probe: StateStore = h._instance(store, "probe")
+    try:
+        probe.load(3, h.committed[3][store][0])
+        probe.abort()
+        h.batches(6)
+        assert create_snapshots(h.root, head_only).snapshots > 0
+        h.batches(1)
+        keep_two = replace(head_only, min_versions_to_retain=2)  # the head's changelog stays
+        assert expire_versions(h.root, keep_two).changelogs > 0
+        assert probe.plan_load(h.latest).source is LoadSource.CATCH_UP, "it would replay the expired changelogs"
+        ckpt, state = h.committed[h.latest][store]
+        probe.load(h.latest, ckpt)
+        assert content(probe) == state
+        load = probe.last_load
+        assert load is not None and (load.replans, load.snapshot_version) == (1, h.latest - 1)
+    finally:
+        probe.close()
+        shutil.rmtree(probe.local_dir, ignore_errors=True)
