@@ -80,7 +80,7 @@ class FleetParams:
     mode: str = "cli"
     threshold: int = 10
     retain: int = 20
-    load_grace: float = 10.0
+    load_grace: float = 0.0
     orphan_grace: float = 60.0
     cycle: float = 2.0
     schedule: float = 60.0

@@ -84,7 +84,7 @@ def _run(args: argparse.Namespace, uri: str, base: str) -> int:
         snapshot_threshold=10,
         min_versions_to_retain=20,
         orphan_grace_seconds=60.0,
-        load_grace_seconds=10.0,
+        load_grace_seconds=0.0,
         parallelism=args.parallelism,
         work_dir=os.path.join(base, "replicas"),
     )

@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_expire)
     p = sub.add_parser("clean-orphans", parents=[common, op, dry], help="delete orphans older than the grace period")
     p.set_defaults(func=cmd_clean_orphans)
-    p = sub.add_parser("maintain", parents=[common, op], help="snapshot, expire and clean orphans in a loop")
+    p = sub.add_parser("maintain", parents=[common, op], help="expire, snapshot and clean orphans in a loop")
     p.add_argument("--every", type=_number, default=10.0, metavar="SECONDS", help="start a cycle this often")
     p.add_argument("--cycles", type=_positive_int, metavar="N", help="stop after N cycles (default: run until killed)")
     p.set_defaults(func=cmd_maintain)

@@ -1,4 +1,4 @@
-"""One long-running maintainer: snapshot, expire and clean orphans of a root every few seconds.
+"""One long-running maintainer: expire, snapshot and clean orphans of a root every few seconds.
 
 Running the three ``statekeeper`` commands from cron or a shell loop starts three processes per cycle,
 each importing the stack, opening the catalog and rebuilding its warm replicas' view from disk: that
@@ -8,6 +8,11 @@ keeps one process, one catalog connection, the warm local copies of the stores
 (`statekeeper.maintenance.inventory`) across cycles, and takes the maintenance leases of all the
 stores it finds free in one catalog transaction per cycle, so a cycle costs its listings and the work
 it finds. ``statekeeper maintain ROOT --every SECONDS`` runs it.
+
+Expiry goes first: a store's base moves when a commit makes its oldest retained version load from a
+newer snapshot, not when a snapshot is written (with ``min_versions_to_retain`` >= 2 a new snapshot
+is never the base at once), so what the commits since the last cycle made unneeded is deleted before
+a snapshot round of many stores, not after it.
 """
 
 from __future__ import annotations
@@ -62,7 +67,7 @@ def maintain(
     stop: threading.Event | None = None,
     on_cycle: Callable[[CycleResult], None] | None = None,
 ) -> list[CycleResult]:
-    """Run cycles (snapshot, expire, clean orphans) starting every `every` seconds.
+    """Run cycles (expire, snapshot, clean orphans) starting every `every` seconds.
 
     Stops after `cycles` cycles, or when `stop` is set. A cycle with errors does not stop the loop
     (the next one retries); the results of every cycle are returned (only the last 100 are kept).
@@ -85,7 +90,7 @@ def maintain(
         with cycle_leases(fm.root_uri, settings, catalog, stores=known or ()) as leases:
             inv = Inventory.scan(fm, parallelism=settings.parallelism, leased=leases.held_stores())
             leases.take_free(inv.store_ids())  # the new ones
-            for op in (create_snapshots, expire_versions, clean_orphans):
+            for op in (expire_versions, create_snapshots, clean_orphans):
                 result.reports.append(op(fm, settings, catalog=catalog, inventory=inv))
         known = inv.store_ids()
         result.seconds = time.monotonic() - t0

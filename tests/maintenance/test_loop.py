@@ -26,7 +26,7 @@ from tests.maintenance.helpers import History, all_files
 def test_cycles_snapshot_expire_and_clean(make_history: Callable[..., History], settings: MaintenanceSettings) -> None:
     h = make_history()
     h.batches(9, losing=1)
-    assert maintain(h.root, settings, every=0, cycles=1)[0].reports[0].files > 0  # snapshots at 9
+    assert maintain(h.root, settings, every=0, cycles=1)[0].reports[1].files > 0  # snapshots at 9
     h.batches(4, losing=1)
     seen: list[CycleResult] = []
     results = maintain(h.root, settings, every=0, cycles=2, on_cycle=seen.append)
@@ -47,7 +47,7 @@ def test_the_maintain_command(make_local_history: Callable[..., History], tmp_pa
     proc = run_cli("maintain", h.root, *ops, "--every", "0", "--cycles", "2", "--json", home=tmp_path / "home")
     docs = [json.loads(chunk) for chunk in proc.stdout.replace("}\n{", "}\x00{").split("\x00")]
     assert [d["cycle"] for d in docs] == [1, 2]
-    assert [r["kind"] for r in docs[0]["reports"]] == ["snapshot", "expire", "clean-orphans"]
+    assert [r["kind"] for r in docs[0]["reports"]] == ["expire", "snapshot", "clean-orphans"]
     assert any(p.endswith(".manifest") for p in all_files(h.root))
 
 
@@ -173,7 +173,8 @@ def test_stores_leased_before_the_listing_are_not_listed_again_unless_changed(
 
     def between(result: CycleResult) -> None:
         assert result.ok, result.summary()
-        snapshot, expire, _ = result.reports
+        expire, snapshot, _ = result.reports
+        assert (expire.kind, snapshot.kind) == ("expire", "snapshot")
         by_name = {str(s): s for s in h.stores}
         changed = Counter(by_name[i["store"]] for i in snapshot.items if i.get("action") == "snapshot")
         changed.update({by_name[i["store"]] for i in expire.items if i["action"] == "deleted" and i["store"]})
