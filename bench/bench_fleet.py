@@ -266,7 +266,12 @@ def _maintain_dagster(p: FleetParams, root: str, work: str, stop: Path) -> int:
             if isinstance(result, SensorResult):
                 cursor = result.cursor
                 for request in result.run_requests or []:
-                    job = defs.resolve_job_def(JOB_NAMES[SNAPSHOTS])
+                    job = defs.resolve_job_def(request.job_name or JOB_NAMES[SNAPSHOTS])
+                    if request.asset_check_keys is not None:  # as the daemon launches it: checks as requested
+                        job = job.get_subset(
+                            asset_selection=set(job.asset_layer.executable_asset_keys),
+                            asset_check_selection=set(request.asset_check_keys),
+                        )
                     job.execute_in_process(
                         run_config=request.run_config,
                         partition_key=request.partition_key,
@@ -498,8 +503,9 @@ def tables(results: list[FleetResult]) -> list[Table]:
             f"updates per commit every {p0.interval:g} s, {p0.seconds:g} s per run, {p0.writers} writer "
             f"processes; threshold {p0.threshold}, retain {p0.retain}, load grace {p0.load_grace:g} s, orphan "
             f"grace {p0.orphan_grace:g} s; `cli`: the three commands every {p0.cycle:g} s; `dagster`: the "
-            f"sensor every {p0.cycle:g} s (its snapshot runs in process, with their checks), expiry and orphan "
-            f"cleanup every {p0.schedule:g} s (a cron fires at most once a minute).",
+            f"sensor every {p0.cycle:g} s, its snapshot runs (with their checks) and expiry runs (when a commit "
+            f"moved a base, without the loadability check) in process; the expiry and orphan cleanup schedules "
+            f"every {p0.schedule:g} s (a cron fires at most once a minute).",
             "target = 1.2 x what the retained versions need (the snapshot each store's oldest retained version "
             "loads from and every newer one, with their SSTs, the changelogs after it, the commit records "
             "from the floor on), i.e. live state + retained changelogs + 20%; live state = the newest "

@@ -35,7 +35,7 @@ def build_definitions(
         assets=build_assets(partitions),
         asset_checks=build_checks(partitions),
         jobs=[*jobs.values(), *relayout_jobs()],
-        sensors=[build_checkpoint_sensor(config, jobs[SNAPSHOTS]), build_failure_sensor(config)],
+        sensors=[build_checkpoint_sensor(config, jobs[SNAPSHOTS], jobs[RETAINED]), build_failure_sensor(config)],
         schedules=build_schedules(config, partitions, jobs[RETAINED], jobs[ORPHANS]),
         resources=resources if resources is not None else build_resources(config),
     )

@@ -21,28 +21,18 @@ JOB_NAMES = {
 }
 DESCRIPTIONS = {
     LINEAGE: "Sync the lineage catalog of a checkpoint root from its checkpoint location.",
-    SNAPSHOTS: "Snapshot every store of a root whose changelog chain reached the threshold, then expire what the "
-    "new snapshots made unneeded (the old base and the changelogs up to the new one).",
+    SNAPSHOTS: "Snapshot every store of a root whose changelog chain reached the threshold.",
     RETAINED: "Delete what the newest min_versions_to_retain versions of a root do not need.",
     ORPHANS: "Delete orphan files of a root older than the grace period.",
 }
 
 
-def selection(asset_name: str) -> AssetSelection:
-    """The asset and its checks; a snapshot run also expires (without the loadability check: that
-    rebuilds every retained version, the expiry schedule's run does it), so a sensor-driven fleet
-    drops its old bases when the new snapshots land, not at the next expiry schedule."""
-    if asset_name == SNAPSHOTS:
-        return AssetSelection.assets(SNAPSHOTS) | AssetSelection.assets(RETAINED).without_checks()
-    return AssetSelection.assets(asset_name)
-
-
 def build_jobs() -> dict[str, UnresolvedAssetJobDefinition]:
-    """Asset name -> its job (partitioned as the asset, by root)."""
+    """Asset name -> its job (the asset and its checks; partitioned as the asset, by root)."""
     return {
         asset_name: define_asset_job(
             name=job_name,
-            selection=selection(asset_name),
+            selection=AssetSelection.assets(asset_name),
             description=DESCRIPTIONS[asset_name],
             tags={KIND_TAG: KINDS[asset_name], MAINTENANCE_TAG: "true"},
         )

@@ -11,6 +11,10 @@ stores that newly crossed it. A store "crosses" at version ``snapshot_version + 
 the run key names each ``operator/partition@version`` it was requested for, and the cursor remembers
 them, so a crossing is requested once (Dagster also drops a repeated run key); a store whose chain
 keeps growing without a snapshot is requested again at the next multiple of the threshold.
+It also requests one `expiry_job` run per root (without its loadability check, which the expiry
+schedule's runs keep) when a commit moved a store's *base* (the snapshot the oldest retained version
+loads from; the catalog's `expiry_bases`): the old base and the changelogs up to the new one go
+within a tick or two, not at the next hourly schedule. The cursor remembers the bases requested for.
 
 **maintenance_failure_sensor** records every failed maintenance run in the catalog: a catalog run
 row that the failed run left ``running`` (a killed process) is marked failed; a run that failed
@@ -39,8 +43,9 @@ from dagster import (
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 from dagster._core.storage.tags import PARTITION_NAME_TAG
 
-from statekeeper.orchestration.assets import KIND_TAG, KINDS, SNAPSHOTS, SnapshotConfig
+from statekeeper.orchestration.assets import KIND_TAG, KINDS, RETAINED, SNAPSHOTS, SnapshotConfig
 from statekeeper.orchestration.config import ENV_FAILURE_SENSOR, ENV_SENSOR, OrchestrationConfig, normalize_root
+from statekeeper.orchestration.jobs import JOB_NAMES
 from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
 from statekeeper.sql import Catalog, StoreChain
 from statekeeper.sql.errors import CatalogError
@@ -67,6 +72,8 @@ class RootCursor:
     """prefix -> the last name listed under it."""
     requested: dict[str, int] = field(default_factory=dict)
     """'operator/partition' -> the crossing version a snapshot run was requested for."""
+    bases: dict[str, int] = field(default_factory=dict)
+    """'operator/partition' -> the base an expiry run was requested for."""
 
 
 @dataclass
@@ -84,7 +91,9 @@ class SensorCursor:
             return cls(
                 {
                     root: RootCursor(
-                        dict(rc.get("listed", {})), {k: int(v) for k, v in rc.get("requested", {}).items()}
+                        dict(rc.get("listed", {})),
+                        {k: int(v) for k, v in rc.get("requested", {}).items()},
+                        {k: int(v) for k, v in rc.get("bases", {}).items()},
                     )
                     for root, rc in raw.get("roots", {}).items()
                 }
@@ -96,7 +105,10 @@ class SensorCursor:
         return json.dumps(
             {
                 "v": CURSOR_VERSION,
-                "roots": {r: {"listed": c.listed, "requested": c.requested} for r, c in sorted(self.roots.items())},
+                "roots": {
+                    r: {"listed": c.listed, "requested": c.requested, "bases": c.bases}
+                    for r, c in sorted(self.roots.items())
+                },
             },
             sort_keys=True,
             separators=(",", ":"),
@@ -125,11 +137,12 @@ def crossing_version(chain: StoreChain, threshold: int) -> int:
     return base + threshold * (chain.chain_length // threshold)
 
 
-def snapshot_run_key(root: str, crossings: list[str]) -> str:
-    if len(crossings) <= RUN_KEY_LISTED_STORES:
-        return f"snapshot:{root}:{','.join(crossings)}"
-    digest = hashlib.sha256("\n".join(crossings).encode()).hexdigest()[:24]
-    return f"snapshot:{root}:{len(crossings)}-stores-{digest}"
+def run_key(kind: str, root: str, events: list[str]) -> str:
+    """`kind:root:` and the store@version events the run is requested for (a digest when many)."""
+    if len(events) <= RUN_KEY_LISTED_STORES:
+        return f"{kind}:{root}:{','.join(events)}"
+    digest = hashlib.sha256("\n".join(events).encode()).hexdigest()[:24]
+    return f"{kind}:{root}:{len(events)}-stores-{digest}"
 
 
 @dataclass
@@ -141,6 +154,9 @@ class RootTick:
     crossings: list[str] = field(default_factory=list)
     """New store@version crossings (those a run is requested for this tick)."""
     run_request: RunRequest | None = None
+    moved_bases: list[str] = field(default_factory=list)
+    """Stores whose base moved (store@base), those an expiry run is requested for this tick."""
+    expiry_request: RunRequest | None = None
 
 
 def evaluate_root(
@@ -149,9 +165,10 @@ def evaluate_root(
     rc: RootCursor,
     *,
     threshold: int,
+    retain: int,
     max_names: int,
 ) -> RootTick:
-    """One tick for one root: list what is new, sync lineage, request snapshots. Updates `rc`."""
+    """One tick for one root: list what is new, sync lineage, request snapshots and expiry. Updates `rc`."""
     from statekeeper.maintenance.catalog_sync import sync_catalog
 
     root = fm.root_uri
@@ -176,26 +193,41 @@ def evaluate_root(
         rc.requested.update(fresh)
         tick.crossings = sorted(f"{store}@{v}" for store, v in fresh.items())
         tick.run_request = RunRequest(
-            run_key=snapshot_run_key(root, tick.crossings),
+            run_key=run_key("snapshot", root, tick.crossings),
+            job_name=JOB_NAMES[SNAPSHOTS],
             partition_key=root,
             run_config=RunConfig(ops={SNAPSHOTS: SnapshotConfig(stores=tick.crossings)}),
+            tags={TRIGGER_TAG: SENSOR_NAME},
+        )
+    bases = catalog.expiry_bases(root, retain=retain)
+    moved = sorted(f"{store}@{v}" for store, v in bases.items() if rc.bases.get(store, 0) < v)
+    rc.bases = bases
+    if moved:
+        tick.moved_bases = moved
+        tick.expiry_request = RunRequest(
+            run_key=run_key("expire", root, moved),
+            job_name=JOB_NAMES[RETAINED],
+            partition_key=root,
+            asset_check_keys=[],  # the loadability check rebuilds every retained version: the schedule's runs
             tags={TRIGGER_TAG: SENSOR_NAME},
         )
     return tick
 
 
 def build_checkpoint_sensor(
-    config: OrchestrationConfig, snapshot_job: UnresolvedAssetJobDefinition
+    config: OrchestrationConfig,
+    snapshot_job: UnresolvedAssetJobDefinition,
+    expiry_job: UnresolvedAssetJobDefinition,
 ) -> SensorDefinition:
     @sensor(
         name=SENSOR_NAME,
-        job=snapshot_job,
+        jobs=[snapshot_job, expiry_job],
         minimum_interval_seconds=config.sensor_interval_seconds,
         default_status=DefaultSensorStatus.RUNNING if config.sensor_enabled else DefaultSensorStatus.STOPPED,
         description=(
             "Lists new commit records of every checkpoint root after its cursor, syncs the lineage catalog and "
-            "requests a snapshot run for stores whose chain crossed the threshold."
-            + ("" if config.sensor_enabled else f" Turned off by {ENV_SENSOR}=off.")
+            "requests a snapshot run for stores whose chain crossed the threshold, and an expiry run when a "
+            "commit moved a store's base." + ("" if config.sensor_enabled else f" Turned off by {ENV_SENSOR}=off.")
         ),
     )
     def checkpoint_sensor(
@@ -218,6 +250,7 @@ def build_checkpoint_sensor(
                         storage.file_manager(root),
                         state.root(root),
                         threshold=maintenance.snapshot_threshold,
+                        retain=maintenance.min_versions_to_retain,
                         max_names=config.sensor_max_names,
                     )
                 except (StatekeeperError, CatalogError, OSError) as e:
@@ -231,11 +264,16 @@ def build_checkpoint_sensor(
                 if tick.run_request is not None:
                     context.log.info("snapshots requested for %s: %s", root, ", ".join(tick.crossings))
                     requests.append(tick.run_request)
+                if tick.expiry_request is not None:
+                    context.log.info("expiry requested for %s: bases moved to %s", root, ", ".join(tick.moved_bases))
+                    requests.append(tick.expiry_request)
         state.roots = {r: c for r, c in state.roots.items() if r in roots}
         if requests:
             return SensorResult(run_requests=requests, cursor=state.dump())
         reason = "; ".join(notes) if notes else "no new commits"
-        return SensorResult(skip_reason=SkipReason(f"no store crossed the threshold ({reason})"), cursor=state.dump())
+        return SensorResult(
+            skip_reason=SkipReason(f"no store crossed the threshold or moved its base ({reason})"), cursor=state.dump()
+        )
 
     return checkpoint_sensor
 
@@ -347,5 +385,5 @@ __all__ = [
     "list_new",
     "maintenance_kind",
     "record_failed_run",
-    "snapshot_run_key",
+    "run_key",
 ]

@@ -333,6 +333,30 @@ class LineageQueries(CatalogBase):
             uri, operator, partition, version, ckpt, base if snap else None, changelogs, manifest, ssts, missing
         )
 
+    def expiry_bases(self, uri: str, *, retain: int) -> dict[str, int]:
+        """Per store ('operator/partition'): the newest snapshot the oldest of its newest `retain`
+        committed versions loads from, i.e. the version expiry keeps everything after (stores whose
+        retained versions all load from version 0 are left out). A commit moves it, so a sensor that
+        sees it grow knows there is something to expire."""
+        rid = self.root_id(uri)
+        latest = (
+            select(Version.store_id.label("sid"), func.max(Version.version).label("v"))
+            .join(Store, Store.id == Version.store_id)
+            .where(Store.root_id == rid)
+            .group_by(Version.store_id)
+            .subquery()
+        )
+        q = (
+            select(Store.operator, Store.partition, func.max(Snapshot.version))
+            .join(Snapshot, Snapshot.store_id == Store.id)
+            .join(Version, SNAPSHOT_OF_VERSION)
+            .join(latest, latest.c.sid == Store.id)
+            .where(Store.root_id == rid, Snapshot.deleted_at.is_(None), Snapshot.version <= latest.c.v - retain + 1)
+            .group_by(Store.operator, Store.partition)
+        )
+        with self.read() as conn:
+            return {f"{op}/{part}": int(v) for op, part, v in conn.execute(q)}
+
     def chain_lengths(self, uri: str, *, min_length: int = 0) -> list[StoreChain]:
         """Per store: latest committed version, newest snapshot on its lineage, changelogs since it."""
         rid = self.root_id(uri)

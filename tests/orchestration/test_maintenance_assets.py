@@ -64,24 +64,6 @@ def test_snapshot_job(orch: Orch) -> None:
     assert passed is True and chk["max_chain_length"] == THRESHOLD  # agg/0 waits at the threshold: within
 
 
-def test_a_snapshot_run_expires_what_its_snapshots_made_unneeded(orch: Orch) -> None:
-    """A sensor-driven fleet drops each old base when the new snapshots land, not an hour later at the
-    expiry schedule; the retained versions' loadability check stays with the expiry schedule's runs."""
-    orch.writer.commit(THRESHOLD)
-    first = run_job(orch, SNAPSHOTS)
-    assert materialization(first, RETAINED)["changelogs"] == 0  # the first base: nothing below it yet
-    orch.writer.commit(RETAIN + THRESHOLD)
-    result = run_job(orch, SNAPSHOTS)
-    assert materialization(result, SNAPSHOTS)["snapshots"] == 2
-    md = materialization(result, RETAINED)
-    assert md["changelogs"] == 2 * THRESHOLD, md  # up to the first snapshots, now below the retained
-    assert catalog_run(orch, result.run_id, "expire").file_count == md["files"]
-    assert not [e for e in result.get_asset_check_evaluations() if e.check_name == LOADABLE]
-    with StateStore(orch.root, "agg", 1) as fresh:
-        fresh.load(orch.writer.version)
-        assert fresh.get(b"p1-k0") is not None
-
-
 def test_expiry_job(orch: Orch) -> None:
     orch.writer.commit(THRESHOLD)
     run_job(orch, SNAPSHOTS)

@@ -7,20 +7,21 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from dagster import RunRequest, SensorResult, build_sensor_context
+from dagster import AssetKey, RunRequest, SensorResult, build_sensor_context
 
-from statekeeper.orchestration.assets import SNAPSHOTS
+from statekeeper.orchestration.assets import RETAINED, SNAPSHOTS
+from statekeeper.orchestration.jobs import JOB_NAMES
 from statekeeper.orchestration.sensors import (
     COMMITS_PREFIX,
     SENSOR_NAME,
     RootCursor,
     SensorCursor,
     evaluate_root,
-    snapshot_run_key,
+    run_key,
 )
 from statekeeper.store.files import CheckpointFileManager, FileInfo, open_file_manager
 from statekeeper.store.layout import commit_path
-from tests.orchestration.conftest import THRESHOLD, Orch
+from tests.orchestration.conftest import RETAIN, THRESHOLD, Orch
 
 
 class CountingFileManager:
@@ -84,7 +85,7 @@ def test_sensor_ticks_request_each_crossing_once(orch: Orch) -> None:
     assert len(requests) == 1
     req = requests[0]
     assert req.partition_key == orch.root
-    assert req.run_key == snapshot_run_key(orch.root, [f"agg/0@{THRESHOLD}", f"agg/1@{THRESHOLD}"])
+    assert req.run_key == run_key("snapshot", orch.root, [f"agg/0@{THRESHOLD}", f"agg/1@{THRESHOLD}"])
     assert req.run_config["ops"][SNAPSHOTS]["config"]["stores"] == [f"agg/0@{THRESHOLD}", f"agg/1@{THRESHOLD}"]
 
     # no new commit; then commits that leave the crossing where it was: nothing requested again
@@ -98,10 +99,50 @@ def test_sensor_ticks_request_each_crossing_once(orch: Orch) -> None:
     orch.writer.commit(THRESHOLD - 1)
     cursor, requests = step(cursor)
     assert [r.run_key for r in requests] == [
-        snapshot_run_key(orch.root, [f"agg/0@{2 * THRESHOLD}", f"agg/1@{2 * THRESHOLD}"])
+        run_key("snapshot", orch.root, [f"agg/0@{2 * THRESHOLD}", f"agg/1@{2 * THRESHOLD}"])
     ]
     assert len(run_keys) == len(set(run_keys)) == 2
     assert SensorCursor.parse(cursor).roots[orch.root].requested == {"agg/0": 2 * THRESHOLD, "agg/1": 2 * THRESHOLD}
+
+
+def test_a_commit_that_moves_a_base_requests_an_expiry_run(orch: Orch) -> None:
+    """Expiry follows the commits that make an old base unneeded within a tick, not at the hourly
+    schedule; each base is requested once, and without the loadability check (the schedule's)."""
+    orch.writer.commit(THRESHOLD)
+    cursor, requests = _tick_requests(orch, None)
+    assert [r.job_name for r in requests] == [JOB_NAMES[SNAPSHOTS]]
+    _run(orch, requests[0])
+    orch.writer.commit(RETAIN - 2)  # the oldest retained version is still below the snapshot
+    cursor, requests = _tick_requests(orch, cursor)
+    assert requests == []
+    orch.writer.commit(1)  # now it loads from the snapshot: everything before it is unneeded
+    cursor, requests = _tick_requests(orch, cursor)
+    (req,) = requests
+    assert req.job_name == JOB_NAMES[RETAINED] and req.partition_key == orch.root
+    assert req.run_key == run_key("expire", orch.root, [f"agg/0@{THRESHOLD}", f"agg/1@{THRESHOLD}"])
+    assert req.asset_check_keys == []
+    result = _run(orch, req)
+    (mat,) = [e for e in result.get_asset_materialization_events() if e.asset_key == AssetKey(RETAINED)]
+    assert mat.materialization.metadata["changelogs"].value == 2 * THRESHOLD
+    cursor, requests = _tick_requests(orch, cursor)
+    assert requests == [], "requested once per base"
+    assert SensorCursor.parse(cursor).roots[orch.root].bases == {"agg/0": THRESHOLD, "agg/1": THRESHOLD}
+
+
+def _tick_requests(orch: Orch, cursor: str | None) -> tuple[str, list[RunRequest]]:
+    result = tick(orch, cursor)
+    assert result.cursor is not None
+    return result.cursor, list(result.run_requests or [])
+
+
+def _run(orch: Orch, request: RunRequest) -> Any:
+    assert request.job_name is not None
+    job = orch.defs.resolve_job_def(request.job_name)
+    result = job.execute_in_process(
+        run_config=request.run_config, partition_key=request.partition_key, instance=orch.instance
+    )
+    assert result.success
+    return result
 
 
 def test_sensor_lists_only_new_names_and_misses_none(orch: Orch) -> None:
@@ -116,7 +157,7 @@ def test_sensor_lists_only_new_names_and_misses_none(orch: Orch) -> None:
     while True:
         ticks += 1
         fm.listings.clear()
-        result = evaluate_root(orch.catalog, fm, rc, threshold=100, max_names=5)
+        result = evaluate_root(orch.catalog, fm, rc, threshold=100, retain=100, max_names=5)
         assert len(result.new_names) <= 5
         commit_listings = [(after, n) for prefix, after, n in fm.listings if prefix == COMMITS_PREFIX]
         afters.append(commit_listings[0][0])  # the sensor's own listing comes first
@@ -131,13 +172,13 @@ def test_sensor_lists_only_new_names_and_misses_none(orch: Orch) -> None:
     assert afters == [None, *(commit_path(v) for v in (5, 10, 15, 20, 23))]
     # an idle tick: one listing that returns nothing, and no catalog sync
     fm.listings.clear()
-    idle = evaluate_root(orch.catalog, fm, rc, threshold=100, max_names=5)
+    idle = evaluate_root(orch.catalog, fm, rc, threshold=100, retain=100, max_names=5)
     assert not idle.synced and idle.new_names == []
     assert fm.listings == [(COMMITS_PREFIX, commit_path(total), 0)]
 
     # new commits after the backlog: exactly those
     orch.writer.commit(2)
-    more = evaluate_root(orch.catalog, fm, rc, threshold=100, max_names=5)
+    more = evaluate_root(orch.catalog, fm, rc, threshold=100, retain=100, max_names=5)
     assert more.new_names == [commit_path(total + 1), commit_path(total + 2)]
     assert more.synced
     assert len(orch.catalog.committed_versions(orch.root, "agg", 1)) == total + 2
@@ -193,5 +234,6 @@ def test_requested_snapshot_run_clears_the_crossing(orch: Orch) -> None:
     orch.writer.commit(THRESHOLD)
     third = tick(orch, second.cursor)
     assert [r.run_key for r in third.run_requests or []] == [
-        snapshot_run_key(orch.root, [f"agg/0@{2 * THRESHOLD}", f"agg/1@{2 * THRESHOLD}"])
+        run_key("snapshot", orch.root, [f"agg/0@{2 * THRESHOLD}", f"agg/1@{2 * THRESHOLD}"]),
+        run_key("expire", orch.root, [f"agg/0@{THRESHOLD}", f"agg/1@{THRESHOLD}"]),  # the first snapshot is the base
     ]
