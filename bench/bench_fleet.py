@@ -495,6 +495,7 @@ def tables(results: list[FleetResult]) -> list[Table]:
             "snapshot lag max (s)",
             "checkpoint / live state (max)",
             "checkpoint / target (max)",
+            "samples over target",
             "files in root (max)",
         ],
         [],
@@ -506,6 +507,9 @@ def tables(results: list[FleetResult]) -> list[Table]:
             f"sensor every {p0.cycle:g} s, its snapshot runs (with their checks) and expiry runs (when a commit "
             f"moved a base, without the loadability check) in process; the expiry and orphan cleanup schedules "
             f"every {p0.schedule:g} s (a cron fires at most once a minute).",
+            "A commit moves a store's base; what that made unneeded (the old base and the threshold's worth of "
+            "changelogs after it, for every store at once: they commit in lock step) goes at the maintainer's "
+            "next cycle or the sensor's next tick. Samples over target fall in that window.",
             "target = 1.2 x what the retained versions need (the snapshot each store's oldest retained version "
             "loads from and every newer one, with their SSTs, the changelogs after it, the commit records "
             "from the floor on), i.e. live state + retained changelogs + 20%; live state = the newest "
@@ -541,6 +545,7 @@ def tables(results: list[FleetResult]) -> list[Table]:
                     _max([x.lag_max for x in s]),
                     round(_max(ratio), 2),
                     round(_max(target), 2),
+                    f"{sum(t > 1 for t in target)} / {len(target)}",
                     int(_max([x.files for x in s])) if s else 0,
                 ]
             )
