@@ -160,12 +160,13 @@ class PlanExecution:
 
     def _newer_plan(self, plan: LoadPlan) -> LoadPlan | None:
         """A fresh plan from the checkpoint as it is now, if it starts from a newer base than `plan`
-        (a catch-up's base is the local version): then expiry removed what `plan` read, else None."""
+        (a catch-up's base is the local version) and than every snapshot `plan` passed over as
+        unreadable: then expiry removed what `plan` read, else None."""
         try:
             fresh = resolve_load_plan(self.plan_source, plan.version, plan.checkpoint_id, verify_commit=False)
         except (CheckpointError, LineageError):
             return None
-        old = plan.base[0] if plan.base is not None else 0
+        old = max([plan.base[0] if plan.base is not None else 0, *(s.version for s in plan.skipped)])
         return fresh if fresh.base is not None and fresh.base[0] > old else None
 
     def _restore_base(self, plan: LoadPlan) -> LoadPlan:

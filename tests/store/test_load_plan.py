@@ -125,7 +125,7 @@ def test_store_executes_the_plan_it_exposes(tmp_path: Path, caplog: pytest.LogCa
         plan = probe.plan_load(7)
         assert plan.base == (4, ids[4]) and [v for v, _ in plan.replay] == [5, 6, 7]
         assert plan.fallbacks == (None,) and plan.manifest_path() == probe.store_id.manifest(4, ids[4])
-        with caplog.at_level(logging.DEBUG, logger="statekeeper.store.state_store"):
+        with caplog.at_level(logging.DEBUG, logger="statekeeper.store.loading"):
             probe.load(7)
         assert plan.describe() in caplog.text  # the plan is logged at debug level
         assert probe.last_plan == plan
