@@ -232,63 +232,24 @@ def _maintain_loop(p: FleetParams, root: str, work: str, stop: Path) -> int:
 
 
 def _maintain_dagster(p: FleetParams, root: str, work: str, stop: Path) -> int:
-    from dagster import DagsterInstance, SensorResult, build_sensor_context
+    from bench.fleet_dagster import DagsterMaintainer
 
-    from statekeeper.orchestration.assets import ORPHANS, RETAINED, SNAPSHOTS
-    from statekeeper.orchestration.config import OrchestrationConfig, parse_roots
-    from statekeeper.orchestration.definitions import build_definitions
-    from statekeeper.orchestration.jobs import JOB_NAMES
-    from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
-    from statekeeper.orchestration.sensors import SENSOR_NAME
-
-    config = OrchestrationConfig(roots=parse_roots(root))
-    resources = {
-        "storage": CheckpointStorage(roots=list(config.roots)),
-        "catalog": CatalogDatabase(url=f"sqlite:///{os.path.join(work, 'catalog.db')}"),
-        "maintenance": MaintenanceConfig(
-            snapshot_threshold=p.threshold,
-            min_versions_to_retain=p.retain,
-            orphan_grace_seconds=p.orphan_grace,
-            load_grace_seconds=p.load_grace,
-            work_dir=os.path.join(work, "replicas"),
-        ),
-    }
-    defs = build_definitions(config, resources)
-    sensor = defs.get_repository_def().get_sensor_def(SENSOR_NAME)
-    instance = DagsterInstance.ephemeral()
-    cursor: str | None = None
+    dagster = DagsterMaintainer(
+        root, work, threshold=p.threshold, retain=p.retain, orphan_grace=p.orphan_grace, load_grace=p.load_grace
+    )
     cycles = 0
     last_schedule = time.monotonic()
     try:
         while not stop.exists():
             t0 = time.monotonic()
-            result = sensor(build_sensor_context(cursor=cursor, resources=resources, instance=instance))
-            if isinstance(result, SensorResult):
-                cursor = result.cursor
-                for request in result.run_requests or []:
-                    job = defs.resolve_job_def(request.job_name or JOB_NAMES[SNAPSHOTS])
-                    if request.asset_check_keys is not None:  # as the daemon launches it: checks as requested
-                        job = job.get_subset(
-                            asset_selection=set(job.asset_layer.executable_asset_keys),
-                            asset_check_selection=set(request.asset_check_keys),
-                        )
-                    job.execute_in_process(
-                        run_config=request.run_config,
-                        partition_key=request.partition_key,
-                        tags=request.tags,
-                        instance=instance,
-                        raise_on_error=False,
-                    )
+            dagster.tick()
             if time.monotonic() - last_schedule >= p.schedule:
                 last_schedule = time.monotonic()
-                for asset in (RETAINED, ORPHANS):
-                    defs.resolve_job_def(JOB_NAMES[asset]).execute_in_process(
-                        partition_key=config.roots[0], instance=instance, raise_on_error=False
-                    )
+                dagster.schedules()
             cycles += 1
             time.sleep(max(0.0, p.cycle - (time.monotonic() - t0)))
     finally:
-        instance.dispose()
+        dagster.close()
     return cycles
 
 

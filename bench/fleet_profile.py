@@ -8,6 +8,9 @@ measured cycles run under cProfile with a thread-CPU clock (use ``--parallelism 
 builds, which otherwise run on pool threads)::
 
     python -m bench.fleet_profile --stores 16 --cycles 20 [--catalog] [--s3] [--profile /tmp/cycle.prof]
+
+With ``--dagster`` a cycle is instead one tick of the checkpoint sensor and the runs it requests
+(`bench.fleet_dagster`), with the SQLite catalog; the schedules' runs are not part of it.
 """
 
 from __future__ import annotations
@@ -21,9 +24,15 @@ import pstats
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bench.bench_fleet import OPERATOR, _writer_main
+
+if TYPE_CHECKING:
+    from statekeeper.maintenance.loop import CycleResult
+    from statekeeper.maintenance.settings import MaintenanceSettings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--catalog", action="store_true", help="with a SQLite catalog, as `maintain` by default")
     parser.add_argument("--profile", type=Path, help="write the measured cycles' profile here")
     parser.add_argument("--s3", action="store_true", help="the root on S3: moto's server on 127.0.0.1")
+    parser.add_argument("--dagster", action="store_true", help="the sensor and the runs it requests, not `maintain`")
     args = parser.parse_args(argv)
     base = tempfile.mkdtemp(prefix="statekeeper-fleet-profile-")
     try:
@@ -56,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, uri: str, base: str) -> int:
-    from statekeeper.maintenance.loop import CycleResult, maintain
+    from statekeeper.maintenance.loop import maintain
     from statekeeper.maintenance.settings import MaintenanceSettings
     from statekeeper.sql.catalog import Catalog
     from statekeeper.store.commit_log import CommitLog
@@ -113,9 +123,13 @@ def _run(args: argparse.Namespace, uri: str, base: str) -> int:
         for _ in range(args.per_cycle):
             commit_all()
         started = time.process_time()
-        # One loop, as `statekeeper maintain` runs: what it keeps across cycles (leases taken before the
-        # listing, warm replicas, parsed records) counts; the writer commits between its cycles.
-        maintain(uri, settings, every=0, cycles=args.warmup + args.cycles, catalog=catalog, on_cycle=between_cycles)
+        cycles = args.warmup + args.cycles
+        if args.dagster:
+            _dagster_cycles(uri, base, settings, cycles, between_cycles)
+        else:
+            # One loop, as `statekeeper maintain` runs: what it keeps across cycles (leases taken before the
+            # listing, warm replicas, parsed records) counts; the writer commits between its cycles.
+            maintain(uri, settings, every=0, cycles=cycles, catalog=catalog, on_cycle=between_cycles)
     finally:
         parent.send(None)
         writer.join(timeout=60)
@@ -128,6 +142,29 @@ def _run(args: argparse.Namespace, uri: str, base: str) -> int:
         profiler.dump_stats(args.profile)
         pstats.Stats(str(args.profile)).sort_stats("cumulative").print_stats(40)
     return 0
+
+
+def _dagster_cycles(
+    uri: str, base: str, settings: MaintenanceSettings, cycles: int, between: Callable[[CycleResult], None]
+) -> None:
+    from bench.fleet_dagster import DagsterMaintainer
+    from statekeeper.maintenance.loop import CycleResult
+
+    dagster = DagsterMaintainer(
+        uri,
+        base,
+        threshold=settings.snapshot_threshold,
+        retain=settings.min_versions_to_retain,
+        orphan_grace=settings.orphan_grace_seconds,
+        load_grace=settings.load_grace_seconds,
+    )
+    try:
+        for n in range(1, cycles + 1):
+            dagster.tick()
+            between(CycleResult(n, 0.0))
+    finally:
+        dagster.close()
+    print(json.dumps({"dagster_runs": dagster.runs}))
 
 
 if __name__ == "__main__":
