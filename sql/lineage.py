@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, select
+from sqlalchemy import Connection, Subquery, and_, func, select
 
 from statekeeper.sql.base import CatalogBase
 from statekeeper.sql.errors import CatalogConfigError, NotInCatalogError
@@ -150,6 +150,17 @@ def base_snapshot(conn: Connection, sid: int, version: int) -> tuple[int, int, s
         .limit(1)
     ).one_or_none()
     return None if row is None else (int(row[0]), int(row[1]), str(row[2]))
+
+
+def _latest_versions(rid: int) -> Subquery:
+    """Per store of root `rid`: its newest committed version (columns ``sid``, ``v``)."""
+    return (
+        select(Version.store_id.label("sid"), func.max(Version.version).label("v"))
+        .join(Store, Store.id == Version.store_id)
+        .where(Store.root_id == rid)
+        .group_by(Version.store_id)
+        .subquery()
+    )
 
 
 class LineageQueries(CatalogBase):
@@ -339,13 +350,7 @@ class LineageQueries(CatalogBase):
         retained versions all load from version 0 are left out). A commit moves it, so a sensor that
         sees it grow knows there is something to expire."""
         rid = self.root_id(uri)
-        latest = (
-            select(Version.store_id.label("sid"), func.max(Version.version).label("v"))
-            .join(Store, Store.id == Version.store_id)
-            .where(Store.root_id == rid)
-            .group_by(Version.store_id)
-            .subquery()
-        )
+        latest = _latest_versions(rid)
         q = (
             select(Store.operator, Store.partition, func.max(Snapshot.version))
             .join(Snapshot, Snapshot.store_id == Store.id)
@@ -360,13 +365,7 @@ class LineageQueries(CatalogBase):
     def chain_lengths(self, uri: str, *, min_length: int = 0) -> list[StoreChain]:
         """Per store: latest committed version, newest snapshot on its lineage, changelogs since it."""
         rid = self.root_id(uri)
-        latest = (
-            select(Version.store_id.label("sid"), func.max(Version.version).label("v"))
-            .join(Store, Store.id == Version.store_id)
-            .where(Store.root_id == rid)
-            .group_by(Version.store_id)
-            .subquery()
-        )
+        latest = _latest_versions(rid)
         snaps = (
             select(Snapshot.store_id.label("sid"), func.max(Snapshot.version).label("v"))
             .join(Store, Store.id == Snapshot.store_id)
