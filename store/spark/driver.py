@@ -22,13 +22,14 @@ The batch's processing time is recorded before its first attempt, so a re-run se
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from statekeeper.store.commit_log import CommitLog
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ROUTE_COL = "__sk_route"
+ADAPTIVE = "spark.sql.adaptive.enabled"
 TRACE_ENV = "STATEKEEPER_SPARK_TRACE"
 Sink = Callable[["DataFrame", int], None]
 
@@ -320,32 +322,7 @@ class StatefulOperator:
             relayout=relayout,
         )
         plan = self._plan(spark, df, n)
-        attempt = 0
-        while True:
-            attempt += 1
-            t_job = time.perf_counter()
-            out = plan.mapInArrow(functools.partial(run_task, spec), self._out_struct())
-            out = out.persist(_storage_level())
-            try:
-                metas = self._collect_metas(out, n)
-                job_ms = (time.perf_counter() - t_job) * 1000
-                upload_wait_ms = 0.0
-                if spec.commit and self.async_checkpoint:
-                    t_wait = time.perf_counter()
-                    self.records.await_uploads(target, metas, self.upload_timeout_s)
-                    upload_wait_ms = (time.perf_counter() - t_wait) * 1000
-            except UploadTimeoutError as e:
-                out.unpersist()
-                if attempt >= self.max_batch_attempts:
-                    raise
-                log.warning(
-                    "statekeeper %s batch %d attempt %d failed: %s; re-running", self.name, batch_id, attempt, e
-                )
-                continue
-            except BaseException:
-                out.unpersist()
-                raise
-            break
+        out, metas, attempt, job_ms, upload_wait_ms = self._run_tasks(df, plan, spec, target, batch_id)
         try:
             t_rec = time.perf_counter()
             self._record_event_time(batch_id, task_time, max_event_before, metas)
@@ -376,6 +353,37 @@ class StatefulOperator:
             out.unpersist()
         duration = (time.perf_counter() - t0) * 1000
         self._finish(_with(progress, sink_ms=sink_ms, duration_ms=duration))
+
+    def _run_tasks(
+        self, df: DataFrame, plan: DataFrame, spec: TaskSpec, target: int, batch_id: int
+    ) -> tuple[DataFrame, list[PartitionMetrics], int, float, float]:
+        """The tasks job, re-run while an upload times out: its persisted output, each partition's result,
+        the attempts, the job's and the upload wait's ms."""
+        n = spec.num_partitions
+        attempt = 0
+        with _one_job(df):
+            while True:
+                attempt += 1
+                t_job = time.perf_counter()
+                out = plan.mapInArrow(functools.partial(run_task, spec), self._out_struct())
+                out = out.persist(_storage_level())
+                try:
+                    metas = self._collect_metas(out, n)
+                    job_ms = (time.perf_counter() - t_job) * 1000
+                    t_wait = time.perf_counter()
+                    if spec.commit and self.async_checkpoint:
+                        self.records.await_uploads(target, metas, self.upload_timeout_s)
+                    return out, metas, attempt, job_ms, (time.perf_counter() - t_wait) * 1000
+                except UploadTimeoutError as e:
+                    out.unpersist()
+                    if attempt >= self.max_batch_attempts:
+                        raise
+                    log.warning(
+                        "statekeeper %s batch %d attempt %d failed: %s; re-running", self.name, batch_id, attempt, e
+                    )
+                except BaseException:
+                    out.unpersist()
+                    raise
 
     # -- batch phases ---------------------------------------------------------------------------
     def _watermarks(self) -> WatermarkLog | None:
@@ -528,6 +536,30 @@ def _with(progress: BatchProgress, **changes: Any) -> BatchProgress:
     from dataclasses import replace
 
     return replace(progress, **changes)
+
+
+@contextlib.contextmanager
+def _one_job(df: DataFrame) -> Iterator[None]:
+    """Plan and run the tasks job without adaptive execution, restored for the user's sink afterwards.
+
+    Adaptive execution gains nothing on this plan (its shuffle has a fixed partition count, which it must
+    keep) but runs the shuffle's map stage, the cached tasks and the driver's read of their results as
+    three jobs: about 60 ms more per batch on local[2]. The batch's session is the query's own (a clone of
+    the user's), so the setting reaches no other query. Over Spark Connect it is the client's session:
+    left alone there."""
+    if is_connect_dataframe(df):
+        yield
+        return
+    conf = df.sparkSession.conf
+    before = conf.get(ADAPTIVE, None)
+    conf.set(ADAPTIVE, "false")
+    try:
+        yield
+    finally:
+        if before is None:
+            conf.unset(ADAPTIVE)
+        else:
+            conf.set(ADAPTIVE, before)
 
 
 def _storage_level() -> Any:

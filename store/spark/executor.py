@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import time
+import types
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,8 @@ log = logging.getLogger(__name__)
 
 META_COL = "__sk_meta"
 OUTPUT_BATCH_ROWS = 8192
+_ITERATORS = frozenset({types.GeneratorType, list, type(iter(())), type(iter([]))})
+"""What handlers usually return: taken as an iterable of output items without further type checks."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,9 @@ class _Output:
 
     def add(self, result: Any) -> None:
         """Take what a handler returned: an iterable of rows / tables / frames, or one of those."""
+        if type(result) in _ITERATORS:  # the usual case (a generator): no further checks per key
+            self.items.extend(result)
+            return
         if result is None:
             return
         if isinstance(result, tuple | dict | pa.Table | pa.RecordBatch) or _is_pandas(result):

@@ -398,6 +398,7 @@ class ValueState(_State):
         super().__init__(ctx, name, ttl_ms, schema)
         self._seen_gk: bytes | None = None  # the key of the last read, and whether a row was there
         self._seen_row = False
+        self._seen_many: tuple[list[Any], list[bytes], list[bytes | None]] | None = None  # getMany's, likewise
 
     def _read(self) -> Any:
         gk = self._ctx.require_gk()
@@ -419,6 +420,7 @@ class ValueState(_State):
         existed = self._seen_row if gk is self._seen_gk else self._cf.get(gk) is not None
         self._seen_gk = gk
         self._seen_row = True
+        self._seen_many = None
         if self._plain_ok:
             self._cf.put(gk, self._encode(newValue))
             ctx.rows_updated += 1
@@ -428,17 +430,17 @@ class ValueState(_State):
             self._write(gk, newValue, existed)
 
     def clear(self) -> None:
-        self._seen_gk = None
+        self._seen_gk = self._seen_many = None
         self._remove(self._ctx.require_gk())
 
     # -- bulk, with explicit keys ---------------------------------------------------------------
     def getMany(self, keys: Sequence[tuple[Any, ...]]) -> list[Any]:
         """The value of each key (None where absent or expired), in the order given."""
         enc = self._ctx.encode_gk
-        raws = self._cf.multi_get([enc(k) for k in keys])
-        live = self._live
-        out = [live(r) for r in raws]
-        return [None if v is _MISSING else v for v in out]
+        gks = [enc(k) for k in keys]
+        raws = self._cf.multi_get(gks)
+        self._seen_many = (list(keys), gks, raws)
+        return [None if v is _MISSING else v for v in map(self._live, raws)]
 
     def updateMany(self, keys: Sequence[tuple[Any, ...]], values: Sequence[Any]) -> None:
         if len(keys) != len(values):
@@ -446,9 +448,13 @@ class ValueState(_State):
         if not keys:
             return
         self._seen_gk = None
-        enc = self._ctx.encode_gk
-        gks = [enc(k) for k in keys]
-        existed = self._cf.multi_get(gks)
+        seen, self._seen_many = self._seen_many, None
+        if seen is not None and seen[0] == (keys if isinstance(keys, list) else list(keys)):
+            gks, existed = seen[1], seen[2]  # the keys getMany just read: their encodings and presence
+        else:
+            enc = self._ctx.encode_gk
+            gks = [enc(k) for k in keys]
+            existed = self._cf.multi_get(gks)
         ctx = self._ctx
         expiry = None if self._ttl is None else ctx.now_ms + self._ttl
         if not self._record.schema_id:
@@ -462,7 +468,7 @@ class ValueState(_State):
         ctx.rows_delta += sum(1 for e in existed if e is None)
 
     def clearMany(self, keys: Sequence[tuple[Any, ...]]) -> None:
-        self._seen_gk = None
+        self._seen_gk = self._seen_many = None
         enc = self._ctx.encode_gk
         gks = [enc(k) for k in keys]
         present = [gk for gk, raw in zip(gks, self._cf.multi_get(gks), strict=True) if raw is not None]

@@ -269,8 +269,18 @@ def _row_class(names: tuple[str, ...]) -> type:
     attrs: dict[str, Any] = {"__fields__": list(names), "__slots__": ()}
     for i, name in enumerate(names):
         if name.isidentifier() and not hasattr(Row, name):
-            attrs[name] = property(operator.itemgetter(i))
+            attrs[name] = _field_getter(i, name)
     return type("Row", (Row,), attrs)
+
+
+def _field_getter(index: int, name: str) -> Any:
+    """A read-only attribute for field `index`: namedtuple's C descriptor where there is one (it reads
+    the tuple slot directly, not through Row's Python-level ``__getitem__``: ~4x faster per access)."""
+    try:
+        from collections import _tuplegetter  # type: ignore[attr-defined]  # CPython's namedtuple fields
+    except ImportError:  # pragma: no cover - other interpreters
+        return property(operator.itemgetter(index))
+    return _tuplegetter(index, f"field {name!r}")
 
 
 __all__ = ["DEFAULT_INPUT_BUDGET_BYTES", "MARKER_COL", "PID_COL", "InputPhases", "TaskInput", "groups_of", "run_starts"]

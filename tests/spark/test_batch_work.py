@@ -53,3 +53,29 @@ def test_each_partition_task_runs_once_per_batch_and_traces_its_phases(
                 p["phases"]
             )
             assert p["phases"]["input_chunks"] == (1 if p["input_rows"] else 0)
+
+
+def test_a_batch_is_one_tasks_job_and_the_sink_keeps_the_sessions_adaptive_setting(spark: Any, tmp_path: Path) -> None:
+    """Adaptive execution would split the tasks job into three (shuffle map stage, cached tasks, the driver's
+    read of their results); the operator plans it without, and gives the session's own setting back before
+    the user's sink runs."""
+    seen: list[str | None] = []
+
+    def sink(df: Any, batch_id: int) -> None:
+        seen.append(df.sparkSession.conf.get("spark.sql.adaptive.enabled"))
+        df.write.format("noop").mode("overwrite").save()
+
+    op = StatefulOperator((tmp_path / "state").as_uri(), "counts", "user", CountSum(), OUT, num_partitions=3, sink=sink)
+    sc = spark.sparkContext
+    spark.conf.set("spark.sql.adaptive.enabled", "true")
+    for b in range(2):
+        sc.setJobGroup(f"batch-{b}-{tmp_path.name}", "one batch")
+        try:
+            op.process_batch(spark.createDataFrame([(f"u{i % 7}", i) for i in range(50)], "user string, value long"), b)
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+
+    assert seen == ["true", "true"]
+    assert spark.conf.get("spark.sql.adaptive.enabled") == "true"
+    jobs = sc.statusTracker().getJobIdsForGroup(f"batch-1-{tmp_path.name}")
+    assert len(jobs) == 2, f"a steady batch ran {len(jobs)} Spark jobs, expected the tasks job and the sink's"

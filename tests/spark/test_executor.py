@@ -219,6 +219,26 @@ def test_state_variables_ttl_timers_and_counts(tmp_path: Path) -> None:
     store.close()
 
 
+def test_update_many_after_get_many_writes_the_keys_it_is_given_and_counts_rows(tmp_path: Path) -> None:
+    """updateMany reuses the encodings and presence getMany just read for the same keys, and only then: a
+    key list changed in place, or a write in between, is read afresh."""
+    store, ctx, p = _ctx(tmp_path, now=10_000)
+    keys = [("a",), ("b",)]
+    assert p.v.getMany(keys) == [None, None]
+    p.v.updateMany(keys, [(1,), (2,)])
+    assert ctx.rows_delta == 2
+    got = p.v.getMany(keys)
+    keys[1] = ("c",)  # changed in place after the read
+    p.v.updateMany(keys, [(g[0] + 10,) for g in got])
+    assert p.v.getMany([("a",), ("b",), ("c",)]) == [(11,), (2,), (12,)] and ctx.rows_delta == 3
+    p.v.getMany([("a",), ("b",)])
+    p.v.clearMany([("b",)])  # a write between the read and the update
+    p.v.updateMany([("a",), ("b",)], [(0,), (0,)])
+    assert ctx.rows_delta == 3 and ctx.save_rows_total() == 3
+    store.abort()
+    store.close()
+
+
 def test_state_names_and_kinds_are_checked(tmp_path: Path) -> None:
     store, ctx, p = _ctx(tmp_path, now=0)
     h = StatefulProcessorHandle(ctx)

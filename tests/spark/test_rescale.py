@@ -178,12 +178,13 @@ def test_spark_computes_the_key_group_python_stores(spark: Any) -> None:
             datetime.date(1960, 1, 1) + datetime.timedelta(days=i * 37),
             epoch + datetime.timedelta(seconds=i * 99_991),
             i,
+            bytes([i % 3, 0, i]) if i % 4 else b"",
         )
         for i in range(120)
     ]
-    rows.append((None, None, None, None, None, 0))
-    df = spark.createDataFrame(rows, "a long, s string, b boolean, d date, t timestamp, i int")
-    for cols in [("a",), ("s",), ("b",), ("d",), ("t",), ("i",), ("a", "s", "b", "d", "t")]:
+    rows.append((None, None, None, None, None, 0, None))
+    df = spark.createDataFrame(rows, "a long, s string, b boolean, d date, t timestamp, i int, y binary")
+    for cols in [("a",), ("s",), ("b",), ("d",), ("t",), ("i",), ("y",), ("a", "s", "b", "d", "t", "y")]:
         out = df.selectExpr(*cols, f"{key_group_sql(df.schema, cols, 1024)} as g").toArrow()
         codec = KeyCodec(struct(*(Field(c, from_arrow(out.schema.field(c).type, c)) for c in cols)), "key")
         for r in out.to_pylist():
