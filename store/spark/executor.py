@@ -129,7 +129,8 @@ class _Output:
         return len(self.items)
 
     def drain(self) -> Iterator[pa.RecordBatch]:
-        items, self.items = self.items, []
+        items = self.items.copy()  # emptied in place: the task loop holds the list
+        self.items.clear()
         rows: list[Any] = []
         frames: list[Any] = []  # consecutive pandas frames are concatenated, then converted once
         for item in items:
@@ -308,11 +309,12 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
                     ctx.set_key(key)
                     for one in states:
                         processor.handleInitialState(key, one, timer_values)
+            set_key, add, handle, buffered = ctx.set_key, out.add, processor.handleInputRows, out.items
             for key, rows in data.groups(spec.input_format):
                 keys += 1
-                ctx.set_key(key)
-                out.add(processor.handleInputRows(key, rows, timer_values))
-                if out.pending() >= OUTPUT_BATCH_ROWS:
+                set_key(key)
+                add(handle(key, rows, timer_values))
+                if len(buffered) >= OUTPUT_BATCH_ROWS:
                     yield from clock.drain(out)
             fired = ctx.pop_expired_timers(spec.time.timer_deadline_ms(spec.batch_ts_ms))
             for gk, expiry in fired:

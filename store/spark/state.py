@@ -411,12 +411,18 @@ class ValueState(_State):
         return self._read() is not _MISSING
 
     def get(self) -> Any:
-        v = self._read()
+        gk = self._ctx.gk or self._ctx.require_gk()  # _read and _live inlined: the per-key hot path
+        raw = self._cf.get(gk)
+        self._seen_gk = gk
+        self._seen_row = raw is not None
+        if raw is None:
+            return None
+        v = self._decode(raw, self._ctx.now_ms)
         return None if v is _MISSING else v
 
     def update(self, newValue: Any) -> None:
         ctx = self._ctx
-        gk = ctx.require_gk()
+        gk = ctx.gk or ctx.require_gk()
         existed = self._seen_row if gk is self._seen_gk else self._cf.get(gk) is not None
         self._seen_gk = gk
         self._seen_row = True

@@ -212,8 +212,8 @@ def groups_of(
         keys = [tuple(columns[i][s] for i in key_idx) for s in starts.tolist()]
     if len(set(keys)) == len(keys):
         bounds = [*starts.tolist(), data.num_rows]
-        for k, s, e in zip(keys, bounds, bounds[1:], strict=False):
-            yield k, iter(rows[s:e])
+        groups = map(iter, map(rows.__getitem__, map(slice, bounds, bounds[1:])))
+        yield from zip(keys, groups, strict=True)  # the loop runs in C
         return
     on_unsorted()
     by_key: dict[tuple[Any, ...], list[Any]] = {}
