@@ -1,7 +1,8 @@
 """A partition task's input, streamed: whole key groups from Arrow record batches as they arrive.
 
-The driver sorts each partition by (marker first, then the grouping key), so the task learns its state
-partition from the first row and a key's rows are contiguous: a group ends where the key changes. The
+The driver sorts each partition by the grouping key, nulls first, and the marker (whose key is all nulls)
+ahead of any equal key, so the task learns its state partition from the first row and a key's rows are
+contiguous: a group ends where the key changes. The
 task never materialises its whole input; it cuts the stream into chunks of about ``budget_bytes`` of
 Arrow data, each ending on a key boundary (the rows of the chunk's last key are held back and joined
 with the next batches), and converts one chunk at a time to Python rows or pandas. Per-task memory is

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from statekeeper.store.spark import StatefulOperator
+from statekeeper.store.spark import StatefulOperator, StatefulProcessor
 from statekeeper.store.spark.driver import TRACE_ENV
 from tests.spark.helpers import CollectingSink
 from tests.spark.processors import CountSum
@@ -79,3 +80,31 @@ def test_a_batch_is_one_tasks_job_and_the_sink_keeps_the_sessions_adaptive_setti
     assert spark.conf.get("spark.sql.adaptive.enabled") == "true"
     jobs = sc.statusTracker().getJobIdsForGroup(f"batch-1-{tmp_path.name}")
     assert len(jobs) == 2, f"a steady batch ran {len(jobs)} Spark jobs, expected the tasks job and the sink's"
+
+
+class KeyCount(StatefulProcessor):
+    """Rows per (user, region) key, either part possibly null."""
+
+    def init(self, handle: Any) -> None:
+        self.n = handle.getValueState("n", "n long")
+
+    def handleInputRows(self, key: tuple[Any, ...], rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        n = (self.n.get() or (0,))[0] + sum(1 for _ in rows)
+        self.n.update((n,))
+        yield (*key, n)
+
+
+def test_keys_with_nulls_group_and_count_across_batches(spark: Any, tmp_path: Path) -> None:
+    """Each partition is sorted by key with nulls first and its marker row (all-null key) ahead of any equal
+    key: rows whose key is wholly or partly null still reach their partition's task after its marker, as
+    one group per key."""
+    sink = CollectingSink()
+    out = "user string, region string, n long"
+    op = StatefulOperator(
+        (tmp_path / "state").as_uri(), "counts", ["user", "region"], KeyCount(), out, num_partitions=2, sink=sink
+    )
+    keys = [(None, None), (None, "eu"), ("a", None), ("a", "eu"), ("b", "us")]
+    rows = [(*keys[i % len(keys)], i) for i in range(40)]
+    for b in range(2):
+        op.process_batch(spark.createDataFrame(rows, "user string, region string, value long"), b)
+    assert sorted(sink.batches[1], key=repr) == sorted([(*k, 16) for k in keys], key=repr)
