@@ -77,6 +77,8 @@ TASKS_JOB_SETTINGS = {
     # tasks' JVM time. Batches stay bounded by rows (maxRecordsPerBatch), and the task bounds what it
     # converts at once by bytes itself (task_input_budget_bytes).
     "spark.sql.execution.arrow.maxBytesPerBatch": str(2**31 - 1),
+    # The persisted task output lives for one batch: compressing its columns costs more than it saves.
+    "spark.sql.inMemoryColumnarStorage.compressed": "false",
 }
 """Session settings the tasks job is planned and run with."""
 TRACE_ENV = "STATEKEEPER_SPARK_TRACE"
