@@ -47,9 +47,10 @@ BASELINE_BATCHES_ENV = "BENCH_SPARK_BASELINE_BATCHES"
 the first batches of theirs, to save time."""
 WARMUP_BATCHES = 1
 """The first batch of every query (its plan, code generation and imports) is left out of the figures."""
-WARMUP_QUERY_BATCHES = 5
-"""Batches of an unmeasured statekeeper query run first, so that the JVM's JIT warm-up (which slows the
-first seconds of the session's first query) falls on no measured query."""
+WARM_UP_QUERIES = ("rows", "vectorized", "native", "floor")
+"""An unmeasured first round of these queries over the same input: the JVM's JIT compiles Spark's code for
+minutes (its compiler threads took 200 ms of CPU per batch in the first query of a session, 70 ms in the
+third), so whichever query ran first would pay for it."""
 NATIVE = "Spark native aggregation (JVM, RocksDB, changelog)"
 FLOOR = "floor: stateless foreachBatch shuffle by key + noop"
 APPLY = "Spark applyInPandasWithState (RocksDB, changelog)"
@@ -359,6 +360,22 @@ def run_statekeeper(
     return durations, phases, trace_row(name, measured, durations, jobs_per_batch)
 
 
+def _warm_up_jvm(
+    spark: Any, inputs: Path, work: Path, timeout: float, partitions: int, expected: dict[str, tuple[int, int]]
+) -> None:
+    """Run each of `WARM_UP_QUERIES` once over `inputs`, unmeasured (see WARM_UP_QUERIES)."""
+    for name in WARM_UP_QUERIES:
+        where = work / name
+        if name == "native":
+            run_spark_native(spark, inputs, where, timeout)
+        elif name == "floor":
+            run_floor(spark, inputs, where, timeout, partitions)
+        else:
+            kw: dict[str, Any] = dict(api=name, async_checkpoint=False, partitions=partitions, expected=expected)
+            run_statekeeper(spark, inputs, where, timeout, **kw)
+    FLOOR_JOBS.clear()
+
+
 def _scale_row(keys: int, rows: int, batches: int, results: dict[str, list[float]]) -> list[Any]:
     p50 = {k: _pct(v, 50) for k, v in results.items()}
     r, v = results["statekeeper per-key rows, sync"], results["statekeeper vectorized, sync"]
@@ -447,17 +464,7 @@ def run(quick: bool) -> list[Table]:
                 shutil.copy2(f, base_inputs / f.name)
         spark = _session(work / "local")
         timeout = 7200.0
-        warm_expected = write_inputs(work / "warmup-inputs", WARMUP_QUERY_BATCHES, size["rows"], size["keys"], seed=7)
-        run_statekeeper(
-            spark,
-            work / "warmup-inputs",
-            work / "warmup",
-            timeout,
-            api="rows",
-            async_checkpoint=False,
-            partitions=size["partitions"],
-            expected=warm_expected,
-        )
+        _warm_up_jvm(spark, inputs, work / "warm-up", timeout, size["partitions"], expected)
         rows: list[list[Any]] = []
         notes: list[str] = []
         results: dict[str, list[float]] = {}
@@ -517,8 +524,9 @@ def run(quick: bool) -> list[Table]:
                 f"(time budget; {BASELINE_BATCHES_ENV}={size['batches']} runs them all)."
             )
         notes.append(
-            f"Batch duration = Spark's durationMs.triggerExecution of each batch after the first (warm-up); "
-            f"before all of them an unmeasured {WARMUP_QUERY_BATCHES}-batch statekeeper query warms up the JVM. "
+            "Batch duration = Spark's durationMs.triggerExecution of each batch after the first (warm-up); "
+            "before all of them an unmeasured round of the per-key rows, vectorized, Spark native and floor queries "
+            "over the same batches warms up the JVM (its JIT compiles for minutes; the first query would pay). "
             "speedup = applyInPandasWithState p50 / p50."
         )
         notes.append(

@@ -96,8 +96,9 @@ def trace_table(rows: list[list[Any]]) -> Table:
             "appends each batch's full trace, every partition, as a JSON line.",
             "Spark around foreachBatch = trigger duration - our batch function (offsets and commit logs, source "
             "listing, progress). driver before job = our function's work before the tasks job (commit log read, "
-            "batch timestamp file, plan). job outside tasks = tasks job - slowest task (scheduling, shuffle map "
-            "stage, Python worker hand-off).",
+            "batch timestamp file, plan). job outside tasks = tasks job - slowest task (the shuffle's map stage, "
+            "the other wave of tasks when partitions outnumber cores: 4 on local[2], scheduling, the JVM's side "
+            "of each task: shuffle read, sort, Arrow both ways, caching the output).",
             "task: to 1st input batch = from the task function's start to its first Arrow batch (shuffle read); "
             "input wait = later waits on Spark's input iterator; output to Spark = time handing our output "
             "batches to the JVM; user logic + state = the processor and its state reads/writes.",
