@@ -42,7 +42,7 @@ from statekeeper.orchestration.metadata import (
     table,
 )
 from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
-from statekeeper.sql import Catalog
+from statekeeper.sql import Catalog, NotInCatalogError
 from statekeeper.sql.models import utcnow
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.layout import StoreId
@@ -91,11 +91,31 @@ def parse_stores(specs: list[str]) -> list[StoreId] | None:
     return out
 
 
-def sync_lineage(catalog: Catalog, storage: CheckpointStorage, root: str) -> Any:
-    """An incremental catalog sync, not recorded as a run (it keeps chain lengths and checks current)."""
+FRESH_SYNC_SECONDS = 1.0
+"""A sync of the root younger than this is as current as another would be (a store commits its next version
+a second or more after the last): an asset's run and the checks after it reuse the sync before them."""
+
+
+def sync_lineage(catalog: Catalog, storage: CheckpointStorage, root: str, *, fresh_within: float = 0.0) -> Any:
+    """An incremental catalog sync, not recorded as a run (it keeps chain lengths and checks current);
+    none when the root's last sync is younger than `fresh_within` seconds."""
     from statekeeper.maintenance.catalog_sync import sync_catalog
 
-    return sync_catalog(catalog, storage.file_manager(root), raise_on_error=False)
+    fm = storage.file_manager(root)
+    if fresh_within > 0 and _synced_within(catalog, fm.root_uri, fresh_within):
+        return None
+    return sync_catalog(catalog, fm, raise_on_error=False)
+
+
+def _synced_within(catalog: Catalog, root: str, seconds: float) -> bool:
+    try:
+        last, _ = catalog.last_sync(root)
+    except NotInCatalogError:
+        return False
+    if last is None:
+        return False
+    last = last if last.tzinfo else last.replace(tzinfo=dt.UTC)  # SQLite gives naive UTC back
+    return (utcnow() - last).total_seconds() < seconds
 
 
 def ensure_recorded(
@@ -152,7 +172,7 @@ def run_maintenance(
         catalog_run = ensure_recorded(
             cat, root, KINDS[asset_name], context.run.run_id, since, report, dry_run=bool(kwargs.get("dry_run"))
         )
-        sync_lineage(cat, storage, root)  # chain lengths as they are now
+        sync_lineage(cat, storage, root, fresh_within=FRESH_SYNC_SECONDS)  # chain lengths as they are now
         chains = cat.chain_lengths(root)
     md = report_metadata(report)
     md.update(chain_stats(chains, settings.snapshot_threshold))

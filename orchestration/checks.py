@@ -22,7 +22,7 @@ from dagster import (
     asset_check,
 )
 
-from statekeeper.orchestration.assets import ORPHANS, RETAINED, SNAPSHOTS, sync_lineage
+from statekeeper.orchestration.assets import FRESH_SYNC_SECONDS, ORPHANS, RETAINED, SNAPSHOTS, sync_lineage
 from statekeeper.orchestration.metadata import chain_rows, chain_stats, numeric, report_errors, table
 from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
 
@@ -47,7 +47,7 @@ def _chains_within(
     """Whether every store of the root replays at most `limit` changelogs, with the chain metadata."""
     root = _root(context, storage)
     with catalog.session() as cat:
-        sync_lineage(cat, storage, root)
+        sync_lineage(cat, storage, root, fresh_within=FRESH_SYNC_SECONDS)  # the asset's, in its run
         chains = cat.chain_lengths(root)
     over = [c for c in chains if c.chain_length > limit]
     md = chain_stats(chains, threshold)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import fields
@@ -30,8 +31,11 @@ if TYPE_CHECKING:
 ENV_ENGINE = "STATEKEEPER_MAINTENANCE_ENGINE"
 ENV_SPARK_MASTER = "STATEKEEPER_SPARK_MASTER"
 
-_upgraded: set[str] = set()
-_upgraded_lock = threading.Lock()
+_CATALOGS: OrderedDict[tuple[int, str], Catalog] = OrderedDict()
+"""The open catalog of each database URL in this process (and pid: a forked child opens its own)."""
+_CATALOGS_LOCK = threading.Lock()
+MAX_OPEN_CATALOGS = 8
+"""Databases a process keeps open at once; the least recently used beyond this is closed."""
 
 
 class CheckpointStorage(ConfigurableResource):  # type: ignore[type-arg]
@@ -76,24 +80,28 @@ class CatalogDatabase(ConfigurableResource):  # type: ignore[type-arg]
         return self.url or default_url()
 
     def open(self) -> Catalog:
+        """This process's catalog of the URL, migrated to this release when first opened.
+
+        One engine per database per process, as SQLAlchemy advises: its connection pool and compiled
+        statements outlive a run or a sensor tick (an engine each time compiled every statement again and
+        read the schema revision on every tick and run: a tenth of the fleet's maintenance CPU)."""
         url = self.resolved_url()
-        key = normalize_url(url).render_as_string(hide_password=False)
-        with _upgraded_lock:
-            first = key not in _upgraded
-        catalog = Catalog.open(url, upgrade=first)
-        if first:
-            with _upgraded_lock:
-                _upgraded.add(key)
-        return catalog
+        key = (os.getpid(), normalize_url(url).render_as_string(hide_password=False))
+        with _CATALOGS_LOCK:
+            catalog = _CATALOGS.get(key)
+            if catalog is not None:
+                _CATALOGS.move_to_end(key)
+                return catalog
+            catalog = _CATALOGS[key] = Catalog.open(url, upgrade=True)
+            while len(_CATALOGS) > MAX_OPEN_CATALOGS:
+                _, old = _CATALOGS.popitem(last=False)
+                old.close()  # connections in use elsewhere are closed when returned
+            return catalog
 
     @contextmanager
     def session(self) -> Iterator[Catalog]:
-        """An open catalog, closed when the block ends."""
-        catalog = self.open()
-        try:
-            yield catalog
-        finally:
-            catalog.close()
+        """The open catalog (see `open`), for a block."""
+        yield self.open()
 
 
 class MaintenanceConfig(ConfigurableResource):  # type: ignore[type-arg]
