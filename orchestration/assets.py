@@ -112,10 +112,7 @@ def _synced_within(catalog: Catalog, root: str, seconds: float) -> bool:
         last, _ = catalog.last_sync(root)
     except NotInCatalogError:
         return False
-    if last is None:
-        return False
-    last = last if last.tzinfo else last.replace(tzinfo=dt.UTC)  # SQLite gives naive UTC back
-    return (utcnow() - last).total_seconds() < seconds
+    return last is not None and (utcnow() - last).total_seconds() < seconds  # aware UTC (UTCDateTime)
 
 
 def ensure_recorded(
