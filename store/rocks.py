@@ -146,6 +146,31 @@ def untrack_memtables(owner: object) -> None:
         _reap_dead_owners(mem)
 
 
+def flush_memtables(owner: object) -> int:
+    """Flush the active memtables of `owner`'s column families that hold at least MIN_FLUSH_BYTES.
+
+    For a store that has gone idle: RocksDB never flushes an idle memtable by itself, and what it holds
+    is charged to the shared cache, so a few idle stores crowd out the blocks the busy ones read.
+    Returns the number flushed.
+    """
+    mem = _shared
+    if mem is None:
+        return 0
+    key = id(owner)
+    with _lock:
+        own = [cf for (k, _), cf in mem.memtables.items() if k == key]
+    flushed = 0
+    for cf in own:
+        try:
+            if (cf.property_int_value("rocksdb.cur-size-active-mem-table") or 0) < MIN_FLUSH_BYTES:
+                continue
+            cf.flush(wait=True)
+        except Exception:  # closed concurrently by its owner
+            continue
+        flushed += 1
+    return flushed
+
+
 def relieve_memory_pressure() -> int:
     """Keep the memtables of all stores within their share of the process-wide limit.
 

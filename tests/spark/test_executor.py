@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -342,3 +343,41 @@ def test_a_pickle_payload_fails_the_task_naming_its_changelog(
         _run(_spec(root, 2, result.checkpoint_id, tmp_path), [("a", 1)])
     assert f"op/00000/changelogs/{2:020d}_{result.checkpoint_id}.changelog" in str(err.value)
     assert not marker.exists()
+
+
+def test_a_store_left_idle_gives_its_memtables_back_and_stays_warm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[_Cache]
+) -> None:
+    """The stores of a stopped query (or of partitions another worker now serves) must not keep their
+    memtables charged to the worker's memory limit: that cache is what the busy stores read from."""
+    from statekeeper.store import rocks
+
+    clock = [1000.0]
+    monkeypatch.setattr(rocks, "MIN_FLUSH_BYTES", 1)
+    cache = workers[0]
+    cache.clock, cache.idle_seconds = lambda: clock[0], 10
+    _on(monkeypatch, cache)
+    root = (tmp_path / "state").as_uri()
+    log = CommitLog(open_file_manager(root))
+    rows = [(f"user{i}", i) for i in range(2_000)]
+    out, meta = _run(_spec(root, 0, "", tmp_path), rows)
+    log.commit(1, {"op": [meta["checkpoint_id"]]})
+    store = cache.stores[(root, "op", 0)]
+
+    def active_bytes() -> int:
+        tracked = rocks.shared_memory().memtables
+        own = [cf for (owner, _), cf in tracked.items() if owner == id(store)]
+        assert own
+        return sum(cf.property_int_value("rocksdb.cur-size-active-mem-table") or 0 for cf in own)
+
+    held = active_bytes()
+    other = replace(_spec(root, 0, "", tmp_path), operator="other")
+    clock[0] += 5  # used 5 s ago: kept as it is
+    cache.store(other, 0)
+    assert active_bytes() == held > 100_000
+    clock[0] += 6  # 11 s: idle, flushed by the next fetch of any store
+    cache.store(other, 0)
+    assert active_bytes() < held // 10
+
+    out, meta = _run(_spec(root, 1, meta["checkpoint_id"], tmp_path), [("user7", 1)])
+    assert meta["reused_local"] and out == [("user7", 2, 8)]
