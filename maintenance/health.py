@@ -8,8 +8,8 @@ checks and the fleet benchmark:
 - **snapshot lag**: seconds since the oldest version no snapshot covers was committed (0 when the
   newest version has a snapshot): how long state has waited for a snapshot.
 
-Read-only; costs what an `Inventory` costs (one listing; parsed commit records and manifests are
-cached per process).
+`store_health` reads them from an `Inventory` (one listing; parsed commit records and manifests are
+cached per process); `health_from_chains` from the catalog's `chain_lengths`, without a listing.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.plan import plan_store
 from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.sql.lineage import StoreChain
 from statekeeper.store.layout import StoreId
 
 
@@ -74,6 +75,19 @@ def store_health(inv: Inventory, settings: MaintenanceSettings, *, now: float | 
     return out
 
 
+def health_from_chains(chains: list[StoreChain], *, now: float | None = None) -> list[StoreHealth]:
+    """The same numbers from the catalog (`Catalog.chain_lengths`, synced beforehand)."""
+    now = time.time() if now is None else now
+    out: list[StoreHealth] = []
+    for c in chains:
+        lag = 0.0
+        if c.chain_length > 0:
+            lag = math.nan if c.pending_since is None else max(0.0, now - c.pending_since.timestamp())
+        store = StoreId(c.operator, c.partition)
+        out.append(StoreHealth(store, c.latest_version, c.snapshot_version or 0, c.chain_length, lag))
+    return out
+
+
 def _rank(sorted_values: list[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))]
 
@@ -94,4 +108,4 @@ def summarize(health: list[StoreHealth]) -> FleetHealth:
     )
 
 
-__all__ = ["FleetHealth", "StoreHealth", "store_health", "summarize"]
+__all__ = ["FleetHealth", "StoreHealth", "health_from_chains", "store_health", "summarize"]

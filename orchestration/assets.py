@@ -157,7 +157,7 @@ def run_maintenance(
     """Run one maintenance operation on the root of the partition and describe it for the UI.
 
     With `health`, also the chain length and snapshot lag of every store after the run
-    (`statekeeper.maintenance.health`, one more listing of the root), as numbers the UI plots per store.
+    (`statekeeper.maintenance.health`, from the catalog), as numbers the UI plots per store.
     """
     fm = storage.file_manager(context.partition_key)
     root = fm.root_uri
@@ -174,10 +174,9 @@ def run_maintenance(
     md = report_metadata(report)
     md.update(chain_stats(chains, settings.snapshot_threshold))
     if health:
-        from statekeeper.maintenance.health import store_health
-        from statekeeper.maintenance.inventory import Inventory
+        from statekeeper.maintenance.health import health_from_chains
 
-        md.update(health_metadata(store_health(Inventory.scan(fm, parallelism=settings.parallelism), settings)))
+        md.update(health_metadata(health_from_chains(chains)))
     md["asset_seconds"] = MetadataValue.float(round(time.perf_counter() - t0, 3))
     md["catalog_run_id"] = MetadataValue.int(catalog_run)
     _fail_on_errors(KINDS[asset_name], root, report_errors(report), md)

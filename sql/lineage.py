@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, Subquery, and_, func, select
+from sqlalchemy.orm import aliased
 
 from statekeeper.sql.base import CatalogBase
 from statekeeper.sql.errors import CatalogConfigError, NotInCatalogError
@@ -127,9 +128,14 @@ class StoreChain:
     snapshot_version: int | None
     chain_length: int
     """Changelogs a load of the latest version replays: latest - snapshot version (or latest)."""
+    pending_since: dt.datetime | None = None
+    """When the oldest version no snapshot covers (snapshot version + 1) was committed; None when
+    the latest version has a snapshot. Now minus this is the store's snapshot lag."""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        row = asdict(self)
+        row["pending_since"] = None if self.pending_since is None else self.pending_since.isoformat()
+        return row
 
 
 def file_record(conn: Connection, rid: int, path: str) -> FileRecord | None:
@@ -374,17 +380,20 @@ class LineageQueries(CatalogBase):
             .group_by(Snapshot.store_id)
             .subquery()
         )
+        pending = aliased(Version)
         q = (
-            select(Store.operator, Store.partition, latest.c.v, Version.checkpoint_id, snaps.c.v)
+            select(Store.operator, Store.partition, latest.c.v, Version.checkpoint_id, snaps.c.v, pending.committed_at)
             .join(latest, latest.c.sid == Store.id)
             .join(Version, and_(Version.store_id == Store.id, Version.version == latest.c.v))
             .outerjoin(snaps, snaps.c.sid == Store.id)
+            .outerjoin(pending, and_(pending.store_id == Store.id, pending.version == func.coalesce(snaps.c.v, 0) + 1))
             .order_by(Store.operator, Store.partition)
         )
         out = []
         with self.read() as conn:
-            for op, part, v, cid, sv in conn.execute(q):
+            for op, part, v, cid, sv, since in conn.execute(q):
                 length = int(v) - (int(sv) if sv is not None else 0)
                 if length >= min_length:
-                    out.append(StoreChain(op, int(part), int(v), cid, None if sv is None else int(sv), length))
+                    snap = None if sv is None else int(sv)
+                    out.append(StoreChain(op, int(part), int(v), cid, snap, length, since if length else None))
         return out

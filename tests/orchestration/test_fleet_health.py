@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import time
+
+from statekeeper.maintenance.catalog_sync import sync_catalog
+from statekeeper.maintenance.health import health_from_chains, store_health
+from statekeeper.maintenance.inventory import Inventory
 from statekeeper.orchestration.assets import SNAPSHOTS
 from statekeeper.orchestration.checks import CHAINS_BOUNDED
+from statekeeper.store import open_file_manager
 from tests.orchestration.conftest import THRESHOLD, Orch
 from tests.orchestration.test_maintenance_assets import check, materialization, run_job
 
@@ -24,3 +30,22 @@ def test_per_store_chain_and_lag_metadata_and_the_twice_threshold_check(orch: Or
     assert md["chain_length_max"] == 0 and md["snapshot_lag_seconds_max"] == 0
     passed, _ = check(result, CHAINS_BOUNDED)
     assert passed
+
+
+def test_the_catalogs_health_equals_the_listings(orch: Orch) -> None:
+    """The assets plot health from the catalog (no listing of the root): it must say what a listing says."""
+    orch.writer.commit(2 * THRESHOLD + 1)
+    run_job(orch, SNAPSHOTS, run_config={"ops": {SNAPSHOTS: {"config": {"stores": ["agg/0"]}}}})
+    orch.writer.commit(2)  # agg/0: two versions past its snapshot; agg/1: none yet
+    sync_catalog(orch.catalog, open_file_manager(orch.root))
+
+    now = time.time()
+    settings = orch.resources["maintenance"].settings()
+    listed = sorted(store_health(Inventory.scan(open_file_manager(orch.root)), settings, now=now), key=str)
+    cataloged = sorted(health_from_chains(orch.catalog.chain_lengths(orch.root), now=now), key=str)
+    assert [(h.store, h.latest, h.snapshot_version, h.chain_length) for h in cataloged] == [
+        (h.store, h.latest, h.snapshot_version, h.chain_length) for h in listed
+    ]
+    assert [h.chain_length for h in cataloged] == [2, 2 * THRESHOLD + 3]
+    for c, li in zip(cataloged, listed, strict=True):
+        assert c.lag_seconds > 0 and abs(c.lag_seconds - li.lag_seconds) < 0.01
