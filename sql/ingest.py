@@ -9,6 +9,7 @@ keeps the incremental listing cursors, and at `finish` derives attempt outcomes 
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -331,6 +332,16 @@ class SyncWriter:
                 conn,
                 ((o.operator, o.partition) for o in observations if o.operator is not None and o.partition is not None),
             )
+            existing: dict[str, tuple[int, dt.datetime]] = {}
+            for chunk in chunks([o.path for o in observations]):
+                found = conn.execute(
+                    select(File.path, File.size, File.mtime).where(
+                        File.root_id == self.root_id, File.path.in_(chunk), File.state != STATE_DELETED
+                    )
+                )
+                existing.update((path, (size, mtime)) for path, size, mtime in found)
+            self.stats.files_seen += len(observations)
+            self.stats.files_new += sum(1 for o in observations if o.path not in existing)
             rows = []
             attempts = []
             for o in observations:
@@ -340,21 +351,24 @@ class SyncWriter:
                     if o.operator is not None and o.partition is not None
                     else None
                 )
-                rows.append(
-                    {
-                        "root_id": self.root_id,
-                        "path": o.path,
-                        "kind": o.kind,
-                        "store_id": sid,
-                        "version": o.version,
-                        "checkpoint_id": o.checkpoint_id,
-                        "size": o.size,
-                        "mtime": from_timestamp(o.mtime),
-                        "state": STATE_ORPHAN if o.kind == KIND_TEMP else STATE_LIVE,
-                        "first_seen": now,
-                        "deleted_at": None,
-                    }
-                )
+                mtime = from_timestamp(o.mtime)
+                # a listing repeats what an earlier sync recorded (a cursor lists its own start again): no write
+                if existing.get(o.path) != (o.size, mtime):
+                    rows.append(
+                        {
+                            "root_id": self.root_id,
+                            "path": o.path,
+                            "kind": o.kind,
+                            "store_id": sid,
+                            "version": o.version,
+                            "checkpoint_id": o.checkpoint_id,
+                            "size": o.size,
+                            "mtime": mtime,
+                            "state": STATE_ORPHAN if o.kind == KIND_TEMP else STATE_LIVE,
+                            "first_seen": now,
+                            "deleted_at": None,
+                        }
+                    )
                 if o.kind == KIND_CHANGELOG and sid is not None and o.version is not None and o.checkpoint_id:
                     attempts.append(
                         {
@@ -369,18 +383,6 @@ class SyncWriter:
                     self._note_version(o.version)
                 if o.kind == KIND_SST and sid is not None:
                     self._sst_stores.add(sid)
-            paths = [r["path"] for r in rows]
-            existing: set[str] = set()
-            for chunk in chunks(paths):
-                existing.update(
-                    conn.execute(
-                        select(File.path).where(
-                            File.root_id == self.root_id, File.path.in_(chunk), File.state != STATE_DELETED
-                        )
-                    ).scalars()
-                )
-            self.stats.files_seen += len(rows)
-            self.stats.files_new += len(set(paths) - existing)
             ft = table_of(File)
             for chunk in chunks(rows):
                 ins = self.catalog.insert(File)

@@ -258,3 +258,19 @@ def test_sync_records_a_run_when_asked(catalog: Catalog, history: History) -> No
     (run,) = catalog.runs(history.fm.root_uri)
     assert run.kind == "catalog-incremental" and run.status == "succeeded"
     assert run.orchestrator_run_id == "dagster-run-1" and run.file_count > 0 and run.store_count == 3
+
+
+def test_a_file_listed_again_is_written_only_when_it_changed(catalog: Catalog, history: History) -> None:
+    """Syncs skip the rows a listing repeats unchanged, but a file rewritten in place gets its new size."""
+    uri = history.fm.root_uri
+    history.run(2, retry_every=0, snapshot_every=0)
+    with history.fm.create("notes/README.txt") as out:
+        out.write(b"v1")
+    sync_catalog(catalog, history.fm, full=True)
+    history.fm.delete_many(["notes/README.txt"])
+    with history.fm.create("notes/README.txt") as out:
+        out.write(b"version two")
+    again = sync_catalog(catalog, history.fm, full=True)
+    assert again.files_new == 0
+    (notes,) = [f for f in catalog.files(uri) if f.path == "notes/README.txt"]
+    assert notes.size == len(b"version two")
