@@ -22,6 +22,7 @@ cursor does not move past it and its store's SSTs are not reclassified from part
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -105,8 +106,11 @@ class Classified:
     checkpoint_id: str | None = None
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def classify(path: str) -> Classified:
-    """What a path relative to the root is, by the layout of `statekeeper.store.layout` (foreign if no match)."""
+    """What a path relative to the root is, by the layout of `statekeeper.store.layout` (foreign if no match).
+
+    Cached: a sync classifies each new path several times, and later syncs see most of them again."""
     parts = path.split("/")
     name = parts[-1]
     store: tuple[str, int] | None = None
