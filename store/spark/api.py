@@ -111,7 +111,9 @@ class BatchStatefulProcessor(ABC):
 
 def keys_of(table: pa.Table, columns: list[str]) -> list[tuple[Any, ...]]:
     """The grouping-key tuples of every row of `table` (the form state variables take as keys)."""
-    return list(zip(*(table.column(c).to_pylist() for c in columns), strict=True))
+    from statekeeper.store.spark.task_input import pylist
+
+    return list(zip(*(pylist(table.column(c)) for c in columns), strict=True))
 
 
 class GroupState:

@@ -194,7 +194,7 @@ def groups_of(
     key_idx = [names.index(k) for k in key_columns]
     if input_format == "pandas":
         at = pa.array(starts, pa.int64())
-        keys = list(zip(*(data.column(i).take(at).to_pylist() for i in key_idx), strict=True))
+        keys = list(zip(*(pylist(data.column(i).take(at)) for i in key_idx), strict=True))
         if len(set(keys)) != len(keys):
             on_unsorted()
             order = _group_order(data, key_idx)
@@ -203,7 +203,7 @@ def groups_of(
         bounds = [*starts.tolist(), data.num_rows]
         yield from _pandas_groups(data, list(zip(keys, np.diff(bounds).tolist(), strict=True)))
         return
-    columns = [data.column(n).to_pylist() for n in names]
+    columns = [pylist(data.column(n)) for n in names]
     make = functools.partial(tuple.__new__, _row_class(tuple(names)))
     rows = list(map(make, zip(*columns, strict=True)))
     if len(key_idx) == 1:
@@ -228,6 +228,17 @@ def groups_of(
         yield k, iter(group)
 
 
+def pylist(column: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """`column.to_pylist()`, through NumPy where that gives the same Python values (~15x faster:
+    to_pylist makes an Arrow scalar per value): numbers and booleans without nulls, strings, binaries."""
+    t = column.type
+    fast = pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
+    if not fast and column.null_count == 0:
+        fast = pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+    values: list[Any] = column.to_numpy(zero_copy_only=False).tolist() if fast else column.to_pylist()
+    return values
+
+
 def run_starts(table: pa.Table, key_columns: tuple[str, ...]) -> np.ndarray:
     """Indices where a run of equal grouping keys starts (0 first); nulls equal nulls."""
     n = table.num_rows
@@ -245,7 +256,7 @@ def run_starts(table: pa.Table, key_columns: tuple[str, ...]) -> np.ndarray:
 
 def _group_order(data: pa.Table, key_idx: list[int]) -> tuple[list[int], list[tuple[tuple[Any, ...], int]]]:
     """Row order that makes each key contiguous (first-seen order) and each key's row count."""
-    cols = [data.column(i).to_pylist() for i in key_idx]
+    cols = [pylist(data.column(i)) for i in key_idx]
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, k in enumerate(zip(*cols, strict=True)):
         groups.setdefault(k, []).append(i)

@@ -182,3 +182,32 @@ def test_worker_memory_does_not_grow_with_the_task_input(tmp_path: Path) -> None
 @pytest.mark.slow
 def test_worker_memory_stays_under_512_mb_at_5m_rows_per_partition(tmp_path: Path) -> None:
     assert _peak_rss_mb(tmp_path, 5_000_000, 1_000_000) <= 512
+
+
+_PYLIST_TYPES: list[tuple[pa.DataType, st.SearchStrategy[Any]]] = [
+    (pa.int8(), st.integers(-(2**7), 2**7 - 1)),
+    (pa.int64(), st.integers(-(2**63), 2**63 - 1)),
+    (pa.uint64(), st.integers(0, 2**64 - 1)),
+    (pa.float32(), st.floats(width=32, allow_nan=False)),
+    (pa.float64(), st.floats(allow_nan=False)),
+    (pa.bool_(), st.booleans()),
+    (pa.string(), st.text()),
+    (pa.large_string(), st.text()),
+    (pa.binary(), st.binary()),
+    (pa.timestamp("us"), st.integers(0, 2**50)),  # the rest take to_pylist
+    (pa.list_(pa.int64()), st.lists(st.integers(-5, 5), max_size=3)),
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_pylist_gives_what_to_pylist_gives(data: st.DataObject) -> None:
+    """The row path's column conversion: same values, same Python types, nulls included, chunked too."""
+    from statekeeper.store.spark.task_input import pylist
+
+    typ, values = data.draw(st.sampled_from(_PYLIST_TYPES))
+    chunks = data.draw(st.lists(st.lists(st.none() | values, max_size=6), min_size=1, max_size=3))
+    column = pa.chunked_array([pa.array(c, typ) for c in chunks], typ)
+    for col in (column, column.combine_chunks()):
+        got, want = pylist(col), col.to_pylist()
+        assert got == want and [type(v) for v in got] == [type(v) for v in want]
