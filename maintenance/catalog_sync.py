@@ -22,7 +22,6 @@ cursor does not move past it and its store's SSTs are not reclassified from part
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -106,11 +105,8 @@ class Classified:
     checkpoint_id: str | None = None
 
 
-@functools.lru_cache(maxsize=1 << 16)
 def classify(path: str) -> Classified:
-    """What a path relative to the root is, by the layout of `statekeeper.store.layout` (foreign if no match).
-
-    Cached: a sync classifies each new path several times, and later syncs see most of them again."""
+    """What a path relative to the root is, by the layout of `statekeeper.store.layout` (foreign if no match)."""
     parts = path.split("/")
     name = parts[-1]
     store: tuple[str, int] | None = None
@@ -376,7 +372,7 @@ def _incremental(catalog: Catalog, syncer: _Syncer, started: float, raise_on_err
     new_manifests = _unknown_snapshots(writer, [p for ps in manifest_paths.values() for p in ps])
     bad = syncer.ingest_manifests(writer, new_manifests)
     # The SST directory of a store is listed on its first sync and when it has a new snapshot.
-    fresh = {(classify(p).operator, classify(p).partition) for p in new_manifests}
+    fresh = {(c.operator, c.partition) for c in map(classify, new_manifests)}
     new_manifest_stores = [
         s for s in stores if (s.operator, s.partition) in fresh or writer.cursor(s.sst_dir()) is None
     ]

@@ -352,8 +352,10 @@ class SyncWriter:
                     else None
                 )
                 mtime = from_timestamp(o.mtime)
-                # a listing repeats what an earlier sync recorded (a cursor lists its own start again): no write
-                if existing.get(o.path) != (o.size, mtime):
+                # A listing repeats what an earlier sync recorded (a cursor lists its own start again):
+                # that file and its attempt are in the catalog already, so nothing is written for it.
+                written = existing.get(o.path) != (o.size, mtime)
+                if written:
                     rows.append(
                         {
                             "root_id": self.root_id,
@@ -369,7 +371,8 @@ class SyncWriter:
                             "deleted_at": None,
                         }
                     )
-                if o.kind == KIND_CHANGELOG and sid is not None and o.version is not None and o.checkpoint_id:
+                is_attempt = o.kind == KIND_CHANGELOG and o.version is not None and bool(o.checkpoint_id)
+                if written and is_attempt and sid is not None:
                     attempts.append(
                         {
                             "store_id": sid,

@@ -159,16 +159,24 @@ def flush_memtables(owner: object) -> int:
     key = id(owner)
     with _lock:
         own = [cf for (k, _), cf in mem.memtables.items() if k == key]
-    flushed = 0
-    for cf in own:
-        try:
-            if (cf.property_int_value("rocksdb.cur-size-active-mem-table") or 0) < MIN_FLUSH_BYTES:
-                continue
-            cf.flush(wait=True)
-        except Exception:  # closed concurrently by its owner
-            continue
-        flushed += 1
-    return flushed
+    return sum(_flush(cf, wait=True) for cf in own if (_active_bytes(cf) or 0) >= MIN_FLUSH_BYTES)
+
+
+def _active_bytes(cf: rd.Rdict) -> int | None:
+    """Size of `cf`'s active memtable; None once its owner closed it (concurrently)."""
+    try:
+        return cf.property_int_value("rocksdb.cur-size-active-mem-table") or 0
+    except Exception:
+        return None
+
+
+def _flush(cf: rd.Rdict, *, wait: bool) -> bool:
+    """Flush `cf`'s memtable; False if its owner closed it concurrently."""
+    try:
+        cf.flush(wait=wait)
+    except Exception:
+        return False
+    return True
 
 
 def relieve_memory_pressure() -> int:
@@ -186,16 +194,10 @@ def relieve_memory_pressure() -> int:
     budget = wbm.get_buffer_size()
     if wbm.get_usage() <= budget:
         return 0
-    flushed = 0
     with mem.flush_lock:  # one thread flushes at a time; the others wait here, which is the backpressure
         with _lock:
             candidates = list(mem.memtables.values())
-        sized = []
-        for cf in candidates:
-            try:
-                sized.append((cf.property_int_value("rocksdb.cur-size-active-mem-table") or 0, cf))
-            except Exception:  # closed concurrently by its owner
-                continue
+        sized = [(size, cf) for cf in candidates if (size := _active_bytes(cf)) is not None]
         sized.sort(key=lambda t: t[0], reverse=True)
         excess = wbm.get_usage() - budget * 3 // 4
         chosen = []
@@ -204,13 +206,7 @@ def relieve_memory_pressure() -> int:
                 break
             chosen.append(cf)
             excess -= size
-        for i, cf in enumerate(chosen):
-            try:
-                cf.flush(wait=i == len(chosen) - 1)
-            except Exception:  # closed concurrently by its owner
-                continue
-            flushed += 1
-    return flushed
+        return sum(_flush(cf, wait=i == len(chosen) - 1) for i, cf in enumerate(chosen))
 
 
 def db_options(*, bulk_replay: bool = False) -> rd.Options:

@@ -381,3 +381,14 @@ def test_a_store_left_idle_gives_its_memtables_back_and_stays_warm(
 
     out, meta = _run(_spec(root, 1, meta["checkpoint_id"], tmp_path), [("user7", 1)])
     assert meta["reused_local"] and out == [("user7", 2, 8)]
+
+
+@pytest.mark.parametrize("raw", ["soon", "-1"])
+def test_a_bad_worker_cache_setting_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    from statekeeper.store.spark.worker_cache import IDLE_SECONDS_ENV, MAX_STORES_ENV
+
+    for name in (IDLE_SECONDS_ENV, MAX_STORES_ENV):
+        with monkeypatch.context() as m:
+            m.setenv(name, raw)
+            with pytest.raises(ConfigurationError, match=f"{name}='{raw}'"):
+                _Cache()
