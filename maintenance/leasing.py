@@ -153,6 +153,15 @@ def cycle_leases(
         cycle.release()
 
 
+def held_stores(root_uri: str, catalog: Catalog | None) -> frozenset[StoreId]:
+    """The stores of `root_uri` whose lease the running `cycle_leases` block (with this `catalog`) holds now:
+    an operation's listing of them, taken inside the block, needs no second listing under the lease."""
+    cycle = _cycle.get()
+    if cycle is None or cycle.root_uri != root_uri or cycle.catalog is not catalog:
+        return frozenset()
+    return cycle.held_stores()
+
+
 @contextmanager
 def store_lease(
     root_uri: str, store: StoreId, settings: MaintenanceSettings, catalog: Catalog | None
@@ -223,6 +232,7 @@ __all__ = [
     "LeaseGuard",
     "MaintenanceBusyError",
     "cycle_leases",
+    "held_stores",
     "lock_path",
     "planned_store",
     "store_lease",

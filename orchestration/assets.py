@@ -15,9 +15,11 @@ here), and reports numeric metadata the UI plots (files, bytes, seconds, chain l
 ``details`` table of what it did. A run whose operation reports errors fails, naming them.
 """
 
+import contextlib
 import datetime as dt
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from dagster import (
@@ -32,6 +34,7 @@ from dagster import (
 )
 from pydantic import Field
 
+from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.orchestration.metadata import (
     chain_rows,
     chain_stats,
@@ -143,6 +146,33 @@ def _fail_on_errors(what: str, root: str, errors: list[str], metadata: dict[str,
         raise Failure(description=f"{what} of {root} reported {len(errors)} error(s): {shown}", metadata=metadata)
 
 
+def _run_leases(
+    asset_name: str,
+    cat: Catalog,
+    root: str,
+    maintenance: MaintenanceConfig,
+    settings: MaintenanceSettings,
+    kwargs: dict[str, Any],
+) -> AbstractContextManager[object]:
+    """The leases of every store the run may change (those asked for, else every store the catalog knows),
+    taken in one catalog transaction and held until the operation ends, as a cycle of the maintenance loop
+    takes them: one acquisition, renewal and release for the run instead of one each per store, and no
+    second listing of a store under its lease. Stores held elsewhere (or new to the catalog) are leased
+    one by one as before. Not for dry runs (they change nothing) nor for snapshots built by the Spark
+    engine (its executors take the leases)."""
+    if kwargs.get("dry_run") or (asset_name == SNAPSHOTS and maintenance.engine != "local"):
+        return contextlib.nullcontext()
+    from statekeeper.maintenance.leasing import cycle_leases
+
+    stores = kwargs.get("stores")
+    if stores is None:
+        try:
+            stores = [StoreId(s.operator, s.partition) for s in cat.stores(root)]
+        except NotInCatalogError:
+            stores = []
+    return cycle_leases(root, settings, cat, stores)
+
+
 def run_maintenance(
     context: AssetExecutionContext,
     asset_name: str,
@@ -165,7 +195,8 @@ def run_maintenance(
     t0 = time.perf_counter()
     since = utcnow()
     with catalog.session() as cat:
-        report = operation(fm, settings, catalog=cat, orchestrator_run_id=context.run.run_id, **kwargs)
+        with _run_leases(asset_name, cat, root, maintenance, settings, kwargs):
+            report = operation(fm, settings, catalog=cat, orchestrator_run_id=context.run.run_id, **kwargs)
         catalog_run = ensure_recorded(
             cat, root, KINDS[asset_name], context.run.run_id, since, report, dry_run=bool(kwargs.get("dry_run"))
         )

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from dagster import AssetKey
 
 from statekeeper.orchestration.assets import ORPHANS, RETAINED, SNAPSHOTS
 from statekeeper.orchestration.checks import CHAINS, LOADABLE, NO_ORPHANS
 from statekeeper.orchestration.jobs import JOB_NAMES
+from statekeeper.sql import Catalog
 from statekeeper.store import StateStore
 from tests.orchestration.conftest import RETAIN, THRESHOLD, Orch
 
@@ -79,6 +81,37 @@ def test_expiry_job(orch: Orch) -> None:
     assert passed, chk
     run = catalog_run(orch, result.run_id, "expire")
     assert run.file_count == md["files"]
+
+
+def test_a_run_takes_the_leases_of_its_stores_in_one_catalog_transaction(
+    orch: Orch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a cycle of the maintenance loop: one acquisition, renewal and release for the run, not one per store."""
+    orch.writer.commit(THRESHOLD)
+    run_job(orch, SNAPSHOTS)
+    orch.writer.commit(RETAIN + 2)
+    together: list[set[str]] = []
+    one_by_one: list[object] = []
+    acquire_leases, acquire_lease = Catalog.acquire_leases, Catalog.acquire_lease
+
+    def counted_group(self: Catalog, uri: str, stores: list[tuple[str, int]], **kw: Any) -> Any:
+        lease, refused = acquire_leases(self, uri, stores, **kw)
+        together.append(set(lease.scopes) if lease is not None else set())
+        return lease, refused
+
+    def counted_single(self: Catalog, uri: str, store: Any = None, **kw: Any) -> Any:
+        one_by_one.append(store)
+        return acquire_lease(self, uri, store, **kw)
+
+    monkeypatch.setattr(Catalog, "acquire_leases", counted_group)
+    monkeypatch.setattr(Catalog, "acquire_lease", counted_single)
+    for asset in (RETAINED, SNAPSHOTS):
+        together.clear()
+        orch.writer.commit(THRESHOLD)
+        result = run_job(orch, asset)
+        assert materialization(result, asset)["files"] > 0, f"{asset} changed both stores"
+        assert together == [{"agg/0", "agg/1"}] and one_by_one == [], f"{asset}: {together}, {one_by_one}"
+        assert orch.catalog.leases(orch.root) == [], "released when the run's operation ends"
 
 
 def test_orphan_cleanup_job(orch: Orch) -> None:
