@@ -339,7 +339,9 @@ def _finish(
     return result
 
 
-def _incremental(catalog: Catalog, syncer: _Syncer, started: float, raise_on_error: bool) -> CatalogSyncResult:
+def _incremental(
+    catalog: Catalog, syncer: _Syncer, started: float, raise_on_error: bool, only: frozenset[StoreId] | None
+) -> CatalogSyncResult:
     writer = catalog.sync_writer(syncer.uri, full=False)
     commits_prefix = f"{COMMITS_DIR}/"
     listed = syncer._list(commits_prefix, writer.cursor(commits_prefix))
@@ -353,6 +355,8 @@ def _incremental(catalog: Catalog, syncer: _Syncer, started: float, raise_on_err
         cursors[commits_prefix] = last_commit
     latest = writer.latest_versions()
     stores = [StoreId(op, part) for op, part in writer.known_stores()]
+    if only is not None:
+        stores = [s for s in stores if s in only]
 
     def list_store(store: StoreId) -> tuple[StoreId, list[FileInfo], list[FileInfo]]:
         changelogs = syncer._list(store.changelog_dir(), writer.cursor(store.changelog_dir()))
@@ -459,11 +463,19 @@ def sync_catalog(
     raise_on_error: bool = True,
     record_run: bool = False,
     orchestrator_run_id: str | None = None,
+    stores: Iterable[StoreId] | None = None,
 ) -> CatalogSyncResult:
-    """Bring the catalog of `root` up to date (incremental, or with `full` a whole listing)."""
+    """Bring the catalog of `root` up to date (incremental, or with `full` a whole listing).
+
+    `stores` (incremental only): list the directories of these stores alone, with every new commit record;
+    for a maintainer that just wrote their files (the snapshots it made), not a listing of the whole fleet.
+    """
     fm = _open(root)
     mode = "full" if full else "incremental"
-    return _run(catalog, fm, mode, workers, raise_on_error, record_run, orchestrator_run_id)
+    if full and stores is not None:
+        raise ValueError("a full sync lists every store: stores is for an incremental sync")
+    only = None if stores is None else frozenset(stores)
+    return _run(catalog, fm, mode, workers, raise_on_error, record_run, orchestrator_run_id, only)
 
 
 def rebuild_catalog(
@@ -481,7 +493,7 @@ def rebuild_catalog(
     """
     fm = _open(root)
     catalog.reset_root(fm.root_uri)
-    return _run(catalog, fm, "rebuild", workers, raise_on_error, record_run, orchestrator_run_id)
+    return _run(catalog, fm, "rebuild", workers, raise_on_error, record_run, orchestrator_run_id, None)
 
 
 def _run(
@@ -492,13 +504,14 @@ def _run(
     raise_on_error: bool,
     record_run: bool,
     orchestrator_run_id: str | None,
+    only: frozenset[StoreId] | None,
 ) -> CatalogSyncResult:
     started = time.perf_counter()
     syncer = _Syncer(catalog, fm, CatalogSyncResult(fm.root_uri, mode), workers)
 
     def go() -> CatalogSyncResult:
         if mode == "incremental":
-            return _incremental(catalog, syncer, started, raise_on_error)
+            return _incremental(catalog, syncer, started, raise_on_error, only)
         return _full(catalog, syncer, started, raise_on_error)
 
     if not record_run:

@@ -248,7 +248,7 @@ def create_snapshots(
         for store in todo:
             _account(report, rows.get(store) or {"store": str(store), "action": "failed", "error": "no result"})
         if catalog is not None and report.snapshots:
-            _sync(catalog, fm, report)
+            _sync(catalog, fm, report, [s for s in todo if (rows.get(s) or {}).get("action") == "snapshot"])
     return report
 
 
@@ -379,11 +379,12 @@ def _repair_reason(
     return newest_snapshot_problem(fm, plan, manifests, checksums=True, work_dir=settings.work_dir)
 
 
-def _sync(catalog: Catalog, fm: CheckpointFileManager, report: SnapshotReport) -> None:
-    """Tell the catalog about the new snapshots (an incremental sync); its read errors are logged."""
+def _sync(catalog: Catalog, fm: CheckpointFileManager, report: SnapshotReport, stores: list[StoreId]) -> None:
+    """Tell the catalog about the new snapshots (an incremental sync of the snapshotted `stores`); its read
+    errors are logged."""
     from statekeeper.maintenance.catalog_sync import sync_catalog
 
-    result = sync_catalog(catalog, fm, raise_on_error=False)
+    result = sync_catalog(catalog, fm, raise_on_error=False, stores=stores)
     for err in result.errors:
         log.warning("catalog sync after snapshots of %s: %s", report.root, err)
 

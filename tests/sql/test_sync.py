@@ -121,6 +121,32 @@ def test_incremental_only_equals_rebuild(
     exports_equal(catalog.export(uri), fresh.export(uri))
 
 
+def test_a_sync_of_named_stores_lists_only_theirs_and_the_others_catch_up(
+    catalog: Catalog, catalog_factory: Callable[[], Catalog], history: History
+) -> None:
+    """What a maintainer runs after writing some stores' snapshots: no listing of the others' directories."""
+    uri = history.fm.root_uri
+    history.run(3, retry_every=0, snapshot_every=0)
+    sync_catalog(catalog, history.fm)
+    history.batch(snapshot=True)
+    first, *others = [StoreId(*k) for k in history.store_keys()]
+    r = sync_catalog(catalog, history.fm, stores=[first])
+    assert (r.commits, r.snapshots) == (1, 1)
+    known = {f.path for f in catalog.files(uri)}
+    assert {p for p in known if p.startswith(first.prefix + "/")} == {
+        i.path for i in history.fm.list(first.prefix + "/")
+    }, "the named store is synced: its new changelog, manifest and SSTs"
+    for store in others:
+        unlisted = {i.path for i in history.fm.list(store.prefix + "/")} - known
+        assert any(p.endswith(".changelog") for p in unlisted), f"{store} was listed"
+    sync_catalog(catalog, history.fm)  # an unrestricted sync catches the others up
+    fresh = catalog_factory()
+    rebuild_catalog(fresh, history.fm)
+    exports_equal(catalog.export(uri), fresh.export(uri))
+    with pytest.raises(ValueError, match="full sync"):
+        sync_catalog(catalog, history.fm, full=True, stores=[first])
+
+
 def test_syncs_are_idempotent(catalog: Catalog, history: History) -> None:
     uri = history.fm.root_uri
     history.run(5, retry_every=2, snapshot_every=2)
