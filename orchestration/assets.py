@@ -99,15 +99,20 @@ FRESH_SYNC_SECONDS = 1.0
 a second or more after the last): an asset's run and the checks after it reuse the sync before them."""
 
 
-def sync_lineage(catalog: Catalog, storage: CheckpointStorage, root: str, *, fresh_within: float = 0.0) -> Any:
+def sync_lineage(
+    catalog: Catalog, storage: CheckpointStorage, root: str, *, fresh_within: float = 0.0, list_stores: bool = True
+) -> Any:
     """An incremental catalog sync, not recorded as a run (it keeps chain lengths and checks current);
-    none when the root's last sync is younger than `fresh_within` seconds."""
+    none when the root's last sync is younger than `fresh_within` seconds. Without `list_stores`, only the
+    new commit records of a root the catalog knows: enough for chain lengths and bases (snapshot runs sync
+    the snapshots they write), without listing every store's directories."""
     from statekeeper.maintenance.catalog_sync import sync_catalog
 
     fm = storage.file_manager(root)
     if fresh_within > 0 and _synced_within(catalog, fm.root_uri, fresh_within):
         return None
-    return sync_catalog(catalog, fm, raise_on_error=False)
+    known = catalog.find_root(fm.root_uri) is not None
+    return sync_catalog(catalog, fm, raise_on_error=False, stores=None if list_stores or not known else ())
 
 
 def _synced_within(catalog: Catalog, root: str, seconds: float) -> bool:
@@ -200,7 +205,7 @@ def run_maintenance(
         catalog_run = ensure_recorded(
             cat, root, KINDS[asset_name], context.run.run_id, since, report, dry_run=bool(kwargs.get("dry_run"))
         )
-        sync_lineage(cat, storage, root, fresh_within=FRESH_SYNC_SECONDS)  # chain lengths as they are now
+        sync_lineage(cat, storage, root, fresh_within=FRESH_SYNC_SECONDS, list_stores=False)  # chains as they are now
         chains = cat.chain_lengths(root)
     md = report_metadata(report)
     md.update(chain_stats(chains, settings.snapshot_threshold))

@@ -47,7 +47,7 @@ def _chains_within(
     """Whether every store of the root replays at most `limit` changelogs, with the chain metadata."""
     root = _root(context, storage)
     with catalog.session() as cat:
-        sync_lineage(cat, storage, root, fresh_within=FRESH_SYNC_SECONDS)  # the asset's, in its run
+        sync_lineage(cat, storage, root, fresh_within=FRESH_SYNC_SECONDS, list_stores=False)  # the asset's run's
         chains = cat.chain_lengths(root)
     over = [c for c in chains if c.chain_length > limit]
     md = chain_stats(chains, threshold)

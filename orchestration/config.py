@@ -15,6 +15,7 @@ has its own materialization history, its own plots and its own run queue.
 | STATEKEEPER_CHECKPOINT_SENSOR | ``on`` | ``off`` stops the checkpoint-location sensor |
 | STATEKEEPER_SENSOR_INTERVAL_SECONDS | ``30`` | minimum seconds between two sensor ticks |
 | STATEKEEPER_SENSOR_MAX_NAMES | ``10000`` | commit names one tick lists at most per root (the rest next tick) |
+| STATEKEEPER_SENSOR_LISTING_SECONDS | ``300`` | seconds between two ticks that list every store's directories |
 | STATEKEEPER_FAILURE_SENSOR | ``on`` | ``off`` stops recording failed runs in the catalog |
 
 Maintenance settings (snapshot threshold, retention, grace period, parallelism...) come from
@@ -42,12 +43,14 @@ ENV_TIMEZONE = "STATEKEEPER_SCHEDULE_TIMEZONE"
 ENV_SENSOR = "STATEKEEPER_CHECKPOINT_SENSOR"
 ENV_SENSOR_INTERVAL = "STATEKEEPER_SENSOR_INTERVAL_SECONDS"
 ENV_SENSOR_MAX_NAMES = "STATEKEEPER_SENSOR_MAX_NAMES"
+ENV_SENSOR_LISTING = "STATEKEEPER_SENSOR_LISTING_SECONDS"
 ENV_FAILURE_SENSOR = "STATEKEEPER_FAILURE_SENSOR"
 
 DEFAULT_EXPIRY_CRON = "0 * * * *"
 DEFAULT_ORPHAN_CRON = "30 3 * * *"
 DEFAULT_SENSOR_INTERVAL = 30
 DEFAULT_SENSOR_MAX_NAMES = 10_000
+DEFAULT_SENSOR_LISTING = 300
 
 _OFF = frozenset({"off", "false", "no", "0", "disabled", "none"})
 _ON = frozenset({"on", "true", "yes", "1", "enabled"})
@@ -140,6 +143,7 @@ class OrchestrationConfig:
     sensor_enabled: bool = True
     sensor_interval_seconds: int = DEFAULT_SENSOR_INTERVAL
     sensor_max_names: int = DEFAULT_SENSOR_MAX_NAMES
+    sensor_listing_seconds: int = DEFAULT_SENSOR_LISTING
     failure_sensor_enabled: bool = True
 
     def __post_init__(self) -> None:
@@ -168,6 +172,9 @@ class OrchestrationConfig:
             sensor_max_names=parse_positive_int(
                 env.get(ENV_SENSOR_MAX_NAMES), ENV_SENSOR_MAX_NAMES, DEFAULT_SENSOR_MAX_NAMES
             ),
+            sensor_listing_seconds=parse_positive_int(
+                env.get(ENV_SENSOR_LISTING), ENV_SENSOR_LISTING, DEFAULT_SENSOR_LISTING
+            ),
             failure_sensor_enabled=parse_switch(env.get(ENV_FAILURE_SENSOR), ENV_FAILURE_SENSOR, True),
         )
 
@@ -182,6 +189,7 @@ __all__ = [
     "ENV_S3_REGION",
     "ENV_SENSOR",
     "ENV_SENSOR_INTERVAL",
+    "ENV_SENSOR_LISTING",
     "ENV_SENSOR_MAX_NAMES",
     "ENV_TIMEZONE",
     "OrchestrationConfig",

@@ -5,7 +5,12 @@ per root, the last commit record name it listed; a tick lists only names after i
 S3 ``StartAfter``, paginated), at most ``STATEKEEPER_SENSOR_MAX_NAMES`` of them, so an idle root
 costs one short LIST per tick and a huge ``commits/`` prefix is never listed again from the start.
 When new commits appeared (or the root is not yet in the catalog) it syncs the lineage catalog
-incrementally (catalog sync keeps its own per-prefix cursors), then asks the catalog for stores whose
+incrementally (catalog sync keeps its own per-prefix cursors): the new commit records at every tick, and
+every store's changelog and snapshot directories only at a tick ``STATEKEEPER_SENSOR_LISTING_SECONDS``
+(default 300) or more after the last one that listed them. Chain lengths and bases come from the commit
+records and the snapshots, which the snapshot runs sync for the stores they write, so a tick needs no
+per-store listing (on S3, 2 LIST requests per store per tick); the catalog's rows of the newest changelog
+files lag by at most that period (or until the store's next snapshot). It then asks the catalog for stores whose
 chain since their last snapshot reached the threshold and requests one snapshot run per root for the
 stores that newly crossed it. A store "crosses" at version ``snapshot_version + k * threshold``;
 the run key names each ``operator/partition@version`` it was requested for, and the cursor remembers
@@ -24,6 +29,7 @@ before its operation recorded anything (a resource, a lease, a crash) gets a fai
 import datetime as dt
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +50,13 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 from dagster._core.storage.tags import PARTITION_NAME_TAG
 
 from statekeeper.orchestration.assets import KIND_TAG, KINDS, RETAINED, SNAPSHOTS, SnapshotConfig
-from statekeeper.orchestration.config import ENV_FAILURE_SENSOR, ENV_SENSOR, OrchestrationConfig, normalize_root
+from statekeeper.orchestration.config import (
+    DEFAULT_SENSOR_LISTING,
+    ENV_FAILURE_SENSOR,
+    ENV_SENSOR,
+    OrchestrationConfig,
+    normalize_root,
+)
 from statekeeper.orchestration.jobs import JOB_NAMES
 from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
 from statekeeper.sql import Catalog, StoreChain
@@ -74,6 +86,8 @@ class RootCursor:
     """'operator/partition' -> the crossing version a snapshot run was requested for."""
     bases: dict[str, int] = field(default_factory=dict)
     """'operator/partition' -> the base an expiry run was requested for."""
+    stores_listed_at: float = 0.0
+    """When (epoch seconds) a tick last listed every store's directories."""
 
 
 @dataclass
@@ -94,6 +108,7 @@ class SensorCursor:
                         dict(rc.get("listed", {})),
                         {k: int(v) for k, v in rc.get("requested", {}).items()},
                         {k: int(v) for k, v in rc.get("bases", {}).items()},
+                        float(rc.get("stores_listed_at", 0.0)),
                     )
                     for root, rc in raw.get("roots", {}).items()
                 }
@@ -106,7 +121,12 @@ class SensorCursor:
             {
                 "v": CURSOR_VERSION,
                 "roots": {
-                    r: {"listed": c.listed, "requested": c.requested, "bases": c.bases}
+                    r: {
+                        "listed": c.listed,
+                        "requested": c.requested,
+                        "bases": c.bases,
+                        "stores_listed_at": c.stores_listed_at,
+                    }
                     for r, c in sorted(self.roots.items())
                 },
             },
@@ -167,18 +187,27 @@ def evaluate_root(
     threshold: int,
     retain: int,
     max_names: int,
+    listing_seconds: float = DEFAULT_SENSOR_LISTING,
+    now: float | None = None,
 ) -> RootTick:
-    """One tick for one root: list what is new, sync lineage, request snapshots and expiry. Updates `rc`."""
+    """One tick for one root: list what is new, sync lineage, request snapshots and expiry. Updates `rc`.
+
+    Every store's directories are listed when the root is new to the catalog or `listing_seconds` have
+    passed since a tick last listed them; other ticks sync the new commit records alone."""
     from statekeeper.maintenance.catalog_sync import sync_catalog
 
     root = fm.root_uri
     tick = RootTick(root)
     tick.new_names = list_new(fm, COMMITS_PREFIX, rc.listed.get(COMMITS_PREFIX), max_names)
     known = catalog.find_root(root) is not None
-    if tick.new_names or not known:
-        result = sync_catalog(catalog, fm, raise_on_error=False)
+    now = time.time() if now is None else now
+    list_stores = not known or now - rc.stores_listed_at >= listing_seconds
+    if tick.new_names or list_stores:
+        result = sync_catalog(catalog, fm, raise_on_error=False, stores=None if list_stores else ())
         tick.synced = True
         tick.sync_errors = list(result.errors)
+        if list_stores and not result.errors:
+            rc.stores_listed_at = now
     if tick.new_names and not tick.sync_errors:
         rc.listed[COMMITS_PREFIX] = tick.new_names[-1]  # unreadable files: list them again next tick
     if catalog.find_root(root) is None:
@@ -252,6 +281,7 @@ def build_checkpoint_sensor(
                         threshold=maintenance.snapshot_threshold,
                         retain=maintenance.min_versions_to_retain,
                         max_names=config.sensor_max_names,
+                        listing_seconds=config.sensor_listing_seconds,
                     )
                 except (StatekeeperError, CatalogError, OSError) as e:
                     context.log.error("checkpoint sensor: %s: %s", root, e)

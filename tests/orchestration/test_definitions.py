@@ -50,12 +50,14 @@ def test_config_from_env(tmp_path: Path) -> None:
         "STATEKEEPER_ORPHAN_SCHEDULE": "15 2 * * 0",
         "STATEKEEPER_CHECKPOINT_SENSOR": "off",
         "STATEKEEPER_SENSOR_INTERVAL_SECONDS": "5",
+        "STATEKEEPER_SENSOR_LISTING_SECONDS": "60",
         "STATEKEEPER_SNAPSHOT_THRESHOLD": "7",
     }
     config = OrchestrationConfig.from_env(env)
     assert config.roots == ((tmp_path / "a").as_uri(), "s3://bucket-one/ckpt")
     assert config.expiry_cron is None and config.orphan_cron == "15 2 * * 0"
     assert not config.sensor_enabled and config.sensor_interval_seconds == 5
+    assert config.sensor_listing_seconds == 60
     assert config.db_url_from_env
     defs = build_definitions(config)
     repo = defs.get_repository_def()
@@ -74,6 +76,7 @@ def test_config_from_env(tmp_path: Path) -> None:
         ("STATEKEEPER_EXPIRY_SCHEDULE", "every hour"),
         ("STATEKEEPER_CHECKPOINT_SENSOR", "maybe"),
         ("STATEKEEPER_SENSOR_INTERVAL_SECONDS", "0"),
+        ("STATEKEEPER_SENSOR_LISTING_SECONDS", "soon"),
     ],
 )
 def test_bad_configuration_is_refused_naming_the_variable(name: str, value: str) -> None:

@@ -184,6 +184,34 @@ def test_sensor_lists_only_new_names_and_misses_none(orch: Orch) -> None:
     assert len(orch.catalog.committed_versions(orch.root, "agg", 1)) == total + 2
 
 
+def test_ticks_between_listings_read_commit_records_only(orch: Orch) -> None:
+    """Chains and crossings from the commit records alone; every store's directories once per listing period."""
+    orch.writer.commit(2)
+    fm = CountingFileManager(open_file_manager(orch.root))
+    rc = RootCursor()
+    store_prefixes = {"state/agg/00000/", "state/agg/00001/"}
+
+    def listed_stores() -> set[str]:
+        return {p for p, _, _ in fm.listings if any(p.startswith(s) for s in store_prefixes)}
+
+    first = evaluate_root(orch.catalog, fm, rc, threshold=THRESHOLD, retain=RETAIN, max_names=100, now=1000.0)
+    assert first.synced and listed_stores(), "a root new to the catalog: every store listed"
+    orch.writer.commit(THRESHOLD)
+    fm.listings.clear()
+    quiet = evaluate_root(orch.catalog, fm, rc, threshold=THRESHOLD, retain=RETAIN, max_names=100, now=1299.0)
+    assert quiet.synced and listed_stores() == set(), "within the period: the commit records alone"
+    assert len(orch.catalog.committed_versions(orch.root, "agg", 1)) == THRESHOLD + 2
+    assert quiet.crossings == [f"agg/0@{THRESHOLD}", f"agg/1@{THRESHOLD}"], "chains known without a listing"
+    changelogs = {f.path for f in orch.catalog.files(orch.root, kinds=["changelog"])}
+    assert len(changelogs) == 2 * 2, "the newest changelogs' rows wait for the next listing"
+    fm.listings.clear()
+    due = evaluate_root(orch.catalog, fm, rc, threshold=THRESHOLD, retain=RETAIN, max_names=100, now=1300.0)
+    assert due.synced and due.new_names == []
+    assert listed_stores() >= {s + "changelogs/" for s in store_prefixes}, "the period passed: every store listed"
+    changelogs = {f.path for f in orch.catalog.files(orch.root, kinds=["changelog"])}
+    assert len(changelogs) == 2 * (THRESHOLD + 2)
+
+
 def test_sensor_keeps_going_when_a_root_fails(tmp_path, db_url: str, s3_endpoint: str) -> None:
     good = str(tmp_path / "good")
     orch = Orch([good, "s3://sk-no-such-bucket-here/ckpt"], db_url)
