@@ -190,15 +190,24 @@ class Deleter:
         """`delete_entries`, with the catalog told; `check()` (a lease's) runs before each batch."""
         return self._delete(entries, check, mark_expired=self.mark_expired)
 
-    def delete_in_order(self, entries: Sequence[FileEntry], check: Callable[[], None] | None = None) -> DeleteOutcome:
-        """Manifests, then SSTs (kept if a manifest could not be deleted), then everything else.
-
-        So no manifest that survives a failure or crash ever names a deleted SST. With `mark_expired`,
-        all of `entries` are marked expired in one statement first.
-        """
+    def expiring(self, entries: Sequence[FileEntry]) -> None:
+        """With `mark_expired`, tell the catalog that `entries` are about to go (one statement)."""
         validate_deletable(entries)
         if self.marks is not None and self.mark_expired:
             self.marks.expiring(entries)
+
+    def delete_in_order(
+        self, entries: Sequence[FileEntry], check: Callable[[], None] | None = None, *, marked: bool = False
+    ) -> DeleteOutcome:
+        """Manifests, then SSTs (kept if a manifest could not be deleted), then everything else.
+
+        So no manifest that survives a failure or crash ever names a deleted SST. With `mark_expired`,
+        all of `entries` are marked expired in one statement first, unless the caller did (`marked`).
+        """
+        if marked:
+            validate_deletable(entries)
+        else:
+            self.expiring(entries)
         outcome = DeleteOutcome()
         manifests = [e for e in entries if e.kind == MANIFEST]
         ssts = [e for e in entries if e.kind == SST]

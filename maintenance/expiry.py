@@ -80,9 +80,14 @@ def expire_versions(
             _account(report, None, root_expired, "would delete")
             return report
         with run_deleter(fm, catalog, settings, mark_expired=True, name="expire-delete") as deleter:
+            # Stores listed under leases held since (a loop's cycle, a Dagster run): their plans stand, so
+            # their files are marked expired in one catalog statement, not one per store.
+            held = held_stores(fm.root_uri, catalog)
+            at_once = {p.store for p in todo if p.store in held and inv.is_current(p.store)}
+            deleter.expiring([e for p in todo if p.store in at_once for e in p.expired])
             done = each_store(
                 todo,
-                lambda s: _expire_store(deleter, inv, s, catalog),
+                lambda s: _expire_store(deleter, inv, s, catalog, marked=s in at_once),
                 report,
                 parallelism=settings.parallelism,
                 progress=progress,
@@ -102,7 +107,9 @@ def expire_versions(
     return report
 
 
-def _expire_store(deleter: Deleter, inv: Inventory, store: StoreId, catalog: Catalog | None) -> DeleteOutcome:
+def _expire_store(
+    deleter: Deleter, inv: Inventory, store: StoreId, catalog: Catalog | None, *, marked: bool
+) -> DeleteOutcome:
     fm, settings = deleter.fm, deleter.settings
     with planned_store(fm.root_uri, inv, store, settings, catalog) as (plan, lease):
         # Snapshot repair (invariant 10): never delete the changelogs below a base that cannot be restored.
@@ -110,7 +117,7 @@ def _expire_store(deleter: Deleter, inv: Inventory, store: StoreId, catalog: Cat
         corrupt = base_problem(fm, plan, manifests, work_dir=settings.work_dir) if plan.expired else None
         if corrupt is not None:
             return DeleteOutcome(errors=[corrupt], stopped=True)
-        return deleter.delete_in_order(plan.expired, lease.check)
+        return deleter.delete_in_order(plan.expired, lease.check, marked=marked)
 
 
 def _corrupt_bases(

@@ -333,7 +333,7 @@ class Inventory:
         is not listed again: only its writer adds files meanwhile, and files missing from a view
         are never deleted.
         """
-        if store in self._current and store in self.stores:
+        if self.is_current(store):
             return self.stores[store]
         files = StoreFiles(store)
         prefix = f"{store.prefix}/"
@@ -349,6 +349,10 @@ class Inventory:
         self._read_manifests(files)
         self.stores[store] = files
         return files
+
+    def is_current(self, store: StoreId) -> bool:
+        """Whether `rescan_store` returns this view of `store` as it is (listed under a lease held since)."""
+        return store in self._current and store in self.stores
 
     def changed(self, store: StoreId) -> None:
         """This maintainer wrote or deleted files of `store`: the next `rescan_store` lists it again."""

@@ -103,8 +103,16 @@ def test_a_run_takes_the_leases_of_its_stores_in_one_catalog_transaction(
         one_by_one.append(store)
         return acquire_lease(self, uri, store, **kw)
 
+    marked: list[list[str]] = []
+    mark_expired = Catalog.mark_expired
+
+    def counted_marks(self: Catalog, uri: str, paths: Any) -> int:
+        marked.append(list(paths))
+        return mark_expired(self, uri, marked[-1])
+
     monkeypatch.setattr(Catalog, "acquire_leases", counted_group)
     monkeypatch.setattr(Catalog, "acquire_lease", counted_single)
+    monkeypatch.setattr(Catalog, "mark_expired", counted_marks)
     for asset in (RETAINED, SNAPSHOTS):
         together.clear()
         orch.writer.commit(THRESHOLD)
@@ -112,6 +120,9 @@ def test_a_run_takes_the_leases_of_its_stores_in_one_catalog_transaction(
         assert materialization(result, asset)["files"] > 0, f"{asset} changed both stores"
         assert together == [{"agg/0", "agg/1"}] and one_by_one == [], f"{asset}: {together}, {one_by_one}"
         assert orch.catalog.leases(orch.root) == [], "released when the run's operation ends"
+    # the expiry run's files of both stores marked in one catalog statement (commit records go after them)
+    of_stores = [{p.split("/")[2] for p in paths if p.startswith("state/")} for paths in marked]
+    assert [s for s in of_stores if s] == [{"00000", "00001"}], marked
 
 
 def test_orphan_cleanup_job(orch: Orch) -> None:
