@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from statekeeper.maintenance.deletion import DeleteOutcome, Deleter, each_store, plan_deletions, run_deleter
 from statekeeper.maintenance.inventory import FileEntry, Inventory
-from statekeeper.maintenance.leasing import held_stores, planned_store
+from statekeeper.maintenance.leasing import held_stores, planned_store, scan_under_leases
 from statekeeper.maintenance.plan import StorePlan
 from statekeeper.maintenance.reports import ExpiryReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
@@ -54,13 +54,7 @@ def expire_versions(
     wanted = None if stores is None else list(stores)
     report = ExpiryReport(root=fm.root_uri, dry_run=dry_run)
     with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
-        inv = inventory or Inventory.scan(
-            fm,
-            parallelism=settings.parallelism,
-            progress=progress,
-            stores=wanted,
-            leased=held_stores(fm.root_uri, catalog),
-        )
+        inv = inventory or scan_under_leases(fm, settings, catalog, progress=progress, stores=wanted)
         root, plans = plan_deletions(inv, settings, wanted, report)
         root_expired = [*root.expired_batches, *root.expired_commits]  # commit records last
         for p in plans:

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from statekeeper.maintenance.inventory import Inventory
     from statekeeper.maintenance.plan import StorePlan
     from statekeeper.sql.catalog import Catalog
+    from statekeeper.store.files import CheckpointFileManager
 
 LOCK_DIR = "statekeeper-locks"
 
@@ -162,6 +163,22 @@ def held_stores(root_uri: str, catalog: Catalog | None) -> frozenset[StoreId]:
     return cycle.held_stores()
 
 
+def scan_under_leases(
+    fm: CheckpointFileManager,
+    settings: MaintenanceSettings,
+    catalog: Catalog | None,
+    *,
+    progress: bool = False,
+    stores: list[StoreId] | None = None,
+) -> Inventory:
+    """An operation's own listing of the root (or of `stores`), knowing which stores it lists under the
+    leases the running `cycle_leases` block holds (see `held_stores`)."""
+    from statekeeper.maintenance.inventory import Inventory
+
+    leased = held_stores(fm.root_uri, catalog)
+    return Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=stores, leased=leased)
+
+
 @contextmanager
 def store_lease(
     root_uri: str, store: StoreId, settings: MaintenanceSettings, catalog: Catalog | None
@@ -235,6 +252,7 @@ __all__ = [
     "held_stores",
     "lock_path",
     "planned_store",
+    "scan_under_leases",
     "store_lease",
 ]
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from statekeeper.maintenance.deletion import DeleteOutcome, Deleter, each_store, plan_deletions, run_deleter
 from statekeeper.maintenance.inventory import FileEntry, Inventory
-from statekeeper.maintenance.leasing import held_stores, planned_store
+from statekeeper.maintenance.leasing import planned_store, scan_under_leases
 from statekeeper.maintenance.reports import OrphanReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
@@ -51,13 +51,7 @@ def clean_orphans(
     wanted = None if stores is None else list(stores)
     report = OrphanReport(root=fm.root_uri, dry_run=dry_run)
     with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
-        inv = inventory or Inventory.scan(
-            fm,
-            parallelism=settings.parallelism,
-            progress=progress,
-            stores=wanted,
-            leased=held_stores(fm.root_uri, catalog),
-        )
+        inv = inventory or scan_under_leases(fm, settings, catalog, progress=progress, stores=wanted)
         root, plans = plan_deletions(inv, settings, wanted, report)
         report.foreign_files = len(root.foreign) + sum(len(inv.files_of(p.store).foreign) for p in plans)
         report.kept_in_flight = len(root.in_flight) + sum(len(p.in_flight) for p in plans)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from statekeeper.maintenance.executors import InProcess, Row, StoreExecutor, StoreTask, catalog_url
 from statekeeper.maintenance.inventory import Inventory
-from statekeeper.maintenance.leasing import LeaseGuard, held_stores, store_lease
+from statekeeper.maintenance.leasing import LeaseGuard, scan_under_leases, store_lease
 from statekeeper.maintenance.plan import StorePlan, plan_store
 from statekeeper.maintenance.replica import Replica, ReplicaBusyError
 from statekeeper.maintenance.reports import SnapshotReport, recorded
@@ -215,13 +215,7 @@ def create_snapshots(
     wanted = None if stores is None else list(stores)
     report = SnapshotReport(root=fm.root_uri, dry_run=dry_run)
     with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
-        inv = inventory or Inventory.scan(
-            fm,
-            parallelism=settings.parallelism,
-            progress=progress,
-            stores=wanted,
-            leased=held_stores(fm.root_uri, catalog),
-        )
+        inv = inventory or scan_under_leases(fm, settings, catalog, progress=progress, stores=wanted)
         ids = wanted if wanted is not None else inv.store_ids()
         plans = [plan_store(inv, s, settings) for s in ids]
         report.stores = len(plans)

@@ -291,12 +291,14 @@ def build_checkpoint_sensor(
                     context.log.warning("catalog sync of %s: %s", root, err)
                 if tick.new_names:
                     notes.append(f"{root}: {len(tick.new_names)} new commit(s)")
-                if tick.run_request is not None:
-                    context.log.info("snapshots requested for %s: %s", root, ", ".join(tick.crossings))
-                    requests.append(tick.run_request)
+                # Expiry first, as in a cycle of `statekeeper maintain`: the runs of a root queue one at a time, and
+                # what the new commits made unneeded goes before a snapshot round of many stores, not after it.
                 if tick.expiry_request is not None:
                     context.log.info("expiry requested for %s: bases moved to %s", root, ", ".join(tick.moved_bases))
                     requests.append(tick.expiry_request)
+                if tick.run_request is not None:
+                    context.log.info("snapshots requested for %s: %s", root, ", ".join(tick.crossings))
+                    requests.append(tick.run_request)
         state.roots = {r: c for r, c in state.roots.items() if r in roots}
         if requests:
             return SensorResult(run_requests=requests, cursor=state.dump())

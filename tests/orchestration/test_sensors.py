@@ -246,7 +246,8 @@ def test_sensor_turned_off(tmp_path, db_url: str) -> None:
 
 
 def test_requested_snapshot_run_clears_the_crossing(orch: Orch) -> None:
-    """The run the sensor asks for, executed: the chains are short again and nothing is re-requested."""
+    """The run the sensor asks for, executed: the chains are short again and nothing is re-requested; a tick
+    that asks for both requests expiry first, as a cycle of `statekeeper maintain` orders them."""
     orch.writer.commit(THRESHOLD)
     first = tick(orch, None)
     [req] = list(first.run_requests or [])
@@ -262,6 +263,6 @@ def test_requested_snapshot_run_clears_the_crossing(orch: Orch) -> None:
     orch.writer.commit(THRESHOLD)
     third = tick(orch, second.cursor)
     assert [r.run_key for r in third.run_requests or []] == [
-        run_key("snapshot", orch.root, [f"agg/0@{2 * THRESHOLD}", f"agg/1@{2 * THRESHOLD}"]),
         run_key("expire", orch.root, [f"agg/0@{THRESHOLD}", f"agg/1@{THRESHOLD}"]),  # the first snapshot is the base
+        run_key("snapshot", orch.root, [f"agg/0@{2 * THRESHOLD}", f"agg/1@{2 * THRESHOLD}"]),
     ]
