@@ -32,10 +32,13 @@ one transaction. Beyond 32 stores each snapshot also reopened its warm copy's DB
 process kept only 32 open); with a copy of every store open, 3.8 -> 1.7 ms per store-commit (`maintain`,
 fitted over 16-128 stores), i.e. 1,000 store-commits/s in 2 cores. What is left is mostly the snapshot:
 the flush of what was replayed (a sort of the vector memtable, ~6 ms per 10k updates), the replay itself,
-the snapshot's hashing and upload. The Dagster path costs ~0.7 ms more per store-commit (2.58 against
-1.88 ms, fitted over 16-128 stores, 746c1f3): its sensor's sync lists two directories of every store at
-every tick, and its snapshot and expiry runs each list what they touch; the loop shares one inventory
-per cycle. ``--fanout N`` compares stores snapshotted per second on a Spark standalone cluster.
+the snapshot's hashing and upload. The Dagster path cost ~0.7 ms more per store-commit (2.58 against
+1.88 ms, fitted over 16-128 stores, 746c1f3); 1.79 against 1.65 ms since (de3a834) once its runs took all
+their stores' leases in one transaction and listed each store once under them, its sensor's ticks read
+commit records and listed every store's directories only every STATEKEEPER_SENSOR_LISTING_SECONDS, and
+expiry marked the files of all its stores in one catalog statement. What it still does beyond the loop:
+Dagster's own work per tick and run (resources built per sensor evaluation, the run's event log), and a
+listing per run instead of one per cycle. ``--fanout N`` compares stores snapshotted per second on a Spark standalone cluster.
 
     python -m bench fleet                                   # the sweep in FULL (the lead's machine)
     python -m bench.bench_fleet --stores 64 --seconds 120 --mode cli    # one run, printed
