@@ -38,7 +38,8 @@ their stores' leases in one transaction and listed each store once under them, i
 commit records and listed every store's directories only every STATEKEEPER_SENSOR_LISTING_SECONDS, and
 expiry marked the files of all its stores in one catalog statement. What it still does beyond the loop:
 Dagster's own work per tick and run (resources built per sensor evaluation, the run's event log), and a
-listing per run instead of one per cycle. ``--fanout N`` compares stores snapshotted per second on a Spark standalone cluster.
+listing per run instead of one per cycle. ``--fanout N`` compares stores snapshotted per second on a
+Spark standalone cluster.
 
     python -m bench fleet                                   # the sweep in FULL (the lead's machine)
     python -m bench.bench_fleet --stores 64 --seconds 120 --mode cli    # one run, printed
