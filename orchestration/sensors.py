@@ -201,7 +201,7 @@ def evaluate_root(
     tick.new_names = list_new(fm, COMMITS_PREFIX, rc.listed.get(COMMITS_PREFIX), max_names)
     known = catalog.find_root(root) is not None
     now = time.time() if now is None else now
-    list_stores = not known or now - rc.stores_listed_at >= listing_seconds
+    list_stores = not known or not 0 <= now - rc.stores_listed_at < listing_seconds  # a clock set back lists too
     if tick.new_names or list_stores:
         result = sync_catalog(catalog, fm, raise_on_error=False, stores=None if list_stores else ())
         tick.synced = True

@@ -210,6 +210,9 @@ def test_ticks_between_listings_read_commit_records_only(orch: Orch) -> None:
     assert listed_stores() >= {s + "changelogs/" for s in store_prefixes}, "the period passed: every store listed"
     changelogs = {f.path for f in orch.catalog.files(orch.root, kinds=["changelog"])}
     assert len(changelogs) == 2 * (THRESHOLD + 2)
+    fm.listings.clear()
+    evaluate_root(orch.catalog, fm, rc, threshold=THRESHOLD, retain=RETAIN, max_names=100, now=900.0)
+    assert listed_stores(), "a clock set back does not postpone the next listing"
 
 
 def test_sensor_keeps_going_when_a_root_fails(tmp_path, db_url: str, s3_endpoint: str) -> None:
