@@ -9,7 +9,7 @@ incrementally (catalog sync keeps its own per-prefix cursors): the new commit re
 every store's changelog and snapshot directories only at a tick ``STATEKEEPER_SENSOR_LISTING_SECONDS``
 (default 300) or more after the last one that listed them. Chain lengths and bases come from the commit
 records and the snapshots, which the snapshot runs sync for the stores they write, so a tick needs no
-per-store listing (on S3, 2 LIST requests per store per tick); the catalog's rows of the newest changelog
+per-store listing (which costs 2 LIST requests per store on S3); the catalog's rows of the newest changelog
 files lag by at most that period (or until the store's next snapshot). It then asks the catalog for stores whose
 chain since their last snapshot reached the threshold and requests one snapshot run per root for the
 stores that newly crossed it. A store "crosses" at version ``snapshot_version + k * threshold``;
