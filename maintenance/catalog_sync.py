@@ -467,14 +467,15 @@ def sync_catalog(
 ) -> CatalogSyncResult:
     """Bring the catalog of `root` up to date (incremental, or with `full` a whole listing).
 
-    `stores` (incremental only): list the directories of these stores alone, with every new commit record;
-    for a maintainer that just wrote their files (the snapshots it made), not a listing of the whole fleet.
+    `stores` (incremental only): list the directories of these stores alone, with every new commit record
+    (none: the commit records alone); for a maintainer that just wrote their files (the snapshots it made),
+    not a listing of the whole fleet. A root the catalog does not know yet is listed whole all the same.
     """
     fm = _open(root)
     mode = "full" if full else "incremental"
     if full and stores is not None:
         raise ValueError("a full sync lists every store: stores is for an incremental sync")
-    only = None if stores is None else frozenset(stores)
+    only = None if stores is None or catalog.find_root(fm.root_uri) is None else frozenset(stores)
     return _run(catalog, fm, mode, workers, raise_on_error, record_run, orchestrator_run_id, only)
 
 

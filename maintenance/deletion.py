@@ -56,19 +56,25 @@ class DeleteOutcome:
 class CatalogMarks:
     """What one maintenance run tells the catalog about the files it deletes (thread-safe).
 
-    `expiring` writes at once (the catalog must know before the files go); `deleted` collects, and
-    `flush` writes everything collected in one statement.
+    `expiring` writes at once (the catalog must know before the files go), each file once per run: a run
+    that marked many stores' files together before deleting store by store writes nothing more for them;
+    `deleted` collects, and `flush` writes everything collected in one statement.
     """
 
     def __init__(self, catalog: Catalog, root_uri: str) -> None:
         self.catalog = catalog
         self.root_uri = root_uri
+        self._expiring: set[str] = set()
         self._deleted: list[str] = []
         self._lock = threading.Lock()
 
     def expiring(self, entries: Sequence[FileEntry]) -> None:
-        if entries:
-            self.catalog.mark_expired(self.root_uri, [e.path for e in entries])
+        with self._lock:
+            paths = [e.path for e in entries if e.path not in self._expiring]
+        if paths:
+            self.catalog.mark_expired(self.root_uri, paths)
+            with self._lock:
+                self._expiring.update(paths)
 
     def deleted(self, entries: Sequence[FileEntry]) -> None:
         with self._lock:
@@ -191,23 +197,19 @@ class Deleter:
         return self._delete(entries, check, mark_expired=self.mark_expired)
 
     def expiring(self, entries: Sequence[FileEntry]) -> None:
-        """With `mark_expired`, tell the catalog that `entries` are about to go (one statement)."""
+        """Refuse `entries` unless all are deletable; with `mark_expired`, then tell the catalog they are about
+        to go (one statement for those this run has not marked yet)."""
         validate_deletable(entries)
         if self.marks is not None and self.mark_expired:
             self.marks.expiring(entries)
 
-    def delete_in_order(
-        self, entries: Sequence[FileEntry], check: Callable[[], None] | None = None, *, marked: bool = False
-    ) -> DeleteOutcome:
+    def delete_in_order(self, entries: Sequence[FileEntry], check: Callable[[], None] | None = None) -> DeleteOutcome:
         """Manifests, then SSTs (kept if a manifest could not be deleted), then everything else.
 
-        So no manifest that survives a failure or crash ever names a deleted SST. With `mark_expired`,
-        all of `entries` are marked expired in one statement first, unless the caller did (`marked`).
+        So no manifest that survives a failure or crash ever names a deleted SST. Nothing goes unless all of
+        `entries` are deletable; with `mark_expired`, they are marked expired first (`expiring`).
         """
-        if marked:
-            validate_deletable(entries)
-        else:
-            self.expiring(entries)
+        self.expiring(entries)
         outcome = DeleteOutcome()
         manifests = [e for e in entries if e.kind == MANIFEST]
         ssts = [e for e in entries if e.kind == SST]
@@ -227,9 +229,8 @@ class Deleter:
     ) -> DeleteOutcome:
         if not entries:
             return DeleteOutcome()
-        validate_deletable(entries)
-        if self.marks is not None and mark_expired:
-            self.marks.expiring(entries)
+        if mark_expired:
+            self.expiring(entries)
         out = delete_entries(self.fm, entries, batch_size=self.settings.delete_batch_size, pool=self.pool, check=check)
         if self.marks is not None and out.deleted:
             self.marks.deleted(out.deleted)

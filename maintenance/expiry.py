@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from statekeeper.maintenance.deletion import DeleteOutcome, Deleter, each_store, plan_deletions, run_deleter
 from statekeeper.maintenance.inventory import FileEntry, Inventory
-from statekeeper.maintenance.leasing import held_stores, planned_store, scan_under_leases
+from statekeeper.maintenance.leasing import planned_store, scan_under_leases
 from statekeeper.maintenance.plan import StorePlan
 from statekeeper.maintenance.reports import ExpiryReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
@@ -74,14 +74,12 @@ def expire_versions(
             _account(report, None, root_expired, "would delete")
             return report
         with run_deleter(fm, catalog, settings, mark_expired=True, name="expire-delete") as deleter:
-            # Stores listed under leases held since (a loop's cycle, a Dagster run): their plans stand, so
-            # their files are marked expired in one catalog statement, not one per store.
-            held = held_stores(fm.root_uri, catalog)
-            at_once = {p.store for p in todo if p.store in held and inv.is_current(p.store)}
-            deleter.expiring([e for p in todo if p.store in at_once for e in p.expired])
+            # Stores listed under leases held since (a loop's cycle, a Dagster run) are not listed again, so their
+            # plans stand: their files are marked expired in one catalog statement, not one per store.
+            deleter.expiring([e for p in todo if inv.is_current(p.store) for e in p.expired])
             done = each_store(
                 todo,
-                lambda s: _expire_store(deleter, inv, s, catalog, marked=s in at_once),
+                lambda s: _expire_store(deleter, inv, s, catalog),
                 report,
                 parallelism=settings.parallelism,
                 progress=progress,
@@ -101,9 +99,7 @@ def expire_versions(
     return report
 
 
-def _expire_store(
-    deleter: Deleter, inv: Inventory, store: StoreId, catalog: Catalog | None, *, marked: bool
-) -> DeleteOutcome:
+def _expire_store(deleter: Deleter, inv: Inventory, store: StoreId, catalog: Catalog | None) -> DeleteOutcome:
     fm, settings = deleter.fm, deleter.settings
     with planned_store(fm.root_uri, inv, store, settings, catalog) as (plan, lease):
         # Snapshot repair (invariant 10): never delete the changelogs below a base that cannot be restored.
@@ -111,7 +107,7 @@ def _expire_store(
         corrupt = base_problem(fm, plan, manifests, work_dir=settings.work_dir) if plan.expired else None
         if corrupt is not None:
             return DeleteOutcome(errors=[corrupt], stopped=True)
-        return deleter.delete_in_order(plan.expired, lease.check, marked=marked)
+        return deleter.delete_in_order(plan.expired, lease.check)
 
 
 def _corrupt_bases(

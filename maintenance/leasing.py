@@ -33,12 +33,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import TYPE_CHECKING, Protocol
 
+from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.store.errors import StatekeeperError
 from statekeeper.store.layout import StoreId
 
 if TYPE_CHECKING:
-    from statekeeper.maintenance.inventory import Inventory
     from statekeeper.maintenance.plan import StorePlan
     from statekeeper.sql.catalog import Catalog
     from statekeeper.store.files import CheckpointFileManager
@@ -173,8 +173,6 @@ def scan_under_leases(
 ) -> Inventory:
     """An operation's own listing of the root (or of `stores`), knowing which stores it lists under the
     leases the running `cycle_leases` block holds (see `held_stores`)."""
-    from statekeeper.maintenance.inventory import Inventory
-
     leased = held_stores(fm.root_uri, catalog)
     return Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=stores, leased=leased)
 

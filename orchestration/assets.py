@@ -104,15 +104,14 @@ def sync_lineage(
 ) -> Any:
     """An incremental catalog sync, not recorded as a run (it keeps chain lengths and checks current);
     none when the root's last sync is younger than `fresh_within` seconds. Without `list_stores`, only the
-    new commit records of a root the catalog knows: enough for chain lengths and bases (snapshot runs sync
-    the snapshots they write), without listing every store's directories."""
+    new commit records (of a root the catalog knows): enough for chain lengths and bases (snapshot runs
+    sync the snapshots they write), without listing every store's directories."""
     from statekeeper.maintenance.catalog_sync import sync_catalog
 
     fm = storage.file_manager(root)
     if fresh_within > 0 and _synced_within(catalog, fm.root_uri, fresh_within):
         return None
-    known = catalog.find_root(fm.root_uri) is not None
-    return sync_catalog(catalog, fm, raise_on_error=False, stores=None if list_stores or not known else ())
+    return sync_catalog(catalog, fm, raise_on_error=False, stores=None if list_stores else ())
 
 
 def _synced_within(catalog: Catalog, root: str, seconds: float) -> bool:

@@ -12,6 +12,7 @@ from statekeeper.orchestration.checks import CHAINS, LOADABLE, NO_ORPHANS
 from statekeeper.orchestration.jobs import JOB_NAMES
 from statekeeper.sql import Catalog
 from statekeeper.store import StateStore
+from statekeeper.store.files import open_file_manager
 from tests.orchestration.conftest import RETAIN, THRESHOLD, Orch
 
 
@@ -123,6 +124,31 @@ def test_a_run_takes_the_leases_of_its_stores_in_one_catalog_transaction(
     # the expiry run's files of both stores marked in one catalog statement (commit records go after them)
     of_stores = [{p.split("/")[2] for p in paths if p.startswith("state/")} for paths in marked]
     assert [s for s in of_stores if s] == [{"00000", "00001"}], marked
+
+
+def test_a_run_leaves_a_store_held_elsewhere_untouched(orch: Orch) -> None:
+    """Invariant 5 with the run's group lease: the store another maintainer holds is refused by name and
+    not touched; the others are expired; the holder's lease stays, the run's own are released."""
+    orch.writer.commit(THRESHOLD)
+    run_job(orch, SNAPSHOTS)
+    orch.writer.commit(RETAIN + 2)
+    fm = open_file_manager(orch.root)
+
+    def files_of(prefix: str) -> dict[str, int]:
+        return {i.path: i.size for i in fm.list(prefix)}
+
+    held_before, free_before = files_of("state/agg/00001/"), files_of("state/agg/00000/")
+    job = orch.defs.resolve_job_def(JOB_NAMES[RETAINED])
+    with orch.catalog.acquire_lease(orch.root, ("agg", 1), owner="other-host:4242", ttl=60):
+        result = job.execute_in_process(partition_key=orch.root, instance=orch.instance, raise_on_error=False)
+        assert [(lease.scope, lease.owner) for lease in orch.catalog.leases(orch.root)] == [
+            ("agg/1", "other-host:4242")
+        ], "the run released its own leases"
+    assert not result.success
+    failure = [e for e in result.all_events if e.is_step_failure]
+    assert failure and "other-host:4242" in str(failure[0].step_failure_data.error)
+    assert files_of("state/agg/00001/") == held_before, "the held store is untouched"
+    assert set(files_of("state/agg/00000/")) < set(free_before), "the free store is expired"
 
 
 def test_orphan_cleanup_job(orch: Orch) -> None:
