@@ -4,7 +4,7 @@ S stores (one operator with S partitions in one checkpoint root, as one streamin
 partitions) hold `keys` keys each (16-byte keys, 64-byte values) and commit `updates` random updates per
 version on a steady cadence (`interval` seconds), driven by `writers` writer processes on the store API
 (no Spark); a driver writes the commit record of every version once every partition committed, as
-Spark's driver does. Beside them, one maintainer process, exactly as deployed, in one of two modes:
+Spark's driver does. Beside them, one maintainer process, exactly as deployed, in one of these modes:
 
 - ``cli``: a loop running ``statekeeper snapshot``, ``expire`` and ``clean-orphans`` (each a new process,
   with the default SQLite catalog and a ``--work-dir`` for warm replicas) every `cycle` seconds, as cron
@@ -12,7 +12,10 @@ Spark's driver does. Beside them, one maintainer process, exactly as deployed, i
 - ``maintain``: ``statekeeper maintain --every <cycle>``, one long-running process doing the same;
 - ``dagster``: the checkpoint sensor ticked every `cycle` seconds, each snapshot run it requests executed
   (in process, with its asset checks), and the expiry and orphan-cleanup jobs every `schedule` seconds
-  (the finest a cron fires is a minute; the daemon would launch each run as its own process).
+  (the finest a cron fires is a minute), all in one process;
+- ``daemon``: Dagster as deployed: ``dagster-daemon run -w workspace.yaml`` with orchestration/dagster.yaml
+  (`bench.fleet_dagster.run_daemon`), its code server and a process per run, the sensor's interval set
+  to `cycle` (the daemon ticks a sensor every 5 s at most) and both schedules every minute.
 
 Sampled every `sample_every` seconds from the bench process: chain length p50/p99/max across stores,
 snapshot lag, files and bytes in the root, live state bytes (the newest snapshot of every store) and the
@@ -38,7 +41,14 @@ their stores' leases in one transaction and listed each store once under them, i
 commit records and listed every store's directories only every STATEKEEPER_SENSOR_LISTING_SECONDS, and
 expiry marked the files of all its stores in one catalog statement. What it still does beyond the loop:
 Dagster's own work per tick and run (resources built per sensor evaluation, the run's event log), and a
-listing per run instead of one per cycle. ``--fanout N`` compares stores snapshotted per second on a
+listing per run instead of one per cycle.
+
+As deployed (``daemon``, 16 stores), a run cost ~1.8 s of CPU: Dagster's default multiprocess executor
+started one more process per step (the operation and each asset check), each importing Dagster and
+statekeeper again (~0.9 s). With the in-process executor (`orchestration/definitions.py`) a run is one
+process: 51.6 -> 24.9 ms per store-commit at 16 stores. The queued-run coordinator also polled every 5 s
+after the sensor's 5 s tick; at its default the chains reached 22 (threshold 10), at 1 s
+(orchestration/dagster.yaml) 17. ``--fanout N`` compares stores snapshotted per second on a
 Spark standalone cluster.
 
     python -m bench fleet                                   # the sweep in FULL (the lead's machine)
@@ -54,7 +64,6 @@ import math
 import multiprocessing
 import os
 import random
-import resource
 import shutil
 import subprocess
 import sys
@@ -66,6 +75,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from bench.fleet_fanout import FanoutParams, fanout_table, run_fanout
+from bench.fleet_maintainers import MODES, FleetParams, maintain
 from bench.report import ROOT, Table
 
 log = logging.getLogger("bench.fleet")
@@ -75,39 +85,14 @@ KEY_BYTES, VALUE_BYTES = 16, 64
 PLOT = ROOT / "docs" / "fleet.png"
 
 
-@dataclass(frozen=True)
-class FleetParams:
-    stores: int = 16
-    keys: int = 10_000
-    updates: int = 1_000
-    interval: float = 1.0
-    seconds: float = 120.0
-    writers: int = 2
-    mode: str = "cli"
-    threshold: int = 10
-    retain: int = 20
-    load_grace: float = 0.0
-    orphan_grace: float = 60.0
-    cycle: float = 2.0
-    schedule: float = 60.0
-    sample_every: float = 5.0
-
-    def settings_args(self) -> list[str]:
-        return [
-            *("--threshold", str(self.threshold), "--retain", str(self.retain)),
-            *("--grace", str(self.orphan_grace), "--load-grace", str(self.load_grace)),
-        ]
-
-
-MODES = ("cli", "maintain", "dagster")
-FULL = [FleetParams(stores=s, seconds=90, mode=m) for s in (16, 64, 128) for m in ("maintain", "dagster")]
-"""The deployed paths (the `statekeeper maintain` loop and Dagster) at 16, 64 and 128 stores (past the
-100 stores whose health the Dagster UI plots one by one, a cost that stops growing there);
-the cron-style `cli` mode (a new process per command) runs with `--mode cli`."""
+FULL = [FleetParams(stores=s, seconds=90, mode=m) for s in (16, 64, 128) for m in ("maintain", "dagster", "daemon")]
+"""The deployed paths (the `statekeeper maintain` loop, Dagster's runs in process, Dagster as deployed)
+at 16, 64 and 128 stores (past the 100 stores whose health the Dagster UI plots one by one, a cost that
+stops growing there); the cron-style `cli` mode (a new process per command) runs with `--mode cli`."""
 QUICK = [
     FleetParams(stores=s, keys=1_000, updates=100, seconds=10, sample_every=3, cycle=1, schedule=4, mode=m)
     for s in (2, 4)
-    for m in MODES
+    for m in ("cli", "maintain", "dagster")  # the daemon needs half a minute to tick and launch a run
 ]
 FANOUT_QUICK = FanoutParams(stores=4, keys=500, updates=50, versions=3)
 
@@ -179,91 +164,6 @@ def _writer_main(conn: Connection, root: str, partitions: list[int], keys: int, 
     finally:
         for s in stores.values():
             s.close()
-
-
-# -- the maintainer process -------------------------------------------------------------------------
-
-
-def _cpu_seconds() -> float:
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-def _maintain_cli(p: FleetParams, root: str, work: str, stop: Path) -> int:
-    env = {**os.environ, "STATEKEEPER_HOME": os.path.join(work, "home")}
-    env.pop("STATEKEEPER_DB_URL", None)
-    common = [*p.settings_args(), "--work-dir", os.path.join(work, "replicas"), "--no-progress"]
-    cycles = 0
-    while not stop.exists():
-        t0 = time.monotonic()
-        for command in ("snapshot", "expire", "clean-orphans"):
-            done = subprocess.run(
-                [sys.executable, "-m", "statekeeper.maintenance", command, root, *common, "--json"],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if done.returncode != 0:
-                log.warning("statekeeper %s exited %d: %s", command, done.returncode, done.stderr[-500:])
-        cycles += 1
-        time.sleep(max(0.0, p.cycle - (time.monotonic() - t0)))
-    return cycles
-
-
-def _maintain_loop(p: FleetParams, root: str, work: str, stop: Path) -> int:
-    env = {**os.environ, "STATEKEEPER_HOME": os.path.join(work, "home")}
-    env.pop("STATEKEEPER_DB_URL", None)
-    args = [*p.settings_args(), "--work-dir", os.path.join(work, "replicas"), "--every", str(p.cycle)]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "statekeeper.maintenance", "maintain", root, *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    while not stop.exists():
-        time.sleep(0.2)
-    proc.terminate()  # SIGTERM between or within a cycle: a maintainer may die at any point (invariant 4)
-    try:
-        out, _ = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:  # seen once on a machine loaded 5x over its cores
-        log.warning("statekeeper maintain still running 120 s after SIGTERM; killing it")
-        proc.kill()
-        out, _ = proc.communicate(timeout=120)
-    return out.count("cycle ")
-
-
-def _maintain_dagster(p: FleetParams, root: str, work: str, stop: Path) -> int:
-    from bench.fleet_dagster import DagsterMaintainer
-
-    dagster = DagsterMaintainer(
-        root, work, threshold=p.threshold, retain=p.retain, orphan_grace=p.orphan_grace, load_grace=p.load_grace
-    )
-    cycles = 0
-    last_schedule = time.monotonic()
-    try:
-        while not stop.exists():
-            t0 = time.monotonic()
-            dagster.tick()
-            if time.monotonic() - last_schedule >= p.schedule:
-                last_schedule = time.monotonic()
-                dagster.schedules()
-            cycles += 1
-            time.sleep(max(0.0, p.cycle - (time.monotonic() - t0)))
-    finally:
-        dagster.close()
-    return cycles
-
-
-def maintain(p: FleetParams, root: str, work: str, stop: Path, out: Path) -> None:
-    """The maintainer process: runs until `stop` exists, then writes its CPU seconds and cycles to `out`."""
-    os.makedirs(work, exist_ok=True)
-    cpu0 = _cpu_seconds()
-    modes = {"cli": _maintain_cli, "maintain": _maintain_loop, "dagster": _maintain_dagster}
-    cycles = modes[p.mode](p, root, work, stop)
-    out.write_text(json.dumps({"cpu_seconds": _cpu_seconds() - cpu0, "cycles": cycles}))
 
 
 # -- sampling -----------------------------------------------------------------------------------------
@@ -435,17 +335,20 @@ def tables(results: list[FleetResult]) -> list[Table]:
         notes=[
             "Fitted over the runs of different sizes in the table above: CPU = a x cycles + b x store-commits. "
             "At 1,000 store-commits/s with one cycle every `cycle` seconds the maintainer needs "
-            "a / cycle + 1,000 x b cores."
+            "a / cycle + 1,000 x b cores; cycle = the run's seconds over its cycles (sensor ticks for "
+            "`dagster` and `daemon`)."
         ],
     )
     for mode in sorted({r.params.mode for r in results}):
-        fit = cost_model([r for r in results if r.params.mode == mode])
+        runs = [r for r in results if r.params.mode == mode]
+        fit = cost_model(runs)
         if fit is None:
             continue
         a, b = fit
-        cores = a / p0.cycle + 1000 * b
+        cycle = sum(r.seconds for r in runs) / sum(r.cycles for r in runs)  # as measured: the daemon's >= 5 s
+        cores = a / cycle + 1000 * b
         model.rows.append(
-            [mode, round(a, 3), round(b * 1000, 3), p0.cycle, round(cores, 2), "yes" if cores <= 2 else "no"]
+            [mode, round(a, 3), round(b * 1000, 3), round(cycle, 1), round(cores, 2), "yes" if cores <= 2 else "no"]
         )
     summary = Table(
         "Fleet: one maintainer beside S stores committing 1/s",
@@ -471,7 +374,10 @@ def tables(results: list[FleetResult]) -> list[Table]:
             f"grace {p0.orphan_grace:g} s; `cli`: the three commands every {p0.cycle:g} s; `dagster`: the "
             f"sensor every {p0.cycle:g} s, its snapshot runs (with their checks) and expiry runs (when a commit "
             f"moved a base, without the loadability check) in process; the expiry and orphan cleanup schedules "
-            f"every {p0.schedule:g} s (a cron fires at most once a minute).",
+            f"every {p0.schedule:g} s (a cron fires at most once a minute); `daemon`: Dagster as deployed, "
+            "`dagster-daemon run -w workspace.yaml` with orchestration/dagster.yaml (its code server, a process "
+            "per run), the sensor's interval set to the same cycle (the daemon ticks a sensor every 5 s at "
+            "most), both schedules every minute.",
             "A commit moves a store's base; what that made unneeded (the old base and the threshold's worth of "
             "changelogs after it, for every store at once: they commit in lock step) goes at the maintainer's "
             "next cycle or the sensor's next tick. Samples over target fall in that window.",
@@ -482,7 +388,8 @@ def tables(results: list[FleetResult]) -> list[Table]:
             f"chains and bytes are sampled every {p0.sample_every:g} s from the bench process; CPU is the maintainer "
             "process's and its children's (user + system).",
             "cores for 1,000 store-commits/s = CPU s per store-commit x 1,000 (the cost per store-commit "
-            "falls as S grows: listings, process starts and catalog round trips are per cycle, not per store).",
+            "falls as S grows: listings, process starts and catalog round trips are per cycle, not per store); "
+            "`daemon` CPU is every process the daemon started (the bench process is their subreaper).",
             "![fleet over time](fleet.png)",
         ],
     )
@@ -604,12 +511,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fanout", type=int, default=0, help="stores for the fan-out comparison (0: none)")
     parser.add_argument("args", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.maintainer:
         p = FleetParams(**json.loads(args.maintainer))
         root, base = args.args
         maintain(p, root, os.path.join(base, "maintainer"), Path(base, "stop"), Path(base, "maintainer.json"))
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     base = FleetParams()
     params = [
         replace(

@@ -6,8 +6,21 @@ cadence (with all their checks). `bench.bench_fleet` runs it beside real-time wr
 
 from __future__ import annotations
 
+import ctypes
+import math
 import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
+
+import psutil
+
+from bench.report import ROOT
+
+WORKSPACE = ROOT / "workspace.yaml"
 
 
 class DagsterMaintainer:
@@ -73,3 +86,98 @@ class DagsterMaintainer:
 
     def close(self) -> None:
         self.instance.dispose()
+
+
+def run_daemon(
+    root: str,
+    work: str,
+    stop: Path,
+    *,
+    threshold: int,
+    retain: int,
+    orphan_grace: float,
+    load_grace: float,
+    cycle: float,
+) -> tuple[int, dict[str, int]]:
+    """Dagster as deployed: `dagster-daemon run -w workspace.yaml` (its code server, and a process per
+    run launched by the default run launcher) on the root until `stop` exists, with the sensor every
+    `cycle` seconds and both schedules every minute. Returns the sensor's ticks and the runs per job.
+
+    The caller becomes the subreaper of everything the daemon starts, so that every process's CPU ends
+    up in its `RUSAGE_CHILDREN`, also when the process that started it does not wait for it."""
+    from statekeeper.maintenance.settings import MaintenanceSettings
+    from statekeeper.orchestration.run_local import prepare_home
+
+    home = str(prepare_home(Path(work, "dagster_home")))  # the instance settings `make run` deploys
+    settings = {
+        "snapshot_threshold": threshold,
+        "min_versions_to_retain": retain,
+        "orphan_grace_seconds": orphan_grace,
+        "load_grace_seconds": load_grace,
+        "work_dir": os.path.join(work, "replicas"),
+    }
+    env = {
+        **os.environ,
+        **{MaintenanceSettings.env_name(k): str(v) for k, v in settings.items()},
+        "DAGSTER_HOME": home,
+        "STATEKEEPER_CHECKPOINT_ROOTS": root,
+        "STATEKEEPER_DB_URL": f"sqlite:///{os.path.join(work, 'catalog.db')}",
+        "STATEKEEPER_SENSOR_INTERVAL_SECONDS": str(max(1, round(cycle))),
+        "STATEKEEPER_EXPIRY_SCHEDULE": "* * * * *",
+        "STATEKEEPER_ORPHAN_SCHEDULE": "* * * * *",
+    }
+    _become_subreaper()
+    with open(os.path.join(work, "daemon.log"), "w") as out:
+        daemon = subprocess.Popen(
+            [os.path.join(os.path.dirname(sys.executable), "dagster-daemon"), "run", "-w", str(WORKSPACE)],
+            cwd=WORKSPACE.parent,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        while not stop.exists() and daemon.poll() is None:
+            time.sleep(0.2)
+        if daemon.poll() is not None:
+            raise RuntimeError(f"dagster-daemon exited {daemon.returncode}: see {out.name}")
+        daemon.send_signal(signal.SIGINT)
+        _reap_all(timeout=120.0)
+    return _ticks_and_runs(home)
+
+
+def _become_subreaper() -> None:
+    """Orphaned descendants are reparented to this process (Linux), which reaps them in `_reap_all`."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def _reap_all(timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            if time.monotonic() > deadline:
+                for child in psutil.Process().children(recursive=True):
+                    child.kill()
+                deadline = math.inf
+            time.sleep(0.1)
+
+
+def _ticks_and_runs(home: str) -> tuple[int, dict[str, int]]:
+    from dagster import DagsterInstance
+    from dagster._core.definitions.run_request import InstigatorType
+
+    from statekeeper.orchestration.sensors import SENSOR_NAME
+
+    with DagsterInstance.from_config(home) as instance:
+        ticks = sum(
+            len(instance.get_ticks(state.instigator_origin_id, state.selector_id))
+            for state in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
+            if state.instigator_name == SENSOR_NAME
+        )
+        runs: dict[str, int] = {}
+        for record in instance.get_run_records():
+            runs[record.dagster_run.job_name] = runs.get(record.dagster_run.job_name, 0) + 1
+    return ticks, runs

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dagster import Definitions, StaticPartitionsDefinition
+from dagster import Definitions, StaticPartitionsDefinition, in_process_executor
 
 from statekeeper.orchestration.assets import ORPHANS, RETAINED, SNAPSHOTS, build_assets
 from statekeeper.orchestration.checks import build_checks
@@ -38,6 +38,9 @@ def build_definitions(
         sensors=[build_checkpoint_sensor(config, jobs[SNAPSHOTS], jobs[RETAINED]), build_failure_sensor(config)],
         schedules=build_schedules(config, partitions, jobs[RETAINED], jobs[ORPHANS]),
         resources=resources if resources is not None else build_resources(config),
+        # one process per run: a step is one operation over a root, parallel inside (threads, or Spark
+        # executors); a process per step would import Dagster and statekeeper again for each
+        executor=in_process_executor,
     )
 
 

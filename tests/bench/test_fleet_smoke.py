@@ -14,6 +14,7 @@ FLEET = "bench.bench_fleet"
 def test_fleet_benchmark_runs_both_maintainers(tmp_path: Path) -> None:
     plot = tmp_path / "fleet.png"
     args = ["--stores", "2", "3", "--seconds", "6", "--keys", "500", "--updates", "50", "--plot", str(plot)]
+    args += ["--mode", "cli", "maintain", "dagster"]
     out = run_bench(tmp_path, args, module=FLEET, timeout=300)
     for title in ("### Fleet: one maintainer beside", "### Fleet: the maintainer's cost model", "### Fleet over time"):
         assert title in out, out
@@ -28,6 +29,16 @@ def test_fleet_benchmark_runs_both_maintainers(tmp_path: Path) -> None:
         assert mode in out, out
     assert plot.stat().st_size > 0
     assert [p.name for p in tmp_path.iterdir()] == ["fleet.png"], "the benchmark left scratch files behind"
+
+
+@pytest.mark.slow
+def test_fleet_benchmark_runs_dagster_as_deployed(tmp_path: Path) -> None:
+    """`--mode daemon`: `dagster-daemon run` on the root; its sensor's runs keep the chains bounded."""
+    args = ["--stores", "2", "--mode", "daemon", "--seconds", "40", "--keys", "500", "--updates", "50"]
+    out = run_bench(tmp_path, [*args, "--plot", str(tmp_path / "fleet.png")], module=FLEET, timeout=600)
+    row = next(line for line in out.splitlines() if line.startswith("| daemon | 2 | 2 |"))
+    chain_max = int(row.split(" | ")[6].split(" / ")[2])
+    assert chain_max <= 20, row  # 40 commits at threshold 10: the daemon's runs snapshotted the stores
 
 
 @pytest.mark.slow

@@ -116,6 +116,24 @@ def test_dagster_definitions_validate(tmp_path: Path) -> None:
     assert "statekeeper" in out
 
 
+def test_a_run_is_one_process_and_a_queued_run_starts_within_a_second(tmp_path: Path) -> None:
+    """Every job runs its steps in the run's own process, and the instance `make run` deploys dequeues
+    runs every second while keeping one maintenance run per root."""
+    from dagster import DagsterInstance
+
+    from statekeeper.orchestration.run_local import prepare_home
+
+    repo = build_definitions(OrchestrationConfig.from_env({})).get_repository_def()
+    assert {job.executor_def.name for job in repo.get_all_jobs()} == {"in_process"}
+    with DagsterInstance.from_config(str(prepare_home(tmp_path / "home"))) as instance:
+        coordinator = instance.run_coordinator
+        assert getattr(coordinator, "dequeue_interval_seconds", None) == 1
+        queue = instance.get_concurrency_config().run_queue_config
+        assert queue is not None
+        limits = queue.tag_concurrency_limits
+        assert [(limit["key"], limit["limit"]) for limit in limits] == [("dagster/partition", 1)]
+
+
 def test_maintenance_config_carries_every_setting() -> None:
     """The Dagster resource and the settings name the same fields, and every value survives the round trip."""
     from dataclasses import fields

@@ -1,0 +1,143 @@
+"""The maintainer process of the fleet benchmark (`bench.bench_fleet`), in each of its modes, and the
+parameters of one run. It runs until a stop file exists, then writes its CPU seconds (its own and its
+children's) and its cycles."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("bench.fleet")
+
+
+@dataclass(frozen=True)
+class FleetParams:
+    stores: int = 16
+    keys: int = 10_000
+    updates: int = 1_000
+    interval: float = 1.0
+    seconds: float = 120.0
+    writers: int = 2
+    mode: str = "cli"
+    threshold: int = 10
+    retain: int = 20
+    load_grace: float = 0.0
+    orphan_grace: float = 60.0
+    cycle: float = 2.0
+    schedule: float = 60.0
+    sample_every: float = 5.0
+
+    def settings_args(self) -> list[str]:
+        return [
+            *("--threshold", str(self.threshold), "--retain", str(self.retain)),
+            *("--grace", str(self.orphan_grace), "--load-grace", str(self.load_grace)),
+        ]
+
+
+MODES = ("cli", "maintain", "dagster", "daemon")
+
+
+def _cpu_seconds() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _maintain_cli(p: FleetParams, root: str, work: str, stop: Path) -> int:
+    env = {**os.environ, "STATEKEEPER_HOME": os.path.join(work, "home")}
+    env.pop("STATEKEEPER_DB_URL", None)
+    common = [*p.settings_args(), "--work-dir", os.path.join(work, "replicas"), "--no-progress"]
+    cycles = 0
+    while not stop.exists():
+        t0 = time.monotonic()
+        for command in ("snapshot", "expire", "clean-orphans"):
+            done = subprocess.run(
+                [sys.executable, "-m", "statekeeper.maintenance", command, root, *common, "--json"],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if done.returncode != 0:
+                log.warning("statekeeper %s exited %d: %s", command, done.returncode, done.stderr[-500:])
+        cycles += 1
+        time.sleep(max(0.0, p.cycle - (time.monotonic() - t0)))
+    return cycles
+
+
+def _maintain_loop(p: FleetParams, root: str, work: str, stop: Path) -> int:
+    env = {**os.environ, "STATEKEEPER_HOME": os.path.join(work, "home")}
+    env.pop("STATEKEEPER_DB_URL", None)
+    args = [*p.settings_args(), "--work-dir", os.path.join(work, "replicas"), "--every", str(p.cycle)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "statekeeper.maintenance", "maintain", root, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    while not stop.exists():
+        time.sleep(0.2)
+    proc.terminate()  # SIGTERM between or within a cycle: a maintainer may die at any point (invariant 4)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # seen once on a machine loaded 5x over its cores
+        log.warning("statekeeper maintain still running 120 s after SIGTERM; killing it")
+        proc.kill()
+        out, _ = proc.communicate(timeout=120)
+    return out.count("cycle ")
+
+
+def _maintain_dagster(p: FleetParams, root: str, work: str, stop: Path) -> int:
+    from bench.fleet_dagster import DagsterMaintainer
+
+    dagster = DagsterMaintainer(
+        root, work, threshold=p.threshold, retain=p.retain, orphan_grace=p.orphan_grace, load_grace=p.load_grace
+    )
+    cycles = 0
+    last_schedule = time.monotonic()
+    try:
+        while not stop.exists():
+            t0 = time.monotonic()
+            dagster.tick()
+            if time.monotonic() - last_schedule >= p.schedule:
+                last_schedule = time.monotonic()
+                dagster.schedules()
+            cycles += 1
+            time.sleep(max(0.0, p.cycle - (time.monotonic() - t0)))
+    finally:
+        dagster.close()
+    return cycles
+
+
+def _maintain_daemon(p: FleetParams, root: str, work: str, stop: Path) -> int:
+    from bench.fleet_dagster import run_daemon
+
+    ticks, runs = run_daemon(
+        root,
+        work,
+        stop,
+        threshold=p.threshold,
+        retain=p.retain,
+        orphan_grace=p.orphan_grace,
+        load_grace=p.load_grace,
+        cycle=p.cycle,
+    )
+    log.info("dagster-daemon: %d sensor ticks, runs %s", ticks, runs)
+    return ticks
+
+
+def maintain(p: FleetParams, root: str, work: str, stop: Path, out: Path) -> None:
+    """The maintainer process: runs until `stop` exists, then writes its CPU seconds and cycles to `out`."""
+    os.makedirs(work, exist_ok=True)
+    cpu0 = _cpu_seconds()
+    modes = {"cli": _maintain_cli, "maintain": _maintain_loop, "dagster": _maintain_dagster, "daemon": _maintain_daemon}
+    cycles = modes[p.mode](p, root, work, stop)
+    out.write_text(json.dumps({"cpu_seconds": _cpu_seconds() - cpu0, "cycles": cycles}))
