@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagster import (
+    AssetKey,
     DagsterRun,
     DefaultSensorStatus,
     RunConfig,
@@ -237,7 +238,11 @@ def evaluate_root(
             run_key=run_key("expire", root, moved),
             job_name=JOB_NAMES[RETAINED],
             partition_key=root,
-            asset_check_keys=[],  # the loadability check rebuilds every retained version: the schedule's runs
+            # Without the loadability check (it rebuilds every retained version: the schedule's runs do it).
+            # The daemon takes a request for a subset only if it selects something: with no checks and no
+            # assets named, it would launch the whole job, checks and all.
+            asset_selection=[AssetKey(RETAINED)],
+            asset_check_keys=[],
             tags={TRIGGER_TAG: SENSOR_NAME},
         )
     return tick
