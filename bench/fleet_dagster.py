@@ -63,10 +63,10 @@ class DagsterMaintainer:
         for request in result.run_requests or []:
             assert request.job_name is not None
             job = self.defs.resolve_job_def(request.job_name)
-            if request.asset_check_keys is not None:  # as the daemon launches it: the checks requested
+            if request.asset_selection or request.asset_check_keys:  # a subset, as the daemon takes it
                 job = job.get_subset(
-                    asset_selection=set(job.asset_layer.executable_asset_keys),
-                    asset_check_selection=set(request.asset_check_keys),
+                    asset_selection=set(request.asset_selection or job.asset_layer.executable_asset_keys),
+                    asset_check_selection=None if request.asset_check_keys is None else set(request.asset_check_keys),
                 )
             self._execute(job, request.partition_key, request.run_config, request.tags)
 
