@@ -7,6 +7,7 @@ cadence (with all their checks). `bench.bench_fleet` runs it beside real-time wr
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
 import os
 import signal
@@ -21,6 +22,7 @@ import psutil
 from bench.report import ROOT
 
 WORKSPACE = ROOT / "workspace.yaml"
+log = logging.getLogger("bench.fleet")
 
 
 class DagsterMaintainer:
@@ -178,6 +180,19 @@ def _ticks_and_runs(home: str) -> tuple[int, dict[str, int]]:
             if state.instigator_name == SENSOR_NAME
         )
         runs: dict[str, int] = {}
-        for record in instance.get_run_records():
-            runs[record.dagster_run.job_name] = runs.get(record.dagster_run.job_name, 0) + 1
+        records = sorted(instance.get_run_records(), key=lambda r: r.create_timestamp)
+        first = records[0].create_timestamp.timestamp() if records else 0.0
+        for record in records:
+            run = record.dagster_run
+            runs[run.job_name] = runs.get(run.job_name, 0) + 1
+            created = record.create_timestamp.timestamp()
+            start, end = record.start_time or math.nan, record.end_time or math.nan
+            log.info(
+                "run %s (%s): created at %.1f s, queued %.1f s, ran %.1f s",
+                run.job_name,
+                run.status.value,
+                created - first,
+                start - created,
+                end - start,
+            )
     return ticks, runs
