@@ -48,7 +48,7 @@ from dagster import (
     sensor,
 )
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
-from dagster._core.storage.tags import PARTITION_NAME_TAG
+from dagster._core.storage.tags import PARTITION_NAME_TAG, PRIORITY_TAG
 
 from statekeeper.orchestration.assets import KIND_TAG, KINDS, RETAINED, SNAPSHOTS, SnapshotConfig
 from statekeeper.orchestration.config import (
@@ -180,6 +180,13 @@ class RootTick:
     expiry_request: RunRequest | None = None
 
 
+SENSOR_RUN_TAGS = {TRIGGER_TAG: SENSOR_NAME, PRIORITY_TAG: "1"}
+"""Tags of the runs the sensor requests. A root runs one maintenance run at a time; its queued runs start
+by priority (``dagster/priority``, 0 when unset), then in the order they were requested. The sensor's
+snapshot and expiry runs bound the chains and the checkpoint, so they go before a schedule's runs (an
+expiry verifying every retained version, an orphan cleanup) that are still queued."""
+
+
 def evaluate_root(
     catalog: Catalog,
     fm: CheckpointFileManager,
@@ -227,7 +234,7 @@ def evaluate_root(
             job_name=JOB_NAMES[SNAPSHOTS],
             partition_key=root,
             run_config=RunConfig(ops={SNAPSHOTS: SnapshotConfig(stores=tick.crossings)}),
-            tags={TRIGGER_TAG: SENSOR_NAME},
+            tags=dict(SENSOR_RUN_TAGS),
         )
     bases = catalog.expiry_bases(root, retain=retain)
     moved = sorted(f"{store}@{v}" for store, v in bases.items() if rc.bases.get(store, 0) < v)
@@ -243,7 +250,7 @@ def evaluate_root(
             # assets named, it would launch the whole job, checks and all.
             asset_selection=[AssetKey(RETAINED)],
             asset_check_keys=[],
-            tags={TRIGGER_TAG: SENSOR_NAME},
+            tags=dict(SENSOR_RUN_TAGS),
         )
     return tick
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from dagster import RunRequest, ScheduleEvaluationContext, SkipReason, build_schedule_context
+from dagster._core.storage.tags import PRIORITY_TAG
 
 from statekeeper.orchestration.jobs import JOB_NAMES
 from statekeeper.orchestration.schedules import EXPIRY_SCHEDULE, ORPHAN_SCHEDULE
@@ -32,6 +33,7 @@ def test_schedules_request_one_run_per_root(tmp_path: Path, db_url: str) -> None
             assert [r.partition_key for r in requests] == list(orch.config.roots)
             assert all(isinstance(r, RunRequest) and when.isoformat() in (r.run_key or "") for r in requests)
             assert len({r.run_key for r in requests}) == 2
+            assert all(PRIORITY_TAG not in r.tags for r in requests), "queued, the sensor's runs go first"
             # the next tick has other run keys
             later = sched.evaluate_tick(
                 build_schedule_context(

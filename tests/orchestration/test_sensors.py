@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from dagster import AssetKey, RunRequest, SensorResult, build_sensor_context
+from dagster._core.storage.tags import PRIORITY_TAG
 
 from statekeeper.orchestration.assets import RETAINED, SNAPSHOTS
 from statekeeper.orchestration.jobs import JOB_NAMES
@@ -276,3 +277,5 @@ def test_requested_snapshot_run_clears_the_crossing(orch: Orch) -> None:
         run_key("expire", orch.root, [f"agg/0@{THRESHOLD}", f"agg/1@{THRESHOLD}"]),  # the first snapshot is the base
         run_key("snapshot", orch.root, [f"agg/0@{2 * THRESHOLD}", f"agg/1@{2 * THRESHOLD}"]),
     ]
+    # both go before a schedule's runs still queued for the root, in the order requested (equal priority)
+    assert [r.tags[PRIORITY_TAG] for r in third.run_requests or []] == ["1", "1"]
