@@ -58,18 +58,14 @@ class DagsterMaintainer:
         """One sensor tick, and the runs it requests."""
         from dagster import SensorResult, build_sensor_context
 
+        from statekeeper.orchestration.jobs import requested_job
+
         result = self.sensor(build_sensor_context(cursor=self.cursor, resources=self.resources, instance=self.instance))
         if not isinstance(result, SensorResult):
             return
         self.cursor = result.cursor
         for request in result.run_requests or []:
-            assert request.job_name is not None
-            job = self.defs.resolve_job_def(request.job_name)
-            if request.asset_selection or request.asset_check_keys:  # a subset, as the daemon takes it
-                job = job.get_subset(
-                    asset_selection=set(request.asset_selection or job.asset_layer.executable_asset_keys),
-                    asset_check_selection=None if request.asset_check_keys is None else set(request.asset_check_keys),
-                )
+            job = requested_job(self.defs, request)
             self._execute(job, request.partition_key, request.run_config, request.tags)
 
     def schedules(self) -> None:

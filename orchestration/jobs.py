@@ -7,7 +7,8 @@ per checkpoint root is in progress at a time, whatever launched it (sensor, sche
 
 from __future__ import annotations
 
-from dagster import AssetSelection, define_asset_job
+from dagster import AssetSelection, Definitions, JobDefinition, RunRequest, define_asset_job
+from dagster._core.definitions.selector import JobSubsetSelector
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
 from statekeeper.orchestration.assets import KIND_TAG, KINDS, LINEAGE, ORPHANS, RETAINED, SNAPSHOTS
@@ -40,4 +41,26 @@ def build_jobs() -> dict[str, UnresolvedAssetJobDefinition]:
     }
 
 
-__all__ = ["JOB_NAMES", "MAINTENANCE_TAG", "build_jobs"]
+def requested_job(defs: Definitions, request: RunRequest) -> JobDefinition:
+    """The job the daemon launches for a sensor's `request`: a subset only when the request selects
+    assets or checks (Dagster's `JobSubsetSelector.is_subset_selection`), else the whole job with every
+    check. For running a request in process as a deployment would (tests, benchmarks)."""
+    assert request.job_name is not None, "a sensor's request names its job"
+    job = defs.resolve_job_def(request.job_name)
+    selector = JobSubsetSelector(
+        location_name="",
+        repository_name="",
+        job_name=request.job_name,
+        op_selection=None,
+        asset_selection=request.asset_selection,
+        asset_check_selection=request.asset_check_keys,
+    )
+    if not selector.is_subset_selection:
+        return job
+    return job.get_subset(
+        asset_selection=set(request.asset_selection or job.asset_layer.executable_asset_keys),
+        asset_check_selection=selector.asset_check_selection,
+    )
+
+
+__all__ = ["JOB_NAMES", "MAINTENANCE_TAG", "build_jobs", "requested_job"]

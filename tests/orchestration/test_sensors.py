@@ -11,7 +11,7 @@ from dagster import AssetKey, RunRequest, SensorResult, build_sensor_context
 from dagster._core.storage.tags import PRIORITY_TAG
 
 from statekeeper.orchestration.assets import RETAINED, SNAPSHOTS
-from statekeeper.orchestration.jobs import JOB_NAMES
+from statekeeper.orchestration.jobs import JOB_NAMES, requested_job
 from statekeeper.orchestration.sensors import (
     COMMITS_PREFIX,
     SENSOR_NAME,
@@ -137,16 +137,8 @@ def _tick_requests(orch: Orch, cursor: str | None) -> tuple[str, list[RunRequest
 
 
 def _run(orch: Orch, request: RunRequest) -> Any:
-    """The run the daemon launches for `request`: a subset of the job only when the request selects
-    assets or checks (`JobSubsetSelector.is_subset_selection`), else the whole job with every check."""
-    assert request.job_name is not None
-    job = orch.defs.resolve_job_def(request.job_name)
-    if request.asset_selection or request.asset_check_keys:
-        job = job.get_subset(
-            asset_selection=set(request.asset_selection or job.asset_layer.executable_asset_keys),
-            asset_check_selection=None if request.asset_check_keys is None else set(request.asset_check_keys),
-        )
-    result = job.execute_in_process(
+    """The run the daemon launches for `request`."""
+    result = requested_job(orch.defs, request).execute_in_process(
         run_config=request.run_config, partition_key=request.partition_key, instance=orch.instance
     )
     assert result.success
