@@ -11,11 +11,13 @@ Spark's driver does. Beside them, one maintainer process, exactly as deployed, i
   or a shell loop would;
 - ``maintain``: ``statekeeper maintain --every <cycle>``, one long-running process doing the same;
 - ``dagster``: the checkpoint sensor ticked every `cycle` seconds, each snapshot run it requests executed
-  (in process, with its asset checks), and the expiry and orphan-cleanup jobs every `schedule` seconds
-  (the finest a cron fires is a minute), all in one process;
+  (in process, with its asset checks), all in one process;
 - ``daemon``: Dagster as deployed: ``dagster-daemon run -w workspace.yaml`` with orchestration/dagster.yaml
   (`bench.fleet_dagster.run_daemon`), its code server and a process per run, the sensor's interval set
-  to `cycle` (the daemon ticks a sensor every 5 s at most) and both schedules every minute.
+  to `cycle` (the daemon ticks a sensor every 5 s at most).
+
+Dagster's expiry and orphan-cleanup schedules keep their default crons (hourly, daily), as deployed, or
+run every `schedule` seconds (the daemon: every minute, the finest a cron fires) to measure their runs.
 
 Sampled every `sample_every` seconds from the bench process: chain length p50/p99/max across stores,
 snapshot lag, files and bytes in the root, live state bytes (the newest snapshot of every store) and the
@@ -91,10 +93,16 @@ KEY_BYTES, VALUE_BYTES = 16, 64
 PLOT = ROOT / "docs" / "fleet.png"
 
 
-FULL = [FleetParams(stores=s, seconds=90, mode=m) for s in (16, 64, 128) for m in ("maintain", "dagster", "daemon")]
-"""The deployed paths (the `statekeeper maintain` loop, Dagster's runs in process, Dagster as deployed)
-at 16, 64 and 128 stores (past the 100 stores whose health the Dagster UI plots one by one, a cost that
-stops growing there); the cron-style `cli` mode (a new process per command) runs with `--mode cli`."""
+FULL = [
+    *(FleetParams(stores=s, seconds=90, mode=m) for s in (16, 64, 128) for m in ("maintain", "dagster", "daemon")),
+    FleetParams(stores=128, seconds=90, mode="daemon", schedule=60),
+]
+"""The deployed paths (the `statekeeper maintain` loop, Dagster's runs in process, Dagster as deployed, its
+schedules on their default crons) at 16, 64 and 128 stores (past the 100 stores whose health the Dagster UI
+plots one by one, a cost that stops growing there), and Dagster as deployed with both schedules every
+minute at 128 stores: what a schedule's runs (an expiry verifying every retained version, an orphan
+cleanup) cost and do to the chains under load. The cron-style `cli` mode (a new process per command) runs
+with `--mode cli`."""
 QUICK = [
     FleetParams(stores=s, keys=1_000, updates=100, seconds=10, sample_every=3, cycle=1, schedule=4, mode=m)
     for s in (2, 4)
@@ -345,8 +353,8 @@ def tables(results: list[FleetResult]) -> list[Table]:
             "`dagster` and `daemon`)."
         ],
     )
-    for mode in sorted({r.params.mode for r in results}):
-        runs = [r for r in results if r.params.mode == mode]
+    for label in sorted({r.params.label for r in results}):
+        runs = [r for r in results if r.params.label == label]
         fit = cost_model(runs)
         if fit is None:
             continue
@@ -354,7 +362,7 @@ def tables(results: list[FleetResult]) -> list[Table]:
         cycle = sum(r.seconds for r in runs) / sum(r.cycles for r in runs)  # as measured: the daemon's >= 5 s
         cores = a / cycle + 1000 * b
         model.rows.append(
-            [mode, round(a, 3), round(b * 1000, 3), round(cycle, 1), round(cores, 2), "yes" if cores <= 2 else "no"]
+            [label, round(a, 3), round(b * 1000, 3), round(cycle, 1), round(cores, 2), "yes" if cores <= 2 else "no"]
         )
     summary = Table(
         "Fleet: one maintainer beside S stores committing 1/s",
@@ -379,11 +387,12 @@ def tables(results: list[FleetResult]) -> list[Table]:
             f"processes; threshold {p0.threshold}, retain {p0.retain}, load grace {p0.load_grace:g} s, orphan "
             f"grace {p0.orphan_grace:g} s; `cli`: the three commands every {p0.cycle:g} s; `dagster`: the "
             f"sensor every {p0.cycle:g} s, its snapshot runs (with their checks) and expiry runs (when a commit "
-            f"moved a base, without the loadability check) in process; the expiry and orphan cleanup schedules "
-            f"every {p0.schedule:g} s (a cron fires at most once a minute); `daemon`: Dagster as deployed, "
+            "moved a base, without the loadability check) in process; `daemon`: Dagster as deployed, "
             "`dagster-daemon run -w workspace.yaml` with orchestration/dagster.yaml (its code server, a process "
             "per run), the sensor's interval set to the same cycle (the daemon ticks a sensor every 5 s at "
-            "most), both schedules every minute.",
+            "most). The expiry and orphan-cleanup schedules on their default crons (hourly, daily: none fires "
+            "within a run; the sensor's expiry runs keep the checkpoint bounded), or, where the row says so, "
+            "every minute (the expiry schedule's runs verify every retained version of every store).",
             "A commit moves a store's base; what that made unneeded (the old base and the threshold's worth of "
             "changelogs after it, for every store at once: they commit in lock step) goes at the maintainer's "
             "next cycle or the sensor's next tick. Samples over target fall in that window.",
@@ -404,15 +413,15 @@ def tables(results: list[FleetResult]) -> list[Table]:
         ["maintainer", "stores", "t (s)", "version", "chain p50", "chain p99", "chain max", "files", "MB", "target MB"],
         [],
     )
-    for mode in sorted({r.params.mode for r in results}):
-        runs = [r for r in results if r.params.mode == mode]
+    for label in sorted({r.params.label for r in results}):
+        runs = [r for r in results if r.params.label == label]
         for r in runs:
             s = r.samples
             ratio = [x.bytes / x.live_bytes for x in s if x.live_bytes]
             target = [x.bytes / x.bound_bytes for x in s if x.bound_bytes]
             summary.rows.append(
                 [
-                    mode,
+                    label,
                     r.params.stores,
                     round(r.commit_rate, 1),
                     "yes" if r.behind_ticks <= max(1, r.versions // 20) else f"no ({r.behind_ticks} late)",
@@ -432,7 +441,7 @@ def tables(results: list[FleetResult]) -> list[Table]:
         for x in largest.samples[::step]:
             over_time.rows.append(
                 [
-                    mode,
+                    label,
                     largest.params.stores,
                     x.t,
                     x.version,
@@ -459,7 +468,7 @@ def plot(results: list[FleetResult], path: Path) -> Path | None:
         return None
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
     for r in results:
-        label = f"{r.params.mode}, {r.params.stores} stores"
+        label = f"{r.params.label}, {r.params.stores} stores"
         t = [x.t for x in r.samples]
         ax1.plot(t, [x.chain_max for x in r.samples], label=label)
         ax2.plot(t, [x.bytes / x.bound_bytes if x.bound_bytes else math.nan for x in r.samples], label=label)
@@ -513,6 +522,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--updates", type=int, default=1_000)
     parser.add_argument("--writers", type=int, default=2)
+    parser.add_argument(
+        "--schedule",
+        type=float,
+        default=0.0,
+        help="seconds between the Dagster schedules' runs (daemon: any value > 0 means every minute); "
+        "0: their default crons",
+    )
     parser.add_argument("--plot", type=Path, help="write the plot here")
     parser.add_argument("--fanout", type=int, default=0, help="stores for the fan-out comparison (0: none)")
     parser.add_argument("args", nargs="*", help=argparse.SUPPRESS)
@@ -526,7 +542,14 @@ def main(argv: list[str] | None = None) -> int:
     base = FleetParams()
     params = [
         replace(
-            base, stores=s, mode=m, seconds=args.seconds, keys=args.keys, updates=args.updates, writers=args.writers
+            base,
+            stores=s,
+            mode=m,
+            seconds=args.seconds,
+            keys=args.keys,
+            updates=args.updates,
+            writers=args.writers,
+            schedule=args.schedule,
         )
         for s in args.stores
         for m in args.mode

@@ -96,10 +96,12 @@ def run_daemon(
     orphan_grace: float,
     load_grace: float,
     cycle: float,
+    schedules_every_minute: bool = False,
 ) -> tuple[int, dict[str, int]]:
     """Dagster as deployed: `dagster-daemon run -w workspace.yaml` (its code server, and a process per
     run launched by the default run launcher) on the root until `stop` exists, with the sensor every
-    `cycle` seconds and both schedules every minute. Returns the sensor's ticks and the runs per job.
+    `cycle` seconds and the schedules on their default crons (or both every minute). Returns the sensor's
+    ticks and the runs per job.
 
     The caller becomes the subreaper of everything the daemon starts, so that every process's CPU ends
     up in its `RUSAGE_CHILDREN`, also when the process that started it does not wait for it."""
@@ -121,9 +123,9 @@ def run_daemon(
         "STATEKEEPER_CHECKPOINT_ROOTS": root,
         "STATEKEEPER_DB_URL": f"sqlite:///{os.path.join(work, 'catalog.db')}",
         "STATEKEEPER_SENSOR_INTERVAL_SECONDS": str(max(1, round(cycle))),
-        "STATEKEEPER_EXPIRY_SCHEDULE": "* * * * *",
-        "STATEKEEPER_ORPHAN_SCHEDULE": "* * * * *",
     }
+    if schedules_every_minute:
+        env.update({"STATEKEEPER_EXPIRY_SCHEDULE": "* * * * *", "STATEKEEPER_ORPHAN_SCHEDULE": "* * * * *"})
     _become_subreaper()
     with open(os.path.join(work, "daemon.log"), "w") as out:
         daemon = subprocess.Popen(

@@ -31,8 +31,16 @@ class FleetParams:
     load_grace: float = 0.0
     orphan_grace: float = 60.0
     cycle: float = 2.0
-    schedule: float = 60.0
+    schedule: float = 0.0
+    """Seconds between the expiry and orphan-cleanup schedules' runs (`dagster`; `daemon`: 60, both crons
+    every minute, the finest a cron fires). 0: the product's default crons (expiry hourly, orphan cleanup
+    daily), as deployed: none fires within a run; the sensor's expiry runs keep the checkpoint bounded."""
     sample_every: float = 5.0
+
+    @property
+    def label(self) -> str:
+        """The maintainer as the tables name it: the mode, and the schedules when not the defaults."""
+        return f"{self.mode}, schedules every {self.schedule:g} s" if self.schedule else self.mode
 
     def settings_args(self) -> list[str]:
         return [
@@ -107,7 +115,7 @@ def _maintain_dagster(p: FleetParams, root: str, work: str, stop: Path) -> int:
         while not stop.exists():
             t0 = time.monotonic()
             dagster.tick()
-            if time.monotonic() - last_schedule >= p.schedule:
+            if p.schedule and time.monotonic() - last_schedule >= p.schedule:
                 last_schedule = time.monotonic()
                 dagster.schedules()
             cycles += 1
@@ -129,6 +137,7 @@ def _maintain_daemon(p: FleetParams, root: str, work: str, stop: Path) -> int:
         orphan_grace=p.orphan_grace,
         load_grace=p.load_grace,
         cycle=p.cycle,
+        schedules_every_minute=bool(p.schedule),
     )
     log.info("dagster-daemon: %d sensor ticks, runs %s", ticks, runs)
     return ticks

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from statekeeper.maintenance.executors import InProcess, Row, StoreExecutor, StoreTask
-from statekeeper.maintenance.inventory import Inventory, StoreFiles
+from statekeeper.maintenance.inventory import Inventory, StoreFiles, classify
 from statekeeper.maintenance.plan import StorePlan, plan_store
 from statekeeper.maintenance.replica import Replica, content_digest
 from statekeeper.maintenance.reports import VerifyReport, recorded
@@ -90,24 +90,53 @@ def verify_root(
     report = VerifyReport(root=fm.root_uri)
     with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
         inv = Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=wanted, use_cache=False)
-        for path, why in sorted(inv.unreadable.items()):
-            report.error(f"cannot read {path}: {why}")
         ids = wanted if wanted is not None else inv.store_ids()
         report.stores = len(ids)
         options = VerifyOptions(rebuild=rebuild, checksums=checksums)
-        task = StoreTask("verify", fm.root_uri, settings, options=asdict(options))
-        rows = (executor or InProcess(settings.parallelism, progress)).run_stores(
-            task, ids, lambda s: verify_row(fm, inv, s, settings, options)
-        )
+        run = executor or InProcess(settings.parallelism, progress)
+        results = _verify_stores(run, fm, inv, ids, settings, options)
+        unreadable = dict(inv.unreadable)
+        damaged = _stores_of(unreadable)
+        again = [s for s in ids if results[s].errors or s in damaged]
+        if again or unreadable:
+            # Verification takes no lease: a maintainer may have expired files this listing still showed (the
+            # retained window moved on) or replaced a base meanwhile. What failed is verified again on a fresh
+            # listing; a file that is really missing or corrupt fails both times, and only that is reported.
+            log.info("verifying %d store(s) of %s again on a fresh listing", len(again), fm.root_uri)
+            fresh = Inventory.scan(fm, parallelism=settings.parallelism, stores=again, use_cache=False)
+            unreadable = dict(fresh.unreadable)
+            results.update(_verify_stores(run, fm, fresh, again, settings, options))
+        for path, why in sorted(unreadable.items()):
+            report.error(f"cannot read {path}: {why}")
         for s in ids:
-            row = rows.get(s)
-            if row is None:
-                account_verification(report, _StoreResult(s, [f"store {s}: no verification result came back"]))
-            elif "error" in row:
-                account_verification(report, _StoreResult(s, [f"store {s}: verification failed: {row['error']}"]))
-            else:
-                account_verification(report, _StoreResult(**{**row, "store": s}))
+            account_verification(report, results[s])
     return report
+
+
+def _verify_stores(
+    run: StoreExecutor,
+    fm: CheckpointFileManager,
+    inv: Inventory,
+    ids: list[StoreId],
+    settings: MaintenanceSettings,
+    options: VerifyOptions,
+) -> dict[StoreId, _StoreResult]:
+    task = StoreTask("verify", fm.root_uri, settings, options=asdict(options))
+    rows = run.run_stores(task, ids, lambda s: verify_row(fm, inv, s, settings, options))
+    out: dict[StoreId, _StoreResult] = {}
+    for s in ids:
+        row = rows.get(s)
+        if row is None:
+            out[s] = _StoreResult(s, [f"store {s}: no verification result came back"])
+        elif "error" in row:
+            out[s] = _StoreResult(s, [f"store {s}: verification failed: {row['error']}"])
+        else:
+            out[s] = _StoreResult(**{**row, "store": s})
+    return out
+
+
+def _stores_of(paths: Iterable[str]) -> set[StoreId]:
+    return {store for store in (classify(p).store for p in paths) if store is not None}
 
 
 def account_verification(report: VerifyReport, res: _StoreResult) -> None:

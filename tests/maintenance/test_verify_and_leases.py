@@ -123,3 +123,52 @@ def test_without_a_catalog_a_lock_file_keeps_maintainers_on_one_host_apart(
         assert any(f"store {a}" in e and "lock file" in e for e in r.errors), r.errors
     assert report.snapshots == 1 and report2.changelogs > 0  # the other store went ahead
     assert expire_versions(h.root, settings).ok
+
+
+def test_verify_beside_a_maintainer_reports_only_what_is_really_broken(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings, monkeypatch
+) -> None:
+    """Verification takes no lease: between its listing and its reads the writers commit on and a maintainer
+    snapshots and expires what the retained window left. It verifies the stores that failed again on a fresh
+    listing, so only a file that is really gone is reported."""
+    h = snapshotted_history(make_local_history, settings)
+    b = h.stores[1]
+    scan = Inventory.scan
+    listings: list[Inventory] = []
+    lost: list[str] = []
+
+    def listing_then_maintenance(*args: object, **kwargs: object) -> Inventory:
+        inv = scan(*args, **kwargs)  # type: ignore[arg-type]
+        if kwargs.get("use_cache", True):
+            return inv  # the maintainer's own listings
+        listings.append(inv)
+        if len(listings) == 1:  # the writers and a maintainer move on after the first listing
+            h.batches(6)
+            create_snapshots(h.root, settings)
+            h.batches(2)
+            assert expire_versions(h.root, settings).files > 0
+            for path in lost:
+                clobber(h.root, path, None)
+        return inv
+
+    monkeypatch.setattr(Inventory, "scan", staticmethod(listing_then_maintenance))
+    report = verify_root(h.root, settings)
+    assert {e.path for e in listings[0].all_entries()} - set(all_files(h.root)), "nothing listed was expired"
+    assert len(listings) == 2, "the stores that failed on the stale listing were not verified again"
+    assert report.ok, report.errors
+    assert report.stores_ok == 2 and report.versions == 2 * settings.min_versions_to_retain
+
+    listings.clear()
+    v = h.latest + 8  # the newest version once the writers moved on: retained, and its changelog lost
+    original = h.batch
+
+    def batch_losing_the_newest(**kw: object) -> int:
+        version = original(**kw)  # type: ignore[arg-type]
+        if version == v:
+            lost.append(b.changelog(v, h.committed[v][b][0]))
+        return version
+
+    monkeypatch.setattr(h, "batch", batch_losing_the_newest)
+    report = verify_root(h.root, settings)
+    assert lost and not report.ok and report.stores_failed == 1
+    assert any(lost[0] in e and "missing" in e for e in report.errors), report.errors
