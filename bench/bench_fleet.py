@@ -16,8 +16,9 @@ Spark's driver does. Beside them, one maintainer process, exactly as deployed, i
   (`bench.fleet_dagster.run_daemon`), its code server and a process per run, the sensor's interval set
   to `cycle` (the daemon ticks a sensor every 5 s at most).
 
-Dagster's expiry and orphan-cleanup schedules keep their default crons (hourly, daily), as deployed, or
-run every `schedule` seconds (the daemon: every minute, the finest a cron fires) to measure their runs.
+Dagster's schedules (expiry, verification, orphan cleanup) keep their default crons (hourly, hourly,
+daily), as deployed, or run every `schedule` seconds (the daemon: every minute, the finest a cron fires)
+to measure their runs.
 
 Sampled every `sample_every` seconds from the bench process: chain length p50/p99/max across stores,
 snapshot lag, files and bytes in the root, live state bytes (the newest snapshot of every store) and the
@@ -99,10 +100,10 @@ FULL = [
 ]
 """The deployed paths (the `statekeeper maintain` loop, Dagster's runs in process, Dagster as deployed, its
 schedules on their default crons) at 16, 64 and 128 stores (past the 100 stores whose health the Dagster UI
-plots one by one, a cost that stops growing there), and Dagster as deployed with both schedules every
-minute at 128 stores: what a schedule's runs (an expiry verifying every retained version, an orphan
-cleanup) cost and do to the chains under load. The cron-style `cli` mode (a new process per command) runs
-with `--mode cli`."""
+plots one by one, a cost that stops growing there), and Dagster as deployed with every schedule every
+minute at 128 stores: what the schedules' runs (an expiry, a verification of every retained version
+outside the root's run slot, an orphan cleanup) cost and do to the chains under load. The cron-style
+`cli` mode (a new process per command) runs with `--mode cli`."""
 QUICK = [
     FleetParams(stores=s, keys=1_000, updates=100, seconds=10, sample_every=3, cycle=1, schedule=4, mode=m)
     for s in (2, 4)
@@ -390,9 +391,9 @@ def tables(results: list[FleetResult]) -> list[Table]:
             "moved a base, without the loadability check) in process; `daemon`: Dagster as deployed, "
             "`dagster-daemon run -w workspace.yaml` with orchestration/dagster.yaml (its code server, a process "
             "per run), the sensor's interval set to the same cycle (the daemon ticks a sensor every 5 s at "
-            "most). The expiry and orphan-cleanup schedules on their default crons (hourly, daily: none fires "
-            "within a run; the sensor's expiry runs keep the checkpoint bounded), or, where the row says so, "
-            "every minute (the expiry schedule's runs verify every retained version of every store).",
+            "most). The schedules (expiry, verification, orphan cleanup) on their default crons (hourly, hourly, "
+            "daily: none fires within a run; the sensor's expiry runs keep the checkpoint bounded), or, where the "
+            "row says so, every minute (the verification runs read every retained version of every store).",
             "A commit moves a store's base; what that made unneeded (the old base and the threshold's worth of "
             "changelogs after it, for every store at once: they commit in lock step) goes at the maintainer's "
             "next cycle or the sensor's next tick. Samples over target fall in that window.",

@@ -1,7 +1,7 @@
 """The Dagster maintainer of the fleet benchmarks, in one process: the checkpoint sensor ticked on a
 cadence, every run it requests executed in process as the daemon would launch it (its job, and only
-the asset checks the request names), and the expiry and orphan-cleanup schedules' runs on their own
-cadence (with all their checks). `bench.bench_fleet` runs it beside real-time writers,
+the asset checks the request names), and the schedules' runs (expiry, verification, orphan cleanup) on
+their own cadence. `bench.bench_fleet` runs it beside real-time writers,
 `bench.fleet_profile --dagster` in lock step with them."""
 
 from __future__ import annotations
@@ -69,12 +69,17 @@ class DagsterMaintainer:
             self._execute(job, request.partition_key, request.run_config, request.tags)
 
     def schedules(self) -> None:
-        """The expiry and orphan-cleanup schedules' runs of the root."""
-        from statekeeper.orchestration.assets import ORPHANS, RETAINED
-        from statekeeper.orchestration.jobs import JOB_NAMES
+        """One tick of each schedule (expiry, verification, orphan cleanup), its runs executed as deployed."""
+        from dagster import build_schedule_context
 
-        for asset in (RETAINED, ORPHANS):
-            self._execute(self.defs.resolve_job_def(JOB_NAMES[asset]), self.config.roots[0], None, {})
+        from statekeeper.orchestration.jobs import requested_job
+
+        repo = self.defs.get_repository_def()
+        for schedule in repo.schedule_defs:
+            ctx = build_schedule_context(instance=self.instance, repository_def=repo)
+            for request in schedule.evaluate_tick(ctx).run_requests or []:
+                job = requested_job(self.defs, request, schedule.job_name)
+                self._execute(job, request.partition_key, request.run_config, request.tags)
 
     def _execute(self, job: Any, partition: str | None, run_config: Any, tags: Any) -> None:
         self.runs[job.name] = self.runs.get(job.name, 0) + 1
@@ -100,7 +105,7 @@ def run_daemon(
 ) -> tuple[int, dict[str, int]]:
     """Dagster as deployed: `dagster-daemon run -w workspace.yaml` (its code server, and a process per
     run launched by the default run launcher) on the root until `stop` exists, with the sensor every
-    `cycle` seconds and the schedules on their default crons (or both every minute). Returns the sensor's
+    `cycle` seconds and the schedules on their default crons (or all every minute). Returns the sensor's
     ticks and the runs per job.
 
     The caller becomes the subreaper of everything the daemon starts, so that every process's CPU ends
@@ -125,7 +130,7 @@ def run_daemon(
         "STATEKEEPER_SENSOR_INTERVAL_SECONDS": str(max(1, round(cycle))),
     }
     if schedules_every_minute:
-        env.update({"STATEKEEPER_EXPIRY_SCHEDULE": "* * * * *", "STATEKEEPER_ORPHAN_SCHEDULE": "* * * * *"})
+        env.update({f"STATEKEEPER_{name}_SCHEDULE": "* * * * *" for name in ("EXPIRY", "VERIFY", "ORPHAN")})
     _become_subreaper()
     with open(os.path.join(work, "daemon.log"), "w") as out:
         daemon = subprocess.Popen(

@@ -32,8 +32,8 @@ class FleetParams:
     orphan_grace: float = 60.0
     cycle: float = 2.0
     schedule: float = 0.0
-    """Seconds between the expiry and orphan-cleanup schedules' runs (`dagster`; `daemon`: 60, both crons
-    every minute, the finest a cron fires). 0: the product's default crons (expiry hourly, orphan cleanup
+    """Seconds between the schedules' runs (expiry, verification, orphan cleanup; `dagster`; `daemon`: 60,
+    every cron every minute, the finest a cron fires). 0: the product's default crons (hourly, hourly,
     daily), as deployed: none fires within a run; the sensor's expiry runs keep the checkpoint bounded."""
     sample_every: float = 5.0
 

@@ -2,6 +2,7 @@
 
 - ``retained_versions_loadable`` (on ``retained_versions``): every retained committed version of every
   store is loadable: files present, checksums and lineage good (`statekeeper.maintenance.verify.verify_root`).
+  Scheduled through `verification_job` (orchestration/verification.py), outside the root's run slot.
 - ``chain_lengths_within_threshold`` (on ``state_snapshots``): no store replays more than
   ``snapshot_threshold`` changelogs on recovery (warning: the sensor snapshots it on its next tick).
 - ``chains_within_twice_threshold`` (on ``state_snapshots``): no store's chain is longer than twice
@@ -56,6 +57,23 @@ def _chains_within(
     return not over, md
 
 
+def loadability(
+    storage: CheckpointStorage, catalog: CatalogDatabase, maintenance: MaintenanceConfig, root: str
+) -> tuple[bool, dict[str, MetadataValue]]:
+    """Whether every retained version of every store of `root` is loadable, with the verification's metadata
+    (`retained_versions_loadable`, run by the asset's job or by `verification_job`)."""
+    with catalog.session() as cat:
+        sync_lineage(cat, storage, root)
+        report = maintenance.verify_operation()(root, maintenance.settings(), catalog=cat)
+    errors = report_errors(report)
+    md = numeric(report.metadata())
+    md["errors"] = MetadataValue.int(len(errors))
+    md["details"] = table(report.rows())
+    if errors:
+        md["first_errors"] = MetadataValue.md("\n".join(f"- {e}" for e in errors[:20]))
+    return not errors, md
+
+
 def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*partitions_def.*")  # partitioned checks are a preview
@@ -73,17 +91,8 @@ def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition
             catalog: CatalogDatabase,
             maintenance: MaintenanceConfig,
         ) -> AssetCheckResult:
-            root = _root(context, storage)
-            with catalog.session() as cat:
-                sync_lineage(cat, storage, root)
-                report = maintenance.verify_operation()(root, maintenance.settings(), catalog=cat)
-            errors = report_errors(report)
-            md = numeric(report.metadata())
-            md["errors"] = MetadataValue.int(len(errors))
-            md["details"] = table(report.rows())
-            if errors:
-                md["first_errors"] = MetadataValue.md("\n".join(f"- {e}" for e in errors[:20]))
-            return AssetCheckResult(passed=not errors, metadata=md, severity=AssetCheckSeverity.ERROR)
+            passed, md = loadability(storage, catalog, maintenance, _root(context, storage))
+            return AssetCheckResult(passed=passed, metadata=md, severity=AssetCheckSeverity.ERROR)
 
         @asset_check(
             asset=SNAPSHOTS,
@@ -159,4 +168,4 @@ def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition
     ]
 
 
-__all__ = ["CHAINS", "CHAINS_BOUNDED", "CHECK_NAMES", "LOADABLE", "NO_ORPHANS", "build_checks"]
+__all__ = ["CHAINS", "CHAINS_BOUNDED", "CHECK_NAMES", "LOADABLE", "NO_ORPHANS", "build_checks", "loadability"]

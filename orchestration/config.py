@@ -11,7 +11,8 @@ has its own materialization history, its own plots and its own run queue.
 | STATEKEEPER_DB_URL | ``sqlite:///~/.statekeeper/catalog.db`` | the catalog database (see `statekeeper.sql.db`) |
 | STATEKEEPER_EXPIRY_SCHEDULE | ``0 * * * *`` (hourly) | cron of the expiry schedule, or ``off`` |
 | STATEKEEPER_ORPHAN_SCHEDULE | ``30 3 * * *`` (daily) | cron of the orphan-cleanup schedule, or ``off`` |
-| STATEKEEPER_SCHEDULE_TIMEZONE | ``UTC`` | time zone of both crons |
+| STATEKEEPER_VERIFY_SCHEDULE | ``0 * * * *`` (hourly) | cron of the loadability-check schedule, or ``off`` |
+| STATEKEEPER_SCHEDULE_TIMEZONE | ``UTC`` | time zone of the crons |
 | STATEKEEPER_CHECKPOINT_SENSOR | ``on`` | ``off`` stops the checkpoint-location sensor |
 | STATEKEEPER_SENSOR_INTERVAL_SECONDS | ``30`` | minimum seconds between two sensor ticks |
 | STATEKEEPER_SENSOR_MAX_NAMES | ``10000`` | commit names one tick lists at most per root (the rest next tick) |
@@ -39,6 +40,7 @@ ENV_S3_ENDPOINT = "STATEKEEPER_S3_ENDPOINT_URL"
 ENV_S3_REGION = "STATEKEEPER_S3_REGION"
 ENV_EXPIRY_SCHEDULE = "STATEKEEPER_EXPIRY_SCHEDULE"
 ENV_ORPHAN_SCHEDULE = "STATEKEEPER_ORPHAN_SCHEDULE"
+ENV_VERIFY_SCHEDULE = "STATEKEEPER_VERIFY_SCHEDULE"
 ENV_TIMEZONE = "STATEKEEPER_SCHEDULE_TIMEZONE"
 ENV_SENSOR = "STATEKEEPER_CHECKPOINT_SENSOR"
 ENV_SENSOR_INTERVAL = "STATEKEEPER_SENSOR_INTERVAL_SECONDS"
@@ -48,6 +50,7 @@ ENV_FAILURE_SENSOR = "STATEKEEPER_FAILURE_SENSOR"
 
 DEFAULT_EXPIRY_CRON = "0 * * * *"
 DEFAULT_ORPHAN_CRON = "30 3 * * *"
+DEFAULT_VERIFY_CRON = "0 * * * *"
 DEFAULT_SENSOR_INTERVAL = 30
 DEFAULT_SENSOR_MAX_NAMES = 10_000
 DEFAULT_SENSOR_LISTING = 300
@@ -139,6 +142,7 @@ class OrchestrationConfig:
     db_url: str | None = None
     expiry_cron: str | None = DEFAULT_EXPIRY_CRON
     orphan_cron: str | None = DEFAULT_ORPHAN_CRON
+    verify_cron: str | None = DEFAULT_VERIFY_CRON
     timezone: str = "UTC"
     sensor_enabled: bool = True
     sensor_interval_seconds: int = DEFAULT_SENSOR_INTERVAL
@@ -164,6 +168,7 @@ class OrchestrationConfig:
             db_url=db_url,
             expiry_cron=parse_cron(env.get(ENV_EXPIRY_SCHEDULE), ENV_EXPIRY_SCHEDULE, DEFAULT_EXPIRY_CRON),
             orphan_cron=parse_cron(env.get(ENV_ORPHAN_SCHEDULE), ENV_ORPHAN_SCHEDULE, DEFAULT_ORPHAN_CRON),
+            verify_cron=parse_cron(env.get(ENV_VERIFY_SCHEDULE), ENV_VERIFY_SCHEDULE, DEFAULT_VERIFY_CRON),
             timezone=env.get(ENV_TIMEZONE, "").strip() or "UTC",
             sensor_enabled=parse_switch(env.get(ENV_SENSOR), ENV_SENSOR, True),
             sensor_interval_seconds=parse_positive_int(
@@ -192,6 +197,7 @@ __all__ = [
     "ENV_SENSOR_LISTING",
     "ENV_SENSOR_MAX_NAMES",
     "ENV_TIMEZONE",
+    "ENV_VERIFY_SCHEDULE",
     "OrchestrationConfig",
     "default_roots",
     "normalize_root",

@@ -41,16 +41,18 @@ def build_jobs() -> dict[str, UnresolvedAssetJobDefinition]:
     }
 
 
-def requested_job(defs: Definitions, request: RunRequest) -> JobDefinition:
-    """The job the daemon launches for a sensor's `request`: a subset only when the request selects
-    assets or checks (Dagster's `JobSubsetSelector.is_subset_selection`), else the whole job with every
-    check. For running a request in process as a deployment would (tests, benchmarks)."""
-    assert request.job_name is not None, "a sensor's request names its job"
-    job = defs.resolve_job_def(request.job_name)
+def requested_job(defs: Definitions, request: RunRequest, target: str | None = None) -> JobDefinition:
+    """The job the daemon launches for a sensor's or schedule's `request`: a subset only when the request
+    selects assets or checks (Dagster's `JobSubsetSelector.is_subset_selection`), else the whole job with
+    every check. `target`: the job of a schedule, whose requests name none. For running a request in
+    process as a deployment would (tests, benchmarks)."""
+    job_name = request.job_name or target
+    assert job_name is not None, "a sensor's request names its job; a schedule's is its target"
+    job = defs.resolve_job_def(job_name)
     selector = JobSubsetSelector(
         location_name="",
         repository_name="",
-        job_name=request.job_name,
+        job_name=job_name,
         op_selection=None,
         asset_selection=request.asset_selection,
         asset_check_selection=request.asset_check_keys,

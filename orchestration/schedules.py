@@ -1,11 +1,17 @@
-"""Schedules: expiry (hourly by default) and orphan cleanup (daily by default), one run per root.
+"""Schedules: expiry (hourly by default), verification (hourly) and orphan cleanup (daily), one run per root.
 
-Each is turned off by its environment variable (``off``): it is then defined stopped and skips if
-started anyway, so the UI still shows it and why it does not run.
+The expiry schedule's runs expire only; the loadability check, which verifies every retained version, runs
+from the verification schedule in `verification_job` runs, which do not hold the root's run slot
+(orchestration/verification.py). Each schedule is turned off by its environment variable (``off``): it is
+then defined stopped and skips if started anyway, so the UI still shows it and why it does not run.
 """
 
+from collections.abc import Callable
+
 from dagster import (
+    AssetKey,
     DefaultScheduleStatus,
+    JobDefinition,
     PartitionsDefinition,
     RunRequest,
     ScheduleDefinition,
@@ -15,28 +21,51 @@ from dagster import (
 )
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
+from statekeeper.orchestration.assets import RETAINED
 from statekeeper.orchestration.config import (
     DEFAULT_EXPIRY_CRON,
     DEFAULT_ORPHAN_CRON,
+    DEFAULT_VERIFY_CRON,
     ENV_EXPIRY_SCHEDULE,
     ENV_ORPHAN_SCHEDULE,
+    ENV_VERIFY_SCHEDULE,
     OrchestrationConfig,
 )
+from statekeeper.orchestration.verification import verification_job, verification_request
 
 EXPIRY_SCHEDULE = "expiry_schedule"
 ORPHAN_SCHEDULE = "orphan_cleanup_schedule"
+VERIFY_SCHEDULE = "verification_schedule"
 TRIGGER_TAG = "statekeeper/trigger"
+
+RequestFor = Callable[[str, str, dict[str, str]], RunRequest]
+"""(root, run key, tags) -> the schedule's run request for that root."""
+
+
+def partition_request(root: str, run_key: str, tags: dict[str, str]) -> RunRequest:
+    """A run of the schedule's job (with all its checks) on the root's partition."""
+    return RunRequest(run_key=run_key, partition_key=root, tags=tags)
+
+
+def expiry_request(root: str, run_key: str, tags: dict[str, str]) -> RunRequest:
+    """Expiry alone: the loadability check is the verification schedule's, outside the root's run slot.
+    (The daemon takes a request for a subset only if it selects something; with no asset named it would
+    run the whole job, check and all.)"""
+    return RunRequest(
+        run_key=run_key, partition_key=root, tags=tags, asset_selection=[AssetKey(RETAINED)], asset_check_keys=[]
+    )
 
 
 def build_schedule(
     name: str,
-    job: UnresolvedAssetJobDefinition,
+    job: UnresolvedAssetJobDefinition | JobDefinition,
     partitions: PartitionsDefinition,
     cron: str | None,
     default_cron: str,
     env_name: str,
     timezone: str,
     what: str,
+    request: RequestFor = partition_request,
 ) -> ScheduleDefinition:
     enabled = cron is not None
 
@@ -54,10 +83,8 @@ def build_schedule(
             return SkipReason(f"turned off by {env_name}=off")
         when = context.scheduled_execution_time
         stamp = when.isoformat() if when is not None else "now"
-        return [
-            RunRequest(run_key=f"{name}:{root}:{stamp}", partition_key=root, tags={TRIGGER_TAG: name})
-            for root in partitions.get_partition_keys()
-        ]
+        roots = partitions.get_partition_keys()
+        return [request(root, f"{name}:{root}:{stamp}", {TRIGGER_TAG: name}) for root in roots]
 
     return _schedule
 
@@ -78,6 +105,18 @@ def build_schedules(
             ENV_EXPIRY_SCHEDULE,
             config.timezone,
             "Expiry",
+            expiry_request,
+        ),
+        build_schedule(
+            VERIFY_SCHEDULE,
+            verification_job,
+            partitions,
+            config.verify_cron,
+            DEFAULT_VERIFY_CRON,
+            ENV_VERIFY_SCHEDULE,
+            config.timezone,
+            "Verification (the retained_versions_loadable check)",
+            verification_request,
         ),
         build_schedule(
             ORPHAN_SCHEDULE,
@@ -92,4 +131,4 @@ def build_schedules(
     ]
 
 
-__all__ = ["EXPIRY_SCHEDULE", "ORPHAN_SCHEDULE", "build_schedule", "build_schedules"]
+__all__ = ["EXPIRY_SCHEDULE", "ORPHAN_SCHEDULE", "VERIFY_SCHEDULE", "build_schedule", "build_schedules"]

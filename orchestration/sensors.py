@@ -50,7 +50,7 @@ from dagster import (
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 from dagster._core.storage.tags import PARTITION_NAME_TAG, PRIORITY_TAG
 
-from statekeeper.orchestration.assets import KIND_TAG, KINDS, RETAINED, SNAPSHOTS, SnapshotConfig
+from statekeeper.orchestration.assets import KIND_TAG, KINDS, RETAINED, ROOT_TAG, SNAPSHOTS, SnapshotConfig
 from statekeeper.orchestration.config import (
     DEFAULT_SENSOR_LISTING,
     ENV_FAILURE_SENSOR,
@@ -397,7 +397,7 @@ def build_failure_sensor(config: OrchestrationConfig) -> SensorDefinition:
         kind = maintenance_kind(run)
         if kind is None:
             return SkipReason(f"run {run.run_id} ({run.job_name}) is not a maintenance run")
-        partition = run.tags.get(PARTITION_NAME_TAG)
+        partition = run.tags.get(PARTITION_NAME_TAG) or run.tags.get(ROOT_TAG)  # verification runs: the tag
         if not partition:
             return SkipReason(f"run {run.run_id} has no checkpoint root (no partition)")
         root = normalize_root(partition, "the run's partition")  # also a root no longer configured

@@ -16,7 +16,7 @@ from statekeeper.orchestration.checks import CHECK_NAMES
 from statekeeper.orchestration.config import OrchestrationConfig, default_roots, parse_cron
 from statekeeper.orchestration.definitions import build_definitions
 from statekeeper.orchestration.jobs import JOB_NAMES
-from statekeeper.orchestration.schedules import EXPIRY_SCHEDULE, ORPHAN_SCHEDULE
+from statekeeper.orchestration.schedules import EXPIRY_SCHEDULE, ORPHAN_SCHEDULE, VERIFY_SCHEDULE
 from statekeeper.orchestration.sensors import FAILURE_SENSOR_NAME, SENSOR_NAME
 from statekeeper.store.errors import ConfigurationError
 
@@ -33,7 +33,7 @@ def test_defs_load_with_everything() -> None:
     assert checks == set(CHECK_NAMES)
     assert {j for j in JOB_NAMES.values()} <= {j.name for j in repo.get_all_jobs()}
     assert {s.name for s in repo.sensor_defs} == {SENSOR_NAME, FAILURE_SENSOR_NAME}
-    assert {s.name for s in repo.schedule_defs} == {EXPIRY_SCHEDULE, ORPHAN_SCHEDULE}
+    assert {s.name for s in repo.schedule_defs} == {EXPIRY_SCHEDULE, VERIFY_SCHEDULE, ORPHAN_SCHEDULE}
     # the embedded default: the checkpoint `make run`'s demo writes
     assert config.roots == (Path(default_roots()[0]).resolve().as_uri(),)
     assert repo.get_schedule_def(EXPIRY_SCHEDULE).cron_schedule == "0 * * * *"
@@ -48,6 +48,7 @@ def test_config_from_env(tmp_path: Path) -> None:
         "STATEKEEPER_DB_URL": "postgresql://u:secret@127.0.0.1/db",
         "STATEKEEPER_EXPIRY_SCHEDULE": "off",
         "STATEKEEPER_ORPHAN_SCHEDULE": "15 2 * * 0",
+        "STATEKEEPER_VERIFY_SCHEDULE": "45 */6 * * *",
         "STATEKEEPER_CHECKPOINT_SENSOR": "off",
         "STATEKEEPER_SENSOR_INTERVAL_SECONDS": "5",
         "STATEKEEPER_SENSOR_LISTING_SECONDS": "60",
@@ -56,6 +57,7 @@ def test_config_from_env(tmp_path: Path) -> None:
     config = OrchestrationConfig.from_env(env)
     assert config.roots == ((tmp_path / "a").as_uri(), "s3://bucket-one/ckpt")
     assert config.expiry_cron is None and config.orphan_cron == "15 2 * * 0"
+    assert config.verify_cron == "45 */6 * * *"
     assert not config.sensor_enabled and config.sensor_interval_seconds == 5
     assert config.sensor_listing_seconds == 60
     assert config.db_url_from_env

@@ -12,9 +12,11 @@ from statekeeper.orchestration.sensors import FAILURE_SENSOR_NAME, maintenance_k
 from tests.orchestration.conftest import Orch
 
 
-def _fail_and_sense(orch: Orch, job_name: str, **run_kw):
+def _fail_and_sense(orch: Orch, job_name: str, partitioned: bool = True, **run_kw):
     job = orch.defs.resolve_job_def(job_name)
-    result = job.execute_in_process(partition_key=orch.root, instance=orch.instance, raise_on_error=False, **run_kw)
+    if partitioned:
+        run_kw["partition_key"] = orch.root
+    result = job.execute_in_process(instance=orch.instance, raise_on_error=False, **run_kw)
     assert not result.success
     records = orch.instance.get_records_for_run(result.run_id, of_type=DagsterEventType.RUN_FAILURE).records
     event = records[0].event_log_entry.dagster_event
@@ -81,5 +83,25 @@ def test_maintenance_kind(tmp_path, db_url: str) -> None:
         )
         run = orch.instance.get_run_by_id(result.run_id)
         assert run is not None and maintenance_kind(run) == "catalog-sync"
+    finally:
+        orch.close()
+
+
+def test_failed_verification_run_is_recorded_under_its_root(tmp_path, db_url: str) -> None:
+    """A `verification_job` run has no partition: its root comes from its `statekeeper/root` tag."""
+    from statekeeper.orchestration.verification import VERIFICATION_JOB, verification_request
+
+    orch = Orch([str(tmp_path / "root")], db_url)
+    try:
+        orch.writer.commit(2)
+        orch.resources["maintenance"] = MaintenanceConfig(min_versions_to_retain=0)  # refused: not a setting
+        orch.defs = build_definitions(orch.config, orch.resources)
+        request = verification_request(orch.root, "k", {})
+        run_id = _fail_and_sense(
+            orch, VERIFICATION_JOB, partitioned=False, run_config=request.run_config, tags=request.tags
+        )
+        (run,) = [r for r in orch.catalog.runs(orch.root) if r.orchestrator_run_id == run_id]
+        assert (run.status, run.kind) == ("failed", "verify")
+        assert "min_versions_to_retain" in (run.errors or "")
     finally:
         orch.close()

@@ -6,11 +6,13 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
-from dagster import RunRequest, ScheduleEvaluationContext, SkipReason, build_schedule_context
+from dagster import AssetKey, RunRequest, ScheduleEvaluationContext, SkipReason, build_schedule_context
 from dagster._core.storage.tags import PRIORITY_TAG
 
+from statekeeper.orchestration.assets import RETAINED, ROOT_TAG
 from statekeeper.orchestration.jobs import JOB_NAMES
-from statekeeper.orchestration.schedules import EXPIRY_SCHEDULE, ORPHAN_SCHEDULE
+from statekeeper.orchestration.schedules import EXPIRY_SCHEDULE, ORPHAN_SCHEDULE, VERIFY_SCHEDULE
+from statekeeper.orchestration.verification import VERIFICATION_JOB
 from tests.orchestration.conftest import Orch
 
 
@@ -31,6 +33,8 @@ def test_schedules_request_one_run_per_root(tmp_path: Path, db_url: str) -> None
             )
             requests = list(data.run_requests or [])
             assert [r.partition_key for r in requests] == list(orch.config.roots)
+            if name == EXPIRY_SCHEDULE:  # expiry alone: the loadability check is the verification schedule's
+                assert all(r.asset_selection == [AssetKey(RETAINED)] and r.asset_check_keys == [] for r in requests)
             assert all(isinstance(r, RunRequest) and when.isoformat() in (r.run_key or "") for r in requests)
             assert len({r.run_key for r in requests}) == 2
             assert all(PRIORITY_TAG not in r.tags for r in requests), "queued, the sensor's runs go first"
@@ -41,14 +45,19 @@ def test_schedules_request_one_run_per_root(tmp_path: Path, db_url: str) -> None
                 )
             )
             assert not {r.run_key for r in later.run_requests or []} & {r.run_key for r in requests}
+        verify = repo.get_schedule_def(VERIFY_SCHEDULE)
+        assert verify.job_name == VERIFICATION_JOB
+        requests = list(verify.evaluate_tick(ctx_at(orch, repo, when)).run_requests or [])
+        assert [(r.partition_key, r.tags[ROOT_TAG]) for r in requests] == [(None, root) for root in orch.config.roots]
         assert repo.get_schedule_def(EXPIRY_SCHEDULE).cron_schedule == "0 * * * *"
+        assert verify.cron_schedule == "0 * * * *"
         assert repo.get_schedule_def(ORPHAN_SCHEDULE).cron_schedule == "30 3 * * *"
     finally:
         orch.close()
 
 
 def test_schedules_turned_off(tmp_path: Path, db_url: str) -> None:
-    orch = Orch([str(tmp_path / "a")], db_url, expiry_cron=None, orphan_cron="0 4 * * 1")
+    orch = Orch([str(tmp_path / "a")], db_url, expiry_cron=None, verify_cron=None, orphan_cron="0 4 * * 1")
     try:
         repo = orch.defs.get_repository_def()
         ctx = build_schedule_context(
@@ -56,6 +65,8 @@ def test_schedules_turned_off(tmp_path: Path, db_url: str) -> None:
         )
         off = repo.get_schedule_def(EXPIRY_SCHEDULE).evaluate_tick(ctx)
         assert not off.run_requests and off.skip_message and "STATEKEEPER_EXPIRY_SCHEDULE=off" in off.skip_message
+        off = repo.get_schedule_def(VERIFY_SCHEDULE).evaluate_tick(ctx)
+        assert not off.run_requests and off.skip_message and "STATEKEEPER_VERIFY_SCHEDULE=off" in off.skip_message
         on = repo.get_schedule_def(ORPHAN_SCHEDULE)
         assert on.cron_schedule == "0 4 * * 1"
         assert len(on.evaluate_tick(ctx).run_requests or []) == 1
