@@ -90,3 +90,24 @@ def test_the_expiry_schedule_expires_without_the_check(orch: Orch) -> None:
     assert not result.get_asset_check_evaluations()
     (mat,) = result.get_asset_materialization_events()
     assert mat.asset_key == AssetKey(RETAINED) and mat.materialization.metadata["files"].value > 0
+
+
+def test_the_deployed_queue_starts_a_verification_beside_the_roots_maintenance_run(orch: Orch, tmp_path: Any) -> None:
+    """Dagster's own queue rule (`TagConcurrencyLimitsCounter`) over the instance `make run` deploys: with a
+    snapshot run of the root in progress, another maintenance run of the root waits, a verification does not."""
+    from dagster import DagsterInstance
+    from dagster._utils.tags import TagConcurrencyLimitsCounter
+
+    from statekeeper.orchestration.run_local import prepare_home
+
+    orch.writer.commit(THRESHOLD)
+    snapshot = orch.defs.resolve_job_def(JOB_NAMES[SNAPSHOTS])
+    in_progress = snapshot.execute_in_process(partition_key=orch.root, instance=orch.instance).dagster_run
+    another = snapshot.execute_in_process(partition_key=orch.root, instance=orch.instance).dagster_run
+    verification = _run(orch, _scheduled(orch, VERIFY_SCHEDULE)).dagster_run
+    with DagsterInstance.from_config(str(prepare_home(tmp_path / "home"))) as deployed:
+        queue = deployed.get_concurrency_config().run_queue_config
+        assert queue is not None
+        counter = TagConcurrencyLimitsCounter(list(queue.tag_concurrency_limits), [in_progress])
+    assert counter.is_blocked(another)
+    assert not counter.is_blocked(verification)
