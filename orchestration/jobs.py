@@ -7,7 +7,9 @@ per checkpoint root is in progress at a time, whatever launched it (sensor, sche
 
 from __future__ import annotations
 
-from dagster import AssetSelection, Definitions, JobDefinition, RunRequest, define_asset_job
+from collections.abc import Mapping
+
+from dagster import AssetKey, AssetSelection, Definitions, JobDefinition, RunRequest, define_asset_job
 from dagster._core.definitions.selector import JobSubsetSelector
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
@@ -41,6 +43,20 @@ def build_jobs() -> dict[str, UnresolvedAssetJobDefinition]:
     }
 
 
+def expiry_request(root: str, run_key: str, tags: Mapping[str, str]) -> RunRequest:
+    """An `expiry_job` run of `root` without the loadability check, which reads every retained version (the
+    verification schedule runs it, outside the root's run slot). The daemon takes a request for a subset
+    only if it selects something: with no asset named it would launch the whole job, check and all."""
+    return RunRequest(
+        run_key=run_key,
+        job_name=JOB_NAMES[RETAINED],
+        partition_key=root,
+        asset_selection=[AssetKey(RETAINED)],
+        asset_check_keys=[],
+        tags=dict(tags),
+    )
+
+
 def requested_job(defs: Definitions, request: RunRequest, target: str | None = None) -> JobDefinition:
     """The job the daemon launches for a sensor's or schedule's `request`: a subset only when the request
     selects assets or checks (Dagster's `JobSubsetSelector.is_subset_selection`), else the whole job with
@@ -65,4 +81,4 @@ def requested_job(defs: Definitions, request: RunRequest, target: str | None = N
     )
 
 
-__all__ = ["JOB_NAMES", "MAINTENANCE_TAG", "build_jobs", "requested_job"]
+__all__ = ["JOB_NAMES", "MAINTENANCE_TAG", "build_jobs", "expiry_request", "requested_job"]

@@ -9,7 +9,6 @@ then defined stopped and skips if started anyway, so the UI still shows it and w
 from collections.abc import Callable
 
 from dagster import (
-    AssetKey,
     DefaultScheduleStatus,
     JobDefinition,
     PartitionsDefinition,
@@ -21,7 +20,6 @@ from dagster import (
 )
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 
-from statekeeper.orchestration.assets import RETAINED
 from statekeeper.orchestration.config import (
     DEFAULT_EXPIRY_CRON,
     DEFAULT_ORPHAN_CRON,
@@ -31,6 +29,7 @@ from statekeeper.orchestration.config import (
     ENV_VERIFY_SCHEDULE,
     OrchestrationConfig,
 )
+from statekeeper.orchestration.jobs import expiry_request
 from statekeeper.orchestration.verification import verification_job, verification_request
 
 EXPIRY_SCHEDULE = "expiry_schedule"
@@ -39,21 +38,13 @@ VERIFY_SCHEDULE = "verification_schedule"
 TRIGGER_TAG = "statekeeper/trigger"
 
 RequestFor = Callable[[str, str, dict[str, str]], RunRequest]
-"""(root, run key, tags) -> the schedule's run request for that root."""
+"""(root, run key, tags) -> the schedule's run request for that root (`partition_request`, the expiry
+schedule's `expiry_request`, the verification schedule's `verification_request`)."""
 
 
 def partition_request(root: str, run_key: str, tags: dict[str, str]) -> RunRequest:
     """A run of the schedule's job (with all its checks) on the root's partition."""
     return RunRequest(run_key=run_key, partition_key=root, tags=tags)
-
-
-def expiry_request(root: str, run_key: str, tags: dict[str, str]) -> RunRequest:
-    """Expiry alone: the loadability check is the verification schedule's, outside the root's run slot.
-    (The daemon takes a request for a subset only if it selects something; with no asset named it would
-    run the whole job, check and all.)"""
-    return RunRequest(
-        run_key=run_key, partition_key=root, tags=tags, asset_selection=[AssetKey(RETAINED)], asset_check_keys=[]
-    )
 
 
 def build_schedule(

@@ -16,8 +16,8 @@ stores that newly crossed it. A store "crosses" at version ``snapshot_version + 
 the run key names each ``operator/partition@version`` it was requested for, and the cursor remembers
 them, so a crossing is requested once (Dagster also drops a repeated run key); a store whose chain
 keeps growing without a snapshot is requested again at the next multiple of the threshold.
-It also requests one `expiry_job` run per root (without its loadability check, which the expiry
-schedule's runs keep) when a commit moved a store's *base* (the snapshot the oldest retained version
+It also requests one `expiry_job` run per root (without its loadability check, which the verification
+schedule's runs do) when a commit moved a store's *base* (the snapshot the oldest retained version
 loads from; the catalog's `expiry_bases`): the old base and the changelogs up to the new one go
 within a tick or two, not at the next hourly schedule. The cursor remembers the bases requested for.
 
@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagster import (
-    AssetKey,
     DagsterRun,
     DefaultSensorStatus,
     RunConfig,
@@ -50,7 +49,7 @@ from dagster import (
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 from dagster._core.storage.tags import PARTITION_NAME_TAG, PRIORITY_TAG
 
-from statekeeper.orchestration.assets import KIND_TAG, KINDS, RETAINED, ROOT_TAG, SNAPSHOTS, SnapshotConfig
+from statekeeper.orchestration.assets import KIND_TAG, KINDS, ROOT_TAG, SNAPSHOTS, SnapshotConfig
 from statekeeper.orchestration.config import (
     DEFAULT_SENSOR_LISTING,
     ENV_FAILURE_SENSOR,
@@ -58,7 +57,7 @@ from statekeeper.orchestration.config import (
     OrchestrationConfig,
     normalize_root,
 )
-from statekeeper.orchestration.jobs import JOB_NAMES
+from statekeeper.orchestration.jobs import JOB_NAMES, expiry_request
 from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
 from statekeeper.sql import Catalog, StoreChain
 from statekeeper.sql.errors import CatalogError
@@ -241,17 +240,7 @@ def evaluate_root(
     rc.bases = bases
     if moved:
         tick.moved_bases = moved
-        tick.expiry_request = RunRequest(
-            run_key=run_key("expire", root, moved),
-            job_name=JOB_NAMES[RETAINED],
-            partition_key=root,
-            # Without the loadability check (it rebuilds every retained version: the schedule's runs do it).
-            # The daemon takes a request for a subset only if it selects something: with no checks and no
-            # assets named, it would launch the whole job, checks and all.
-            asset_selection=[AssetKey(RETAINED)],
-            asset_check_keys=[],
-            tags=dict(SENSOR_RUN_TAGS),
-        )
+        tick.expiry_request = expiry_request(root, run_key("expire", root, moved), SENSOR_RUN_TAGS)
     return tick
 
 
