@@ -84,6 +84,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from bench.fleet_fanout import FanoutParams, fanout_table, run_fanout
+from bench.fleet_floor import rocksdict_floor
 from bench.fleet_maintainers import MODES, FleetParams, maintain
 from bench.report import ROOT, Table
 
@@ -334,7 +335,8 @@ def cost_model(runs: list[FleetResult]) -> tuple[float, float] | None:
     return (sxc * syy - syc * sxy) / det, (syc * sxx - sxc * sxy) / det
 
 
-def tables(results: list[FleetResult]) -> list[Table]:
+def tables(results: list[FleetResult], floor: float | None = None) -> list[Table]:
+    """The run's tables; `floor`: the raw RocksDB work per store-commit (`bench.fleet_floor`), same run."""
     p0 = results[0].params if results else FleetParams()
     model = Table(
         "Fleet: the maintainer's cost model, and 1,000 store-commits per second",
@@ -345,6 +347,7 @@ def tables(results: list[FleetResult]) -> list[Table]:
             "cycle (s)",
             "cores for 1,000 store-commits/s",
             "fits 2 cores",
+            "marginal / rocksdict floor",
         ],
         [],
         notes=[
@@ -363,7 +366,23 @@ def tables(results: list[FleetResult]) -> list[Table]:
         cycle = sum(r.seconds for r in runs) / sum(r.cycles for r in runs)  # as measured: the daemon's >= 5 s
         cores = a / cycle + 1000 * b
         model.rows.append(
-            [label, round(a, 3), round(b * 1000, 3), round(cycle, 1), round(cores, 2), "yes" if cores <= 2 else "no"]
+            [
+                label,
+                round(a, 3),
+                round(b * 1000, 3),
+                round(cycle, 1),
+                round(cores, 2),
+                "yes" if cores <= 2 else "no",
+                round(b / floor, 2) if floor else "",
+            ]
+        )
+    if floor:
+        model.notes.append(
+            f"rocksdict floor = {floor * 1000:.3f} ms of CPU per store-commit, measured in this run before the "
+            "fleets (`bench.fleet_floor`): the RocksDB work maintenance cannot avoid, on raw rocksdict with the "
+            "warm copies' options (each commit's updates written as one batch; every threshold commits a flush, a "
+            "checkpoint, the SHA-256 and a copy of each new SST), no statekeeper code. It moves with the "
+            "machine's speed as the maintainers do: compare runs by this ratio."
         )
     summary = Table(
         "Fleet: one maintainer beside S stores committing 1/s",
@@ -498,8 +517,10 @@ def run(
     fan-out comparison (`bench.fleet_fanout`; with `params`, only when `fanout` is given)."""
     if params is None:
         fanout = FANOUT_QUICK if quick else FanoutParams()
+    runs = params or (QUICK if quick else FULL)
+    floor = rocksdict_floor(runs[0]) if runs else None  # alone on the machine, before the fleets
     results = []
-    for p in params or (QUICK if quick else FULL):
+    for p in runs:
         base = tempfile.mkdtemp(prefix="statekeeper-fleet-")
         try:
             log.info("fleet: %s", p)
@@ -508,7 +529,7 @@ def run(
             shutil.rmtree(base, ignore_errors=True)
     if not quick or plot_to is not None:
         plot(results, plot_to or PLOT)
-    out = tables(results) if results else []
+    out = tables(results, floor) if results else []
     if fanout is not None:
         out.append(fanout_table(fanout, run_fanout(fanout)))
     return out

@@ -27,6 +27,7 @@ def test_fleet_benchmark_runs_both_maintainers(tmp_path: Path) -> None:
         "| dagster | 3 |",
     ):
         assert mode in out, out
+    assert "marginal / rocksdict floor" in out and "rocksdict floor = " in out, out  # the same run's baseline
     assert plot.stat().st_size > 0
     assert [p.name for p in tmp_path.iterdir()] == ["fleet.png"], "the benchmark left scratch files behind"
 
