@@ -11,7 +11,7 @@ has its own materialization history, its own plots and its own run queue.
 | STATEKEEPER_DB_URL | ``sqlite:///~/.statekeeper/catalog.db`` | the catalog database (see `statekeeper.sql.db`) |
 | STATEKEEPER_EXPIRY_SCHEDULE | ``0 * * * *`` (hourly) | cron of the expiry schedule, or ``off`` |
 | STATEKEEPER_ORPHAN_SCHEDULE | ``30 3 * * *`` (daily) | cron of the orphan-cleanup schedule, or ``off`` |
-| STATEKEEPER_VERIFY_SCHEDULE | ``0 * * * *`` (hourly) | cron of the loadability-check schedule, or ``off`` |
+| STATEKEEPER_VERIFY_SCHEDULE | ``30 * * * *`` (hourly) | cron of the loadability-check schedule, or ``off`` |
 | STATEKEEPER_SCHEDULE_TIMEZONE | ``UTC`` | time zone of the crons |
 | STATEKEEPER_CHECKPOINT_SENSOR | ``on`` | ``off`` stops the checkpoint-location sensor |
 | STATEKEEPER_SENSOR_INTERVAL_SECONDS | ``30`` | minimum seconds between two sensor ticks |
@@ -50,7 +50,7 @@ ENV_FAILURE_SENSOR = "STATEKEEPER_FAILURE_SENSOR"
 
 DEFAULT_EXPIRY_CRON = "0 * * * *"
 DEFAULT_ORPHAN_CRON = "30 3 * * *"
-DEFAULT_VERIFY_CRON = "0 * * * *"
+DEFAULT_VERIFY_CRON = "30 * * * *"
 DEFAULT_SENSOR_INTERVAL = 30
 DEFAULT_SENSOR_MAX_NAMES = 10_000
 DEFAULT_SENSOR_LISTING = 300
