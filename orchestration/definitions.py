@@ -18,7 +18,7 @@ from statekeeper.orchestration.relayout_jobs import relayout_jobs
 from statekeeper.orchestration.resources import build_resources
 from statekeeper.orchestration.schedules import build_schedules
 from statekeeper.orchestration.sensors import build_checkpoint_sensor, build_failure_sensor
-from statekeeper.orchestration.verification import verification_jobs
+from statekeeper.orchestration.verification import verification_job
 
 
 def root_partitions(config: OrchestrationConfig) -> StaticPartitionsDefinition:
@@ -35,7 +35,7 @@ def build_definitions(
     return Definitions(
         assets=build_assets(partitions),
         asset_checks=build_checks(partitions),
-        jobs=[*jobs.values(), *verification_jobs(), *relayout_jobs()],
+        jobs=[*jobs.values(), verification_job, *relayout_jobs()],
         sensors=[build_checkpoint_sensor(config, jobs[SNAPSHOTS], jobs[RETAINED]), build_failure_sensor(config)],
         schedules=build_schedules(config, partitions, jobs[RETAINED], jobs[ORPHANS]),
         resources=resources if resources is not None else build_resources(config),

@@ -183,7 +183,7 @@ SENSOR_RUN_TAGS = {TRIGGER_TAG: SENSOR_NAME, PRIORITY_TAG: "1"}
 """Tags of the runs the sensor requests. A root runs one maintenance run at a time; its queued runs start
 by priority (``dagster/priority``, 0 when unset), then in the order they were requested. The sensor's
 snapshot and expiry runs bound the chains and the checkpoint, so they go before a schedule's runs (an
-expiry verifying every retained version, an orphan cleanup) that are still queued."""
+expiry, an orphan cleanup listing the whole root) that are still queued."""
 
 
 def evaluate_root(

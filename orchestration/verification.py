@@ -19,7 +19,6 @@ from dagster import (
     AssetCheckSeverity,
     AssetKey,
     Config,
-    JobDefinition,
     OpExecutionContext,
     RunRequest,
     job,
@@ -86,16 +85,11 @@ def verification_request(root: str, run_key: str, tags: dict[str, str]) -> RunRe
     )
 
 
-def verification_jobs() -> list[JobDefinition]:
-    return [verification_job]
-
-
 __all__ = [
     "VERIFICATION_JOB",
     "VERIFY_KIND",
     "VERIFY_OP",
     "VerificationConfig",
     "verification_job",
-    "verification_jobs",
     "verification_request",
 ]
