@@ -13,7 +13,7 @@ from dagster import Definitions, StaticPartitionsDefinition, in_process_executor
 from statekeeper.orchestration.assets import ORPHANS, RETAINED, SNAPSHOTS, build_assets
 from statekeeper.orchestration.checks import build_checks
 from statekeeper.orchestration.config import OrchestrationConfig
-from statekeeper.orchestration.jobs import build_jobs
+from statekeeper.orchestration.jobs import build_jobs, build_snapshot_and_expiry_job
 from statekeeper.orchestration.relayout_jobs import relayout_jobs
 from statekeeper.orchestration.resources import build_resources
 from statekeeper.orchestration.schedules import build_schedules
@@ -32,11 +32,12 @@ def build_definitions(
     config = config or OrchestrationConfig.from_env()
     partitions = root_partitions(config)
     jobs = build_jobs()
+    sensor_jobs = [jobs[SNAPSHOTS], jobs[RETAINED], build_snapshot_and_expiry_job()]
     return Definitions(
         assets=build_assets(partitions),
         asset_checks=build_checks(partitions),
-        jobs=[*jobs.values(), verification_job, *relayout_jobs()],
-        sensors=[build_checkpoint_sensor(config, jobs[SNAPSHOTS], jobs[RETAINED]), build_failure_sensor(config)],
+        jobs=[*jobs.values(), sensor_jobs[-1], verification_job, *relayout_jobs()],
+        sensors=[build_checkpoint_sensor(config, sensor_jobs), build_failure_sensor(config)],
         schedules=build_schedules(config, partitions, jobs[RETAINED], jobs[ORPHANS]),
         resources=resources if resources is not None else build_resources(config),
         # one process per run: a step is one operation over a root, parallel inside (threads, or Spark

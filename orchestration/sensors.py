@@ -16,10 +16,16 @@ stores that newly crossed it. A store "crosses" at version ``snapshot_version + 
 the run key names each ``operator/partition@version`` it was requested for, and the cursor remembers
 them, so a crossing is requested once (Dagster also drops a repeated run key); a store whose chain
 keeps growing without a snapshot is requested again at the next multiple of the threshold.
-It also requests one `expiry_job` run per root (without its loadability check, which the verification
-schedule's runs do) when a commit moved a store's *base* (the snapshot the oldest retained version
-loads from; the catalog's `expiry_bases`): the old base and the changelogs up to the new one go
-within a tick or two, not at the next hourly schedule. The cursor remembers the bases requested for.
+It also requests expiry of the root (without the loadability check, which the verification schedule's
+runs do) when a commit moved a store's *base* (the snapshot the oldest retained version loads from; the
+catalog's `expiry_bases`): the old base and the changelogs up to the new one go within a tick or two,
+not at the next hourly schedule. The cursor remembers the bases requested for.
+
+A tick requests at most one run per root: a `snapshot_job` run, an `expiry_job` run, or, when it finds
+both crossings and moved bases, one `snapshot_and_expiry_job` run. While a run the sensor requested for
+a root is still queued (the root's slot is busy), the tick requests nothing more for it and keeps what
+it found for a later tick, which asks for all of it in one run: a run costs about 2 s of process start,
+in the root's slot and on the cores, whatever it does, and a queue of small runs only adds those starts.
 
 **maintenance_failure_sensor** records every failed maintenance run in the catalog: a catalog run
 row that the failed run left ``running`` (a killed process) is marked failed; a run that failed
@@ -34,11 +40,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagster import (
+    DagsterInstance,
     DagsterRun,
+    DagsterRunStatus,
     DefaultSensorStatus,
-    RunConfig,
     RunFailureSensorContext,
     RunRequest,
+    RunsFilter,
     SensorDefinition,
     SensorEvaluationContext,
     SensorResult,
@@ -49,7 +57,7 @@ from dagster import (
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 from dagster._core.storage.tags import PARTITION_NAME_TAG, PRIORITY_TAG
 
-from statekeeper.orchestration.assets import KIND_TAG, KINDS, ROOT_TAG, SNAPSHOTS, SnapshotConfig
+from statekeeper.orchestration.assets import KIND_TAG, KINDS, ROOT_TAG
 from statekeeper.orchestration.config import (
     DEFAULT_SENSOR_LISTING,
     ENV_FAILURE_SENSOR,
@@ -57,7 +65,7 @@ from statekeeper.orchestration.config import (
     OrchestrationConfig,
     normalize_root,
 )
-from statekeeper.orchestration.jobs import JOB_NAMES, expiry_request
+from statekeeper.orchestration.jobs import expiry_request, snapshot_request
 from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
 from statekeeper.sql import Catalog, StoreChain
 from statekeeper.sql.errors import CatalogError
@@ -172,11 +180,13 @@ class RootTick:
     synced: bool = False
     sync_errors: list[str] = field(default_factory=list)
     crossings: list[str] = field(default_factory=list)
-    """New store@version crossings (those a run is requested for this tick)."""
-    run_request: RunRequest | None = None
+    """New store@version crossings (those a run is requested for this tick, unless held)."""
     moved_bases: list[str] = field(default_factory=list)
-    """Stores whose base moved (store@base), those an expiry run is requested for this tick."""
-    expiry_request: RunRequest | None = None
+    """Stores whose base moved (store@base), those expiry is requested for this tick, unless held."""
+    request: RunRequest | None = None
+    """The tick's one run for the root: snapshots, expiry, or both."""
+    held: bool = False
+    """A run requested earlier is still queued: the crossings and moved bases wait for a later tick."""
 
 
 SENSOR_RUN_TAGS = {TRIGGER_TAG: SENSOR_NAME, PRIORITY_TAG: "1"}
@@ -196,11 +206,14 @@ def evaluate_root(
     max_names: int,
     listing_seconds: float = DEFAULT_SENSOR_LISTING,
     now: float | None = None,
+    hold: bool = False,
 ) -> RootTick:
     """One tick for one root: list what is new, sync lineage, request snapshots and expiry. Updates `rc`.
 
     Every store's directories are listed when the root is new to the catalog or `listing_seconds` have
-    passed since a tick last listed them; other ticks sync the new commit records alone."""
+    passed since a tick last listed them; other ticks sync the new commit records alone. With `hold` (a run
+    the sensor requested for the root is still queued) nothing is requested and the cursor does not record
+    the crossings and moved bases, so a later tick requests them."""
     from statekeeper.maintenance.catalog_sync import sync_catalog
 
     root = fm.root_uri
@@ -224,40 +237,55 @@ def evaluate_root(
         for c in catalog.chain_lengths(root, min_length=threshold)
     }
     fresh = {store: v for store, v in crossed.items() if rc.requested.get(store) != v}
-    rc.requested = {store: v for store, v in rc.requested.items() if crossed.get(store) == v}
-    if fresh:
-        rc.requested.update(fresh)
-        tick.crossings = sorted(f"{store}@{v}" for store, v in fresh.items())
-        tick.run_request = RunRequest(
-            run_key=run_key("snapshot", root, tick.crossings),
-            job_name=JOB_NAMES[SNAPSHOTS],
-            partition_key=root,
-            run_config=RunConfig(ops={SNAPSHOTS: SnapshotConfig(stores=tick.crossings)}),
-            tags=dict(SENSOR_RUN_TAGS),
-        )
+    tick.crossings = sorted(f"{store}@{v}" for store, v in fresh.items())
     bases = catalog.expiry_bases(root, retain=retain)
-    moved = sorted(f"{store}@{v}" for store, v in bases.items() if rc.bases.get(store, 0) < v)
+    tick.moved_bases = sorted(f"{store}@{v}" for store, v in bases.items() if rc.bases.get(store, 0) < v)
+    if hold:
+        tick.held = bool(tick.crossings or tick.moved_bases)
+        return tick
+    rc.requested = {store: v for store, v in rc.requested.items() if crossed.get(store) == v} | fresh
     rc.bases = bases
-    if moved:
-        tick.moved_bases = moved
-        tick.expiry_request = expiry_request(root, run_key("expire", root, moved), SENSOR_RUN_TAGS)
+    tick.request = _request(root, tick.crossings, tick.moved_bases)
     return tick
 
 
-def build_checkpoint_sensor(
-    config: OrchestrationConfig,
-    snapshot_job: UnresolvedAssetJobDefinition,
-    expiry_job: UnresolvedAssetJobDefinition,
-) -> SensorDefinition:
+def _request(root: str, crossings: list[str], moved_bases: list[str]) -> RunRequest | None:
+    """One run for the tick's crossings and moved bases of `root` (None when there are neither)."""
+    if crossings and moved_bases:
+        events = [*crossings, *(f"base:{b}" for b in moved_bases)]
+        return snapshot_request(root, run_key("maintain", root, events), crossings, SENSOR_RUN_TAGS, expire=True)
+    if crossings:
+        return snapshot_request(root, run_key("snapshot", root, crossings), crossings, SENSOR_RUN_TAGS)
+    if moved_bases:
+        return expiry_request(root, run_key("expire", root, moved_bases), SENSOR_RUN_TAGS)
+    return None
+
+
+def queued_sensor_run(instance: DagsterInstance, root: str) -> str | None:
+    """The id of a run this sensor requested for `root` that has not started yet, if any."""
+    runs = instance.get_runs(
+        RunsFilter(
+            statuses=[DagsterRunStatus.NOT_STARTED, DagsterRunStatus.QUEUED],
+            tags={PARTITION_NAME_TAG: root, TRIGGER_TAG: SENSOR_NAME},
+        ),
+        limit=1,
+    )
+    return runs[0].run_id if runs else None
+
+
+def build_checkpoint_sensor(config: OrchestrationConfig, jobs: list[UnresolvedAssetJobDefinition]) -> SensorDefinition:
+    """The checkpoint sensor, requesting runs of `jobs` (the snapshot, expiry and snapshot-and-expiry jobs)."""
+
     @sensor(
         name=SENSOR_NAME,
-        jobs=[snapshot_job, expiry_job],
+        jobs=jobs,
         minimum_interval_seconds=config.sensor_interval_seconds,
         default_status=DefaultSensorStatus.RUNNING if config.sensor_enabled else DefaultSensorStatus.STOPPED,
         description=(
             "Lists new commit records of every checkpoint root after its cursor, syncs the lineage catalog and "
-            "requests a snapshot run for stores whose chain crossed the threshold, and an expiry run when a "
-            "commit moved a store's base." + ("" if config.sensor_enabled else f" Turned off by {ENV_SENSOR}=off.")
+            "requests a run that snapshots the stores whose chain crossed the threshold and expires what a "
+            "moved base left behind (one run per root, none while the sensor's last run of the root is queued)."
+            + ("" if config.sensor_enabled else f" Turned off by {ENV_SENSOR}=off.")
         ),
     )
     def checkpoint_sensor(
@@ -274,6 +302,7 @@ def build_checkpoint_sensor(
         roots = storage.root_uris()
         with catalog.session() as cat:
             for root in roots:
+                queued = queued_sensor_run(context.instance, root)
                 try:
                     tick = evaluate_root(
                         cat,
@@ -283,6 +312,7 @@ def build_checkpoint_sensor(
                         retain=maintenance.min_versions_to_retain,
                         max_names=config.sensor_max_names,
                         listing_seconds=config.sensor_listing_seconds,
+                        hold=queued is not None,
                     )
                 except (StatekeeperError, CatalogError, OSError) as e:
                     context.log.error("checkpoint sensor: %s: %s", root, e)
@@ -292,14 +322,14 @@ def build_checkpoint_sensor(
                     context.log.warning("catalog sync of %s: %s", root, err)
                 if tick.new_names:
                     notes.append(f"{root}: {len(tick.new_names)} new commit(s)")
-                # Expiry first, as in a cycle of `statekeeper maintain`: the runs of a root queue one at a time, and
-                # what the new commits made unneeded goes before a snapshot round of many stores, not after it.
-                if tick.expiry_request is not None:
-                    context.log.info("expiry requested for %s: bases moved to %s", root, ", ".join(tick.moved_bases))
-                    requests.append(tick.expiry_request)
-                if tick.run_request is not None:
-                    context.log.info("snapshots requested for %s: %s", root, ", ".join(tick.crossings))
-                    requests.append(tick.run_request)
+                events = [f"snapshots of {', '.join(tick.crossings)}"] if tick.crossings else []
+                events += [f"expiry, bases moved to {', '.join(tick.moved_bases)}"] if tick.moved_bases else []
+                if tick.held:
+                    context.log.info("%s: run %s is still queued; later: %s", root, queued, "; ".join(events))
+                    notes.append(f"{root}: waiting for queued run {queued}")
+                if tick.request is not None:
+                    context.log.info("requested for %s: %s", root, "; ".join(events))
+                    requests.append(tick.request)
         state.roots = {r: c for r, c in state.roots.items() if r in roots}
         if requests:
             return SensorResult(run_requests=requests, cursor=state.dump())

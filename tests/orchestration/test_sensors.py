@@ -7,11 +7,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from dagster import AssetKey, RunRequest, SensorResult, build_sensor_context
-from dagster._core.storage.tags import PRIORITY_TAG
+from dagster import AssetKey, DagsterRunStatus, RunRequest, SensorResult, build_sensor_context
+from dagster._core.storage.tags import PARTITION_NAME_TAG, PRIORITY_TAG
 
 from statekeeper.orchestration.assets import RETAINED, SNAPSHOTS
-from statekeeper.orchestration.jobs import JOB_NAMES, requested_job
+from statekeeper.orchestration.checks import CHAINS, CHAINS_BOUNDED
+from statekeeper.orchestration.jobs import JOB_NAMES, SNAPSHOT_AND_EXPIRY_JOB, requested_job
 from statekeeper.orchestration.sensors import (
     COMMITS_PREFIX,
     SENSOR_NAME,
@@ -250,7 +251,8 @@ def test_sensor_turned_off(tmp_path, db_url: str) -> None:
 
 def test_requested_snapshot_run_clears_the_crossing(orch: Orch) -> None:
     """The run the sensor asks for, executed: the chains are short again and nothing is re-requested; a tick
-    that asks for both requests expiry first, as a cycle of `statekeeper maintain` orders them."""
+    that finds both crossings and moved bases requests one run that snapshots, then expires, with the chain
+    checks and without the loadability check."""
     orch.writer.commit(THRESHOLD)
     first = tick(orch, None)
     [req] = list(first.run_requests or [])
@@ -265,9 +267,40 @@ def test_requested_snapshot_run_clears_the_crossing(orch: Orch) -> None:
     assert SensorCursor.parse(second.cursor).roots[orch.root].requested == {}
     orch.writer.commit(THRESHOLD)
     third = tick(orch, second.cursor)
-    assert [r.run_key for r in third.run_requests or []] == [
-        run_key("expire", orch.root, [f"agg/0@{THRESHOLD}", f"agg/1@{THRESHOLD}"]),  # the first snapshot is the base
-        run_key("snapshot", orch.root, [f"agg/0@{2 * THRESHOLD}", f"agg/1@{2 * THRESHOLD}"]),
+    crossings = [f"agg/0@{2 * THRESHOLD}", f"agg/1@{2 * THRESHOLD}"]
+    bases = [f"base:agg/0@{THRESHOLD}", f"base:agg/1@{THRESHOLD}"]  # the first snapshot is the base
+    (both,) = third.run_requests or []
+    assert both.run_key == run_key("maintain", orch.root, crossings + bases)
+    assert both.job_name == SNAPSHOT_AND_EXPIRY_JOB and both.partition_key == orch.root
+    assert both.tags[PRIORITY_TAG] == "1", "before a schedule's runs still queued for the root"
+    result = _run(orch, both)
+    assert [e.asset_key for e in result.get_asset_materialization_events()] == [AssetKey(SNAPSHOTS), AssetKey(RETAINED)]
+    assert {e.check_name for e in result.get_asset_check_evaluations()} == {CHAINS, CHAINS_BOUNDED}
+    assert {c.chain_length for c in orch.catalog.chain_lengths(orch.root)} == {0}
+    assert orch.catalog.expiry_bases(orch.root, retain=RETAIN) == {"agg/0": THRESHOLD, "agg/1": THRESHOLD}
+    fourth = tick(orch, third.cursor)
+    assert not fourth.run_requests
+
+
+def test_no_second_run_while_the_sensors_run_of_the_root_is_queued(orch: Orch) -> None:
+    """A run the sensor requested has not started (the root's slot is busy): later ticks request nothing for the
+    root and keep what they find; once it started, one run asks for all of it."""
+    orch.writer.commit(THRESHOLD)
+    first = tick(orch, None)
+    (req,) = first.run_requests or []
+    job = orch.defs.resolve_job_def(req.job_name or "")
+    queued = orch.instance.create_run_for_job(
+        job,
+        run_config=req.run_config,
+        status=DagsterRunStatus.NOT_STARTED,
+        tags={**req.tags, PARTITION_NAME_TAG: orch.root},
+    )
+    orch.writer.commit(THRESHOLD)  # crossings at 2 * THRESHOLD (the snapshot has not run)
+    held = tick(orch, first.cursor)
+    assert not held.run_requests and held.skip_reason is not None and queued.run_id in str(held.skip_reason)
+    assert SensorCursor.parse(held.cursor).roots[orch.root].requested == {"agg/0": THRESHOLD, "agg/1": THRESHOLD}
+    orch.instance.report_run_canceled(queued)  # it left the queue (a start does too)
+    later = tick(orch, held.cursor)
+    assert [r.run_key for r in later.run_requests or []] == [
+        run_key("snapshot", orch.root, [f"agg/0@{2 * THRESHOLD}", f"agg/1@{2 * THRESHOLD}"])
     ]
-    # both go before a schedule's runs still queued for the root, in the order requested (equal priority)
-    assert [r.tags[PRIORITY_TAG] for r in third.run_requests or []] == ["1", "1"]
