@@ -64,9 +64,9 @@ HEARTBEAT = "heartbeat"
 """A running Spark driver's heartbeat (store/spark/heartbeat.py); a stale one is an orphan."""
 FOREIGN = "foreign"
 
-_SST_NAME = re.compile(r"^[0-9a-f]{40}(?:[0-9a-f]{24})?\.sst$")  # 64 digits: re-uploaded after corruption
-_TEMP_NAME = re.compile(r"^\.(.+)\.[0-9a-f]{32}\.tmp$")
-_PROBE_NAME = re.compile(rf"^{PROBE_PREFIX}[0-9a-f]{{32}}$")
+_SST_NAME = re.compile(r"^[0-9a-f]{40}(?:[0-9a-f]{24})?\.sst\Z")  # 64 digits: re-uploaded after corruption
+_TEMP_NAME = re.compile(r"^\.(.+)\.[0-9a-f]{32}\.tmp\Z")
+_PROBE_NAME = re.compile(rf"^{PROBE_PREFIX}[0-9a-f]{{32}}\Z")
 """An S3 capability probe's object at the root: written and deleted at once, left only by a killed process."""
 _CACHE_LIMIT = 200_000
 

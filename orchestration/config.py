@@ -57,7 +57,7 @@ DEFAULT_SENSOR_LISTING = 300
 
 _OFF = frozenset({"off", "false", "no", "0", "disabled", "none"})
 _ON = frozenset({"on", "true", "yes", "1", "enabled"})
-_CRON_FIELD = re.compile(r"^[0-9*/,\-A-Za-z?LW#]+$")
+_CRON_FIELD = re.compile(r"^[0-9*/,\-A-Za-z?LW#]+\Z")
 
 
 def repo_dir() -> Path:

@@ -29,11 +29,11 @@ HEARTBEAT_DIR = "heartbeat"
 EVENT_TIME_SUFFIX = ".event_time.json"
 VERSION_DIGITS = 20
 
-_ID = re.compile(r"^[0-9a-f]{32}$")
-_VERSIONED = re.compile(r"^(\d{20})_([0-9a-f]{32})(\.changelog|\.manifest)$")
-_COMMIT = re.compile(r"^(\d{20})\.commit$")
-_BATCH = re.compile(r"^(\d{20})(?:\.event_time)?\.json$")
-_HEARTBEAT = re.compile(r"^(\d{20})\.json$")
+_ID = re.compile(r"^[0-9a-f]{32}\Z")
+_VERSIONED = re.compile(r"^(\d{20})_([0-9a-f]{32})(\.changelog|\.manifest)\Z")
+_COMMIT = re.compile(r"^(\d{20})\.commit\Z")
+_BATCH = re.compile(r"^(\d{20})(?:\.event_time)?\.json\Z")
+_HEARTBEAT = re.compile(r"^(\d{20})\.json\Z")
 
 
 def new_checkpoint_id() -> str:

@@ -11,12 +11,16 @@ from collections.abc import Iterable
 
 from statekeeper.store.errors import ConfigurationError
 
-_COMPONENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,199}$")
+_NAME = r"[A-Za-z0-9_][A-Za-z0-9_.=+-]{0,199}"
+_COMPONENT = re.compile(_NAME)
+_SAFE_PATH = re.compile(rf"(?:{_NAME}/)*{_NAME}")
+"""A path of safe components in one match (listing and deletion check every path: one C call, not one per
+component); any path it refuses goes through the per-component check, which names what is wrong."""
 
 
 def validate_component(component: str, what: str = "path component") -> str:
     """Return `component` if it is a safe single name, else raise naming it."""
-    if not isinstance(component, str) or not _COMPONENT.match(component) or ".." in component:
+    if not isinstance(component, str) or not _COMPONENT.fullmatch(component) or ".." in component:
         raise ConfigurationError(
             f"invalid {what} {component!r}: use 1-200 characters of letters, digits and _ . = + -, "
             "not starting with '.' or '-' and without '..'"
@@ -29,6 +33,8 @@ def validate_relative_path(path: str, *, allow_temp: bool = False) -> str:
 
     `allow_temp` admits the hidden temp names the local manager itself creates, for cleanup code.
     """
+    if isinstance(path, str) and _SAFE_PATH.fullmatch(path) and ".." not in path:
+        return path
     if not isinstance(path, str) or not path or path.startswith("/") or path.endswith("/"):
         raise ConfigurationError(f"invalid checkpoint path {path!r}: must be relative, non-empty, no trailing /")
     parts = path.split("/")
@@ -52,7 +58,7 @@ def validate_prefix(prefix: str) -> str:
     for part in body.split("/")[:-1]:
         validate_component(part)
     last = body.split("/")[-1]
-    if last and not re.match(r"^[A-Za-z0-9_.=+-]*$", last):
+    if last and not re.fullmatch(r"[A-Za-z0-9_.=+-]*", last):
         raise ConfigurationError(f"invalid listing prefix {prefix!r}")
     return prefix
 

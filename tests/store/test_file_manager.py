@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from statekeeper.store import (
     CheckpointError,
@@ -26,6 +28,7 @@ from statekeeper.store import (
     open_file_manager,
 )
 from statekeeper.store.files import LocalFileManager
+from statekeeper.store.files.paths import validate_component, validate_relative_path
 from statekeeper.store.layout import commit_path, new_checkpoint_id
 
 
@@ -363,6 +366,9 @@ BAD_PATHS = [
     ".hidden",
     "a/.b",
     "a\\..\\b",
+    "a\n",
+    "a/b\n",
+    "a\n/b",
 ]
 
 
@@ -387,6 +393,29 @@ def test_bad_paths_are_refused(file_manager: CheckpointFileManager, tmp_path: Pa
             assert any(repr(part) in msg for part in [bad, *bad.split("/")]), (name, msg)
     assert paths(file_manager) == []
     assert not (tmp_path / "d").exists()
+
+
+@given(st.text(alphabet="ab0_.-=+/\n\\ ", max_size=12), st.booleans())
+def test_a_path_is_accepted_exactly_when_each_component_is(path: str, allow_temp: bool) -> None:
+    """The one-match fast path of `validate_relative_path` agrees with the component-by-component rule."""
+    parts = path.split("/")
+    last = parts[-1]
+    if allow_temp and last.startswith(".") and last.endswith(".tmp"):
+        last = last[1:]
+
+    def safe(name: str) -> bool:
+        try:
+            validate_component(name)
+        except ConfigurationError:
+            return False
+        return True
+
+    expected = all(safe(p) for p in [*parts[:-1], last])
+    try:
+        accepted = validate_relative_path(path, allow_temp=allow_temp) == path
+    except ConfigurationError:
+        accepted = False
+    assert accepted == expected
 
 
 def test_bad_list_prefixes_are_refused(file_manager: CheckpointFileManager) -> None:

@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.files.paths import validate_component
 
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]\Z")
 
 
 def _redact(uri: str) -> str:
