@@ -220,7 +220,8 @@ def run_maintenance(
 
 
 def build_assets(partitions: PartitionsDefinition) -> list[AssetsDefinition]:
-    """The four assets, partitioned by checkpoint root."""
+    """The four assets, partitioned by checkpoint root, in the order of a `statekeeper maintain` cycle: lineage, then
+    expiry (what the commits made unneeded goes first), snapshots, orphans."""
 
     @asset(
         name=LINEAGE,
@@ -259,7 +260,7 @@ def build_assets(partitions: PartitionsDefinition) -> list[AssetsDefinition]:
         name=SNAPSHOTS,
         partitions_def=partitions,
         group_name=GROUP,
-        deps=[LINEAGE],
+        deps=[RETAINED],
         tags={KIND_TAG: KINDS[SNAPSHOTS]},
         description="Snapshots of every store whose changelog chain since its last snapshot reached the "
         "threshold: recovery replays few changelogs.",
@@ -289,7 +290,7 @@ def build_assets(partitions: PartitionsDefinition) -> list[AssetsDefinition]:
         name=RETAINED,
         partitions_def=partitions,
         group_name=GROUP,
-        deps=[SNAPSHOTS],
+        deps=[LINEAGE],
         tags={KIND_TAG: KINDS[RETAINED]},
         description="The checkpoint trimmed to the newest min_versions_to_retain committed versions: older "
         "changelogs, manifests, SST files and commit records deleted in parallel batches.",
@@ -311,7 +312,7 @@ def build_assets(partitions: PartitionsDefinition) -> list[AssetsDefinition]:
         name=ORPHANS,
         partitions_def=partitions,
         group_name=GROUP,
-        deps=[RETAINED],
+        deps=[SNAPSHOTS],
         tags={KIND_TAG: KINDS[ORPHANS]},
         description="The checkpoint without orphans older than the grace period: files of losing attempts, "
         "unreferenced SST files, leftovers of crashed writes.",

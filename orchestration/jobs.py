@@ -66,8 +66,8 @@ def build_snapshot_and_expiry_job() -> UnresolvedAssetJobDefinition:
     return define_asset_job(
         name=SNAPSHOT_AND_EXPIRY_JOB,
         selection=AssetSelection.assets(SNAPSHOTS, RETAINED),
-        description="Snapshot the stores of a root that crossed the threshold, then delete what the newest "
-        "min_versions_to_retain versions no longer need.",
+        description="Delete what the newest min_versions_to_retain versions of a root no longer need, then "
+        "snapshot its stores that crossed the threshold.",
         tags={KIND_TAG: SNAPSHOT_AND_EXPIRY_KIND, MAINTENANCE_TAG: "true"},
     )
 
@@ -76,8 +76,8 @@ def snapshot_request(
     root: str, run_key: str, crossings: list[str], tags: Mapping[str, str], *, expire: bool = False
 ) -> RunRequest:
     """A `snapshot_job` run snapshotting the `crossings` (``operator/partition@version``) of `root`, with the
-    chain checks; with `expire`, a `snapshot_and_expiry_job` run that expires the root too (snapshots first,
-    as the assets depend), without the loadability check."""
+    chain checks; with `expire`, a `snapshot_and_expiry_job` run that expires the root first (as the assets
+    depend), without the loadability check."""
     return RunRequest(
         run_key=run_key,
         job_name=SNAPSHOT_AND_EXPIRY_JOB if expire else JOB_NAMES[SNAPSHOTS],

@@ -251,7 +251,7 @@ def test_sensor_turned_off(tmp_path, db_url: str) -> None:
 
 def test_requested_snapshot_run_clears_the_crossing(orch: Orch) -> None:
     """The run the sensor asks for, executed: the chains are short again and nothing is re-requested; a tick
-    that finds both crossings and moved bases requests one run that snapshots, then expires, with the chain
+    that finds both crossings and moved bases requests one run that expires, then snapshots, with the chain
     checks and without the loadability check."""
     orch.writer.commit(THRESHOLD)
     first = tick(orch, None)
@@ -274,7 +274,7 @@ def test_requested_snapshot_run_clears_the_crossing(orch: Orch) -> None:
     assert both.job_name == SNAPSHOT_AND_EXPIRY_JOB and both.partition_key == orch.root
     assert both.tags[PRIORITY_TAG] == "1", "before a schedule's runs still queued for the root"
     result = _run(orch, both)
-    assert [e.asset_key for e in result.get_asset_materialization_events()] == [AssetKey(SNAPSHOTS), AssetKey(RETAINED)]
+    assert [e.asset_key for e in result.get_asset_materialization_events()] == [AssetKey(RETAINED), AssetKey(SNAPSHOTS)]
     assert {e.check_name for e in result.get_asset_check_evaluations()} == {CHAINS, CHAINS_BOUNDED}
     assert {c.chain_length for c in orch.catalog.chain_lengths(orch.root)} == {0}
     assert orch.catalog.expiry_bases(orch.root, retain=RETAIN) == {"agg/0": THRESHOLD, "agg/1": THRESHOLD}
