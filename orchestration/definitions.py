@@ -32,12 +32,15 @@ def build_definitions(
     config = config or OrchestrationConfig.from_env()
     partitions = root_partitions(config)
     jobs = build_jobs()
-    sensor_jobs = [jobs[SNAPSHOTS], jobs[RETAINED], build_snapshot_and_expiry_job()]
+    snapshot_and_expiry_job = build_snapshot_and_expiry_job()
     return Definitions(
         assets=build_assets(partitions),
         asset_checks=build_checks(partitions),
-        jobs=[*jobs.values(), sensor_jobs[-1], verification_job, *relayout_jobs()],
-        sensors=[build_checkpoint_sensor(config, sensor_jobs), build_failure_sensor(config)],
+        jobs=[*jobs.values(), snapshot_and_expiry_job, verification_job, *relayout_jobs()],
+        sensors=[
+            build_checkpoint_sensor(config, [jobs[SNAPSHOTS], jobs[RETAINED], snapshot_and_expiry_job]),
+            build_failure_sensor(config),
+        ],
         schedules=build_schedules(config, partitions, jobs[RETAINED], jobs[ORPHANS]),
         resources=resources if resources is not None else build_resources(config),
         # one process per run: a step is one operation over a root, parallel inside (threads, or Spark

@@ -41,6 +41,7 @@ DESCRIPTIONS = {
 }
 SNAPSHOT_AND_EXPIRY_JOB = "snapshot_and_expiry_job"
 SNAPSHOT_AND_EXPIRY_KIND = "maintenance"
+"""The kind of a run of several maintenance assets (its `statekeeper/kind` tag, or derived from its assets)."""
 SNAPSHOT_CHECKS = [AssetCheckKey(AssetKey(SNAPSHOTS), name) for name in (CHAINS, CHAINS_BOUNDED)]
 """The checks a sensor's snapshot run carries: the chain bounds (not the loadability check, which reads every
 retained version and runs on the verification schedule, outside the root's run slot)."""
@@ -83,7 +84,7 @@ def snapshot_request(
         job_name=SNAPSHOT_AND_EXPIRY_JOB if expire else JOB_NAMES[SNAPSHOTS],
         partition_key=root,
         run_config=RunConfig(ops={SNAPSHOTS: SnapshotConfig(stores=crossings)}),
-        asset_selection=[AssetKey(SNAPSHOTS), AssetKey(RETAINED)] if expire else None,
+        asset_selection=[AssetKey(RETAINED), AssetKey(SNAPSHOTS)] if expire else None,
         asset_check_keys=SNAPSHOT_CHECKS if expire else None,
         tags=dict(tags),
     )
@@ -131,6 +132,7 @@ __all__ = [
     "JOB_NAMES",
     "MAINTENANCE_TAG",
     "SNAPSHOT_AND_EXPIRY_JOB",
+    "SNAPSHOT_AND_EXPIRY_KIND",
     "build_jobs",
     "build_snapshot_and_expiry_job",
     "expiry_request",

@@ -65,7 +65,7 @@ from statekeeper.orchestration.config import (
     OrchestrationConfig,
     normalize_root,
 )
-from statekeeper.orchestration.jobs import expiry_request, snapshot_request
+from statekeeper.orchestration.jobs import SNAPSHOT_AND_EXPIRY_KIND, expiry_request, snapshot_request
 from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
 from statekeeper.sql import Catalog, StoreChain
 from statekeeper.sql.errors import CatalogError
@@ -353,7 +353,7 @@ def maintenance_kind(run: DagsterRun) -> str | None:
     kinds = [KINDS[name] for name in KINDS if name in selected]
     if not kinds:
         return None
-    return kinds[0] if len(kinds) == 1 else "maintenance"
+    return kinds[0] if len(kinds) == 1 else SNAPSHOT_AND_EXPIRY_KIND
 
 
 def record_failed_run(
