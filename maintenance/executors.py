@@ -44,7 +44,8 @@ class StoreTask:
     settings: MaintenanceSettings
     catalog_url: str | None = field(default=None, repr=False)
     options: Mapping[str, Any] = field(default_factory=dict)
-    """Operation options as plain values (verify: `statekeeper.maintenance.verify.VerifyOptions`)."""
+    """Operation options as plain values (verify: `statekeeper.maintenance.verify.VerifyOptions`; snapshot:
+    ``due_at``, store name -> the version its snapshot was requested at)."""
 
 
 class StoreExecutor(Protocol):

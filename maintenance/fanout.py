@@ -98,13 +98,14 @@ def _run_task(task: StoreTask, batches: Iterator[Any]) -> Iterator[Any]:
     catalog = _open_catalog(task.catalog_url)
     try:
         verifying = task.operation == "verify"
+        due_at: dict[str, int] = dict(task.options.get("due_at", {}))
         inv = Inventory.scan(fm, parallelism=1, stores=stores, use_cache=not verifying)
         results = []
         for store in stores:
             if verifying:
                 row = verify_row(fm, inv, store, task.settings, VerifyOptions(**task.options))
             else:
-                row = snapshot_row(fm, inv, store, task.settings, catalog)
+                row = snapshot_row(fm, inv, store, task.settings, catalog, due_at.get(str(store)))
             results.append(json.dumps(row, default=str))
         yield pa.RecordBatch.from_pydict({"result": results})
     finally:

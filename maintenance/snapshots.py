@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -197,6 +197,7 @@ def create_snapshots(
     dry_run: bool = False,
     progress: bool = False,
     stores: Iterable[StoreId] | None = None,
+    due_at: Mapping[StoreId, int] | None = None,
     inventory: Inventory | None = None,
     executor: StoreExecutor | None = None,
 ) -> SnapshotReport:
@@ -205,6 +206,9 @@ def create_snapshots(
     With `catalog`: the run is recorded, each store is leased in the catalog, and the catalog is
     synced incrementally afterwards so it knows the new snapshots. `dry_run` only reports which
     stores would be snapshotted.
+    `due_at`: store -> a version it was requested at (the checkpoint sensor requests a snapshot ahead of the
+    threshold when the root's snapshots land late): such a store is due once it committed that version, if
+    its newest snapshot is older, whatever its chain.
     `inventory`: a listing of the root the caller took (the maintenance loop shares one per cycle);
     each store is listed again under its lease before anything is changed. `executor`: where the
     stores' snapshots are built (default: a pool of `settings.parallelism` threads in this process;
@@ -220,7 +224,8 @@ def create_snapshots(
         plans = [plan_store(inv, s, settings) for s in ids]
         report.stores = len(plans)
         report.max_chain_length = max((p.chain_length for p in plans), default=0)
-        todo = [p.store for p in plans if _due(fm, inv, p, settings)]
+        requested = dict(due_at or {})
+        todo = [p.store for p in plans if _due(fm, inv, p, settings, requested.get(p.store))]
         report.candidates = len(todo)
         if dry_run:
             for p in plans:
@@ -235,9 +240,10 @@ def create_snapshots(
                         }
                     )
             return report
-        task = StoreTask("snapshot", fm.root_uri, settings, catalog_url(catalog))
+        due = {str(s): v for s, v in requested.items() if s in todo}
+        task = StoreTask("snapshot", fm.root_uri, settings, catalog_url(catalog), {"due_at": due})
         rows = (executor or InProcess(settings.parallelism, progress)).run_stores(
-            task, todo, lambda s: snapshot_row(fm, inv, s, settings, catalog)
+            task, todo, lambda s: snapshot_row(fm, inv, s, settings, catalog, requested.get(s))
         )
         for store in todo:
             _account(report, rows.get(store) or {"store": str(store), "action": "failed", "error": "no result"})
@@ -252,13 +258,15 @@ def snapshot_row(
     store: StoreId,
     settings: MaintenanceSettings,
     catalog: Catalog | None,
+    requested_at: int | None = None,
 ) -> Row:
     """Snapshot one store under its lease: its report row (a failure is a row too, naming the store).
+    `requested_at`: the version it was requested at (`create_snapshots`'s `due_at`).
 
     The per-store step of `create_snapshots`, wherever its executor runs it (`statekeeper.maintenance.executors`).
     """
     try:
-        return _snapshot_store(fm, inv, store, settings, catalog)
+        return _snapshot_store(fm, inv, store, settings, catalog, requested_at)
     except Exception as e:
         log.debug("snapshot of store %s failed", store, exc_info=True)
         return {"store": str(store), "action": "failed", "error": str(e)}
@@ -289,11 +297,12 @@ def _snapshot_store(
     store: StoreId,
     settings: MaintenanceSettings,
     catalog: Catalog | None,
+    requested_at: int | None,
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
     with store_lease(fm.root_uri, store, settings, catalog) as lease:
         leased_at = time.time()
-        row = _snapshot_leased(fm, inv, store, settings, lease, t0)
+        row = _snapshot_leased(fm, inv, store, settings, lease, t0, requested_at)
         # when this maintainer held the store (invariant 5: the holds of two maintainers never overlap)
         return {**row, "leased_at": leased_at, "released_at": time.time()}
 
@@ -305,6 +314,7 @@ def _snapshot_leased(
     settings: MaintenanceSettings,
     lease: LeaseGuard,
     t0: float,
+    requested_at: int | None,
 ) -> dict[str, Any]:
     """The snapshot of one store whose lease this maintainer holds (skipped when another did it meanwhile)."""
     files = inv.rescan_store(store)  # what the store holds now that no other maintainer changes it
@@ -313,7 +323,7 @@ def _snapshot_leased(
     repair = _repair_reason(fm, inv, plan, settings)
     if plan.latest is None or plan.latest_id is None:
         return {**row, "action": "skipped", "reason": "nothing committed"}
-    if plan.chain_length < settings.snapshot_threshold and repair is None:
+    if not _chain_due(plan, settings, requested_at) and repair is None:
         return {**row, "action": "skipped", "reason": "already snapshotted"}
     snapshots = {v: files.manifest_data[(v, cid)] for v, cid in plan.intact_snapshots.items()}
     inv.changed(store)  # a snapshot is written: a later operation lists the store again
@@ -356,11 +366,23 @@ def _snapshot_leased(
     }
 
 
-def _due(fm: CheckpointFileManager, inv: Inventory, plan: StorePlan, settings: MaintenanceSettings) -> bool:
-    """Snapshot when the chain reached the threshold, or at once when the newest snapshot is bad (a repair)."""
+def _due(
+    fm: CheckpointFileManager, inv: Inventory, plan: StorePlan, settings: MaintenanceSettings, requested_at: int | None
+) -> bool:
+    """Snapshot when the chain is due, or at once when the newest snapshot is bad (a repair)."""
     if plan.latest is None:
         return False
-    return plan.chain_length >= settings.snapshot_threshold or _repair_reason(fm, inv, plan, settings) is not None
+    return _chain_due(plan, settings, requested_at) or _repair_reason(fm, inv, plan, settings) is not None
+
+
+def _chain_due(plan: StorePlan, settings: MaintenanceSettings, requested_at: int | None) -> bool:
+    """The chain reached the threshold, or the store committed the version its snapshot was requested at and
+    has no snapshot that new."""
+    if plan.latest is None:
+        return False
+    if plan.chain_length >= settings.snapshot_threshold:
+        return True
+    return requested_at is not None and plan.latest >= requested_at > (plan.snapshot[0] if plan.snapshot else 0)
 
 
 def _repair_reason(

@@ -70,8 +70,9 @@ class LineageConfig(Config):
 class SnapshotConfig(Config):
     stores: list[str] = Field(
         default_factory=list,
-        description="Only these stores (operator/partition, optionally @version as the sensor names them); "
-        "empty: every store whose chain reached the threshold.",
+        description="Only these stores (operator/partition, optionally @version as the sensor names them: "
+        "snapshotted once they committed that version, whatever their chain); empty: every store whose chain "
+        "reached the threshold.",
     )
 
 
@@ -79,18 +80,21 @@ class DeleteConfig(Config):
     dry_run: bool = Field(default=False, description="Report what would be deleted, delete nothing.")
 
 
-def parse_stores(specs: list[str]) -> list[StoreId] | None:
-    """``operator/partition[@version]`` -> store ids (None for an empty list: every store)."""
+def parse_stores(specs: list[str]) -> dict[StoreId, int | None] | None:
+    """``operator/partition[@version]`` -> store id -> the version named, if any (None for an empty list:
+    every store). A store named more than once keeps the lowest version named."""
     if not specs:
         return None
-    out: list[StoreId] = []
+    out: dict[StoreId, int | None] = {}
     for spec in specs:
-        name, sep, number = spec.partition("@")[0].rpartition("/")
-        if not sep or not number.isdigit():
+        store_part, at, version = spec.partition("@")
+        name, sep, number = store_part.rpartition("/")
+        if not sep or not number.isdigit() or (at and not version.isdigit()):
             raise ConfigurationError(f"invalid store {spec!r}: expected operator/partition[@version]")
         store = StoreId(name, int(number))
-        if store not in out:
-            out.append(store)
+        named = int(version) if at else None
+        known = out.get(store)
+        out[store] = named if known is None else known if named is None else min(known, named)
     return out
 
 
@@ -272,8 +276,8 @@ def build_assets(partitions: PartitionsDefinition) -> list[AssetsDefinition]:
         catalog: CatalogDatabase,
         maintenance: MaintenanceConfig,
     ) -> MaterializeResult[None]:
-        stores = parse_stores(config.stores)
-        if stores is not None:
+        requested = parse_stores(config.stores)
+        if requested is not None:
             context.log.info("requested for %s", ", ".join(config.stores))
         return run_maintenance(
             context,
@@ -283,7 +287,8 @@ def build_assets(partitions: PartitionsDefinition) -> list[AssetsDefinition]:
             catalog,
             maintenance,
             health=True,
-            stores=stores,
+            stores=None if requested is None else list(requested),
+            due_at=None if requested is None else {s: v for s, v in requested.items() if v is not None},
         )
 
     @asset(

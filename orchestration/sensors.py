@@ -16,6 +16,12 @@ stores that newly crossed it. A store "crosses" at version ``snapshot_version + 
 the run key names each ``operator/partition@version`` it was requested for, and the cursor remembers
 them, so a crossing is requested once (Dagster also drops a repeated run key); a store whose chain
 keeps growing without a snapshot is requested again at the next multiple of the threshold.
+**Ahead of the threshold:** a snapshot lands some commits after the version it was requested at (the
+tick's wait, the run's process start, the stores snapshotted before it in the run). The cursor keeps that
+lag per root, as the landed snapshots show it; when it exceeds about 3/4 of the threshold, stores are
+requested that much earlier (`snapshot_lead`, at ``threshold - lead``), so a chain stays under 2 x threshold
+at the cost of a snapshot every ``2 x threshold - threshold // 4`` commits instead of every ``threshold +
+lag``. The run snapshots a store named ``@version`` once it committed that version.
 It also requests expiry of the root (without the loadability check, which the verification schedule's
 runs do) when a commit moved a store's *base* (the snapshot the oldest retained version loads from; the
 catalog's `expiry_bases`): the old base and the changelogs up to the new one go within a tick or two,
@@ -96,6 +102,9 @@ class RootCursor:
     """'operator/partition' -> the base an expiry run was requested for."""
     stores_listed_at: float = 0.0
     """When (epoch seconds) a tick last listed every store's directories."""
+    snapshot_lag: int = 0
+    """Commits a store made between the version its snapshot was requested at and the snapshot that answered:
+    the most the root's latest snapshots showed (it falls halfway towards smaller lags as they land)."""
 
 
 @dataclass
@@ -117,6 +126,7 @@ class SensorCursor:
                         {k: int(v) for k, v in rc.get("requested", {}).items()},
                         {k: int(v) for k, v in rc.get("bases", {}).items()},
                         float(rc.get("stores_listed_at", 0.0)),
+                        int(rc.get("snapshot_lag", 0)),
                     )
                     for root, rc in raw.get("roots", {}).items()
                 }
@@ -134,6 +144,7 @@ class SensorCursor:
                         "requested": c.requested,
                         "bases": c.bases,
                         "stores_listed_at": c.stores_listed_at,
+                        "snapshot_lag": c.snapshot_lag,
                     }
                     for r, c in sorted(self.roots.items())
                 },
@@ -159,10 +170,33 @@ def list_new(fm: CheckpointFileManager, prefix: str, start_after: str | None, li
     return names
 
 
-def crossing_version(chain: StoreChain, threshold: int) -> int:
-    """The version at which the store's chain last reached a multiple of the threshold."""
+def crossing_version(chain: StoreChain, step: int) -> int:
+    """The version at which the store's chain last reached a multiple of `step` (the threshold, less the lead)."""
     base = chain.snapshot_version or 0
-    return base + threshold * (chain.chain_length // threshold)
+    return base + step * (chain.chain_length // step)
+
+
+def snapshot_lead(lag: int, threshold: int) -> int:
+    """How many commits before the threshold a store's snapshot is requested, so that with the root's snapshot
+    lag it lands before the chain passes 2 x threshold, with a quarter of the threshold to spare: none while
+    snapshots land within about 3/4 of a threshold of their request, at most threshold - 1."""
+    return max(0, min(threshold - 1, lag - threshold + threshold // 4))
+
+
+def landed_lag(chains: list[StoreChain], requested: dict[str, int], lag: int) -> int:
+    """The root's snapshot lag after this tick: `lag`, updated with the requested snapshots that landed (the
+    newest snapshot of a store at or after the version it was requested at)."""
+    landed = [
+        c.snapshot_version - requested[store]
+        for c in chains
+        if c.snapshot_version is not None
+        and (store := f"{c.operator}/{c.partition}") in requested
+        and c.snapshot_version >= requested[store]
+    ]
+    if not landed:
+        return lag
+    newest = max(landed)
+    return max(newest, (lag + newest) // 2)
 
 
 def run_key(kind: str, root: str, events: list[str]) -> str:
@@ -183,6 +217,8 @@ class RootTick:
     """New store@version crossings (those a run is requested for this tick, unless held)."""
     moved_bases: list[str] = field(default_factory=list)
     """Stores whose base moved (store@base), those expiry is requested for this tick, unless held."""
+    lead: int = 0
+    """Commits before the threshold the tick requested snapshots at (`snapshot_lead`)."""
     request: RunRequest | None = None
     """The tick's one run for the root: snapshots, expiry, or both."""
     held: bool = False
@@ -232,18 +268,20 @@ def evaluate_root(
         rc.listed[COMMITS_PREFIX] = tick.new_names[-1]  # unreadable files: list them again next tick
     if catalog.find_root(root) is None:
         return tick
-    crossed = {
-        f"{c.operator}/{c.partition}": crossing_version(c, threshold)
-        for c in catalog.chain_lengths(root, min_length=threshold)
-    }
-    fresh = {store: v for store, v in crossed.items() if rc.requested.get(store) != v}
+    chains = catalog.chain_lengths(root)
+    lag = landed_lag(chains, rc.requested, rc.snapshot_lag)
+    tick.lead = snapshot_lead(lag, threshold)
+    step = threshold - tick.lead
+    crossed = {f"{c.operator}/{c.partition}": crossing_version(c, step) for c in chains if c.chain_length >= step}
+    fresh = {store: v for store, v in crossed.items() if rc.requested.get(store, -1) < v}
     tick.crossings = sorted(f"{store}@{v}" for store, v in fresh.items())
     bases = catalog.expiry_bases(root, retain=retain)
     tick.moved_bases = sorted(f"{store}@{v}" for store, v in bases.items() if rc.bases.get(store, 0) < v)
     if hold:
         tick.held = bool(tick.crossings or tick.moved_bases)
         return tick
-    rc.requested = {store: v for store, v in rc.requested.items() if crossed.get(store) == v} | fresh
+    rc.requested = {store: v for store, v in rc.requested.items() if store in crossed} | fresh
+    rc.snapshot_lag = lag
     rc.bases = bases
     tick.request = _request(root, tick.crossings, tick.moved_bases)
     return tick
@@ -323,6 +361,9 @@ def build_checkpoint_sensor(config: OrchestrationConfig, jobs: list[UnresolvedAs
                 if tick.new_names:
                     notes.append(f"{root}: {len(tick.new_names)} new commit(s)")
                 events = [f"snapshots of {', '.join(tick.crossings)}"] if tick.crossings else []
+                if tick.crossings and tick.lead:
+                    lag = state.root(root).snapshot_lag
+                    events.append(f"{tick.lead} commit(s) before the threshold: snapshots land {lag} after request")
                 events += [f"expiry, bases moved to {', '.join(tick.moved_bases)}"] if tick.moved_bases else []
                 if tick.held:
                     context.log.info("%s: run %s is still queued; later: %s", root, queued, "; ".join(events))

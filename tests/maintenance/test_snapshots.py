@@ -107,6 +107,22 @@ def test_below_the_threshold_and_dry_run_write_nothing(
     assert all_files(h.root) == before
 
 
+def test_a_store_requested_at_a_version_is_snapshotted_below_the_threshold(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings, tmp_path
+) -> None:
+    """`due_at` (the checkpoint sensor's early requests): due once the store committed the version, whatever its
+    chain; not again once a snapshot that new exists, nor before it committed the version."""
+    h = make_local_history()
+    h.batches(2)
+    first, second = h.stores
+    report = create_snapshots(h.root, settings, stores=h.stores, due_at={first: 2, second: 3})
+    assert report.ok and report.snapshots == 1
+    assert [(r["store"], r["action"]) for r in report.rows()] == [(str(first), "snapshot")]
+    again = create_snapshots(h.root, settings, stores=h.stores, due_at={first: 2, second: 3})
+    assert again.ok and again.candidates == 0
+    assert _load_latest(h, str(tmp_path)) == [2, None]
+
+
 def test_without_a_work_dir_copies_are_warm_within_the_process(
     make_local_history: Callable[..., History], settings: MaintenanceSettings
 ) -> None:

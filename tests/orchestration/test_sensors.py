@@ -20,6 +20,7 @@ from statekeeper.orchestration.sensors import (
     SensorCursor,
     evaluate_root,
     run_key,
+    snapshot_lead,
 )
 from statekeeper.store.files import CheckpointFileManager, FileInfo, open_file_manager
 from statekeeper.store.layout import commit_path
@@ -304,3 +305,44 @@ def test_no_second_run_while_the_sensors_run_of_the_root_is_queued(orch: Orch) -
     assert [r.run_key for r in later.run_requests or []] == [
         run_key("snapshot", orch.root, [f"agg/0@{2 * THRESHOLD}", f"agg/1@{2 * THRESHOLD}"])
     ]
+
+
+def test_snapshots_that_land_late_are_requested_ahead_of_the_threshold(orch: Orch) -> None:
+    """The root's snapshots landed `lag` commits after the version they were requested at: the next ones are
+    requested `snapshot_lead` commits before the threshold, and the run snapshots those stores although their
+    chains are below it; as snapshots land on time again the lag falls and so does the lead."""
+    orch.writer.commit(THRESHOLD)
+    first = tick(orch, None)
+    (late,) = first.run_requests or []
+    lag = THRESHOLD + 1
+    orch.writer.commit(lag)  # the run starts late: the stores committed on
+    _run(orch, late)
+    snapshot = THRESHOLD + lag
+    assert {c.snapshot_version for c in orch.catalog.chain_lengths(orch.root)} == {snapshot}
+    second = tick(orch, first.cursor)
+    assert SensorCursor.parse(second.cursor).roots[orch.root].snapshot_lag == lag
+    lead = snapshot_lead(lag, THRESHOLD)
+    assert 0 < lead < THRESHOLD and THRESHOLD - lead + lag <= 2 * THRESHOLD
+    for request in second.run_requests or []:  # the moved bases' expiry
+        _run(orch, request)
+
+    orch.writer.commit(THRESHOLD - lead)
+    third = tick(orch, second.cursor)
+    early = snapshot + THRESHOLD - lead
+    (ahead,) = third.run_requests or []
+    assert ahead.run_config["ops"][SNAPSHOTS]["config"]["stores"] == [f"agg/0@{early}", f"agg/1@{early}"]
+    _run(orch, ahead)
+    assert {(c.snapshot_version, c.chain_length) for c in orch.catalog.chain_lengths(orch.root)} == {(early, 0)}
+    fourth = tick(orch, third.cursor)
+    rc = SensorCursor.parse(fourth.cursor).roots[orch.root]
+    assert rc.snapshot_lag == lag // 2 and rc.requested == {}, "landed on time: the lag falls halfway"
+    assert snapshot_lead(rc.snapshot_lag, THRESHOLD) == 0
+
+
+@pytest.mark.parametrize(
+    ("lag", "threshold", "lead"), [(0, 10, 0), (8, 10, 0), (9, 10, 1), (12, 10, 4), (40, 10, 9), (9, 1, 0)]
+)
+def test_snapshot_lead_lands_snapshots_before_twice_the_threshold(lag: int, threshold: int, lead: int) -> None:
+    assert snapshot_lead(lag, threshold) == lead
+    if lead < threshold - 1:
+        assert threshold - lead + lag <= 2 * threshold - threshold // 4
