@@ -183,9 +183,11 @@ def snapshot_lead(lag: int, threshold: int) -> int:
     return max(0, min(threshold - 1, lag - threshold + threshold // 4))
 
 
-def landed_lag(chains: list[StoreChain], requested: dict[str, int], lag: int) -> int:
+def landed_lag(chains: list[StoreChain], requested: dict[str, int], lag: int, threshold: int) -> int:
     """The root's snapshot lag after this tick: `lag`, updated with the requested snapshots that landed (the
-    newest snapshot of a store at or after the version it was requested at)."""
+    newest snapshot of a store at or after the version it was requested at). Kept under 2 x threshold, where
+    the lead is at its cap already, so that after an outage (hours of commits before a snapshot landed) it
+    falls back within a few snapshots."""
     landed = [
         c.snapshot_version - requested[store]
         for c in chains
@@ -195,7 +197,7 @@ def landed_lag(chains: list[StoreChain], requested: dict[str, int], lag: int) ->
     ]
     if not landed:
         return lag
-    newest = max(landed)
+    newest = min(max(landed), 2 * threshold)
     return max(newest, (lag + newest) // 2)
 
 
@@ -269,7 +271,7 @@ def evaluate_root(
     if catalog.find_root(root) is None:
         return tick
     chains = catalog.chain_lengths(root)
-    lag = landed_lag(chains, rc.requested, rc.snapshot_lag)
+    lag = landed_lag(chains, rc.requested, rc.snapshot_lag, threshold)
     tick.lead = snapshot_lead(lag, threshold)
     step = threshold - tick.lead
     crossed = {f"{c.operator}/{c.partition}": crossing_version(c, step) for c in chains if c.chain_length >= step}

@@ -19,9 +19,11 @@ from statekeeper.orchestration.sensors import (
     RootCursor,
     SensorCursor,
     evaluate_root,
+    landed_lag,
     run_key,
     snapshot_lead,
 )
+from statekeeper.sql import StoreChain
 from statekeeper.store.files import CheckpointFileManager, FileInfo, open_file_manager
 from statekeeper.store.layout import commit_path
 from tests.orchestration.conftest import RETAIN, THRESHOLD, Orch
@@ -346,3 +348,19 @@ def test_snapshot_lead_lands_snapshots_before_twice_the_threshold(lag: int, thre
     assert snapshot_lead(lag, threshold) == lead
     if lead < threshold - 1:
         assert threshold - lead + lag <= 2 * threshold - threshold // 4
+
+
+def test_snapshot_lag_after_an_outage_falls_back_within_a_few_snapshots() -> None:
+    """A snapshot that landed hours of commits after its request (the daemon was down) puts the lead at its cap,
+    not for hours: the lag is kept under 2 x threshold and falls halfway with each on-time landing."""
+    threshold = 10
+
+    def landed(lag: int, version: int, snapshot: int) -> int:
+        chain = StoreChain("agg", 0, snapshot, "c", snapshot, 0, None)
+        return landed_lag([chain], {"agg/0": version}, lag, threshold)
+
+    lag = landed(0, 10, 3_610)
+    assert lag == 2 * threshold and snapshot_lead(lag, threshold) == threshold - 1
+    lags = [lag := landed(lag, 100 * n, 100 * n + 5) for n in range(1, 4)]
+    assert lags == [12, 8, 6] and snapshot_lead(lags[-1], threshold) == 0
+    assert landed(lag, 500, 499) == lag, "a snapshot older than the version requested at is not the answer"
