@@ -15,7 +15,7 @@ chain since their last snapshot reached the threshold and requests one snapshot 
 stores that newly crossed it. A store "crosses" at version ``snapshot_version + k * threshold``;
 the run key names each ``operator/partition@version`` it was requested for, and the cursor remembers
 them, so a crossing is requested once (Dagster also drops a repeated run key); a store whose chain
-keeps growing without a snapshot is requested again at the next multiple of the threshold.
+keeps growing without a snapshot is requested again every threshold more changelogs.
 **Ahead of the threshold:** a snapshot lands some commits after the version it was requested at (the
 tick's wait, the run's process start, the stores snapshotted before it in the run). The cursor keeps that
 lag per root, as the landed snapshots show it; when it exceeds about 3/4 of the threshold, stores are
@@ -170,10 +170,13 @@ def list_new(fm: CheckpointFileManager, prefix: str, start_after: str | None, li
     return names
 
 
-def crossing_version(chain: StoreChain, step: int) -> int:
-    """The version at which the store's chain last reached a multiple of `step` (the threshold, less the lead)."""
-    base = chain.snapshot_version or 0
-    return base + step * (chain.chain_length // step)
+def crossing_version(chain: StoreChain, threshold: int, lead: int = 0) -> int | None:
+    """The version at which the store's chain last crossed: ``threshold - lead`` changelogs, then every
+    `threshold` more (None: not yet)."""
+    first = threshold - lead
+    if chain.chain_length < first:
+        return None
+    return (chain.snapshot_version or 0) + first + threshold * ((chain.chain_length - first) // threshold)
 
 
 def snapshot_lead(lag: int, threshold: int) -> int:
@@ -273,8 +276,9 @@ def evaluate_root(
     chains = catalog.chain_lengths(root)
     lag = landed_lag(chains, rc.requested, rc.snapshot_lag, threshold)
     tick.lead = snapshot_lead(lag, threshold)
-    step = threshold - tick.lead
-    crossed = {f"{c.operator}/{c.partition}": crossing_version(c, step) for c in chains if c.chain_length >= step}
+    crossed = {
+        f"{c.operator}/{c.partition}": v for c in chains if (v := crossing_version(c, threshold, tick.lead)) is not None
+    }
     fresh = {store: v for store, v in crossed.items() if rc.requested.get(store, -1) < v}
     tick.crossings = sorted(f"{store}@{v}" for store, v in fresh.items())
     bases = catalog.expiry_bases(root, retain=retain)
