@@ -102,8 +102,11 @@ class RootCursor:
     """'operator/partition' -> the base an expiry run was requested for."""
     stores_listed_at: float = 0.0
     """When (epoch seconds) a tick last listed every store's directories."""
+    waiting: dict[str, int] = field(default_factory=dict)
+    """'operator/partition' -> the version its oldest unanswered snapshot request was made at (a store asked for
+    again before a snapshot landed keeps its first), for the snapshot lag."""
     snapshot_lag: int = 0
-    """Commits a store made between the version its snapshot was requested at and the snapshot that answered:
+    """Commits a store made between the version its snapshot was first requested at and the snapshot that answered:
     the most the root's latest snapshots showed (it falls halfway towards smaller lags as they land)."""
 
 
@@ -126,6 +129,7 @@ class SensorCursor:
                         {k: int(v) for k, v in rc.get("requested", {}).items()},
                         {k: int(v) for k, v in rc.get("bases", {}).items()},
                         float(rc.get("stores_listed_at", 0.0)),
+                        {k: int(v) for k, v in rc.get("waiting", {}).items()},
                         int(rc.get("snapshot_lag", 0)),
                     )
                     for root, rc in raw.get("roots", {}).items()
@@ -144,6 +148,7 @@ class SensorCursor:
                         "requested": c.requested,
                         "bases": c.bases,
                         "stores_listed_at": c.stores_listed_at,
+                        "waiting": c.waiting,
                         "snapshot_lag": c.snapshot_lag,
                     }
                     for r, c in sorted(self.roots.items())
@@ -186,22 +191,22 @@ def snapshot_lead(lag: int, threshold: int) -> int:
     return max(0, min(threshold - 1, lag - threshold + threshold // 4))
 
 
-def landed_lag(chains: list[StoreChain], requested: dict[str, int], lag: int, threshold: int) -> int:
-    """The root's snapshot lag after this tick: `lag`, updated with the requested snapshots that landed (the
-    newest snapshot of a store at or after the version it was requested at). Kept under 2 x threshold, where
-    the lead is at its cap already, so that after an outage (hours of commits before a snapshot landed) it
-    falls back within a few snapshots."""
-    landed = [
-        c.snapshot_version - requested[store]
+def landed_lag(chains: list[StoreChain], waiting: dict[str, int], lag: int, threshold: int) -> tuple[int, set[str]]:
+    """The root's snapshot lag after this tick, and the stores whose snapshot landed: `lag`, updated with the
+    snapshots that answered a request (the newest snapshot of a store at or after the version it was first
+    requested at). Kept under 2 x threshold, where the lead is at its cap already, so that after an outage
+    (hours of commits before a snapshot landed) it falls back within a few snapshots."""
+    landed = {
+        store: c.snapshot_version - waiting[store]
         for c in chains
         if c.snapshot_version is not None
-        and (store := f"{c.operator}/{c.partition}") in requested
-        and c.snapshot_version >= requested[store]
-    ]
+        and (store := f"{c.operator}/{c.partition}") in waiting
+        and c.snapshot_version >= waiting[store]
+    }
     if not landed:
-        return lag
-    newest = min(max(landed), 2 * threshold)
-    return max(newest, (lag + newest) // 2)
+        return lag, set()
+    newest = min(max(landed.values()), 2 * threshold)
+    return max(newest, (lag + newest) // 2), set(landed)
 
 
 def run_key(kind: str, root: str, events: list[str]) -> str:
@@ -274,7 +279,7 @@ def evaluate_root(
     if catalog.find_root(root) is None:
         return tick
     chains = catalog.chain_lengths(root)
-    lag = landed_lag(chains, rc.requested, rc.snapshot_lag, threshold)
+    lag, landed = landed_lag(chains, rc.waiting, rc.snapshot_lag, threshold)
     tick.lead = snapshot_lead(lag, threshold)
     crossed = {
         f"{c.operator}/{c.partition}": v for c in chains if (v := crossing_version(c, threshold, tick.lead)) is not None
@@ -287,6 +292,8 @@ def evaluate_root(
         tick.held = bool(tick.crossings or tick.moved_bases)
         return tick
     rc.requested = {store: v for store, v in rc.requested.items() if store in crossed} | fresh
+    stores = {f"{c.operator}/{c.partition}" for c in chains}
+    rc.waiting = fresh | {store: v for store, v in rc.waiting.items() if store in stores and store not in landed}
     rc.snapshot_lag = lag
     rc.bases = bases
     tick.request = _request(root, tick.crossings, tick.moved_bases)
@@ -306,10 +313,11 @@ def _request(root: str, crossings: list[str], moved_bases: list[str]) -> RunRequ
 
 
 def queued_sensor_run(instance: DagsterInstance, root: str) -> str | None:
-    """The id of a run this sensor requested for `root` that has not started yet, if any."""
+    """The id of a run this sensor requested for `root` that has not started its work yet, if any: queued, or
+    its process still starting (seconds on a busy machine; it reads the chains once it runs)."""
     runs = instance.get_runs(
         RunsFilter(
-            statuses=[DagsterRunStatus.NOT_STARTED, DagsterRunStatus.QUEUED],
+            statuses=[DagsterRunStatus.NOT_STARTED, DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING],
             tags={PARTITION_NAME_TAG: root, TRIGGER_TAG: SENSOR_NAME},
         ),
         limit=1,

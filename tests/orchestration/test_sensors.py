@@ -285,9 +285,11 @@ def test_requested_snapshot_run_clears_the_crossing(orch: Orch) -> None:
     assert not fourth.run_requests
 
 
-def test_no_second_run_while_the_sensors_run_of_the_root_is_queued(orch: Orch) -> None:
-    """A run the sensor requested has not started (the root's slot is busy): later ticks request nothing for the
-    root and keep what they find; once it started, one run asks for all of it."""
+@pytest.mark.parametrize("status", [DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING])
+def test_no_second_run_while_the_sensors_run_of_the_root_is_queued(orch: Orch, status: DagsterRunStatus) -> None:
+    """A run the sensor requested has not started (the root's slot is busy, or its process is still starting):
+    later ticks request nothing for the root and keep what they find; once it started, one run asks for all of
+    it."""
     orch.writer.commit(THRESHOLD)
     first = tick(orch, None)
     (req,) = first.run_requests or []
@@ -295,7 +297,7 @@ def test_no_second_run_while_the_sensors_run_of_the_root_is_queued(orch: Orch) -
     queued = orch.instance.create_run_for_job(
         job,
         run_config=req.run_config,
-        status=DagsterRunStatus.NOT_STARTED,
+        status=status,
         tags={**req.tags, PARTITION_NAME_TAG: orch.root},
     )
     orch.writer.commit(THRESHOLD)  # crossings at 2 * THRESHOLD (the snapshot has not run)
@@ -361,10 +363,30 @@ def test_snapshot_lag_after_an_outage_falls_back_within_a_few_snapshots() -> Non
 
     def landed(lag: int, version: int, snapshot: int) -> int:
         chain = StoreChain("agg", 0, snapshot, "c", snapshot, 0, None)
-        return landed_lag([chain], {"agg/0": version}, lag, threshold)
+        new_lag, stores = landed_lag([chain], {"agg/0": version}, lag, threshold)
+        assert stores == ({"agg/0"} if snapshot >= version else set())
+        return new_lag
 
     lag = landed(0, 10, 3_610)
     assert lag == 2 * threshold and snapshot_lead(lag, threshold) == threshold - 1
     lags = [lag := landed(lag, 100 * n, 100 * n + 5) for n in range(1, 4)]
     assert lags == [12, 8, 6] and snapshot_lead(lags[-1], threshold) == 0
     assert landed(lag, 500, 499) == lag, "a snapshot older than the version requested at is not the answer"
+
+
+def test_snapshot_lag_counts_from_the_first_request_of_a_store(orch: Orch) -> None:
+    """A store asked for again (its chain grew a whole threshold more before a snapshot landed) keeps the version
+    of its first request: the lag is what the chain waited, not what the last request waited."""
+    orch.writer.commit(THRESHOLD)
+    first = tick(orch, None)
+    orch.writer.commit(THRESHOLD)
+    again = tick(orch, first.cursor)
+    (late,) = again.run_requests or []
+    rc = SensorCursor.parse(again.cursor).roots[orch.root]
+    assert rc.requested == {"agg/0": 2 * THRESHOLD, "agg/1": 2 * THRESHOLD}
+    assert rc.waiting == {"agg/0": THRESHOLD, "agg/1": THRESHOLD}
+    orch.writer.commit(1)
+    _run(orch, late)
+    landed = tick(orch, again.cursor)
+    rc = SensorCursor.parse(landed.cursor).roots[orch.root]
+    assert rc.snapshot_lag == THRESHOLD + 1 and rc.waiting == {}
