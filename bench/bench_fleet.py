@@ -62,6 +62,7 @@ Spark standalone cluster.
 
     python -m bench fleet                                   # the sweep in FULL (the lead's machine)
     python -m bench.bench_fleet --stores 64 --seconds 120 --mode cli    # one run, printed
+    python -m bench.bench_fleet --stores 64 --seconds 120 --mode daemon --threshold 6
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ from pathlib import Path
 
 from bench.fleet_fanout import FanoutParams, fanout_table, run_fanout
 from bench.fleet_floor import rocksdict_floor
+from bench.fleet_landing import chains_at_snapshots, landing_summary
 from bench.fleet_maintainers import MODES, FleetParams, maintain
 from bench.report import ROOT, Table
 
@@ -140,6 +142,8 @@ class FleetResult:
     maintainer_cpu: float = 0.0
     cycles: int = 0
     samples: list[Sample] = field(default_factory=list)
+    landings: list[int] = field(default_factory=list)
+    """The chain each snapshot ended (`bench.fleet_landing`, from the maintainer's catalog)."""
 
     @property
     def commit_rate(self) -> float:
@@ -309,6 +313,7 @@ def run_fleet(p: FleetParams, base: str) -> FleetResult:
     result.cycles = stats["cycles"]
     result.versions = version
     result.samples = samples
+    result.landings = chains_at_snapshots(base)
     return result
 
 
@@ -399,6 +404,7 @@ def tables(results: list[FleetResult], floor: float | None = None) -> list[Table
             "checkpoint / target (max)",
             "samples over target",
             "files in root (max)",
+            "chain at each snapshot p50 / p90 / max",
         ],
         [],
         notes=[
@@ -426,6 +432,11 @@ def tables(results: list[FleetResult], floor: float | None = None) -> list[Table
             "cores for 1,000 store-commits/s = CPU s per store-commit x 1,000 (the cost per store-commit "
             "falls as S grows: listings, process starts and catalog round trips are per cycle, not per store); "
             "`daemon` CPU is every process the daemon started (the bench process is their subreaper).",
+            "chain at each snapshot: for every snapshot the maintainer wrote, the newest version its store had "
+            "committed when the snapshot's manifest was written, less the store's previous snapshot, from the "
+            "maintainer's catalog after the run (`bench.fleet_landing`); a chain peaks there, between the samples; "
+            "(n of N over) counts those over 2 x threshold, the bound the `chains_within_twice_threshold` check "
+            "holds.",
             "![fleet over time](fleet.png)",
         ],
     )
@@ -455,6 +466,7 @@ def tables(results: list[FleetResult], floor: float | None = None) -> list[Table
                     round(_max(target), 2),
                     f"{sum(t > 1 for t in target)} / {len(target)}",
                     int(_max([x.files for x in s])) if s else 0,
+                    landing_summary(r.landings, r.params.threshold),
                 ]
             )
         largest = max(runs, key=lambda r: r.params.stores)
@@ -545,6 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--updates", type=int, default=1_000)
     parser.add_argument("--writers", type=int, default=2)
+    parser.add_argument("--threshold", type=int, default=FleetParams.threshold, help="snapshot threshold")
     parser.add_argument(
         "--schedule",
         type=float,
@@ -572,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
             keys=args.keys,
             updates=args.updates,
             writers=args.writers,
+            threshold=args.threshold,
             schedule=args.schedule,
         )
         for s in args.stores
