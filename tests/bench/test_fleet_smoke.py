@@ -14,7 +14,7 @@ FLEET = "bench.bench_fleet"
 def test_fleet_benchmark_runs_both_maintainers(tmp_path: Path) -> None:
     plot = tmp_path / "fleet.png"
     args = ["--stores", "2", "3", "--seconds", "6", "--keys", "500", "--updates", "50", "--plot", str(plot)]
-    args += ["--mode", "cli", "maintain", "dagster"]
+    args += ["--mode", "cli", "maintain", "dagster", "--threshold", "3"]
     out = run_bench(tmp_path, args, module=FLEET, timeout=300)
     for title in ("### Fleet: one maintainer beside", "### Fleet: the maintainer's cost model", "### Fleet over time"):
         assert title in out, out
@@ -28,6 +28,9 @@ def test_fleet_benchmark_runs_both_maintainers(tmp_path: Path) -> None:
     ):
         assert mode in out, out
     assert "marginal / rocksdict floor" in out and "rocksdict floor = " in out, out  # the same run's baseline
+    rows = [line for line in out.splitlines() if line.startswith(("| cli | ", "| maintain | ", "| dagster | "))]
+    landings = [row.rstrip(" |").rsplit(" | ", 1)[-1] for row in rows if row.count(" | ") == 12]
+    assert len(landings) == 6 and all(" over)" in cell for cell in landings), rows  # read from each catalog
     assert plot.stat().st_size > 0
     assert [p.name for p in tmp_path.iterdir()] == ["fleet.png"], "the benchmark left scratch files behind"
 
