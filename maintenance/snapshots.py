@@ -240,7 +240,7 @@ def create_snapshots(
                         }
                     )
             return report
-        due = {str(s): v for s, v in requested.items() if s in todo}
+        due = {str(s): requested[s] for s in todo if s in requested}
         task = StoreTask("snapshot", fm.root_uri, settings, catalog_url(catalog), {"due_at": due})
         rows = (executor or InProcess(settings.parallelism, progress)).run_stores(
             task, todo, lambda s: snapshot_row(fm, inv, s, settings, catalog, requested.get(s))
@@ -370,8 +370,6 @@ def _due(
     fm: CheckpointFileManager, inv: Inventory, plan: StorePlan, settings: MaintenanceSettings, requested_at: int | None
 ) -> bool:
     """Snapshot when the chain is due, or at once when the newest snapshot is bad (a repair)."""
-    if plan.latest is None:
-        return False
     return _chain_due(plan, settings, requested_at) or _repair_reason(fm, inv, plan, settings) is not None
 
 
