@@ -7,12 +7,14 @@ from typing import Any
 import pytest
 from dagster import AssetKey
 
-from statekeeper.orchestration.assets import ORPHANS, RETAINED, SNAPSHOTS
+from statekeeper.orchestration.assets import ORPHANS, RETAINED, SNAPSHOTS, parse_stores
 from statekeeper.orchestration.checks import CHAINS, LOADABLE, NO_ORPHANS
 from statekeeper.orchestration.jobs import JOB_NAMES
 from statekeeper.sql import Catalog
 from statekeeper.store import StateStore
+from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.files import open_file_manager
+from statekeeper.store.layout import StoreId
 from tests.orchestration.conftest import RETAIN, THRESHOLD, Orch
 
 
@@ -161,3 +163,15 @@ def test_orphan_cleanup_job(orch: Orch) -> None:
     passed, chk = check(result, NO_ORPHANS)
     assert passed and chk["orphans_past_grace"] == 0
     assert catalog_run(orch, result.run_id, "clean-orphans")
+
+
+def test_snapshot_config_names_stores_and_the_versions_they_were_requested_at() -> None:
+    assert parse_stores([]) is None
+    specs = ["agg/0@12", "agg/1", "agg/0@10", "agg/1@7", "agg/2"]
+    assert parse_stores(specs) == {StoreId("agg", 0): 10, StoreId("agg", 1): 7, StoreId("agg", 2): None}
+
+
+@pytest.mark.parametrize("spec", ["agg", "agg/x", "agg/0@", "agg/0@x", "agg/0@-1"])
+def test_a_bad_store_in_the_snapshot_config_is_named(spec: str) -> None:
+    with pytest.raises(ConfigurationError, match=f"invalid store '{spec}'"):
+        parse_stores(["agg/1", spec])
