@@ -14,6 +14,8 @@ import glob
 import os
 from collections import defaultdict
 
+from bench.bench_commit import percentile
+
 
 def chains_at_snapshots(base: str) -> list[int]:
     """The chain each snapshot ended, over every store of the catalog found under `base` (none: no catalog)."""
@@ -50,10 +52,9 @@ def chains_at_snapshots(base: str) -> list[int]:
 
 
 def landing_summary(chains: list[int], threshold: int) -> str:
-    """``p50 / p90 / max (n over 2 x threshold of N)`` of the chains snapshots ended."""
+    """``p50 / p90 / max (n of N over)`` of the chains snapshots ended; over: beyond 2 x threshold."""
     if not chains:
         return "-"
-    ordered = sorted(chains)
-    over = sum(1 for c in ordered if c > 2 * threshold)
-    p50, p90 = ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
-    return f"{p50} / {p90} / {ordered[-1]} ({over} of {len(ordered)} over)"
+    over = sum(1 for c in chains if c > 2 * threshold)
+    p50, p90 = percentile(chains, 50), percentile(chains, 90)
+    return f"{p50:.0f} / {p90:.0f} / {max(chains)} ({over} of {len(chains)} over)"

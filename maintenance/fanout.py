@@ -98,7 +98,7 @@ def _run_task(task: StoreTask, batches: Iterator[Any]) -> Iterator[Any]:
     catalog = _open_catalog(task.catalog_url)
     try:
         verifying = task.operation == "verify"
-        due_at: dict[str, int] = dict(task.options.get("due_at", {}))
+        due_at: Mapping[str, int] = task.options.get("due_at", {})
         inv = Inventory.scan(fm, parallelism=1, stores=stores, use_cache=not verifying)
         results = []
         for store in stores:

@@ -224,7 +224,7 @@ def create_snapshots(
         plans = [plan_store(inv, s, settings) for s in ids]
         report.stores = len(plans)
         report.max_chain_length = max((p.chain_length for p in plans), default=0)
-        requested = dict(due_at or {})
+        requested = due_at or {}
         todo = [p.store for p in plans if _due(fm, inv, p, settings, requested.get(p.store))]
         report.candidates = len(todo)
         if dry_run:

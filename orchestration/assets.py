@@ -92,9 +92,8 @@ def parse_stores(specs: list[str]) -> dict[StoreId, int | None] | None:
         if not sep or not number.isdigit() or (at and not version.isdigit()):
             raise ConfigurationError(f"invalid store {spec!r}: expected operator/partition[@version]")
         store = StoreId(name, int(number))
-        named = int(version) if at else None
-        known = out.get(store)
-        out[store] = named if known is None else known if named is None else min(known, named)
+        named = [v for v in (out.get(store), int(version) if at else None) if v is not None]
+        out[store] = min(named, default=None)
     return out
 
 

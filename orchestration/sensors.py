@@ -175,7 +175,7 @@ def list_new(fm: CheckpointFileManager, prefix: str, start_after: str | None, li
     return names
 
 
-def crossing_version(chain: StoreChain, threshold: int, lead: int = 0) -> int | None:
+def crossing_version(chain: StoreChain, threshold: int, lead: int) -> int | None:
     """The version at which the store's chain last crossed: ``threshold - lead`` changelogs, then every
     `threshold` more (None: not yet)."""
     first = threshold - lead
