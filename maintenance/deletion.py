@@ -184,13 +184,15 @@ def delete_entries(
 class Deleter:
     """How one maintenance run deletes planned files: through `fm`, in batches of the settings' size on
     `pool`, telling the catalog through `marks` (if any) what went and, with `mark_expired`, what is
-    about to go."""
+    about to go, and `inventory` (if any) what is gone, so its views of the stores stay true without a
+    listing."""
 
     fm: CheckpointFileManager
     marks: CatalogMarks | None
     settings: MaintenanceSettings
     pool: ThreadPoolExecutor | None
     mark_expired: bool
+    inventory: Inventory | None = None
 
     def delete(self, entries: Sequence[FileEntry], check: Callable[[], None] | None = None) -> DeleteOutcome:
         """`delete_entries`, with the catalog told; `check()` (a lease's) runs before each batch."""
@@ -231,7 +233,16 @@ class Deleter:
             return DeleteOutcome()
         if mark_expired:
             self.expiring(entries)
-        out = delete_entries(self.fm, entries, batch_size=self.settings.delete_batch_size, pool=self.pool, check=check)
+        try:
+            out = delete_entries(
+                self.fm, entries, batch_size=self.settings.delete_batch_size, pool=self.pool, check=check
+            )
+        except BaseException:
+            if self.inventory is not None:
+                self.inventory.deleted(entries, (), failed=True)
+            raise
+        if self.inventory is not None:
+            self.inventory.deleted(entries, out.deleted, failed=bool(out.errors))
         if self.marks is not None and out.deleted:
             self.marks.deleted(out.deleted)
         return out
@@ -242,15 +253,21 @@ R = TypeVar("R")
 
 @contextmanager
 def run_deleter(
-    fm: CheckpointFileManager, catalog: Catalog | None, settings: MaintenanceSettings, *, mark_expired: bool, name: str
+    fm: CheckpointFileManager,
+    catalog: Catalog | None,
+    settings: MaintenanceSettings,
+    *,
+    mark_expired: bool,
+    name: str,
+    inventory: Inventory | None = None,
 ) -> Iterator[Deleter]:
     """The `Deleter` of one run: a pool of `settings.parallelism` threads named `name`, and the catalog's
-    marks, flushed when the block ends."""
+    marks, flushed when the block ends; it keeps `inventory`'s views true of what it deletes."""
     with (
         ThreadPoolExecutor(max_workers=settings.parallelism, thread_name_prefix=name) as pool,
         catalog_marks(catalog, fm.root_uri) as marks,
     ):
-        yield Deleter(fm, marks, settings, pool, mark_expired=mark_expired)
+        yield Deleter(fm, marks, settings, pool, mark_expired=mark_expired, inventory=inventory)
 
 
 def each_store(

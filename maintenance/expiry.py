@@ -73,7 +73,7 @@ def expire_versions(
                 _account(report, str(p.store), p.expired, "would delete")
             _account(report, None, root_expired, "would delete")
             return report
-        with run_deleter(fm, catalog, settings, mark_expired=True, name="expire-delete") as deleter:
+        with run_deleter(fm, catalog, settings, mark_expired=True, name="expire-delete", inventory=inv) as deleter:
             # Stores listed under leases held since (a loop's cycle, a Dagster run) are not listed again, so their
             # plans stand: their files are marked expired in one catalog statement, not one per store.
             deleter.expiring([e for p in todo if inv.is_current(p.store) for e in p.expired])

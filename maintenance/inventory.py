@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from statekeeper.maintenance.progress import bar as progress_bar
 from statekeeper.store.errors import CheckpointError, ConfigurationError
-from statekeeper.store.files import CheckpointFileManager, LocalFileManager, open_file_manager
+from statekeeper.store.files import CheckpointFileManager, FileInfo, LocalFileManager, open_file_manager
 from statekeeper.store.files.paths import validate_component
 from statekeeper.store.files.s3.capabilities import PROBE_PREFIX
 from statekeeper.store.formats.commit import CommitRecord
@@ -202,6 +202,20 @@ class StoreFiles:
         else:
             self.foreign.append(entry)
 
+    def discard(self, entry: FileEntry) -> None:
+        """Forget a file this maintainer deleted."""
+        key = (entry.version or 0, entry.checkpoint_id or "")
+        if entry.kind == CHANGELOG:
+            self.changelogs.pop(key, None)
+        elif entry.kind == MANIFEST:
+            self.manifests.pop(key, None)
+            self.manifest_data.pop(key, None)
+        elif entry.kind == SST:
+            self.ssts.pop(entry.name, None)
+        elif entry in self.temps:
+            self.temps.remove(entry)
+        self.unreadable.pop(entry.path, None)
+
     def entries(self) -> Iterator[FileEntry]:
         yield from self.changelogs.values()
         yield from self.manifests.values()
@@ -301,10 +315,11 @@ class Inventory:
                 prefixes = [f"{COMMITS_DIR}/", *(f"{s.prefix}/" for s in sorted(stores, key=_store_key))]
             for prefix in prefixes:
                 inv.listings += 1
-                for info in fm.list(prefix):
+                published, unfinished = _listing(fm, prefix)
+                for info in published:
                     inv._add(FileEntry(info.path, "", info.size, info.mtime), temp_listing=False)
                     bar.update(1)
-                for entry in _unfinished_writes(fm, prefix):
+                for entry in unfinished:
                     inv._add(entry, temp_listing=True)
             if stores is not None:
                 for s in stores:
@@ -338,11 +353,12 @@ class Inventory:
         files = StoreFiles(store)
         prefix = f"{store.prefix}/"
         self.listings += 1
-        for info in self.fm.list(prefix):
+        published, unfinished = _listing(self.fm, prefix)
+        for info in published:
             entry = self._entry(FileEntry(info.path, "", info.size, info.mtime), temp_listing=False)
             if entry.store == store:
                 files.add(entry)
-        for raw in _unfinished_writes(self.fm, prefix):
+        for raw in unfinished:
             entry = self._entry(raw, temp_listing=True)
             if entry.store == store:
                 files.add(entry)
@@ -355,8 +371,21 @@ class Inventory:
         return store in self._current and store in self.stores
 
     def changed(self, store: StoreId) -> None:
-        """This maintainer wrote or deleted files of `store`: the next `rescan_store` lists it again."""
+        """This maintainer wrote files of `store` (or may have deleted some): the next `rescan_store` lists it
+        again."""
         self._current.discard(store)
+
+    def deleted(self, attempted: Iterable[FileEntry], deleted: Iterable[FileEntry], *, failed: bool) -> None:
+        """This maintainer deleted `deleted` of the `attempted` files: drop them from their stores' views,
+        which stay current, so the next operation of the cycle does not list them again. If the deletion
+        `failed`, what went is not known for sure: every store among `attempted` is listed again."""
+        for e in deleted:
+            files = self.stores.get(e.store) if e.store is not None else None
+            if files is not None:
+                files.discard(e)
+        if failed:
+            for store in {e.store for e in attempted if e.store is not None}:
+                self.changed(store)
 
     def _entry(self, raw: FileEntry, *, temp_listing: bool) -> FileEntry:
         k = classify(raw.path, temp_listing=temp_listing and raw.kind == TEMP)
@@ -544,17 +573,17 @@ def _store_key(s: StoreId) -> tuple[str, int]:
     return (s.operator, s.partition)
 
 
-def _unfinished_writes(fm: CheckpointFileManager, prefix: str) -> Iterator[FileEntry]:
-    """Local temp files and S3 incomplete multipart uploads under `prefix` (duck-typed per backend)."""
-    list_temp = getattr(fm, "list_temp_files", None)
-    if callable(list_temp):
-        for info in list_temp(prefix):
-            if info.path.startswith(prefix):
-                yield FileEntry(info.path, TEMP, info.size, info.mtime)
+def _listing(fm: CheckpointFileManager, prefix: str) -> tuple[list[FileInfo], list[FileEntry]]:
+    """The published files under `prefix`, then the unfinished writes there: a local root's temp files (from
+    the same walk of its directories) or S3's incomplete multipart uploads (duck-typed per backend)."""
+    with_temps = getattr(fm, "list_with_temp_files", None)
+    if callable(with_temps):
+        published, temps = with_temps(prefix)
+        return published, [FileEntry(t.path, TEMP, t.size, t.mtime) for t in temps]
+    published = list(fm.list(prefix))
     list_uploads = getattr(fm, "list_incomplete_uploads", None)
-    if callable(list_uploads):
-        for up in list_uploads(prefix):
-            yield FileEntry(up.path, UPLOAD, 0, float(up.initiated), upload_id=up.upload_id)
+    uploads = list_uploads(prefix) if callable(list_uploads) else []
+    return published, [FileEntry(u.path, UPLOAD, 0, float(u.initiated), upload_id=u.upload_id) for u in uploads]
 
 
 def check_root(fm: CheckpointFileManager) -> None:

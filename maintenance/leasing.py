@@ -259,7 +259,9 @@ __all__ = [
 def planned_store(
     root_uri: str, inv: Inventory, store: StoreId, settings: MaintenanceSettings, catalog: Catalog | None
 ) -> Iterator[tuple[StorePlan, LeaseGuard]]:
-    """Under the store's lease, re-list it and plan it; a plan with problems deletes nothing."""
+    """Under the store's lease, re-list it and plan it; a plan with problems deletes nothing. The caller deletes
+    through a `Deleter` that keeps `inv`'s view of the store true; if the caller fails, the store is listed
+    again by the next operation."""
     from statekeeper.maintenance.plan import plan_store
 
     with store_lease(root_uri, store, settings, catalog) as lease:
@@ -267,5 +269,8 @@ def planned_store(
         plan = plan_store(inv, store, settings)
         if plan.blocked:
             raise RuntimeError("; ".join(plan.problems))
-        inv.changed(store)  # the caller deletes: a later operation lists the store again
-        yield plan, lease
+        try:
+            yield plan, lease
+        except BaseException:
+            inv.changed(store)
+            raise

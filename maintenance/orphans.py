@@ -64,7 +64,7 @@ def clean_orphans(
             if wanted is None:
                 _account(report, [e for e, _ in root.orphans], dict(root.orphans), "would delete")
             return report
-        with run_deleter(fm, catalog, settings, mark_expired=False, name="orphan-delete") as deleter:
+        with run_deleter(fm, catalog, settings, mark_expired=False, name="orphan-delete", inventory=inv) as deleter:
             done = each_store(
                 todo,
                 lambda s: _clean_store(deleter, inv, s, catalog),

@@ -27,6 +27,7 @@ from statekeeper.store.files.paths import (
 )
 
 TEMP_SUFFIX = ".tmp"
+FileInfos = list[FileInfo]  # spelled here: inside `LocalFileManager`, `list` is its method
 
 
 def temp_name_for(final_name: str) -> str:
@@ -127,16 +128,26 @@ class _LocalOutput(PublishOnExit):
             os.unlink(self._tmp)
 
 
-def _sorted_entries(directory: str, rel: str, name_prefix: str) -> list[tuple[str, os.DirEntry[str], bool]]:
+def _sorted_entries(
+    directory: str, rel: str, name_prefix: str, temps: list[FileInfo] | None = None
+) -> list[tuple[str, os.DirEntry[str], bool]]:
     """(path relative to the root, entry, is a directory) of `directory`'s published entries whose name
-    starts with `name_prefix`, in key order (a directory sorts as its name + "/", as S3 lists keys)."""
+    starts with `name_prefix`, in key order (a directory sorts as its name + "/", as S3 lists keys); the
+    temp files among them are appended to `temps` if given."""
     try:
         entries = list(os.scandir(directory))
     except (FileNotFoundError, NotADirectoryError):
         return []
     keyed = []
     for e in entries:
-        if not e.name.startswith(name_prefix) or is_temp_name(e.name):
+        if not e.name.startswith(name_prefix):
+            continue
+        if is_temp_name(e.name):
+            if temps is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    if e.is_file(follow_symlinks=False):
+                        st = e.stat(follow_symlinks=False)
+                        temps.append(FileInfo(f"{rel}/{e.name}" if rel else e.name, st.st_size, st.st_mtime))
             continue
         is_dir = e.is_dir(follow_symlinks=False)
         sort_name = e.name + "/" if is_dir else e.name
@@ -264,10 +275,22 @@ class LocalFileManager:
         base = os.path.join(self._root, base_rel) if base_rel else self._root
         yield from self._walk(base, base_rel, name_prefix, start_after)
 
-    def _walk(self, directory: str, rel: str, name_prefix: str, start_after: str | None) -> Iterator[FileInfo]:
-        """Files under `directory` in key order; iterative (a stack of directories), so a file is not
-        passed up through one generator per directory level."""
-        stack = [iter(_sorted_entries(directory, rel, name_prefix))]
+    def list_with_temp_files(self, prefix: str = "") -> tuple[FileInfos, FileInfos]:
+        """What `list(prefix)` lists, and the temp files under `prefix` (`list_temp_files`), from one walk."""
+        validate_prefix(prefix)
+        fault_point("local.list", prefix)
+        base_rel, _, name_prefix = prefix.rpartition("/")
+        base = os.path.join(self._root, base_rel) if base_rel else self._root
+        temps: FileInfos = []
+        published = [*self._walk(base, base_rel, name_prefix, None, temps)]
+        return published, temps
+
+    def _walk(
+        self, directory: str, rel: str, name_prefix: str, start_after: str | None, temps: FileInfos | None = None
+    ) -> Iterator[FileInfo]:
+        """Files under `directory` in key order (temp files met on the way appended to `temps` if given);
+        iterative (a stack of directories), so a file is not passed up through one generator per level."""
+        stack = [iter(_sorted_entries(directory, rel, name_prefix, temps))]
         while stack:
             item = next(stack[-1], None)
             if item is None:
@@ -278,7 +301,7 @@ class LocalFileManager:
                 # Prune subtrees that lie entirely at or before `start_after`.
                 if start_after is not None and rel_path < start_after and not start_after.startswith(rel_path):
                     continue
-                stack.append(iter(_sorted_entries(entry.path, rel_path.rstrip("/"), "")))
+                stack.append(iter(_sorted_entries(entry.path, rel_path.rstrip("/"), "", temps)))
                 continue
             if start_after is not None and rel_path <= start_after:
                 continue
@@ -289,18 +312,8 @@ class LocalFileManager:
             yield FileInfo(rel_path, st.st_size, st.st_mtime)
 
     def list_temp_files(self, prefix: str = "") -> Iterator[FileInfo]:
-        """Leftovers of writes that never published (crashed or still running)."""
-        validate_prefix(prefix)
-        base = os.path.join(self._root, prefix.rpartition("/")[0]) if "/" in prefix else self._root
-        for dirpath, _dirs, files in os.walk(base):
-            for name in files:
-                if is_temp_name(name):
-                    full = os.path.join(dirpath, name)
-                    try:
-                        st = os.stat(full)
-                    except FileNotFoundError:
-                        continue
-                    yield FileInfo(os.path.relpath(full, self._root), st.st_size, st.st_mtime)
+        """Leftovers of writes that never published (crashed or still running) under `prefix`."""
+        return iter(self.list_with_temp_files(prefix)[1])
 
     def delete_many(self, paths: Iterable[str]) -> DeleteResult:
         result = DeleteResult()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -238,4 +239,36 @@ def test_the_catalog_hears_of_a_run_in_few_statements(
     assert state_files <= {p for paths in calls["mark_expired"] for p in paths}
     assert len(calls["mark_deleted"]) == 1 and set(calls["mark_deleted"][0]) == deleted
     assert deleted <= {f.path for f in catalog.files(h.fm.root_uri, states=["deleted"])}
+    h.check_loadable(h.retained(settings))
+
+
+def test_a_shared_listing_drops_what_expiry_deleted_and_a_failed_deletion_lists_the_store_again(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The maintenance loop's cycle shares one listing: what expiry deleted leaves each store's view (which is
+    not listed again), so the view is exactly the store's files; a store whose deletion failed is listed again."""
+    h = make_local_history()
+    h.batches(5)
+    assert create_snapshots(h.root, settings).snapshots == 2
+    h.batches(4)
+    assert create_snapshots(h.root, settings).snapshots == 2
+    h.batches(3)
+    failing, clean = h.stores
+    real_delete = h.fm.delete_many
+
+    def delete_many(paths: Any) -> Any:
+        paths = list(paths)
+        result = real_delete([p for p in paths if not p.startswith(f"{failing.prefix}/")])
+        result.errors.update({p: "injected failure" for p in paths if p.startswith(f"{failing.prefix}/")})
+        return result
+
+    monkeypatch.setattr(h.fm, "delete_many", delete_many)
+    inv = Inventory.scan(h.fm, leased=h.stores)  # as the loop lists under the cycle's leases
+    report = expire_versions(h.fm, settings, inventory=inv)
+    assert report.files > 0 and any("injected failure" in e for e in report.errors)
+    assert inv.is_current(clean), "a store whose deletions all went is not listed again"
+    assert not inv.is_current(failing), "a store whose deletion failed is listed again"
+    on_disk = {p for p in all_files(h.root) if p.startswith(f"{clean.prefix}/")}
+    assert {e.path for e in inv.files_of(clean).entries()} == on_disk
+    assert create_snapshots(h.fm, settings, inventory=inv, stores=[clean]).ok
     h.check_loadable(h.retained(settings))

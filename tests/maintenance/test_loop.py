@@ -137,27 +137,32 @@ def _guard_of(uri: str, store: StoreId, settings: MaintenanceSettings, catalog: 
         return guard
 
 
-def test_stores_leased_before_the_listing_are_not_listed_again_unless_changed(
+def test_stores_leased_before_the_listing_are_not_listed_again_unless_snapshotted(
     make_local_history: Callable[..., History],
     settings: MaintenanceSettings,
     catalog: Catalog,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """From the second cycle on the loop holds the known stores' leases before it lists the root, so an
-    operation lists a store again only after an earlier one of the same cycle changed it; expiry keeps the
-    chains bounded, and every retained version loads."""
+    operation lists a store again only after an earlier one of the same cycle wrote a snapshot of it (what
+    expiry deletes, its deleter drops from the cycle's listing); expiry keeps the chains bounded, and every
+    retained version loads."""
     h = make_local_history()
     h.batches(3, losing=1)
     listed: Counter[StoreId] = Counter()
-    real_list = h.fm.list
 
-    def counting_list(prefix: str = "", **kw: Any) -> Any:
-        for s in h.stores:
-            if prefix == f"{s.prefix}/":
-                listed[s] += 1
-        return real_list(prefix, **kw)
+    def counting(real: Callable[..., Any]) -> Callable[..., Any]:
+        def listing(prefix: str = "", **kw: Any) -> Any:
+            for s in h.stores:
+                if prefix == f"{s.prefix}/":
+                    listed[s] += 1
+            return real(prefix, **kw)
 
-    monkeypatch.setattr(h.fm, "list", counting_list)
+        return listing
+
+    for name in ("list", "list_with_temp_files"):
+        monkeypatch.setattr(h.fm, name, counting(getattr(h.fm, name)))
+    expired_stores: list[StoreId] = []
     real_scan = Inventory.scan.__func__  # type: ignore[attr-defined]
     reused: list[set[str]] = []
 
@@ -177,7 +182,7 @@ def test_stores_leased_before_the_listing_are_not_listed_again_unless_changed(
         assert (expire.kind, snapshot.kind) == ("expire", "snapshot")
         by_name = {str(s): s for s in h.stores}
         changed = Counter(by_name[i["store"]] for i in snapshot.items if i.get("action") == "snapshot")
-        changed.update({by_name[i["store"]] for i in expire.items if i["action"] == "deleted" and i["store"]})
+        expired_stores.extend(by_name[i["store"]] for i in expire.items if i["action"] == "deleted" and i["store"])
         if result.cycle > 1:
             oldest = min(int(p.rsplit("/", 1)[1].split("_")[0]) for p in all_files(h.root) if "/changelogs/" in p)
             assert oldest >= h.latest - settings.min_versions_to_retain - settings.snapshot_threshold - 2
@@ -191,6 +196,7 @@ def test_stores_leased_before_the_listing_are_not_listed_again_unless_changed(
 
     maintain(h.fm, settings, every=0, cycles=8, catalog=catalog, on_cycle=between)
     assert checked == list(range(2, 9))
+    assert expired_stores, "expiry deleted files of some store, which was not listed again for it"
     assert reused[0] == set() and all(len(r) == len(h.stores) for r in reused[1:]), reused
     h.check_loadable(h.retained(settings))
 

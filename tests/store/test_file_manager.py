@@ -532,3 +532,28 @@ def test_local_publish_is_durable_rename(tmp_path: Path) -> None:
     st = os.stat(tmp_path / "d" / "f")
     assert st.st_nlink == 1
     assert sorted(os.listdir(tmp_path / "d")) == ["f"]
+
+
+@pytest.mark.parametrize("prefix", ["", "op/", "op/0/", "op/0/changelogs/", "op/1", "commits/", "o", "none/"])
+def test_one_local_walk_lists_the_published_and_the_temp_files(tmp_path: Path, prefix: str) -> None:
+    """`list_with_temp_files` (the maintenance inventory's one walk of a local root) gives exactly what
+    `list` gives, in key order, and every unfinished write under the prefix: nothing a second walk found."""
+    from statekeeper.store.files.local import temp_name_for
+
+    fm = LocalFileManager(str(tmp_path))
+    published = ["commits/0000000001.json", "op/0/changelogs/a.zst", "op/0/snapshots/b.json", "op/10/x", "op/1/y"]
+    for p in published:
+        with fm.create(p) as out:
+            out.write(b"x")
+    temps = []
+    for final in ["commits/0000000002.json", "op/0/changelogs/c.zst", "op/1/z", "top.json"]:
+        d, _, name = final.rpartition("/")
+        temp = f"{d}/{temp_name_for(name)}" if d else temp_name_for(name)
+        os.makedirs(tmp_path / d, exist_ok=True)
+        (tmp_path / temp).write_bytes(b"partial")
+        temps.append(temp)
+    listed, unfinished = fm.list_with_temp_files(prefix)
+    assert [i.path for i in listed] == paths(fm, prefix)
+    assert sorted(i.path for i in unfinished) == sorted(t for t in temps if t.startswith(prefix))
+    assert all(i.size == len(b"partial") for i in unfinished)
+    assert sorted(i.path for i in fm.list_temp_files(prefix)) == sorted(i.path for i in unfinished)
