@@ -243,11 +243,11 @@ def test_the_catalog_hears_of_a_run_in_few_statements(
 
 
 def test_a_shared_listing_drops_what_expiry_deleted_and_a_failed_deletion_lists_the_store_again(
-    make_local_history: Callable[..., History], settings: MaintenanceSettings, monkeypatch: pytest.MonkeyPatch
+    make_history: Callable[..., History], settings: MaintenanceSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The maintenance loop's cycle shares one listing: what expiry deleted leaves each store's view (which is
     not listed again), so the view is exactly the store's files; a store whose deletion failed is listed again."""
-    h = make_local_history()
+    h = make_history()
     h.batches(5)
     assert create_snapshots(h.root, settings).snapshots == 2
     h.batches(4)
