@@ -202,6 +202,20 @@ class StoreFiles:
         else:
             self.foreign.append(entry)
 
+    def copy(self) -> StoreFiles:
+        """A new view with the same files (what a plan was made of stays as it was: `plan_store` keeps the
+        plan of each view)."""
+        return StoreFiles(
+            self.store,
+            dict(self.changelogs),
+            dict(self.manifests),
+            dict(self.ssts),
+            list(self.temps),
+            list(self.foreign),
+            dict(self.manifest_data),
+            dict(self.unreadable),
+        )
+
     def discard(self, entry: FileEntry) -> None:
         """Forget a file this maintainer deleted."""
         key = (entry.version or 0, entry.checkpoint_id or "")
@@ -375,14 +389,37 @@ class Inventory:
         again."""
         self._current.discard(store)
 
+    def wrote_snapshot(
+        self, store: StoreId, manifest_path: str, manifest: SnapshotManifest, manifest_size: int, *, current: bool
+    ) -> None:
+        """This maintainer wrote a snapshot of `store`: its manifest, and the SSTs it names that the view
+        lacks, join the view, whose files are then exactly what the store holds (but for what its writer
+        added), so no later operation of the cycle lists it again if it was `current` before the snapshot.
+        Their mtime is now: younger than any grace, as the listing would show."""
+        files = self.files_of(store).copy()
+        now = time.time()
+        for sst in manifest.sst_files:
+            entry = self._entry(FileEntry(store.sst(sst.remote_name), "", sst.size, now), temp_listing=False)
+            if entry.name not in files.ssts:
+                files.add(entry)
+        files.add(self._entry(FileEntry(manifest_path, "", manifest_size, now), temp_listing=False))
+        files.manifest_data[(manifest.version, manifest.checkpoint_id)] = manifest
+        self.stores[store] = files
+        if current:
+            self._current.add(store)
+
     def deleted(self, attempted: Iterable[FileEntry], deleted: Iterable[FileEntry], *, failed: bool) -> None:
-        """This maintainer deleted `deleted` of the `attempted` files: drop them from their stores' views,
-        which stay current, so the next operation of the cycle does not list them again. If the deletion
-        `failed`, what went is not known for sure: every store among `attempted` is listed again."""
+        """This maintainer deleted `deleted` of the `attempted` files: their stores' views become new ones
+        without them, which stay current, so the next operation of the cycle does not list them again. If the
+        deletion `failed`, what went is not known for sure: every store among `attempted` is listed again."""
+        views: dict[StoreId, StoreFiles] = {}
         for e in deleted:
-            files = self.stores.get(e.store) if e.store is not None else None
-            if files is not None:
-                files.discard(e)
+            if e.store is None or e.store not in self.stores:
+                continue
+            if e.store not in views:
+                views[e.store] = self.stores[e.store].copy()
+            views[e.store].discard(e)
+        self.stores.update(views)
         if failed:
             for store in {e.store for e in attempted if e.store is not None}:
                 self.changed(store)

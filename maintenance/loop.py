@@ -84,9 +84,10 @@ def maintain(
         result = CycleResult(n, 0.0)
         # One lease per store per cycle, held (and renewed) through the three operations, released
         # here: the stores the previous cycle found are taken before this cycle's listing, so that
-        # listing is one taken under their leases and no operation lists them again unless this
-        # maintainer changed them meanwhile (`Inventory.rescan_store`). New stores (and all of them
-        # in the first cycle) are leased by the first operation that needs them, then listed again.
+        # listing is one taken under their leases, and what the operations delete and write is kept in
+        # it, so none lists them again (`Inventory.rescan_store`) unless a deletion or snapshot failed.
+        # New stores (and all of them in the first cycle) are leased by the first operation that needs
+        # them, then listed again.
         with cycle_leases(fm.root_uri, settings, catalog, stores=known or ()) as leases:
             inv = Inventory.scan(fm, parallelism=settings.parallelism, leased=leases.held_stores())
             leases.take_free(inv.store_ids())  # the new ones

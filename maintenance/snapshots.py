@@ -326,7 +326,8 @@ def _snapshot_leased(
     if not _chain_due(plan, settings, requested_at) and repair is None:
         return {**row, "action": "skipped", "reason": "already snapshotted"}
     snapshots = {v: files.manifest_data[(v, cid)] for v, cid in plan.intact_snapshots.items()}
-    inv.changed(store)  # a snapshot is written: a later operation lists the store again
+    current = inv.is_current(store)
+    inv.changed(store)  # until the snapshot is written (`wrote_snapshot`); if this fails, listed again
     with _checkout(fm, store, settings) as replica:
         if repair is not None:
             log.warning("store %s: %s; writing a fresh snapshot from a cold build", store, repair)
@@ -339,6 +340,7 @@ def _snapshot_leased(
             return {**row, "action": "skipped", "reason": "the manifest exists already"}
     mark_sound(fm.root_uri, store, result.manifest)
     manifest_bytes = len(result.manifest.to_bytes())
+    inv.wrote_snapshot(store, result.manifest_path, result.manifest, manifest_bytes, current=current)
     log.info(
         "snapshot of store %s at version %d: %s build, %d changelogs replayed, %d/%d SSTs uploaded",
         store,

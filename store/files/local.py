@@ -129,7 +129,7 @@ class _LocalOutput(PublishOnExit):
 
 
 def _sorted_entries(
-    directory: str, rel: str, name_prefix: str, temps: list[FileInfo] | None = None
+    directory: str, rel: str, name_prefix: str, temps: FileInfos | None = None
 ) -> list[tuple[str, os.DirEntry[str], bool]]:
     """(path relative to the root, entry, is a directory) of `directory`'s published entries whose name
     starts with `name_prefix`, in key order (a directory sorts as its name + "/", as S3 lists keys); the

@@ -246,13 +246,14 @@ def test_a_shared_listing_drops_what_expiry_deleted_and_a_failed_deletion_lists_
     make_history: Callable[..., History], settings: MaintenanceSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The maintenance loop's cycle shares one listing: what expiry deleted leaves each store's view (which is
-    not listed again), so the view is exactly the store's files; a store whose deletion failed is listed again."""
+    not listed again), so the view is exactly the store's files and the snapshot that follows plans from it (not
+    from the plan made before the deletions); a store whose deletion failed is listed again."""
     h = make_history()
     h.batches(5)
-    assert create_snapshots(h.root, settings).snapshots == 2
+    assert create_snapshots(h.root, settings).snapshots == 2  # at 5
     h.batches(4)
-    assert create_snapshots(h.root, settings).snapshots == 2
-    h.batches(3)
+    assert create_snapshots(h.root, settings).snapshots == 2  # at 9
+    h.batches(4)  # 10..13: expiry deletes the snapshot at 5; a snapshot at 13 is due
     failing, clean = h.stores
     real_delete = h.fm.delete_many
 
@@ -270,5 +271,9 @@ def test_a_shared_listing_drops_what_expiry_deleted_and_a_failed_deletion_lists_
     assert not inv.is_current(failing), "a store whose deletion failed is listed again"
     on_disk = {p for p in all_files(h.root) if p.startswith(f"{clean.prefix}/")}
     assert {e.path for e in inv.files_of(clean).entries()} == on_disk
-    assert create_snapshots(h.fm, settings, inventory=inv, stores=[clean]).ok
+    snapshots = create_snapshots(h.fm, settings, inventory=inv, stores=[clean])
+    assert snapshots.ok and snapshots.snapshots == 1, snapshots.errors
+    assert inv.is_current(clean), "nor after its snapshot: what it wrote joined the view"
+    on_disk = {p for p in all_files(h.root) if p.startswith(f"{clean.prefix}/")}
+    assert {e.path for e in inv.files_of(clean).entries()} == on_disk
     h.check_loadable(h.retained(settings))
