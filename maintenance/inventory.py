@@ -12,10 +12,8 @@ only the new ones; verification reads everything again.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -23,153 +21,39 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from statekeeper.maintenance.file_kinds import (
+    BATCH,
+    CHANGELOG,
+    COMMIT,
+    FOREIGN,
+    HEARTBEAT,
+    MANIFEST,
+    SST,
+    SST_NAME,
+    TEMP,
+    UPLOAD,
+    FileEntry,
+    classify,
+)
 from statekeeper.maintenance.progress import bar as progress_bar
 from statekeeper.store.errors import CheckpointError, ConfigurationError
 from statekeeper.store.files import CheckpointFileManager, FileInfo, LocalFileManager, open_file_manager
-from statekeeper.store.files.paths import validate_component
-from statekeeper.store.files.s3.capabilities import PROBE_PREFIX
 from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import (
-    BATCHES_DIR,
-    CHANGELOG_DIR,
-    CHANGELOG_SUFFIX,
     COMMITS_DIR,
-    HEARTBEAT_DIR,
-    MANIFEST_SUFFIX,
-    SNAPSHOT_DIR,
     SPARK_DIR,
-    SST_DIR,
     STATE_DIR,
     StoreId,
-    parse_batch_name,
-    parse_commit_name,
-    parse_heartbeat_name,
-    parse_versioned_name,
 )
 from statekeeper.store.snapshot import read_manifest
 
 log = logging.getLogger(__name__)
 
-# File kinds (the same names the catalog uses, plus "upload" for incomplete S3 multipart uploads).
-COMMIT = "commit"
-CHANGELOG = "changelog"
-MANIFEST = "manifest"
-SST = "sst"
-TEMP = "temp"
-UPLOAD = "upload"
-BATCH = "batch"
-"""The Spark driver's per-batch file; its `version` is the version the batch commits (batch + 1)."""
-HEARTBEAT = "heartbeat"
-"""A running Spark driver's heartbeat (store/spark/heartbeat.py); a stale one is an orphan."""
-FOREIGN = "foreign"
-
-_SST_NAME = re.compile(r"^[0-9a-f]{40}(?:[0-9a-f]{24})?\.sst\Z")  # 64 digits: re-uploaded after corruption
-_TEMP_NAME = re.compile(r"^\.(.+)\.[0-9a-f]{32}\.tmp\Z")
-_PROBE_NAME = re.compile(rf"^{PROBE_PREFIX}[0-9a-f]{{32}}\Z")
-"""An S3 capability probe's object at the root: written and deleted at once, left only by a killed process."""
 _CACHE_LIMIT = 200_000
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-@dataclass(frozen=True, slots=True)
-class FileEntry:
-    """One file (or incomplete upload) under the root; `path` is relative to the root."""
-
-    path: str
-    kind: str
-    size: int
-    mtime: float
-    store: StoreId | None = None
-    version: int | None = None
-    checkpoint_id: str | None = None
-    upload_id: str | None = None
-    """Only for kind "upload": the multipart upload to abort."""
-
-    @property
-    def name(self) -> str:
-        return self.path.rpartition("/")[2]
-
-
-@dataclass(frozen=True, slots=True)
-class _Kind:
-    kind: str
-    store: StoreId | None = None
-    version: int | None = None
-    checkpoint_id: str | None = None
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _store_of(operator: str, partition: str) -> StoreId | None:
-    """The store a `state/<operator>/<partition>` prefix names (None: not a store prefix); cached, since
-    every file of a store asks and a listing classifies thousands of files per cycle."""
-    if len(partition) != 5 or not partition.isdigit():
-        return None
-    try:
-        validate_component(operator, "operator name")
-        return StoreId(operator, int(partition))
-    except ConfigurationError:
-        return None
-
-
-def _owning_store(parts: list[str]) -> StoreId | None:
-    """The store whose prefix (`state/<op>/<p>/`) holds a path, if any: its foreign files block it."""
-    return _store_of(parts[1], parts[2]) if len(parts) >= 3 and parts[0] == STATE_DIR else None
-
-
-@functools.lru_cache(maxsize=1 << 17)
-def classify(path: str, *, temp_listing: bool = False) -> _Kind:
-    """What `path` is by the layout of docs/formats.md; anything else is foreign.
-
-    Temp names are only ours when the local file manager's temp listing reports them and the name
-    they would have been published under is itself a checkpoint file. Cached: a path's kind follows
-    from its name alone, and a maintainer classifies every retained file again each cycle.
-    """
-    parts = path.split("/")
-    name = parts[-1]
-    if len(parts) == 1 and _PROBE_NAME.match(name):
-        return _Kind(TEMP)
-    if temp_listing:
-        m = _TEMP_NAME.match(name)
-        final = classify("/".join([*parts[:-1], m.group(1)])) if m is not None else None
-        if final is None or final.kind == FOREIGN:
-            return _Kind(FOREIGN, _owning_store(parts))
-        return _Kind(TEMP, final.store, final.version, final.checkpoint_id)
-    if len(parts) == 2 and parts[0] == COMMITS_DIR:
-        v = parse_commit_name(name)
-        if v is not None and name == f"{v:020d}.commit":
-            return _Kind(COMMIT, version=v)
-        return _Kind(FOREIGN)
-    if len(parts) != 5 and parts[0] == STATE_DIR:
-        return _Kind(FOREIGN, _owning_store(parts))
-    if len(parts) == 4 and parts[0] == SPARK_DIR and parts[2] == BATCHES_DIR:
-        b = parse_batch_name(name)
-        if b is not None and _store_of(parts[1], "00000") is not None:
-            return _Kind(BATCH, version=b + 1)
-        return _Kind(FOREIGN)
-    if len(parts) == 4 and parts[0] == SPARK_DIR and parts[2] == HEARTBEAT_DIR:
-        if parse_heartbeat_name(name) is not None and _store_of(parts[1], "00000") is not None:
-            return _Kind(HEARTBEAT)
-        return _Kind(FOREIGN)
-    if len(parts) == 5 and parts[0] == STATE_DIR:
-        store = _store_of(parts[1], parts[2])
-        if store is None:
-            return _Kind(FOREIGN)
-        sub = parts[3]
-        if sub in (CHANGELOG_DIR, SNAPSHOT_DIR):
-            parsed = parse_versioned_name(name)
-            if parsed is not None:
-                v, cid, suffix = parsed
-                if sub == CHANGELOG_DIR and suffix == CHANGELOG_SUFFIX:
-                    return _Kind(CHANGELOG, store, v, cid)
-                if sub == SNAPSHOT_DIR and suffix == MANIFEST_SUFFIX:
-                    return _Kind(MANIFEST, store, v, cid)
-        elif sub == SST_DIR and _SST_NAME.match(name):
-            return _Kind(SST, store)
-        return _Kind(FOREIGN, store)
-    return _Kind(FOREIGN)
 
 
 @dataclass
@@ -509,7 +393,7 @@ class Inventory:
             if got != want:
                 return f"snapshot manifest says {got}, its name says {want}: {name}"
             for sst in m.sst_files:
-                if not _SST_NAME.match(sst.remote_name):
+                if not SST_NAME.match(sst.remote_name):
                     return f"snapshot manifest names an invalid SST file {sst.remote_name!r}: {name}"
             return m
 
