@@ -405,17 +405,17 @@ def _full(catalog: Catalog, syncer: _Syncer, started: float, raise_on_error: boo
 
     def listing() -> Iterator[FileInfo]:
         syncer.result.listings += 1
-        for info in fm.list(""):
+        # A local root gives its temp files from the same walk (duck-typed per backend, as the inventory's).
+        with_temps = getattr(fm, "list_with_temp_files", None)
+        published, temps = with_temps("") if callable(with_temps) else (fm.list(""), [])
+        for info in published:
             c = classify(info.path)
             if c.kind == KIND_COMMIT:
                 commit_paths.append(info.path)
             elif c.kind == KIND_MANIFEST:
                 manifest_paths.append(info.path)
             yield info
-        list_temp = getattr(fm, "list_temp_files", None)
-        if callable(list_temp):
-            syncer.result.listings += 1
-            yield from list_temp("")
+        yield from temps
 
     syncer.add_files(writer, listing())
     bad_commits = syncer.ingest_commits(writer, commit_paths)

@@ -20,7 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
-from statekeeper.maintenance.inventory import FOREIGN, MANIFEST, SST, TEMP, UPLOAD, FileEntry, Inventory, classify
+from statekeeper.maintenance.file_kinds import FOREIGN, MANIFEST, SST, TEMP, UPLOAD, FileEntry, classify
+from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.plan import RootPlan, StorePlan, plan_root
 from statekeeper.maintenance.reports import DeletionReport
 from statekeeper.maintenance.settings import MaintenanceSettings

@@ -18,7 +18,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from copy import copy as shallow_copy
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar
 
 from statekeeper.maintenance.file_kinds import (
@@ -89,16 +90,8 @@ class StoreFiles:
     def copy(self) -> StoreFiles:
         """A new view with the same files (what a plan was made of stays as it was: `plan_store` keeps the
         plan of each view)."""
-        return StoreFiles(
-            self.store,
-            dict(self.changelogs),
-            dict(self.manifests),
-            dict(self.ssts),
-            list(self.temps),
-            list(self.foreign),
-            dict(self.manifest_data),
-            dict(self.unreadable),
-        )
+        containers = {f.name: shallow_copy(getattr(self, f.name)) for f in fields(self) if f.name != "store"}
+        return replace(self, **containers)
 
     def discard(self, entry: FileEntry) -> None:
         """Forget a file this maintainer deleted."""
@@ -533,20 +526,4 @@ def check_root(fm: CheckpointFileManager) -> None:
         )
 
 
-__all__ = [
-    "BATCH",
-    "CHANGELOG",
-    "COMMIT",
-    "FOREIGN",
-    "HEARTBEAT",
-    "MANIFEST",
-    "SST",
-    "TEMP",
-    "UPLOAD",
-    "FileEntry",
-    "Inventory",
-    "StoreFiles",
-    "check_root",
-    "classify",
-    "clear_caches",
-]
+__all__ = ["Inventory", "StoreFiles", "check_root", "clear_caches"]

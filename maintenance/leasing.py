@@ -260,8 +260,8 @@ def planned_store(
     root_uri: str, inv: Inventory, store: StoreId, settings: MaintenanceSettings, catalog: Catalog | None
 ) -> Iterator[tuple[StorePlan, LeaseGuard]]:
     """Under the store's lease, re-list it and plan it; a plan with problems deletes nothing. The caller deletes
-    through a `Deleter` that keeps `inv`'s view of the store true; if the caller fails, the store is listed
-    again by the next operation."""
+    through a `Deleter` that keeps `inv`'s view of the store true (a deletion that fails has the store listed
+    again by the next operation)."""
     from statekeeper.maintenance.plan import plan_store
 
     with store_lease(root_uri, store, settings, catalog) as lease:
@@ -269,8 +269,4 @@ def planned_store(
         plan = plan_store(inv, store, settings)
         if plan.blocked:
             raise RuntimeError("; ".join(plan.problems))
-        try:
-            yield plan, lease
-        except BaseException:
-            inv.changed(store)
-            raise
+        yield plan, lease

@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from statekeeper.maintenance.deletion import DeleteOutcome, Deleter, each_store, plan_deletions, run_deleter
-from statekeeper.maintenance.inventory import FileEntry, Inventory
+from statekeeper.maintenance.file_kinds import FileEntry
+from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.leasing import planned_store, scan_under_leases
 from statekeeper.maintenance.reports import OrphanReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings

@@ -33,7 +33,8 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from statekeeper.maintenance.inventory import FOREIGN, MANIFEST, FileEntry, Inventory, StoreFiles
+from statekeeper.maintenance.file_kinds import FOREIGN, MANIFEST, FileEntry
+from statekeeper.maintenance.inventory import Inventory, StoreFiles
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import COMMITS_DIR, StoreId

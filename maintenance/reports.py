@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from statekeeper.maintenance.inventory import (
+from statekeeper.maintenance.file_kinds import (
     BATCH,
     CHANGELOG,
     COMMIT,

@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from statekeeper.maintenance.executors import InProcess, Row, StoreExecutor, StoreTask
-from statekeeper.maintenance.inventory import Inventory, StoreFiles, classify
+from statekeeper.maintenance.file_kinds import classify
+from statekeeper.maintenance.inventory import Inventory, StoreFiles
 from statekeeper.maintenance.plan import StorePlan, plan_store
 from statekeeper.maintenance.replica import Replica, content_digest
 from statekeeper.maintenance.reports import VerifyReport, recorded

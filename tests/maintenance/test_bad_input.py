@@ -10,7 +10,8 @@ import pytest
 
 from statekeeper.maintenance.deletion import delete_entries, validate_deletable
 from statekeeper.maintenance.expiry import expire_versions
-from statekeeper.maintenance.inventory import CHANGELOG, FileEntry, Inventory
+from statekeeper.maintenance.file_kinds import CHANGELOG, FileEntry
+from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.orphans import clean_orphans
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import create_snapshots
@@ -230,7 +231,7 @@ def test_a_work_dir_inside_the_root_is_refused(tmp_path, settings: MaintenanceSe
 
 
 def test_inventory_classifies_by_the_exact_layout() -> None:
-    from statekeeper.maintenance.inventory import classify
+    from statekeeper.maintenance.file_kinds import classify
 
     cid = "0" * 32
     assert classify(f"commits/{1:020d}.commit").kind == "commit"

@@ -6,7 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from statekeeper.maintenance.expiry import expire_versions
-from statekeeper.maintenance.inventory import BATCH, FOREIGN, Inventory, classify
+from statekeeper.maintenance.file_kinds import BATCH, FOREIGN, classify
+from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.orphans import clean_orphans
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import create_snapshots

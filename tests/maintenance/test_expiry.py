@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from statekeeper.maintenance.expiry import expire_versions
-from statekeeper.maintenance.inventory import Inventory, classify
+from statekeeper.maintenance.file_kinds import classify
+from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import create_snapshots
 from statekeeper.sql import Catalog

@@ -15,7 +15,8 @@ from typing import Any
 
 from dagster import DagsterInstance
 
-from statekeeper.maintenance.inventory import BATCH, CHANGELOG, HEARTBEAT, Inventory, clear_caches
+from statekeeper.maintenance.file_kinds import BATCH, CHANGELOG, HEARTBEAT
+from statekeeper.maintenance.inventory import Inventory, clear_caches
 from statekeeper.maintenance.plan import plan_root
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import close_replicas
