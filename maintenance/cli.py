@@ -88,8 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeat for debug)")
     common.add_argument("--all", action="store_true", help=f"print every row, not the first {MAX_ROWS}")
 
-    op = _Parser(add_help=False)
-    op.add_argument("root", help="checkpoint root: a local path, file:// or s3://bucket/prefix")
+    op = _Parser(add_help=False)  # the options of every operation on a root (its root: `one_root`)
     op.add_argument("--no-catalog", action="store_true", help="run without the catalog (no run recorded)")
     op.add_argument(
         "--store",
@@ -114,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--work-dir", metavar="DIR", help="directory for warm local copies of stores")
     op.add_argument("--delete-batch-size", type=_positive_int, metavar="N", help="paths per delete request")
 
+    one_root = _Parser(add_help=False)
+    one_root.add_argument("root", help="checkpoint root: a local path, file:// or s3://bucket/prefix")
+
     fan = _Parser(add_help=False)  # maintenance.fanout: --engine spark spreads the stores over Spark executors
     fan.add_argument("--engine", choices=("local", "spark"), default="local", help="where the stores are worked on")
     fan.add_argument("--master", metavar="URL", help="with --engine spark: spark://..., local[N] or sc://... (Connect)")
@@ -124,20 +126,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="statekeeper", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    p = sub.add_parser("inspect", parents=[common, op], help="what is under a checkpoint root, per store")
+    p = sub.add_parser("inspect", parents=[common, one_root, op], help="what is under a checkpoint root, per store")
     p.add_argument("--version", type=_positive_int, dest="version", help="with one --store: the files of a version")
     p.set_defaults(func=cmd_inspect)
-    p = sub.add_parser("verify", parents=[common, op, fan], help="check that every retained version is loadable")
+    p = sub.add_parser(
+        "verify", parents=[common, one_root, op, fan], help="check that every retained version is loadable"
+    )
     p.add_argument("--rebuild", action="store_true", help="also rebuild versions and compare with snapshots")
     p.add_argument("--no-checksums", action="store_true", help="check SST sizes only, not their SHA-256")
     p.set_defaults(func=cmd_verify)
-    p = sub.add_parser("snapshot", parents=[common, op, dry, fan], help="snapshot stores with long changelog chains")
+    p = sub.add_parser(
+        "snapshot", parents=[common, one_root, op, dry, fan], help="snapshot stores with long changelog chains"
+    )
     p.set_defaults(func=cmd_snapshot)
-    p = sub.add_parser("expire", parents=[common, op, dry], help="delete what no retained version needs")
+    p = sub.add_parser("expire", parents=[common, one_root, op, dry], help="delete what no retained version needs")
     p.set_defaults(func=cmd_expire)
-    p = sub.add_parser("clean-orphans", parents=[common, op, dry], help="delete orphans older than the grace period")
+    p = sub.add_parser(
+        "clean-orphans", parents=[common, one_root, op, dry], help="delete orphans older than the grace period"
+    )
     p.set_defaults(func=cmd_clean_orphans)
-    p = sub.add_parser("maintain", parents=[common, op], help="expire, snapshot and clean orphans in a loop")
+    p = sub.add_parser(
+        "maintain", parents=[common, op], help="expire, snapshot and clean orphans of one or more roots in a loop"
+    )
+    p.add_argument("roots", nargs="+", metavar="root", help="checkpoint roots, maintained one after the other")
     p.add_argument("--every", type=_number, default=10.0, metavar="SECONDS", help="start a cycle this often")
     p.add_argument("--cycles", type=_positive_int, metavar="N", help="stop after N cycles (default: run until killed)")
     p.set_defaults(func=cmd_maintain)

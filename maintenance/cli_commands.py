@@ -363,7 +363,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
-    from statekeeper.maintenance.loop import CycleResult, maintain
+    from statekeeper.maintenance.loop import CYCLE, CycleResult, maintain
 
     settings = settings_of(args)
     failed = 0
@@ -375,8 +375,17 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         emit(args, doc, result.summary)
         sys.stdout.flush()
         for r in result.reports:
-            log_problems(r, warnings=False)
+            if r.kind != CYCLE:  # the loop logged it
+                log_problems(r, warnings=False)
 
     with maybe_catalog(args) as catalog:
-        maintain(args.root, settings, every=args.every, catalog=catalog, cycles=args.cycles, on_cycle=on_cycle)
+        maintain(
+            args.roots,
+            settings,
+            every=args.every,
+            catalog=catalog,
+            cycles=args.cycles,
+            on_cycle=on_cycle,
+            stores=args.stores,
+        )
     return EXIT_ERRORS if failed else EXIT_OK

@@ -7,7 +7,12 @@ keeps one process, one catalog connection, the warm local copies of the stores
 (`statekeeper.maintenance.replica`) and the parsed commit records and manifests
 (`statekeeper.maintenance.inventory`) across cycles, and takes the maintenance leases of all the
 stores it finds free in one catalog transaction per cycle, so a cycle costs its listings and the work
-it finds. ``statekeeper maintain ROOT --every SECONDS`` runs it.
+it finds. ``statekeeper maintain ROOT [ROOT ...] --every SECONDS`` runs it.
+
+One process maintains any number of roots (the checkpoints of many queries), one after the other in each
+cycle. A long-running maintainer outlives what goes wrong at run time: a cycle of a root that raises (its
+bucket unreachable, the catalog down) is logged and reported as failed, and the next cycle tries again;
+the other roots go on. Only a root that is wrong when the maintainer starts stops it (a typo).
 
 Expiry goes first: a store's base moves when a commit makes its oldest retained version load from a
 newer snapshot, not when a snapshot is written (with ``min_versions_to_retain`` >= 2 a new snapshot
@@ -20,17 +25,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from statekeeper.maintenance.expiry import expire_versions
-from statekeeper.maintenance.inventory import Inventory
+from statekeeper.maintenance.inventory import Inventory, check_root
 from statekeeper.maintenance.leasing import cycle_leases
 from statekeeper.maintenance.orphans import clean_orphans
 from statekeeper.maintenance.reports import Report
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import create_snapshots, raise_open_file_limit
+from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.layout import StoreId
 
@@ -51,14 +57,26 @@ class CycleResult:
         return all(r.ok for r in self.reports)
 
     def summary(self) -> str:
+        roots = {r.root for r in self.reports}
         parts = [
-            f"{r.kind}: {r.files} file(s)" + (f", {len(r.errors)} error(s)" if r.errors else "") for r in self.reports
+            (f"{r.root} " if len(roots) > 1 else "")
+            + f"{r.kind}: {r.files} file(s)"
+            + (f", {len(r.errors)} error(s)" if r.errors else "")
+            for r in self.reports
         ]
         return f"cycle {self.cycle} ({self.seconds:.2f}s): " + "; ".join(parts)
 
 
+Roots = str | CheckpointFileManager | Sequence[str | CheckpointFileManager]
+"""One checkpoint root, or several (a path or URI, or a file manager, each)."""
+
+
+CYCLE = "cycle"
+"""The kind of the report of a root's cycle that raised (its error), beside the operations' reports."""
+
+
 def maintain(
-    root: str | CheckpointFileManager,
+    roots: Roots,
     settings: MaintenanceSettings,
     *,
     every: float,
@@ -66,34 +84,36 @@ def maintain(
     cycles: int | None = None,
     stop: threading.Event | None = None,
     on_cycle: Callable[[CycleResult], None] | None = None,
+    stores: Iterable[StoreId] | None = None,
 ) -> list[CycleResult]:
-    """Run cycles (expire, snapshot, clean orphans) starting every `every` seconds.
+    """Run cycles (expire, snapshot, clean orphans of each root in turn) starting every `every` seconds.
 
-    Stops after `cycles` cycles, or when `stop` is set. A cycle with errors does not stop the loop
-    (the next one retries); the results of every cycle are returned (only the last 100 are kept).
+    Stops after `cycles` cycles, or when `stop` is set. A cycle with errors does not stop the loop (the
+    next one retries), nor does a root's cycle that raises (its `CYCLE` report names the error); a root that
+    is not a checkpoint root when the loop starts raises `ConfigurationError` at once. `stores`: only these
+    stores of every root (their commit records stay: other stores' versions may need them). The results
+    of every cycle are returned (only the last 100 are kept).
     """
+    fms = _open_roots(roots)
+    wanted = None if stores is None else frozenset(stores)
     stop = stop or threading.Event()
     raise_open_file_limit()  # a warm copy of every store stays open across cycles
-    fm = open_file_manager(root) if isinstance(root, str) else root
     results: list[CycleResult] = []
-    known: list[StoreId] | None = None  # the stores the previous cycle found
+    known: dict[str, list[StoreId]] = {}  # per root, the stores its previous cycle found
     n = 0
     while not stop.is_set() and (cycles is None or n < cycles):
         n += 1
         t0 = time.monotonic()
         result = CycleResult(n, 0.0)
-        # One lease per store per cycle, held (and renewed) through the three operations, released
-        # here: the stores the previous cycle found are taken before this cycle's listing, so that
-        # listing is one taken under their leases, and what the operations delete and write is kept in
-        # it, so none lists them again (`Inventory.rescan_store`) unless a deletion or snapshot failed.
-        # New stores (and all of them in the first cycle) are leased by the first operation that needs
-        # them, then listed again.
-        with cycle_leases(fm.root_uri, settings, catalog, stores=known or ()) as leases:
-            inv = Inventory.scan(fm, parallelism=settings.parallelism, leased=leases.held_stores())
-            leases.take_free(inv.store_ids())  # the new ones
-            for op in (expire_versions, create_snapshots, clean_orphans):
-                result.reports.append(op(fm, settings, catalog=catalog, inventory=inv))
-        known = inv.store_ids()
+        for fm in fms:
+            if stop.is_set():
+                break
+            try:
+                known[fm.root_uri] = _cycle(fm, settings, catalog, wanted, known.get(fm.root_uri, []), result)
+            except Exception as e:  # a long-running maintainer outlives it: the next cycle tries again
+                error = f"cycle {n} of {fm.root_uri} failed: {type(e).__name__}: {e}"
+                log.error("%s", error, exc_info=log.isEnabledFor(logging.DEBUG))
+                result.reports.append(Report(CYCLE, fm.root_uri, errors=[error]))
         result.seconds = time.monotonic() - t0
         log.info("%s", result.summary())
         if on_cycle is not None:
@@ -105,4 +125,44 @@ def maintain(
     return results
 
 
-__all__ = ["CycleResult", "maintain"]
+def _open_roots(roots: Roots) -> list[CheckpointFileManager]:
+    """The roots' file managers, each checked to be a checkpoint root (`check_root`), none given twice."""
+    given = list(roots) if isinstance(roots, Sequence) and not isinstance(roots, str) else [roots]
+    if not given:
+        raise ConfigurationError("maintain needs at least one checkpoint root")
+    fms = [open_file_manager(r) if isinstance(r, str) else r for r in given]
+    seen: set[str] = set()
+    for fm in fms:
+        if fm.root_uri in seen:
+            raise ConfigurationError(f"checkpoint root {fm.root_uri} is given twice")
+        seen.add(fm.root_uri)
+        check_root(fm)
+    return fms
+
+
+def _cycle(
+    fm: CheckpointFileManager,
+    settings: MaintenanceSettings,
+    catalog: Catalog | None,
+    wanted: frozenset[StoreId] | None,
+    known: list[StoreId],
+    result: CycleResult,
+) -> list[StoreId]:
+    """One cycle of one root, its reports appended to `result`; returns the stores it found.
+
+    One lease per store per cycle, held (and renewed) through the three operations, released here: the
+    stores the previous cycle found (`known`) are taken before this cycle's listing, so that listing is one
+    taken under their leases, and what the operations delete and write is kept in it, so none lists them
+    again (`Inventory.rescan_store`) unless a deletion or snapshot failed. New stores (and all of them in
+    the first cycle) are leased by the first operation that needs them, then listed again.
+    """
+    with cycle_leases(fm.root_uri, settings, catalog, stores=known) as leases:
+        inv = Inventory.scan(fm, parallelism=settings.parallelism, leased=leases.held_stores(), stores=wanted)
+        found = [s for s in inv.store_ids() if wanted is None or s in wanted]
+        leases.take_free(found)  # the new ones
+        for op in (expire_versions, create_snapshots, clean_orphans):
+            result.reports.append(op(fm, settings, catalog=catalog, inventory=inv, stores=wanted))
+    return found
+
+
+__all__ = ["CYCLE", "CycleResult", "maintain"]

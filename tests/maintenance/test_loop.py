@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 
 from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.leasing import LeaseGuard, MaintenanceBusyError, cycle_leases, store_lease
-from statekeeper.maintenance.loop import CycleResult, maintain
+from statekeeper.maintenance.loop import CYCLE, CycleResult, maintain
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.workers import run_each
 from statekeeper.sql import Catalog
 from statekeeper.sql.leases import Lease
+from statekeeper.store import faults
+from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.layout import StoreId
 from tests.cli_support import run_cli
 from tests.maintenance.helpers import History, all_files
@@ -41,14 +45,90 @@ def test_cycles_snapshot_expire_and_clean(make_history: Callable[..., History], 
 
 
 def test_the_maintain_command(make_local_history: Callable[..., History], tmp_path: Path) -> None:
-    h = make_local_history()
-    h.batches(9)
+    h, other = make_local_history(), make_local_history(seed=1)
+    for history in (h, other):
+        history.batches(9)
     ops = ["--retain", "3", "--threshold", "4", "--grace", "0", "--load-grace", "0"]
-    proc = run_cli("maintain", h.root, *ops, "--every", "0", "--cycles", "2", "--json", home=tmp_path / "home")
+    home = tmp_path / "home"
+    proc = run_cli("maintain", h.root, other.root, *ops, "--every", "0", "--cycles", "2", "--json", home=home)
     docs = [json.loads(chunk) for chunk in proc.stdout.replace("}\n{", "}\x00{").split("\x00")]
     assert [d["cycle"] for d in docs] == [1, 2]
-    assert [r["kind"] for r in docs[0]["reports"]] == ["expire", "snapshot", "clean-orphans"]
-    assert any(p.endswith(".manifest") for p in all_files(h.root))
+    assert [(r["root"], r["kind"]) for r in docs[0]["reports"]] == [
+        (root, kind) for root in (h.fm.root_uri, other.fm.root_uri) for kind in ("expire", "snapshot", "clean-orphans")
+    ]
+    for history in (h, other):
+        assert any(p.endswith(".manifest") for p in all_files(history.root))
+    typo = run_cli("maintain", h.root, f"{other.root}-typo", "--cycles", "1", home=home, check=2)
+    assert "-typo does not exist" in typo.stderr and typo.stdout == ""
+
+
+def _local_path(root: str) -> Path:
+    return Path(urlparse(root).path)
+
+
+def test_one_maintainer_keeps_several_roots_and_outlives_what_fails_at_run_time(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings, catalog: Catalog
+) -> None:
+    """Each cycle maintains every root; a root that is gone for a cycle (an unmounted volume) fails only its
+    own part of that cycle, an I/O error on every listing fails a whole cycle, and the loop goes on: the next
+    cycle maintains both roots again."""
+    a, b = make_local_history(), make_local_history(seed=1)
+    for h in (a, b):
+        h.batches(9, losing=1)
+    path_a = _local_path(a.root)
+    away = path_a.with_name(path_a.name + "-unmounted")
+
+    def eio(point: str, subject: str) -> None:
+        if point == "local.list":
+            raise OSError(errno.EIO, "injected I/O error", subject)
+
+    def between(result: CycleResult) -> None:
+        if result.cycle == 1:
+            for h in (a, b):
+                h.batches(4)
+            path_a.rename(away)
+        elif result.cycle == 2:
+            away.rename(path_a)
+            faults.arm(eio)
+        elif result.cycle == 3:
+            faults.arm(None)
+
+    try:
+        results = maintain([a.root, b.root], settings, every=0, cycles=4, catalog=catalog, on_cycle=between)
+    finally:
+        faults.arm(None)
+    assert [r.ok for r in results] == [True, False, False, True]
+    kinds = [[(r.root, r.kind) for r in res.reports] for res in results]
+    ops = ["expire", "snapshot", "clean-orphans"]
+    both = [(h.fm.root_uri, k) for h in (a, b) for k in ops]
+    assert kinds == [both, [(a.fm.root_uri, CYCLE), *both[3:]], [(a.fm.root_uri, CYCLE), (b.fm.root_uri, CYCLE)], both]
+    assert "does not exist" in results[1].reports[0].errors[0]
+    assert all("injected I/O error" in r.errors[0] for r in results[2].reports)
+    snapshots = [{r.root: r.files for r in res.reports if r.kind == "snapshot"} for res in results]
+    assert snapshots[0][a.fm.root_uri] > 0 and snapshots[0][b.fm.root_uri] > 0
+    assert snapshots[1][b.fm.root_uri] > 0, "the other root is maintained while one is gone"
+    assert snapshots[3][a.fm.root_uri] > 0, "the root that came back is maintained again"
+    for h in (a, b):
+        h.check_loadable(h.retained(settings))
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        maintain([b.root, f"{a.root}-typo"], settings, every=0, cycles=1)  # wrong at start: stops at once
+    with pytest.raises(ConfigurationError, match="given twice"):
+        maintain([a.root, a.fm], settings, every=0, cycles=1)
+
+
+def test_maintain_only_the_named_stores(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    h = make_local_history()
+    h.batches(9)
+    first, second = h.stores
+    (result,) = maintain(h.root, settings, every=0, cycles=1, stores=[first])
+    assert result.ok
+    manifests = [p for p in all_files(h.root) if p.endswith(".manifest")]
+    assert manifests and all(p.startswith(first.prefix + "/") for p in manifests)
+    assert {p for p in all_files(h.root) if p.startswith(second.prefix + "/")} == {
+        second.changelog(v, h.committed[v][second][0]) for v in range(1, 10)
+    }, "the other store is left as its writer left it"
 
 
 class _CountingCatalog(Catalog):
