@@ -9,7 +9,10 @@ own modules and know nothing of a command line. What a command prints goes throu
 from __future__ import annotations
 
 import argparse
+import logging
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -31,6 +34,8 @@ if TYPE_CHECKING:
     from statekeeper.maintenance.reports import Report
     from statekeeper.maintenance.settings import MaintenanceSettings
     from statekeeper.sql.catalog import Catalog
+
+log = logging.getLogger("statekeeper")  # as the command's printed problems (cli_output), shown at every verbosity
 
 
 # -- what the arguments mean ------------------------------------------------------------------------
@@ -363,7 +368,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_maintain(args: argparse.Namespace) -> int:
-    from statekeeper.maintenance.loop import CYCLE, CycleResult, maintain
+    from statekeeper.maintenance.loop import CycleResult, maintain
 
     settings = settings_of(args)
     failed = 0
@@ -375,10 +380,9 @@ def cmd_maintain(args: argparse.Namespace) -> int:
         emit(args, doc, result.summary)
         sys.stdout.flush()
         for r in result.reports:
-            if r.kind != CYCLE:  # the loop logged it
-                log_problems(r, warnings=False)
+            log_problems(r, warnings=False)
 
-    with maybe_catalog(args) as catalog:
+    with maybe_catalog(args) as catalog, _stopped_by_sigterm() as stop:
         maintain(
             args.roots,
             settings,
@@ -387,5 +391,29 @@ def cmd_maintain(args: argparse.Namespace) -> int:
             cycles=args.cycles,
             on_cycle=on_cycle,
             stores=args.stores,
+            stop=stop,
         )
     return EXIT_ERRORS if failed else EXIT_OK
+
+
+@contextmanager
+def _stopped_by_sigterm() -> Iterator[threading.Event]:
+    """An event SIGTERM sets (a service manager stopping the maintainer): the loop ends after the root it is
+    working on, its leases released, and the command exits as after its last cycle. A second SIGTERM
+    interrupts at once, as Ctrl-C does."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        log.warning("SIGTERM: stopping after the current root's cycle (again to stop at once)")
+        stop.set()
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
