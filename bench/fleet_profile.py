@@ -9,6 +9,9 @@ builds, which otherwise run on pool threads)::
 
     python -m bench.fleet_profile --stores 16 --cycles 20 [--catalog] [--s3] [--profile /tmp/cycle.prof]
 
+With ``--roots R`` the stores are spread over R checkpoint roots (a query each, its own writer process),
+all kept by the one loop (`statekeeper maintain ROOT ...`).
+
 With ``--dagster`` a cycle is instead one tick of the checkpoint sensor and the runs it requests
 (`bench.fleet_dagster`), with the SQLite catalog; the schedules' runs are not part of it.
 """
@@ -40,7 +43,8 @@ if TYPE_CHECKING:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.fleet_profile", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stores", type=int, default=16)
+    parser.add_argument("--stores", type=int, default=16, help="stores in all (spread over the roots)")
+    parser.add_argument("--roots", type=int, default=1, help="checkpoint roots, one query (writer) each")
     parser.add_argument("--cycles", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--per-cycle", type=int, default=2, help="commits of every store between two cycles")
@@ -54,43 +58,55 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     base = tempfile.mkdtemp(prefix="statekeeper-fleet-profile-")
     try:
+        if args.roots < 1 or args.stores % args.roots:
+            parser.error("--stores must be a multiple of --roots")
         if not args.s3:
-            root = Path(base, "ckpt")
-            root.mkdir()
-            return _run(args, root.as_uri(), base)
+            roots = [Path(base, f"ckpt{i}") for i in range(args.roots)]
+            for root in roots:
+                root.mkdir()
+            return _run(args, [root.as_uri() for root in roots], base)
         from bench.bench_s3 import _client, fake_credentials, moto_server
 
         with fake_credentials(), moto_server() as endpoint:
             _client(endpoint).create_bucket(Bucket="fleet")
             os.environ["STATEKEEPER_S3_ENDPOINT_URL"] = endpoint  # the writer process inherits it
-            return _run(args, "s3://fleet/ckpt", base)
+            return _run(args, [f"s3://fleet/ckpt{i}" for i in range(args.roots)], base)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _run(args: argparse.Namespace, uri: str, base: str) -> int:
+def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
     from statekeeper.maintenance.loop import maintain
     from statekeeper.maintenance.settings import MaintenanceSettings
     from statekeeper.sql.catalog import Catalog
     from statekeeper.store.commit_log import CommitLog
     from statekeeper.store.files import open_file_manager
 
-    parent, child = multiprocessing.get_context("spawn").Pipe()
-    writer = multiprocessing.get_context("spawn").Process(
-        target=_writer_main,
-        args=(child, uri, list(range(args.stores)), args.keys, args.updates, os.path.join(base, "writer")),
-        daemon=True,
-    )
-    writer.start()
-    commits = CommitLog(open_file_manager(uri))
-    ids: dict[int, str] = {}
+    spawn = multiprocessing.get_context("spawn")
+    per_root = args.stores // len(uris)
+    pipes = []
+    writers = []
+    for i, uri in enumerate(uris):
+        parent, child = spawn.Pipe()
+        work = os.path.join(base, f"writer{i}")
+        writer = spawn.Process(
+            target=_writer_main, args=(child, uri, list(range(per_root)), args.keys, args.updates, work), daemon=True
+        )
+        writer.start()
+        pipes.append(parent)
+        writers.append(writer)
+    commit_logs = [CommitLog(open_file_manager(uri)) for uri in uris]
+    ids: list[dict[int, str]] = [{} for _ in uris]
     version = 0
 
     def commit_all() -> None:
-        nonlocal ids, version
-        parent.send((version, ids))
-        ids = parent.recv()
-        commits.commit(version + 1, {OPERATOR: [ids[p] for p in range(args.stores)]})
+        """The next version of every store of every root: the writers' changelogs, then each root's record."""
+        nonlocal version
+        for parent, known in zip(pipes, ids, strict=True):
+            parent.send((version, known))
+        for i, parent in enumerate(pipes):
+            ids[i] = parent.recv()
+            commit_logs[i].commit(version + 1, {OPERATOR: [ids[i][p] for p in range(per_root)]})
         version += 1
 
     settings = MaintenanceSettings(
@@ -130,17 +146,26 @@ def _run(args: argparse.Namespace, uri: str, base: str) -> int:
         started = time.process_time()
         cycles = args.warmup + args.cycles
         if args.dagster:
-            _dagster_cycles(uri, base, settings, cycles, between_cycles)
+            if len(uris) > 1:
+                raise SystemExit("--dagster measures one root")
+            _dagster_cycles(uris[0], base, settings, cycles, between_cycles)
         else:
             # One loop, as `statekeeper maintain` runs: what it keeps across cycles (leases taken before the
-            # listing, warm replicas, parsed records) counts; the writer commits between its cycles.
-            maintain(uri, settings, every=0, cycles=cycles, catalog=catalog, on_cycle=between_cycles)
+            # listing, warm replicas, parsed records) counts; the writers commit between its cycles.
+            maintain(uris, settings, every=0, cycles=cycles, catalog=catalog, on_cycle=between_cycles)
     finally:
-        parent.send(None)
-        writer.join(timeout=60)
+        for parent in pipes:
+            parent.send(None)
+        for writer in writers:
+            writer.join(timeout=60)
         if catalog is not None:
             catalog.close()
-    figures = {"stores": args.stores, "store_commits": measured, "cpu_ms_per_store_commit": 1000 * cpu / measured}
+    figures = {
+        "stores": args.stores,
+        "roots": len(uris),
+        "store_commits": measured,
+        "cpu_ms_per_store_commit": 1000 * cpu / measured,
+    }
     print(json.dumps({**figures, "errors": len(errors)}))
     for text in errors[:10]:
         log.error("maintenance cycle error: %s", text)

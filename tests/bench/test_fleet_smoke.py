@@ -64,3 +64,6 @@ def test_fleet_profile_measures_the_maintainer_per_store_commit(tmp_path: Path) 
     result = json.loads(out.splitlines()[0])
     assert result["store_commits"] == 8 and result["cpu_ms_per_store_commit"] > 0
     assert "create_snapshots" in out and (tmp_path / "cycle.prof").stat().st_size > 0  # the cycles' profile
+    out = run_bench(tmp_path, [*args, "--stores", "4", "--roots", "2"], module="bench.fleet_profile")
+    result = json.loads(out.splitlines()[0])
+    assert (result["roots"], result["store_commits"], result["errors"]) == (2, 16, 0), "one loop, two roots"
