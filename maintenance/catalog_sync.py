@@ -344,10 +344,10 @@ def _incremental(
 ) -> CatalogSyncResult:
     writer = catalog.sync_writer(syncer.uri, full=False)
     commits_prefix = f"{COMMITS_DIR}/"
-    listed = syncer._list(commits_prefix, writer.cursor(commits_prefix))
-    commit_infos = [i for i in listed if classify(i.path).kind == KIND_COMMIT]
-    syncer.add_files(writer, listed)
-    commit_paths = [i.path for i in commit_infos]
+    # Every listed file goes to the catalog in one `add_files` at the end (the order of the writes does not
+    # matter: states are derived in `finish`; a sync that stops half way leaves its cursors and lists again).
+    listed_files = syncer._list(commits_prefix, writer.cursor(commits_prefix))
+    commit_paths = [i.path for i in listed_files if classify(i.path).kind == KIND_COMMIT]
     bad_commits = syncer.ingest_commits(writer, commit_paths)
     cursors: dict[str, str] = {}
     last_commit = _last_before_bad(commit_paths, bad_commits)
@@ -364,7 +364,6 @@ def _incremental(
         return store, changelogs, manifests
 
     manifest_paths: dict[StoreId, list[str]] = {}
-    listed_files: list[FileInfo] = []  # one catalog write for every store's new files, not one per store
     for store, changelogs, manifests in syncer._map(list_store, stores):
         listed_files += changelogs
         listed_files += manifests
@@ -372,7 +371,6 @@ def _incremental(
         cursor = _changelog_cursor(store, latest.get((store.operator, store.partition)))
         if cursor is not None:
             cursors[store.changelog_dir()] = cursor
-    syncer.add_files(writer, listed_files)
     new_manifests = _unknown_snapshots(writer, [p for ps in manifest_paths.values() for p in ps])
     bad = syncer.ingest_manifests(writer, new_manifests)
     # The SST directory of a store is listed on its first sync and when it has a new snapshot.
@@ -388,11 +386,10 @@ def _incremental(
     def list_ssts(store: StoreId) -> list[FileInfo]:
         return syncer._list(store.sst_dir())
 
-    listed_ssts: list[FileInfo] = []
     for store, ssts in zip(new_manifest_stores, syncer._map(list_ssts, new_manifest_stores), strict=True):
-        listed_ssts += ssts
+        listed_files += ssts
         cursors[store.sst_dir()] = ""  # marks the SST directory as listed once
-    syncer.add_files(writer, listed_ssts)
+    syncer.add_files(writer, listed_files)
     writer.set_cursors(cursors)
     return _finish(catalog, syncer, writer, started, raise_on_error)
 
