@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
+from statekeeper.maintenance.sync_view import InventoryView
 from statekeeper.sql import (
     Catalog,
     CommitObservation,
@@ -165,12 +166,20 @@ def _batched(items: Iterable[T], n: int = BATCH) -> Iterator[list[T]]:
 
 
 class _Syncer:
-    def __init__(self, catalog: Catalog, fm: CheckpointFileManager, result: CatalogSyncResult, workers: int) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        fm: CheckpointFileManager,
+        result: CatalogSyncResult,
+        workers: int,
+        view: InventoryView | None = None,
+    ) -> None:
         self.catalog = catalog
         self.fm = fm
         self.uri = fm.root_uri
         self.result = result
         self.workers = max(1, workers)
+        self.view = view
         self.unreadable_stores: set[tuple[str, int]] = set()
 
     def _map(self, fn: Callable[[T], R], items: list[T]) -> list[R]:
@@ -180,13 +189,18 @@ class _Syncer:
             return list(pool.map(fn, items))
 
     def _list(self, prefix: str, start_after: str | None = None) -> list[FileInfo]:
+        listed = self.view.listing(prefix, start_after) if self.view is not None else None
+        if listed is not None:
+            return listed
         self.result.listings += 1
         return list(self.fm.list(prefix, start_after=start_after))
 
     # -- commit records -------------------------------------------------------------------------
     def _read_commit(self, path: str) -> CommitObservation | str:
+        record = self.view.commit_record(path) if self.view is not None else None
         try:
-            record = CommitRecord.from_bytes(self.fm.read_bytes(path), f"{self.uri}/{path}")
+            if record is None:
+                record = CommitRecord.from_bytes(self.fm.read_bytes(path), f"{self.uri}/{path}")
         except (CheckpointError, OSError) as e:
             return f"{path}: {e}"
         if record.version != parse_commit_name(path):
@@ -199,7 +213,7 @@ class _Syncer:
         known = writer.known_commit_versions(parse_commit_name(p) for p in paths)
         todo = [p for p in paths if parse_commit_name(p) not in known]
         results = self._map(self._read_commit, todo)
-        self.result.reads += len(todo)
+        self.result.reads += sum(self.view is None or self.view.commit_record(p) is None for p in todo)
         good: list[CommitObservation] = []
         bad: set[str] = set()
         for path, res in zip(todo, results, strict=True):
@@ -236,8 +250,10 @@ class _Syncer:
     def _read_manifest(self, path: str) -> SnapshotObservation | str:
         c = classify(path)
         assert c.operator is not None and c.partition is not None and c.version is not None and c.checkpoint_id
+        m = self.view.manifest(path) if self.view is not None else None
         try:
-            m = read_manifest(self.fm, path)
+            if m is None:
+                m = read_manifest(self.fm, path)
         except (CheckpointError, OSError) as e:
             return f"{path}: {e}"
         if (m.operator, m.partition, m.version, m.checkpoint_id) != (
@@ -260,7 +276,7 @@ class _Syncer:
         """Record the snapshots of `paths` not yet known; returns the paths that could not be read."""
         todo = _unknown_snapshots(writer, paths)
         results = self._map(self._read_manifest, todo)
-        self.result.reads += len(todo)
+        self.result.reads += sum(self.view is None or self.view.manifest(p) is None for p in todo)
         bad: set[str] = set()
         good: list[SnapshotObservation] = []
         for path, res in zip(todo, results, strict=True):
@@ -347,6 +363,8 @@ def _incremental(
     # Every listed file goes to the catalog in one `add_files` at the end (the order of the writes does not
     # matter: states are derived in `finish`; a sync that stops half way leaves its cursors and lists again).
     listed_files = syncer._list(commits_prefix, writer.cursor(commits_prefix))
+    if syncer.view is not None:
+        listed_files = syncer.view.within_horizon(listed_files)
     commit_paths = [i.path for i in listed_files if classify(i.path).kind == KIND_COMMIT]
     bad_commits = syncer.ingest_commits(writer, commit_paths)
     cursors: dict[str, str] = {}
@@ -461,19 +479,22 @@ def sync_catalog(
     record_run: bool = False,
     orchestrator_run_id: str | None = None,
     stores: Iterable[StoreId] | None = None,
+    view: InventoryView | None = None,
 ) -> CatalogSyncResult:
     """Bring the catalog of `root` up to date (incremental, or with `full` a whole listing).
 
     `stores` (incremental only): list the directories of these stores alone, with every new commit record
     (none: the commit records alone); for a maintainer that just wrote their files (the snapshots it made),
     not a listing of the whole fleet. A root the catalog does not know yet is listed whole all the same.
+    `view` (incremental only): the caller's inventory, whose commit records and served stores are taken
+    instead of listing and reading them again (`statekeeper.maintenance.sync_view`).
     """
     fm = _open(root)
     mode = "full" if full else "incremental"
-    if full and stores is not None:
-        raise ValueError("a full sync lists every store: stores is for an incremental sync")
+    if full and (stores is not None or view is not None):
+        raise ValueError("a full sync lists every store: stores and view are for an incremental sync")
     only = None if stores is None or catalog.find_root(fm.root_uri) is None else frozenset(stores)
-    return _run(catalog, fm, mode, workers, raise_on_error, record_run, orchestrator_run_id, only)
+    return _run(catalog, fm, mode, workers, raise_on_error, record_run, orchestrator_run_id, only, view)
 
 
 def rebuild_catalog(
@@ -491,7 +512,7 @@ def rebuild_catalog(
     """
     fm = _open(root)
     catalog.reset_root(fm.root_uri)
-    return _run(catalog, fm, "rebuild", workers, raise_on_error, record_run, orchestrator_run_id, None)
+    return _run(catalog, fm, "rebuild", workers, raise_on_error, record_run, orchestrator_run_id, None, None)
 
 
 def _run(
@@ -503,9 +524,10 @@ def _run(
     record_run: bool,
     orchestrator_run_id: str | None,
     only: frozenset[StoreId] | None,
+    view: InventoryView | None,
 ) -> CatalogSyncResult:
     started = time.perf_counter()
-    syncer = _Syncer(catalog, fm, CatalogSyncResult(fm.root_uri, mode), workers)
+    syncer = _Syncer(catalog, fm, CatalogSyncResult(fm.root_uri, mode), workers, view)
 
     def go() -> CatalogSyncResult:
         if mode == "incremental":

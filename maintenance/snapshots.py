@@ -248,7 +248,8 @@ def create_snapshots(
         for store in todo:
             _account(report, rows.get(store) or {"store": str(store), "action": "failed", "error": "no result"})
         if catalog is not None and report.snapshots:
-            _sync(catalog, fm, report, [s for s in todo if (rows.get(s) or {}).get("action") == "snapshot"])
+            written = {s: row for s in todo if (row := rows.get(s) or {}).get("action") == "snapshot"}
+            _sync(catalog, fm, inv, report, written)
     return report
 
 
@@ -395,12 +396,22 @@ def _repair_reason(
     return newest_snapshot_problem(fm, plan, manifests, checksums=True, work_dir=settings.work_dir)
 
 
-def _sync(catalog: Catalog, fm: CheckpointFileManager, report: SnapshotReport, stores: list[StoreId]) -> None:
-    """Tell the catalog about the new snapshots (an incremental sync of the snapshotted `stores`); its read
-    errors are logged."""
+def _sync(
+    catalog: Catalog,
+    fm: CheckpointFileManager,
+    inv: Inventory,
+    report: SnapshotReport,
+    snapshotted: Mapping[StoreId, Row],
+) -> None:
+    """Tell the catalog about the new snapshots (an incremental sync of the `snapshotted` stores); its read
+    errors are logged. A store whose snapshot this process wrote is told from its view in `inv`, which holds
+    it (`Inventory.wrote_snapshot`): nothing listed or read again; the others (built on Spark's executors)
+    are listed."""
     from statekeeper.maintenance.catalog_sync import sync_catalog
+    from statekeeper.maintenance.sync_view import InventoryView
 
-    result = sync_catalog(catalog, fm, raise_on_error=False, stores=stores)
+    known = [s for s, row in snapshotted.items() if (row["version"], row["checkpoint_id"]) in inv.files_of(s).manifests]
+    result = sync_catalog(catalog, fm, raise_on_error=False, stores=snapshotted, view=InventoryView(inv, known))
     for err in result.errors:
         log.warning("catalog sync after snapshots of %s: %s", report.root, err)
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable
+from typing import Any
 
+from statekeeper.maintenance.catalog_sync import rebuild_catalog, sync_catalog
 from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.replica import MARKER
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import close_replicas, create_snapshots, replica_dir, work_root
+from statekeeper.maintenance.sync_view import InventoryView
 from statekeeper.sql import Catalog
 from statekeeper.store import StateStore, StoreConfig
 from tests.maintenance.helpers import History, all_files, content
@@ -158,3 +161,64 @@ def test_snapshot_run_is_recorded_and_cataloged(
         ("agg", 1, 5, 0),
     }
     assert catalog.leases(h.fm.root_uri) == []  # released
+
+
+def test_the_catalog_hears_of_a_runs_snapshots_from_its_own_listing(
+    make_history: Callable[..., History], settings: MaintenanceSettings, catalog: Catalog, tmp_path, monkeypatch
+) -> None:
+    """A snapshot run tells the catalog what it wrote from its inventory: no store directory is listed again
+    and no manifest read back (on S3: three LISTs and a GET per store saved). The catalog then holds what a
+    rebuild from the location holds, but for the times of the files the run wrote (its clock's, not the
+    location's), which the next full sync takes from the location."""
+    h = make_history(operators={"agg": 2, "dedup": 1})
+    h.batches(3, losing=1)
+    sync_catalog(catalog, h.fm)
+    h.batches(settings.snapshot_threshold, losing=1)
+    subdirs = {d for s in h.stores for d in (s.changelog_dir(), s.snapshot_dir(), s.sst_dir())}
+    listed: list[str] = []
+    read: list[str] = []
+    real_list, real_read = h.fm.list, h.fm.read_bytes
+
+    def listing(prefix: str = "", **kw: Any) -> Any:
+        listed.append(prefix)
+        return real_list(prefix, **kw)
+
+    def read_bytes(path: str) -> bytes:
+        read.append(path)
+        return real_read(path)
+
+    def committing_meanwhile(view: InventoryView, inventory: Inventory, serves: Any) -> None:
+        """The writer commits a batch after the run's listing, before its sync: the view lacks its changelogs."""
+        h.batches(1)
+        real_view(view, inventory, serves)
+
+    real_view = InventoryView.__init__
+    monkeypatch.setattr(h.fm, "list", listing)
+    monkeypatch.setattr(h.fm, "read_bytes", read_bytes)
+    monkeypatch.setattr(InventoryView, "__init__", committing_meanwhile)
+    report = create_snapshots(h.fm, settings, catalog=catalog)
+    assert report.ok and report.snapshots == len(h.stores)
+    assert not subdirs & set(listed), f"store directories listed again: {sorted(subdirs & set(listed))}"
+    assert not [p for p in read if "/snapshots/" in p], "a manifest the run wrote was read back"
+    monkeypatch.undo()
+    agg0 = h.stores[0]
+    committed = {v for v, _, _ in catalog.committed_versions(h.fm.root_uri, agg0.operator, agg0.partition)}
+    assert max(committed) == h.latest - 1, "the batch committed after the listing is left for the next sync"
+
+    fresh = Catalog.open(f"sqlite:///{tmp_path / 'fresh.db'}", upgrade=True)
+    try:
+        rebuild_catalog(fresh, h.fm)
+        uri = h.fm.root_uri
+        known = {(c.operator, c.partition, c.snapshot_version) for c in catalog.chain_lengths(uri)}
+        assert known == {(s.operator, s.partition, h.latest - 1) for s in h.stores}
+
+        def timeless(export: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[tuple[Any, ...]]]:
+            files = [(*r[:7], r[8]) for r in export["files"]]  # without mtime
+            return {**export, "files": files}
+
+        sync_catalog(catalog, h.fm)  # the batch committed after the run's listing, with its changelogs
+        assert timeless(catalog.export(uri)) == timeless(fresh.export(uri))
+        sync_catalog(catalog, h.fm, full=True)
+        assert catalog.export(uri) == fresh.export(uri)
+    finally:
+        fresh.close()
