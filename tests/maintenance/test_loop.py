@@ -256,8 +256,9 @@ def test_stores_leased_before_the_listing_are_not_listed_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """From the second cycle on the loop holds the known stores' leases before it lists the root, so no
-    operation lists a store again: what expiry deletes leaves the cycle's listing, what a snapshot writes
-    joins it. Expiry keeps the chains bounded, and every retained version loads."""
+    operation lists a store again, nor the catalog sync after the snapshots: what expiry deletes leaves the
+    cycle's listing, what a snapshot writes joins it. Expiry keeps the chains bounded, and every retained
+    version loads."""
     h = make_local_history()
     h.batches(3, losing=1)
     listed: Counter[StoreId] = Counter()
@@ -265,7 +266,7 @@ def test_stores_leased_before_the_listing_are_not_listed_again(
     def counting(real: Callable[..., Any]) -> Callable[..., Any]:
         def listing(prefix: str = "", **kw: Any) -> Any:
             for s in h.stores:
-                if prefix == f"{s.prefix}/":
+                if prefix.startswith(f"{s.prefix}/"):  # the store, or one of its directories (catalog sync)
                     listed[s] += 1
             return real(prefix, **kw)
 
@@ -300,8 +301,8 @@ def test_stores_leased_before_the_listing_are_not_listed_again(
             assert oldest >= h.latest - settings.min_versions_to_retain - settings.snapshot_threshold - 2
             assert not listed, f"cycle {result.cycle}: stores listed again: {dict(listed)}"
             checked.append(result.cycle)
-        listed.clear()
         h.batches(2, losing=1)
+        listed.clear()  # the writer's loads list snapshot directories too: count the maintainer's alone
 
     maintain(h.fm, settings, every=0, cycles=8, catalog=catalog, on_cycle=between)
     assert checked == list(range(2, 9))
