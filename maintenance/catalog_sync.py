@@ -45,6 +45,7 @@ from statekeeper.store.files.local import is_temp_name
 from statekeeper.store.files.paths import validate_component
 from statekeeper.store.formats.changelog import read_header
 from statekeeper.store.formats.commit import CommitRecord
+from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import (
     CHANGELOG_DIR,
     COMMITS_DIR,
@@ -196,8 +197,12 @@ class _Syncer:
         return list(self.fm.list(prefix, start_after=start_after))
 
     # -- commit records -------------------------------------------------------------------------
-    def _read_commit(self, path: str) -> CommitObservation | str:
-        record = self.view.commit_record(path) if self.view is not None else None
+    def _held_commit(self, path: str) -> tuple[str, CommitRecord | None]:
+        """`path` with the record the view already parsed from it (None: it is to be read)."""
+        return path, self.view.commit_record(path) if self.view is not None else None
+
+    def _read_commit(self, held: tuple[str, CommitRecord | None]) -> CommitObservation | str:
+        path, record = held
         try:
             if record is None:
                 record = CommitRecord.from_bytes(self.fm.read_bytes(path), f"{self.uri}/{path}")
@@ -212,8 +217,9 @@ class _Syncer:
         """Read and record the commit records of `paths` the catalog lacks; returns the unreadable paths."""
         known = writer.known_commit_versions(parse_commit_name(p) for p in paths)
         todo = [p for p in paths if parse_commit_name(p) not in known]
-        results = self._map(self._read_commit, todo)
-        self.result.reads += sum(self.view is None or self.view.commit_record(p) is None for p in todo)
+        held = [self._held_commit(p) for p in todo]
+        results = self._map(self._read_commit, held)
+        self.result.reads += sum(record is None for _, record in held)
         good: list[CommitObservation] = []
         bad: set[str] = set()
         for path, res in zip(todo, results, strict=True):
@@ -247,10 +253,14 @@ class _Syncer:
         return None
 
     # -- manifests ------------------------------------------------------------------------------
-    def _read_manifest(self, path: str) -> SnapshotObservation | str:
+    def _held_manifest(self, path: str) -> tuple[str, SnapshotManifest | None]:
+        """`path` with the manifest the view already parsed from it (None: it is to be read)."""
+        return path, self.view.manifest(path) if self.view is not None else None
+
+    def _read_manifest(self, held: tuple[str, SnapshotManifest | None]) -> SnapshotObservation | str:
+        path, m = held
         c = classify(path)
         assert c.operator is not None and c.partition is not None and c.version is not None and c.checkpoint_id
-        m = self.view.manifest(path) if self.view is not None else None
         try:
             if m is None:
                 m = read_manifest(self.fm, path)
@@ -275,8 +285,9 @@ class _Syncer:
     def ingest_manifests(self, writer: SyncWriter, paths: list[str]) -> set[str]:
         """Record the snapshots of `paths` not yet known; returns the paths that could not be read."""
         todo = _unknown_snapshots(writer, paths)
-        results = self._map(self._read_manifest, todo)
-        self.result.reads += sum(self.view is None or self.view.manifest(p) is None for p in todo)
+        held = [self._held_manifest(p) for p in todo]
+        results = self._map(self._read_manifest, held)
+        self.result.reads += sum(m is None for _, m in held)
         bad: set[str] = set()
         good: list[SnapshotObservation] = []
         for path, res in zip(todo, results, strict=True):
