@@ -38,6 +38,9 @@ COLUMNS = [
     "task: output build",
     "task: output to Spark",
     "job outside tasks ms",
+    "job: before 1st task",
+    "job: tasks' span",
+    "job: after last task",
     "commit record ms",
     "sink ms",
     "Spark jobs / batch",
@@ -78,12 +81,28 @@ def trace_row(name: str, progress: list[Any], trigger_ms: list[float], jobs_per_
         phase("output_build_ms"),
         phase("output_emit_ms"),
         round(_med([p.job_ms - max(m.task_ms for m in p.partitions) for p in progress if p.partitions])),
+        *_job_timeline(progress),
         round(_med([p.commit_record_ms for p in progress]), 1),
         round(_med([p.sink_ms for p in progress])),
         round(jobs_per_batch, 1),
         f"{sum(1 for m in tasks if m.phases.get('worker_tasks_before', 1) == 0)} of {len(tasks)}",
         round(max((m.phases.get("worker_peak_rss_mb", 0.0) for m in tasks), default=0.0)),
     ]
+
+
+def _job_timeline(progress: list[Any]) -> list[float]:
+    """Medians of the tasks job's time before its first task started, from the first task's start to the
+    last one's end, and after the last task ended (wall clocks of one machine: local mode)."""
+    before, span, after = [], [], []
+    for p in progress:
+        starts = [m.phases.get("started_at_ms") for m in p.partitions]
+        ends = [m.phases.get("ended_at_ms") for m in p.partitions]
+        if not p.partitions or not p.job_started_at_ms or None in starts or None in ends:
+            continue
+        before.append(min(starts) - p.job_started_at_ms)
+        span.append(max(ends) - min(starts))
+        after.append(p.job_started_at_ms + p.job_ms - max(ends))
+    return [round(_med(before)), round(_med(span)), round(_med(after))]
 
 
 def trace_table(rows: list[list[Any]]) -> Table:
@@ -98,7 +117,10 @@ def trace_table(rows: list[list[Any]]) -> Table:
             "listing, progress). driver before job = our function's work before the tasks job (commit log read, "
             "batch timestamp file, plan). job outside tasks = tasks job - slowest task (the shuffle's map stage, "
             "the other wave of tasks when partitions outnumber cores: 4 on local[2], scheduling, the JVM's side "
-            "of each task: shuffle read, sort, Arrow both ways, caching the output).",
+            "of each task: shuffle read, sort, Arrow both ways, caching the output). Placed on the wall clock: "
+            "before 1st task = job start to the first task function's start (planning, the map stage, the "
+            "first task's shuffle read and sort); tasks' span = first task's start to last task's end; after "
+            "last task = to the job's end (caching the last output, collecting the results).",
             "task: to 1st input batch = from the task function's start to its first Arrow batch (shuffle read); "
             "input wait = later waits on Spark's input iterator; output to Spark = time handing our output "
             "batches to the JVM; user logic + state = the processor and its state reads/writes.",

@@ -22,14 +22,13 @@ The batch's processing time is recorded before its first attempt, so a re-run se
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from statekeeper.store.commit_log import CommitLog
@@ -45,16 +44,17 @@ from statekeeper.store.spark.api import BatchStatefulProcessor, StatefulProcesso
 from statekeeper.store.spark.batch_records import BatchRecords, UploadTimeoutError
 from statekeeper.store.spark.connect import initial_state_unsupported, is_connect_dataframe, progress_unavailable
 from statekeeper.store.spark.event_time import EventTime, TaskTime, WatermarkLog, parse_delay_ms, watermark_of
-from statekeeper.store.spark.executor import MARKER_COL, META_COL, PID_COL, TaskSpec, run_task
+from statekeeper.store.spark.executor import META_COL, PID_COL, TaskSpec, run_task
 from statekeeper.store.spark.heartbeat import DEFAULT_INTERVAL_SECONDS, Heartbeat
 from statekeeper.store.spark.initial_state import collect_initial_state, initial_state_frame
 from statekeeper.store.spark.metrics import BatchProgress, PartitionMetrics
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
 from statekeeper.store.spark.restart import read_head
-from statekeeper.store.spark.routing import hash_routes, owner_column, routable
+from statekeeper.store.spark.routing import owner_column, routable
 from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from statekeeper.store.spark.state import check_max_key_groups
 from statekeeper.store.spark.task_input import DEFAULT_INPUT_BUDGET_BYTES
+from statekeeper.store.spark.tasks_plan import OutputFilters, TasksPlan, TasksRun, tasks_job_settings
 from statekeeper.store.spark.time_mode import TimeMode
 from statekeeper.store.spark.worker_cache import FileManagerFactory
 from statekeeper.store.state_store import StoreConfig
@@ -67,20 +67,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ROUTE_COL = "__sk_route"
-TASKS_JOB_SETTINGS = {
-    # Adaptive execution gains nothing on this plan (its shuffle has a fixed partition count, which it
-    # must keep) but runs the shuffle's map stage, the cached tasks and the driver's read of their
-    # results as three jobs: about 60 ms more per batch on local[2].
-    "spark.sql.adaptive.enabled": "false",
-    # Any other byte limit makes the JVM measure its Arrow batch after every row it adds: a tenth of the
-    # tasks' JVM time. Batches stay bounded by rows (maxRecordsPerBatch), and the task bounds what it
-    # converts at once by bytes itself (task_input_budget_bytes).
-    "spark.sql.execution.arrow.maxBytesPerBatch": str(2**31 - 1),
-    # The persisted task output lives for one batch: compressing its columns costs more than it saves.
-    "spark.sql.inMemoryColumnarStorage.compressed": "false",
-}
-"""Session settings the tasks job is planned and run with."""
 TRACE_ENV = "STATEKEEPER_SPARK_TRACE"
 Sink = Callable[["DataFrame", int], None]
 
@@ -220,7 +206,7 @@ class StatefulOperator:
         self.recent_progress: deque[BatchProgress] = deque(maxlen=self.history)
         self._partitions: int | None = None
         self._next_batch: int | None = None
-        self._plan_parts: dict[tuple[str, int, KeyGroupLayout | None], tuple[Any, Any, Any]] = {}
+        self._plans: dict[tuple[str, int, KeyGroupLayout | None], TasksPlan] = {}
         self._struct: StructType | None = None
         self._shift = 0
         self._layout: KeyGroupLayout | None = None
@@ -233,7 +219,7 @@ class StatefulOperator:
         """Spark Connect pickles the foreachBatch function (this operator) to run it in the server's Python
         process: send the configuration only; clients (S3) and Spark objects are rebuilt there."""
         skip = {"fm", "commit_log", "records", "recent_progress", "_partitions", "_next_batch"}
-        skip |= {"_plan_parts", "_heartbeat"}
+        skip |= {"_plans", "_filters", "_heartbeat"}
         return {k: v for k, v in self.__dict__.items() if k not in skip and k != "_struct"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -334,7 +320,8 @@ class StatefulOperator:
             relayout=relayout,
         )
         plan = self._plan(spark, df, n)
-        out, metas, attempt, job_ms, upload_wait_ms = self._run_tasks(df, plan, spec, target, batch_id)
+        run = self._run_tasks(df, plan, spec, target, batch_id)
+        out, metas = run.out, run.metas
         try:
             t_rec = time.perf_counter()
             self._record_event_time(batch_id, task_time, max_event_before, metas)
@@ -350,42 +337,41 @@ class StatefulOperator:
                 base,
                 "commit" if spec.commit else "replay",
                 metas,
-                attempts=attempt,
-                job_ms=job_ms,
-                upload_wait_ms=upload_wait_ms if self.async_checkpoint else None,
+                attempts=run.attempts,
+                job_ms=run.job_ms,
+                job_started_at_ms=run.started_at_ms,
+                upload_wait_ms=run.upload_wait_ms if self.async_checkpoint else None,
                 commit_record_ms=commit_record_ms,
                 watermark_ms=task_time.watermark_ms,
             )
             self._next_batch = batch_id + 1
             t_sink = time.perf_counter()
             if self.sink is not None:
-                self.sink(out.filter(out[META_COL].isNull()).drop(META_COL), batch_id)
+                self.sink(self._filters.output(out), batch_id)
             sink_ms = (time.perf_counter() - t_sink) * 1000
         finally:
             out.unpersist()
         duration = (time.perf_counter() - t0) * 1000
         self._finish(_with(progress, sink_ms=sink_ms, duration_ms=duration))
 
-    def _run_tasks(
-        self, df: DataFrame, plan: DataFrame, spec: TaskSpec, target: int, batch_id: int
-    ) -> tuple[DataFrame, list[PartitionMetrics], int, float, float]:
-        """The tasks job, re-run while an upload times out: its persisted output, each partition's result,
-        the attempts, the job's and the upload wait's ms."""
+    def _run_tasks(self, df: DataFrame, plan: DataFrame, spec: TaskSpec, target: int, batch_id: int) -> TasksRun:
+        """The tasks job, re-run while an upload times out."""
         n = spec.num_partitions
         attempt = 0
-        with _tasks_job_settings(df):
+        with tasks_job_settings(df):
             while True:
                 attempt += 1
-                t_job = time.perf_counter()
+                t_job, started_at_ms = time.perf_counter(), time.time() * 1000
                 out = plan.mapInArrow(functools.partial(run_task, spec), self._out_struct())
-                out = out.persist(_storage_level())
+                out = out.cache()  # deserialized: the collect and the sink read it without decoding
                 try:
                     metas = self._collect_metas(out, n)
                     job_ms = (time.perf_counter() - t_job) * 1000
                     t_wait = time.perf_counter()
                     if spec.commit and self.async_checkpoint:
                         self.records.await_uploads(target, metas, self.upload_timeout_s)
-                    return out, metas, attempt, job_ms, (time.perf_counter() - t_wait) * 1000
+                    wait_ms = (time.perf_counter() - t_wait) * 1000
+                    return TasksRun(out, metas, attempt, job_ms, started_at_ms, wait_ms)
                 except UploadTimeoutError as e:
                     out.unpersist()
                     if attempt >= self.max_batch_attempts:
@@ -491,31 +477,19 @@ class StatefulOperator:
         self._next_batch = batch_id
 
     def _plan(self, spark: SparkSession, df: DataFrame, n: int) -> DataFrame:
-        from pyspark.sql import functions as sf
-
         schema_key = (df.schema.json(), n, self._layout)
-        cached = self._plan_parts.get(schema_key)
-        if cached is None:
-            markers = spark.range(n).select(
-                *[sf.lit(None).cast(f.dataType).alias(f.name) for f in df.schema.fields],
-                sf.col("id").cast("int").alias(PID_COL),
-                sf.lit(True).alias(MARKER_COL),
-            )
-            pid = self._partition_column(n, df.schema).alias(PID_COL)
-            route = sf.element_at(sf.array(*[sf.lit(r) for r in hash_routes(n)]), sf.col(PID_COL) + 1)
-            cached = self._plan_parts[schema_key] = (markers, pid, route)
-        markers, pid, route = cached
-        data = df.select("*", pid, sf.lit(False).alias(MARKER_COL))
-        routed = data.unionByName(markers).withColumn(ROUTE_COL, route).repartition(n, ROUTE_COL)
-        # Each key's rows together, the marker first (its key is all nulls, and it leads any data row whose key
-        # is too): the task learns its partition before any data. The key leads so that Spark's sort compares
-        # rows by the key's prefix, not whole rows (the marker flag as the first sort key made every prefix
-        # equal: a fifth of the tasks' JVM time).
-        return routed.sortWithinPartitions(*[sf.col(k).asc_nulls_first() for k in self.key], sf.col(MARKER_COL).desc())
+        plan = self._plans.get(schema_key)
+        if plan is None:
+            pid = self._partition_column(n, df.schema)
+            plan = self._plans[schema_key] = TasksPlan.build(spark, df.schema, self.key, pid, n)
+        return plan.input(df)
+
+    @functools.cached_property
+    def _filters(self) -> OutputFilters:
+        return OutputFilters.build()
 
     def _collect_metas(self, out: DataFrame, n: int) -> list[PartitionMetrics]:
-        rows = out.filter(out[META_COL].isNotNull()).select(META_COL).collect()
-        metas = [PartitionMetrics.from_meta(json.loads(r[0])) for r in rows]
+        metas = [PartitionMetrics.from_meta(json.loads(r)) for r in self._filters.result_json(out)]
         by_partition = {m.partition: m for m in metas}
         if len(by_partition) != len(metas) or sorted(by_partition) != list(range(n)):
             raise StatekeeperError(
@@ -551,35 +525,6 @@ def _with(progress: BatchProgress, **changes: Any) -> BatchProgress:
     from dataclasses import replace
 
     return replace(progress, **changes)
-
-
-@contextlib.contextmanager
-def _tasks_job_settings(df: DataFrame) -> Iterator[None]:
-    """Plan and run the tasks job with `TASKS_JOB_SETTINGS`, the session's own restored for the user's sink.
-
-    The batch's session is the query's own (a clone of the user's), so the settings reach no other query.
-    Over Spark Connect it is the client's session: left alone there."""
-    if is_connect_dataframe(df):
-        yield
-        return
-    conf = df.sparkSession.conf
-    before = {key: conf.get(key, None) for key in TASKS_JOB_SETTINGS}
-    for key, value in TASKS_JOB_SETTINGS.items():
-        conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, old in before.items():
-            if old is None:
-                conf.unset(key)
-            else:
-                conf.set(key, old)
-
-
-def _storage_level() -> Any:
-    from pyspark import StorageLevel
-
-    return StorageLevel.MEMORY_AND_DISK
 
 
 def _to_struct(spark: SparkSession, schema: StructType | str) -> StructType:

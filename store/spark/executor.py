@@ -375,7 +375,7 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
         yield from clock.drain(out)
         meta["output_rows"] = out.count
         meta["task_ms"] = (time.perf_counter() - t_start) * 1000
-        meta["phases"] = _task_phases(phases, clock, process_ms)
+        meta["phases"] = _task_phases(phases, clock, process_ms, meta["task_ms"])
         yield out.meta(meta)
     except CorruptStateError as e:
         where = _locate_corrupt_changelog(spec, store)
@@ -450,10 +450,14 @@ def _load_cached(spec: TaskSpec, partition: int) -> StateStore:
         raise
 
 
-def _task_phases(phases: InputPhases, clock: _OutputClock, process_ms: float) -> dict[str, float]:
-    """The task's trace: where its time went (ms), its worker's reuse and peak memory."""
+def _task_phases(phases: InputPhases, clock: _OutputClock, process_ms: float, task_ms: float) -> dict[str, float]:
+    """The task's trace: where its time went (ms), when it ran (wall clock, epoch ms: places the task
+    within its Spark job), its worker's reuse and peak memory."""
     inside = phases.wait_ms - phases.first_batch_ms + phases.convert_ms + clock.build_ms + clock.emit_ms
+    ended_at_ms = time.time() * 1000
     return {
+        "started_at_ms": ended_at_ms - task_ms,
+        "ended_at_ms": ended_at_ms,
         "first_batch_ms": phases.first_batch_ms,
         "input_wait_ms": max(0.0, phases.wait_ms - phases.first_batch_ms),
         "convert_ms": phases.convert_ms,

@@ -86,6 +86,9 @@ class BatchProgress:
     stores_reused: int = 0
     replayed_changelogs: int = 0
     job_ms: float = 0.0
+    job_started_at_ms: float = 0.0
+    """Wall clock (epoch ms) at the tasks job's start: with each task's ``phases`` started_at_ms and
+    ended_at_ms, where the job's time outside the tasks went (before the first, between, after the last)."""
     commit_record_ms: float = 0.0
     sink_ms: float = 0.0
     duration_ms: float = 0.0
@@ -108,6 +111,7 @@ class BatchProgress:
         *,
         attempts: int,
         job_ms: float,
+        job_started_at_ms: float,
         upload_wait_ms: float | None,
         commit_record_ms: float,
         watermark_ms: int,
@@ -135,6 +139,7 @@ class BatchProgress:
             replayed_changelogs=sum(m.replayed_changelogs for m in metas),
             num_rows_dropped_by_watermark=sum(m.late_rows for m in metas),
             job_ms=job_ms,
+            job_started_at_ms=job_started_at_ms,
             commit_record_ms=commit_record_ms,
             attempts=attempts,
             watermark_ms=watermark_ms,

@@ -1,0 +1,146 @@
+"""How the driver writes a batch's tasks job in Spark: the input plan, the session settings it runs
+with, and the filters that split its output into the partitions' results and the processor's rows.
+
+Everything that does not change between batches is built once per input schema, partition count and
+layout (`TasksPlan`): each Column a driver builds costs several py4j round trips and each Dataset
+operation an analysis, so a batch adds only the four operations of `TasksPlan.input`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from statekeeper.store.spark.connect import is_connect_dataframe
+from statekeeper.store.spark.executor import MARKER_COL, META_COL, PID_COL
+from statekeeper.store.spark.metrics import PartitionMetrics
+from statekeeper.store.spark.routing import hash_routes
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+ROUTE_COL = "__sk_route"
+TASKS_JOB_SETTINGS = {
+    # Adaptive execution gains nothing on this plan (its shuffle has a fixed partition count, which it
+    # must keep) but runs the shuffle's map stage, the cached tasks and the driver's read of their
+    # results as three jobs: about 60 ms more per batch on local[2].
+    "spark.sql.adaptive.enabled": "false",
+    # Any other byte limit makes the JVM measure its Arrow batch after every row it adds: a tenth of the
+    # tasks' JVM time. Batches stay bounded by rows (maxRecordsPerBatch), and the task bounds what it
+    # converts at once by bytes itself (task_input_budget_bytes).
+    "spark.sql.execution.arrow.maxBytesPerBatch": str(2**31 - 1),
+    # The cached task output lives for one batch: compressing its columns costs more than it saves.
+    "spark.sql.inMemoryColumnarStorage.compressed": "false",
+}
+"""Session settings the tasks job is planned and run with."""
+
+
+@dataclass(frozen=True)
+class TasksPlan:
+    """The batch-independent parts of the tasks job's input."""
+
+    partitions: int
+    markers: DataFrame
+    """One row per partition: null input columns, its partition, the marker flag (true) and its route."""
+    data: list[Column]
+    """The input's columns, then each row's partition, the marker flag (false) and the route."""
+    route: Column
+    order: list[Column]
+
+    @classmethod
+    def build(cls, spark: SparkSession, schema: StructType, key: tuple[str, ...], pid: Column, n: int) -> TasksPlan:
+        """`pid`: the state partition of an input row (an int Column over `schema`)."""
+        from pyspark.sql import functions as sf
+
+        routes = sf.array(*[sf.lit(r) for r in hash_routes(n)])
+        marker_pid = sf.col("id").cast("int")
+        markers = spark.range(n).select(
+            *[sf.lit(None).cast(f.dataType).alias(f.name) for f in schema.fields],
+            marker_pid.alias(PID_COL),
+            sf.lit(True).alias(MARKER_COL),
+            sf.element_at(routes, marker_pid + 1).alias(ROUTE_COL),
+        )
+        # The route repeats the partition's expression rather than reading its column: one projection, and
+        # Spark's generated code evaluates the common expression once per row.
+        data = [
+            sf.col("*"),
+            pid.alias(PID_COL),
+            sf.lit(False).alias(MARKER_COL),
+            sf.element_at(routes, pid + 1).alias(ROUTE_COL),
+        ]
+        # Each key's rows together, the marker first (its key is all nulls, and it leads any data row whose key
+        # is too): the task learns its partition before any data. The key leads so that Spark's sort compares
+        # rows by the key's prefix, not whole rows (the marker flag as the first sort key made every prefix
+        # equal: a fifth of the tasks' JVM time).
+        order = [*[sf.col(k).asc_nulls_first() for k in key], sf.col(MARKER_COL).desc()]
+        return cls(n, markers, data, sf.col(ROUTE_COL), order)
+
+    def input(self, df: DataFrame) -> DataFrame:
+        """The batch's rows and the markers, each partition's rows in the task of that partition, by key."""
+        routed = df.select(*self.data).unionByName(self.markers).repartition(self.partitions, self.route)
+        return routed.sortWithinPartitions(*self.order)
+
+
+@dataclass(frozen=True)
+class OutputFilters:
+    """The tasks job's output holds the partitions' results (META_COL set) and the processor's rows."""
+
+    results: Column
+    rows: Column
+
+    @classmethod
+    def build(cls) -> OutputFilters:
+        from pyspark.sql import functions as sf
+
+        return cls(sf.col(META_COL).isNotNull(), sf.col(META_COL).isNull())
+
+    def output(self, out: DataFrame) -> DataFrame:
+        """What the processor produced, for the sink."""
+        return out.filter(self.rows).drop(META_COL)
+
+    def result_json(self, out: DataFrame) -> list[str]:
+        """Each partition's result (JSON), collected to the driver: the action that runs the tasks job."""
+        return [r[0] for r in out.filter(self.results).select(META_COL).collect()]
+
+
+@dataclass(frozen=True)
+class TasksRun:
+    """One batch's tasks job as it ran: its cached output, each partition's result, its timings."""
+
+    out: DataFrame
+    metas: list[PartitionMetrics]
+    attempts: int
+    job_ms: float
+    started_at_ms: float
+    """Wall clock (epoch ms) when the job's last attempt started."""
+    upload_wait_ms: float
+    """The driver's wait for asynchronous uploads after the job."""
+
+
+@contextlib.contextmanager
+def tasks_job_settings(df: DataFrame) -> Iterator[None]:
+    """Plan and run the tasks job with `TASKS_JOB_SETTINGS`, the session's own restored for the user's sink.
+
+    The batch's session is the query's own (a clone of the user's), so the settings reach no other query.
+    Over Spark Connect it is the client's session: left alone there."""
+    if is_connect_dataframe(df):
+        yield
+        return
+    conf = df.sparkSession.conf
+    before = {key: conf.get(key, None) for key in TASKS_JOB_SETTINGS}
+    for key, value in TASKS_JOB_SETTINGS.items():
+        conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, old in before.items():
+            if old is None:
+                conf.unset(key)
+            else:
+                conf.set(key, old)
+
+
+__all__ = ["ROUTE_COL", "TASKS_JOB_SETTINGS", "OutputFilters", "TasksPlan", "TasksRun", "tasks_job_settings"]
