@@ -53,6 +53,7 @@ minutes (its compiler threads took 200 ms of CPU per batch in the first query of
 third), so whichever query ran first would pay for it."""
 NATIVE = "Spark native aggregation (JVM, RocksDB, changelog)"
 FLOOR = "floor: stateless foreachBatch shuffle by key + noop"
+PLAN_FLOOR = "floor: statekeeper's batch with a Python task that hands its input back (no state) + noop"
 APPLY = "Spark applyInPandasWithState (RocksDB, changelog)"
 APPLY_UNCHANGED = "statekeeper ApplyInPandasWithState, the same function unchanged, sync"
 SCALE_FULL = [(100_000, 500_000, 10), (1_000_000, 500_000, 10)]
@@ -307,6 +308,49 @@ def run_floor(spark: Any, inputs: Path, work: Path, timeout: float, partitions: 
     return durations
 
 
+def _echo(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    yield from batches
+
+
+def run_plan_floor(spark: Any, inputs: Path, work: Path, timeout: float, partitions: int) -> list[float]:
+    """statekeeper's batch without state or user logic: the operator's own tasks plan (key-group routing,
+    a marker per partition, sorted by key), a mapInArrow whose Python function hands its input back, the
+    output cached, the markers collected to the driver, the other rows to noop. What running as a Python
+    task inside Spark costs before any state or user code: Arrow both ways, the Python workers, the cache."""
+    from pyspark.sql import functions as sf
+
+    from statekeeper.store.key_groups import KeyGroupLayout
+    from statekeeper.store.spark.executor import MARKER_COL, PID_COL
+    from statekeeper.store.spark.routing import owner_column
+    from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
+    from statekeeper.store.spark.tasks_plan import TasksPlan, tasks_job_settings
+
+    plans: list[TasksPlan] = []
+
+    def echo_batch(df: Any, batch_id: int) -> None:
+        if not plans:
+            owner = owner_column(df.schema, ("key",), KeyGroupLayout(partitions, DEFAULT_MAX_KEY_GROUPS))
+            plans.append(TasksPlan.build(df.sparkSession, df.schema, ("key",), owner, partitions))
+        with tasks_job_settings(df):
+            planned = plans[0].input(df)
+            out = planned.mapInArrow(_echo, planned.schema).cache()
+            if len(out.filter(sf.col(MARKER_COL)).select(PID_COL).collect()) != partitions:
+                raise RuntimeError(f"{PLAN_FLOOR}: a partition's marker went missing")
+        try:
+            out.filter(~sf.col(MARKER_COL)).drop(MARKER_COL).write.format("noop").mode("overwrite").save()
+        finally:
+            out.unpersist()
+
+    q = (
+        _stream(spark, inputs)
+        .writeStream.foreachBatch(echo_batch)
+        .option("checkpointLocation", str(work / "ckpt"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    return _run(q, PLAN_FLOOR, timeout)
+
+
 def _noop_sink(df: Any, batch_id: int) -> None:
     df.write.format("noop").mode("overwrite").save()
 
@@ -490,6 +534,7 @@ def run(quick: bool) -> list[Table]:
             traces.append([name, *trace[1:]])
         results[NATIVE] = run_spark_native(spark, inputs, work / "spark-native", timeout)
         results[FLOOR] = run_floor(spark, inputs, work / "floor", timeout, size["partitions"])
+        results[PLAN_FLOOR] = run_plan_floor(spark, inputs, work / "plan-floor", timeout, size["partitions"])
         results[APPLY] = run_spark_apply_in_pandas(spark, base_inputs, work / "spark-apply", timeout)
         results["Spark transformWithStateInPandas (RocksDB, changelog)"] = run_spark_tws_in_pandas(
             spark, base_inputs, work / "spark-tws", timeout
@@ -514,6 +559,14 @@ def run(quick: bool) -> list[Table]:
                 ]
             )
         notes.append(_targets(results))
+        plan_floor_p50 = _pct(results[PLAN_FLOOR], 50)
+        notes.append(
+            f"The Python-task floor is {plan_floor_p50 / native_p50:.2f}x Spark native: what statekeeper's batch pays "
+            "before any state or user logic (routing by key group, a marker per partition, the sort, Arrow both ways, "
+            "the Python workers, the cached output and the sink's second job). Above it, per batch: per-key rows "
+            f"+{_pct(results['statekeeper per-key rows, sync'], 50) - plan_floor_p50:.0f} ms, vectorized "
+            f"+{_pct(results['statekeeper vectorized, sync'], 50) - plan_floor_p50:.0f} ms (state and user logic)."
+        )
         notes.append(
             f"{size['keys']:,} keys, {size['rows']:,} rows per batch, {size['batches']} batches, "
             f"{size['partitions']} state partitions, local[2], parquet file source (1 file per trigger)."
