@@ -8,6 +8,9 @@ a file source reading one parquet file per trigger; 50 batches; 4 state partitio
 - statekeeper, per-key ``StatefulProcessor`` (rows), sync and async checkpointing
 - statekeeper, per-key ``StatefulProcessor`` with pandas input (transformWithStateInPandas semantics)
 - statekeeper, vectorized ``BatchStatefulProcessor``
+- Spark's native JVM streaming aggregation (RocksDB provider, changelog checkpointing)
+- two floors: a stateless foreachBatch that shuffles by key into ``noop``, and statekeeper's own batch
+  with a Python task that hands its input back (no state, no user code: ``run_plan_floor``)
 
 Batch duration is Spark's own ``durationMs.triggerExecution`` of every batch of each query (for
 statekeeper it includes the foreachBatch function: tasks, upload wait, commit record and the sink, which
