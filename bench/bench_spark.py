@@ -293,19 +293,19 @@ FLOOR_JOBS: list[float] = []
 """Spark jobs per batch of each floor run (the statekeeper queries' own are in the trace table)."""
 
 
+def _start_foreach_batch(spark: Any, inputs: Path, work: Path, function: Any) -> Any:
+    """A query running `function` on each batch of the input files (one per trigger) until they are read."""
+    writer = _stream(spark, inputs).writeStream.foreachBatch(function)
+    return writer.option("checkpointLocation", str(work / "ckpt")).trigger(availableNow=True).start()
+
+
 def run_floor(spark: Any, inputs: Path, work: Path, timeout: float, partitions: int) -> list[float]:
     """The floor: a stateless foreachBatch that only shuffles the batch by key and writes it to noop."""
 
     def shuffle_to_noop(df: Any, batch_id: int) -> None:
         df.repartition(partitions, "key").write.format("noop").mode("overwrite").save()
 
-    q = (
-        _stream(spark, inputs)
-        .writeStream.foreachBatch(shuffle_to_noop)
-        .option("checkpointLocation", str(work / "ckpt"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    q = _start_foreach_batch(spark, inputs, work, shuffle_to_noop)
     durations, jobs = _run_counting(q, "floor: foreachBatch shuffle + noop", timeout)
     FLOOR_JOBS.append(jobs)
     return durations
@@ -344,14 +344,7 @@ def run_plan_floor(spark: Any, inputs: Path, work: Path, timeout: float, partiti
         finally:
             out.unpersist()
 
-    q = (
-        _stream(spark, inputs)
-        .writeStream.foreachBatch(echo_batch)
-        .option("checkpointLocation", str(work / "ckpt"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    return _run(q, PLAN_FLOOR, timeout)
+    return _run(_start_foreach_batch(spark, inputs, work, echo_batch), PLAN_FLOOR, timeout)
 
 
 def _noop_sink(df: Any, batch_id: int) -> None:

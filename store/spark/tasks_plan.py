@@ -63,8 +63,9 @@ class TasksPlan:
             sf.lit(True).alias(MARKER_COL),
             sf.element_at(routes, marker_pid + 1).alias(ROUTE_COL),
         )
-        # The route repeats the partition's expression rather than reading its column: one projection, and
-        # Spark's generated code evaluates the common expression once per row.
+        # The route repeats the partition's expression rather than reading its column: one projection, whose
+        # generated code shares the common subexpression (measured: the route adds ~80 ns per row on local[1],
+        # the key-group routing itself ~475).
         data = [
             sf.col("*"),
             pid.alias(PID_COL),
