@@ -54,6 +54,9 @@ def test_each_partition_task_runs_once_per_batch_and_traces_its_phases(
                 p["phases"]
             )
             assert p["phases"]["input_chunks"] == (1 if p["input_rows"] else 0)
+            # each task placed within its batch's tasks job (wall clock, one machine here)
+            assert t["job_started_at_ms"] <= p["phases"]["started_at_ms"] <= p["phases"]["ended_at_ms"]
+            assert p["phases"]["ended_at_ms"] <= t["job_started_at_ms"] + t["job_ms"]
 
 
 def test_a_batch_is_one_tasks_job_and_the_sink_keeps_the_sessions_adaptive_setting(spark: Any, tmp_path: Path) -> None:
