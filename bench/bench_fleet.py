@@ -1,10 +1,11 @@
 """Fleet: can one maintainer keep many stores bounded?
 
 S stores (one operator with S partitions in one checkpoint root, as one streaming query with S state
-partitions) hold `keys` keys each (16-byte keys, 64-byte values) and commit `updates` random updates per
-version on a steady cadence (`interval` seconds), driven by `writers` writer processes on the store API
-(no Spark); a driver writes the commit record of every version once every partition committed, as
-Spark's driver does. Beside them, one maintainer process, exactly as deployed, in one of these modes:
+partitions; or spread over `roots` roots, a fleet of queries, each with its own driver's commit records)
+hold `keys` keys each (16-byte keys, 64-byte values) and commit `updates` random updates per version on a
+steady cadence (`interval` seconds), driven by `writers` writer processes on the store API (no Spark); a
+driver writes the commit record of every version once every partition committed, as Spark's driver does.
+Beside them, one maintainer process, exactly as deployed, in one of these modes:
 
 - ``cli``: a loop running ``statekeeper snapshot``, ``expire`` and ``clean-orphans`` (each a new process,
   with the default SQLite catalog and a ``--work-dir`` for warm replicas) every `cycle` seconds, as cron
@@ -88,6 +89,7 @@ from bench.fleet_fanout import FanoutParams, fanout_table, run_fanout
 from bench.fleet_floor import rocksdict_floor
 from bench.fleet_landing import chains_at_snapshots, landing_summary
 from bench.fleet_maintainers import MODES, FleetParams, maintain
+from bench.fleet_sampling import Sample, sample
 from bench.report import ROOT, Table
 
 log = logging.getLogger("bench.fleet")
@@ -100,12 +102,14 @@ PLOT = ROOT / "docs" / "fleet.png"
 FULL = [
     *(FleetParams(stores=s, seconds=90, mode=m) for s in (16, 64, 128) for m in ("maintain", "dagster", "daemon")),
     FleetParams(stores=128, seconds=90, mode="daemon", schedule=60),
+    *(FleetParams(stores=128, roots=8, seconds=90, mode=m) for m in ("maintain", "daemon")),
 ]
 """The deployed paths (the `statekeeper maintain` loop, Dagster's runs in process, Dagster as deployed, its
 schedules on their default crons) at 16, 64 and 128 stores (past the 100 stores whose health the Dagster UI
 plots one by one, a cost that stops growing there), and Dagster as deployed with every schedule every
 minute at 128 stores: what the schedules' runs (an expiry, a verification of every retained version
-outside the root's run slot, an orphan cleanup) cost and do to the chains under load. The cron-style
+outside the root's run slot, an orphan cleanup) cost and do to the chains under load; and the same 128
+stores as 8 queries of 16 partitions, each in its own root (Dagster: a run per root, up to 4 at a time). The cron-style
 `cli` mode (a new process per command) runs with `--mode cli`."""
 QUICK = [
     FleetParams(stores=s, keys=1_000, updates=100, seconds=10, sample_every=3, cycle=1, schedule=4, mode=m)
@@ -113,22 +117,6 @@ QUICK = [
     for m in ("cli", "maintain", "dagster")  # the daemon needs half a minute to tick and launch a run
 ]
 FANOUT_QUICK = FanoutParams(stores=4, keys=500, updates=50, versions=3)
-
-
-@dataclass
-class Sample:
-    t: float
-    version: int
-    chain_p50: int
-    chain_p99: int
-    chain_max: int
-    lag_max: float
-    files: int
-    bytes: int
-    live_bytes: int
-    bound_bytes: int
-    """The target: 1.2 x what the retained versions need (the changelogs after each store's base, the
-    snapshots from the base on with their SSTs, the commit records from the floor on)."""
 
 
 @dataclass
@@ -157,15 +145,16 @@ class FleetResult:
 # -- writers ----------------------------------------------------------------------------------------
 
 
-def _writer_main(conn: Connection, root: str, partitions: list[int], keys: int, updates: int, work: str) -> None:
-    """One writer process: per message (version, committed ids), load, update and commit its partitions."""
+def _writer_main(conn: Connection, stores: dict[int, tuple[str, int]], keys: int, updates: int, work: str) -> None:
+    """One writer process: per message (version, committed ids), load, update and commit its stores
+    (fleet index -> root and partition)."""
     from statekeeper.store.state_store import StateStore, StoreConfig
 
-    rng = random.Random(partitions[0] if partitions else 0)
+    rng = random.Random(min(stores, default=0))
     keyspace = [b"k%015d" % i for i in range(keys)]
-    stores = {
-        p: StateStore(root, OPERATOR, p, config=StoreConfig(local_dir=os.path.join(work, f"p{p:05d}")))
-        for p in partitions
+    opened = {
+        i: StateStore(root, OPERATOR, part, config=StoreConfig(local_dir=os.path.join(work, f"s{i:05d}")))
+        for i, (root, part) in stores.items()
     }
     try:
         while True:
@@ -174,58 +163,16 @@ def _writer_main(conn: Connection, root: str, partitions: list[int], keys: int, 
                 break
             version, ids = msg
             out = {}
-            for p in partitions:
-                store = stores[p].load(version, ids.get(p) or None)
+            for i, store_ in opened.items():
+                store = store_.load(version, ids.get(i) or None)
                 chosen = keyspace if version == 0 else rng.sample(keyspace, updates)
                 raw = rng.randbytes(VALUE_BYTES * len(chosen))
-                store.put_batch(chosen, [raw[i : i + VALUE_BYTES] for i in range(0, len(raw), VALUE_BYTES)])
-                out[p] = store.commit().checkpoint_id
+                store.put_batch(chosen, [raw[j : j + VALUE_BYTES] for j in range(0, len(raw), VALUE_BYTES)])
+                out[i] = store.commit().checkpoint_id
             conn.send(out)
     finally:
-        for s in stores.values():
+        for s in opened.values():
             s.close()
-
-
-# -- sampling -----------------------------------------------------------------------------------------
-
-
-def sample(root: str, p: FleetParams, t: float) -> Sample:
-    from statekeeper.maintenance.health import store_health, summarize
-    from statekeeper.maintenance.inventory import Inventory
-    from statekeeper.maintenance.plan import plan_root
-    from statekeeper.maintenance.settings import MaintenanceSettings
-
-    settings = MaintenanceSettings(
-        snapshot_threshold=p.threshold,
-        min_versions_to_retain=p.retain,
-        orphan_grace_seconds=p.orphan_grace,
-        load_grace_seconds=p.load_grace,
-    )
-    inv = Inventory.scan(root)
-    health = summarize(store_health(inv, settings))
-    live = 0
-    for store in inv.store_ids():
-        files = inv.files_of(store)
-        if files.manifest_data:
-            newest = max(files.manifest_data)
-            live += files.manifests[newest].size + sum(s.size for s in files.manifest_data[newest].sst_files)
-    # what the retained versions need, with no grace at all: anything more is lag or waste
-    strict = plan_root(inv, replace(settings, load_grace_seconds=0.0, orphan_grace_seconds=0.0))
-    needed = sum(e.size for plan in strict.stores.values() for e in plan.needed)
-    needed += sum(e.size for v, e in inv.commit_files.items() if v >= strict.floor)
-    entries = list(inv.all_entries())
-    return Sample(
-        round(t, 1),
-        inv.latest,
-        health.chain_p50,
-        health.chain_p99,
-        health.chain_max,
-        round(health.lag_max, 1),
-        len(entries),
-        sum(e.size for e in entries),
-        live,
-        int(1.2 * needed),
-    )
 
 
 # -- one run ------------------------------------------------------------------------------------------
@@ -235,23 +182,29 @@ def run_fleet(p: FleetParams, base: str) -> FleetResult:
     from statekeeper.store.commit_log import CommitLog
     from statekeeper.store.files import open_file_manager
 
-    root_dir = os.path.join(base, "ckpt")
-    os.makedirs(root_dir)
-    root = Path(root_dir).as_uri()
+    if p.stores % p.roots:
+        raise ValueError(f"{p.stores} stores do not spread evenly over {p.roots} roots")
+    per_root = p.stores // p.roots
+    roots = []
+    for r in range(p.roots):
+        root_dir = os.path.join(base, "ckpt" if p.roots == 1 else f"ckpt{r:03d}")
+        os.makedirs(root_dir)
+        roots.append(Path(root_dir).as_uri())
     ctx = multiprocessing.get_context("spawn")
     parts = [list(range(w, p.stores, p.writers)) for w in range(min(p.writers, p.stores))]
     pipes, procs = [], []
     for w, mine in enumerate(parts):
         parent, child = ctx.Pipe()
+        stores = {i: (roots[i // per_root], i % per_root) for i in mine}
         proc = ctx.Process(
             target=_writer_main,
-            args=(child, root, mine, p.keys, p.updates, os.path.join(base, f"writer{w}")),
+            args=(child, stores, p.keys, p.updates, os.path.join(base, f"writer{w}")),
             daemon=True,
         )
         proc.start()
         pipes.append(parent)
         procs.append(proc)
-    log_ = CommitLog(open_file_manager(root))
+    logs = [CommitLog(open_file_manager(root)) for root in roots]
     result = FleetResult(p)
     stop, out = Path(base, "stop"), Path(base, "maintainer.json")
     ids: dict[int, str] = {}
@@ -263,12 +216,13 @@ def run_fleet(p: FleetParams, base: str) -> FleetResult:
         new: dict[int, str] = {}
         for conn in pipes:
             new.update(conn.recv())
-        log_.commit(version + 1, {OPERATOR: [new[q] for q in range(p.stores)]})
+        for r, log_ in enumerate(logs):  # one streaming query per root, each its own driver's commit record
+            log_.commit(version + 1, {OPERATOR: [new[r * per_root + q] for q in range(per_root)]})
         ids = new
 
     step(0)  # the bulk load of every store, before the clock starts
     maintainer = subprocess.Popen(
-        [sys.executable, "-m", "bench.bench_fleet", "--maintainer", json.dumps(asdict(p)), root, base],
+        [sys.executable, "-m", "bench.bench_fleet", "--maintainer", json.dumps(asdict(p)), ",".join(roots), base],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
     )
@@ -279,7 +233,7 @@ def run_fleet(p: FleetParams, base: str) -> FleetResult:
     def sampler() -> None:
         while not done.wait(p.sample_every):
             try:
-                samples.append(sample(root, p, time.monotonic() - t_start))
+                samples.append(sample(roots, p, time.monotonic() - t_start))
             except Exception as e:  # a file deleted under the listing: the next sample will do
                 log.info("sample skipped: %s", e)
 
@@ -437,6 +391,10 @@ def tables(results: list[FleetResult], floor: float | None = None) -> list[Table
             "maintainer's catalog after the run (`bench.fleet_landing`); a chain peaks there, between the samples; "
             "(n of N over) counts those over 2 x threshold, the bound the `chains_within_twice_threshold` check "
             "holds.",
+            "`N roots`: the same stores as N streaming queries of S / N partitions, each in its own checkpoint root "
+            "with its own commit records, one maintainer given every root (`statekeeper maintain` cycles through "
+            "them; Dagster's sensor requests a run per root, at most one per root and 4 in all at a time); "
+            "chains, files and bytes are over every root.",
             "![fleet over time](fleet.png)",
         ],
     )
@@ -557,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--updates", type=int, default=1_000)
     parser.add_argument("--writers", type=int, default=2)
+    parser.add_argument("--roots", type=int, default=1, help="checkpoint roots the stores are spread over")
     parser.add_argument("--threshold", type=int, default=FleetParams.threshold, help="snapshot threshold")
     parser.add_argument(
         "--schedule",
@@ -572,8 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.maintainer:
         p = FleetParams(**json.loads(args.maintainer))
-        root, base = args.args
-        maintain(p, root, os.path.join(base, "maintainer"), Path(base, "stop"), Path(base, "maintainer.json"))
+        roots, base = args.args
+        maintain(p, roots, os.path.join(base, "maintainer"), Path(base, "stop"), Path(base, "maintainer.json"))
         return 0
     base = FleetParams()
     params = [
@@ -585,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
             keys=args.keys,
             updates=args.updates,
             writers=args.writers,
+            roots=args.roots,
             threshold=args.threshold,
             schedule=args.schedule,
         )

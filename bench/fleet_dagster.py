@@ -27,7 +27,7 @@ log = logging.getLogger("bench.fleet")
 
 class DagsterMaintainer:
     def __init__(
-        self, root: str, work: str, *, threshold: int, retain: int, orphan_grace: float, load_grace: float
+        self, roots: str, work: str, *, threshold: int, retain: int, orphan_grace: float, load_grace: float
     ) -> None:
         from dagster import DagsterInstance
 
@@ -36,7 +36,7 @@ class DagsterMaintainer:
         from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
         from statekeeper.orchestration.sensors import SENSOR_NAME
 
-        self.config = OrchestrationConfig(roots=parse_roots(root))
+        self.config = OrchestrationConfig(roots=parse_roots(roots))
         self.resources: dict[str, Any] = {
             "storage": CheckpointStorage(roots=list(self.config.roots)),
             "catalog": CatalogDatabase(url=f"sqlite:///{os.path.join(work, 'catalog.db')}"),
@@ -92,7 +92,7 @@ class DagsterMaintainer:
 
 
 def run_daemon(
-    root: str,
+    roots: str,
     work: str,
     stop: Path,
     *,
@@ -104,8 +104,8 @@ def run_daemon(
     schedules_every_minute: bool = False,
 ) -> tuple[int, dict[str, int]]:
     """Dagster as deployed: `dagster-daemon run -w workspace.yaml` (its code server, and a process per
-    run launched by the default run launcher) on the root until `stop` exists, with the sensor every
-    `cycle` seconds and the schedules on their default crons (or all every minute). Returns the sensor's
+    run launched by the default run launcher) on the roots (comma-separated) until `stop` exists, with the
+    sensor every `cycle` seconds and the schedules on their default crons (or all every minute). Returns the sensor's
     ticks and the runs per job.
 
     The caller becomes the subreaper of everything the daemon starts, so that every process's CPU ends
@@ -125,7 +125,7 @@ def run_daemon(
         **os.environ,
         **{MaintenanceSettings.env_name(k): str(v) for k, v in settings.items()},
         "DAGSTER_HOME": home,
-        "STATEKEEPER_CHECKPOINT_ROOTS": root,
+        "STATEKEEPER_CHECKPOINT_ROOTS": roots,
         "STATEKEEPER_DB_URL": f"sqlite:///{os.path.join(work, 'catalog.db')}",
         "STATEKEEPER_SENSOR_INTERVAL_SECONDS": str(max(1, round(cycle))),
     }

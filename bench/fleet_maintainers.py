@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from itertools import product
 from pathlib import Path
 
 log = logging.getLogger("bench.fleet")
@@ -36,11 +37,20 @@ class FleetParams:
     every cron every minute, the finest a cron fires). 0: the product's default crons (hourly, hourly,
     daily), as deployed: none fires within a run; the sensor's expiry runs keep the checkpoint bounded."""
     sample_every: float = 5.0
+    roots: int = 1
+    """Checkpoint roots the stores are spread over: one streaming query each, with `stores / roots` state
+    partitions, as a fleet of queries is; the maintainer is given all of them."""
 
     @property
     def label(self) -> str:
-        """The maintainer as the tables name it: the mode, and the schedules when not the defaults."""
-        return f"{self.mode}, schedules every {self.schedule:g} s" if self.schedule else self.mode
+        """The maintainer as the tables name it: the mode, the roots when several, the schedules when not
+        the defaults."""
+        parts = [self.mode]
+        if self.roots > 1:
+            parts.append(f"{self.roots} roots")
+        if self.schedule:
+            parts.append(f"schedules every {self.schedule:g} s")
+        return ", ".join(parts)
 
     def settings_args(self) -> list[str]:
         return [
@@ -58,14 +68,14 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def _maintain_cli(p: FleetParams, root: str, work: str, stop: Path) -> int:
+def _maintain_cli(p: FleetParams, roots: str, work: str, stop: Path) -> int:
     env = {**os.environ, "STATEKEEPER_HOME": os.path.join(work, "home")}
     env.pop("STATEKEEPER_DB_URL", None)
     common = [*p.settings_args(), "--work-dir", os.path.join(work, "replicas"), "--no-progress"]
     cycles = 0
     while not stop.exists():
         t0 = time.monotonic()
-        for command in ("snapshot", "expire", "clean-orphans"):
+        for root, command in product(roots.split(","), ("snapshot", "expire", "clean-orphans")):
             done = subprocess.run(
                 [sys.executable, "-m", "statekeeper.maintenance", command, root, *common, "--json"],
                 env=env,
@@ -80,12 +90,12 @@ def _maintain_cli(p: FleetParams, root: str, work: str, stop: Path) -> int:
     return cycles
 
 
-def _maintain_loop(p: FleetParams, root: str, work: str, stop: Path) -> int:
+def _maintain_loop(p: FleetParams, roots: str, work: str, stop: Path) -> int:
     env = {**os.environ, "STATEKEEPER_HOME": os.path.join(work, "home")}
     env.pop("STATEKEEPER_DB_URL", None)
     args = [*p.settings_args(), "--work-dir", os.path.join(work, "replicas"), "--every", str(p.cycle)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "statekeeper.maintenance", "maintain", root, *args],
+        [sys.executable, "-m", "statekeeper.maintenance", "maintain", *roots.split(","), *args],
         env=env,
         stdout=subprocess.PIPE,
         text=True,
@@ -103,11 +113,11 @@ def _maintain_loop(p: FleetParams, root: str, work: str, stop: Path) -> int:
     return out.count("cycle ")
 
 
-def _maintain_dagster(p: FleetParams, root: str, work: str, stop: Path) -> int:
+def _maintain_dagster(p: FleetParams, roots: str, work: str, stop: Path) -> int:
     from bench.fleet_dagster import DagsterMaintainer
 
     dagster = DagsterMaintainer(
-        root, work, threshold=p.threshold, retain=p.retain, orphan_grace=p.orphan_grace, load_grace=p.load_grace
+        roots, work, threshold=p.threshold, retain=p.retain, orphan_grace=p.orphan_grace, load_grace=p.load_grace
     )
     cycles = 0
     last_schedule = time.monotonic()
@@ -125,11 +135,11 @@ def _maintain_dagster(p: FleetParams, root: str, work: str, stop: Path) -> int:
     return cycles
 
 
-def _maintain_daemon(p: FleetParams, root: str, work: str, stop: Path) -> int:
+def _maintain_daemon(p: FleetParams, roots: str, work: str, stop: Path) -> int:
     from bench.fleet_dagster import run_daemon
 
     ticks, runs = run_daemon(
-        root,
+        roots,
         work,
         stop,
         threshold=p.threshold,
@@ -143,10 +153,11 @@ def _maintain_daemon(p: FleetParams, root: str, work: str, stop: Path) -> int:
     return ticks
 
 
-def maintain(p: FleetParams, root: str, work: str, stop: Path, out: Path) -> None:
-    """The maintainer process: runs until `stop` exists, then writes its CPU seconds and cycles to `out`."""
+def maintain(p: FleetParams, roots: str, work: str, stop: Path, out: Path) -> None:
+    """The maintainer process of `roots` (comma-separated, as STATEKEEPER_CHECKPOINT_ROOTS takes them): runs
+    until `stop` exists, then writes its CPU seconds and cycles to `out`."""
     os.makedirs(work, exist_ok=True)
     cpu0 = _cpu_seconds()
     modes = {"cli": _maintain_cli, "maintain": _maintain_loop, "dagster": _maintain_dagster, "daemon": _maintain_daemon}
-    cycles = modes[p.mode](p, root, work, stop)
+    cycles = modes[p.mode](p, roots, work, stop)
     out.write_text(json.dumps({"cpu_seconds": _cpu_seconds() - cpu0, "cycles": cycles}))

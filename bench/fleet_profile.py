@@ -90,7 +90,9 @@ def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
         parent, child = spawn.Pipe()
         work = os.path.join(base, f"writer{i}")
         writer = spawn.Process(
-            target=_writer_main, args=(child, uri, list(range(per_root)), args.keys, args.updates, work), daemon=True
+            target=_writer_main,
+            args=(child, {q: (uri, q) for q in range(per_root)}, args.keys, args.updates, work),
+            daemon=True,
         )
         writer.start()
         pipes.append(parent)
@@ -146,9 +148,7 @@ def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
         started = time.process_time()
         cycles = args.warmup + args.cycles
         if args.dagster:
-            if len(uris) > 1:
-                raise SystemExit("--dagster measures one root")
-            _dagster_cycles(uris[0], base, settings, cycles, between_cycles)
+            _dagster_cycles(",".join(uris), base, settings, cycles, between_cycles)
         else:
             # One loop, as `statekeeper maintain` runs: what it keeps across cycles (leases taken before the
             # listing, warm replicas, parsed records) counts; the writers commit between its cycles.
@@ -176,13 +176,13 @@ def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
 
 
 def _dagster_cycles(
-    uri: str, base: str, settings: MaintenanceSettings, cycles: int, between: Callable[[CycleResult], None]
+    roots: str, base: str, settings: MaintenanceSettings, cycles: int, between: Callable[[CycleResult], None]
 ) -> None:
     from bench.fleet_dagster import DagsterMaintainer
     from statekeeper.maintenance.loop import CycleResult
 
     dagster = DagsterMaintainer(
-        uri,
+        roots,
         base,
         threshold=settings.snapshot_threshold,
         retain=settings.min_versions_to_retain,

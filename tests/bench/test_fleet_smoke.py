@@ -35,6 +35,18 @@ def test_fleet_benchmark_runs_both_maintainers(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["fleet.png"], "the benchmark left scratch files behind"
 
 
+def test_fleet_benchmark_spreads_the_stores_over_several_roots(tmp_path: Path) -> None:
+    """`--roots N`: N queries, each its own root and commit records; one maintainer keeps them all."""
+    args = ["--stores", "4", "--roots", "2", "--mode", "maintain", "dagster", "--seconds", "8", "--keys", "500"]
+    args += ["--updates", "50", "--threshold", "3", "--plot", str(tmp_path / "fleet.png")]
+    out = run_bench(tmp_path, args, module=FLEET, timeout=300)
+    for label in ("maintain, 2 roots", "dagster, 2 roots"):
+        row = next(line for line in out.splitlines() if line.startswith(f"| {label} | 4 | 4 |"))
+        landed = row.rstrip(" |").rsplit(" | ", 1)[-1]  # "p50 / p90 / max (n of N over)", from the one catalog
+        snapshots = int(landed.split(" of ")[1].split()[0])
+        assert snapshots >= 4, row  # 8 commits at threshold 3: every store of both roots snapshotted
+
+
 @pytest.mark.slow
 def test_fleet_benchmark_runs_dagster_as_deployed(tmp_path: Path) -> None:
     """`--mode daemon`: `dagster-daemon run` on the root; its sensor's runs keep the chains bounded."""
