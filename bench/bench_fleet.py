@@ -106,10 +106,10 @@ FULL = [
 ]
 """The deployed paths (the `statekeeper maintain` loop, Dagster's runs in process, Dagster as deployed, its
 schedules on their default crons) at 16, 64 and 128 stores (past the 100 stores whose health the Dagster UI
-plots one by one, a cost that stops growing there), and Dagster as deployed with every schedule every
-minute at 128 stores: what the schedules' runs (an expiry, a verification of every retained version
-outside the root's run slot, an orphan cleanup) cost and do to the chains under load; and the same 128
-stores as 8 queries of 16 partitions, each in its own root (Dagster: a run per root, up to 4 at a time). The cron-style
+plots one by one, a cost that stops growing there), and Dagster as deployed with every schedule every minute
+at 128 stores: what the schedules' runs (an expiry, a verification of every retained version outside the
+root's run slot, an orphan cleanup) cost and do to the chains under load; and the same 128 stores as 8
+queries of 16 partitions, each in its own root (Dagster: a run per root, up to 4 at a time). The cron-style
 `cli` mode (a new process per command) runs with `--mode cli`."""
 QUICK = [
     FleetParams(stores=s, keys=1_000, updates=100, seconds=10, sample_every=3, cycle=1, schedule=4, mode=m)

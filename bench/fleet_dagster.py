@@ -103,10 +103,10 @@ def run_daemon(
     cycle: float,
     schedules_every_minute: bool = False,
 ) -> tuple[int, dict[str, int]]:
-    """Dagster as deployed: `dagster-daemon run -w workspace.yaml` (its code server, and a process per
-    run launched by the default run launcher) on the roots (comma-separated) until `stop` exists, with the
-    sensor every `cycle` seconds and the schedules on their default crons (or all every minute). Returns the sensor's
-    ticks and the runs per job.
+    """Dagster as deployed: `dagster-daemon run -w workspace.yaml` (its code server, and a process per run
+    launched by the default run launcher) on the roots (comma-separated) until `stop` exists, with the
+    sensor every `cycle` seconds and the schedules on their default crons (or all every minute). Returns
+    the sensor's ticks and the runs per job.
 
     The caller becomes the subreaper of everything the daemon starts, so that every process's CPU ends
     up in its `RUSAGE_CHILDREN`, also when the process that started it does not wait for it."""
