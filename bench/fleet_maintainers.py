@@ -94,23 +94,25 @@ def _maintain_loop(p: FleetParams, roots: str, work: str, stop: Path) -> int:
     env = {**os.environ, "STATEKEEPER_HOME": os.path.join(work, "home")}
     env.pop("STATEKEEPER_DB_URL", None)
     args = [*p.settings_args(), "--work-dir", os.path.join(work, "replicas"), "--every", str(p.cycle)]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "statekeeper.maintenance", "maintain", *roots.split(","), *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    while not stop.exists():
-        time.sleep(0.2)
-    proc.terminate()  # SIGTERM between or within a cycle: a maintainer may die at any point (invariant 4)
-    try:
-        out, _ = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:  # seen once on a machine loaded 5x over its cores
-        log.warning("statekeeper maintain still running 120 s after SIGTERM; killing it")
-        proc.kill()
-        out, _ = proc.communicate(timeout=120)
-    return out.count("cycle ")
+    # Its report of every cycle goes to a file: a pipe read only at the end fills (64 KiB; a cycle's line
+    # names every root) and blocks the loop in its next write.
+    report = Path(work, "maintain.out")
+    with report.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "statekeeper.maintenance", "maintain", *roots.split(","), *args],
+            env=env,
+            stdout=out,
+        )
+        while not stop.exists():
+            time.sleep(0.2)
+        proc.terminate()  # SIGTERM between or within a cycle: a maintainer may die at any point (invariant 4)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:  # seen once on a machine loaded 5x over its cores
+            log.warning("statekeeper maintain still running 120 s after SIGTERM; killing it")
+            proc.kill()
+            proc.wait(timeout=120)
+    return report.read_text().count("cycle ")
 
 
 def _maintain_dagster(p: FleetParams, roots: str, work: str, stop: Path) -> int:
