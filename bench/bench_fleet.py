@@ -185,17 +185,16 @@ def run_fleet(p: FleetParams, base: str) -> FleetResult:
     if p.stores % p.roots:
         raise ValueError(f"{p.stores} stores do not spread evenly over {p.roots} roots")
     per_root = p.stores // p.roots
-    roots = []
-    for r in range(p.roots):
-        root_dir = os.path.join(base, "ckpt" if p.roots == 1 else f"ckpt{r:03d}")
-        os.makedirs(root_dir)
-        roots.append(Path(root_dir).as_uri())
+    roots = [Path(base, f"ckpt{r:03d}") for r in range(p.roots)]
+    for root_dir in roots:
+        root_dir.mkdir()
+    uris = [root_dir.as_uri() for root_dir in roots]
     ctx = multiprocessing.get_context("spawn")
     parts = [list(range(w, p.stores, p.writers)) for w in range(min(p.writers, p.stores))]
     pipes, procs = [], []
     for w, mine in enumerate(parts):
         parent, child = ctx.Pipe()
-        stores = {i: (roots[i // per_root], i % per_root) for i in mine}
+        stores = {i: (uris[i // per_root], i % per_root) for i in mine}
         proc = ctx.Process(
             target=_writer_main,
             args=(child, stores, p.keys, p.updates, os.path.join(base, f"writer{w}")),
@@ -204,7 +203,7 @@ def run_fleet(p: FleetParams, base: str) -> FleetResult:
         proc.start()
         pipes.append(parent)
         procs.append(proc)
-    logs = [CommitLog(open_file_manager(root)) for root in roots]
+    logs = [CommitLog(open_file_manager(uri)) for uri in uris]
     result = FleetResult(p)
     stop, out = Path(base, "stop"), Path(base, "maintainer.json")
     ids: dict[int, str] = {}
@@ -222,7 +221,7 @@ def run_fleet(p: FleetParams, base: str) -> FleetResult:
 
     step(0)  # the bulk load of every store, before the clock starts
     maintainer = subprocess.Popen(
-        [sys.executable, "-m", "bench.bench_fleet", "--maintainer", json.dumps(asdict(p)), ",".join(roots), base],
+        [sys.executable, "-m", "bench.bench_fleet", "--maintainer", json.dumps(asdict(p)), ",".join(uris), base],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
     )
@@ -233,7 +232,7 @@ def run_fleet(p: FleetParams, base: str) -> FleetResult:
     def sampler() -> None:
         while not done.wait(p.sample_every):
             try:
-                samples.append(sample(roots, p, time.monotonic() - t_start))
+                samples.append(sample(uris, p, time.monotonic() - t_start))
             except Exception as e:  # a file deleted under the listing: the next sample will do
                 log.info("sample skipped: %s", e)
 

@@ -41,11 +41,12 @@ def sample(roots: list[str], p: FleetParams, t: float) -> Sample:
     # what the retained versions need, with no grace at all: anything more is lag or waste
     strict_settings = replace(settings, load_grace_seconds=0.0, orphan_grace_seconds=0.0)
     health: list[StoreHealth] = []
-    version = live = needed = files = size = 0
-    for n, root in enumerate(roots):
+    latest: list[int] = []
+    live = needed = files = size = 0
+    for root in roots:
         inv = Inventory.scan(root)
         health += store_health(inv, settings)
-        version = inv.latest if n == 0 else min(version, inv.latest)
+        latest.append(inv.latest)
         for store in inv.store_ids():
             held = inv.files_of(store)
             if held.manifest_data:
@@ -60,7 +61,7 @@ def sample(roots: list[str], p: FleetParams, t: float) -> Sample:
     fleet = summarize(health)
     return Sample(
         round(t, 1),
-        version,
+        min(latest),
         fleet.chain_p50,
         fleet.chain_p99,
         fleet.chain_max,
