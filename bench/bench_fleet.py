@@ -72,9 +72,7 @@ import argparse
 import json
 import logging
 import math
-import multiprocessing
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -82,20 +80,19 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
-from multiprocessing.connection import Connection
 from pathlib import Path
 
+from bench.baselines import KEY_BYTES, VALUE_BYTES
 from bench.fleet_fanout import FanoutParams, fanout_table, run_fanout
 from bench.fleet_floor import rocksdict_floor
 from bench.fleet_landing import chains_at_snapshots, landing_summary
 from bench.fleet_maintainers import MODES, FleetParams, maintain
 from bench.fleet_sampling import Sample, sample
+from bench.fleet_writers import FleetWriters
 from bench.report import ROOT, Table
 
 log = logging.getLogger("bench.fleet")
 
-OPERATOR = "fleet"
-KEY_BYTES, VALUE_BYTES = 16, 64
 PLOT = ROOT / "docs" / "fleet.png"
 
 
@@ -142,84 +139,23 @@ class FleetResult:
         return self.maintainer_cpu / self.store_commits if self.store_commits else math.nan
 
 
-# -- writers ----------------------------------------------------------------------------------------
-
-
-def _writer_main(conn: Connection, stores: dict[int, tuple[str, int]], keys: int, updates: int, work: str) -> None:
-    """One writer process: per message (version, committed ids), load, update and commit its stores
-    (fleet index -> root and partition)."""
-    from statekeeper.store.state_store import StateStore, StoreConfig
-
-    rng = random.Random(min(stores, default=0))
-    keyspace = [b"k%015d" % i for i in range(keys)]
-    opened = {
-        i: StateStore(root, OPERATOR, part, config=StoreConfig(local_dir=os.path.join(work, f"s{i:05d}")))
-        for i, (root, part) in stores.items()
-    }
-    try:
-        while True:
-            msg = conn.recv()
-            if msg is None:
-                break
-            version, ids = msg
-            out = {}
-            for i, store_ in opened.items():
-                store = store_.load(version, ids.get(i) or None)
-                chosen = keyspace if version == 0 else rng.sample(keyspace, updates)
-                raw = rng.randbytes(VALUE_BYTES * len(chosen))
-                store.put_batch(chosen, [raw[j : j + VALUE_BYTES] for j in range(0, len(raw), VALUE_BYTES)])
-                out[i] = store.commit().checkpoint_id
-            conn.send(out)
-    finally:
-        for s in opened.values():
-            s.close()
-
-
 # -- one run ------------------------------------------------------------------------------------------
 
 
 def run_fleet(p: FleetParams, base: str) -> FleetResult:
-    from statekeeper.store.commit_log import CommitLog
-    from statekeeper.store.files import open_file_manager
-
-    if p.stores % p.roots:
-        raise ValueError(f"{p.stores} stores do not spread evenly over {p.roots} roots")
-    per_root = p.stores // p.roots
     roots = [Path(base, f"ckpt{r:03d}") for r in range(p.roots)]
     for root_dir in roots:
         root_dir.mkdir()
     uris = [root_dir.as_uri() for root_dir in roots]
-    ctx = multiprocessing.get_context("spawn")
-    parts = [list(range(w, p.stores, p.writers)) for w in range(min(p.writers, p.stores))]
-    pipes, procs = [], []
-    for w, mine in enumerate(parts):
-        parent, child = ctx.Pipe()
-        stores = {i: (uris[i // per_root], i % per_root) for i in mine}
-        proc = ctx.Process(
-            target=_writer_main,
-            args=(child, stores, p.keys, p.updates, os.path.join(base, f"writer{w}")),
-            daemon=True,
-        )
-        proc.start()
-        pipes.append(parent)
-        procs.append(proc)
-    logs = [CommitLog(open_file_manager(uri)) for uri in uris]
+    with FleetWriters(uris, p.stores, p.writers, p.keys, p.updates, base) as writers:
+        return _run_beside(p, base, uris, writers)
+
+
+def _run_beside(p: FleetParams, base: str, uris: list[str], writers: FleetWriters) -> FleetResult:
+    """Commit every store every `interval` seconds for `seconds` beside the maintainer, sampling the roots."""
     result = FleetResult(p)
     stop, out = Path(base, "stop"), Path(base, "maintainer.json")
-    ids: dict[int, str] = {}
-
-    def step(version: int) -> None:
-        nonlocal ids
-        for conn, mine in zip(pipes, parts, strict=True):
-            conn.send((version, {q: ids[q] for q in mine if q in ids}))
-        new: dict[int, str] = {}
-        for conn in pipes:
-            new.update(conn.recv())
-        for r, log_ in enumerate(logs):  # one streaming query per root, each its own driver's commit record
-            log_.commit(version + 1, {OPERATOR: [new[r * per_root + q] for q in range(per_root)]})
-        ids = new
-
-    step(0)  # the bulk load of every store, before the clock starts
+    writers.commit_next()  # the bulk load of every store, before the clock starts
     maintainer = subprocess.Popen(
         [sys.executable, "-m", "bench.bench_fleet", "--maintainer", json.dumps(asdict(p)), ",".join(uris), base],
         cwd=ROOT,
@@ -238,11 +174,10 @@ def run_fleet(p: FleetParams, base: str) -> FleetResult:
 
     thread = threading.Thread(target=sampler, name="fleet-sampler", daemon=True)
     thread.start()
-    version, next_tick = 1, time.monotonic()
+    next_tick = time.monotonic()
     try:
         while time.monotonic() - t_start < p.seconds:
-            step(version)
-            version += 1
+            writers.commit_next()
             result.store_commits += p.stores
             next_tick += p.interval
             delay = next_tick - time.monotonic()
@@ -257,14 +192,10 @@ def run_fleet(p: FleetParams, base: str) -> FleetResult:
         stop.touch()
         maintainer.wait(timeout=600)
         thread.join(timeout=120)
-        for conn in pipes:
-            conn.send(None)
-        for proc in procs:
-            proc.join(timeout=60)
     stats = json.loads(out.read_text())
     result.maintainer_cpu = stats["cpu_seconds"]
     result.cycles = stats["cycles"]
-    result.versions = version
+    result.versions = writers.version
     result.samples = samples
     result.landings = chains_at_snapshots(base)
     return result

@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import shutil
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.fleet_writers import FleetWriters
 from bench.report import Table
 
 log = logging.getLogger("bench.fleet")
-
-OPERATOR = "fleet"
 
 
 @dataclass(frozen=True)
@@ -51,29 +49,9 @@ class FanoutResult:
 
 def build_fleet(root: str, p: FanoutParams, work: str) -> None:
     """S stores with a bulk load and `versions` update commits each, commit records as a driver writes them."""
-    from statekeeper.store.commit_log import CommitLog
-    from statekeeper.store.files import open_file_manager
-    from statekeeper.store.state_store import StateStore, StoreConfig
-
-    rng = random.Random(7)
-    keyspace = [b"k%015d" % i for i in range(p.keys)]
-    log_ = CommitLog(open_file_manager(root))
-    stores = [
-        StateStore(root, OPERATOR, part, config=StoreConfig(local_dir=os.path.join(work, f"p{part:05d}")))
-        for part in range(p.stores)
-    ]
-    try:
-        for version in range(p.versions + 1):
-            ids = []
-            for store in stores:
-                store.load(version)
-                chosen = keyspace if version == 0 else rng.sample(keyspace, p.updates)
-                store.put_batch(chosen, [rng.randbytes(64) for _ in chosen])
-                ids.append(store.commit().checkpoint_id)
-            log_.commit(version + 1, {OPERATOR: ids})
-    finally:
-        for store in stores:
-            store.close()
+    with FleetWriters([root], p.stores, 1, p.keys, p.updates, work) as writers:
+        for _ in range(p.versions + 1):
+            writers.commit_next()
 
 
 def run_fanout(p: FanoutParams) -> list[FanoutResult]:

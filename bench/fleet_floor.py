@@ -20,9 +20,8 @@ from collections import deque
 
 import rocksdict as rd
 
+from bench.baselines import VALUE_BYTES
 from bench.fleet_maintainers import FleetParams
-
-VALUE_BYTES = 64
 
 
 def rocksdict_floor(p: FleetParams, commits: int = 300) -> float:

@@ -1,7 +1,7 @@
 """The maintainer's CPU per store-commit, measured and profiled in one process, for tuning the loop.
 
 `bench.bench_fleet` measures a maintainer beside real-time writers; on a shared machine that is slow and
-noisy. This drives the same writer (`bench.bench_fleet._writer_main`, in a child process) in lock step
+noisy. This drives the same writers (`bench.fleet_writers.FleetWriters`, child processes) in lock step
 instead: `per_cycle` commits of every store, then one `statekeeper maintain` cycle here, whose CPU time
 (this process, all threads) alone is counted, after `warmup` cycles. With ``--profile FILE`` the
 measured cycles run under cProfile with a thread-CPU clock (use ``--parallelism 1`` to see the snapshot
@@ -9,7 +9,7 @@ builds, which otherwise run on pool threads)::
 
     python -m bench.fleet_profile --stores 16 --cycles 20 [--catalog] [--s3] [--profile /tmp/cycle.prof]
 
-With ``--roots R`` the stores are spread over R checkpoint roots (a query each, its own writer process),
+With ``--roots R`` the stores are spread over R checkpoint roots (a query each; R writer processes),
 all kept by the one loop (`statekeeper maintain ROOT ...`).
 
 With ``--dagster`` a cycle is instead one tick of the checkpoint sensor and the runs it requests
@@ -22,7 +22,6 @@ import argparse
 import cProfile
 import json
 import logging
-import multiprocessing
 import os
 import pstats
 import shutil
@@ -32,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.bench_fleet import OPERATOR, _writer_main
+from bench.fleet_writers import FleetWriters
 
 log = logging.getLogger(__name__)
 
@@ -79,38 +78,8 @@ def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
     from statekeeper.maintenance.loop import maintain
     from statekeeper.maintenance.settings import MaintenanceSettings
     from statekeeper.sql.catalog import Catalog
-    from statekeeper.store.commit_log import CommitLog
-    from statekeeper.store.files import open_file_manager
 
-    spawn = multiprocessing.get_context("spawn")
-    per_root = args.stores // len(uris)
-    pipes = []
-    writers = []
-    for i, uri in enumerate(uris):
-        parent, child = spawn.Pipe()
-        work = os.path.join(base, f"writer{i}")
-        writer = spawn.Process(
-            target=_writer_main,
-            args=(child, {q: (uri, q) for q in range(per_root)}, args.keys, args.updates, work),
-            daemon=True,
-        )
-        writer.start()
-        pipes.append(parent)
-        writers.append(writer)
-    commit_logs = [CommitLog(open_file_manager(uri)) for uri in uris]
-    ids: list[dict[int, str]] = [{} for _ in uris]
-    version = 0
-
-    def commit_all() -> None:
-        """The next version of every store of every root: the writers' changelogs, then each root's record."""
-        nonlocal version
-        for parent, known in zip(pipes, ids, strict=True):
-            parent.send((version, known))
-        for i, parent in enumerate(pipes):
-            ids[i] = parent.recv()
-            commit_logs[i].commit(version + 1, {OPERATOR: [ids[i][p] for p in range(per_root)]})
-        version += 1
-
+    writers = FleetWriters(uris, args.stores, len(uris), args.keys, args.updates, base)
     settings = MaintenanceSettings(
         snapshot_threshold=10,
         min_versions_to_retain=20,
@@ -136,15 +105,14 @@ def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
             cpu += time.process_time() - started
             measured += args.per_cycle * args.stores
         for _ in range(args.per_cycle):
-            commit_all()
+            writers.commit_next()
         started = time.process_time()
         if profiler is not None and result.cycle >= args.warmup:
             profiler.enable()
 
     try:
-        commit_all()  # the bulk load
-        for _ in range(args.per_cycle):
-            commit_all()
+        for _ in range(1 + args.per_cycle):  # the bulk load, then the first round
+            writers.commit_next()
         started = time.process_time()
         cycles = args.warmup + args.cycles
         if args.dagster:
@@ -154,10 +122,7 @@ def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
             # listing, warm replicas, parsed records) counts; the writers commit between its cycles.
             maintain(uris, settings, every=0, cycles=cycles, catalog=catalog, on_cycle=between_cycles)
     finally:
-        for parent in pipes:
-            parent.send(None)
-        for writer in writers:
-            writer.join(timeout=60)
+        writers.close()
         if catalog is not None:
             catalog.close()
     figures = {
