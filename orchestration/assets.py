@@ -20,6 +20,7 @@ import datetime as dt
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 from dagster import (
@@ -180,8 +181,20 @@ def _run_leases(
     return cycle_leases(root, settings, cat, stores)
 
 
-def run_maintenance(
-    context: AssetExecutionContext,
+@dataclass(frozen=True)
+class RootOutcome:
+    """What one maintenance operation on one root did."""
+
+    metadata: dict[str, MetadataValue]
+    """For the UI: the report's numbers, the chains after it, its catalog run."""
+    errors: list[str]
+    summary: dict[str, int | float]
+    """The operation's own figures (`report.metadata()`), for the run's log."""
+
+
+def maintain_root(
+    root_key: str,
+    run_id: str,
     asset_name: str,
     operation: Callable[..., Any],
     storage: CheckpointStorage,
@@ -190,22 +203,22 @@ def run_maintenance(
     *,
     health: bool = False,
     **kwargs: Any,
-) -> MaterializeResult[None]:
-    """Run one maintenance operation on the root of the partition and describe it for the UI.
+) -> RootOutcome:
+    """Run one maintenance operation on the root `root_key` (a partition key) for Dagster run `run_id`.
 
     With `health`, also the chain length and snapshot lag of every store after the run
     (`statekeeper.maintenance.health`, from the catalog), as numbers the UI plots per store.
     """
-    fm = storage.file_manager(context.partition_key)
+    fm = storage.file_manager(root_key)
     root = fm.root_uri
     settings = maintenance.settings()
     t0 = time.perf_counter()
     since = utcnow()
     with catalog.session() as cat:
         with _run_leases(asset_name, cat, root, maintenance, settings, kwargs):
-            report = operation(fm, settings, catalog=cat, orchestrator_run_id=context.run.run_id, **kwargs)
+            report = operation(fm, settings, catalog=cat, orchestrator_run_id=run_id, **kwargs)
         catalog_run = ensure_recorded(
-            cat, root, KINDS[asset_name], context.run.run_id, since, report, dry_run=bool(kwargs.get("dry_run"))
+            cat, root, KINDS[asset_name], run_id, since, report, dry_run=bool(kwargs.get("dry_run"))
         )
         sync_lineage(cat, storage, root, fresh_within=FRESH_SYNC_SECONDS, list_stores=False)  # chains as they are now
         chains = cat.chain_lengths(root)
@@ -217,9 +230,28 @@ def run_maintenance(
         md.update(health_metadata(health_from_chains(chains)))
     md["asset_seconds"] = MetadataValue.float(round(time.perf_counter() - t0, 3))
     md["catalog_run_id"] = MetadataValue.int(catalog_run)
-    _fail_on_errors(KINDS[asset_name], root, report_errors(report), md)
-    context.log.info("%s of %s: %s", KINDS[asset_name], root, report.metadata())
-    return MaterializeResult(metadata=md)
+    return RootOutcome(md, report_errors(report), report.metadata())
+
+
+def run_maintenance(
+    context: AssetExecutionContext,
+    asset_name: str,
+    operation: Callable[..., Any],
+    storage: CheckpointStorage,
+    catalog: CatalogDatabase,
+    maintenance: MaintenanceConfig,
+    *,
+    health: bool = False,
+    **kwargs: Any,
+) -> MaterializeResult[None]:
+    """`maintain_root` on the root of the asset's partition; a run whose operation reports errors fails."""
+    root = context.partition_key
+    out = maintain_root(
+        root, context.run.run_id, asset_name, operation, storage, catalog, maintenance, health=health, **kwargs
+    )
+    _fail_on_errors(KINDS[asset_name], root, out.errors, out.metadata)
+    context.log.info("%s of %s: %s", KINDS[asset_name], root, out.summary)
+    return MaterializeResult(metadata=out.metadata)
 
 
 def build_assets(partitions: PartitionsDefinition) -> list[AssetsDefinition]:
@@ -345,8 +377,10 @@ __all__ = [
     "RETAINED",
     "ROOT_TAG",
     "SNAPSHOTS",
+    "RootOutcome",
     "build_assets",
     "ensure_recorded",
+    "maintain_root",
     "run_maintenance",
     "sync_lineage",
 ]

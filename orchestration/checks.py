@@ -39,14 +39,9 @@ def _root(context: AssetCheckExecutionContext, storage: CheckpointStorage) -> st
 
 
 def _chains_within(
-    context: AssetCheckExecutionContext,
-    storage: CheckpointStorage,
-    catalog: CatalogDatabase,
-    threshold: int,
-    limit: int,
+    root: str, storage: CheckpointStorage, catalog: CatalogDatabase, threshold: int, limit: int
 ) -> tuple[bool, dict[str, MetadataValue]]:
     """Whether every store of the root replays at most `limit` changelogs, with the chain metadata."""
-    root = _root(context, storage)
     with catalog.session() as cat:
         sync_lineage(cat, storage, root, fresh_within=FRESH_SYNC_SECONDS, list_stores=False)  # the asset's run's
         chains = cat.chain_lengths(root)
@@ -55,6 +50,19 @@ def _chains_within(
     md["stores_over_limit"] = MetadataValue.int(len(over))
     md["details"] = table(chain_rows(over or chains))
     return not over, md
+
+
+def chain_check(
+    name: str, root: str, storage: CheckpointStorage, catalog: CatalogDatabase, threshold: int
+) -> tuple[bool, dict[str, MetadataValue], AssetCheckSeverity]:
+    """The chain check `name` (`CHAINS` or `CHAINS_BOUNDED`) of `root`: passed, metadata, severity."""
+    if name == CHAINS:
+        passed, md = _chains_within(root, storage, catalog, threshold, threshold)
+        md["stores_over_threshold"] = md.pop("stores_over_limit")
+        return passed, md, AssetCheckSeverity.WARN
+    passed, md = _chains_within(root, storage, catalog, threshold, 2 * threshold)
+    md["chain_length_limit"] = MetadataValue.int(2 * threshold)
+    return passed, md, AssetCheckSeverity.ERROR
 
 
 def loadability(
@@ -106,10 +114,9 @@ def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition
             catalog: CatalogDatabase,
             maintenance: MaintenanceConfig,
         ) -> AssetCheckResult:
-            threshold = maintenance.snapshot_threshold
-            passed, md = _chains_within(context, storage, catalog, threshold, threshold)
-            md["stores_over_threshold"] = md.pop("stores_over_limit")
-            return AssetCheckResult(passed=passed, metadata=md, severity=AssetCheckSeverity.WARN)
+            root = _root(context, storage)
+            passed, md, severity = chain_check(CHAINS, root, storage, catalog, maintenance.snapshot_threshold)
+            return AssetCheckResult(passed=passed, metadata=md, severity=severity)
 
         @asset_check(
             asset=SNAPSHOTS,
@@ -124,10 +131,9 @@ def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition
             catalog: CatalogDatabase,
             maintenance: MaintenanceConfig,
         ) -> AssetCheckResult:
-            threshold = maintenance.snapshot_threshold
-            passed, md = _chains_within(context, storage, catalog, threshold, 2 * threshold)
-            md["chain_length_limit"] = MetadataValue.int(2 * threshold)
-            return AssetCheckResult(passed=passed, metadata=md, severity=AssetCheckSeverity.ERROR)
+            root = _root(context, storage)
+            passed, md, severity = chain_check(CHAINS_BOUNDED, root, storage, catalog, maintenance.snapshot_threshold)
+            return AssetCheckResult(passed=passed, metadata=md, severity=severity)
 
         @asset_check(
             asset=ORPHANS,
@@ -168,4 +174,13 @@ def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition
     ]
 
 
-__all__ = ["CHAINS", "CHAINS_BOUNDED", "CHECK_NAMES", "LOADABLE", "NO_ORPHANS", "build_checks", "loadability"]
+__all__ = [
+    "CHAINS",
+    "CHAINS_BOUNDED",
+    "CHECK_NAMES",
+    "LOADABLE",
+    "NO_ORPHANS",
+    "build_checks",
+    "chain_check",
+    "loadability",
+]

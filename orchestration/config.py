@@ -17,6 +17,7 @@ has its own materialization history, its own plots and its own run queue.
 | STATEKEEPER_SENSOR_INTERVAL_SECONDS | ``30`` | minimum seconds between two sensor ticks |
 | STATEKEEPER_SENSOR_MAX_NAMES | ``10000`` | commit names one tick lists at most per root (the rest next tick) |
 | STATEKEEPER_SENSOR_LISTING_SECONDS | ``300`` | seconds between two ticks that list every store's directories |
+| STATEKEEPER_SENSOR_FLEET_ROOTS | ``2`` | one run for a tick's roots if this many have work (``off``: a run each) |
 | STATEKEEPER_FAILURE_SENSOR | ``on`` | ``off`` stops recording failed runs in the catalog |
 
 Maintenance settings (snapshot threshold, retention, grace period, parallelism...) come from
@@ -46,6 +47,7 @@ ENV_SENSOR = "STATEKEEPER_CHECKPOINT_SENSOR"
 ENV_SENSOR_INTERVAL = "STATEKEEPER_SENSOR_INTERVAL_SECONDS"
 ENV_SENSOR_MAX_NAMES = "STATEKEEPER_SENSOR_MAX_NAMES"
 ENV_SENSOR_LISTING = "STATEKEEPER_SENSOR_LISTING_SECONDS"
+ENV_SENSOR_FLEET_ROOTS = "STATEKEEPER_SENSOR_FLEET_ROOTS"
 ENV_FAILURE_SENSOR = "STATEKEEPER_FAILURE_SENSOR"
 
 DEFAULT_EXPIRY_CRON = "0 * * * *"
@@ -54,6 +56,7 @@ DEFAULT_VERIFY_CRON = "30 * * * *"
 DEFAULT_SENSOR_INTERVAL = 30
 DEFAULT_SENSOR_MAX_NAMES = 10_000
 DEFAULT_SENSOR_LISTING = 300
+DEFAULT_SENSOR_FLEET_ROOTS = 2
 
 _OFF = frozenset({"off", "false", "no", "0", "disabled", "none"})
 _ON = frozenset({"on", "true", "yes", "1", "enabled"})
@@ -130,6 +133,16 @@ def parse_positive_int(value: str | None, name: str, default: int) -> int:
     return n
 
 
+def parse_count_or_off(value: str | None, name: str, default: int) -> int:
+    """A positive integer, or 0 for ``off``."""
+    if value is not None and value.strip().lower() in _OFF:
+        return 0
+    try:
+        return parse_positive_int(value, name, default)
+    except ConfigurationError:
+        raise ConfigurationError(f"invalid {name}={value!r}: expected a positive integer or 'off'") from None
+
+
 @dataclass(frozen=True)
 class OrchestrationConfig:
     """Load-time configuration of the code location (see the module docstring for the variables)."""
@@ -148,6 +161,8 @@ class OrchestrationConfig:
     sensor_interval_seconds: int = DEFAULT_SENSOR_INTERVAL
     sensor_max_names: int = DEFAULT_SENSOR_MAX_NAMES
     sensor_listing_seconds: int = DEFAULT_SENSOR_LISTING
+    sensor_fleet_roots: int = DEFAULT_SENSOR_FLEET_ROOTS
+    """One run for the roots of a tick when at least this many have work (0: a run per root)."""
     failure_sensor_enabled: bool = True
 
     def __post_init__(self) -> None:
@@ -180,6 +195,9 @@ class OrchestrationConfig:
             sensor_listing_seconds=parse_positive_int(
                 env.get(ENV_SENSOR_LISTING), ENV_SENSOR_LISTING, DEFAULT_SENSOR_LISTING
             ),
+            sensor_fleet_roots=parse_count_or_off(
+                env.get(ENV_SENSOR_FLEET_ROOTS), ENV_SENSOR_FLEET_ROOTS, DEFAULT_SENSOR_FLEET_ROOTS
+            ),
             failure_sensor_enabled=parse_switch(env.get(ENV_FAILURE_SENSOR), ENV_FAILURE_SENSOR, True),
         )
 
@@ -193,6 +211,7 @@ __all__ = [
     "ENV_S3_ENDPOINT",
     "ENV_S3_REGION",
     "ENV_SENSOR",
+    "ENV_SENSOR_FLEET_ROOTS",
     "ENV_SENSOR_INTERVAL",
     "ENV_SENSOR_LISTING",
     "ENV_SENSOR_MAX_NAMES",

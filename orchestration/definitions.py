@@ -13,6 +13,7 @@ from dagster import Definitions, StaticPartitionsDefinition, in_process_executor
 from statekeeper.orchestration.assets import ORPHANS, RETAINED, SNAPSHOTS, build_assets
 from statekeeper.orchestration.checks import build_checks
 from statekeeper.orchestration.config import OrchestrationConfig
+from statekeeper.orchestration.fleet import build_fleet_job
 from statekeeper.orchestration.jobs import build_jobs, build_snapshot_and_expiry_job
 from statekeeper.orchestration.relayout_jobs import relayout_jobs
 from statekeeper.orchestration.resources import build_resources
@@ -33,12 +34,13 @@ def build_definitions(
     partitions = root_partitions(config)
     jobs = build_jobs()
     snapshot_and_expiry_job = build_snapshot_and_expiry_job()
+    fleet_job = build_fleet_job()
     return Definitions(
         assets=build_assets(partitions),
         asset_checks=build_checks(partitions),
-        jobs=[*jobs.values(), snapshot_and_expiry_job, verification_job, *relayout_jobs()],
+        jobs=[*jobs.values(), snapshot_and_expiry_job, fleet_job, verification_job, *relayout_jobs()],
         sensors=[
-            build_checkpoint_sensor(config, [jobs[SNAPSHOTS], jobs[RETAINED], snapshot_and_expiry_job]),
+            build_checkpoint_sensor(config, [jobs[SNAPSHOTS], jobs[RETAINED], snapshot_and_expiry_job, fleet_job]),
             build_failure_sensor(config),
         ],
         schedules=build_schedules(config, partitions, jobs[RETAINED], jobs[ORPHANS]),

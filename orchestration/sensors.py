@@ -28,10 +28,13 @@ catalog's `expiry_bases`): the old base and the changelogs up to the new one go 
 not at the next hourly schedule. The cursor remembers the bases requested for.
 
 A tick requests at most one run per root: a `snapshot_job` run, an `expiry_job` run, or, when it finds
-both crossings and moved bases, one `snapshot_and_expiry_job` run. While a run the sensor requested for
-a root is still queued (the root's slot is busy), the tick requests nothing more for it and keeps what
-it found for a later tick, which asks for all of it in one run: a run costs about 2 s of process start,
-in the root's slot and on the cores, whatever it does, and a queue of small runs only adds those starts.
+both crossings and moved bases, one `snapshot_and_expiry_job` run. When ``STATEKEEPER_SENSOR_FLEET_ROOTS``
+(default 2) or more roots have work in one tick, or the sensor's last fleet run is in progress, it requests
+instead one `fleet_maintenance_job` run for all of them (`statekeeper.orchestration.fleet`): a run's
+process start is paid once per tick, not once per root. While a run the sensor requested for a root (or
+any fleet run) is still queued (the root's slot is busy), the tick requests nothing more for it and keeps
+what it found for a later tick, which asks for all of it in one run: a run costs about 2 s of process
+start, in the root's slot and on the cores, whatever it does, and a queue of small runs only adds those.
 
 **maintenance_failure_sensor** records every failed maintenance run in the catalog: a catalog run
 row that the failed run left ``running`` (a killed process) is marked failed; a run that failed
@@ -50,6 +53,7 @@ from dagster import (
     DagsterRun,
     DagsterRunStatus,
     DefaultSensorStatus,
+    JobDefinition,
     RunFailureSensorContext,
     RunRequest,
     RunsFilter,
@@ -71,6 +75,7 @@ from statekeeper.orchestration.config import (
     OrchestrationConfig,
     normalize_root,
 )
+from statekeeper.orchestration.fleet import FLEET_TAG, fleet_request, fleet_roots
 from statekeeper.orchestration.jobs import SNAPSHOT_AND_EXPIRY_KIND, expiry_request, snapshot_request
 from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
 from statekeeper.sql import Catalog, StoreChain
@@ -312,21 +317,47 @@ def _request(root: str, crossings: list[str], moved_bases: list[str]) -> RunRequ
     return None
 
 
-def queued_sensor_run(instance: DagsterInstance, root: str) -> str | None:
-    """The id of a run this sensor requested for `root` that has not started its work yet, if any: queued, or
-    its process still starting (seconds on a busy machine; it reads the chains once it runs)."""
-    runs = instance.get_runs(
-        RunsFilter(
-            statuses=[DagsterRunStatus.NOT_STARTED, DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING],
-            tags={PARTITION_NAME_TAG: root, TRIGGER_TAG: SENSOR_NAME},
-        ),
-        limit=1,
-    )
-    return runs[0].run_id if runs else None
+PENDING = [DagsterRunStatus.NOT_STARTED, DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING]
 
 
-def build_checkpoint_sensor(config: OrchestrationConfig, jobs: list[UnresolvedAssetJobDefinition]) -> SensorDefinition:
-    """The checkpoint sensor, requesting runs of `jobs` (the snapshot, expiry and snapshot-and-expiry jobs)."""
+def run_roots(run: DagsterRun) -> list[str]:
+    """The roots a maintenance run works on: its partition, or the roots a fleet run names."""
+    if FLEET_TAG in run.tags:
+        return fleet_roots(run.run_config)
+    partition = run.tags.get(PARTITION_NAME_TAG) or run.tags.get(ROOT_TAG)  # verification runs: the tag
+    return [partition] if partition else []
+
+
+def pending_sensor_runs(instance: DagsterInstance) -> dict[str, str]:
+    """Root -> the id of a run this sensor requested for it that has not started its work yet: queued, or its
+    process still starting (seconds on a busy machine; it reads the chains once it runs). A pending fleet run
+    is also under the key `FLEET_TAG`."""
+    pending: dict[str, str] = {}
+    for run in instance.get_runs(RunsFilter(statuses=PENDING, tags={TRIGGER_TAG: SENSOR_NAME})):
+        for key in [*run_roots(run), *([FLEET_TAG] if FLEET_TAG in run.tags else [])]:
+            pending.setdefault(key, run.run_id)
+    return pending
+
+
+def fleet_run_started(instance: DagsterInstance) -> bool:
+    """Whether a fleet run of this sensor is doing its work now."""
+    tags = {TRIGGER_TAG: SENSOR_NAME, FLEET_TAG: "true"}
+    return bool(instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED], tags=tags), limit=1))
+
+
+def tick_requests(ticks: list[RootTick], fleet_roots_min: int, fleet_started: bool) -> list[RunRequest]:
+    """The tick's runs: one fleet run when at least `fleet_roots_min` roots (0: never) have work, or while the
+    last fleet run is in progress (a root's run would wait for its leases); else a run per root."""
+    due = [t for t in ticks if t.request is not None]
+    if fleet_roots_min and due and (len(due) >= fleet_roots_min or fleet_started):
+        return [fleet_request({t.root: (t.crossings, t.moved_bases) for t in due}, SENSOR_RUN_TAGS)]
+    return [t.request for t in due if t.request is not None]
+
+
+def build_checkpoint_sensor(
+    config: OrchestrationConfig, jobs: list[UnresolvedAssetJobDefinition | JobDefinition]
+) -> SensorDefinition:
+    """The checkpoint sensor, requesting runs of `jobs` (the snapshot, expiry, snapshot-and-expiry and fleet jobs)."""
 
     @sensor(
         name=SENSOR_NAME,
@@ -336,7 +367,13 @@ def build_checkpoint_sensor(config: OrchestrationConfig, jobs: list[UnresolvedAs
         description=(
             "Lists new commit records of every checkpoint root after its cursor, syncs the lineage catalog and "
             "requests a run that snapshots the stores whose chain crossed the threshold and expires what a "
-            "moved base left behind (one run per root, none while the sensor's last run of the root is queued)."
+            "moved base left behind ("
+            + (
+                f"one run for all the roots with work when {config.sensor_fleet_roots} or more have some, else "
+                if config.sensor_fleet_roots
+                else ""
+            )
+            + "one run per root; none while the sensor's last run of the root is queued)."
             + ("" if config.sensor_enabled else f" Turned off by {ENV_SENSOR}=off.")
         ),
     )
@@ -349,12 +386,14 @@ def build_checkpoint_sensor(config: OrchestrationConfig, jobs: list[UnresolvedAs
         if not config.sensor_enabled:
             return SkipReason(f"turned off by {ENV_SENSOR}=off")
         state = SensorCursor.parse(context.cursor)
-        requests: list[RunRequest] = []
+        ticks: list[RootTick] = []
         notes: list[str] = []
         roots = storage.root_uris()
+        pending = pending_sensor_runs(context.instance)
+        fleet_pending = pending.get(FLEET_TAG) if config.sensor_fleet_roots else None
         with catalog.session() as cat:
             for root in roots:
-                queued = queued_sensor_run(context.instance, root)
+                queued = pending.get(root) or fleet_pending  # a pending fleet run holds every root: next, one run
                 try:
                     tick = evaluate_root(
                         cat,
@@ -384,8 +423,10 @@ def build_checkpoint_sensor(config: OrchestrationConfig, jobs: list[UnresolvedAs
                     notes.append(f"{root}: waiting for queued run {queued}")
                 if tick.request is not None:
                     context.log.info("requested for %s: %s", root, "; ".join(events))
-                    requests.append(tick.request)
+                    ticks.append(tick)
         state.roots = {r: c for r, c in state.roots.items() if r in roots}
+        fleet_started = bool(config.sensor_fleet_roots and ticks) and fleet_run_started(context.instance)
+        requests = tick_requests(ticks, config.sensor_fleet_roots, fleet_started)
         if requests:
             return SensorResult(run_requests=requests, cursor=state.dump())
         reason = "; ".join(notes) if notes else "no new commits"
@@ -471,20 +512,21 @@ def build_failure_sensor(config: OrchestrationConfig) -> SensorDefinition:
         kind = maintenance_kind(run)
         if kind is None:
             return SkipReason(f"run {run.run_id} ({run.job_name}) is not a maintenance run")
-        partition = run.tags.get(PARTITION_NAME_TAG) or run.tags.get(ROOT_TAG)  # verification runs: the tag
-        if not partition:
+        partitions = run_roots(run)
+        if not partitions:
             return SkipReason(f"run {run.run_id} has no checkpoint root (no partition)")
-        root = normalize_root(partition, "the run's partition")  # also a root no longer configured
         record = context.instance.get_run_record_by_id(run.run_id)
         started = None
         if record is not None and record.start_time is not None:
             started = dt.datetime.fromtimestamp(record.start_time, dt.UTC)
         message = failure_message(context)
-        with catalog.session() as cat:
-            ids = record_failed_run(
-                cat, root, kind, run.run_id, message, started_at=started, details={"dagster_job": run.job_name}
-            )
-        context.log.info("recorded failed %s run %s of %s in the catalog (runs %s)", kind, run.run_id, root, ids)
+        for partition in partitions:  # a fleet run: each root it named
+            root = normalize_root(partition, "the run's partition")  # also a root no longer configured
+            with catalog.session() as cat:
+                ids = record_failed_run(
+                    cat, root, kind, run.run_id, message, started_at=started, details={"dagster_job": run.job_name}
+                )
+            context.log.info("recorded failed %s run %s of %s in the catalog (runs %s)", kind, run.run_id, root, ids)
         return None
 
     return maintenance_failure_sensor
@@ -504,4 +546,6 @@ __all__ = [
     "maintenance_kind",
     "record_failed_run",
     "run_key",
+    "run_roots",
+    "tick_requests",
 ]

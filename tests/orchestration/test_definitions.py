@@ -120,9 +120,10 @@ def test_dagster_definitions_validate(tmp_path: Path) -> None:
 
 def test_a_run_is_one_process_and_a_queued_run_starts_within_a_second(tmp_path: Path) -> None:
     """Every job runs its steps in the run's own process, and the instance `make run` deploys dequeues
-    runs every second while keeping one maintenance run per root."""
+    runs every second while keeping one maintenance run per root and one fleet run at a time."""
     from dagster import DagsterInstance
 
+    from statekeeper.orchestration.fleet import FLEET_TAG
     from statekeeper.orchestration.run_local import prepare_home
 
     repo = build_definitions(OrchestrationConfig.from_env({})).get_repository_def()
@@ -133,7 +134,7 @@ def test_a_run_is_one_process_and_a_queued_run_starts_within_a_second(tmp_path: 
         queue = instance.get_concurrency_config().run_queue_config
         assert queue is not None
         limits = queue.tag_concurrency_limits
-        assert [(limit["key"], limit["limit"]) for limit in limits] == [("dagster/partition", 1)]
+        assert [(limit["key"], limit["limit"]) for limit in limits] == [("dagster/partition", 1), (FLEET_TAG, 1)]
 
 
 def test_maintenance_config_carries_every_setting() -> None:

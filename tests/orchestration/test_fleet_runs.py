@@ -1,0 +1,195 @@
+"""The checkpoint sensor's fleet run: one run for the roots a tick found work in, each reported as its own
+partition of the assets and checks; a run per root when one root has work or fleet runs are off."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dagster import AssetKey, DagsterEventType, DagsterRunStatus, RunRequest, build_run_status_sensor_context
+
+from statekeeper.orchestration.assets import RETAINED, SNAPSHOTS
+from statekeeper.orchestration.checks import CHAINS, CHAINS_BOUNDED
+from statekeeper.orchestration.fleet import FLEET_JOB, FLEET_OP, FLEET_TAG, fleet_request
+from statekeeper.orchestration.jobs import JOB_NAMES, requested_job
+from statekeeper.orchestration.sensors import FAILURE_SENSOR_NAME, SensorCursor
+from tests.orchestration.conftest import RETAIN, THRESHOLD, Orch
+from tests.orchestration.helpers import CheckpointWriter
+from tests.orchestration.test_sensors import tick
+
+
+class Fleet:
+    """Definitions over roots a, b and c (c stays empty), a writer on a and one on b."""
+
+    def __init__(self, tmp_path: Path, db_url: str, **config: Any) -> None:
+        self.orch = Orch([str(tmp_path / name) for name in "abc"], db_url, **config)
+        self.a, self.b, self.c = self.orch.config.roots
+        self.writers = {self.a: self.orch.writer, self.b: CheckpointWriter(str(tmp_path / "b"))}
+        self.cursor: str | None = None
+
+    def commit(self, batches: int, *roots: str) -> None:
+        for root in roots:
+            self.writers[root].commit(batches)
+
+    def tick(self) -> list[RunRequest]:
+        result = tick(self.orch, self.cursor)
+        self.cursor = result.cursor
+        return list(result.run_requests or [])
+
+    def run(self, request: RunRequest, **kw: Any) -> Any:
+        """The run the daemon launches for `request`."""
+        return requested_job(self.orch.defs, request).execute_in_process(
+            run_config=request.run_config,
+            partition_key=request.partition_key,
+            tags=request.tags,
+            instance=self.orch.instance,
+            **kw,
+        )
+
+    def close(self) -> None:
+        self.writers[self.b].close()
+        self.orch.close()
+
+
+def _materialized(result: Any, asset: str) -> dict[str, dict[str, Any]]:
+    return {
+        e.partition: e.materialization.metadata
+        for e in result.get_asset_materialization_events()
+        if e.asset_key == AssetKey(asset)
+    }
+
+
+def test_work_in_several_roots_is_one_run_that_reports_each_root_as_its_partition(tmp_path: Path, db_url: str) -> None:
+    fleet = Fleet(tmp_path, db_url)
+    orch = fleet.orch
+    try:
+        assert fleet.tick() == []  # every root enters the catalog
+        fleet.commit(THRESHOLD, fleet.a, fleet.b)
+        (req,) = fleet.tick()
+        assert req.job_name == FLEET_JOB and req.partition_key is None and req.tags[FLEET_TAG] == "true"
+        crossings = [f"agg/0@{THRESHOLD}", f"agg/1@{THRESHOLD}"]
+        assert req.run_config["ops"][FLEET_OP]["config"] == {
+            "snapshots": {fleet.a: crossings, fleet.b: crossings},
+            "expire": [],
+        }
+        result = fleet.run(req)
+        assert result.success
+        snapshots = _materialized(result, SNAPSHOTS)
+        assert set(snapshots) == {fleet.a, fleet.b}  # the idle root c is not touched
+        for root in (fleet.a, fleet.b):
+            md = snapshots[root]
+            assert md["stores"].value == 2 and md["max_chain_length"].value == 0
+            assert md["chain_length/agg/0"].value == 0  # the per-store series the UI plots
+            assert {c.chain_length for c in orch.catalog.chain_lengths(root)} == {0}
+            assert {c.snapshot_version for c in orch.catalog.chain_lengths(root)} == {THRESHOLD}
+        checks = {(e.check_name, e.partition): e.passed for e in result.get_asset_check_evaluations()}
+        assert checks == {(name, root): True for name in (CHAINS, CHAINS_BOUNDED) for root in (fleet.a, fleet.b)}
+        assert orch.instance.get_materialized_partitions(AssetKey(SNAPSHOTS)) == {fleet.a, fleet.b}
+        assert fleet.tick() == [], "each crossing is requested once"
+
+        # both bases move: one run expires both roots (and snapshots nothing)
+        fleet.commit(RETAIN - 1, fleet.a, fleet.b)
+        (req,) = fleet.tick()
+        assert req.job_name == FLEET_JOB
+        assert req.run_config["ops"][FLEET_OP]["config"] == {"snapshots": {}, "expire": sorted([fleet.a, fleet.b])}
+        result = fleet.run(req)
+        assert result.success and _materialized(result, SNAPSHOTS) == {}
+        expired = _materialized(result, RETAINED)
+        assert set(expired) == {fleet.a, fleet.b}
+        assert all(md["changelogs"].value == 2 * THRESHOLD for md in expired.values())
+        assert result.get_asset_check_evaluations() == []
+        state = SensorCursor.parse(fleet.cursor)
+        assert state.roots[fleet.a].bases == state.roots[fleet.b].bases == {"agg/0": THRESHOLD, "agg/1": THRESHOLD}
+    finally:
+        fleet.close()
+
+
+def test_one_root_with_work_gets_its_own_run_and_fleet_runs_can_be_turned_off(tmp_path: Path, db_url: str) -> None:
+    fleet = Fleet(tmp_path, db_url)
+    try:
+        fleet.tick()
+        fleet.commit(THRESHOLD, fleet.a)
+        (req,) = fleet.tick()
+        assert req.job_name == JOB_NAMES[SNAPSHOTS] and req.partition_key == fleet.a
+    finally:
+        fleet.close()
+    off = Fleet(tmp_path / "off", db_url.replace("catalog.db", "off.db"), sensor_fleet_roots=0)
+    try:
+        off.tick()
+        off.commit(THRESHOLD, off.a, off.b)
+        requests = off.tick()
+        assert sorted((r.job_name, r.partition_key) for r in requests) == [
+            (JOB_NAMES[SNAPSHOTS], off.a),
+            (JOB_NAMES[SNAPSHOTS], off.b),
+        ]
+    finally:
+        off.close()
+
+
+def test_a_pending_fleet_run_holds_every_root_and_a_started_one_takes_the_next_work(
+    tmp_path: Path, db_url: str
+) -> None:
+    fleet = Fleet(tmp_path, db_url)
+    orch = fleet.orch
+    try:
+        fleet.tick()
+        job = orch.defs.resolve_job_def(FLEET_JOB)
+        earlier = fleet_request({fleet.c: ([], ["agg/0@1"])}, {"statekeeper/trigger": "checkpoint_sensor"})
+        queued = orch.instance.create_run_for_job(
+            job, run_config=earlier.run_config, tags=earlier.tags, status=DagsterRunStatus.NOT_STARTED
+        )
+        fleet.commit(THRESHOLD, fleet.a)
+        assert fleet.tick() == [], "root a waits for the queued fleet run to start"
+        orch.instance.report_run_failed(queued)  # no longer pending
+        (req,) = fleet.tick()
+        assert req.job_name == JOB_NAMES[SNAPSHOTS] and req.partition_key == fleet.a  # asked for once it can run
+        started = orch.instance.create_run_for_job(
+            job, run_config=earlier.run_config, tags=earlier.tags, status=DagsterRunStatus.STARTED
+        )
+        fleet.commit(THRESHOLD, fleet.b)
+        (req,) = fleet.tick()
+        assert req.job_name == FLEET_JOB, "while a fleet run works, the next one takes even a single root"
+        assert set(req.run_config["ops"][FLEET_OP]["config"]["snapshots"]) == {fleet.b}
+        orch.instance.report_run_failed(started)
+    finally:
+        fleet.close()
+
+
+def test_a_failed_root_does_not_stop_the_others_and_each_is_recorded(tmp_path: Path, db_url: str) -> None:
+    fleet = Fleet(tmp_path, db_url)
+    orch = fleet.orch
+    try:
+        fleet.commit(THRESHOLD, fleet.a)
+        gone = (tmp_path / "not-configured").as_uri()
+        req = fleet_request({fleet.a: ([f"agg/0@{THRESHOLD}"], []), gone: ([], ["agg/0@1"])}, {})
+        result = fleet.run(req, raise_on_error=False)
+        assert not result.success
+        assert orch.instance.get_materialized_partitions(AssetKey(SNAPSHOTS)) == {fleet.a}, (
+            "a was maintained all the same"
+        )
+        (failure,) = [e for e in result.all_events if e.event_type == DagsterEventType.STEP_FAILURE]
+        assert gone in failure.step_failure_data.error.message and "not a configured checkpoint root" in str(
+            failure.step_failure_data.user_failure_data.metadata["failed_roots"].value
+        )
+        # the failure sensor: root a's run succeeded (kept), the other root gets a failed row
+        records = orch.instance.get_records_for_run(result.run_id, of_type=DagsterEventType.RUN_FAILURE).records
+        run = orch.instance.get_run_by_id(result.run_id)
+        assert run is not None
+        sensor = orch.defs.get_repository_def().get_sensor_def(FAILURE_SENSOR_NAME)
+        event = records[0].event_log_entry.dagster_event
+        assert event is not None
+        sensor(
+            build_run_status_sensor_context(
+                sensor_name=FAILURE_SENSOR_NAME,
+                dagster_event=event,
+                dagster_instance=orch.instance,
+                dagster_run=run,
+                resources=orch.resources,
+            ).for_run_failure()
+        )
+        mine = [r for r in orch.catalog.runs(fleet.a) if r.orchestrator_run_id == result.run_id]
+        assert [(r.kind, r.status) for r in mine] == [("snapshot", "succeeded")]
+        (row,) = [r for r in orch.catalog.runs(gone) if r.orchestrator_run_id == result.run_id]
+        assert row.status == "failed" and "not a configured checkpoint root" in (row.errors or "")
+    finally:
+        fleet.close()
