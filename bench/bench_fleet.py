@@ -106,8 +106,8 @@ schedules on their default crons) at 16, 64 and 128 stores (past the 100 stores 
 plots one by one, a cost that stops growing there), and Dagster as deployed with every schedule every minute
 at 128 stores: what the schedules' runs (an expiry, a verification of every retained version outside the
 root's run slot, an orphan cleanup) cost and do to the chains under load; and the same 128 stores as 8
-queries of 16 partitions, each in its own root (Dagster: a run per root, up to 4 at a time). The cron-style
-`cli` mode (a new process per command) runs with `--mode cli`."""
+queries of 16 partitions, each in its own root (Dagster: one fleet run for the roots a tick found work
+in). The cron-style `cli` mode (a new process per command) runs with `--mode cli`."""
 QUICK = [
     FleetParams(stores=s, keys=1_000, updates=100, seconds=10, sample_every=3, cycle=1, schedule=4, mode=m)
     for s in (2, 4)
@@ -323,7 +323,7 @@ def tables(results: list[FleetResult], floor: float | None = None) -> list[Table
             "holds.",
             "`N roots`: the same stores as N streaming queries of S / N partitions, each in its own checkpoint root "
             "with its own commit records, one maintainer given every root (`statekeeper maintain` cycles through "
-            "them; Dagster's sensor requests a run per root, at most one per root and 4 in all at a time); "
+            "them; Dagster's sensor requests one fleet run for the roots a tick found work in, one at a time); "
             "chains, files and bytes are over every root.",
             "![fleet over time](fleet.png)",
         ],
