@@ -345,10 +345,10 @@ def fleet_run_started(instance: DagsterInstance) -> bool:
     return bool(instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED], tags=tags), limit=1))
 
 
-def tick_requests(ticks: list[RootTick], fleet_roots_min: int, fleet_started: bool) -> list[RunRequest]:
-    """The tick's runs: one fleet run when at least `fleet_roots_min` roots (0: never) have work, or while the
-    last fleet run is in progress (a root's run would wait for its leases); else a run per root."""
-    due = [t for t in ticks if t.request is not None]
+def tick_requests(due: list[RootTick], fleet_roots_min: int, fleet_started: bool) -> list[RunRequest]:
+    """The tick's runs for the roots `due` (those with a request): one fleet run when at least `fleet_roots_min`
+    (0: never) have one, or while the last fleet run is in progress (a root's run would wait for its leases);
+    else their own runs."""
     if fleet_roots_min and due and (len(due) >= fleet_roots_min or fleet_started):
         return [fleet_request({t.root: (t.crossings, t.moved_bases) for t in due}, SENSOR_RUN_TAGS)]
     return [t.request for t in due if t.request is not None]
