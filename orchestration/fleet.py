@@ -53,9 +53,9 @@ FLEET_TAG = "statekeeper/fleet"
 class FleetConfig(Config):
     snapshots: dict[str, list[str]] = Field(
         default_factory=dict,
-        description="Checkpoint root -> the stores to snapshot there (operator/partition@version, as the "
-        "checkpoint sensor names them: snapshotted once they committed that version); an empty list: every store "
-        "of the root whose chain reached the threshold.",
+        description="Checkpoint root (its partition key) -> the stores to snapshot there (operator/partition@version "
+        "as the checkpoint sensor names them: snapshotted once they committed that version); an empty list: every "
+        "store of the root whose chain reached the threshold.",
     )
     expire: list[str] = Field(
         default_factory=list, description="Checkpoint roots to expire (before their snapshots): their bases moved."

@@ -18,9 +18,15 @@ def _fail_and_sense(orch: Orch, job_name: str, partitioned: bool = True, **run_k
         run_kw["partition_key"] = orch.root
     result = job.execute_in_process(instance=orch.instance, raise_on_error=False, **run_kw)
     assert not result.success
-    records = orch.instance.get_records_for_run(result.run_id, of_type=DagsterEventType.RUN_FAILURE).records
+    sense_failure(orch, result.run_id)
+    return result.run_id
+
+
+def sense_failure(orch: Orch, run_id: str) -> None:
+    """The failure sensor, on the failure of run `run_id`."""
+    records = orch.instance.get_records_for_run(run_id, of_type=DagsterEventType.RUN_FAILURE).records
     event = records[0].event_log_entry.dagster_event
-    run = orch.instance.get_run_by_id(result.run_id)
+    run = orch.instance.get_run_by_id(run_id)
     assert event is not None and run is not None
     sensor = orch.defs.get_repository_def().get_sensor_def(FAILURE_SENSOR_NAME)
     ctx = build_run_status_sensor_context(
@@ -31,7 +37,6 @@ def _fail_and_sense(orch: Orch, job_name: str, partitioned: bool = True, **run_k
         resources=orch.resources,
     ).for_run_failure()
     sensor(ctx)
-    return result.run_id
 
 
 def test_run_that_failed_before_recording_gets_a_failed_row(tmp_path, db_url: str) -> None:

@@ -6,15 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dagster import AssetKey, DagsterEventType, DagsterRunStatus, RunRequest, build_run_status_sensor_context
+from dagster import AssetKey, DagsterEventType, DagsterRunStatus, RunRequest
 
 from statekeeper.orchestration.assets import RETAINED, SNAPSHOTS
 from statekeeper.orchestration.checks import CHAINS, CHAINS_BOUNDED
 from statekeeper.orchestration.fleet import FLEET_JOB, FLEET_OP, FLEET_TAG, fleet_request
 from statekeeper.orchestration.jobs import JOB_NAMES, requested_job
-from statekeeper.orchestration.sensors import FAILURE_SENSOR_NAME, SensorCursor
+from statekeeper.orchestration.sensors import SensorCursor
 from tests.orchestration.conftest import RETAIN, THRESHOLD, Orch
 from tests.orchestration.helpers import CheckpointWriter
+from tests.orchestration.test_failure_sensor import sense_failure
 from tests.orchestration.test_sensors import tick
 
 
@@ -172,21 +173,7 @@ def test_a_failed_root_does_not_stop_the_others_and_each_is_recorded(tmp_path: P
             failure.step_failure_data.user_failure_data.metadata["failed_roots"].value
         )
         # the failure sensor: root a's run succeeded (kept), the other root gets a failed row
-        records = orch.instance.get_records_for_run(result.run_id, of_type=DagsterEventType.RUN_FAILURE).records
-        run = orch.instance.get_run_by_id(result.run_id)
-        assert run is not None
-        sensor = orch.defs.get_repository_def().get_sensor_def(FAILURE_SENSOR_NAME)
-        event = records[0].event_log_entry.dagster_event
-        assert event is not None
-        sensor(
-            build_run_status_sensor_context(
-                sensor_name=FAILURE_SENSOR_NAME,
-                dagster_event=event,
-                dagster_instance=orch.instance,
-                dagster_run=run,
-                resources=orch.resources,
-            ).for_run_failure()
-        )
+        sense_failure(orch, result.run_id)
         mine = [r for r in orch.catalog.runs(fleet.a) if r.orchestrator_run_id == result.run_id]
         assert [(r.kind, r.status) for r in mine] == [("snapshot", "succeeded")]
         (row,) = [r for r in orch.catalog.runs(gone) if r.orchestrator_run_id == result.run_id]
