@@ -52,6 +52,7 @@ def test_config_from_env(tmp_path: Path) -> None:
         "STATEKEEPER_CHECKPOINT_SENSOR": "off",
         "STATEKEEPER_SENSOR_INTERVAL_SECONDS": "5",
         "STATEKEEPER_SENSOR_LISTING_SECONDS": "60",
+        "STATEKEEPER_SENSOR_FLEET_ROOTS": "3",
         "STATEKEEPER_SNAPSHOT_THRESHOLD": "7",
     }
     config = OrchestrationConfig.from_env(env)
@@ -60,6 +61,8 @@ def test_config_from_env(tmp_path: Path) -> None:
     assert config.verify_cron == "45 */6 * * *"
     assert not config.sensor_enabled and config.sensor_interval_seconds == 5
     assert config.sensor_listing_seconds == 60
+    assert config.sensor_fleet_roots == 3 and OrchestrationConfig.from_env({}).sensor_fleet_roots == 2
+    assert OrchestrationConfig.from_env({"STATEKEEPER_SENSOR_FLEET_ROOTS": "off"}).sensor_fleet_roots == 0
     assert config.db_url_from_env
     defs = build_definitions(config)
     repo = defs.get_repository_def()
@@ -79,6 +82,8 @@ def test_config_from_env(tmp_path: Path) -> None:
         ("STATEKEEPER_CHECKPOINT_SENSOR", "maybe"),
         ("STATEKEEPER_SENSOR_INTERVAL_SECONDS", "0"),
         ("STATEKEEPER_SENSOR_LISTING_SECONDS", "soon"),
+        ("STATEKEEPER_SENSOR_FLEET_ROOTS", "many"),
+        ("STATEKEEPER_SENSOR_FLEET_ROOTS", "-1"),
     ],
 )
 def test_bad_configuration_is_refused_naming_the_variable(name: str, value: str) -> None:
