@@ -222,7 +222,10 @@ def soak(s3: SoakS3, work: Path, seconds: float) -> dict[str, Any]:
     first = statistics.median(x.rss for x in samples[:third])
     last = statistics.median(x.rss for x in samples[-third:])
     factor, slack = RSS_TOLERANCE
-    assert last <= first * factor + slack, f"RSS grew from {first / 2**20:.0f} MiB to {last / 2**20:.0f} MiB"
+    trajectory = ", ".join(f"{x.at:.0f}s {x.rss / 2**20:.0f}" for x in samples[:: max(1, len(samples) // 12)])
+    assert last <= first * factor + slack, (
+        f"RSS grew from {first / 2**20:.0f} MiB to {last / 2**20:.0f} MiB (MiB over time: {trajectory})"
+    )
     assert s.loads > 0 and len(s.cycles) >= 2 and injected > 0
     figures = {
         "seconds": round(seconds),
