@@ -28,6 +28,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -79,7 +80,6 @@ def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
     from statekeeper.maintenance.settings import MaintenanceSettings
     from statekeeper.sql.catalog import Catalog
 
-    writers = FleetWriters(uris, args.stores, len(uris), args.keys, args.updates, base)
     settings = MaintenanceSettings(
         snapshot_threshold=10,
         min_versions_to_retain=20,
@@ -88,7 +88,6 @@ def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
         parallelism=args.parallelism,
         work_dir=os.path.join(base, "replicas"),
     )
-    catalog = Catalog.open(f"sqlite:///{base}/catalog.db", upgrade=True) if args.catalog else None
     profiler = cProfile.Profile(time.thread_time) if args.profile else None
     cpu = 0.0
     measured = 0
@@ -110,7 +109,13 @@ def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
         if profiler is not None and result.cycle >= args.warmup:
             profiler.enable()
 
-    try:
+    with ExitStack() as stack:
+        writers = stack.enter_context(FleetWriters(uris, args.stores, len(uris), args.keys, args.updates, base))
+        catalog = (
+            stack.enter_context(closing(Catalog.open(f"sqlite:///{base}/catalog.db", upgrade=True)))
+            if args.catalog
+            else None
+        )
         for _ in range(1 + args.per_cycle):  # the bulk load, then the first round
             writers.commit_next()
         started = time.process_time()
@@ -121,10 +126,6 @@ def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
             # One loop, as `statekeeper maintain` runs: what it keeps across cycles (leases taken before the
             # listing, warm replicas, parsed records) counts; the writers commit between its cycles.
             maintain(uris, settings, every=0, cycles=cycles, catalog=catalog, on_cycle=between_cycles)
-    finally:
-        writers.close()
-        if catalog is not None:
-            catalog.close()
     figures = {
         "stores": args.stores,
         "roots": len(uris),

@@ -38,31 +38,23 @@ def _root(context: AssetCheckExecutionContext, storage: CheckpointStorage) -> st
     return storage.file_manager(context.partition_key).root_uri
 
 
-def _chains_within(
-    root: str, storage: CheckpointStorage, catalog: CatalogDatabase, threshold: int, limit: int
-) -> tuple[bool, dict[str, MetadataValue]]:
-    """Whether every store of the root replays at most `limit` changelogs, with the chain metadata."""
+def chain_check(
+    name: str, root: str, storage: CheckpointStorage, catalog: CatalogDatabase, threshold: int
+) -> tuple[bool, dict[str, MetadataValue], AssetCheckSeverity]:
+    """The chain check `name` of `root`: whether every store replays at most the threshold (`CHAINS`, a warning)
+    or twice it (`CHAINS_BOUNDED`, an error) changelogs; passed, the chain metadata, severity."""
+    bounded = name == CHAINS_BOUNDED
+    limit = 2 * threshold if bounded else threshold
     with catalog.session() as cat:
         sync_lineage(cat, storage, root, fresh_within=FRESH_SYNC_SECONDS, list_stores=False)  # the asset's run's
         chains = cat.chain_lengths(root)
     over = [c for c in chains if c.chain_length > limit]
     md = chain_stats(chains, threshold)
-    md["stores_over_limit"] = MetadataValue.int(len(over))
+    md["stores_over_limit" if bounded else "stores_over_threshold"] = MetadataValue.int(len(over))
     md["details"] = table(chain_rows(over or chains))
-    return not over, md
-
-
-def chain_check(
-    name: str, root: str, storage: CheckpointStorage, catalog: CatalogDatabase, threshold: int
-) -> tuple[bool, dict[str, MetadataValue], AssetCheckSeverity]:
-    """The chain check `name` (`CHAINS` or `CHAINS_BOUNDED`) of `root`: passed, metadata, severity."""
-    if name == CHAINS:
-        passed, md = _chains_within(root, storage, catalog, threshold, threshold)
-        md["stores_over_threshold"] = md.pop("stores_over_limit")
-        return passed, md, AssetCheckSeverity.WARN
-    passed, md = _chains_within(root, storage, catalog, threshold, 2 * threshold)
-    md["chain_length_limit"] = MetadataValue.int(2 * threshold)
-    return passed, md, AssetCheckSeverity.ERROR
+    if bounded:
+        md["chain_length_limit"] = MetadataValue.int(limit)
+    return not over, md, AssetCheckSeverity.ERROR if bounded else AssetCheckSeverity.WARN
 
 
 def loadability(

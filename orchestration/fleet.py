@@ -18,7 +18,6 @@ catalog leases keep the two off the same store, as they keep `statekeeper mainta
 root that fails does not stop the others; the run fails after all of them, naming each failed root.
 """
 
-import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -61,27 +60,24 @@ class FleetConfig(Config):
         default_factory=list, description="Checkpoint roots to expire (before their snapshots): their bases moved."
     )
 
+    def roots(self) -> list[str]:
+        """Every root the run works on, in the order it takes them."""
+        return sorted({*self.snapshots, *self.expire})
+
 
 def fleet_roots(run_config: Mapping[str, Any]) -> list[str]:
     """The roots a fleet run's configuration names (none for any other run)."""
-    config = run_config.get("ops", {}).get(FLEET_OP, {}).get("config", {})
-    return sorted({*config.get("snapshots", {}), *config.get("expire", [])})
+    return FleetConfig(**run_config.get("ops", {}).get(FLEET_OP, {}).get("config", {})).roots()
 
 
-def fleet_request(work: Mapping[str, tuple[list[str], list[str]]], tags: Mapping[str, str]) -> RunRequest:
+def fleet_request(work: Mapping[str, tuple[list[str], list[str]]], run_key: str, tags: Mapping[str, str]) -> RunRequest:
     """One `fleet_maintenance_job` run for `work`: root -> (its store@version crossings, its moved bases)."""
-    events = [
-        f"{root}|{event}"
-        for root, (crossings, bases) in sorted(work.items())
-        for event in (*crossings, *(f"base:{b}" for b in bases))
-    ]
-    digest = hashlib.sha256("\n".join(events).encode()).hexdigest()[:24]
     config = FleetConfig(
         snapshots={root: crossings for root, (crossings, _) in work.items() if crossings},
         expire=sorted(root for root, (_, bases) in work.items() if bases),
     )
     return RunRequest(
-        run_key=f"fleet:{len(work)}-roots:{digest}",
+        run_key=run_key,
         job_name=FLEET_JOB,
         run_config=RunConfig(ops={FLEET_OP: config}),
         tags={**tags, FLEET_TAG: "true"},
@@ -101,7 +97,7 @@ def fleet_maintenance(
 ) -> None:
     configured = set(storage.root_uris())
     failed: dict[str, list[str]] = {}
-    for root in sorted({*config.snapshots, *config.expire}):
+    for root in config.roots():
         if root not in configured:
             failed[root] = ["not a configured checkpoint root"]
             continue

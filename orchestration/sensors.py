@@ -350,7 +350,13 @@ def tick_requests(due: list[RootTick], fleet_roots_min: int, fleet_started: bool
     (0: never) have one, or while the last fleet run is in progress (a root's run would wait for its leases);
     else their own runs."""
     if fleet_roots_min and due and (len(due) >= fleet_roots_min or fleet_started):
-        return [fleet_request({t.root: (t.crossings, t.moved_bases) for t in due}, SENSOR_RUN_TAGS)]
+        work = {t.root: (t.crossings, t.moved_bases) for t in due}
+        events = [
+            f"{root}|{event}"
+            for root, (crossings, bases) in sorted(work.items())
+            for event in (*crossings, *(f"base:{b}" for b in bases))
+        ]
+        return [fleet_request(work, run_key("fleet", f"{len(work)}-roots", events), SENSOR_RUN_TAGS)]
     return [t.request for t in due if t.request is not None]
 
 

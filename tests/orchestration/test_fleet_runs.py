@@ -135,7 +135,9 @@ def test_a_pending_fleet_run_holds_every_root_and_a_started_one_takes_the_next_w
     try:
         fleet.tick()
         job = orch.defs.resolve_job_def(FLEET_JOB)
-        earlier = fleet_request({fleet.c: ([], ["agg/0@1"])}, {"statekeeper/trigger": "checkpoint_sensor"})
+        earlier = fleet_request(
+            {fleet.c: ([], ["agg/0@1"])}, "fleet:earlier", {"statekeeper/trigger": "checkpoint_sensor"}
+        )
         queued = orch.instance.create_run_for_job(
             job, run_config=earlier.run_config, tags=earlier.tags, status=DagsterRunStatus.NOT_STARTED
         )
@@ -162,7 +164,7 @@ def test_a_failed_root_does_not_stop_the_others_and_each_is_recorded(tmp_path: P
     try:
         fleet.commit(THRESHOLD, fleet.a)
         gone = (tmp_path / "not-configured").as_uri()
-        req = fleet_request({fleet.a: ([f"agg/0@{THRESHOLD}"], []), gone: ([], ["agg/0@1"])}, {})
+        req = fleet_request({fleet.a: ([f"agg/0@{THRESHOLD}"], []), gone: ([], ["agg/0@1"])}, "fleet:gone", {})
         result = fleet.run(req, raise_on_error=False)
         assert not result.success
         assert orch.instance.get_materialized_partitions(AssetKey(SNAPSHOTS)) == {fleet.a}, (
