@@ -6,15 +6,14 @@ prefix taken *after* its lease is held: `Inventory.rescan_store`). What each fil
 a retained version, expired, orphan, in flight) is decided in `statekeeper.maintenance.plan`.
 
 Commit records and manifests never change once written (DESIGN invariant 2), so their parsed content
-is cached per process by (root, path, size, mtime): a maintainer that runs every few minutes reads
-only the new ones; verification reads everything again.
+is cached per process while their files are listed (`statekeeper.maintenance.parsed_cache`): a maintainer
+that runs every few seconds reads only the new ones; verification reads everything again.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +35,7 @@ from statekeeper.maintenance.file_kinds import (
     FileEntry,
     classify,
 )
+from statekeeper.maintenance.parsed_cache import ParsedFiles
 from statekeeper.maintenance.progress import bar as progress_bar
 from statekeeper.store.errors import CheckpointError, ConfigurationError
 from statekeeper.store.files import CheckpointFileManager, FileInfo, LocalFileManager, open_file_manager
@@ -50,8 +50,6 @@ from statekeeper.store.layout import (
 from statekeeper.store.snapshot import read_manifest
 
 log = logging.getLogger(__name__)
-
-_CACHE_LIMIT = 200_000
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -115,24 +113,14 @@ class StoreFiles:
         yield from self.foreign
 
 
-_cache_lock = threading.Lock()
-_CacheKey = tuple[str, str, int, float]
-_record_cache: dict[_CacheKey, CommitRecord] = {}
-_manifest_cache: dict[_CacheKey, SnapshotManifest] = {}
-
-
-def _cache_put(cache: dict[_CacheKey, Any], key: _CacheKey, value: Any) -> None:
-    with _cache_lock:
-        if len(cache) >= _CACHE_LIMIT:
-            cache.clear()
-        cache[key] = value
+_records: ParsedFiles[CommitRecord] = ParsedFiles()
+_manifests: ParsedFiles[SnapshotManifest] = ParsedFiles()
 
 
 def clear_caches() -> None:
     """Forget parsed commit records and manifests (tests that rewrite a root in place)."""
-    with _cache_lock:
-        _record_cache.clear()
-        _manifest_cache.clear()
+    _records.clear()
+    _manifests.clear()
 
 
 def _map(fn: Callable[[T], R], items: list[T], workers: int) -> list[R]:
@@ -220,6 +208,9 @@ class Inventory:
         inv._read_commits(list(inv.commit_files.values()))
         for files in inv.stores.values():
             inv._read_manifests(files)
+        _records.keep_listed(inv.root_uri, [f"{COMMITS_DIR}/"], {e.path for e in inv.commit_files.values()})
+        listed = {e.path for files in inv.stores.values() for e in files.manifests.values()}
+        _manifests.keep_listed(inv.root_uri, [p for p in prefixes if p != f"{COMMITS_DIR}/"], listed)
         inv.seconds = time.perf_counter() - t0
         log.info(
             "inventory of %s: %d commit records, %d stores, %d foreign files (%.2fs)",
@@ -254,6 +245,7 @@ class Inventory:
             if entry.store == store:
                 files.add(entry)
         self._read_manifests(files)
+        _manifests.keep_listed(self.root_uri, [prefix], {e.path for e in files.manifests.values()})
         self.stores[store] = files
         return files
 
@@ -327,14 +319,10 @@ class Inventory:
         else:
             self.foreign.append(entry)
 
-    def _key(self, e: FileEntry) -> _CacheKey:
-        """Immutable files are cached by name, size and mtime (a file damaged in place gets a new mtime)."""
-        return (self.root_uri, e.path, e.size, e.mtime)
-
     def _read_commits(self, entries: list[FileEntry]) -> None:
         todo = []
         for e in entries:
-            cached = _record_cache.get(self._key(e)) if self.use_cache else None
+            cached = _records.get(self.root_uri, e) if self.use_cache else None
             if cached is not None:
                 self.records[cached.version] = cached
             else:
@@ -360,13 +348,13 @@ class Inventory:
                 self.unreadable[e.path] = res
             else:
                 self.records[res.version] = res
-                _cache_put(_record_cache, self._key(e), res)
+                _records.put(self.root_uri, e, res)
         self._committed = None
 
     def _read_manifests(self, files: StoreFiles) -> None:
         todo = []
         for key, e in files.manifests.items():
-            cached = _manifest_cache.get(self._key(e)) if self.use_cache else None
+            cached = _manifests.get(self.root_uri, e) if self.use_cache else None
             if cached is not None:
                 files.manifest_data[key] = cached
             else:
@@ -398,7 +386,7 @@ class Inventory:
                 files.unreadable[e.path] = res
             else:
                 files.manifest_data[key] = res
-                _cache_put(_manifest_cache, self._key(e), res)
+                _manifests.put(self.root_uri, e, res)
 
     # -- derived views ----------------------------------------------------------------------------
     @property

@@ -21,6 +21,11 @@ log = logging.getLogger(__name__)
 
 MEMORY_ENV = "STATEKEEPER_MEMORY_MB"
 DEFAULT_CF = "default"
+MAX_MANIFEST_BYTES = 8 << 10
+"""RocksDB's MANIFEST appends an edit at every flush and compaction and, by default, starts a new one only past
+1 GiB. A snapshot inlines it (`SnapshotManifest.db_files`), so a warm copy kept for days would write ever larger
+snapshots, and a maintainer would cache ever larger manifests. Past this size the next edit starts a new
+MANIFEST holding just the live files (~100 bytes per SST)."""
 
 
 @dataclass(frozen=True)
@@ -230,6 +235,7 @@ def db_options(*, bulk_replay: bool = False) -> rd.Options:
     opts.set_max_background_jobs(2)
     opts.set_bytes_per_sync(1 << 20)
     opts.set_keep_log_file_num(2)
+    opts.set_max_manifest_file_size(MAX_MANIFEST_BYTES)
     opts.set_max_open_files(256)
     # Its 16 default threads are spawned at every open but only open files up front with unlimited
     # max_open_files: one saves ~1 ms per open (rescales and loads open many small DBs).
