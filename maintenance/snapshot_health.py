@@ -26,6 +26,7 @@ import logging
 import os
 import tempfile
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from statekeeper.maintenance.plan import StorePlan
@@ -42,10 +43,10 @@ VERIFIED_DIR = "verified-ssts"
 """Folder of the work directory holding the persisted `VerifiedSsts` files."""
 
 _sound_lock = threading.Lock()
-_sound: set[tuple[str, str, str]] = set()
-"""(root, store, SST name) whose content matched its checksum in this process."""
-_corrupt: set[tuple[str, str, str]] = set()
-"""(root, store, SST name) whose content did not match (a fresh snapshot must not reuse them)."""
+_sound: dict[tuple[str, str], set[str]] = {}
+"""(root, store) -> SST names whose content matched its checksum in this process."""
+_corrupt: dict[tuple[str, str], set[str]] = {}
+"""(root, store) -> SST names whose content did not match (a fresh snapshot must not reuse them)."""
 _hashed = 0
 """SSTs this process downloaded and hashed (`ssts_hashed`)."""
 
@@ -68,13 +69,24 @@ def ssts_hashed() -> int:
 def corrupt_ssts(root: str, store: StoreId) -> frozenset[str]:
     """SST names of `store` found corrupt in this process."""
     with _sound_lock:
-        return frozenset(name for r, s, name in _corrupt if r == root and s == str(store))
+        return frozenset(_corrupt.get((root, str(store)), ()))
 
 
 def mark_sound(root: str, store: StoreId, manifest: SnapshotManifest) -> None:
     """Record the SSTs of a snapshot this process just wrote from local files it hashed."""
     with _sound_lock:
-        _sound.update((root, str(store), s.remote_name) for s in manifest.sst_files)
+        _sound.setdefault((root, str(store)), set()).update(s.remote_name for s in manifest.sst_files)
+
+
+def forget_unlisted(root: str, store: StoreId, listed: Collection[str]) -> None:
+    """Forget what was learnt of `store`'s SSTs that a listing no longer shows (expiry deleted them), so a
+    long-running maintainer remembers what its stores hold, not every SST it ever saw."""
+    key = (root, str(store))
+    with _sound_lock:
+        for known in (_sound, _corrupt):
+            names = known.get(key)
+            if names:
+                names.intersection_update(listed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,9 +188,9 @@ def _check_ssts(
     global _hashed
     root = fm.root_uri
     for sst in manifest.sst_files:
-        key = (root, str(store), sst.remote_name)
+        key = (root, str(store))
         with _sound_lock:
-            if key in _sound:
+            if sst.remote_name in _sound.get(key, ()):
                 continue
         path = store.sst(sst.remote_name)
         listed: FileInfo | None = None
@@ -189,7 +201,7 @@ def _check_ssts(
                 return f"SST {root}/{path} cannot be read: {e}"
             if verified.is_sound(sst, listed.size, listed.mtime):
                 with _sound_lock:
-                    _sound.add(key)
+                    _sound.setdefault(key, set()).add(sst.remote_name)
                 continue
         fd, tmp = tempfile.mkstemp(prefix="statekeeper-sst-")
         os.close(fd)
@@ -205,12 +217,12 @@ def _check_ssts(
                 os.unlink(tmp)
         if size != sst.size or digest != sst.sha256:
             with _sound_lock:
-                _corrupt.add(key)
+                _corrupt.setdefault(key, set()).add(sst.remote_name)
             if verified is not None:
                 verified.discard(sst)
             return f"SST {root}/{path} does not match the checksum in its snapshot manifest"
         with _sound_lock:
-            _sound.add(key)
+            _sound.setdefault(key, set()).add(sst.remote_name)
         if verified is not None and listed is not None:
             verified.add(sst, listed.size, listed.mtime)
     return None
@@ -273,6 +285,7 @@ __all__ = [
     "checksum_problem",
     "corrupt_ssts",
     "forget",
+    "forget_unlisted",
     "mark_sound",
     "newest_snapshot_problem",
     "ssts_hashed",

@@ -75,6 +75,7 @@ def write_snapshot(
         ssts: list[SstFile] = []
         db_files: dict[str, bytes] = {}
         uploaded = uploaded_bytes = reused = 0
+        live: set[tuple[str, int]] = set()
         for name in sorted(os.listdir(ckpt_dir)):
             full = os.path.join(ckpt_dir, name)
             if name.startswith(_SKIP_PREFIXES):
@@ -85,6 +86,7 @@ def write_snapshot(
                     db_files[name] = f.read()
                 continue
             key = (name, size)
+            live.add(key)
             digest = hash_cache.get(key) if hash_cache is not None else None
             if digest is None:
                 digest = file_sha256(full)
@@ -102,6 +104,9 @@ def write_snapshot(
             except CheckpointFileExistsError:
                 reused += 1  # same name means same content
             existing_ssts.add(remote)
+        if hash_cache is not None:  # compactions deleted the others: keep the cache as large as the DB
+            for gone in hash_cache.keys() - live:
+                del hash_cache[gone]
         num_keys = 0
         cfs = tuple(rd.Rdict.list_cf(ckpt_dir, rd.Options(raw_mode=True)))
         for cf in cfs:

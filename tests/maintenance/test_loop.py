@@ -351,11 +351,12 @@ def test_a_long_running_maintainer_holds_what_its_root_holds(
     make_local_history: Callable[..., History], settings: MaintenanceSettings
 ) -> None:
     """Found by the 10-minute soak (RSS +8 MiB a minute): the parsed manifests and commit records of expired
-    versions stayed cached, and each snapshot of a warm copy inlined its RocksDB MANIFEST, an edit longer at
-    every flush. Over many cycles of one loop the caches hold the files the root holds, and a snapshot's
-    manifest stays as small as the store's metadata."""
-    from statekeeper.maintenance import inventory
+    versions stayed cached, as did the names of every SST found sound, and each snapshot of a warm copy
+    inlined its RocksDB MANIFEST, an edit longer at every flush. Over many cycles of one loop the caches hold
+    the files the root holds, and a snapshot's manifest stays as small as the store's metadata."""
+    from statekeeper.maintenance import inventory, snapshot_health
 
+    snapshot_health.forget()  # what earlier tests' roots left
     h = make_local_history()
     manifest_sizes: list[int] = []
     listed: dict[str, int] = {}  # what the cycle's listing saw (the root before it)
@@ -370,7 +371,9 @@ def test_a_long_running_maintainer_holds_what_its_root_holds(
         assert result.ok, [e for r in result.reports for e in r.errors]
         assert len(inventory._records) <= listed["records"]
         assert len(inventory._manifests) <= listed["manifests"] + len(h.stores)  # + those it wrote
-        manifest_sizes.append(max(n for p, n in all_files(h.root).items() if p.endswith(".manifest")))
+        files = all_files(h.root)
+        assert sum(map(len, snapshot_health._sound.values())) <= sum(p.endswith(".sst") for p in files)
+        manifest_sizes.append(max(n for p, n in files.items() if p.endswith(".manifest")))
         count()
 
     count()
