@@ -43,7 +43,7 @@ def build_definitions(
             build_checkpoint_sensor(config, [jobs[SNAPSHOTS], jobs[RETAINED], snapshot_and_expiry_job, fleet_job]),
             build_failure_sensor(config),
         ],
-        schedules=build_schedules(config, partitions, jobs[RETAINED], jobs[ORPHANS]),
+        schedules=build_schedules(config, partitions, jobs[RETAINED], jobs[ORPHANS], fleet_job),
         resources=resources if resources is not None else build_resources(config),
         # one process per run: a step is one operation over a root, parallel inside (threads, or Spark
         # executors); a process per step would import Dagster and statekeeper again for each

@@ -18,7 +18,7 @@ catalog leases keep the two off the same store, as they keep `statekeeper mainta
 root that fails does not stop the others; the run fails after all of them, naming each failed root.
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dagster import (
@@ -76,6 +76,15 @@ def fleet_request(work: Mapping[str, tuple[list[str], list[str]]], run_key: str,
         snapshots={root: crossings for root, (crossings, _) in work.items() if crossings},
         expire=sorted(root for root, (_, bases) in work.items() if bases),
     )
+    return _request(config, run_key, tags)
+
+
+def fleet_expiry_request(roots: Sequence[str], run_key: str, tags: Mapping[str, str]) -> RunRequest:
+    """One `fleet_maintenance_job` run expiring every root in `roots` (the expiry schedule's, for a fleet)."""
+    return _request(FleetConfig(expire=sorted(roots)), run_key, tags)
+
+
+def _request(config: FleetConfig, run_key: str, tags: Mapping[str, str]) -> RunRequest:
     return RunRequest(
         run_key=run_key,
         job_name=FLEET_JOB,
@@ -173,4 +182,13 @@ def build_fleet_job() -> JobDefinition:
     return fleet_maintenance_job
 
 
-__all__ = ["FLEET_JOB", "FLEET_OP", "FLEET_TAG", "FleetConfig", "build_fleet_job", "fleet_request", "fleet_roots"]
+__all__ = [
+    "FLEET_JOB",
+    "FLEET_OP",
+    "FLEET_TAG",
+    "FleetConfig",
+    "build_fleet_job",
+    "fleet_expiry_request",
+    "fleet_request",
+    "fleet_roots",
+]

@@ -1,5 +1,9 @@
 """Schedules: expiry (hourly by default), verification (hourly) and orphan cleanup (daily), one run per root.
 
+A fleet (at least ``STATEKEEPER_SENSOR_FLEET_ROOTS`` roots, as for the checkpoint sensor) gets one expiry run for
+all its roots instead, a `fleet_maintenance_job` run (orchestration/fleet.py): a run per root per hour would
+pay Dagster's start-up cost per root for what is usually little work.
+
 The expiry schedule's runs expire only; the loadability check, which verifies every retained version, runs
 from the verification schedule in `verification_job` runs, which do not hold the root's run slot
 (orchestration/verification.py). Each schedule is turned off by its environment variable (``off``): it is
@@ -29,6 +33,7 @@ from statekeeper.orchestration.config import (
     ENV_VERIFY_SCHEDULE,
     OrchestrationConfig,
 )
+from statekeeper.orchestration.fleet import fleet_expiry_request
 from statekeeper.orchestration.jobs import expiry_request
 from statekeeper.orchestration.verification import verification_job, verification_request
 
@@ -57,7 +62,9 @@ def build_schedule(
     timezone: str,
     what: str,
     request: RequestFor = partition_request,
+    fleet: bool = False,
 ) -> ScheduleDefinition:
+    """`fleet`: one `fleet_expiry_request` run for every root (`job` is then the fleet job), else a run per root."""
     enabled = cron is not None
 
     @schedule(
@@ -75,6 +82,8 @@ def build_schedule(
         when = context.scheduled_execution_time
         stamp = when.isoformat() if when is not None else "now"
         roots = partitions.get_partition_keys()
+        if fleet:
+            return [fleet_expiry_request(roots, f"{name}:{len(roots)}-roots:{stamp}", {TRIGGER_TAG: name})]
         return [request(root, f"{name}:{root}:{stamp}", {TRIGGER_TAG: name}) for root in roots]
 
     return _schedule
@@ -85,18 +94,21 @@ def build_schedules(
     partitions: PartitionsDefinition,
     expiry_job: UnresolvedAssetJobDefinition,
     orphan_job: UnresolvedAssetJobDefinition,
+    fleet_job: JobDefinition,
 ) -> list[ScheduleDefinition]:
+    fleet = 0 < config.sensor_fleet_roots <= len(config.roots)
     return [
         build_schedule(
             EXPIRY_SCHEDULE,
-            expiry_job,
+            fleet_job if fleet else expiry_job,
             partitions,
             config.expiry_cron,
             DEFAULT_EXPIRY_CRON,
             ENV_EXPIRY_SCHEDULE,
             config.timezone,
-            "Expiry",
+            "Expiry, in one fleet run," if fleet else "Expiry",
             expiry_request,
+            fleet=fleet,
         ),
         build_schedule(
             VERIFY_SCHEDULE,

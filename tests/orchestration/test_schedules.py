@@ -1,4 +1,5 @@
-"""The expiry and orphan-cleanup schedules: one run per root per tick, turned off by configuration."""
+"""The expiry and orphan-cleanup schedules: one run per root per tick (a fleet's expiry: one run), turned off by
+configuration."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from dagster import AssetKey, RunRequest, ScheduleEvaluationContext, SkipReason,
 from dagster._core.storage.tags import PRIORITY_TAG
 
 from statekeeper.orchestration.assets import RETAINED, ROOT_TAG
+from statekeeper.orchestration.fleet import FLEET_JOB, FLEET_OP, FLEET_TAG
 from statekeeper.orchestration.jobs import JOB_NAMES
 from statekeeper.orchestration.schedules import EXPIRY_SCHEDULE, ORPHAN_SCHEDULE, VERIFY_SCHEDULE
 from statekeeper.orchestration.verification import VERIFICATION_JOB
+from statekeeper.store import CommitLog
+from statekeeper.store.files import open_file_manager
 from tests.orchestration.conftest import Orch
 
 
@@ -21,7 +25,7 @@ def ctx_at(orch: Orch, repo: Any, when: dt.datetime) -> ScheduleEvaluationContex
 
 
 def test_schedules_request_one_run_per_root(tmp_path: Path, db_url: str) -> None:
-    orch = Orch([str(tmp_path / "a"), str(tmp_path / "b")], db_url)
+    orch = Orch([str(tmp_path / "a"), str(tmp_path / "b")], db_url, sensor_fleet_roots=0)
     try:
         repo = orch.defs.get_repository_def()
         when = dt.datetime(2025, 3, 1, 5, 0, tzinfo=dt.UTC)
@@ -71,5 +75,33 @@ def test_schedules_turned_off(tmp_path: Path, db_url: str) -> None:
         assert on.cron_schedule == "0 4 * * 1"
         assert len(on.evaluate_tick(ctx).run_requests or []) == 1
         assert isinstance(SkipReason("x"), SkipReason)
+    finally:
+        orch.close()
+
+
+def test_a_fleets_expiry_schedule_requests_one_run_for_every_root(tmp_path: Path, db_url: str) -> None:
+    """At STATEKEEPER_SENSOR_FLEET_ROOTS roots or more (default 2), one fleet run an hour, not a run per root; it
+    expires each root and records it as the root's partition of `retained_versions`."""
+    roots = [tmp_path / name for name in "abc"]
+    orch = Orch([str(r) for r in roots], db_url)
+    try:
+        repo = orch.defs.get_repository_def()
+        sched = repo.get_schedule_def(EXPIRY_SCHEDULE)
+        assert sched.job_name == FLEET_JOB and sched.cron_schedule == "0 * * * *"
+        when = dt.datetime(2025, 3, 1, 5, 0, tzinfo=dt.UTC)
+        (request,) = sched.evaluate_tick(ctx_at(orch, repo, when)).run_requests or []
+        assert request.job_name in (None, FLEET_JOB) and when.isoformat() in (request.run_key or "")
+        assert request.tags[FLEET_TAG] == "true"
+        config = request.run_config["ops"][FLEET_OP]["config"]
+        assert config["expire"] == sorted(orch.config.roots) and not config.get("snapshots")
+        (later,) = sched.evaluate_tick(ctx_at(orch, repo, when + dt.timedelta(hours=1))).run_requests or []
+        assert later.run_key != request.run_key
+        for root in roots:  # one committed version each: nothing to expire, and a run that succeeds
+            CommitLog(open_file_manager(str(root))).commit(1, {})
+        result = orch.defs.resolve_job_def(FLEET_JOB).execute_in_process(
+            run_config=request.run_config, tags=request.tags, instance=orch.instance
+        )
+        assert result.success
+        assert orch.instance.get_materialized_partitions(AssetKey(RETAINED)) == set(orch.config.roots)
     finally:
         orch.close()
