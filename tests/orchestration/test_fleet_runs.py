@@ -182,3 +182,42 @@ def test_a_failed_root_does_not_stop_the_others_and_each_is_recorded(tmp_path: P
         assert row.status == "failed" and "not a configured checkpoint root" in (row.errors or "")
     finally:
         fleet.close()
+
+
+def test_a_fleet_run_and_a_root_run_on_the_same_store_at_once_keep_to_its_lease(tmp_path: Path, db_url: str) -> None:
+    """A fleet run does not take the roots' run slots, so a schedule's or an operator's run of root a may work on
+    a's stores meanwhile (held here: the lease of agg/0, as that run holds it). The catalog lease keeps the fleet
+    run off that store: a's other store and root b are snapshotted, agg/0 of a is not touched and the run fails
+    naming it, and the next fleet run, once the lease is free, snapshots it; no store gets two snapshots."""
+    from statekeeper.maintenance.leasing import store_lease
+    from statekeeper.store.layout import StoreId
+
+    fleet = Fleet(tmp_path, db_url)
+    orch = fleet.orch
+    try:
+        fleet.tick()
+        fleet.commit(THRESHOLD, fleet.a, fleet.b)
+        (req,) = fleet.tick()
+        settings = orch.resources["maintenance"].settings()
+        with store_lease(fleet.a, StoreId("agg", 0), settings, orch.catalog):
+            result = fleet.run(req, raise_on_error=False)
+        assert not result.success
+        failure = next(e for e in result.all_events if e.event_type == DagsterEventType.STEP_FAILURE)
+        assert fleet.a in str(failure.event_specific_data) and fleet.b not in str(failure.event_specific_data)
+        chains = {(c.operator, c.partition): c.snapshot_version for c in orch.catalog.chain_lengths(fleet.a)}
+        assert chains == {("agg", 0): None, ("agg", 1): THRESHOLD}, "the held store was left alone"
+        assert {c.snapshot_version for c in orch.catalog.chain_lengths(fleet.b)} == {THRESHOLD}
+        again = fleet.run(req)  # the lease is free: the same request again (the next tick's run does the same)
+        assert again.success
+        assert {c.snapshot_version for c in orch.catalog.chain_lengths(fleet.a)} == {THRESHOLD}
+        for root in (fleet.a, fleet.b):
+            manifests = [p for p in _files(root) if p.endswith(".manifest")]
+            assert len(manifests) == 2, manifests  # one per store, none written twice
+    finally:
+        fleet.close()
+
+
+def _files(root: str) -> list[str]:
+    from statekeeper.store.files import open_file_manager
+
+    return [i.path for i in open_file_manager(root).list("")]
