@@ -142,6 +142,14 @@ class VerifiedSsts:
         if self.entries.pop(sst.remote_name, None) is not None:
             self._changed = True
 
+    def keep(self, referenced: Collection[str]) -> None:
+        """Drop the SSTs no listed snapshot of the store names any more (expiry deleted them): the file stays as
+        large as the store's snapshots, not as every SST the store ever had."""
+        gone = self.entries.keys() - set(referenced)
+        for name in gone:
+            del self.entries[name]
+        self._changed = self._changed or bool(gone)
+
     def save(self) -> None:
         """Write the file atomically if anything changed (a failure is logged: the cache is an optimisation)."""
         if not self._changed:
@@ -166,12 +174,18 @@ class VerifiedSsts:
 
 
 def checksum_problem(
-    fm: CheckpointFileManager, store: StoreId, manifest: SnapshotManifest, *, work_dir: str | None = None
+    fm: CheckpointFileManager,
+    store: StoreId,
+    manifest: SnapshotManifest,
+    *,
+    work_dir: str | None = None,
+    referenced: Collection[str] | None = None,
 ) -> str | None:
     """Why the snapshot's SSTs do not match the manifest's checksums (None: they all match).
 
     With `work_dir`, SSTs verified by an earlier process and unchanged since (same size and
-    modification time) are not downloaded again (`VerifiedSsts`).
+    modification time) are not downloaded again (`VerifiedSsts`); `referenced`: the SSTs the store's listed
+    snapshots name, the only ones that file keeps.
     """
     root = fm.root_uri
     verified = VerifiedSsts(work_dir, root, store) if work_dir is not None else None
@@ -179,7 +193,13 @@ def checksum_problem(
         return _check_ssts(fm, store, manifest, verified)
     finally:
         if verified is not None:
+            if referenced is not None:
+                verified.keep(referenced)
             verified.save()
+
+
+def _referenced(manifests: dict[tuple[int, str], SnapshotManifest]) -> set[str]:
+    return {sst.remote_name for m in manifests.values() for sst in m.sst_files}
 
 
 def _check_ssts(
@@ -241,7 +261,7 @@ def base_problem(
     manifest = manifests.get(plan.base)
     if manifest is None:
         return None  # the plan only picks readable manifests
-    why = checksum_problem(fm, plan.store, manifest, work_dir=work_dir)
+    why = checksum_problem(fm, plan.store, manifest, work_dir=work_dir, referenced=_referenced(manifests))
     if why is None:
         return None
     return (
@@ -274,7 +294,7 @@ def newest_snapshot_problem(
     manifest = manifests.get(ref)
     if manifest is None:
         return None
-    why = checksum_problem(fm, plan.store, manifest, work_dir=work_dir)
+    why = checksum_problem(fm, plan.store, manifest, work_dir=work_dir, referenced=_referenced(manifests))
     return None if why is None else f"snapshot {plan.store.manifest(*ref)} is corrupt: {why}"
 
 

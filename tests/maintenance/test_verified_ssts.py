@@ -17,7 +17,7 @@ from typing import Any
 
 from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshot_health import VERIFIED_DIR
+from statekeeper.maintenance.snapshot_health import VERIFIED_DIR, VerifiedSsts, checksum_problem
 from statekeeper.maintenance.snapshots import create_snapshots
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from tests.maintenance.helpers import History, clobber
@@ -83,3 +83,22 @@ def test_a_second_process_hashes_no_sst_and_a_rewritten_one_is_checked_again(
 
     third = _maintainer_process(h.root, settings)
     assert third["hashed"] >= 1 and third["snapshots"] == 1, third  # the repair: a fresh snapshot at once
+
+
+def test_the_verified_file_keeps_only_the_ssts_of_listed_snapshots(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    """Entries of SSTs no listed snapshot names any more (expiry deleted them) leave the file when a check
+    saves it: the file stays as large as the store's snapshots, not as every SST the store ever had."""
+    h = make_local_history(operators={"agg": 1}, keys=300)
+    h.batches(settings.snapshot_threshold + 1)
+    assert create_snapshots(h.root, settings).snapshots == 1
+    assert _maintainer_process(h.root, settings)["errors"] == []  # another process verified its SSTs
+    store = h.stores[0]
+    manifest = next(iter(Inventory.scan(h.fm, use_cache=False).files_of(store).manifest_data.values()))
+    names = {sst.remote_name for sst in manifest.sst_files}
+    path = VerifiedSsts(settings.work_dir or "", h.fm.root_uri, store).path
+    assert set(json.loads(Path(path).read_text())["ssts"]) == names
+    kept = min(names)
+    assert checksum_problem(h.fm, store, manifest, work_dir=settings.work_dir, referenced={kept}) is None
+    assert set(json.loads(Path(path).read_text())["ssts"]) == {kept}
