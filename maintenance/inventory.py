@@ -35,7 +35,7 @@ from statekeeper.maintenance.file_kinds import (
     FileEntry,
     classify,
 )
-from statekeeper.maintenance.parsed_cache import ParsedFiles
+from statekeeper.maintenance.parsed_cache import CORRUPT_SSTS, SOUND_SSTS, ParsedFiles
 from statekeeper.maintenance.progress import bar as progress_bar
 from statekeeper.store.errors import CheckpointError, ConfigurationError
 from statekeeper.store.files import CheckpointFileManager, FileInfo, LocalFileManager, open_file_manager
@@ -115,6 +115,12 @@ class StoreFiles:
 
 _records: ParsedFiles[CommitRecord] = ParsedFiles()
 _manifests: ParsedFiles[SnapshotManifest] = ParsedFiles()
+
+
+def _keep_listed_ssts(root: str, listed: Iterable[StoreFiles], *, whole_root: bool) -> None:
+    ssts = {files.store: files.ssts.keys() for files in listed}
+    for known in (SOUND_SSTS, CORRUPT_SSTS):
+        known.keep_listed(root, ssts, whole_root=whole_root)
 
 
 def clear_caches() -> None:
@@ -211,6 +217,7 @@ class Inventory:
         _records.keep_listed(inv.root_uri, [f"{COMMITS_DIR}/"], {e.path for e in inv.commit_files.values()})
         listed = {e.path for files in inv.stores.values() for e in files.manifests.values()}
         _manifests.keep_listed(inv.root_uri, [p for p in prefixes if p != f"{COMMITS_DIR}/"], listed)
+        _keep_listed_ssts(inv.root_uri, inv.stores.values(), whole_root=stores is None)
         inv.seconds = time.perf_counter() - t0
         log.info(
             "inventory of %s: %d commit records, %d stores, %d foreign files (%.2fs)",
@@ -246,6 +253,7 @@ class Inventory:
                 files.add(entry)
         self._read_manifests(files)
         _manifests.keep_listed(self.root_uri, [prefix], {e.path for e in files.manifests.values()})
+        _keep_listed_ssts(self.root_uri, [files], whole_root=False)
         self.stores[store] = files
         return files
 

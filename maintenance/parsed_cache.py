@@ -1,20 +1,23 @@
-"""Parsed commit records and snapshot manifests, kept per process while their files exist.
+"""What a process learnt of a root's immutable files, kept while their files exist: parsed commit records and
+snapshot manifests (`ParsedFiles`), and the SSTs found sound or corrupt (`KnownSsts`).
 
 Commit records and manifests never change once written (DESIGN invariant 2), so a maintainer that runs
 every few seconds reads only the new ones. An entry is found by root and path and trusted only for the
 same size and mtime (a file damaged in place gets a new mtime). Each listing that read a prefix of a
 root drops the entries under that prefix it did not list: what expiry deleted leaves the cache with its
 files, so a long-running maintainer holds what its roots hold, not everything it ever read (a manifest
-inlines its RocksDB metadata files, several KiB each).
+inlines its RocksDB metadata files, several KiB each). The inventory's listings do this for every kind
+(`statekeeper.maintenance.inventory`), whichever operation listed.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from typing import Generic, TypeVar
 
 from statekeeper.maintenance.file_kinds import FileEntry
+from statekeeper.store.layout import StoreId
 
 V = TypeVar("V")
 
@@ -57,4 +60,51 @@ class ParsedFiles(Generic[V]):
             self._roots.clear()
 
 
-__all__ = ["ParsedFiles"]
+class KnownSsts:
+    """(root, store) -> names of the store's SSTs this process found one way (sound, or corrupt); thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stores: dict[tuple[str, StoreId], set[str]] = {}
+
+    def __contains__(self, key: tuple[str, StoreId, str]) -> bool:
+        root, store, name = key
+        with self._lock:
+            return name in self._stores.get((root, store), ())
+
+    def add(self, root: str, store: StoreId, names: Iterable[str]) -> None:
+        with self._lock:
+            self._stores.setdefault((root, store), set()).update(names)
+
+    def names(self, root: str, store: StoreId) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._stores.get((root, store), ()))
+
+    def keep_listed(self, root: str, listed: Mapping[StoreId, Collection[str]], *, whole_root: bool) -> None:
+        """Keep, of each store of `root` in `listed`, the SSTs listed; `whole_root`: the listing covered every
+        store, so a store it did not list has none left."""
+        with self._lock:
+            for (r, store), names in self._stores.items():
+                if r != root:
+                    continue
+                if store in listed:
+                    names.intersection_update(listed[store])
+                elif whole_root:
+                    names.clear()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(names) for names in self._stores.values())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._stores.clear()
+
+
+SOUND_SSTS = KnownSsts()
+"""SSTs whose content matched its checksum in this process (`statekeeper.maintenance.snapshot_health`)."""
+CORRUPT_SSTS = KnownSsts()
+"""SSTs whose content did not match: a fresh snapshot must not reuse their names (snapshot repair)."""
+
+
+__all__ = ["CORRUPT_SSTS", "SOUND_SSTS", "KnownSsts", "ParsedFiles"]

@@ -29,6 +29,7 @@ import threading
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from statekeeper.maintenance.parsed_cache import CORRUPT_SSTS, SOUND_SSTS
 from statekeeper.maintenance.plan import StorePlan
 from statekeeper.store.errors import StatekeeperError
 from statekeeper.store.files import CheckpointFileManager
@@ -42,11 +43,7 @@ log = logging.getLogger(__name__)
 VERIFIED_DIR = "verified-ssts"
 """Folder of the work directory holding the persisted `VerifiedSsts` files."""
 
-_sound_lock = threading.Lock()
-_sound: dict[tuple[str, str], set[str]] = {}
-"""(root, store) -> SST names whose content matched its checksum in this process."""
-_corrupt: dict[tuple[str, str], set[str]] = {}
-"""(root, store) -> SST names whose content did not match (a fresh snapshot must not reuse them)."""
+_hashed_lock = threading.Lock()
 _hashed = 0
 """SSTs this process downloaded and hashed (`ssts_hashed`)."""
 
@@ -54,39 +51,26 @@ _hashed = 0
 def forget() -> None:
     """Drop what this process learnt about SST contents (as a new maintainer process starts)."""
     global _hashed
-    with _sound_lock:
-        _sound.clear()
-        _corrupt.clear()
+    SOUND_SSTS.clear()
+    CORRUPT_SSTS.clear()
+    with _hashed_lock:
         _hashed = 0
 
 
 def ssts_hashed() -> int:
     """How many SSTs this process downloaded and hashed to check them (since start or `forget`)."""
-    with _sound_lock:
+    with _hashed_lock:
         return _hashed
 
 
 def corrupt_ssts(root: str, store: StoreId) -> frozenset[str]:
     """SST names of `store` found corrupt in this process."""
-    with _sound_lock:
-        return frozenset(_corrupt.get((root, str(store)), ()))
+    return CORRUPT_SSTS.names(root, store)
 
 
 def mark_sound(root: str, store: StoreId, manifest: SnapshotManifest) -> None:
     """Record the SSTs of a snapshot this process just wrote from local files it hashed."""
-    with _sound_lock:
-        _sound.setdefault((root, str(store)), set()).update(s.remote_name for s in manifest.sst_files)
-
-
-def forget_unlisted(root: str, store: StoreId, listed: Collection[str]) -> None:
-    """Forget what was learnt of `store`'s SSTs that a listing no longer shows (expiry deleted them), so a
-    long-running maintainer remembers what its stores hold, not every SST it ever saw."""
-    key = (root, str(store))
-    with _sound_lock:
-        for known in (_sound, _corrupt):
-            names = known.get(key)
-            if names:
-                names.intersection_update(listed)
+    SOUND_SSTS.add(root, store, (s.remote_name for s in manifest.sst_files))
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,10 +192,8 @@ def _check_ssts(
     global _hashed
     root = fm.root_uri
     for sst in manifest.sst_files:
-        key = (root, str(store))
-        with _sound_lock:
-            if sst.remote_name in _sound.get(key, ()):
-                continue
+        if (root, store, sst.remote_name) in SOUND_SSTS:
+            continue
         path = store.sst(sst.remote_name)
         listed: FileInfo | None = None
         if verified is not None:
@@ -220,15 +202,14 @@ def _check_ssts(
             except (StatekeeperError, OSError) as e:
                 return f"SST {root}/{path} cannot be read: {e}"
             if verified.is_sound(sst, listed.size, listed.mtime):
-                with _sound_lock:
-                    _sound.setdefault(key, set()).add(sst.remote_name)
+                SOUND_SSTS.add(root, store, [sst.remote_name])
                 continue
         fd, tmp = tempfile.mkstemp(prefix="statekeeper-sst-")
         os.close(fd)
         try:
             size = fm.download(path, tmp)
             digest = file_sha256(tmp)
-            with _sound_lock:
+            with _hashed_lock:
                 _hashed += 1
         except (StatekeeperError, OSError) as e:
             return f"SST {root}/{path} cannot be read: {e}"
@@ -236,13 +217,11 @@ def _check_ssts(
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
         if size != sst.size or digest != sst.sha256:
-            with _sound_lock:
-                _corrupt.setdefault(key, set()).add(sst.remote_name)
+            CORRUPT_SSTS.add(root, store, [sst.remote_name])
             if verified is not None:
                 verified.discard(sst)
             return f"SST {root}/{path} does not match the checksum in its snapshot manifest"
-        with _sound_lock:
-            _sound.setdefault(key, set()).add(sst.remote_name)
+        SOUND_SSTS.add(root, store, [sst.remote_name])
         if verified is not None and listed is not None:
             verified.add(sst, listed.size, listed.mtime)
     return None
@@ -305,7 +284,6 @@ __all__ = [
     "checksum_problem",
     "corrupt_ssts",
     "forget",
-    "forget_unlisted",
     "mark_sound",
     "newest_snapshot_problem",
     "ssts_hashed",

@@ -36,12 +36,7 @@ from statekeeper.maintenance.plan import StorePlan, plan_store
 from statekeeper.maintenance.replica import Replica, ReplicaBusyError
 from statekeeper.maintenance.reports import SnapshotReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshot_health import (
-    corrupt_ssts,
-    forget_unlisted,
-    mark_sound,
-    newest_snapshot_problem,
-)
+from statekeeper.maintenance.snapshot_health import corrupt_ssts, mark_sound, newest_snapshot_problem
 from statekeeper.store.errors import CheckpointFileExistsError, ConfigurationError
 from statekeeper.store.files import CheckpointFileManager, LocalFileManager, open_file_manager
 from statekeeper.store.layout import StoreId
@@ -227,8 +222,6 @@ def create_snapshots(
         inv = inventory or scan_under_leases(fm, settings, catalog, progress=progress, stores=wanted)
         ids = wanted if wanted is not None else inv.store_ids()
         plans = [plan_store(inv, s, settings) for s in ids]
-        for s in ids:
-            forget_unlisted(fm.root_uri, s, files.ssts if (files := inv.stores.get(s)) else ())
         report.stores = len(plans)
         report.max_chain_length = max((p.chain_length for p in plans), default=0)
         requested = due_at or {}

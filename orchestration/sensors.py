@@ -305,10 +305,15 @@ def evaluate_root(
     return tick
 
 
+def _events(crossings: list[str], moved_bases: list[str]) -> list[str]:
+    """What a run is requested for, as its run key names it: the store@version crossings, then the moved bases."""
+    return [*crossings, *(f"base:{b}" for b in moved_bases)]
+
+
 def _request(root: str, crossings: list[str], moved_bases: list[str]) -> RunRequest | None:
     """One run for the tick's crossings and moved bases of `root` (None when there are neither)."""
     if crossings and moved_bases:
-        events = [*crossings, *(f"base:{b}" for b in moved_bases)]
+        events = _events(crossings, moved_bases)
         return snapshot_request(root, run_key("maintain", root, events), crossings, SENSOR_RUN_TAGS, expire=True)
     if crossings:
         return snapshot_request(root, run_key("snapshot", root, crossings), crossings, SENSOR_RUN_TAGS)
@@ -351,11 +356,7 @@ def tick_requests(due: list[RootTick], fleet_roots_min: int, fleet_started: bool
     else their own runs."""
     if fleet_roots_min and due and (len(due) >= fleet_roots_min or fleet_started):
         work = {t.root: (t.crossings, t.moved_bases) for t in due}
-        events = [
-            f"{root}|{event}"
-            for root, (crossings, bases) in sorted(work.items())
-            for event in (*crossings, *(f"base:{b}" for b in bases))
-        ]
+        events = [f"{root}|{e}" for root, (crossings, bases) in sorted(work.items()) for e in _events(crossings, bases)]
         return [fleet_request(work, run_key("fleet", f"{len(work)}-roots", events), SENSOR_RUN_TAGS)]
     return [t.request for t in due if t.request is not None]
 
