@@ -68,7 +68,9 @@ class FileEntry:
 
 
 @dataclass(frozen=True, slots=True)
-class _Kind:
+class Kind:
+    """What `classify` tells of a path."""
+
     kind: str
     store: StoreId | None = None
     version: int | None = None
@@ -93,57 +95,57 @@ def _owning_store(parts: list[str]) -> StoreId | None:
     return _store_of(parts[1], parts[2]) if len(parts) >= 3 and parts[0] == STATE_DIR else None
 
 
-@functools.lru_cache(maxsize=1 << 17)
-def classify(path: str, *, temp_listing: bool = False) -> _Kind:
+def classify(path: str, *, temp_listing: bool = False) -> Kind:
     """What `path` is by the layout of docs/formats.md; anything else is foreign.
 
     Temp names are only ours when the local file manager's temp listing reports them and the name
-    they would have been published under is itself a checkpoint file. Cached: a path's kind follows
-    from its name alone, and a maintainer classifies every retained file again each cycle.
+    they would have been published under is itself a checkpoint file. Not cached here: the inventory
+    keeps the kinds of the files its listings still see (a process-wide cache of every path ever
+    classified would grow with everything a long-running maintainer ever listed).
     """
     parts = path.split("/")
     name = parts[-1]
     if len(parts) == 1 and _PROBE_NAME.match(name):
-        return _Kind(TEMP)
+        return Kind(TEMP)
     if temp_listing:
         m = _TEMP_NAME.match(name)
         final = classify("/".join([*parts[:-1], m.group(1)])) if m is not None else None
         if final is None or final.kind == FOREIGN:
-            return _Kind(FOREIGN, _owning_store(parts))
-        return _Kind(TEMP, final.store, final.version, final.checkpoint_id)
+            return Kind(FOREIGN, _owning_store(parts))
+        return Kind(TEMP, final.store, final.version, final.checkpoint_id)
     if len(parts) == 2 and parts[0] == COMMITS_DIR:
         v = parse_commit_name(name)
         if v is not None and name == f"{v:020d}.commit":
-            return _Kind(COMMIT, version=v)
-        return _Kind(FOREIGN)
+            return Kind(COMMIT, version=v)
+        return Kind(FOREIGN)
     if len(parts) != 5 and parts[0] == STATE_DIR:
-        return _Kind(FOREIGN, _owning_store(parts))
+        return Kind(FOREIGN, _owning_store(parts))
     if len(parts) == 4 and parts[0] == SPARK_DIR and parts[2] == BATCHES_DIR:
         b = parse_batch_name(name)
         if b is not None and _store_of(parts[1], "00000") is not None:
-            return _Kind(BATCH, version=b + 1)
-        return _Kind(FOREIGN)
+            return Kind(BATCH, version=b + 1)
+        return Kind(FOREIGN)
     if len(parts) == 4 and parts[0] == SPARK_DIR and parts[2] == HEARTBEAT_DIR:
         if parse_heartbeat_name(name) is not None and _store_of(parts[1], "00000") is not None:
-            return _Kind(HEARTBEAT)
-        return _Kind(FOREIGN)
+            return Kind(HEARTBEAT)
+        return Kind(FOREIGN)
     if len(parts) == 5 and parts[0] == STATE_DIR:
         store = _store_of(parts[1], parts[2])
         if store is None:
-            return _Kind(FOREIGN)
+            return Kind(FOREIGN)
         sub = parts[3]
         if sub in (CHANGELOG_DIR, SNAPSHOT_DIR):
             parsed = parse_versioned_name(name)
             if parsed is not None:
                 v, cid, suffix = parsed
                 if sub == CHANGELOG_DIR and suffix == CHANGELOG_SUFFIX:
-                    return _Kind(CHANGELOG, store, v, cid)
+                    return Kind(CHANGELOG, store, v, cid)
                 if sub == SNAPSHOT_DIR and suffix == MANIFEST_SUFFIX:
-                    return _Kind(MANIFEST, store, v, cid)
+                    return Kind(MANIFEST, store, v, cid)
         elif sub == SST_DIR and SST_NAME.match(name):
-            return _Kind(SST, store)
-        return _Kind(FOREIGN, store)
-    return _Kind(FOREIGN)
+            return Kind(SST, store)
+        return Kind(FOREIGN, store)
+    return Kind(FOREIGN)
 
 
 __all__ = [
@@ -158,5 +160,6 @@ __all__ = [
     "TEMP",
     "UPLOAD",
     "FileEntry",
+    "Kind",
     "classify",
 ]

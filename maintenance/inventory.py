@@ -33,6 +33,7 @@ from statekeeper.maintenance.file_kinds import (
     TEMP,
     UPLOAD,
     FileEntry,
+    Kind,
     classify,
 )
 from statekeeper.maintenance.parsed_cache import CORRUPT_SSTS, SOUND_SSTS, ParsedFiles
@@ -115,6 +116,9 @@ class StoreFiles:
 
 _records: ParsedFiles[CommitRecord] = ParsedFiles()
 _manifests: ParsedFiles[SnapshotManifest] = ParsedFiles()
+_kinds: ParsedFiles[Kind] = ParsedFiles()
+"""The kind of every published file the last listings of a root saw: a maintainer classifies every retained
+file again each cycle, and a kind follows from the path alone."""
 
 
 def _keep_listed_ssts(root: str, listed: Iterable[StoreFiles], *, whole_root: bool) -> None:
@@ -124,9 +128,10 @@ def _keep_listed_ssts(root: str, listed: Iterable[StoreFiles], *, whole_root: bo
 
 
 def clear_caches() -> None:
-    """Forget parsed commit records and manifests (tests that rewrite a root in place)."""
+    """Forget parsed commit records, manifests and kinds (tests that rewrite a root in place)."""
     _records.clear()
     _manifests.clear()
+    _kinds.clear()
 
 
 def _map(fn: Callable[[T], R], items: list[T], workers: int) -> list[R]:
@@ -198,11 +203,13 @@ class Inventory:
                 prefixes = [""]
             else:
                 prefixes = [f"{COMMITS_DIR}/", *(f"{s.prefix}/" for s in sorted(stores, key=_store_key))]
+            seen: set[str] = set()
             for prefix in prefixes:
                 inv.listings += 1
                 published, unfinished = _listing(fm, prefix)
                 for info in published:
                     inv._add(FileEntry(info.path, "", info.size, info.mtime), temp_listing=False)
+                    seen.add(info.path)
                     bar.update(1)
                 for entry in unfinished:
                     inv._add(entry, temp_listing=True)
@@ -218,6 +225,7 @@ class Inventory:
         listed = {e.path for files in inv.stores.values() for e in files.manifests.values()}
         _manifests.keep_listed(inv.root_uri, [p for p in prefixes if p != f"{COMMITS_DIR}/"], listed)
         _keep_listed_ssts(inv.root_uri, inv.stores.values(), whole_root=stores is None)
+        _kinds.keep_listed(inv.root_uri, prefixes, seen)
         inv.seconds = time.perf_counter() - t0
         log.info(
             "inventory of %s: %d commit records, %d stores, %d foreign files (%.2fs)",
@@ -247,6 +255,7 @@ class Inventory:
             entry = self._entry(FileEntry(info.path, "", info.size, info.mtime), temp_listing=False)
             if entry.store == store:
                 files.add(entry)
+        _kinds.keep_listed(self.root_uri, [prefix], {info.path for info in published})
         for raw in unfinished:
             entry = self._entry(raw, temp_listing=True)
             if entry.store == store:
@@ -302,7 +311,13 @@ class Inventory:
                 self.changed(store)
 
     def _entry(self, raw: FileEntry, *, temp_listing: bool) -> FileEntry:
-        k = classify(raw.path, temp_listing=temp_listing and raw.kind == TEMP)
+        if temp_listing and raw.kind == TEMP:
+            k = classify(raw.path, temp_listing=True)
+        else:
+            known = _kinds.get(self.root_uri, raw)
+            k = known if known is not None else classify(raw.path)
+            if known is None:
+                _kinds.put(self.root_uri, raw, k)
         kind = k.kind
         if raw.kind == UPLOAD and kind != FOREIGN:
             kind = UPLOAD
