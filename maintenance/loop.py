@@ -22,6 +22,8 @@ a snapshot round of many stores, not after it.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import threading
 import time
@@ -116,6 +118,7 @@ def maintain(
                 result.reports.append(Report(CYCLE, fm.root_uri, errors=[error]))
         result.seconds = time.monotonic() - t0
         log.info("%s", result.summary())
+        release_free_heap()
         if on_cycle is not None:
             on_cycle(result)
         results = [*results[-99:], result]
@@ -123,6 +126,28 @@ def maintain(
             break
         stop.wait(max(0.0, every - result.seconds))
     return results
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+_TRIM = _malloc_trim()
+
+
+def release_free_heap() -> None:
+    """Hand the heap pages freed during a cycle back to the OS (glibc's ``malloc_trim``; elsewhere nothing).
+
+    A cycle opens and closes RocksDB instances and S3 connections on pool threads, whose freed blocks glibc
+    keeps in its per-thread arenas: without this a long-running maintainer's RSS creeps up by what is free
+    but fragmented, not by what it holds. ~1 ms a cycle."""
+    if _TRIM is not None:
+        _TRIM(0)
 
 
 def _open_roots(roots: Roots) -> list[CheckpointFileManager]:
