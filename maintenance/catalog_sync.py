@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
+from statekeeper.maintenance import file_kinds
 from statekeeper.maintenance.sync_view import InventoryView
 from statekeeper.sql import (
     Catalog,
@@ -38,7 +39,16 @@ from statekeeper.sql import (
     SyncWriter,
     layout_rows,
 )
-from statekeeper.sql.models import KIND_CHANGELOG, KIND_COMMIT, KIND_FOREIGN, KIND_MANIFEST, KIND_SST, KIND_TEMP
+from statekeeper.sql.models import (
+    KIND_BATCH,
+    KIND_CHANGELOG,
+    KIND_COMMIT,
+    KIND_FOREIGN,
+    KIND_HEARTBEAT,
+    KIND_MANIFEST,
+    KIND_SST,
+    KIND_TEMP,
+)
 from statekeeper.store.errors import CheckpointError, ConfigurationError, StatekeeperError
 from statekeeper.store.files import CheckpointFileManager, FileInfo, open_file_manager
 from statekeeper.store.files.local import is_temp_name
@@ -50,6 +60,7 @@ from statekeeper.store.layout import (
     CHANGELOG_DIR,
     COMMITS_DIR,
     SNAPSHOT_DIR,
+    SPARK_DIR,
     SST_DIR,
     STATE_DIR,
     VERSION_DIGITS,
@@ -120,6 +131,10 @@ def classify(path: str) -> Classified:
         v = parse_commit_name(name)
         if v is not None:
             return Classified(KIND_COMMIT, version=v)
+    if len(parts) == 4 and parts[0] == SPARK_DIR:
+        driver = file_kinds.classify(path)  # the layout of the driver's files has one reading
+        if driver.kind in (KIND_BATCH, KIND_HEARTBEAT):
+            return Classified(driver.kind, version=driver.version)
     if store is not None:
         sub = parts[3]
         if sub in (CHANGELOG_DIR, SNAPSHOT_DIR):

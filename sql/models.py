@@ -48,7 +48,11 @@ KIND_MANIFEST = "manifest"
 KIND_SST = "sst"
 KIND_TEMP = "temp"
 KIND_FOREIGN = "foreign"
-FILE_KINDS = (KIND_COMMIT, KIND_CHANGELOG, KIND_MANIFEST, KIND_SST, KIND_TEMP, KIND_FOREIGN)
+KIND_BATCH = "batch"
+"""The Spark driver's per-batch file (`spark/<operator>/batches/`); its version is the one the batch commits."""
+KIND_HEARTBEAT = "heartbeat"
+"""The Spark driver's heartbeat (`spark/<operator>/heartbeats/`)."""
+FILE_KINDS = (KIND_COMMIT, KIND_CHANGELOG, KIND_MANIFEST, KIND_SST, KIND_TEMP, KIND_FOREIGN, KIND_BATCH, KIND_HEARTBEAT)
 
 # File states.
 STATE_LIVE = "live"

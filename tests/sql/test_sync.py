@@ -8,7 +8,7 @@ import pytest
 
 from statekeeper.maintenance.catalog_sync import CatalogSyncError, classify, rebuild_catalog, sync_catalog
 from statekeeper.sql import Catalog
-from statekeeper.store.layout import StoreId, commit_path
+from statekeeper.store.layout import StoreId, batch_path, commit_path, heartbeat_path
 from tests.sql.histories import History
 
 
@@ -36,8 +36,13 @@ def test_classify_names() -> None:
     assert classify(s.sst("ab" * 20 + ".sst")).kind == "sst"
     assert classify("state/agg/00003/changelogs/.x.changelog.abcd.tmp").kind == "temp"
     assert classify("state/agg/00003/changelogs/.x.changelog.abcd.tmp").operator == "agg"
+    batch = classify(batch_path("agg", 4))  # the driver's files are ours (issue: nothing of ours is foreign)
+    assert (batch.kind, batch.version) == ("batch", 5)
+    assert classify(heartbeat_path("agg", 1_700_000_000_000)).kind == "heartbeat"
     for foreign in (
         "README",
+        "spark/agg/batches/x.json",
+        "spark/agg/notes/1.json",
         "commits/5.commit",
         "state/agg/3/changelogs/x",
         "state/agg/00003/sst/x.bin",
@@ -184,6 +189,8 @@ def test_full_sync_marks_deleted_files_and_finds_strays(catalog: Catalog, histor
     # Strays: a foreign file, an SST no manifest references, a losing attempt of v2 written late.
     with history.fm.create("notes/README.txt") as out:
         out.write(b"not ours")
+    with history.fm.create(batch_path("agg", 5)) as out:  # the driver's: recorded as its kind
+        out.write(b"{}")
     stray_sst = store.sst("f" * 40 + ".sst")
     with history.fm.create(stray_sst) as out:
         out.write(b"junk")
@@ -199,10 +206,11 @@ def test_full_sync_marks_deleted_files_and_finds_strays(catalog: Catalog, histor
     inc = sync_catalog(catalog, history.fm)
     assert inc.files_deleted == 0 and inc.files_new == 0  # incremental sees neither
     full = sync_catalog(catalog, history.fm, full=True)
-    assert full.files_deleted == 3 and full.files_new == 3
+    assert full.files_deleted == 3 and full.files_new == 4
     hist = {f.path: f for f in catalog.files(uri, states=["live", "orphan", "expired", "deleted"])}
     assert all(hist[p].state == "deleted" for p in [*gone, manifest])
     assert hist["notes/README.txt"].kind == "foreign" and hist["notes/README.txt"].state == "live"
+    assert (hist[batch_path("agg", 5)].kind, hist[batch_path("agg", 5)].version) == ("batch", 6)
     assert hist[stray_sst].state == "orphan"
     assert hist[zombie].state == "orphan"
     assert ("agg", 0, 2, "e" * 32) in catalog.losing_attempts(uri)
