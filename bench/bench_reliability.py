@@ -71,6 +71,14 @@ FOUND = [
     "file leaves with it, at every listing) and `store/rocks.py` (a new MANIFEST past 8 KiB); regression test "
     "`tests/maintenance/test_loop.py::test_a_long_running_maintainer_holds_what_its_root_holds`",
 ]
+OPEN = [
+    "one-hour soak (`STATEKEEPER_SOAK_SECONDS=3600 pytest -s --timeout 4800 "
+    "tests/reliability/test_soak.py::test_soak_one_minute`, 2026-11-27, commit 1f1f60a): correct throughout "
+    "(no write, read, cycle or final-check error; the root within its file bound), but the process's RSS rose "
+    "from 117 MiB at the start and 145 MiB at 5 minutes to 252 MiB at 60, about 2 MiB a minute without levelling "
+    "off, so the RSS check failed (first / last third 156 / 234 MiB). The growth is in glibc's per-thread "
+    "arenas (freed pages are already handed back after every maintenance cycle); its owner is not found yet",
+]
 """What the sweep, the fault tests and the soak found (each fixed, with a regression test), for the document."""
 
 
@@ -338,4 +346,5 @@ def _write_doc(tables: list[Table], measured_on: dict[str, Any], quick: bool) ->
     ]
     parts += [t.markdown() for t in tables]
     parts += ["### Bugs these runs found", "", *[f"- {b}" for b in FOUND], ""]
+    parts += ["### Open", "", *[f"- {b}" for b in OPEN], ""]
     DOC.write_text("\n".join(parts))
