@@ -314,11 +314,11 @@ class Inventory:
     def _entry(self, raw: FileEntry, *, temp_listing: bool) -> FileEntry:
         if temp_listing and raw.kind == TEMP:
             k = classify(raw.path, temp_listing=True)
+        elif (cached := _kinds.get(self.root_uri, raw)) is not None:
+            k = cached
         else:
-            known = _kinds.get(self.root_uri, raw)
-            k = known if known is not None else classify(raw.path)
-            if known is None:
-                _kinds.put(self.root_uri, raw, k)
+            k = classify(raw.path)
+            _kinds.put(self.root_uri, raw, k)
         kind = k.kind
         if raw.kind == UPLOAD and kind != FOREIGN:
             kind = UPLOAD
