@@ -40,33 +40,20 @@ from statekeeper.sql import (
     layout_rows,
 )
 from statekeeper.sql.models import (
-    KIND_BATCH,
-    KIND_CHANGELOG,
     KIND_COMMIT,
     KIND_FOREIGN,
-    KIND_HEARTBEAT,
     KIND_MANIFEST,
-    KIND_SST,
-    KIND_TEMP,
 )
 from statekeeper.store.errors import CheckpointError, ConfigurationError, StatekeeperError
 from statekeeper.store.files import CheckpointFileManager, FileInfo, open_file_manager
-from statekeeper.store.files.local import is_temp_name
-from statekeeper.store.files.paths import validate_component
 from statekeeper.store.formats.changelog import read_header
 from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import (
-    CHANGELOG_DIR,
     COMMITS_DIR,
-    SNAPSHOT_DIR,
-    SPARK_DIR,
-    SST_DIR,
-    STATE_DIR,
     VERSION_DIGITS,
     StoreId,
     parse_commit_name,
-    parse_versioned_name,
 )
 from statekeeper.store.snapshot import read_manifest
 
@@ -118,53 +105,17 @@ class Classified:
     checkpoint_id: str | None = None
 
 
-def classify(path: str) -> Classified:
-    """What a path relative to the root is, by the layout of `statekeeper.store.layout` (foreign if no match)."""
-    parts = path.split("/")
-    name = parts[-1]
-    store: tuple[str, int] | None = None
-    if len(parts) == 5 and parts[0] == STATE_DIR:
-        store = _store_of(parts[1], parts[2])
-    if is_temp_name(name):
-        return Classified(KIND_TEMP, *(store or (None, None)))
-    if len(parts) == 2 and parts[0] == COMMITS_DIR:
-        v = parse_commit_name(name)
-        if v is not None:
-            return Classified(KIND_COMMIT, version=v)
-    if len(parts) == 4 and parts[0] == SPARK_DIR:
-        driver = file_kinds.classify(path)  # the layout of the driver's files has one reading
-        if driver.kind in (KIND_BATCH, KIND_HEARTBEAT):
-            return Classified(driver.kind, version=driver.version)
-    if store is not None:
-        sub = parts[3]
-        if sub in (CHANGELOG_DIR, SNAPSHOT_DIR):
-            parsed = parse_versioned_name(name)
-            if parsed is not None:
-                v, cid, suffix = parsed
-                kind = KIND_CHANGELOG if suffix == ".changelog" else KIND_MANIFEST
-                if (sub == CHANGELOG_DIR) == (kind == KIND_CHANGELOG):
-                    return Classified(kind, store[0], store[1], v, cid)
-        elif sub == SST_DIR and name.endswith(".sst") and _valid(name):
-            return Classified(KIND_SST, store[0], store[1])
-    return Classified(KIND_FOREIGN)
+def classify(path: str, *, temp_listing: bool = False) -> Classified:
+    """What a path relative to the root is: the inventory's reading (`file_kinds.classify`, one reading of
+    the layout), with a foreign file's store dropped (the catalog keeps no store for what is not ours)."""
+    k = file_kinds.classify(path, temp_listing=temp_listing)
+    if k.kind == KIND_FOREIGN or k.store is None:
+        return Classified(k.kind, version=k.version)
+    return Classified(k.kind, k.store.operator, k.store.partition, k.version, k.checkpoint_id)
 
 
-def _valid(component: str) -> bool:
-    try:
-        validate_component(component)
-    except ConfigurationError:
-        return False
-    return True
-
-
-def _store_of(operator: str, partition: str) -> tuple[str, int] | None:
-    if len(partition) != 5 or not partition.isdigit() or not _valid(operator):
-        return None
-    return operator, int(partition)
-
-
-def _observe(info: FileInfo) -> FileObservation:
-    c = classify(info.path)
+def _observe(info: FileInfo, temp_listing: bool = False) -> FileObservation:
+    c = classify(info.path, temp_listing=temp_listing)
     return FileObservation(
         info.path, c.kind, info.size, info.mtime, c.operator, c.partition, c.version, c.checkpoint_id
     )
@@ -319,9 +270,9 @@ class _Syncer:
         self.result.snapshots += len(good)
         return bad
 
-    def add_files(self, writer: SyncWriter, infos: Iterable[FileInfo]) -> None:
+    def add_files(self, writer: SyncWriter, infos: Iterable[FileInfo], *, temp_listing: bool = False) -> None:
         for batch in _batched(infos):
-            writer.add_files([_observe(i) for i in batch])
+            writer.add_files([_observe(i, temp_listing) for i in batch])
 
 
 def _unknown_snapshots(writer: SyncWriter, paths: list[str]) -> list[str]:
@@ -444,11 +395,12 @@ def _full(catalog: Catalog, syncer: _Syncer, started: float, raise_on_error: boo
     commit_paths: list[str] = []
     manifest_paths: list[str] = []
 
+    syncer.result.listings += 1
+    # A local root gives its temp files from the same walk (duck-typed per backend, as the inventory's).
+    with_temps = getattr(fm, "list_with_temp_files", None)
+    published, temps = with_temps("") if callable(with_temps) else (fm.list(""), [])
+
     def listing() -> Iterator[FileInfo]:
-        syncer.result.listings += 1
-        # A local root gives its temp files from the same walk (duck-typed per backend, as the inventory's).
-        with_temps = getattr(fm, "list_with_temp_files", None)
-        published, temps = with_temps("") if callable(with_temps) else (fm.list(""), [])
         for info in published:
             c = classify(info.path)
             if c.kind == KIND_COMMIT:
@@ -456,9 +408,9 @@ def _full(catalog: Catalog, syncer: _Syncer, started: float, raise_on_error: boo
             elif c.kind == KIND_MANIFEST:
                 manifest_paths.append(info.path)
             yield info
-        yield from temps
 
     syncer.add_files(writer, listing())
+    syncer.add_files(writer, temps, temp_listing=True)
     bad_commits = syncer.ingest_commits(writer, commit_paths)
     bad = syncer.ingest_manifests(writer, manifest_paths)
 

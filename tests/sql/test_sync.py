@@ -34,8 +34,14 @@ def test_classify_names() -> None:
     assert (c.kind, c.operator, c.partition, c.version, c.checkpoint_id) == ("changelog", "agg", 3, 7, cid)
     assert classify(s.manifest(7, cid)).kind == "manifest"
     assert classify(s.sst("ab" * 20 + ".sst")).kind == "sst"
-    assert classify("state/agg/00003/changelogs/.x.changelog.abcd.tmp").kind == "temp"
-    assert classify("state/agg/00003/changelogs/.x.changelog.abcd.tmp").operator == "agg"
+    # The inventory's reading of temp names (one reading): ours only from a local temp listing, and only
+    # when the name they would be published under is a checkpoint file.
+    temp = s.changelog(7, cid).rpartition("/")
+    temp_path = f"{temp[0]}/.{temp[2]}.{'ab' * 16}.tmp"
+    t = classify(temp_path, temp_listing=True)
+    assert (t.kind, t.operator, t.partition, t.version) == ("temp", "agg", 3, 7)
+    assert classify(temp_path).kind == "foreign"  # an S3 object with a temp-looking name is not ours
+    assert classify(f"state/agg/00003/changelogs/.x.{'ab' * 16}.tmp", temp_listing=True).kind == "foreign"
     batch = classify(batch_path("agg", 4))  # the driver's files are ours (issue: nothing of ours is foreign)
     assert (batch.kind, batch.version) == ("batch", 5)
     assert classify(heartbeat_path("agg", 1_700_000_000_000)).kind == "heartbeat"
