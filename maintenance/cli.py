@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     op.add_argument("--threshold", type=_positive_int, metavar="N", help="snapshot threshold (changelogs)")
     op.add_argument("--work-dir", metavar="DIR", help="directory for warm local copies of stores")
     op.add_argument("--delete-batch-size", type=_positive_int, metavar="N", help="paths per delete request")
+    op.add_argument(
+        "--catalog-history", type=_number, metavar="SECONDS", help="keep the catalog's rows of what is gone this long"
+    )
 
     one_root = _Parser(add_help=False)
     one_root.add_argument("root", help="checkpoint root: a local path, file:// or s3://bucket/prefix")

@@ -55,6 +55,7 @@ def settings_of(args: argparse.Namespace) -> MaintenanceSettings:
         lease_timeout_seconds=getattr(args, "lease_timeout", None),
         work_dir=getattr(args, "work_dir", None),
         delete_batch_size=getattr(args, "delete_batch_size", None),
+        catalog_history_seconds=getattr(args, "catalog_history", None),
     )
 
 

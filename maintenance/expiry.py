@@ -7,11 +7,17 @@ last, only those below every store's base, and only in a run over every store of
 at any point leaves every retained version loadable; a rerun finishes the job (files left without a
 commit record below the base are deleted as orphans). Changelogs of versions newer than the newest
 commit record are never touched: they may belong to a batch still in flight.
+
+With a catalog, expiry also drops the catalog's history older than `catalog_history_seconds`
+(`prune_catalog_history`): the rows of deleted files and snapshots, of expired versions, and old runs.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
+import math
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -30,6 +36,10 @@ if TYPE_CHECKING:
     from statekeeper.sql.catalog import Catalog
 
 log = logging.getLogger(__name__)
+
+PRUNE_EVERY_SECONDS = 300.0
+_PRUNED_AT: dict[tuple[int, str], float] = {}
+"""When this process last pruned a catalog's history of a root (monotonic seconds)."""
 
 
 def expire_versions(
@@ -97,7 +107,26 @@ def expire_versions(
                 _account(report, None, out.deleted, "deleted")
                 for text in out.errors:
                     report.error(text)
+        if catalog is not None:
+            report.catalog_rows_pruned = prune_catalog_history(catalog, fm.root_uri, settings)
     return report
+
+
+def prune_catalog_history(catalog: Catalog, root: str, settings: MaintenanceSettings) -> int:
+    """Drop the catalog's rows of what left `root` more than `catalog_history_seconds` ago
+    (`Catalog.prune_history`); at most once per `PRUNE_EVERY_SECONDS` (or a quarter of the horizon) per
+    root and process, since the loop expires every cycle. Returns the rows dropped."""
+    every = min(PRUNE_EVERY_SECONDS, settings.catalog_history_seconds / 4)
+    key = (id(catalog), root)
+    now = time.monotonic()
+    if now - _PRUNED_AT.get(key, -math.inf) < every:
+        return 0
+    _PRUNED_AT[key] = now
+    before = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=settings.catalog_history_seconds)
+    pruned = catalog.prune_history(root, before)
+    if pruned.total:
+        log.info("catalog history of %s before %s: dropped %s", root, before.isoformat(), pruned)
+    return pruned.total
 
 
 def _expire_store(deleter: Deleter, inv: Inventory, store: StoreId, catalog: Catalog | None) -> DeleteOutcome:
@@ -129,4 +158,4 @@ def _account(report: ExpiryReport, store: str | None, entries: Iterable[FileEntr
         report.count(e, row)
 
 
-__all__ = ["expire_versions"]
+__all__ = ["PRUNE_EVERY_SECONDS", "expire_versions", "prune_catalog_history"]

@@ -168,6 +168,8 @@ class ExpiryReport(DeletionReport):
     root: str = ""
     commit_records: int = 0
     retained_versions: int = 0
+    catalog_rows_pruned: int = 0
+    """Rows of the catalog's history past `catalog_history_seconds` that this run dropped."""
 
     COUNTERS: ClassVar[Mapping[str, str]] = {**DeletionReport.COUNTERS, COMMIT: "commit_records"}
 

@@ -120,6 +120,9 @@ class MaintenanceConfig(ConfigurableResource):  # type: ignore[type-arg]
     lease_timeout_seconds: float = Field(default=0, description="How long to wait for a store's lease.")
     work_dir: str | None = Field(default=None, description="Warm local copies of stores for snapshots.")
     delete_batch_size: int = Field(default=1000, description="Keys per delete request (S3 takes at most 1000).")
+    catalog_history_seconds: float = Field(
+        default=7 * 86400, description="The catalog's rows of what is gone, and its run records, are kept this long."
+    )
     engine: str = Field(
         default="local",
         description="Where snapshots and verification run: 'local' (the run's process) or 'spark' (the stores "

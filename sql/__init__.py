@@ -30,6 +30,7 @@ from statekeeper.sql.errors import (
     LeaseUnavailableError,
     NotInCatalogError,
 )
+from statekeeper.sql.history import HistoryPruned
 from statekeeper.sql.ingest import (
     CommitObservation,
     FileObservation,
@@ -51,6 +52,7 @@ __all__ = [
     "CommitObservation",
     "FileObservation",
     "FileRecord",
+    "HistoryPruned",
     "LayoutRow",
     "LayoutSpan",
     "Lease",

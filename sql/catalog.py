@@ -12,13 +12,14 @@ module per responsibility, each building on `statekeeper.sql.base.CatalogBase` (
   `files_for_version`, `chain_lengths`
 - `statekeeper.sql.retention`: `retention_plan`
 - `statekeeper.sql.runs`: maintenance run records (`start_run`, `finish_run`, `record_run`, `runs`)
+- `statekeeper.sql.history`: `prune_history`, the horizon after which the rows of what is gone are dropped
 - `statekeeper.sql.leases`: `acquire_lease`, `leases`
 - `statekeeper.sql.export`: `export`
 
 File states: ``live`` (part of a committed version, a pending attempt, or a foreign file),
 ``orphan`` (a losing attempt's changelog or manifest, an SST no present manifest references, a temp
 file of an unfinished write; orphan cleanup applies its own grace period), ``expired`` (set by the
-expiry operation for files it is about to delete), ``deleted`` (gone; kept as history).
+expiry operation for files it is about to delete), ``deleted`` (gone; kept as history until `prune_history` drops it).
 Roots are identified by the URI string callers pass; use the file manager's normalised ``root_uri``.
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from statekeeper.sql.export import CatalogExport
 from statekeeper.sql.file_states import FileStateUpdates
+from statekeeper.sql.history import HistoryPruning
 from statekeeper.sql.ingest import CatalogIngest
 from statekeeper.sql.layouts import LayoutQueries
 from statekeeper.sql.leases import LeaseAccess
@@ -41,6 +43,7 @@ class Catalog(
     LayoutQueries,
     RetentionPlanning,
     RunRecords,
+    HistoryPruning,
     LeaseAccess,
     CatalogExport,
 ):
