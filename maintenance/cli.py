@@ -19,6 +19,7 @@ from typing import NoReturn
 from statekeeper.maintenance.cli_commands import (
     cmd_catalog_chains,
     cmd_catalog_files,
+    cmd_catalog_prune,
     cmd_catalog_rebuild,
     cmd_catalog_retention,
     cmd_catalog_sync,
@@ -168,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = csub.add_parser("rebuild", parents=[common], help="forget a root and sync it from the location alone")
     p.add_argument("root")
     p.set_defaults(func=cmd_catalog_rebuild)
+    p = csub.add_parser("prune", parents=[common], help="drop the catalog's rows of what left the root long ago")
+    p.add_argument("root")
+    p.add_argument(
+        "--older-than", type=_number, metavar="SECONDS", help="default: $STATEKEEPER_CATALOG_HISTORY_SECONDS (1 day)"
+    )
+    p.set_defaults(func=cmd_catalog_prune)
     p = csub.add_parser("chains", parents=[common], help="changelogs since the last snapshot, per store")
     p.add_argument("root")
     p.add_argument("--min-length", type=_positive_int, default=0)

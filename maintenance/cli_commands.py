@@ -287,6 +287,29 @@ def cmd_catalog_rebuild(args: argparse.Namespace) -> int:
     return cmd_catalog_sync(args, rebuild=True)
 
 
+def cmd_catalog_prune(args: argparse.Namespace) -> int:
+    """Drop the root's catalog history older than --older-than (default: catalog_history_seconds)."""
+    import datetime as dt
+    from dataclasses import asdict
+
+    from statekeeper.maintenance.settings import MaintenanceSettings
+
+    seconds = MaintenanceSettings.from_env(catalog_history_seconds=args.older_than).catalog_history_seconds
+    before = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)
+    with open_catalog(args) as catalog:
+        pruned = catalog.prune_history(catalog_root(args), before)
+    doc = {"root": catalog_root(args), "before": before.isoformat(), "rows": pruned.total, **asdict(pruned)}
+    emit(
+        args,
+        doc,
+        lambda: (
+            f"catalog history of {doc['root']} before {doc['before']}: dropped {pruned.total} rows "
+            + ", ".join(f"{k} {v}" for k, v in asdict(pruned).items())
+        ),
+    )
+    return EXIT_OK
+
+
 def cmd_catalog_chains(args: argparse.Namespace) -> int:
     with open_catalog(args) as catalog:
         chains = catalog.chain_lengths(catalog_root(args), min_length=args.min_length)

@@ -39,7 +39,7 @@ class MaintenanceSettings:
     """Local directory for warm copies of stores between snapshot runs; None: a per-process temp dir."""
     delete_batch_size: int = 1000
     """Paths per delete request (S3 DeleteObjects takes at most 1000)."""
-    catalog_history_seconds: float = 7 * 86400.0
+    catalog_history_seconds: float = 86400.0
     """The catalog drops the rows of deleted files, snapshots and expired versions, and the maintenance runs,
     once older than this (expiry prunes it): a fleet's catalog stays bounded as its checkpoints do."""
 
@@ -65,7 +65,7 @@ class MaintenanceSettings:
         need(self.lease_ttl_seconds > 0, "lease_ttl_seconds", "must be > 0")
         need(self.lease_timeout_seconds >= 0, "lease_timeout_seconds", "must be >= 0")
         need(1 <= self.delete_batch_size <= 1000, "delete_batch_size", "must be within [1, 1000]")
-        need(self.catalog_history_seconds > 0, "catalog_history_seconds", "must be > 0")
+        need(self.catalog_history_seconds >= 0, "catalog_history_seconds", "must be >= 0")
 
     @staticmethod
     def env_name(field_name: str) -> str:

@@ -121,7 +121,7 @@ class MaintenanceConfig(ConfigurableResource):  # type: ignore[type-arg]
     work_dir: str | None = Field(default=None, description="Warm local copies of stores for snapshots.")
     delete_batch_size: int = Field(default=1000, description="Keys per delete request (S3 takes at most 1000).")
     catalog_history_seconds: float = Field(
-        default=7 * 86400, description="The catalog's rows of what is gone, and its run records, are kept this long."
+        default=86400, description="The catalog's rows of what is gone, and its run records, are kept this long."
     )
     engine: str = Field(
         default="local",

@@ -138,6 +138,7 @@ def test_an_unreadable_commit_record_stops_every_deletion(
         ({"parallelism": 0}, "parallelism=0"),
         ({"min_versions_to_retain": 2.5}, "min_versions_to_retain=2.5"),
         ({"orphan_grace_seconds": float("nan")}, "orphan_grace_seconds=nan"),
+        ({"catalog_history_seconds": -1.0}, "catalog_history_seconds=-1.0"),
     ],
 )
 def test_bad_settings_name_the_setting(overrides: dict[str, object], named: str) -> None:

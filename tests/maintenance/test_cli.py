@@ -74,6 +74,11 @@ def test_every_command_end_to_end(make_local_history: Callable[..., History], tm
     assert retention["min_versions_to_retain"] == 1
     version_files = as_json(run_cli("inspect", h.root, "--store", "agg/1", "--version", "8", "--json", *ops, home=home))
     assert [f["kind"] for f in version_files["version_files"]["files"]][-2:] == ["changelog", "changelog"]
+    ended = as_json(run_cli("runs", h.root, "--json", home=home))  # and the full sync's
+    pruned = as_json(run_cli("catalog", "prune", h.root, "--older-than", "0", "--json", home=home))
+    assert pruned["files"] > 0 and pruned["runs"] == len(ended) and pruned["rows"] >= pruned["files"] + pruned["runs"]
+    assert as_json(run_cli("runs", h.root, "--json", home=home)) == []
+    assert as_json(run_cli("catalog", "chains", h.root, "--json", home=home)) == chains  # only history went
     run_cli("catalog", "rebuild", h.root, home=home)
     assert as_json(run_cli("db", "current", "--json", home=home))["current"] is True
 

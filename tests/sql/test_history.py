@@ -97,7 +97,7 @@ def test_pruning_drops_the_history_and_keeps_what_a_rebuild_gives(
 def test_expiry_prunes_the_catalog_history_past_the_horizon(catalog: Catalog, history: History) -> None:
     uri = history.fm.root_uri
     history.run(9, retry_every=3, snapshot_every=3)
-    maintain(catalog, history)  # the default horizon (7 days): the history stays
+    maintain(catalog, history)  # the default horizon (a day): the history stays
     assert any(f[-1] == "deleted" for f in catalog.export(uri, include_history=True)["files"])
     time.sleep(0.05)
     short = MaintenanceSettings(**{**SETTINGS.to_json(), "catalog_history_seconds": 0.01})
