@@ -389,3 +389,34 @@ def test_a_long_running_maintainer_holds_what_its_root_holds(
     # `rocks.MAX_MANIFEST_BYTES` (8 KiB), 90 snapshots would have grown it by ~35 KB
     assert max(manifest_sizes) - min(manifest_sizes) < 16 << 10, manifest_sizes
     h.check_loadable(h.retained(settings))
+
+
+def test_a_long_running_maintainer_keeps_its_catalog_bounded(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings, tmp_path: Path
+) -> None:
+    """With no catalog history kept (`catalog_history_seconds` 0), the catalog of a root maintained for many
+    cycles holds rows in proportion to the files the root holds, not to the versions it ever committed (each
+    cycle commits a threshold of versions on every store; the rows of the expired ones are dropped)."""
+    from sqlalchemy import func, select
+
+    from statekeeper.sql.models import Base
+
+    no_history = MaintenanceSettings(**{**settings.to_json(), "catalog_history_seconds": 0.0})
+    h = make_local_history()
+    rows: list[int] = []
+    with Catalog.open(f"sqlite:///{tmp_path / 'catalog.db'}", upgrade=True) as catalog:
+
+        def after(result: CycleResult) -> None:
+            assert result.ok, [e for r in result.reports for e in r.errors]
+            with catalog.read() as conn:
+                rows.append(sum(conn.execute(select(func.count()).select_from(t)).scalar_one() for t in tables))
+            files = len(all_files(h.root))
+            assert rows[-1] <= 6 * files + 20, (rows, files)  # runs and leases: a handful
+            h.batches(settings.snapshot_threshold)
+
+        tables = Base.metadata.sorted_tables
+        h.batches(settings.snapshot_threshold)
+        maintain(h.root, no_history, every=0, cycles=30, on_cycle=after, catalog=catalog)
+    assert h.latest >= 30 * settings.snapshot_threshold
+    assert max(rows[10:]) <= 1.5 * min(rows[10:]), rows  # level, not growing with the versions committed
+    h.check_loadable(h.retained(settings))
