@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 
 from sqlalchemy import ColumnElement, Connection, Executable, and_, delete, exists, func, not_, or_, select
 
-from statekeeper.sql.base import CatalogBase
+from statekeeper.sql.base import CatalogBase, chunks
 from statekeeper.sql.models import (
     KIND_CHANGELOG,
     KIND_COMMIT,
@@ -46,6 +46,10 @@ from statekeeper.sql.models import (
     Store,
     Version,
 )
+
+PRUNE_CHUNK = 20_000
+"""Rows of deleted files dropped per transaction."""
+STORES_PER_TRANSACTION = 100
 
 
 @dataclass
@@ -67,25 +71,41 @@ class HistoryPruned:
 
 class HistoryPruning(CatalogBase):
     def prune_history(self, uri: str, before: dt.datetime) -> HistoryPruned:
-        """Drop root `uri`'s history older than `before` (see the module docstring); one transaction."""
+        """Drop root `uri`'s history older than `before` (see the module docstring).
+
+        In short transactions (a group of stores, or `PRUNE_CHUNK` rows, each), so that a first pass over a
+        large catalog never holds SQLite's write lock for long. The floors are read first: a deletion that
+        lands meanwhile only raises them, so a stale floor keeps more, never less."""
         out = HistoryPruned()
         rid = self.find_root(uri)
         if rid is None:
             return out
-        with self.write() as conn:
-            history = and_(File.state == STATE_DELETED, File.deleted_at < before)
+        history = and_(File.state == STATE_DELETED, File.deleted_at < before)
+        with self.read() as conn:
             root_floor = _commit_floor(conn, rid, history)
             floors = _store_floors(conn, rid, history)
-            if root_floor is not None:  # a version whose commit record is present keeps its rows
-                floors = {sid: min(floor, root_floor) for sid, floor in floors.items()}
-                root_floor = min(root_floor, *floors.values())
-            for sid, floor in floors.items():
-                out.versions += _deleted(
-                    conn,
-                    delete(Version).where(
-                        Version.store_id == sid, Version.version < floor, Version.committed_at < before
-                    ),
-                )
+            store_ids = [int(i) for i in conn.execute(select(Store.id).where(Store.root_id == rid)).scalars()]
+        if root_floor is not None:  # a version whose commit record is present keeps its rows
+            floors = {sid: min(floor, root_floor) for sid, floor in floors.items()}
+            root_floor = min(root_floor, *floors.values())
+        changelog = exists().where(
+            File.store_id == Attempt.store_id,
+            File.kind == KIND_CHANGELOG,
+            File.version == Attempt.version,
+            File.checkpoint_id == Attempt.checkpoint_id,
+            not_(history),
+        )
+        for group in chunks(store_ids, STORES_PER_TRANSACTION):
+            with self.write() as conn:
+                for sid in group:
+                    if sid in floors:
+                        stmt = delete(Version).where(
+                            Version.store_id == sid, Version.version < floors[sid], Version.committed_at < before
+                        )
+                        out.versions += _deleted(conn, stmt)
+                stmt = delete(Attempt).where(Attempt.store_id.in_(group), Attempt.first_seen < before, not_(changelog))
+                out.attempts += _deleted(conn, stmt)
+        with self.write() as conn:
             if root_floor is not None:
                 out.commits += _deleted(
                     conn,
@@ -94,27 +114,10 @@ class HistoryPruning(CatalogBase):
                     ),
                 )
                 out.layouts += _prune_layouts(conn, rid, root_floor)
-            changelog = exists().where(
-                File.store_id == Attempt.store_id,
-                File.kind == KIND_CHANGELOG,
-                File.version == Attempt.version,
-                File.checkpoint_id == Attempt.checkpoint_id,
-                not_(history),
-            )
-            out.attempts += _deleted(
-                conn,
-                delete(Attempt).where(
-                    Attempt.store_id.in_(select(Store.id).where(Store.root_id == rid)),
-                    Attempt.first_seen < before,
-                    not_(changelog),
-                ),
-            )
-            gone = select(Snapshot.id).where(
-                Snapshot.store_id.in_(select(Store.id).where(Store.root_id == rid)), Snapshot.deleted_at < before
-            )
+            of_root = select(Store.id).where(Store.root_id == rid)
+            gone = select(Snapshot.id).where(Snapshot.store_id.in_(of_root), Snapshot.deleted_at < before)
             conn.execute(delete(SnapshotSst).where(SnapshotSst.snapshot_id.in_(gone.scalar_subquery())))
             out.snapshots += _deleted(conn, delete(Snapshot).where(Snapshot.id.in_(gone.scalar_subquery())))
-            out.files += _deleted(conn, delete(File).where(File.root_id == rid, history))
             out.runs += _deleted(
                 conn,
                 delete(MaintenanceRun).where(
@@ -123,7 +126,13 @@ class HistoryPruning(CatalogBase):
                     MaintenanceRun.ended_at < before,
                 ),
             )
-        return out
+        files = select(File.id).where(File.root_id == rid, history).limit(PRUNE_CHUNK).scalar_subquery()
+        while True:
+            with self.write() as conn:
+                n = _deleted(conn, delete(File).where(File.id.in_(files)))
+            out.files += n
+            if n < PRUNE_CHUNK:
+                return out
 
 
 def _deleted(conn: Connection, statement: Executable) -> int:
