@@ -241,7 +241,7 @@ class SnapshotSst(Base):
 
 
 class File(Base):
-    """Every file seen under a root; `deleted` rows are kept as history."""
+    """Every file seen under a root; `deleted` rows are kept as history (until `Catalog.prune_history`)."""
 
     __tablename__ = "files"
     __table_args__ = (

@@ -8,7 +8,7 @@ from tests.bench.run import run_bench
 
 
 def test_quick_benchmarks_run_and_print_tables(tmp_path: Path) -> None:
-    out = run_bench(tmp_path, ["--quick", "store", "commit"])  # the suites' scratch DBs go under tmp_path
+    out = run_bench(tmp_path, ["--quick", "store", "commit", "catalog"])  # the suites' scratch DBs go under tmp_path
     for title in (
         "### Store vs raw rocksdict: throughput",
         "### Where a batch put's time goes",
