@@ -68,6 +68,8 @@ FAULT_KINDS = tuple(k for k in ALL_FAULTS if k != TIMEOUT)  # a hung response co
 READERS = 2
 SAMPLE_SECONDS = 2.0
 RSS_TOLERANCE = (1.10, 24 * 2**20)  # last third <= first third x 1.10 + 24 MiB
+CATALOG_HISTORY = 30.0
+"""The catalog keeps half a minute of history: its rows stay in proportion to the root, as the RSS must."""
 MAX_FILE_BYTES = 64 * 2**10
 """No file of this history is larger: 40 keys of at most ~400 bytes (a snapshot SST holds the whole state)."""
 
@@ -81,6 +83,7 @@ def maintenance_settings(work: Path) -> MaintenanceSettings:
         parallelism=2,
         lease_ttl_seconds=30.0,
         work_dir=str(work / "maintenance"),
+        catalog_history_seconds=CATALOG_HISTORY,
     )
 
 
