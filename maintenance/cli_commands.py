@@ -296,9 +296,10 @@ def cmd_catalog_prune(args: argparse.Namespace) -> int:
 
     seconds = MaintenanceSettings.from_env(catalog_history_seconds=args.older_than).catalog_history_seconds
     before = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)
+    root = catalog_root(args)
     with open_catalog(args) as catalog:
-        pruned = catalog.prune_history(catalog_root(args), before)
-    doc = {"root": catalog_root(args), "before": before.isoformat(), "rows": pruned.total, **asdict(pruned)}
+        pruned = catalog.prune_history(root, before)
+    doc = {"root": root, "before": before.isoformat(), "rows": pruned.total, **asdict(pruned)}
     emit(
         args,
         doc,

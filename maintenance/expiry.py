@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PRUNE_EVERY_SECONDS = 300.0
-_PRUNED_AT: dict[tuple[int, str], float] = {}
+_PRUNED_AT: dict[tuple[str, str], float] = {}
 """When this process last pruned a catalog's history of a root (monotonic seconds)."""
 
 
@@ -117,7 +117,7 @@ def prune_catalog_history(catalog: Catalog, root: str, settings: MaintenanceSett
     (`Catalog.prune_history`); at most once per `PRUNE_EVERY_SECONDS` (or a quarter of the horizon) per
     root and process, since the loop expires every cycle. Returns the rows dropped."""
     every = min(PRUNE_EVERY_SECONDS, settings.catalog_history_seconds / 4)
-    key = (id(catalog), root)
+    key = (str(catalog.engine.url), root)  # the URL as rendered, password hidden
     now = time.monotonic()
     if now - _PRUNED_AT.get(key, -math.inf) < every:
         return 0
