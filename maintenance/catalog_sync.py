@@ -270,9 +270,12 @@ class _Syncer:
         self.result.snapshots += len(good)
         return bad
 
-    def add_files(self, writer: SyncWriter, infos: Iterable[FileInfo], *, temp_listing: bool = False) -> None:
-        for batch in _batched(infos):
-            writer.add_files([_observe(i, temp_listing) for i in batch])
+    def add_files(self, writer: SyncWriter, infos: Iterable[FileInfo]) -> None:
+        self.add_observations(writer, map(_observe, infos))
+
+    def add_observations(self, writer: SyncWriter, observations: Iterable[FileObservation]) -> None:
+        for batch in _batched(observations):
+            writer.add_files(batch)
 
 
 def _unknown_snapshots(writer: SyncWriter, paths: list[str]) -> list[str]:
@@ -400,17 +403,17 @@ def _full(catalog: Catalog, syncer: _Syncer, started: float, raise_on_error: boo
     with_temps = getattr(fm, "list_with_temp_files", None)
     published, temps = with_temps("") if callable(with_temps) else (fm.list(""), [])
 
-    def listing() -> Iterator[FileInfo]:
+    def observed() -> Iterator[FileObservation]:  # each path classified once, for the catalog and for these lists
         for info in published:
-            c = classify(info.path)
-            if c.kind == KIND_COMMIT:
-                commit_paths.append(info.path)
-            elif c.kind == KIND_MANIFEST:
-                manifest_paths.append(info.path)
-            yield info
+            o = _observe(info)
+            if o.kind == KIND_COMMIT:
+                commit_paths.append(o.path)
+            elif o.kind == KIND_MANIFEST:
+                manifest_paths.append(o.path)
+            yield o
 
-    syncer.add_files(writer, listing())
-    syncer.add_files(writer, temps, temp_listing=True)
+    syncer.add_observations(writer, observed())
+    syncer.add_observations(writer, (_observe(i, temp_listing=True) for i in temps))
     bad_commits = syncer.ingest_commits(writer, commit_paths)
     bad = syncer.ingest_manifests(writer, manifest_paths)
 
