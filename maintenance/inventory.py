@@ -128,6 +128,14 @@ def _keep_listed_ssts(root: str, listed: Iterable[StoreFiles], *, whole_root: bo
         known.keep_listed(root, ssts, whole_root=whole_root)
 
 
+def _keep_view(root: str, files: StoreFiles) -> None:
+    """Forget what the caches hold of `files.store` that its view lacks (listed again, or deleted since)."""
+    prefix = f"{files.store.prefix}/"
+    _kinds.keep_listed(root, [prefix], {e.path for e in files.entries()})
+    _manifests.keep_listed(root, [prefix], {e.path for e in files.manifests.values()})
+    _keep_listed_ssts(root, [files], whole_root=False)
+
+
 def clear_caches() -> None:
     """Forget parsed commit records, manifests and kinds (tests that rewrite a root in place)."""
     _records.clear()
@@ -256,14 +264,12 @@ class Inventory:
             entry = self._entry(FileEntry(info.path, "", info.size, info.mtime), temp_listing=False)
             if entry.store == store:
                 files.add(entry)
-        _kinds.keep_listed(self.root_uri, [prefix], {info.path for info in published})
         for raw in unfinished:
             entry = self._entry(raw, temp_listing=True)
             if entry.store == store:
                 files.add(entry)
         self._read_manifests(files)
-        _manifests.keep_listed(self.root_uri, [prefix], {e.path for e in files.manifests.values()})
-        _keep_listed_ssts(self.root_uri, [files], whole_root=False)
+        _keep_view(self.root_uri, files)
         self.stores[store] = files
         return files
 
@@ -307,6 +313,8 @@ class Inventory:
                 views[e.store] = self.stores[e.store].copy()
             views[e.store].discard(e)
         self.stores.update(views)
+        for files in views.values():
+            _keep_view(self.root_uri, files)
         if failed:
             for store in {e.store for e in attempted if e.store is not None}:
                 self.changed(store)

@@ -104,11 +104,20 @@ class CycleLeases:
             return frozenset(self.held)
 
     def take_free(self, stores: Sequence[StoreId]) -> None:
-        """Take the catalog leases of every store of `stores` nobody holds (not this cycle either), in one
-        transaction."""
+        """Take the leases of every store of `stores` nobody holds (not this cycle either): the catalog's in one
+        transaction, or without a catalog this host's lock files."""
         with self.lock:
             stores = [s for s in stores if s not in self.held]
-        if self.catalog is None or not stores:
+        if self.catalog is None:  # this host's lock files, each tried once
+            for store in stores:
+                lock = _file_lock(self.root_uri, store, self.settings, timeout=0.0)
+                with contextlib.suppress(MaintenanceBusyError):  # left to the per-store path, which waits
+                    guard = lock.__enter__()
+                    with self.lock:
+                        self.entered.append(lock)
+                        self.held[store] = guard
+            return
+        if not stores:
             return
         from statekeeper.sql.leases import scope_of
 
@@ -216,11 +225,18 @@ def _acquire(
         finally:
             lease.release()
         return
+    with _file_lock(root_uri, store, settings, timeout=settings.lease_timeout_seconds) as guard:
+        yield guard
+
+
+@contextmanager
+def _file_lock(root_uri: str, store: StoreId, settings: MaintenanceSettings, *, timeout: float) -> Iterator[LeaseGuard]:
+    """The store's lock file on this host, waited for up to `timeout` seconds."""
     path = lock_path(root_uri, store, settings.work_dir)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        deadline = time.monotonic() + settings.lease_timeout_seconds
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -231,7 +247,7 @@ def _acquire(
                 if time.monotonic() >= deadline:
                     raise MaintenanceBusyError(
                         f"cannot maintain store {store} of {root_uri}: another maintainer on this host holds "
-                        f"its lock file {path} (waited {settings.lease_timeout_seconds:.1f}s)"
+                        f"its lock file {path} (waited {timeout:.1f}s)"
                     ) from None
                 time.sleep(0.05)
         with contextlib.suppress(OSError):

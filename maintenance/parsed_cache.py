@@ -22,38 +22,70 @@ from statekeeper.store.layout import StoreId
 V = TypeVar("V")
 
 
+def scope_of(path: str) -> str:
+    """The directory a path is kept under: its first three directories (a store's ``state/<op>/<partition>``),
+    or fewer if it has fewer (``commits``). A listing covers whole scopes (the root, the commit records, one
+    store), so dropping what it did not list touches only its own scopes' entries, not the root's."""
+    end = -1
+    for _ in range(3):
+        slash = path.find("/", end + 1)
+        if slash < 0:
+            break
+        end = slash
+    return path[:end] if end > 0 else ""
+
+
 class ParsedFiles(Generic[V]):
-    """Root -> path -> (size, mtime, parsed content); thread-safe."""
+    """Root -> scope (`scope_of`) -> path -> (size, mtime, parsed content); thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._roots: dict[str, dict[str, tuple[int, float, V]]] = {}
+        self._roots: dict[str, dict[str, dict[str, tuple[int, float, V]]]] = {}
 
     def get(self, root: str, entry: FileEntry) -> V | None:
         with self._lock:
-            found = self._roots.get(root, {}).get(entry.path)
+            found = self._roots.get(root, {}).get(scope_of(entry.path), {}).get(entry.path)
         if found is None or found[:2] != (entry.size, entry.mtime):
             return None
         return found[2]
 
     def put(self, root: str, entry: FileEntry, value: V) -> None:
         with self._lock:
-            self._roots.setdefault(root, {})[entry.path] = (entry.size, entry.mtime, value)
+            scopes = self._roots.setdefault(root, {})
+            scopes.setdefault(scope_of(entry.path), {})[entry.path] = (entry.size, entry.mtime, value)
 
     def keep_listed(self, root: str, prefixes: Iterable[str], listed: Collection[str]) -> None:
-        """Drop the entries of `root` under `prefixes` (`""`: all of them) whose path is not in `listed`."""
-        scopes = tuple(prefixes)
+        """Drop the entries of `root` under `prefixes` (`""`: all of them) whose path is not in `listed`.
+
+        A store's prefix costs what its scope holds; any other prefix a pass over the root's scopes."""
         with self._lock:
-            entries = self._roots.get(root)
-            if not entries:
+            scopes = self._roots.get(root)
+            if not scopes:
                 return
-            gone = [p for p in entries if p not in listed and p.startswith(scopes)]
-            for path in gone:
-                del entries[path]
+            for prefix in prefixes:
+                if prefix.endswith("/") and prefix.count("/") == 3:  # a store's: every path under it has that scope
+                    if prefix[:-1] in scopes:
+                        self._keep(scopes, prefix[:-1], listed, "")
+                    continue
+                for name in list(scopes):
+                    if f"{name}/".startswith(prefix):
+                        self._keep(scopes, name, listed, "")
+                    elif prefix.startswith(f"{name}/"):
+                        self._keep(scopes, name, listed, prefix)
+
+    @staticmethod
+    def _keep(
+        scopes: dict[str, dict[str, tuple[int, float, V]]], name: str, listed: Collection[str], under: str
+    ) -> None:
+        entries = scopes[name]
+        for path in [p for p in entries if p not in listed and p.startswith(under)]:
+            del entries[path]
+        if not entries:
+            del scopes[name]
 
     def __len__(self) -> int:
         with self._lock:
-            return sum(len(entries) for entries in self._roots.values())
+            return sum(len(entries) for scopes in self._roots.values() for entries in scopes.values())
 
     def clear(self) -> None:
         with self._lock:
@@ -84,13 +116,13 @@ class KnownSsts:
         """Keep, of each store of `root` in `listed`, the SSTs listed; `whole_root`: the listing covered every
         store, so a store it did not list has none left."""
         with self._lock:
-            for (r, store), names in self._stores.items():
-                if r != root:
-                    continue
-                if store in listed:
-                    names.intersection_update(listed[store])
-                elif whole_root:
-                    names.clear()
+            for store, kept in listed.items():
+                if names := self._stores.get((root, store)):
+                    names.intersection_update(kept)
+            if whole_root:
+                for (r, store), names in self._stores.items():
+                    if r == root and store not in listed:
+                        names.clear()
 
     def __len__(self) -> int:
         with self._lock:
@@ -107,4 +139,4 @@ CORRUPT_SSTS = KnownSsts()
 """SSTs whose content did not match: a fresh snapshot must not reuse their names (snapshot repair)."""
 
 
-__all__ = ["CORRUPT_SSTS", "SOUND_SSTS", "KnownSsts", "ParsedFiles"]
+__all__ = ["CORRUPT_SSTS", "SOUND_SSTS", "KnownSsts", "ParsedFiles", "scope_of"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ from urllib.parse import urlparse
 import pytest
 
 from statekeeper.maintenance.inventory import Inventory
-from statekeeper.maintenance.leasing import LeaseGuard, MaintenanceBusyError, cycle_leases, store_lease
+from statekeeper.maintenance.leasing import LeaseGuard, MaintenanceBusyError, cycle_leases, lock_path, store_lease
 from statekeeper.maintenance.loop import CYCLE, CycleResult, maintain
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.workers import run_each
@@ -249,16 +250,18 @@ def _guard_of(uri: str, store: StoreId, settings: MaintenanceSettings, catalog: 
         return guard
 
 
+@pytest.mark.parametrize("with_catalog", [True, False], ids=["catalog", "lock-files"])
 def test_stores_leased_before_the_listing_are_not_listed_again(
     make_local_history: Callable[..., History],
     settings: MaintenanceSettings,
     catalog: Catalog,
     monkeypatch: pytest.MonkeyPatch,
+    with_catalog: bool,
 ) -> None:
-    """From the second cycle on the loop holds the known stores' leases before it lists the root, so no
-    operation lists a store again, nor the catalog sync after the snapshots: what expiry deletes leaves the
-    cycle's listing, what a snapshot writes joins it. Expiry keeps the chains bounded, and every retained
-    version loads."""
+    """From the second cycle on the loop holds the known stores' leases before it lists the root (the
+    catalog's, or without one this host's lock files), so no operation lists a store again, nor the catalog
+    sync after the snapshots: what expiry deletes leaves the cycle's listing, what a snapshot writes joins
+    it. Expiry keeps the chains bounded, and every retained version loads."""
     h = make_local_history()
     h.batches(3, losing=1)
     listed: Counter[StoreId] = Counter()
@@ -282,7 +285,10 @@ def test_stores_leased_before_the_listing_are_not_listed_again(
     def scan_checking_leases(cls: type[Inventory], /, *args: Any, leased: Any = (), **kw: Any) -> Inventory:
         """Invariant 5: a listing reused under a lease was taken while that lease was already held."""
         stores = {f"{s.operator}/{s.partition}" for s in leased}
-        assert stores <= {lease.scope for lease in catalog.leases(h.fm.root_uri)}
+        if with_catalog:
+            assert stores <= {lease.scope for lease in catalog.leases(h.fm.root_uri)}
+        else:
+            assert all(_lock_file_held(h.fm.root_uri, s, settings) for s in leased)
         reused.append(stores)
         return real_scan(cls, *args, leased=leased, **kw)  # type: ignore[no-any-return]
 
@@ -304,11 +310,23 @@ def test_stores_leased_before_the_listing_are_not_listed_again(
         h.batches(2, losing=1)
         listed.clear()  # the writer's loads list snapshot directories too: count the maintainer's alone
 
-    maintain(h.fm, settings, every=0, cycles=8, catalog=catalog, on_cycle=between)
+    maintain(h.fm, settings, every=0, cycles=8, catalog=catalog if with_catalog else None, on_cycle=between)
     assert checked == list(range(2, 9))
     assert expired_stores and snapshotted, "expiry deleted and snapshots wrote files of stores not listed again"
     assert reused[0] == set() and all(len(r) == len(h.stores) for r in reused[1:]), reused
     h.check_loadable(h.retained(settings))
+
+
+def _lock_file_held(root_uri: str, store: StoreId, settings: MaintenanceSettings) -> bool:
+    """Whether a lock file lease of `store` is held (flock excludes another open file, in this process too)."""
+    fd = os.open(lock_path(root_uri, store, settings.work_dir), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def test_a_fleet_keeps_a_warm_copy_of_every_store_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
