@@ -79,3 +79,10 @@ def test_fleet_profile_measures_the_maintainer_per_store_commit(tmp_path: Path) 
     out = run_bench(tmp_path, [*args, "--stores", "4", "--roots", "2"], module="bench.fleet_profile")
     result = json.loads(out.splitlines()[0])
     assert (result["roots"], result["store_commits"], result["errors"]) == (2, 16, 0), "one loop, two roots"
+
+
+def test_fleet_caches_times_the_cache_upkeep_of_a_rescan(tmp_path: Path) -> None:
+    """`python -m bench.fleet_caches`: a row per fleet size."""
+    out = run_bench(tmp_path, ["--stores", "3", "20"], module="bench.fleet_caches")
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [("3", "135"), ("20", "900")], out

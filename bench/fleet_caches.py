@@ -1,0 +1,50 @@
+"""What the maintainer's caches of parsed files cost to keep true as a fleet grows (no writers, no I/O).
+
+After listing a store again (`Inventory.rescan_store`: a store new to the cycle, one whose lease was busy,
+each store of a run without cycle leases), the maintainer drops what its caches hold of that store and the
+listing lacks (`ParsedFiles.keep_listed`). Kept by root alone, that pass read every cached path of the root,
+so a rescan of every store cost O(stores x files); kept by scope (a store's own entries) it is O(files).
+This fills the kinds cache as a root of S stores fills it (per store: 30 changelogs, 12 SSTs, 3 manifests)
+and times one `keep_listed` per store::
+
+    python -m bench.fleet_caches [--stores 128 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from statekeeper.maintenance.file_kinds import FileEntry
+from statekeeper.maintenance.parsed_cache import ParsedFiles
+from statekeeper.store.layout import StoreId
+
+
+def rescan_every_store(stores: int) -> float:
+    """CPU seconds of the cache upkeep of one rescan of each of `stores` stores."""
+    cache: ParsedFiles[str] = ParsedFiles()
+    listed: dict[str, set[str]] = {}
+    for p in range(stores):
+        prefix = f"{StoreId('agg', p).prefix}/"
+        paths = [f"{prefix}changelogs/{v}.changelog" for v in range(30)]
+        paths += [f"{prefix}sst/{i}.sst" for i in range(12)] + [f"{prefix}snapshots/{i}.manifest" for i in range(3)]
+        listed[prefix] = set(paths)
+        for path in paths:
+            cache.put("root", FileEntry(path, "", 1, 0.0), "kind")
+    t0 = time.process_time()
+    for prefix, kept in listed.items():
+        cache.keep_listed("root", [prefix], kept)
+    return time.process_time() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.fleet_caches", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stores", type=int, nargs="+", default=[128, 1000])
+    args = parser.parse_args()
+    print("| stores | cached paths | cache upkeep of a rescan of every store (CPU s) |\n|---|---|---|")
+    for n in args.stores:
+        print(f"| {n:,} | {45 * n:,} | {rescan_every_store(n):.4f} |")
+
+
+if __name__ == "__main__":
+    main()
