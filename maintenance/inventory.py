@@ -136,6 +136,20 @@ def _keep_view(root: str, files: StoreFiles) -> None:
     _keep_listed_ssts(root, [files], whole_root=False)
 
 
+def _forget(root: str, deleted: list[FileEntry]) -> None:
+    """Drop what the caches hold of files this maintainer deleted: O(deleted), whatever the stores hold."""
+    _kinds.discard(root, [e.path for e in deleted])
+    _records.discard(root, [e.path for e in deleted if e.kind == COMMIT])
+    _manifests.discard(root, [e.path for e in deleted if e.kind == MANIFEST])
+    ssts: dict[StoreId, list[str]] = {}
+    for e in deleted:
+        if e.kind == SST and e.store is not None:
+            ssts.setdefault(e.store, []).append(e.name)
+    for store, names in ssts.items():
+        for known in (SOUND_SSTS, CORRUPT_SSTS):
+            known.discard(root, store, names)
+
+
 def clear_caches() -> None:
     """Forget parsed commit records, manifests and kinds (tests that rewrite a root in place)."""
     _records.clear()
@@ -306,15 +320,15 @@ class Inventory:
         without them, which stay current, so the next operation of the cycle does not list them again. If the
         deletion `failed`, what went is not known for sure: every store among `attempted` is listed again."""
         views: dict[StoreId, StoreFiles] = {}
-        for e in deleted:
+        gone = list(deleted)
+        for e in gone:
             if e.store is None or e.store not in self.stores:
                 continue
             if e.store not in views:
                 views[e.store] = self.stores[e.store].copy()
             views[e.store].discard(e)
         self.stores.update(views)
-        for files in views.values():
-            _keep_view(self.root_uri, files)
+        _forget(self.root_uri, gone)
         if failed:
             for store in {e.store for e in attempted if e.store is not None}:
                 self.changed(store)

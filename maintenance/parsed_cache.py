@@ -17,22 +17,18 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Generic, TypeVar
 
 from statekeeper.maintenance.file_kinds import FileEntry
-from statekeeper.store.layout import StoreId
+from statekeeper.store.layout import STORE_PREFIX_DEPTH, StoreId
 
 V = TypeVar("V")
 
 
 def scope_of(path: str) -> str:
-    """The directory a path is kept under: its first three directories (a store's ``state/<op>/<partition>``),
-    or fewer if it has fewer (``commits``). A listing covers whole scopes (the root, the commit records, one
-    store), so dropping what it did not list touches only its own scopes' entries, not the root's."""
-    end = -1
-    for _ in range(3):
-        slash = path.find("/", end + 1)
-        if slash < 0:
-            break
-        end = slash
-    return path[:end] if end > 0 else ""
+    """The directory a path is kept under: its first `STORE_PREFIX_DEPTH` directories (a store's
+    ``state/<op>/<partition>``), or fewer if it has fewer (``commits``). A listing covers whole scopes (the
+    root, the commit records, one store), so dropping what it did not list touches only its own scopes'
+    entries, not the root's."""
+    parts = path.split("/", STORE_PREFIX_DEPTH)  # one C call: a listing computes this for every file it lists
+    return "/".join(parts[:STORE_PREFIX_DEPTH] if len(parts) > STORE_PREFIX_DEPTH else parts[:-1])
 
 
 class ParsedFiles(Generic[V]):
@@ -63,7 +59,7 @@ class ParsedFiles(Generic[V]):
             if not scopes:
                 return
             for prefix in prefixes:
-                if prefix.endswith("/") and prefix.count("/") == 3:  # a store's: every path under it has that scope
+                if prefix.endswith("/") and prefix.count("/") == STORE_PREFIX_DEPTH:  # a store's: one scope
                     if prefix[:-1] in scopes:
                         self._keep(scopes, prefix[:-1], listed, "")
                     continue
@@ -72,6 +68,17 @@ class ParsedFiles(Generic[V]):
                         self._keep(scopes, name, listed, "")
                     elif prefix.startswith(f"{name}/"):
                         self._keep(scopes, name, listed, prefix)
+
+    def discard(self, root: str, paths: Iterable[str]) -> None:
+        """Drop the entries of `root` at `paths` (files this process deleted): O(paths), not O(scope)."""
+        with self._lock:
+            scopes = self._roots.get(root)
+            if not scopes:
+                return
+            for path in paths:
+                name = scope_of(path)
+                if (entries := scopes.get(name)) is not None and entries.pop(path, None) is not None and not entries:
+                    del scopes[name]
 
     @staticmethod
     def _keep(
@@ -123,6 +130,12 @@ class KnownSsts:
                 for (r, store), names in self._stores.items():
                     if r == root and store not in listed:
                         names.clear()
+
+    def discard(self, root: str, store: StoreId, names: Iterable[str]) -> None:
+        """Forget `names` of `store` (SSTs this process deleted)."""
+        with self._lock:
+            if known := self._stores.get((root, store)):
+                known.difference_update(names)
 
     def __len__(self) -> int:
         with self._lock:

@@ -94,6 +94,11 @@ class StoreId:
         return f"{self.operator}/{self.partition}"
 
 
+STORE_PREFIX_DEPTH = StoreId("operator", 0).prefix.count("/") + 1
+"""How many directories a store's prefix has (``state/<op>/<partition>``): every file of a store lies under that
+many, so caches can be kept per store by a path's first directories alone."""
+
+
 def commit_path(version: int) -> str:
     return f"{COMMITS_DIR}/{_v(version)}{COMMIT_SUFFIX}"
 

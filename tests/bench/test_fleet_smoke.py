@@ -82,7 +82,8 @@ def test_fleet_profile_measures_the_maintainer_per_store_commit(tmp_path: Path) 
 
 
 def test_fleet_caches_times_the_cache_upkeep_of_a_rescan(tmp_path: Path) -> None:
-    """`python -m bench.fleet_caches`: a row per fleet size."""
-    out = run_bench(tmp_path, ["--stores", "3", "20"], module="bench.fleet_caches")
+    """`python -m bench.fleet_caches`: a row per fleet size, then per store size."""
+    out = run_bench(tmp_path, ["--stores", "3", "20", "--store-files", "2000"], module="bench.fleet_caches")
     rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
-    assert [(r[0].strip(), r[1].strip()) for r in rows] == [("3", "135"), ("20", "900")], out
+    assert [r[0].strip() for r in rows] == ["3", "20", "2,000"], out
+    assert [r[1].strip() for r in rows[:2]] == ["135", "900"], out

@@ -17,6 +17,7 @@ _STEPS = st.lists(
     st.one_of(
         st.tuples(st.just("put"), _PATHS),
         st.tuples(st.just("keep"), st.lists(_PREFIXES, min_size=1, max_size=3), st.sets(_PATHS, max_size=8)),
+        st.tuples(st.just("discard"), st.lists(_PATHS, max_size=4)),
     ),
     max_size=40,
 )
@@ -24,7 +25,7 @@ _STEPS = st.lists(
 
 @settings(max_examples=300, deadline=None)
 @given(_STEPS)
-def test_keep_listed_forgets_what_a_flat_map_forgets(steps: list[tuple]) -> None:  # type: ignore[type-arg]
+def test_keep_listed_and_discard_forget_what_a_flat_map_forgets(steps: list[tuple]) -> None:  # type: ignore[type-arg]
     cache: ParsedFiles[str] = ParsedFiles()
     model: dict[str, str] = {}
     for step in steps:
@@ -32,6 +33,10 @@ def test_keep_listed_forgets_what_a_flat_map_forgets(steps: list[tuple]) -> None
             path = step[1]
             cache.put("root", FileEntry(path, "", 1, 2.0), path.upper())
             model[path] = path.upper()
+        elif step[0] == "discard":
+            cache.discard("root", step[1])
+            for path in step[1]:
+                model.pop(path, None)
         else:
             prefixes, listed = step[1], step[2]
             cache.keep_listed("root", prefixes, listed)
@@ -48,6 +53,8 @@ def test_a_store_is_one_scope() -> None:
     assert scope_of("state/op/00001/x") == "state/op/00001"
     assert scope_of("commits/0001.json") == "commits"
     assert scope_of("top-level-file") == ""
+    store = StoreId("op", 1)
+    assert scope_of(store.sst("a.sst")) == store.prefix  # the depth follows the layout
 
 
 _STORES = st.sampled_from([StoreId("op", 0), StoreId("op", 1), StoreId("other", 0)])
@@ -59,6 +66,7 @@ _NAMES = st.sets(st.sampled_from(["a.sst", "b.sst", "c.sst"]), max_size=3)
     st.lists(
         st.one_of(
             st.tuples(st.just("add"), st.sampled_from(["r1", "r2"]), _STORES, _NAMES),
+            st.tuples(st.just("discard"), st.sampled_from(["r1", "r2"]), _STORES, _NAMES),
             st.tuples(
                 st.just("keep"),
                 st.sampled_from(["r1", "r2"]),
@@ -77,6 +85,10 @@ def test_known_ssts_keep_what_was_listed(steps: list[tuple]) -> None:  # type: i
             _, root, store, names = step
             known.add(root, store, names)
             model.setdefault((root, store), set()).update(names)
+        elif step[0] == "discard":
+            _, root, store, names = step
+            known.discard(root, store, names)
+            model.get((root, store), set()).difference_update(names)
         else:
             _, root, listed, whole_root = step
             known.keep_listed(root, listed, whole_root=whole_root)
