@@ -17,6 +17,7 @@ from statekeeper.store.errors import (
     StatekeeperError,
     StoreStateError,
     UnsupportedFormatError,
+    VersionExpiredError,
 )
 from statekeeper.store.files import CheckpointFileManager, FileInfo, open_file_manager
 from statekeeper.store.layout import StoreId
@@ -51,6 +52,7 @@ __all__ = [
     "StoreId",
     "StoreStateError",
     "UnsupportedFormatError",
+    "VersionExpiredError",
     "configure_memory",
     "open_file_manager",
 ]

@@ -30,6 +30,11 @@ class CheckpointFileNotFoundError(CheckpointError, FileNotFoundError):
     """A file the caller needs is not in the checkpoint location."""
 
 
+class VersionExpiredError(CheckpointFileNotFoundError):
+    """The version being loaded left retention while it loaded: maintenance deleted files the load had
+    listed (its base snapshot) and nothing older is left to load it from. Load a newer version."""
+
+
 class CheckpointWriteError(CheckpointError, OSError):
     """The operating system refused a write (ENOSPC, EIO ...); the attempt was aborted and nothing
     became visible under the file's name. `errno` is the system's error number."""

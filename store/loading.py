@@ -26,7 +26,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import rocksdict as rd
 
-from statekeeper.store.errors import CheckpointError, CorruptFileError, LineageError, UnsupportedFormatError
+from statekeeper.store.errors import (
+    CheckpointError,
+    CorruptFileError,
+    LineageError,
+    UnsupportedFormatError,
+    VersionExpiredError,
+)
 from statekeeper.store.files.base import open_seekable
 from statekeeper.store.formats.changelog import ChangelogReader, Lineage, RangeDelete, SstFile
 from statekeeper.store.load_plan import (
@@ -151,7 +157,8 @@ class PlanExecution:
         try:
             records = sum(self._replay(v, c) for v, c in plan.replay)
         except _UNREADABLE_SNAPSHOT as e:
-            if not plan.skipped or (isinstance(e, FileNotFoundError) and self._newer_plan(plan)):
+            self._raise_if_expired(plan, e)
+            if not plan.skipped:
                 raise
             raise _no_intact_path(plan, e) from e
         self._lineage = plan.store_lineage[: self.config.max_lineage]
@@ -169,6 +176,18 @@ class PlanExecution:
         old = max([plan.base[0] if plan.base is not None else 0, *(s.version for s in plan.skipped)])
         return fresh if fresh.base is not None and fresh.base[0] > old else None
 
+    def _raise_if_expired(self, plan: LoadPlan, e: Exception) -> None:
+        """If `e` is a file of `plan` that expiry deleted beside this load, not a broken snapshot: raise `e` when
+        a newer base exists (`_load` starts over from it), `VersionExpiredError` when none does and the plan's
+        base manifest is gone (expiry deletes a snapshot's manifest first, then its SSTs, then changelogs)."""
+        if not isinstance(e, FileNotFoundError):
+            return
+        if self._newer_plan(plan) is not None:
+            raise e
+        manifest = plan.manifest_path()
+        if manifest is not None and not self.fm.exists(manifest):
+            raise _expired(plan, f"{self.fm.root_uri}/{manifest}") from e
+
     def _restore_base(self, plan: LoadPlan) -> LoadPlan:
         """Restore the plan's base (falling back past unreadable snapshots) and open the DB."""
         while True:
@@ -181,8 +200,7 @@ class PlanExecution:
                 restore_snapshot(self.fm, self.store_id, manifest, self._db_dir)
                 break
             except _UNREADABLE_SNAPSHOT as e:
-                if isinstance(e, FileNotFoundError) and self._newer_plan(plan) is not None:
-                    raise  # expired beside this load, not broken: `_load` starts over from the newer base
+                self._raise_if_expired(plan, e)
                 bad = getattr(e, "path", None) or f"{self.fm.root_uri}/{manifest_path}"
                 log.warning(
                     "store %s: the snapshot of version %d is unreadable (%s); loading version %d without it",
@@ -265,6 +283,16 @@ def apply_changelog(
         # write batch), or closing the DB after a failed replay leaves it locked and the next load of
         # the store fails with "lock hold by current process".
         wb = handle = put = delete = None  # type: ignore[assignment]
+
+
+def _expired(plan: LoadPlan, manifest: str) -> VersionExpiredError:
+    base = plan.base[0] if plan.base is not None else 0
+    return VersionExpiredError(
+        f"version {plan.version} of store {plan.store} left retention while it loaded: maintenance expired "
+        f"the snapshot of version {base} it was loading from, and no newer base at or below it exists; load a "
+        "newer version",
+        manifest,
+    )
 
 
 def _no_intact_path(plan: LoadPlan, why: BaseException) -> CorruptFileError:

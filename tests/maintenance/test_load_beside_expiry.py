@@ -15,7 +15,7 @@ import pytest
 from statekeeper.maintenance.expiry import expire_versions
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import create_snapshots
-from statekeeper.store import StateStore, StoreConfig
+from statekeeper.store import CorruptFileError, StateStore, StoreConfig, VersionExpiredError
 from statekeeper.store.load_plan import LoadPlan, LoadSource, Ref
 from tests.maintenance.helpers import History, content
 
@@ -81,6 +81,53 @@ def test_a_cold_load_whose_snapshot_expires_after_it_listed_starts_over_from_the
         assert load is not None and (load.replans, load.snapshot_version, load.repaired_snapshots) == (1, latest, 0)
         repairs = [r for r in caplog.records if r.name == "statekeeper.store.loading"]
         assert not repairs, "a race with expiry is not a broken snapshot"
+    finally:
+        probe.close()
+        shutil.rmtree(probe.local_dir, ignore_errors=True)
+
+
+@pytest.mark.parametrize("race", ["after-planning", "after-restoring"])
+def test_a_load_of_a_version_that_leaves_retention_while_it_loads_says_so(
+    make_history: Callable[..., History],
+    head_only: MaintenanceSettings,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    race: str,
+) -> None:
+    """Loading an old version (a reader slower than the writer): after it planned from the snapshot of
+    version 5 (or restored it, before replaying the changelogs after it), expiry makes the newest version
+    the base and deletes everything below it, the version being loaded included. The load fails naming the
+    expired manifest as `VersionExpiredError` (a `FileNotFoundError`), not as a corrupt checkpoint: no
+    repair is logged."""
+    h = make_history()
+    h.batches(5)
+    assert create_snapshots(h.root, head_only).snapshots > 0
+    h.batches(6)
+    store, version = h.stores[0], 7
+    probe = h._instance(store, "probe")
+    planned, replayed = probe.plan_load, probe._replay
+
+    def planned_then_expired(v: int, checkpoint_id: str | None = None, *, use_local: bool = True) -> LoadPlan:
+        plan = planned(v, checkpoint_id, use_local=use_local)
+        assert (plan.source, plan.base and plan.base[0]) == (LoadSource.SNAPSHOT, 5)
+        if race == "after-planning":
+            _snapshot_and_expire(h, head_only)
+        return plan
+
+    def expired_then_replayed(v: int, checkpoint_id: str) -> int:
+        if v == 6:
+            _snapshot_and_expire(h, head_only)
+        return replayed(v, checkpoint_id)
+
+    monkeypatch.setattr(probe, "plan_load", planned_then_expired)
+    monkeypatch.setattr(probe, "_replay", expired_then_replayed if race == "after-restoring" else replayed)
+    try:
+        expired = pytest.raises(VersionExpiredError, match=f"version {version} of store .* left retention")
+        with caplog.at_level(logging.WARNING, logger="statekeeper.store.loading"), expired as e:
+            probe.load(version, h.committed[version][store][0])
+        assert not isinstance(e.value, CorruptFileError) and isinstance(e.value, FileNotFoundError)
+        assert e.value.path is not None and e.value.path.endswith(store.manifest(5, h.committed[5][store][0]))
+        assert not [r for r in caplog.records if r.name == "statekeeper.store.loading"], "no repair was attempted"
     finally:
         probe.close()
         shutil.rmtree(probe.local_dir, ignore_errors=True)
