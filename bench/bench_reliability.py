@@ -73,8 +73,9 @@ FOUND = [
     "one-hour soak (commit cdaa46d, 2026-11-27): a reader loading one of the newest two versions, slowed by S3 "
     "faults past that version's retention, failed as a corrupt checkpoint (`CorruptFileError`: \"its snapshot of "
     'version 282 is unreadable", after a repair warning): maintenance had expired that snapshot and every '
-    "changelog below the new base while the load ran. A documented outcome given the wrong name; now "
-    "`VersionExpiredError` when the plan's base manifest is gone (expiry deletes it first), no repair attempted. "
+    "changelog below the new base while the load ran. A documented outcome given the wrong name; now, "
+    "when no fallback is left and the plan's base manifest is gone too (expiry deletes it first), "
+    "`VersionExpiredError`, with no repair warning. "
     "Fixed in `store/loading.py`, regression test `tests/maintenance/test_load_beside_expiry.py::"
     "test_a_load_of_a_version_that_leaves_retention_while_it_loads_says_so`",
 ]

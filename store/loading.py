@@ -127,9 +127,13 @@ class PlanExecution:
             try:
                 plan, metrics = self._execute(plan)
                 return plan, replace(metrics, replans=replans) if replans else metrics
+            except VersionExpiredError:
+                raise
             except FileNotFoundError as e:
                 newer = self._newer_plan(plan) if replans < MAX_REPLANS else None
                 if newer is None:
+                    if (expired := self._base_expired(plan, e)) is not None:
+                        raise expired from e
                     raise
                 self._log_replan(
                     e, version, f"loading from the snapshot of version {newer.base[0] if newer.base else 0}"
@@ -157,8 +161,7 @@ class PlanExecution:
         try:
             records = sum(self._replay(v, c) for v, c in plan.replay)
         except _UNREADABLE_SNAPSHOT as e:
-            self._raise_if_expired(plan, e)
-            if not plan.skipped:
+            if not plan.skipped or (isinstance(e, FileNotFoundError) and self._newer_plan(plan)):
                 raise
             raise _no_intact_path(plan, e) from e
         self._lineage = plan.store_lineage[: self.config.max_lineage]
@@ -176,17 +179,20 @@ class PlanExecution:
         old = max([plan.base[0] if plan.base is not None else 0, *(s.version for s in plan.skipped)])
         return fresh if fresh.base is not None and fresh.base[0] > old else None
 
-    def _raise_if_expired(self, plan: LoadPlan, e: Exception) -> None:
-        """If `e` is a file of `plan` that expiry deleted beside this load, not a broken snapshot: raise `e` when
-        a newer base exists (`_load` starts over from it), `VersionExpiredError` when none does and the plan's
-        base manifest is gone (expiry deletes a snapshot's manifest first, then its SSTs, then changelogs)."""
-        if not isinstance(e, FileNotFoundError):
-            return
-        if self._newer_plan(plan) is not None:
-            raise e
+    def _base_expired(self, plan: LoadPlan, e: Exception) -> VersionExpiredError | None:
+        """What a file of `plan` found missing means when no newer base is left to start over from, if the plan's
+        base manifest is gone too: expiry deleted them beside this load (it deletes a snapshot's manifest first,
+        then its SSTs, then the changelogs), so the version left retention; not a broken snapshot."""
         manifest = plan.manifest_path()
-        if manifest is not None and not self.fm.exists(manifest):
-            raise _expired(plan, f"{self.fm.root_uri}/{manifest}") from e
+        if not isinstance(e, FileNotFoundError) or manifest is None or self.fm.exists(manifest):
+            return None
+        base = plan.base[0] if plan.base is not None else 0
+        return VersionExpiredError(
+            f"version {plan.version} of store {plan.store} left retention while it loaded: maintenance expired "
+            f"the snapshot of version {base} it was loading from, and no newer base at or below it exists; load "
+            "a newer version",
+            f"{self.fm.root_uri}/{manifest}",
+        )
 
     def _restore_base(self, plan: LoadPlan) -> LoadPlan:
         """Restore the plan's base (falling back past unreadable snapshots) and open the DB."""
@@ -200,26 +206,34 @@ class PlanExecution:
                 restore_snapshot(self.fm, self.store_id, manifest, self._db_dir)
                 break
             except _UNREADABLE_SNAPSHOT as e:
-                self._raise_if_expired(plan, e)
+                if isinstance(e, FileNotFoundError) and self._newer_plan(plan) is not None:
+                    raise  # expired beside this load, not broken: `_load` starts over from the newer base
                 bad = getattr(e, "path", None) or f"{self.fm.root_uri}/{manifest_path}"
-                log.warning(
-                    "store %s: the snapshot of version %d is unreadable (%s); loading version %d without it",
-                    self.store_id,
-                    plan.base[0] if plan.base else 0,
-                    e if bad in str(e) else f"{bad}: {e}",
-                    plan.version,
-                )
                 try:
-                    plan = fall_back(self.plan_source, plan, bad, str(e))
+                    older = fall_back(self.plan_source, plan, bad, str(e))
                 except (*_UNREADABLE_SNAPSHOT, LineageError) as why:
+                    if (expired := self._base_expired(plan, e)) is not None:
+                        raise expired from e
+                    self._warn_unreadable(plan, bad, e)
                     base = plan.base or (0, "")
                     skipped = replace(plan, skipped=(*plan.skipped, SkippedSnapshot(*base, bad, str(e))))
                     raise _no_intact_path(skipped, why) from e
+                self._warn_unreadable(plan, bad, e)
+                plan = older
                 log.debug("%s", plan.describe())
         self._db = open_db(self._db_dir, self._cfs)  # handles given out before stay valid
         for name in rd.Rdict.list_cf(self._db_dir, db_options()):
             self._make_cf(name)
         return plan
+
+    def _warn_unreadable(self, plan: LoadPlan, bad: str, e: Exception) -> None:
+        log.warning(
+            "store %s: the snapshot of version %d is unreadable (%s); loading version %d without it",
+            self.store_id,
+            plan.base[0] if plan.base else 0,
+            e if bad in str(e) else f"{bad}: {e}",
+            plan.version,
+        )
 
     def _replay(self, version: int, checkpoint_id: str) -> int:
         path = self.store_id.changelog(version, checkpoint_id)
@@ -283,16 +297,6 @@ def apply_changelog(
         # write batch), or closing the DB after a failed replay leaves it locked and the next load of
         # the store fails with "lock hold by current process".
         wb = handle = put = delete = None  # type: ignore[assignment]
-
-
-def _expired(plan: LoadPlan, manifest: str) -> VersionExpiredError:
-    base = plan.base[0] if plan.base is not None else 0
-    return VersionExpiredError(
-        f"version {plan.version} of store {plan.store} left retention while it loaded: maintenance expired "
-        f"the snapshot of version {base} it was loading from, and no newer base at or below it exists; load a "
-        "newer version",
-        manifest,
-    )
 
 
 def _no_intact_path(plan: LoadPlan, why: BaseException) -> CorruptFileError:

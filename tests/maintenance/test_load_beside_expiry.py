@@ -133,6 +133,38 @@ def test_a_load_of_a_version_that_leaves_retention_while_it_loads_says_so(
         shutil.rmtree(probe.local_dir, ignore_errors=True)
 
 
+def test_a_manifest_deleted_by_hand_with_an_older_path_left_is_still_a_repair(
+    make_history: Callable[..., History], head_only: MaintenanceSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The contrast: the planned base's manifest goes missing after planning, but nothing expired (every
+    changelog since version 1 is there), so the load falls back and repairs instead of saying expired."""
+    h = make_history()
+    h.batches(5)
+    assert create_snapshots(h.root, head_only).snapshots > 0
+    h.batches(2)
+    store, version = h.stores[0], 7
+    probe = h._instance(store, "probe")
+    planned = probe.plan_load
+
+    def planned_then_deleted(v: int, checkpoint_id: str | None = None, *, use_local: bool = True) -> LoadPlan:
+        plan = planned(v, checkpoint_id, use_local=use_local)
+        manifest = plan.manifest_path()
+        assert manifest is not None and plan.base is not None and plan.base[0] == 5
+        h.fm.delete_many([manifest])
+        return plan
+
+    monkeypatch.setattr(probe, "plan_load", planned_then_deleted)
+    ckpt, state = h.committed[version][store]
+    try:
+        probe.load(version, ckpt)
+        assert content(probe) == state
+        load = probe.last_load
+        assert load is not None and (load.repaired_snapshots, load.snapshot_version) == (1, None)
+    finally:
+        probe.close()
+        shutil.rmtree(probe.local_dir, ignore_errors=True)
+
+
 def test_a_catch_up_whose_changelogs_expired_loads_the_newer_snapshot(
     make_history: Callable[..., History], head_only: MaintenanceSettings
 ) -> None:
