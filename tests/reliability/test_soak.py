@@ -183,7 +183,7 @@ class Soak:
                     store = StateStore(fm, OPERATOR, p, config=store_config(str(local), f"p{p}"))
                     partition = p
                 assert store is not None
-                version = max(1, latest - rng.randrange(2))  # the newest two: retained while a load lasts
+                version = max(1, latest - rng.randrange(2))  # the newest two; a load can outlast them (below)
                 t0 = time.monotonic()
                 try:
                     store.load(version)
