@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import pytest
@@ -16,6 +16,7 @@ from statekeeper.maintenance.expiry import expire_versions
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import create_snapshots
 from statekeeper.store import CorruptFileError, StateStore, StoreConfig, VersionExpiredError
+from statekeeper.store.layout import StoreId
 from statekeeper.store.load_plan import LoadPlan, LoadSource, Ref
 from tests.maintenance.helpers import History, content
 
@@ -25,6 +26,21 @@ def head_only(settings: MaintenanceSettings) -> MaintenanceSettings:
     """Retain the newest version only: a snapshot of it is the base, everything before it expires."""
     assert settings.load_grace_seconds == MaintenanceSettings().load_grace_seconds == 0
     return replace(settings, min_versions_to_retain=1)
+
+
+@pytest.fixture
+def open_probe() -> Iterator[Callable[[History, StoreId], StateStore]]:
+    """A second store instance on a history's store (its own local dir), closed and removed at teardown."""
+    opened: list[StateStore] = []
+
+    def open_(h: History, store: StoreId) -> StateStore:
+        opened.append(h._instance(store, "probe"))
+        return opened[-1]
+
+    yield open_
+    for probe in opened:
+        probe.close()
+        shutil.rmtree(probe.local_dir, ignore_errors=True)
 
 
 def _snapshot_and_expire(h: History, settings: MaintenanceSettings) -> None:
@@ -37,6 +53,7 @@ def _snapshot_and_expire(h: History, settings: MaintenanceSettings) -> None:
 def test_a_cold_load_whose_snapshot_expires_after_it_listed_starts_over_from_the_newer_one(
     make_history: Callable[..., History],
     head_only: MaintenanceSettings,
+    open_probe: Callable[[History, StoreId], StateStore],
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
     race: str,
@@ -48,7 +65,7 @@ def test_a_cold_load_whose_snapshot_expires_after_it_listed_starts_over_from_the
     assert create_snapshots(h.root, head_only).snapshots > 0
     h.batches(6)
     store, latest = h.stores[0], h.latest
-    probe = h._instance(store, "probe")
+    probe = open_probe(h, store)
     listed = probe.plan_source.list_snapshots
     planned = probe.plan_load
     raced: list[set[Ref]] = []
@@ -72,24 +89,21 @@ def test_a_cold_load_whose_snapshot_expires_after_it_listed_starts_over_from_the
     monkeypatch.setattr(probe.plan_source, "list_snapshots", listed_then_expired)
     monkeypatch.setattr(probe, "plan_load", planned_then_expired)
     ckpt, state = h.committed[latest][store]
-    try:
-        with caplog.at_level(logging.WARNING, logger="statekeeper.store.loading"):
-            probe.load(latest, ckpt)
-        assert content(probe) == state
-        assert [v for v, _ in raced[0]] == [5], "the load listed the older snapshot only"
-        load = probe.last_load
-        assert load is not None and (load.replans, load.snapshot_version, load.repaired_snapshots) == (1, latest, 0)
-        repairs = [r for r in caplog.records if r.name == "statekeeper.store.loading"]
-        assert not repairs, "a race with expiry is not a broken snapshot"
-    finally:
-        probe.close()
-        shutil.rmtree(probe.local_dir, ignore_errors=True)
+    with caplog.at_level(logging.WARNING, logger="statekeeper.store.loading"):
+        probe.load(latest, ckpt)
+    assert content(probe) == state
+    assert [v for v, _ in raced[0]] == [5], "the load listed the older snapshot only"
+    load = probe.last_load
+    assert load is not None and (load.replans, load.snapshot_version, load.repaired_snapshots) == (1, latest, 0)
+    repairs = [r for r in caplog.records if r.name == "statekeeper.store.loading"]
+    assert not repairs, "a race with expiry is not a broken snapshot"
 
 
 @pytest.mark.parametrize("race", ["after-planning", "after-restoring"])
 def test_a_load_of_a_version_that_leaves_retention_while_it_loads_says_so(
     make_history: Callable[..., History],
     head_only: MaintenanceSettings,
+    open_probe: Callable[[History, StoreId], StateStore],
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
     race: str,
@@ -104,7 +118,7 @@ def test_a_load_of_a_version_that_leaves_retention_while_it_loads_says_so(
     assert create_snapshots(h.root, head_only).snapshots > 0
     h.batches(6)
     store, version = h.stores[0], 7
-    probe = h._instance(store, "probe")
+    probe = open_probe(h, store)
     planned, replayed = probe.plan_load, probe._replay
 
     def planned_then_expired(v: int, checkpoint_id: str | None = None, *, use_local: bool = True) -> LoadPlan:
@@ -121,20 +135,19 @@ def test_a_load_of_a_version_that_leaves_retention_while_it_loads_says_so(
 
     monkeypatch.setattr(probe, "plan_load", planned_then_expired)
     monkeypatch.setattr(probe, "_replay", expired_then_replayed if race == "after-restoring" else replayed)
-    try:
-        expired = pytest.raises(VersionExpiredError, match=f"version {version} of store .* left retention")
-        with caplog.at_level(logging.WARNING, logger="statekeeper.store.loading"), expired as e:
-            probe.load(version, h.committed[version][store][0])
-        assert not isinstance(e.value, CorruptFileError) and isinstance(e.value, FileNotFoundError)
-        assert e.value.path is not None and e.value.path.endswith(store.manifest(5, h.committed[5][store][0]))
-        assert not [r for r in caplog.records if r.name == "statekeeper.store.loading"], "no repair was attempted"
-    finally:
-        probe.close()
-        shutil.rmtree(probe.local_dir, ignore_errors=True)
+    expired = pytest.raises(VersionExpiredError, match=f"version {version} of store .* left retention")
+    with caplog.at_level(logging.WARNING, logger="statekeeper.store.loading"), expired as e:
+        probe.load(version, h.committed[version][store][0])
+    assert not isinstance(e.value, CorruptFileError) and isinstance(e.value, FileNotFoundError)
+    assert e.value.path is not None and e.value.path.endswith(store.manifest(5, h.committed[5][store][0]))
+    assert not [r for r in caplog.records if r.name == "statekeeper.store.loading"], "no repair was attempted"
 
 
 def test_a_manifest_deleted_by_hand_with_an_older_path_left_is_still_a_repair(
-    make_history: Callable[..., History], head_only: MaintenanceSettings, monkeypatch: pytest.MonkeyPatch
+    make_history: Callable[..., History],
+    head_only: MaintenanceSettings,
+    open_probe: Callable[[History, StoreId], StateStore],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The contrast: the planned base's manifest goes missing after planning, but nothing expired (every
     changelog since version 1 is there), so the load falls back and repairs instead of saying expired."""
@@ -143,7 +156,7 @@ def test_a_manifest_deleted_by_hand_with_an_older_path_left_is_still_a_repair(
     assert create_snapshots(h.root, head_only).snapshots > 0
     h.batches(2)
     store, version = h.stores[0], 7
-    probe = h._instance(store, "probe")
+    probe = open_probe(h, store)
     planned = probe.plan_load
 
     def planned_then_deleted(v: int, checkpoint_id: str | None = None, *, use_local: bool = True) -> LoadPlan:
@@ -155,18 +168,16 @@ def test_a_manifest_deleted_by_hand_with_an_older_path_left_is_still_a_repair(
 
     monkeypatch.setattr(probe, "plan_load", planned_then_deleted)
     ckpt, state = h.committed[version][store]
-    try:
-        probe.load(version, ckpt)
-        assert content(probe) == state
-        load = probe.last_load
-        assert load is not None and (load.repaired_snapshots, load.snapshot_version) == (1, None)
-    finally:
-        probe.close()
-        shutil.rmtree(probe.local_dir, ignore_errors=True)
+    probe.load(version, ckpt)
+    assert content(probe) == state
+    load = probe.last_load
+    assert load is not None and (load.repaired_snapshots, load.snapshot_version) == (1, None)
 
 
 def test_a_catch_up_whose_changelogs_expired_loads_the_newer_snapshot(
-    make_history: Callable[..., History], head_only: MaintenanceSettings
+    make_history: Callable[..., History],
+    head_only: MaintenanceSettings,
+    open_probe: Callable[[History, StoreId], StateStore],
 ) -> None:
     """An executor that last ran the partition a few batches ago holds an older version locally; the
     changelogs after it were expired meanwhile (a snapshot above them is the base). The writer has not
@@ -175,21 +186,17 @@ def test_a_catch_up_whose_changelogs_expired_loads_the_newer_snapshot(
     h = make_history(config=StoreConfig(block_bytes=1024, snapshot_check_interval=0))
     h.batches(3)
     store = h.stores[0]
-    probe: StateStore = h._instance(store, "probe")
-    try:
-        probe.load(3, h.committed[3][store][0])
-        probe.abort()
-        h.batches(6)
-        assert create_snapshots(h.root, head_only).snapshots > 0
-        h.batches(1)
-        keep_two = replace(head_only, min_versions_to_retain=2)  # the head's changelog stays
-        assert expire_versions(h.root, keep_two).changelogs > 0
-        assert probe.plan_load(h.latest).source is LoadSource.CATCH_UP, "it would replay the expired changelogs"
-        ckpt, state = h.committed[h.latest][store]
-        probe.load(h.latest, ckpt)
-        assert content(probe) == state
-        load = probe.last_load
-        assert load is not None and (load.replans, load.snapshot_version) == (1, h.latest - 1)
-    finally:
-        probe.close()
-        shutil.rmtree(probe.local_dir, ignore_errors=True)
+    probe = open_probe(h, store)
+    probe.load(3, h.committed[3][store][0])
+    probe.abort()
+    h.batches(6)
+    assert create_snapshots(h.root, head_only).snapshots > 0
+    h.batches(1)
+    keep_two = replace(head_only, min_versions_to_retain=2)  # the head's changelog stays
+    assert expire_versions(h.root, keep_two).changelogs > 0
+    assert probe.plan_load(h.latest).source is LoadSource.CATCH_UP, "it would replay the expired changelogs"
+    ckpt, state = h.committed[h.latest][store]
+    probe.load(h.latest, ckpt)
+    assert content(probe) == state
+    load = probe.last_load
+    assert load is not None and (load.replans, load.snapshot_version) == (1, h.latest - 1)
