@@ -6,6 +6,8 @@ created exclusively, so a retried or zombie driver can never replace the outcome
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 
 from statekeeper.store.errors import CheckpointFileExistsError, ConfigurationError, LineageError
@@ -21,11 +23,17 @@ from statekeeper.store.layout import (
     validate_version,
 )
 
+RECORDS_CACHED = 64
+"""Commit records a `CommitLog` keeps parsed, the most recently used: a driver reads the previous version's,
+a load the few its lineage walk names. A bounded number, not every version: a query runs for months (a
+record names every partition's checkpoint id, and every state store keeps a log of its own)."""
+
 
 class CommitLog:
     def __init__(self, fm: CheckpointFileManager) -> None:
         self._fm = fm
-        self._cache: dict[int, CommitRecord] = {}
+        self._cache: OrderedDict[int, CommitRecord] = OrderedDict()
+        self._lock = threading.Lock()
 
     def _name(self, version: int) -> str:
         return f"{self._fm.root_uri}/{commit_path(version)}"
@@ -93,12 +101,16 @@ class CommitLog:
             if existing is not None and existing.same_outcome(record):
                 return existing
             raise
-        self._cache[version] = record
+        self._remember(record)
         return record
 
     def get(self, version: int, *, use_cache: bool = True) -> CommitRecord | None:
-        if use_cache and version in self._cache:
-            return self._cache[version]
+        if use_cache:
+            with self._lock:
+                cached = self._cache.get(version)
+                if cached is not None:
+                    self._cache.move_to_end(version)
+                    return cached
         path = commit_path(version)
         try:
             data = self._fm.read_bytes(path)
@@ -107,8 +119,17 @@ class CommitLog:
         record = CommitRecord.from_bytes(data, self._name(version))
         if record.version != version:
             raise LineageError(f"commit record claims version {record.version}: {self._name(version)}")
-        self._cache[version] = record
+        self._remember(record)
         return record
+
+    def _remember(self, record: CommitRecord) -> None:
+        """Cache `record` (records never change once written), dropping the least recently used beyond
+        `RECORDS_CACHED`."""
+        with self._lock:
+            self._cache[record.version] = record
+            self._cache.move_to_end(record.version)
+            if len(self._cache) > RECORDS_CACHED:
+                self._cache.popitem(last=False)
 
     def committed_id(self, version: int, operator: str, partition: int) -> str:
         record = self.get(version)
