@@ -17,11 +17,12 @@ branch are not ancestors of the head, so they are not in its history.
   copy state (their changelogs are full-state, or trims of partitions kept in place), so they are not
   changes; they start a segment whose versions are written by the partitions of the new layout.
 
-Commit records are read lazily, newest first, through the :class:`CommitLog` cache: a read of the
-head costs one record, a range of N batches about N records (plus a rolled-back branch only when an old
-rollback record does not name its source). The records a range needs when nothing was rescaled or
-rolled back inside it (the contiguous versions below the head or the range's end) are read in parallel
-first (`PREFETCH_WORKERS`): on S3 a long range costs a few round trips, not one per batch.
+Commit records are read lazily, newest first: a read of the head costs one record, a range of N
+batches about N records (plus a rolled-back branch only when an old rollback record does not name its
+source). The records a range needs when nothing was rescaled or rolled back inside it (the contiguous
+versions below the head or the range's end) are read in parallel first (`PREFETCH_WORKERS`) and held by
+the history itself (the :class:`CommitLog` keeps only a few): on S3 a long range costs a few round trips,
+not one per batch.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ class BatchHistory:
         """Whether `_path` reaches the start of the history (version 1, or the operator's first version)."""
         self._expired: int | None = None
         """The version the walk needed and found missing (expired), if any."""
+        self._fetched: dict[int, CommitRecord] = {}
+        """Records read ahead of the walk (`_prefetch`)."""
 
     @property
     def head_record(self) -> CommitRecord:
@@ -85,18 +88,21 @@ class BatchHistory:
         return self._path[0]
 
     def _record(self, version: int) -> CommitRecord | None:
-        record = self.log.get(version)
+        record = self._fetched.get(version)
+        if record is None:
+            record = self.log.get(version)
         if record is None or self.operator not in record.checkpoint_ids:
             return None
         return record
 
     def _prefetch(self, versions: range) -> None:
-        """Read the commit records of `versions` into the log's cache in parallel (errors are left for
-        the walk, which reads a record again if it needs it)."""
+        """Read the commit records of `versions` ahead of the walk, in parallel (errors and missing records
+        are left for the walk, which reads a record again if it needs it)."""
 
         def get(version: int) -> None:
             with contextlib.suppress(StatekeeperError):
-                self.log.get(version)
+                if (record := self.log.get(version)) is not None:
+                    self._fetched[version] = record
 
         if len(versions) > 1:
             with ThreadPoolExecutor(min(PREFETCH_WORKERS, len(versions)), "statekeeper-history") as pool:

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from statekeeper.store.batch_history import BatchHistory
-from statekeeper.store.commit_log import CommitLog
+from statekeeper.store.commit_log import RECORDS_CACHED, CommitLog
 from statekeeper.store.errors import ConfigurationError, LineageError
 from statekeeper.store.files import open_file_manager
 from statekeeper.store.key_groups import KeyGroupLayout
@@ -169,6 +169,18 @@ def test_a_read_costs_the_records_of_its_range_not_the_whole_log(tmp_path: Path)
     segments = h.changes(38, 48)  # batches 38..48: versions 39..50, the rescale (41) cut out
     assert [[r.version for r in s.records] for s in segments] == [[39, 40], list(range(42, 51))]
     assert fm.reads == 13  # versions 38..50: the range and the one below it
+
+
+def test_a_range_longer_than_the_logs_cache_reads_each_record_once(tmp_path: Path) -> None:
+    """The commit log keeps only the most recent records (`RECORDS_CACHED`); the records a long range
+    reads ahead stay with the history until its walk takes them."""
+    batches = 2 * RECORDS_CACHED + 20
+    _run(tmp_path, [("batch", 0)] * batches)
+    fm = _CountingCommits(tmp_path)
+    h = BatchHistory(CommitLog(fm), OP, tmp_path.as_uri())  # type: ignore[arg-type]
+    segments = h.changes(0, batches - 1)
+    assert [r.version for s in segments for r in s.records] == list(range(1, batches + 1))
+    assert fm.reads <= batches + 1, fm.reads  # each record once (the head's twice at most)
 
 
 def test_an_unknown_operator_is_refused_naming_the_ones_there(tmp_path: Path) -> None:
