@@ -32,7 +32,8 @@ from bench.report import Table
 from statekeeper.maintenance.expiry import expire_versions
 from statekeeper.maintenance.inventory import clear_caches
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import close_replicas, create_snapshots
+from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.warm_copies import close_replicas
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.formats.commit import CommitRecord

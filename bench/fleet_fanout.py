@@ -57,7 +57,8 @@ def build_fleet(root: str, p: FanoutParams, work: str) -> None:
 def run_fanout(p: FanoutParams) -> list[FanoutResult]:
     from statekeeper.maintenance.fanout import SparkEngine
     from statekeeper.maintenance.settings import MaintenanceSettings
-    from statekeeper.maintenance.snapshots import close_replicas, create_snapshots
+    from statekeeper.maintenance.snapshots import create_snapshots
+    from statekeeper.maintenance.warm_copies import close_replicas
     from tests.spark.cluster_support import StandaloneCluster
     from tests.spark.conftest import spark_env
 

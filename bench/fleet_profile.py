@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--updates", type=int, default=1_000)
     parser.add_argument("--parallelism", type=int, default=4)
+    parser.add_argument("--build-processes", type=int, default=0, help="snapshot build worker processes (0: threads)")
     parser.add_argument("--catalog", action="store_true", help="with a SQLite catalog, as `maintain` by default")
     parser.add_argument("--profile", type=Path, help="write the measured cycles' profile here")
     parser.add_argument("--s3", action="store_true", help="the root on S3: moto's server on 127.0.0.1")
@@ -86,27 +87,30 @@ def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
         orphan_grace_seconds=60.0,
         load_grace_seconds=0.0,
         parallelism=args.parallelism,
+        build_processes=args.build_processes,
         work_dir=os.path.join(base, "replicas"),
     )
     profiler = cProfile.Profile(time.thread_time) if args.profile else None
-    cpu = wall = 0.0
+    cpu = wall = builds_cpu = 0.0
+    started_builds = 0.0
     measured = 0
     started = started_wall = 0.0
     errors: list[str] = []
 
     def between_cycles(result: CycleResult) -> None:
         """After each cycle: count its CPU if measured, then commit the next round of every store."""
-        nonlocal cpu, wall, measured, started, started_wall
+        nonlocal cpu, wall, measured, started, started_wall, builds_cpu, started_builds
         if profiler is not None:
             profiler.disable()
         errors.extend(e for r in result.reports for e in r.errors)  # a failed operation does less work
         if result.cycle > args.warmup:
-            cpu += time.process_time() - started
+            cpu += _maintainer_cpu() - started
+            builds_cpu += _build_processes_cpu() - started_builds
             wall += time.perf_counter() - started_wall
             measured += args.per_cycle * args.stores
         for _ in range(args.per_cycle):
             writers.commit_next()
-        started, started_wall = time.process_time(), time.perf_counter()
+        started, started_wall, started_builds = _maintainer_cpu(), time.perf_counter(), _build_processes_cpu()
         if profiler is not None and result.cycle >= args.warmup:
             profiler.enable()
 
@@ -119,7 +123,7 @@ def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
         )
         for _ in range(1 + args.per_cycle):  # the bulk load, then the first round
             writers.commit_next()
-        started, started_wall = time.process_time(), time.perf_counter()
+        started, started_wall = _maintainer_cpu(), time.perf_counter()
         cycles = args.warmup + args.cycles
         if args.dagster:
             _dagster_cycles(",".join(uris), base, settings, cycles, between_cycles)
@@ -132,6 +136,7 @@ def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
         "roots": len(uris),
         "store_commits": measured,
         "cpu_ms_per_store_commit": 1000 * cpu / measured,
+        "of_which_build_processes_ms": 1000 * builds_cpu / measured,
         # The writers wait while a cycle runs: these are the maintainer's own ceiling, as many cores as it
         # can keep busy (Python's GIL holds most of a cycle to one) and the store-commits it keeps up with.
         "cores_used": cpu / wall,
@@ -144,6 +149,26 @@ def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
         profiler.dump_stats(args.profile)
         pstats.Stats(str(args.profile)).sort_stats("cumulative").print_stats(40)
     return 1 if errors else 0  # the figure of cycles that failed part of their work is not the maintainer's cost
+
+
+def _maintainer_cpu() -> float:
+    """CPU seconds of this process (all threads) and of its snapshot build processes, if any."""
+    return time.process_time() + _build_processes_cpu()
+
+
+def _build_processes_cpu() -> float:
+    import psutil
+
+    from statekeeper.maintenance.build_processes import running_build_processes
+
+    total = 0.0
+    for pid in running_build_processes():
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def _dagster_cycles(

@@ -155,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("roots", nargs="+", metavar="root", help="checkpoint roots, maintained one after the other")
     p.add_argument("--every", type=_number, default=10.0, metavar="SECONDS", help="start a cycle this often")
     p.add_argument("--cycles", type=_positive_int, metavar="N", help="stop after N cycles (default: run until killed)")
+    p.add_argument(
+        "--build-processes",
+        type=int,
+        metavar="N",
+        help="build snapshots in N worker processes, each keeping its stores' warm copies (default 0: threads here)",
+    )
     p.set_defaults(func=cmd_maintain)
     from statekeeper.maintenance.relayout import add_commands
 

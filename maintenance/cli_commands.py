@@ -51,6 +51,7 @@ def settings_of(args: argparse.Namespace) -> MaintenanceSettings:
         orphan_grace_seconds=getattr(args, "grace", None),
         load_grace_seconds=getattr(args, "load_grace", None),
         parallelism=getattr(args, "parallelism", None),
+        build_processes=getattr(args, "build_processes", None),
         lease_ttl_seconds=getattr(args, "lease_ttl", None),
         lease_timeout_seconds=getattr(args, "lease_timeout", None),
         work_dir=getattr(args, "work_dir", None),

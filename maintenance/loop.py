@@ -37,7 +37,8 @@ from statekeeper.maintenance.leasing import cycle_leases
 from statekeeper.maintenance.orphans import clean_orphans
 from statekeeper.maintenance.reports import Report
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import create_snapshots, raise_open_file_limit
+from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.warm_copies import raise_open_file_limit
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.layout import StoreId

@@ -31,6 +31,10 @@ class MaintenanceSettings:
     spares such a load the second start, at the cost of keeping the older snapshot that long."""
     parallelism: int = 4
     """Stores worked on at once, and delete batches in flight at once."""
+    build_processes: int = 0
+    """Worker processes that build snapshots, each holding the warm copies of its share of the stores
+    (`statekeeper.maintenance.build_processes`): a long-running maintainer of many stores then uses more
+    than one core. 0: the builds run on this process's threads."""
     lease_ttl_seconds: float = 600.0
     """A crashed maintainer blocks a store for at most this long (the lease is renewed while running)."""
     lease_timeout_seconds: float = 0.0
@@ -62,6 +66,7 @@ class MaintenanceSettings:
         need(self.orphan_grace_seconds >= 0, "orphan_grace_seconds", "must be >= 0")
         need(self.load_grace_seconds >= 0, "load_grace_seconds", "must be >= 0")
         need(1 <= self.parallelism <= 256, "parallelism", "must be within [1, 256]")
+        need(0 <= self.build_processes <= 64, "build_processes", "must be within [0, 64]")
         need(self.lease_ttl_seconds > 0, "lease_ttl_seconds", "must be > 0")
         need(self.lease_timeout_seconds >= 0, "lease_timeout_seconds", "must be >= 0")
         need(1 <= self.delete_batch_size <= 1000, "delete_batch_size", "must be within [1, 1000]")

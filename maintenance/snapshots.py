@@ -6,186 +6,36 @@ changelogs newer than the copy are replayed), upload the SST files the checkpoin
 have yet (content-named, so shared SSTs are never uploaded twice) and write the manifest last.
 Stores run in parallel on a bounded pool; each under its maintenance lease.
 
-Warm copies live in ``<work_dir>/replicas/<root hash>/<operator>/<partition>``; this process keeps
-up to `open_replica_limit()` of them open between runs (one per store of a fleet), and a later process
-reuses the directories.
-Without `work_dir` they live in a temp directory removed when the process exits.
+Warm copies: `statekeeper.maintenance.warm_copies`; with ``build_processes`` set, they live in worker
+processes (`statekeeper.maintenance.build_processes`).
 """
 
 from __future__ import annotations
 
-import atexit
-import hashlib
 import logging
-import os
-import resource
-import shutil
-import tempfile
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from statekeeper.maintenance.build_processes import BuildRequest, build_processes
 from statekeeper.maintenance.executors import InProcess, Row, StoreExecutor, StoreTask, catalog_url
 from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.leasing import LeaseGuard, scan_under_leases, store_lease
 from statekeeper.maintenance.plan import StorePlan, plan_store
-from statekeeper.maintenance.replica import Replica, ReplicaBusyError
+from statekeeper.maintenance.replica import BuildStats
 from statekeeper.maintenance.reports import SnapshotReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshot_health import corrupt_ssts, mark_sound, newest_snapshot_problem
-from statekeeper.store.errors import CheckpointFileExistsError, ConfigurationError
-from statekeeper.store.files import CheckpointFileManager, LocalFileManager, open_file_manager
+from statekeeper.maintenance.warm_copies import check_work_dir, checkout, work_root
+from statekeeper.store.errors import CheckpointFileExistsError
+from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.layout import StoreId
+from statekeeper.store.snapshot import SnapshotResult
 
 if TYPE_CHECKING:
     from statekeeper.sql.catalog import Catalog
 
 log = logging.getLogger(__name__)
-
-MAX_OPEN_REPLICAS = 4096
-"""At most this many warm copies stay open in this process (fewer where the file limit is low: see
-`open_replica_limit`); older ones are closed (their directories stay)."""
-FILES_PER_REPLICA = 16
-"""File descriptors an open warm copy may hold (about 10: its DB's log, manifest, lock and SSTs, its lock)."""
-
-
-@dataclass
-class _Slot:
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    replica: Replica | None = None
-
-
-_registry_lock = threading.Lock()
-_slots: OrderedDict[tuple[str, str, StoreId], _Slot] = OrderedDict()
-_process_dir: str | None = None
-
-
-def _default_work_dir() -> str:
-    global _process_dir
-    with _registry_lock:
-        if _process_dir is None:
-            _process_dir = tempfile.mkdtemp(prefix="statekeeper-maintenance-")
-            atexit.register(_remove_process_dir, _process_dir)
-        return _process_dir
-
-
-def _remove_process_dir(path: str) -> None:
-    close_replicas()  # before their directories go
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def work_root(settings: MaintenanceSettings) -> str:
-    return os.path.abspath(settings.work_dir) if settings.work_dir else _default_work_dir()
-
-
-def replica_dir(work: str, root_uri: str, store: StoreId) -> str:
-    digest = hashlib.sha256(root_uri.encode()).hexdigest()[:16]
-    return os.path.join(work, "replicas", digest, store.operator, f"{store.partition:05d}")
-
-
-def check_work_dir(fm: CheckpointFileManager, settings: MaintenanceSettings) -> None:
-    """The work directory must not lie inside a local checkpoint root (its files would be foreign there)."""
-    if settings.work_dir is None or not isinstance(fm, LocalFileManager):
-        return
-    work = os.path.realpath(settings.work_dir)
-    root = os.path.realpath(fm.root_path)
-    if work == root or work.startswith(root + os.sep):
-        raise ConfigurationError(
-            f"work_dir {settings.work_dir!r} is inside the checkpoint root {fm.root_uri}: use a directory outside it"
-        )
-
-
-@contextmanager
-def _checkout(fm: CheckpointFileManager, store: StoreId, settings: MaintenanceSettings) -> Iterator[Replica]:
-    """The warm replica of `store` (opened on first use), exclusively for the block."""
-    work = work_root(settings)
-    key = (work, fm.root_uri, store)
-    with _registry_lock:
-        slot = _slots.get(key)
-        if slot is None:
-            slot = _slots[key] = _Slot()
-        _slots.move_to_end(key)
-    with slot.lock:
-        if slot.replica is None:
-            try:
-                slot.replica = Replica(fm, store, replica_dir(work, fm.root_uri, store))
-            except ReplicaBusyError as e:
-                log.warning("%s; building store %s in a temporary copy", e, store)
-                temp = tempfile.mkdtemp(prefix="statekeeper-replica-")
-                replica = Replica(fm, store, temp)
-                try:
-                    yield replica
-                finally:
-                    replica.destroy()
-                return
-        slot.replica.fm = fm
-        yield slot.replica
-    _evict()
-
-
-def open_replica_limit() -> int:
-    """How many warm copies may stay open: one per store of a fleet up to `MAX_OPEN_REPLICAS`, within the
-    process's open-file limit (a reopened copy costs ~3 ms of CPU per snapshot; at least 32 stay open)."""
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return MAX_OPEN_REPLICAS
-    return max(32, min(MAX_OPEN_REPLICAS, (soft - 256) // FILES_PER_REPLICA))
-
-
-def raise_open_file_limit() -> None:
-    """Raise this process's soft open-file limit to its hard limit (as servers that hold many files open
-    do), so a long-running maintainer keeps a warm copy of every store."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
-    if soft == resource.RLIM_INFINITY or soft >= target:
-        return
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        log.info("open-file limit %d -> %d: up to %d warm copies stay open", soft, target, open_replica_limit())
-    except (ValueError, OSError) as e:
-        log.info("open-file limit stays %d (%s): up to %d warm copies stay open", soft, e, open_replica_limit())
-
-
-def _evict() -> None:
-    with _registry_lock:
-        open_slots = [(k, s) for k, s in _slots.items() if s.replica is not None]
-        excess = len(open_slots) - open_replica_limit()
-        victims = []
-        for k, s in open_slots:
-            if excess <= 0:
-                break
-            if s.lock.acquire(blocking=False):
-                victims.append((k, s))
-                excess -= 1
-    for k, s in victims:
-        try:
-            if s.replica is not None:
-                s.replica.close()
-                s.replica = None
-        finally:
-            s.lock.release()
-        with _registry_lock:
-            if _slots.get(k) is s and s.replica is None:
-                del _slots[k]
-
-
-def close_replicas() -> None:
-    """Close every warm copy this process holds open (their directories stay for later runs)."""
-    with _registry_lock:
-        slots = list(_slots.values())
-        _slots.clear()
-    for s in slots:
-        with s.lock:
-            if s.replica is not None:
-                s.replica.close()
-                s.replica = None
-
-
-atexit.register(close_replicas)
 
 
 def create_snapshots(
@@ -326,19 +176,26 @@ def _snapshot_leased(
         return {**row, "action": "skipped", "reason": "nothing committed"}
     if not _chain_due(plan, settings, requested_at) and repair is None:
         return {**row, "action": "skipped", "reason": "already snapshotted"}
-    snapshots = {v: files.manifest_data[(v, cid)] for v, cid in plan.intact_snapshots.items()}
     current = inv.is_current(store)
     inv.changed(store)  # until the snapshot is written (`wrote_snapshot`); if this fails, listed again
-    with _checkout(fm, store, settings) as replica:
-        if repair is not None:
-            log.warning("store %s: %s; writing a fresh snapshot from a cold build", store, repair)
-            replica.reset()  # a warm copy may share the damaged files (hard links on local disk)
-        stats = replica.ensure(plan.latest, plan.latest_id, plan.committed, snapshots, plan.full_state)
-        lease.check()
-        try:
-            result = replica.snapshot(set(files.ssts), corrupt_ssts(fm.root_uri, store))
-        except CheckpointFileExistsError:
-            return {**row, "action": "skipped", "reason": "the manifest exists already"}
+    if repair is not None:
+        log.warning("store %s: %s; writing a fresh snapshot from a cold build", store, repair)
+    request = BuildRequest(
+        work=work_root(settings),
+        store=store,
+        version=plan.latest,
+        checkpoint_id=plan.latest_id,
+        committed=plan.committed,
+        snapshots={v: files.manifest_data[(v, cid)] for v, cid in plan.intact_snapshots.items()},
+        full_state=plan.full_state,
+        existing_ssts=files.ssts,
+        corrupt_ssts=corrupt_ssts(fm.root_uri, store),
+        reset=repair is not None,  # a warm copy may share the damaged files (hard links on local disk)
+    )
+    try:
+        stats, result = _build(fm, request, settings, lease)
+    except CheckpointFileExistsError:
+        return {**row, "action": "skipped", "reason": "the manifest exists already"}
     mark_sound(fm.root_uri, store, result.manifest)
     manifest_bytes = len(result.manifest.to_bytes())
     inv.wrote_snapshot(store, result.manifest_path, result.manifest, manifest_bytes, current=current)
@@ -367,6 +224,23 @@ def _snapshot_leased(
         "build_seconds": round(stats.seconds, 3),
         "seconds": round(time.perf_counter() - t0, 3),
     }
+
+
+def _build(
+    fm: CheckpointFileManager, request: BuildRequest, settings: MaintenanceSettings, lease: LeaseGuard
+) -> tuple[BuildStats, SnapshotResult]:
+    """Build the requested version in the store's warm copy and write its snapshot: here, or in the build
+    process that holds the copy (``build_processes``); the lease is checked between the two either way."""
+    if settings.build_processes:
+        return build_processes(settings.build_processes).build(fm, request, lease.check)
+    with checkout(fm, request.store, request.work) as replica:
+        if request.reset:
+            replica.reset()
+        stats = replica.ensure(
+            request.version, request.checkpoint_id, request.committed, request.snapshots, request.full_state
+        )
+        lease.check()
+        return stats, replica.snapshot(set(request.existing_ssts), frozenset(request.corrupt_ssts))
 
 
 def _due(
@@ -416,14 +290,4 @@ def _sync(
         log.warning("catalog sync after snapshots of %s: %s", report.root, err)
 
 
-__all__ = [
-    "MAX_OPEN_REPLICAS",
-    "check_work_dir",
-    "close_replicas",
-    "create_snapshots",
-    "open_replica_limit",
-    "raise_open_file_limit",
-    "replica_dir",
-    "snapshot_row",
-    "work_root",
-]
+__all__ = ["create_snapshots", "snapshot_row"]

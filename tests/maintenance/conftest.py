@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from statekeeper.maintenance.build_processes import close_build_processes
 from statekeeper.maintenance.inventory import clear_caches
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import close_replicas
+from statekeeper.maintenance.warm_copies import close_replicas
 from statekeeper.sql import Catalog
 from tests.maintenance.helpers import History
 
@@ -26,6 +27,7 @@ def _histories(root: str) -> Iterator[Callable[..., History]]:
     yield make
     for h in made:
         h.close()
+    close_build_processes()
     close_replicas()
     clear_caches()
 

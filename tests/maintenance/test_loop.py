@@ -335,7 +335,7 @@ def test_a_fleet_keeps_a_warm_copy_of_every_store_open(tmp_path: Path, monkeypat
     the cap follows the open-file limit."""
     import resource
 
-    from statekeeper.maintenance import snapshots
+    from statekeeper.maintenance import warm_copies
     from statekeeper.maintenance.replica import Replica
     from statekeeper.store.files import open_file_manager
 
@@ -346,23 +346,23 @@ def test_a_fleet_keeps_a_warm_copy_of_every_store_open(tmp_path: Path, monkeypat
             created[store] += 1
             super().__init__(fm, store, directory)
 
-    monkeypatch.setattr(snapshots, "Replica", CountedReplica)
+    monkeypatch.setattr(warm_copies, "Replica", CountedReplica)
     fm = open_file_manager((tmp_path / "root").as_uri())
     settings = MaintenanceSettings(work_dir=str(tmp_path / "work"))
     stores = [StoreId("fleet", p) for p in range(40)]
     try:
         for _ in range(2):
             for store in stores:
-                with snapshots._checkout(fm, store, settings):
+                with warm_copies.checkout(fm, store, warm_copies.work_root(settings)):
                     pass
         assert created == Counter(stores)
     finally:
-        snapshots.close_replicas()
+        warm_copies.close_replicas()
     soft = {"value": 1024}
     monkeypatch.setattr(resource, "getrlimit", lambda _kind: (soft["value"], 4096))
-    assert snapshots.open_replica_limit() == (1024 - 256) // snapshots.FILES_PER_REPLICA
+    assert warm_copies.open_replica_limit() == (1024 - 256) // warm_copies.FILES_PER_REPLICA
     soft["value"] = 256
-    assert snapshots.open_replica_limit() == 32
+    assert warm_copies.open_replica_limit() == 32
 
 
 def test_a_long_running_maintainer_holds_what_its_root_holds(

@@ -18,7 +18,8 @@ from statekeeper.maintenance.expiry import expire_versions
 from statekeeper.maintenance.inventory import Inventory, clear_caches
 from statekeeper.maintenance.orphans import clean_orphans
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import close_replicas, create_snapshots
+from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.warm_copies import close_replicas
 from tests.maintenance.helpers import History, leftovers
 from tests.model_steps import CountedSteps, scaled
 

@@ -12,8 +12,9 @@ from statekeeper.maintenance.catalog_sync import rebuild_catalog, sync_catalog
 from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.replica import MARKER
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import close_replicas, create_snapshots, replica_dir, work_root
+from statekeeper.maintenance.snapshots import create_snapshots
 from statekeeper.maintenance.sync_view import InventoryView
+from statekeeper.maintenance.warm_copies import close_replicas, replica_dir, work_root
 from statekeeper.sql import Catalog
 from statekeeper.store import StateStore, StoreConfig
 from tests.maintenance.helpers import History, all_files, content

@@ -1,0 +1,156 @@
+"""Snapshot builds in worker processes (``build_processes``): the same snapshots as the threads build, on every
+backend; a worker killed mid-build fails that build only, and its store's next build is warm again; a lost
+lease stops the write; the workers end with their maintainer, even one killed with SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from statekeeper.maintenance import warm_copies
+from statekeeper.maintenance.build_processes import (
+    BuildProcessError,
+    BuildProcesses,
+    BuildRequest,
+    close_build_processes,
+    running_build_processes,
+)
+from statekeeper.maintenance.inventory import Inventory
+from statekeeper.maintenance.leasing import MaintenanceBusyError
+from statekeeper.maintenance.loop import CycleResult, maintain
+from statekeeper.maintenance.plan import plan_store
+from statekeeper.maintenance.reports import SnapshotReport
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.verify import verify_root
+from statekeeper.store.layout import StoreId
+from tests.maintenance.helpers import History, all_files
+
+
+@pytest.fixture(autouse=True)
+def _stop_build_processes() -> Iterator[None]:
+    yield
+    close_build_processes()
+
+
+def test_build_processes_write_the_snapshots_the_threads_would(
+    make_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    h = make_history(operators={"agg": 3, "other": 1})
+    by_processes = settings.with_(build_processes=2)
+    snapshots: list[int] = []
+
+    def after(result: CycleResult) -> None:
+        assert result.ok, [e for r in result.reports for e in r.errors]
+        snapshots.extend(r.snapshots for r in result.reports if isinstance(r, SnapshotReport))
+        h.batches(settings.snapshot_threshold)
+
+    h.batches(settings.snapshot_threshold)
+    maintain(h.root, by_processes, every=0, cycles=4, on_cycle=after)
+    assert snapshots == [len(h.stores)] * 4
+    assert 1 <= len(running_build_processes()) <= 2  # the workers the stores hash to
+    assert not any(s.replica for s in warm_copies._slots.values()), "a warm copy was opened in the maintainer"
+    manifests = [p for p in all_files(h.root) if p.endswith(".manifest")]
+    assert len(manifests) >= len(h.stores)
+    assert verify_root(h.root, settings).ok
+    h.check_loadable(h.retained(settings))
+    # the same snapshots the threads write: a load from the newest one gives the model's state
+    maintain(h.root, settings, every=0, cycles=1)
+    h.check_loadable([h.latest])
+
+
+def _request(h: History, store: StoreId, settings: MaintenanceSettings) -> BuildRequest:
+    inv = Inventory.scan(h.fm)
+    plan = plan_store(inv, store, settings)
+    assert plan.latest is not None and plan.latest_id is not None
+    files = inv.files_of(store)
+    return BuildRequest(
+        work=warm_copies.work_root(settings),
+        store=store,
+        version=plan.latest,
+        checkpoint_id=plan.latest_id,
+        committed=plan.committed,
+        snapshots={v: files.manifest_data[(v, cid)] for v, cid in plan.intact_snapshots.items()},
+        full_state=plan.full_state,
+        existing_ssts=set(files.ssts),
+        corrupt_ssts=(),
+    )
+
+
+def test_a_build_process_killed_mid_build_fails_that_build_only(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    """SIGKILL between the build and the write (the worker holds a built copy, nothing written): the build
+    fails naming the store, nothing half-written is left, and the next build starts a new worker, which
+    finds the copy warm in its directory."""
+    h = make_local_history()
+    h.batches(6)
+    store = h.stores[0]
+    pool = BuildProcesses(1)
+    try:
+
+        def kill_the_worker() -> None:
+            (pid,) = pool.pids()
+            os.kill(pid, signal.SIGKILL)
+            psutil.Process(pid).wait(10)
+
+        with pytest.raises(BuildProcessError, match=f"store {store}.*ended"):
+            pool.build(h.fm, _request(h, store, settings), kill_the_worker)
+        assert not any(p.endswith(".manifest") for p in all_files(h.root))
+        h.batches(2)
+        stats, result = pool.build(h.fm, _request(h, store, settings), lambda: None)
+        assert stats.warm and stats.changelogs == 2, stats  # the copy the killed worker built, advanced
+        assert result.manifest.version == h.latest
+    finally:
+        pool.close()
+    h.check_loadable([h.latest], [store])
+
+
+def test_a_lost_lease_stops_the_write(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    h = make_local_history()
+    h.batches(5)
+    store = h.stores[0]
+    pool = BuildProcesses(1)
+    try:
+
+        def lost() -> None:
+            raise MaintenanceBusyError(f"the lease of store {store} was lost")
+
+        with pytest.raises(MaintenanceBusyError):
+            pool.build(h.fm, _request(h, store, settings), lost)
+        assert not any(p.endswith(".manifest") for p in all_files(h.root))
+        _, result = pool.build(h.fm, _request(h, store, settings), lambda: None)  # the same worker goes on
+        assert result.manifest.version == h.latest
+    finally:
+        pool.close()
+
+
+def test_build_processes_end_with_a_maintainer_killed_with_sigkill(
+    make_local_history: Callable[..., History], tmp_path: Path
+) -> None:
+    h = make_local_history()
+    h.batches(9)
+    env = {**os.environ, "STATEKEEPER_HOME": str(tmp_path / "home")}
+    env.pop("STATEKEEPER_DB_URL", None)
+    cmd = [sys.executable, "-m", "statekeeper.maintenance", "maintain", h.root, "--every", "0.2", "--threshold", "2"]
+    proc = subprocess.Popen([*cmd, "--build-processes", "2"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("cycle ")  # its first cycle built snapshots in the workers
+        workers = [c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+        assert workers  # the stores hash to one or both
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        _, alive = psutil.wait_procs(workers, timeout=30)
+        assert not alive, f"build processes outlived their maintainer: {alive}"
+    finally:
+        proc.kill()
+        proc.wait(30)
