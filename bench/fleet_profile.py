@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--updates", type=int, default=1_000)
     parser.add_argument("--parallelism", type=int, default=4)
+    parser.add_argument("--threshold", type=int, default=10, help="snapshot threshold (changelogs per snapshot)")
     parser.add_argument("--build-processes", type=int, default=0, help="snapshot build worker processes (0: threads)")
     parser.add_argument("--catalog", action="store_true", help="with a SQLite catalog, as `maintain` by default")
     parser.add_argument("--profile", type=Path, help="write the measured cycles' profile here")
@@ -82,8 +83,8 @@ def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
     from statekeeper.sql.catalog import Catalog
 
     settings = MaintenanceSettings(
-        snapshot_threshold=10,
-        min_versions_to_retain=20,
+        snapshot_threshold=args.threshold,
+        min_versions_to_retain=max(20, args.threshold),
         orphan_grace_seconds=60.0,
         load_grace_seconds=0.0,
         parallelism=args.parallelism,

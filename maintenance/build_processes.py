@@ -25,7 +25,7 @@ import multiprocessing
 import signal
 import threading
 import zlib
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -37,7 +37,7 @@ from statekeeper.store.errors import CheckpointFileExistsError, StatekeeperError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import StoreId
-from statekeeper.store.snapshot import SnapshotResult
+from statekeeper.store.snapshot import SnapshotResult, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class BuildRequest:
                 "version": self.version,
                 "checkpoint_id": self.checkpoint_id,
                 "committed": sorted(self.committed.items()),
-                "snapshots": {v: base64.b64encode(m.to_bytes()).decode() for v, m in self.snapshots.items()},
+                "snapshots": {v: m.checkpoint_id for v, m in self.snapshots.items()},  # read by a cold build only
                 "full_state": sorted(self.full_state),
                 "existing_ssts": sorted(self.existing_ssts),
                 "corrupt_ssts": sorted(self.corrupt_ssts),
@@ -244,10 +244,7 @@ def _build(req: dict[str, Any], fms: dict[str, CheckpointFileManager], conn: Con
     if fm is None:
         fm = fms[root] = open_file_manager(root)
     store = StoreId(req["store"][0], int(req["store"][1]))
-    snapshots = {
-        int(v): SnapshotManifest.from_bytes(base64.b64decode(m), f"snapshot of version {v} of store {store}")
-        for v, m in req["snapshots"].items()
-    }
+    snapshots = _ManifestsOnDemand(fm, store, {int(v): cid for v, cid in req["snapshots"].items()})
     with checkout(fm, store, req["work"]) as replica:
         if req["reset"]:
             replica.reset()
@@ -275,6 +272,27 @@ def _build(req: dict[str, Any], fms: dict[str, CheckpointFileManager], conn: Con
             "seconds": result.seconds,
         },
     }
+
+
+class _ManifestsOnDemand(Mapping[int, SnapshotManifest]):
+    """The intact snapshots a build may start from, each read from the root when a cold build asks for it:
+    a warm build (nearly all of them) reads none, and the maintainer sends only their names."""
+
+    def __init__(self, fm: CheckpointFileManager, store: StoreId, ids: Mapping[int, str]) -> None:
+        self._fm, self._store, self._ids = fm, store, ids
+        self._read: dict[int, SnapshotManifest] = {}
+
+    def __getitem__(self, version: int) -> SnapshotManifest:
+        manifest = self._read.get(version)
+        if manifest is None:
+            manifest = self._read[version] = read_manifest(self._fm, self._store.manifest(version, self._ids[version]))
+        return manifest
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
 
 
 __all__ = [

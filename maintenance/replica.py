@@ -231,7 +231,7 @@ class Replica:
                 self.state = target
                 self._save_marker()
                 return BuildStats(True, None, n, records, time.perf_counter() - t0)
-        base = self._restore_newest_sound(version, {v: m for v, m in snapshots.items() if v >= start})
+        base = self._restore_newest_sound(version, snapshots, start)
         os.makedirs(self.db_dir, exist_ok=True)
         self._open_db()
         try:
@@ -243,10 +243,10 @@ class Replica:
         self._save_marker()
         return BuildStats(False, base or None, n, records, time.perf_counter() - t0)
 
-    def _restore_newest_sound(self, version: int, snapshots: Mapping[int, SnapshotManifest]) -> int:
-        """Restore the newest snapshot at or below `version` that restores (0: none); as a load would,
-        pass over unreadable ones (snapshot repair), logging each."""
-        for base in sorted((v for v in snapshots if v <= version), reverse=True):
+    def _restore_newest_sound(self, version: int, snapshots: Mapping[int, SnapshotManifest], start: int) -> int:
+        """Restore the newest snapshot in [`start`, `version`] that restores (0: none); as a load would,
+        pass over unreadable ones (snapshot repair), logging each. Each manifest is read only when tried."""
+        for base in sorted((v for v in snapshots if start <= v <= version), reverse=True):
             self._discard()
             try:
                 restore_snapshot(self.fm, self.store, snapshots[base], self.db_dir)

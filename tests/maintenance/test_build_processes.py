@@ -5,6 +5,7 @@ lease stops the write; the workers end with their maintainer, even one killed wi
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,8 +61,13 @@ def test_build_processes_write_the_snapshots_the_threads_would(
     assert len(manifests) >= len(h.stores)
     assert verify_root(h.root, settings).ok
     h.check_loadable(h.retained(settings))
-    # the same snapshots the threads write: a load from the newest one gives the model's state
-    maintain(h.root, settings, every=0, cycles=1)
+    # new workers without their copies build cold, from the snapshots they read (only then) from the root
+    close_build_processes()
+    shutil.rmtree(warm_copies.work_root(settings))
+    (result,) = maintain(h.root, by_processes, every=0, cycles=1)
+    (report,) = [r for r in result.reports if isinstance(r, SnapshotReport)]
+    assert result.ok and report.cold_builds == len(h.stores), report
+    assert all(row["base_version"] for row in report.items), report.items
     h.check_loadable([h.latest])
 
 

@@ -1,0 +1,80 @@
+"""One maintenance process's ceiling: the store-commits a second it keeps up with, on threads or build processes.
+
+`bench.fleet_profile` drives 128 stores in lock step with one `statekeeper maintain` loop (the writers wait
+while a cycle runs): its CPU per store-commit (the loop's process and its build processes, every thread) and
+the cores it keeps busy over the cycles' wall time give the most store-commits a second it sustains. Each
+configuration runs in a fresh process; the raw RocksDB floor (`bench.fleet_floor`) is measured in the same run.
+Rows: builds on the loop's threads (``--parallelism 4``, the default) or in 4 build processes
+(``--build-processes 4``), at snapshot threshold 10 and 20.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from bench.fleet_floor import rocksdict_floor
+from bench.fleet_maintainers import FleetParams
+from bench.report import Table
+
+CONFIGS = [("threads", 10, 0), ("4 build processes", 10, 4), ("threads", 20, 0), ("4 build processes", 20, 4)]
+
+
+def _profile(stores: int, cycles: int, threshold: int, build_processes: int) -> dict[str, float]:
+    cmd = [sys.executable, "-m", "bench.fleet_profile", "--stores", str(stores), "--cycles", str(cycles)]
+    cmd += ["--threshold", str(threshold), "--build-processes", str(build_processes)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    figures: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    if figures["errors"]:
+        raise RuntimeError(f"{' '.join(cmd)}: {figures['errors']} maintenance error(s)")
+    return figures
+
+
+def run(quick: bool) -> list[Table]:
+    stores, cycles = (16, 5) if quick else (128, 20)
+    floors = {t: rocksdict_floor(FleetParams(threshold=t), commits=60 if quick else 300) for t in (10, 20)}
+    rows = []
+    for name, threshold, processes in CONFIGS:
+        f = _profile(stores, cycles, threshold, processes)
+        rows.append(
+            [
+                name,
+                threshold,
+                f["cpu_ms_per_store_commit"],
+                f["of_which_build_processes_ms"],
+                f["cores_used"],
+                round(f["store_commits_per_second_max"]),
+                1000 * floors[threshold],
+                f["cpu_ms_per_store_commit"] / (1000 * floors[threshold]),
+            ]
+        )
+    return [
+        Table(
+            f"Fleet: one maintenance process's ceiling ({stores} stores in lock step with `maintain`)",
+            [
+                "snapshot builds",
+                "threshold",
+                "CPU ms / store-commit",
+                "of which build processes",
+                "cores used",
+                "store-commits/s at most",
+                "rocksdict floor (ms)",
+                "CPU / floor",
+            ],
+            rows,
+            [
+                f"`python -m bench.fleet_profile --stores {stores} --cycles {cycles} --threshold T "
+                "[--build-processes 4]`, each in a fresh process: the writers (child processes, not counted) commit "
+                "2 batches of every store, then one maintain cycle (expire, snapshot, clean orphans) runs; 10 warm-up "
+                "cycles. Each store: 10,000 keys, 1,000 updates a commit; retain max(20, threshold); local root, no "
+                "catalog.",
+                "CPU = the loop's process and its build processes, every thread; cores used = that CPU over the "
+                "measured cycles' wall time; store-commits/s at most = store-commits over that wall time (the "
+                "writers wait while a cycle runs, so this is what the maintainer alone sustains).",
+                "rocksdict floor: the RocksDB work per store-commit no maintainer can avoid (`bench.fleet_floor`, "
+                "same threshold), in this run. 1,000 store-commits/s on 2 cores needs CPU under 2 ms a store-commit "
+                "and both cores busy.",
+            ],
+        )
+    ]
