@@ -100,12 +100,13 @@ def _run_task(task: StoreTask, batches: Iterator[Any]) -> Iterator[Any]:
         verifying = task.operation == "verify"
         due_at: Mapping[str, int] = task.options.get("due_at", {})
         inv = Inventory.scan(fm, parallelism=1, stores=stores, use_cache=not verifying)
+        settings = task.settings.with_(build_processes=0)  # the executors are the build processes here
         results = []
         for store in stores:
             if verifying:
-                row = verify_row(fm, inv, store, task.settings, VerifyOptions(**task.options))
+                row = verify_row(fm, inv, store, settings, VerifyOptions(**task.options))
             else:
-                row = snapshot_row(fm, inv, store, task.settings, catalog, due_at.get(str(store)))
+                row = snapshot_row(fm, inv, store, settings, catalog, due_at.get(str(store)))
             results.append(json.dumps(row, default=str))
         yield pa.RecordBatch.from_pydict({"result": results})
     finally:

@@ -116,6 +116,11 @@ class MaintenanceConfig(ConfigurableResource):  # type: ignore[type-arg]
         default=0, description="A new snapshot becomes the expiry base when older than this (loads start over)."
     )
     parallelism: int = Field(default=4, description="Stores / delete batches worked on in parallel.")
+    build_processes: int = Field(
+        default=0,
+        description="Snapshot builds in this many worker processes (0: on the run's threads); each run starts its "
+        "own, about a second each: worth it for a long-running `statekeeper maintain`, rarely for a run.",
+    )
     lease_ttl_seconds: float = Field(default=600, description="Expiry of the catalog lease a maintainer holds.")
     lease_timeout_seconds: float = Field(default=0, description="How long to wait for a store's lease.")
     work_dir: str | None = Field(default=None, description="Warm local copies of stores for snapshots.")
