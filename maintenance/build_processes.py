@@ -12,7 +12,8 @@ still held, as the in-process build checks it (invariant 5).
 Requests and replies are JSON over a pipe (nothing executable crosses). A worker that dies (killed, out
 of memory) fails the build it was doing, naming the store, and is started again for the next one; the
 warm copy's directory tells the new worker what it holds. Workers exit when the maintainer closes
-their pipe or dies.
+their pipe or dies; they ignore SIGINT and SIGTERM (sent to the whole group, they would otherwise fail
+the builds of the cycle the maintainer is finishing).
 """
 
 from __future__ import annotations
@@ -94,7 +95,9 @@ class _Worker:
             self.stop()
             ctx = multiprocessing.get_context("spawn")  # never fork a process that runs threads
             parent, child = ctx.Pipe()
-            process = ctx.Process(target=serve, args=(child,), name=f"statekeeper-build-{self.index}", daemon=True)
+            levels = {name: logging.getLogger(name).getEffectiveLevel() for name in ("", "statekeeper.maintenance")}
+            name = f"statekeeper-build-{self.index}"
+            process = ctx.Process(target=serve, args=(child, levels), name=name, daemon=True)
             process.start()
             child.close()
             self.process, self.conn = process, parent
@@ -218,9 +221,18 @@ def close_build_processes() -> None:
 # -- the worker side ------------------------------------------------------------------------------
 
 
-def serve(conn: Connection) -> None:
-    """A worker's loop: one build request at a time until its pipe closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the maintainer, which closes the pipe
+def serve(conn: Connection, levels: Mapping[str, int]) -> None:
+    """A worker's loop: one build request at a time until its pipe closes. `levels`: the maintainer's
+    logging levels (root, and this package's), so the worker logs what the maintainer would, to its stderr."""
+    # Ctrl-C, or a service manager's SIGTERM to the whole group, stops the maintainer, which finishes its
+    # root's cycle (these builds included) and then closes the pipe
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(
+        level=levels.get("", logging.WARNING), format="%(levelname)s %(name)s [%(processName)s]: %(message)s"
+    )
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)
     fms: dict[str, CheckpointFileManager] = {}
     try:
         while True:

@@ -160,3 +160,38 @@ def test_build_processes_end_with_a_maintainer_killed_with_sigkill(
     finally:
         proc.kill()
         proc.wait(30)
+
+
+def test_sigterm_to_the_whole_group_stops_the_maintainer_cleanly(
+    make_local_history: Callable[..., History], tmp_path: Path
+) -> None:
+    """A service manager stops a unit by signalling every process in it: the workers let the maintainer
+    finish its root's cycle (their builds included), then end with it; nothing fails."""
+    h = make_local_history(operators={"agg": 4})
+    h.batches(9)
+    env = {**os.environ, "STATEKEEPER_HOME": str(tmp_path / "home")}
+    env.pop("STATEKEEPER_DB_URL", None)
+    cmd = [sys.executable, "-m", "statekeeper.maintenance", "maintain", h.root, "--every", "0", "--threshold", "1"]
+    proc = subprocess.Popen(
+        [*cmd, "--build-processes", "2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("cycle ")
+        workers = [c for c in psutil.Process(proc.pid).children() if "spawn_main" in " ".join(c.cmdline())]
+        assert workers
+        h.batches(2)  # the next cycles have snapshots to build when the signal lands
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        _, alive = psutil.wait_procs(workers, timeout=30)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert proc.returncode == 0, err
+    assert "SIGTERM: stopping after the current root's cycle" in err
+    assert not alive, f"build processes outlived their maintainer: {alive}"
