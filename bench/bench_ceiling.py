@@ -21,9 +21,13 @@ from bench.report import Table
 CONFIGS = [("threads", 10, 0), ("4 build processes", 10, 4), ("threads", 20, 0), ("4 build processes", 20, 4)]
 
 
-def _profile(stores: int, cycles: int, threshold: int, build_processes: int) -> dict[str, float]:
+QUICK = ["--warmup", "2", "--per-cycle", "5", "--keys", "500", "--updates", "50"]
+"""--quick: a smoke run (tiny stores, two warm-up cycles, a snapshot of every store in the measured ones)."""
+
+
+def _profile(stores: int, cycles: int, threshold: int, build_processes: int, quick: bool) -> dict[str, float]:
     cmd = [sys.executable, "-m", "bench.fleet_profile", "--stores", str(stores), "--cycles", str(cycles)]
-    cmd += ["--threshold", str(threshold), "--build-processes", str(build_processes)]
+    cmd += ["--threshold", str(threshold), "--build-processes", str(build_processes), *(QUICK if quick else [])]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     figures: dict[str, float] = json.loads(out.strip().splitlines()[-1])
     if figures["errors"]:
@@ -32,11 +36,11 @@ def _profile(stores: int, cycles: int, threshold: int, build_processes: int) -> 
 
 
 def run(quick: bool) -> list[Table]:
-    stores, cycles = (16, 5) if quick else (128, 20)
-    floors = {t: rocksdict_floor(FleetParams(threshold=t), commits=60 if quick else 300) for t in (10, 20)}
+    stores, cycles = (4, 4) if quick else (128, 20)
+    floors = {t: rocksdict_floor(FleetParams(threshold=t), commits=40 if quick else 300) for t in (10, 20)}
     rows = []
     for name, threshold, processes in CONFIGS:
-        f = _profile(stores, cycles, threshold, processes)
+        f = _profile(stores, cycles, threshold, processes, quick)
         rows.append(
             [
                 name,

@@ -81,6 +81,20 @@ def test_fleet_profile_measures_the_maintainer_per_store_commit(tmp_path: Path) 
     assert (result["roots"], result["store_commits"], result["errors"]) == (2, 16, 0), "one loop, two roots"
 
 
+def test_ceiling_measures_threads_and_build_processes(tmp_path: Path) -> None:
+    """`python -m bench ceiling`: the loop's ceiling with its builds on threads and in build processes."""
+    out = run_bench(tmp_path, ["--quick", "ceiling"], timeout=600)
+    assert "### Fleet: one maintenance process's ceiling" in out, out
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith(("| threads", "| 4 build"))]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [
+        ("threads", "10"),
+        ("4 build processes", "10"),
+        ("threads", "20"),
+        ("4 build processes", "20"),
+    ], out
+    assert [float(r[3]) > 0 for r in rows] == [False, True, False, True], "the build processes' CPU is counted"
+
+
 def test_fleet_caches_times_the_cache_upkeep_of_a_rescan(tmp_path: Path) -> None:
     """`python -m bench.fleet_caches`: a row per fleet size, then per store size."""
     out = run_bench(tmp_path, ["--stores", "3", "20", "--store-files", "2000"], module="bench.fleet_caches")
