@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from statistics import median
 
 from bench.fleet_floor import rocksdict_floor
 from bench.fleet_maintainers import FleetParams
@@ -37,20 +38,34 @@ def _profile(stores: int, cycles: int, threshold: int, build_processes: int, qui
 
 def run(quick: bool) -> list[Table]:
     stores, cycles = (4, 4) if quick else (128, 20)
-    floors = {t: rocksdict_floor(FleetParams(threshold=t), commits=40 if quick else 300) for t in (10, 20)}
+    repeats = 1 if quick else 3
+    floors = {
+        t: median(rocksdict_floor(FleetParams(threshold=t), commits=40 if quick else 300) for _ in range(repeats))
+        for t in (10, 20)
+    }
+    runs: dict[int, list[dict[str, float]]] = {i: [] for i in range(len(CONFIGS))}
+    for _ in range(repeats):  # round robin: a slow spell of the machine touches every configuration alike
+        for i, (_, threshold, processes) in enumerate(CONFIGS):
+            runs[i].append(_profile(stores, cycles, threshold, processes, quick))
     rows = []
-    for name, threshold, processes in CONFIGS:
-        f = _profile(stores, cycles, threshold, processes, quick)
+    for i, (name, threshold, _) in enumerate(CONFIGS):
+
+        def mid(key: str, i: int = i) -> float:
+            return median(f[key] for f in runs[i])
+
+        rates = sorted(round(f["store_commits_per_second_max"]) for f in runs[i])
+        floor_ms = 1000 * floors[threshold]
         rows.append(
             [
                 name,
                 threshold,
-                f["cpu_ms_per_store_commit"],
-                f["of_which_build_processes_ms"],
-                f["cores_used"],
-                round(f["store_commits_per_second_max"]),
-                1000 * floors[threshold],
-                f["cpu_ms_per_store_commit"] / (1000 * floors[threshold]),
+                mid("cpu_ms_per_store_commit"),
+                mid("of_which_build_processes_ms"),
+                mid("cores_used"),
+                round(mid("store_commits_per_second_max")),
+                f"{rates[0]:,}-{rates[-1]:,}",
+                floor_ms,
+                mid("cpu_ms_per_store_commit") / floor_ms,
             ]
         )
     return [
@@ -63,6 +78,7 @@ def run(quick: bool) -> list[Table]:
                 "of which build processes",
                 "cores used",
                 "store-commits/s at most",
+                "range",
                 "rocksdict floor (ms)",
                 "CPU / floor",
             ],
@@ -73,6 +89,8 @@ def run(quick: bool) -> list[Table]:
                 "2 batches of every store, then one maintain cycle (expire, snapshot, clean orphans) runs; 10 warm-up "
                 "cycles. Each store: 10,000 keys, 1,000 updates a commit; retain max(20, threshold); local root, no "
                 "catalog.",
+                f"Median of {repeats} runs of each configuration, taken in turn (range: of store-commits/s); this "
+                "machine's speed varies by 10-30% from one run to the next.",
                 "CPU = the loop's process and its build processes, every thread; cores used = that CPU over the "
                 "measured cycles' wall time; store-commits/s at most = store-commits over that wall time (the "
                 "writers wait while a cycle runs, so this is what the maintainer alone sustains).",

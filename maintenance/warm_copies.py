@@ -134,9 +134,12 @@ def raise_open_file_limit() -> None:
 
 
 def _evict() -> None:
+    limit = open_replica_limit()
     with _registry_lock:
+        if len(_slots) <= limit:  # every checkout ends here: no pass over a fleet's slots while under the limit
+            return
         open_slots = [(k, s) for k, s in _slots.items() if s.replica is not None]
-        excess = len(open_slots) - open_replica_limit()
+        excess = len(open_slots) - limit
         victims = []
         for k, s in open_slots:
             if excess <= 0:

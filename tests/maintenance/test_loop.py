@@ -365,6 +365,26 @@ def test_a_fleet_keeps_a_warm_copy_of_every_store_open(tmp_path: Path, monkeypat
     assert warm_copies.open_replica_limit() == 32
 
 
+def test_warm_copies_beyond_the_limit_are_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past `open_replica_limit()` the least recently used copies close (their directories stay)."""
+    from statekeeper.maintenance import warm_copies
+    from statekeeper.store.files import open_file_manager
+
+    monkeypatch.setattr(warm_copies, "open_replica_limit", lambda: 3)
+    fm = open_file_manager((tmp_path / "root").as_uri())
+    work = str(tmp_path / "work")
+    stores = [StoreId("fleet", p) for p in range(5)]
+    try:
+        for store in stores:
+            with warm_copies.checkout(fm, store, work):
+                pass
+        open_now = [key[2] for key, slot in warm_copies._slots.items() if slot.replica is not None]
+        assert open_now == stores[2:]
+        assert all(os.path.isdir(warm_copies.replica_dir(work, fm.root_uri, s)) for s in stores)
+    finally:
+        warm_copies.close_replicas()
+
+
 def test_a_long_running_maintainer_holds_what_its_root_holds(
     make_local_history: Callable[..., History], settings: MaintenanceSettings
 ) -> None:
