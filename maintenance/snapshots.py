@@ -168,7 +168,7 @@ def _snapshot_leased(
     requested_at: int | None,
 ) -> dict[str, Any]:
     """The snapshot of one store whose lease this maintainer holds (skipped when another did it meanwhile)."""
-    files = inv.rescan_store(store)  # what the store holds now that no other maintainer changes it
+    inv.rescan_store(store)  # what the store holds now that no other maintainer changes it
     plan = plan_store(inv, store, settings)
     row: dict[str, Any] = {"store": str(store), "version": plan.latest, "chain_length": plan.chain_length}
     repair = _repair_reason(fm, inv, plan, settings)
@@ -180,18 +180,8 @@ def _snapshot_leased(
     inv.changed(store)  # until the snapshot is written (`wrote_snapshot`); if this fails, listed again
     if repair is not None:
         log.warning("store %s: %s; writing a fresh snapshot from a cold build", store, repair)
-    request = BuildRequest(
-        work=work_root(settings),
-        store=store,
-        version=plan.latest,
-        checkpoint_id=plan.latest_id,
-        committed=plan.committed,
-        snapshots={v: files.manifest_data[(v, cid)] for v, cid in plan.intact_snapshots.items()},
-        full_state=plan.full_state,
-        existing_ssts=files.ssts,
-        corrupt_ssts=corrupt_ssts(fm.root_uri, store),
-        reset=repair is not None,  # a warm copy may share the damaged files (hard links on local disk)
-    )
+    # a repair resets the warm copy: it may share the damaged files (hard links on local disk)
+    request = build_request(fm, inv, plan, settings, reset=repair is not None)
     try:
         stats, result = _build(fm, request, settings, lease)
     except CheckpointFileExistsError:
@@ -224,6 +214,28 @@ def _snapshot_leased(
         "build_seconds": round(stats.seconds, 3),
         "seconds": round(time.perf_counter() - t0, 3),
     }
+
+
+def build_request(
+    fm: CheckpointFileManager, inv: Inventory, plan: StorePlan, settings: MaintenanceSettings, *, reset: bool = False
+) -> BuildRequest:
+    """What building `plan`'s latest version takes: from its committed lineage, or a cold build from its
+    intact snapshots; the SSTs the store holds are not uploaded again."""
+    if plan.latest is None or plan.latest_id is None:
+        raise ValueError(f"store {plan.store} has nothing committed to build")
+    files = inv.files_of(plan.store)
+    return BuildRequest(
+        work=work_root(settings),
+        store=plan.store,
+        version=plan.latest,
+        checkpoint_id=plan.latest_id,
+        committed=plan.committed,
+        snapshots={v: files.manifest_data[(v, cid)] for v, cid in plan.intact_snapshots.items()},
+        full_state=plan.full_state,
+        existing_ssts=files.ssts,
+        corrupt_ssts=corrupt_ssts(fm.root_uri, plan.store),
+        reset=reset,
+    )
 
 
 def _build(
@@ -290,4 +302,4 @@ def _sync(
         log.warning("catalog sync after snapshots of %s: %s", report.root, err)
 
 
-__all__ = ["create_snapshots", "snapshot_row"]
+__all__ = ["build_request", "create_snapshots", "snapshot_row"]

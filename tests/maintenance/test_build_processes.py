@@ -29,6 +29,7 @@ from statekeeper.maintenance.loop import CycleResult, maintain
 from statekeeper.maintenance.plan import plan_store
 from statekeeper.maintenance.reports import SnapshotReport
 from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshots import build_request
 from statekeeper.maintenance.verify import verify_root
 from statekeeper.store.layout import StoreId
 from tests.maintenance.helpers import History, all_files
@@ -73,20 +74,7 @@ def test_build_processes_write_the_snapshots_the_threads_would(
 
 def _request(h: History, store: StoreId, settings: MaintenanceSettings) -> BuildRequest:
     inv = Inventory.scan(h.fm)
-    plan = plan_store(inv, store, settings)
-    assert plan.latest is not None and plan.latest_id is not None
-    files = inv.files_of(store)
-    return BuildRequest(
-        work=warm_copies.work_root(settings),
-        store=store,
-        version=plan.latest,
-        checkpoint_id=plan.latest_id,
-        committed=plan.committed,
-        snapshots={v: files.manifest_data[(v, cid)] for v, cid in plan.intact_snapshots.items()},
-        full_state=plan.full_state,
-        existing_ssts=set(files.ssts),
-        corrupt_ssts=(),
-    )
+    return build_request(h.fm, inv, plan_store(inv, store, settings), settings)
 
 
 def test_a_build_process_killed_mid_build_fails_that_build_only(
