@@ -3,11 +3,11 @@
 A maintainer's snapshot builds (replaying changelogs into a store's warm copy, writing its SSTs and
 manifest) are most of its CPU, and on threads they share Python's GIL with the listing, planning and
 expiry: one process keeps about 1.3 cores busy. With ``build_processes`` N > 0 the builds run in N
-worker processes instead. Each store's warm copy lives in one of them, chosen by a stable hash of root
-and store, so it stays warm from one cycle to the next; the maintainer keeps everything else (listings,
-plans, leases, expiry, orphans, the catalog) and asks the worker, under the store's lease, to build and
-write a snapshot. Between the build and the write the worker asks the maintainer whether the lease is
-still held, as the in-process build checks it (invariant 5).
+worker processes instead. Each store's warm copy lives in one of them (the one with the fewest stores
+when the store is first built, then always that one), so it stays warm from one cycle to the next; the
+maintainer keeps everything else (listings, plans, leases, expiry, orphans, the catalog) and asks the
+worker, under the store's lease, to build and write a snapshot. Between the build and the write the
+worker asks the maintainer whether the lease is still held, as the in-process build checks it (invariant 5).
 
 Requests and replies are JSON over a pipe (nothing executable crosses). A worker that dies (killed, out
 of memory) fails the build it was doing, naming the store, and is started again for the next one; the
@@ -25,7 +25,6 @@ import logging
 import multiprocessing
 import signal
 import threading
-import zlib
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -122,6 +121,9 @@ class BuildProcesses:
         if processes < 1:
             raise ValueError("build processes must be >= 1")
         self._workers = [_Worker(i) for i in range(processes)]
+        self._lock = threading.Lock()
+        self._owner: dict[tuple[str, StoreId], int] = {}
+        self._owned = [0] * processes
 
     def __len__(self) -> int:
         return len(self._workers)
@@ -131,8 +133,15 @@ class BuildProcesses:
         return [w.process.pid for w in self._workers if w.process is not None and w.process.pid is not None]
 
     def worker_of(self, root_uri: str, store: StoreId) -> int:
-        """The worker that holds `store`'s warm copy: stable across cycles and maintainer restarts."""
-        return zlib.crc32(f"{root_uri}\0{store.operator}\0{store.partition}".encode()) % len(self._workers)
+        """The worker that holds `store`'s warm copy: the one holding the fewest stores when the store is first
+        built, then always that one (its copy stays warm; the stores of a fleet spread evenly)."""
+        key = (root_uri, store)
+        with self._lock:
+            index = self._owner.get(key)
+            if index is None:
+                index = self._owner[key] = min(range(len(self._workers)), key=self._owned.__getitem__)
+                self._owned[index] += 1
+            return index
 
     def build(
         self, fm: CheckpointFileManager, request: BuildRequest, may_write: Callable[[], None]
