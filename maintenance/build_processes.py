@@ -26,7 +26,7 @@ import multiprocessing
 import signal
 import threading
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -79,6 +79,35 @@ class BuildRequest:
             }
         ).encode()
 
+    @classmethod
+    def from_json(cls, req: Mapping[str, Any], fm: CheckpointFileManager) -> BuildRequest:
+        """The request `to_json` sent, on the worker: its snapshots are read from `fm` only if asked for."""
+        store = StoreId(req["store"][0], int(req["store"][1]))
+        return cls(
+            work=req["work"],
+            store=store,
+            version=req["version"],
+            checkpoint_id=req["checkpoint_id"],
+            committed={int(v): c for v, c in req["committed"]},
+            snapshots=_ManifestsOnDemand(fm, store, {int(v): cid for v, cid in req["snapshots"].items()}),
+            full_state=req["full_state"],
+            existing_ssts=req["existing_ssts"],
+            corrupt_ssts=req["corrupt_ssts"],
+            reset=req["reset"],
+        )
+
+    def build_and_write(
+        self, fm: CheckpointFileManager, may_write: Callable[[], None]
+    ) -> tuple[BuildStats, SnapshotResult]:
+        """Build the version in the store's warm copy here and write its snapshot; `may_write` runs between
+        the two and raises to stop the write (the lease was lost). The one build, on a thread or a worker."""
+        with checkout(fm, self.store, self.work) as replica:
+            if self.reset:
+                replica.reset()
+            stats = replica.ensure(self.version, self.checkpoint_id, self.committed, self.snapshots, self.full_state)
+            may_write()
+            return stats, replica.snapshot(set(self.existing_ssts), frozenset(self.corrupt_ssts))
+
 
 class _Worker:
     """One worker process and its pipe; one conversation at a time (`lock`)."""
@@ -115,7 +144,7 @@ class _Worker:
 
 
 class BuildProcesses:
-    """N worker processes, each owning the warm copies of the stores hashed to it."""
+    """N worker processes, each owning the warm copies of the stores assigned to it (`worker_of`)."""
 
     def __init__(self, processes: int) -> None:
         if processes < 1:
@@ -188,7 +217,7 @@ def _result(store: StoreId, reply: dict[str, Any]) -> tuple[BuildStats, Snapshot
         raise BuildProcessError(f"snapshot build of store {store}: {error}: {reply['message']}")
     s, r = reply["stats"], reply["result"]
     manifest = SnapshotManifest.from_bytes(base64.b64decode(r["manifest"]), r["manifest_path"])
-    stats = BuildStats(s["warm"], s["base_version"], s["changelogs"], s["records"], s["seconds"])
+    stats = BuildStats(**s)
     result = SnapshotResult(
         r["manifest_path"], manifest, r["uploaded_files"], r["uploaded_bytes"], r["reused_files"], r["seconds"]
     )
@@ -260,30 +289,18 @@ def serve(conn: Connection, levels: Mapping[str, int]) -> None:
 
 
 def _build(req: dict[str, Any], fms: dict[str, CheckpointFileManager], conn: Connection) -> dict[str, Any]:
-    root = req["root"]
-    fm = fms.get(root)
+    fm = fms.get(req["root"])
     if fm is None:
-        fm = fms[root] = open_file_manager(root)
-    store = StoreId(req["store"][0], int(req["store"][1]))
-    snapshots = _ManifestsOnDemand(fm, store, {int(v): cid for v, cid in req["snapshots"].items()})
-    with checkout(fm, store, req["work"]) as replica:
-        if req["reset"]:
-            replica.reset()
-        stats = replica.ensure(
-            req["version"], req["checkpoint_id"], {int(v): c for v, c in req["committed"]}, snapshots, req["full_state"]
-        )
+        fm = fms[req["root"]] = open_file_manager(req["root"])
+
+    def ask_maintainer() -> None:
         conn.send_bytes(b'{"built": true}')
         if not json.loads(conn.recv_bytes())["write"]:
-            return {"error": "LeaseLost", "message": "not written"}
-        result = replica.snapshot(set(req["existing_ssts"]), frozenset(req["corrupt_ssts"]))
+            raise BuildProcessError("not written: the maintainer lost the lease")
+
+    stats, result = BuildRequest.from_json(req, fm).build_and_write(fm, ask_maintainer)
     return {
-        "stats": {
-            "warm": stats.warm,
-            "base_version": stats.base_version,
-            "changelogs": stats.changelogs,
-            "records": stats.records,
-            "seconds": stats.seconds,
-        },
+        "stats": asdict(stats),
         "result": {
             "manifest_path": result.manifest_path,
             "manifest": base64.b64encode(result.manifest.to_bytes()).decode(),

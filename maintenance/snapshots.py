@@ -26,7 +26,7 @@ from statekeeper.maintenance.replica import BuildStats
 from statekeeper.maintenance.reports import SnapshotReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshot_health import corrupt_ssts, mark_sound, newest_snapshot_problem
-from statekeeper.maintenance.warm_copies import check_work_dir, checkout, work_root
+from statekeeper.maintenance.warm_copies import check_work_dir, work_root
 from statekeeper.store.errors import CheckpointFileExistsError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.layout import StoreId
@@ -245,14 +245,7 @@ def _build(
     process that holds the copy (``build_processes``); the lease is checked between the two either way."""
     if settings.build_processes:
         return build_processes(settings.build_processes).build(fm, request, lease.check)
-    with checkout(fm, request.store, request.work) as replica:
-        if request.reset:
-            replica.reset()
-        stats = replica.ensure(
-            request.version, request.checkpoint_id, request.committed, request.snapshots, request.full_state
-        )
-        lease.check()
-        return stats, replica.snapshot(set(request.existing_ssts), frozenset(request.corrupt_ssts))
+    return request.build_and_write(fm, lease.check)
 
 
 def _due(
