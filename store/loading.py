@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from itertools import repeat
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
 import rocksdict as rd
 
@@ -154,12 +154,12 @@ class PlanExecution:
         if plan.source is LoadSource.REUSE:
             return plan, LoadMetrics(0.0, True, None, 0, 0)
         if plan.source is LoadSource.CATCH_UP:
-            records = self._replay_all(plan)
+            records = sum(self._replay(v, c) for v, c in plan.replay)
             self._lineage = plan.lineage
             return plan, LoadMetrics(0.0, True, None, len(plan.replay), records)
         plan = self._restore_base(plan)
         try:
-            records = self._replay_all(plan)
+            records = sum(self._replay(v, c) for v, c in plan.replay)
         except _UNREADABLE_SNAPSHOT as e:
             if not plan.skipped or (isinstance(e, FileNotFoundError) and self._newer_plan(plan)):
                 raise
@@ -235,108 +235,68 @@ class PlanExecution:
             plan.version,
         )
 
-    def _replay_all(self, plan: LoadPlan) -> int:
-        """Replay the plan's changelogs onto the open DB (each key's last write only: `ReplayWriter`)."""
-        assert self._db is not None
-        writer = ReplayWriter(self._db, self._handle_of, self.config.replay_batch_bytes, self._work)
-        records = sum(self._replay(writer, v, c) for v, c in plan.replay)
-        writer.flush()
-        return records
-
-    def _replay(self, writer: ReplayWriter, version: int, checkpoint_id: str) -> int:
+    def _replay(self, version: int, checkpoint_id: str) -> int:
         path = self.store_id.changelog(version, checkpoint_id)
         name = f"{self.fm.root_uri}/{path}"
         with open_seekable(self.fm, path, self._work) as f:
             reader = ChangelogReader(f, name)
             check_header(self.store_id, reader.header, version, checkpoint_id, name)
             reader.check_footer()
-            return writer.apply(reader)
+            assert self._db is not None
+            return apply_changelog(reader, self._db, self._handle_of, self.config.replay_batch_bytes, self._work)
 
 
-class ReplayWriter:
-    """Writes the records of consecutive changelogs into a DB, each key's last write only.
-
-    A chain's changelogs write the same keys again and again (a snapshot threshold's commits of one
-    store's hot keys). Inserted one by one, RocksDB would keep every write in its memtable, sort them all
-    at the flush and drop the older ones there. Kept in a dict first (per column family, the last write
-    of each key), each key is written once: fewer inserts and a smaller sort. Order is kept where it
-    matters: the pending writes reach the DB before an ingested SST block or a range delete, whose effect
-    depends on what came before. At most ~`batch_bytes` (keys, values and a dict entry's overhead) are
-    pending at once; `flush` writes the rest.
-    """
-
-    _ENTRY_BYTES = 64
-    """A pending record's bookkeeping beside its key and value (dict slot, references)."""
-
-    def __init__(self, db: rd.Rdict, handle_of: Callable[[str], Any], batch_bytes: int, work_dir: str) -> None:
-        self._db, self._handle_of, self._batch_bytes, self._work_dir = db, handle_of, batch_bytes, work_dir
-        self._pending: dict[str, dict[bytes, bytes | None]] = {}
-        self._with_deletes: set[str] = set()
-        self._bytes = 0
-
-    def apply(self, reader: ChangelogReader) -> int:
-        """Add every record of a checked changelog (its SST blocks are ingested, copied into `work_dir`
-        first); returns the record count."""
-        records = 0
-        for entry in reader.entries(self._work_dir):
+def apply_changelog(
+    reader: ChangelogReader, db: rd.Rdict, handle_of: Callable[[str], Any], batch_bytes: int, work_dir: str
+) -> int:
+    """Write every record of a checked changelog into `db` in write batches of ~`batch_bytes`, and ingest
+    its SST blocks (copied into `work_dir` first); returns the record count. `handle_of` maps a column
+    family name to its handle (creating it if need be)."""
+    wb = rd.WriteBatch(raw_mode=True)
+    handle: Any = None
+    records = 0
+    try:
+        for entry in reader.entries(work_dir):
             if isinstance(entry, SstFile):
-                self.flush()  # the SST's records are newer than the pending ones
-                self._handle_of(entry.cf)
+                if not wb.is_empty():  # order matters: the SST's records are newer than these
+                    db.write(wb)
+                    wb = rd.WriteBatch(raw_mode=True)
+                handle_of(entry.cf)
                 try:
-                    ingest_sst(self._db.get_column_family(entry.cf), entry.path)
+                    ingest_sst(db.get_column_family(entry.cf), entry.path)
                 finally:
                     if os.path.exists(entry.path):
                         os.unlink(entry.path)
                 records += entry.records
                 continue
             if isinstance(entry, RangeDelete):
-                self.flush()
-                wb = rd.WriteBatch(raw_mode=True)
-                wb.delete_range(entry.start, entry.end, self._handle_of(entry.cf))
-                self._db.write(wb)
+                wb.delete_range(entry.start, entry.end, handle_of(entry.cf))
                 records += 1
                 continue
             cf_name, keys, values = entry
-            pending = self._pending.get(cf_name)
-            if pending is None:
-                pending = self._pending[cf_name] = {}
-            pending.update(zip(keys, values, strict=True))
+            handle = handle_of(cf_name)
             if None in values:  # equal lengths: `decode_block_payload` refuses a block whose counts differ
-                self._with_deletes.add(cf_name)
-                self._bytes += sum(len(v) for v in values if v is not None)
-            else:
-                self._bytes += sum(map(len, cast(list[bytes], values)))
-            self._bytes += sum(map(len, keys)) + self._ENTRY_BYTES * len(keys)
+                put, delete = wb.put, wb.delete
+                for k, val in zip(keys, values, strict=True):
+                    if val is None:
+                        delete(k, handle)
+                    else:
+                        put(k, val, handle)
+            else:  # the common block of puts only: the loop in C (a third of the time per record)
+                deque(map(wb.put, keys, values, repeat(handle, len(keys))), maxlen=0)
             records += len(keys)
-            if self._bytes >= self._batch_bytes:
-                self.flush()
+            if wb.size_in_bytes() >= batch_bytes:
+                db.write(wb)
+                wb = rd.WriteBatch(raw_mode=True)
+                relieve_memory_pressure()
+        if not wb.is_empty():
+            db.write(wb)
         return records
-
-    def flush(self) -> None:
-        """Write the pending records (one write batch)."""
-        if not self._pending:
-            return
-        wb = rd.WriteBatch(raw_mode=True)
-        try:
-            for cf_name, pending in self._pending.items():
-                handle = self._handle_of(cf_name)
-                if cf_name in self._with_deletes:
-                    put, delete = wb.put, wb.delete
-                    for k, val in pending.items():
-                        if val is None:
-                            delete(k, handle)
-                        else:
-                            put(k, val, handle)
-                else:  # puts only: the loop in C (a third of the time per record)
-                    deque(map(wb.put, pending.keys(), pending.values(), repeat(handle, len(pending))), maxlen=0)
-            self._pending, self._with_deletes, self._bytes = {}, set(), 0
-            self._db.write(wb)
-        finally:
-            # A traceback keeps this frame alive: drop its references into the DB (column family handle,
-            # write batch), or closing the DB after a failed replay leaves it locked and the next load of
-            # the store fails with "lock hold by current process".
-            wb = handle = put = delete = None  # type: ignore[assignment]
-        relieve_memory_pressure()
+    finally:
+        # A traceback keeps this frame alive: drop its references into the DB (column family handle,
+        # write batch), or closing the DB after a failed replay leaves it locked and the next load of
+        # the store fails with "lock hold by current process".
+        wb = handle = put = delete = None  # type: ignore[assignment]
 
 
 def _no_intact_path(plan: LoadPlan, why: BaseException) -> CorruptFileError:
@@ -349,4 +309,4 @@ def _no_intact_path(plan: LoadPlan, why: BaseException) -> CorruptFileError:
     )
 
 
-__all__ = ["MAX_REPLANS", "LoadMetrics", "PlanExecution", "ReplayWriter"]
+__all__ = ["MAX_REPLANS", "LoadMetrics", "PlanExecution", "apply_changelog"]
