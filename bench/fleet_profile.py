@@ -46,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stores", type=int, default=16, help="stores in all (spread over the roots)")
     parser.add_argument("--roots", type=int, default=1, help="checkpoint roots, one query (writer) each")
     parser.add_argument("--cycles", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument(
+        "--warmup", type=int, help="cycles not measured (default: 10, or more so that every store was snapshotted once)"
+    )
     parser.add_argument("--per-cycle", type=int, default=2, help="commits of every store between two cycles")
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--updates", type=int, default=1_000)
@@ -58,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--s3", action="store_true", help="the root on S3: moto's server on 127.0.0.1")
     parser.add_argument("--dagster", action="store_true", help="the sensor and the runs it requests, not `maintain`")
     args = parser.parse_args(argv)
+    if args.warmup is None:  # the first snapshot of a store is a cold build: not what a long run measures
+        args.warmup = max(10, -(-args.threshold // args.per_cycle) + 1)
     base = tempfile.mkdtemp(prefix="statekeeper-fleet-profile-")
     try:
         if args.roots < 1 or args.stores % args.roots:
