@@ -22,6 +22,7 @@ import argparse
 import cProfile
 import json
 import logging
+import math
 import os
 import pstats
 import shutil
@@ -60,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--s3", action="store_true", help="the root on S3: moto's server on 127.0.0.1")
     parser.add_argument("--dagster", action="store_true", help="the sensor and the runs it requests, not `maintain`")
     args = parser.parse_args(argv)
-    if args.warmup is None:  # the first snapshot of a store is a cold build: not what a long run measures
-        args.warmup = max(10, -(-args.threshold // args.per_cycle) + 1)
+    if args.warmup is None:  # a store's first snapshot is a cold build, not what a long run measures: by cycle
+        # n every store has 1 + n * per_cycle changelogs, so its chain reached the threshold by this one
+        args.warmup = max(10, math.ceil(args.threshold / args.per_cycle))
     base = tempfile.mkdtemp(prefix="statekeeper-fleet-profile-")
     try:
         if args.roots < 1 or args.stores % args.roots:
