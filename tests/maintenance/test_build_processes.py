@@ -127,6 +127,25 @@ def test_a_lost_lease_stops_the_write(
         pool.close()
 
 
+def test_a_lost_lease_stops_the_write_of_a_build_on_a_thread(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    """The same question on the thread path (`BuildRequest.build_and_write`, what `create_snapshots` runs without
+    build processes, with the store lease's `check`): a lost lease between build and write writes nothing."""
+    h = make_local_history()
+    h.batches(5)
+    store = h.stores[0]
+
+    def lost() -> None:
+        raise MaintenanceBusyError(f"the lease of store {store} was lost")
+
+    with pytest.raises(MaintenanceBusyError):
+        _request(h, store, settings).build_and_write(h.fm, lost)
+    assert not any(p.endswith(".manifest") for p in all_files(h.root))
+    _, result = _request(h, store, settings).build_and_write(h.fm, lambda: None)
+    assert result.manifest.version == h.latest
+
+
 def test_build_processes_end_with_a_maintainer_killed_with_sigkill(
     make_local_history: Callable[..., History], tmp_path: Path
 ) -> None:
