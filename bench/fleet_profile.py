@@ -111,13 +111,13 @@ def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
             profiler.disable()
         errors.extend(e for r in result.reports for e in r.errors)  # a failed operation does less work
         if result.cycle > args.warmup:
-            cpu += _maintainer_cpu() - started
-            builds_cpu += _build_processes_cpu() - started_builds
+            cpu += maintainer_cpu() - started
+            builds_cpu += build_processes_cpu() - started_builds
             wall += time.perf_counter() - started_wall
             measured += args.per_cycle * args.stores
         for _ in range(args.per_cycle):
             writers.commit_next()
-        started, started_wall, started_builds = _maintainer_cpu(), time.perf_counter(), _build_processes_cpu()
+        started, started_wall, started_builds = maintainer_cpu(), time.perf_counter(), build_processes_cpu()
         if profiler is not None and result.cycle >= args.warmup:
             profiler.enable()
 
@@ -130,7 +130,7 @@ def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
         )
         for _ in range(1 + args.per_cycle):  # the bulk load, then the first round
             writers.commit_next()
-        started, started_wall = _maintainer_cpu(), time.perf_counter()
+        started, started_wall = maintainer_cpu(), time.perf_counter()
         cycles = args.warmup + args.cycles
         if args.dagster:
             _dagster_cycles(",".join(uris), base, settings, cycles, between_cycles)
@@ -158,12 +158,12 @@ def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
     return 1 if errors else 0  # the figure of cycles that failed part of their work is not the maintainer's cost
 
 
-def _maintainer_cpu() -> float:
+def maintainer_cpu() -> float:
     """CPU seconds of this process (all threads) and of its snapshot build processes, if any."""
-    return time.process_time() + _build_processes_cpu()
+    return time.process_time() + build_processes_cpu()
 
 
-def _build_processes_cpu() -> float:
+def build_processes_cpu() -> float:
     import psutil
 
     from statekeeper.maintenance.build_processes import running_build_processes

@@ -1,0 +1,218 @@
+"""Can one maintenance process keep up with a fleet committing R store-commits a second? Measured, not inferred.
+
+On a 2-core machine the writers of 1,000 store-commits a second would take the cores the maintainer needs, so
+they write every version first, off the clock, into a staging root (`bench.fleet_writers.FleetWriters`, the
+commit record per version as the driver writes it), and each version's files are set aside. Then one
+``statekeeper maintain`` loop (`statekeeper.maintenance.loop.maintain`, cycles back to back) keeps the real root
+while this process publishes the versions into it at the rate asked: between two cycles, every version whose
+time came is moved in (a rename per file, counted in the maintainer's CPU). The maintainer has the machine to
+itself, as it would beside writers on other hosts.
+
+Reported: the store-commits published a second, the maintainer's CPU a store-commit (its process, every thread,
+and its build processes), the cores it used, and the longest chain seen (a version published minus the newest
+snapshot its store had, from the snapshot reports: a cycle late, so an upper bound). It kept up when the longest
+chain stays within 2x the snapshot threshold::
+
+    python -m bench.fleet_sustain --stores 128 --rate 1000 --seconds 20 --threshold 20 --build-processes 2 \\
+        --background-snapshots
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from bench.fleet_maintainers import FleetParams
+from bench.fleet_profile import build_processes_cpu, maintainer_cpu
+from bench.fleet_sampling import Sample, sample
+from bench.fleet_writers import OPERATOR, FleetWriters
+from statekeeper.maintenance.progress import bar
+
+if TYPE_CHECKING:
+    from statekeeper.maintenance.loop import CycleResult
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.fleet_sustain", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stores", type=int, default=128)
+    parser.add_argument("--rate", type=float, default=1000.0, help="store-commits a second to publish")
+    parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds")
+    parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--updates", type=int, default=1_000)
+    parser.add_argument("--threshold", type=int, default=20, help="snapshot threshold (changelogs per snapshot)")
+    parser.add_argument("--parallelism", type=int, default=4)
+    parser.add_argument("--build-processes", type=int, default=0, help="snapshot build worker processes (0: threads)")
+    parser.add_argument("--sample-every", type=float, default=10.0, help="seconds between samples of the root")
+    parser.add_argument("--every", type=float, default=1.0, help="seconds from one cycle's start to the next's")
+    parser.add_argument(
+        "--versions-dir", type=Path, help="keep the written versions here and reuse them in later runs (same fleet)"
+    )
+    parser.add_argument("--write-only", action="store_true", help="only write the versions (into --versions-dir)")
+    args = parser.parse_args(argv)
+    per_store = args.rate / args.stores  # versions a second of every store
+    versions = 2 * args.threshold + math.ceil(per_store * args.seconds) + 1  # the warm-up's, then the measured ones
+    base = Path(tempfile.mkdtemp(prefix="statekeeper-fleet-sustain-"))
+    try:
+        root = base / "ckpt"
+        root.mkdir()
+        held = _versions(args, args.versions_dir or base / "held", versions, base)
+        return 0 if args.write_only else _run(args, root, held, per_store)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _versions(args: argparse.Namespace, where: Path, versions: int, base: Path) -> list[Path]:
+    """Every version of every store, in `where`/n (version n+1's files), written unless `where` has them."""
+    fleet = {"stores": args.stores, "keys": args.keys, "updates": args.updates}
+    done = where / "fleet.json"
+    stored = json.loads(done.read_text()) if done.exists() else {}
+    if {k: stored.get(k) for k in fleet} == fleet and stored.get("versions", 0) >= versions:
+        return [where / str(n) for n in range(versions + 1)]
+    shutil.rmtree(where, ignore_errors=True)
+    stage = base / "stage"
+    stage.mkdir()
+    with FleetWriters([stage.as_uri()], args.stores, 2, args.keys, args.updates, str(base / "writers")) as writers:
+        progress = bar(True, "writing the versions", versions + 1, "version")
+        for n in range(versions + 1):
+            writers.commit_next()
+            _move_tree(stage, where / str(n))
+            progress.update()
+        progress.close()
+    done.write_text(json.dumps({**fleet, "versions": versions}))
+    return [where / str(n) for n in range(versions + 1)]
+
+
+def _move_tree(src: Path, dst: Path, *, link: bool = False) -> None:
+    """Move (`link`: hard-link) every file under `src` to the same relative path under `dst`."""
+    for dirpath, _, files in os.walk(src):
+        if not files:
+            continue
+        target = dst / Path(dirpath).relative_to(src)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            if link:
+                os.link(os.path.join(dirpath, name), target / name)
+            else:
+                os.rename(os.path.join(dirpath, name), target / name)
+
+
+def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: float) -> int:
+    from statekeeper.maintenance.loop import maintain
+    from statekeeper.maintenance.settings import MaintenanceSettings
+
+    settings = MaintenanceSettings(
+        snapshot_threshold=args.threshold,
+        min_versions_to_retain=max(20, args.threshold),
+        orphan_grace_seconds=60.0,
+        load_grace_seconds=0.0,
+        parallelism=args.parallelism,
+        build_processes=args.build_processes,
+        work_dir=str(root.parent / "replicas"),
+    )
+    _move_tree(held[0], root, link=True)  # the bulk load (version 1): there before the maintainer starts
+    published = 1
+    snapshot_of: dict[str, int] = {}
+    rounds: Counter[str] = Counter()  # snapshots written, per store
+    longest = 0
+    errors: list[str] = []
+    marks: dict[str, float] = {}
+    t0 = 0.0
+    samples: list[Sample] = []
+    fleet = FleetParams(threshold=args.threshold, retain=settings.min_versions_to_retain, orphan_grace=60.0)
+    off_clock = {"cpu": 0.0, "wall": 0.0}
+
+    def take_sample() -> None:
+        """The root's chains, files and bytes against the bound (`bench.fleet_sampling`), off the clock: the
+        loop waits for this callback, so its time and CPU are taken out of the window."""
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        samples.append(sample([root.as_uri()], fleet, wall0 - marks["start"]))
+        off_clock["cpu"] += time.process_time() - cpu0
+        off_clock["wall"] += time.perf_counter() - wall0
+
+    def between(result: CycleResult) -> None:
+        """Publish the versions whose time came (sleep until the next one if none did); take the figures.
+
+        The window runs from the end of the warm-up's round (every store's first snapshot) to the end of the last
+        round every store finished (its snapshot counted for every store) before the versions ran out: whole
+        periods of the lock-step fleet's rounds, each cut at the same point of the period."""
+        nonlocal published, longest, t0
+        errors.extend(e for r in result.reports for e in r.errors)
+        for r in result.reports:
+            for row in getattr(r, "items", []):
+                if row.get("action") == "snapshot":
+                    snapshot_of[row["store"]] = max(snapshot_of.get(row["store"], 0), row["version"])
+                    rounds[row["store"]] += 1
+        now = time.perf_counter()
+        done = min((rounds[f"{OPERATOR}/{p}"] for p in range(args.stores)), default=0)
+        if not marks:
+            if not done:  # warm-up: a quarter threshold a cycle until every store's first snapshot (a cold build,
+                # which a long-running maintainer pays once) is written
+                for n in range(published, min(len(held), published + max(1, args.threshold // 4))):
+                    _move_tree(held[n], root, link=True)
+                    published = n + 1
+                return
+            t0 = now - (published - 1) / per_store  # from here on, the versions come at the rate asked
+            marks.update(start=now, cpu=maintainer_cpu(), builds=build_processes_cpu(), version=published, rounds=done)
+        elif done > marks.get("rounds_end", marks["rounds"]):  # a round ended: the window may end here
+            marks.update(end=now, cpu_end=maintainer_cpu(), builds_end=build_processes_cpu(), version_end=published)
+            marks.update(rounds_end=done, off_cpu=off_clock["cpu"], off_wall=off_clock["wall"])
+        if now - marks["start"] >= args.sample_every * len(samples):  # as the cycle left it, before new versions
+            take_sample()
+        due = max(published, 1 + int((now - t0) * per_store))
+        if due == published:
+            time.sleep(max(0.0, t0 + published / per_store - now))
+            due = max(published, 1 + int((time.perf_counter() - t0) * per_store))
+        if due > len(held):  # out of versions
+            stop.set()
+            return
+        for n in range(published, due):
+            _move_tree(held[n], root, link=True)
+        published = due
+        oldest = min((snapshot_of.get(f"{OPERATOR}/{p}", 0) for p in range(args.stores)), default=0)
+        longest = max(longest, published - oldest)
+
+    stop = threading.Event()
+    maintain(
+        root.as_uri(),
+        settings,
+        every=args.every,
+        stop=stop,
+        on_cycle=between,
+    )
+    if "end" not in marks:
+        raise SystemExit(f"no round ended after the warm-up's: write more versions (--seconds) than {args.seconds}")
+    cpu = marks["cpu_end"] - marks["cpu"] - marks["off_cpu"]
+    commits = int(marks["version_end"] - marks["version"]) * args.stores
+    wall = marks["end"] - marks["start"] - marks["off_wall"]
+    figures = {
+        "stores": args.stores,
+        "rate_asked": args.rate,
+        "store_commits_per_second": commits / wall,
+        "cpu_ms_per_store_commit": 1000 * cpu / commits,
+        "of_which_build_processes_ms": 1000 * (marks["builds_end"] - marks["builds"]) / commits,
+        "cores_used": cpu / wall,
+        "rounds": int(marks["rounds_end"] - marks["rounds"]),
+        "longest_chain": longest,
+        "threshold": args.threshold,
+        "chain_max_sampled": max(x.chain_max for x in samples),
+        "bytes_over_bound_max": max(x.bytes / x.bound_bytes for x in samples),
+        "files_max": max(x.files for x in samples),
+        "samples": len(samples),
+        "kept_up": longest <= 2 * args.threshold and all(x.bytes <= x.bound_bytes for x in samples),
+        "errors": len(errors),
+    }
+    print(json.dumps(figures))
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
