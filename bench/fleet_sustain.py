@@ -1,26 +1,27 @@
-"""Can one maintenance process keep up with a fleet committing R store-commits a second? Measured, not inferred.
+"""Does one maintenance process keep up with a fleet committing R store-commits a second? Measured, not inferred.
 
 On a 2-core machine the writers of 1,000 store-commits a second would take the cores the maintainer needs, so
-they write every version first, off the clock, into a staging root (`bench.fleet_writers.FleetWriters`, the
-commit record per version as the driver writes it), and each version's files are set aside. Then one
-``statekeeper maintain`` loop (`statekeeper.maintenance.loop.maintain`, cycles back to back) keeps the real root
-while this process publishes the versions into it at the rate asked: between two cycles, every version whose
-time came is moved in (a rename per file, counted in the maintainer's CPU). The maintainer has the machine to
-itself, as it would beside writers on other hosts.
+they write every version first, off the clock (`bench.fleet_writers.FleetWriters`, the commit record per version
+as the driver writes it), and each version's files are set aside. Then one ``statekeeper maintain`` loop
+(`statekeeper.maintenance.loop.maintain`, a cycle every ``--every`` seconds) keeps the root while this process
+publishes the versions into it at the rate asked: after each cycle, every version whose time came is hard-linked
+in (counted in the maintainer's CPU). The maintainer has the machine to itself, as beside writers on other hosts.
 
-Reported: the store-commits published a second, the maintainer's CPU a store-commit (its process, every thread,
-and its build processes), the cores it used, and the longest chain seen (a version published minus the newest
-snapshot its store had, from the snapshot reports: a cycle late, so an upper bound). It kept up when the longest
-chain stays within 2x the snapshot threshold::
+Reported, over whole periods after the warm-up (see `between` in `_run`): the store-commits the window's cycles
+were given a second, the maintainer's CPU a store-commit (its process, every thread, and its build processes), the
+cores it used, the longest chain (the versions published by the end of a cycle less the newest snapshot a store
+had when it started), and samples of the root (`bench.fleet_sampling`). It kept up when every chain stays within
+2x the snapshot threshold and the checkpoint within its bound::
 
-    python -m bench.fleet_sustain --stores 128 --rate 1000 --seconds 20 --threshold 20 --build-processes 2 \\
-        --background-snapshots
+    python -m bench.fleet_sustain --stores 128 --rate 1000 --seconds 19 --every 1 --build-processes 2 \\
+        --snapshot-spread 0.5
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import shutil
@@ -45,10 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.fleet_sustain", description=__doc__.split("\n\n")[0])
     parser.add_argument("--stores", type=int, default=128)
     parser.add_argument("--rate", type=float, default=1000.0, help="store-commits a second to publish")
-    parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds")
+    parser.add_argument("--seconds", type=float, default=19.0, help="seconds of versions after the warm-up's")
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--updates", type=int, default=1_000)
     parser.add_argument("--threshold", type=int, default=20, help="snapshot threshold (changelogs per snapshot)")
+    parser.add_argument("--snapshot-spread", type=float, default=0.0, help="the maintainer's snapshot_spread")
     parser.add_argument("--parallelism", type=int, default=4)
     parser.add_argument("--build-processes", type=int, default=0, help="snapshot build worker processes (0: threads)")
     parser.add_argument("--sample-every", type=float, default=10.0, help="seconds between samples of the root")
@@ -57,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         "--versions-dir", type=Path, help="keep the written versions here and reuse them in later runs (same fleet)"
     )
     parser.add_argument("--write-only", action="store_true", help="only write the versions (into --versions-dir)")
+    parser.add_argument("--verbose", action="store_true", help="log every cycle (its seconds and reports)")
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(message)s")
     per_store = args.rate / args.stores  # versions a second of every store
     versions = 2 * args.threshold + math.ceil(per_store * args.seconds) + 1  # the warm-up's, then the measured ones
     base = Path(tempfile.mkdtemp(prefix="statekeeper-fleet-sustain-"))
@@ -111,6 +115,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
 
     settings = MaintenanceSettings(
         snapshot_threshold=args.threshold,
+        snapshot_spread=args.snapshot_spread,
         min_versions_to_retain=max(20, args.threshold),
         orphan_grace_seconds=60.0,
         load_grace_seconds=0.0,
@@ -124,7 +129,8 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
     rounds: Counter[str] = Counter()  # snapshots written, per store
     longest = 0
     errors: list[str] = []
-    marks: dict[str, float] = {}
+    last_call: dict[str, float] = {"rounds": 0}  # the state after the previous cycle's callback
+    boundaries: list[dict[str, float]] = []  # the states at the starts of the rounds' cycles
     t0 = 0.0
     samples: list[Sample] = []
     fleet = FleetParams(threshold=args.threshold, retain=settings.min_versions_to_retain, orphan_grace=60.0)
@@ -134,18 +140,20 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         """The root's chains, files and bytes against the bound (`bench.fleet_sampling`), off the clock: the
         loop waits for this callback, so its time and CPU are taken out of the window."""
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        samples.append(sample([root.as_uri()], fleet, wall0 - marks["start"]))
+        samples.append(sample([root.as_uri()], fleet, wall0 - boundaries[0]["t"]))
         off_clock["cpu"] += time.process_time() - cpu0
         off_clock["wall"] += time.perf_counter() - wall0
 
     def between(result: CycleResult) -> None:
         """Publish the versions whose time came (sleep until the next one if none did); take the figures.
 
-        The window runs from the end of the warm-up's round (every store's first snapshot) to the end of the last
-        round every store finished (its snapshot counted for every store) before the versions ran out: whole
-        periods of the lock-step fleet's rounds, each cut at the same point of the period."""
+        The window runs over whole periods of the lock-step fleet: from the start of the cycle of the first round
+        after the warm-up's (every store's first snapshot, a cold build) to the start of the cycle of the last
+        round every store finished before the versions ran out. A period's round snapshots what the period
+        before it published."""
         nonlocal published, longest, t0
         errors.extend(e for r in result.reports for e in r.errors)
+        before = min((snapshot_of.get(f"{OPERATOR}/{p}", 0) for p in range(args.stores)), default=0)
         for r in result.reports:
             for row in getattr(r, "items", []):
                 if row.get("action") == "snapshot":
@@ -153,20 +161,17 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
                     rounds[row["store"]] += 1
         now = time.perf_counter()
         done = min((rounds[f"{OPERATOR}/{p}"] for p in range(args.stores)), default=0)
-        if not marks:
-            if not done:  # warm-up: a quarter threshold a cycle until every store's first snapshot (a cold build,
-                # which a long-running maintainer pays once) is written
-                for n in range(published, min(len(held), published + max(1, args.threshold // 4))):
-                    _move_tree(held[n], root, link=True)
-                    published = n + 1
-                return
+        if not done:  # warm-up: a quarter threshold a cycle until every store's first snapshot is written
+            for n in range(published, min(len(held), published + max(1, args.threshold // 4))):
+                _move_tree(held[n], root, link=True)
+                published = n + 1
+            return
+        if not t0:
             t0 = now - (published - 1) / per_store  # from here on, the versions come at the rate asked
-            marks.update(start=now, cpu=maintainer_cpu(), builds=build_processes_cpu(), version=published, rounds=done)
-        elif done > marks.get("rounds_end", marks["rounds"]):  # a round ended: the window may end here
-            marks.update(end=now, cpu_end=maintainer_cpu(), builds_end=build_processes_cpu(), version_end=published)
-            marks.update(rounds_end=done, off_cpu=off_clock["cpu"], off_wall=off_clock["wall"])
-        if now - marks["start"] >= args.sample_every * len(samples):  # as the cycle left it, before new versions
-            take_sample()
+        elif done > last_call["rounds"]:  # the previous cycle ended a round: its start bounds a period
+            boundaries.append(dict(last_call))
+        if boundaries and now - boundaries[0]["t"] >= args.sample_every * len(samples):
+            take_sample()  # as the cycle left the root, before the new versions
         due = max(published, 1 + int((now - t0) * per_store))
         if due == published:
             time.sleep(max(0.0, t0 + published / per_store - now))
@@ -177,8 +182,14 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         for n in range(published, due):
             _move_tree(held[n], root, link=True)
         published = due
-        oldest = min((snapshot_of.get(f"{OPERATOR}/{p}", 0) for p in range(args.stores)), default=0)
-        longest = max(longest, published - oldest)
+        if boundaries:
+            # the chain just before this cycle's snapshots landed, to the versions now published: the longest a
+            # store waited for its new snapshot (the last one its round built)
+            longest = max(longest, published - before)
+        last_call.update(
+            t=time.perf_counter(), cpu=maintainer_cpu(), builds=build_processes_cpu(), version=published, rounds=done
+        )
+        last_call.update(off_cpu=off_clock["cpu"], off_wall=off_clock["wall"])
 
     stop = threading.Event()
     maintain(
@@ -188,19 +199,20 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         stop=stop,
         on_cycle=between,
     )
-    if "end" not in marks:
-        raise SystemExit(f"no round ended after the warm-up's: write more versions (--seconds) than {args.seconds}")
-    cpu = marks["cpu_end"] - marks["cpu"] - marks["off_cpu"]
-    commits = int(marks["version_end"] - marks["version"]) * args.stores
-    wall = marks["end"] - marks["start"] - marks["off_wall"]
+    if len(boundaries) < 2:
+        raise SystemExit(f"fewer than 2 rounds after the warm-up's: write more versions (--seconds {args.seconds})")
+    first, last = boundaries[0], boundaries[-1]
+    cpu = last["cpu"] - first["cpu"] - (last["off_cpu"] - first["off_cpu"])
+    commits = int(last["version"] - first["version"]) * args.stores
+    wall = last["t"] - first["t"] - (last["off_wall"] - first["off_wall"])
     figures = {
         "stores": args.stores,
         "rate_asked": args.rate,
         "store_commits_per_second": commits / wall,
         "cpu_ms_per_store_commit": 1000 * cpu / commits,
-        "of_which_build_processes_ms": 1000 * (marks["builds_end"] - marks["builds"]) / commits,
+        "of_which_build_processes_ms": 1000 * (last["builds"] - first["builds"]) / commits,
         "cores_used": cpu / wall,
-        "rounds": int(marks["rounds_end"] - marks["rounds"]),
+        "rounds": len(boundaries) - 1,
         "longest_chain": longest,
         "threshold": args.threshold,
         "chain_max_sampled": max(x.chain_max for x in samples),

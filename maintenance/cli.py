@@ -111,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--load-grace", type=_number, metavar="SECONDS", help="age at which a new snapshot becomes the expiry base"
     )
     op.add_argument("--threshold", type=_positive_int, metavar="N", help="snapshot threshold (changelogs)")
+    op.add_argument(
+        "--snapshot-spread",
+        type=_number,
+        metavar="FRACTION",
+        help="snapshot each store up to this fraction of the threshold early, at a point drawn per store (0-1)",
+    )
     op.add_argument("--work-dir", metavar="DIR", help="directory for warm local copies of stores")
     op.add_argument("--delete-batch-size", type=_positive_int, metavar="N", help="paths per delete request")
     op.add_argument(

@@ -47,6 +47,7 @@ def settings_of(args: argparse.Namespace) -> MaintenanceSettings:
 
     return MaintenanceSettings.from_env(
         snapshot_threshold=getattr(args, "threshold", None),
+        snapshot_spread=getattr(args, "snapshot_spread", None),
         min_versions_to_retain=getattr(args, "retain", None),
         orphan_grace_seconds=getattr(args, "grace", None),
         load_grace_seconds=getattr(args, "load_grace", None),

@@ -6,6 +6,7 @@ the command line, a Dagster resource and a cron job configure the same thing the
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from collections.abc import Mapping
@@ -21,6 +22,12 @@ ENV_PREFIX = "STATEKEEPER_"
 class MaintenanceSettings:
     snapshot_threshold: int = 10
     """Snapshot a store once this many changelogs were committed since its last snapshot."""
+    snapshot_spread: float = 0.0
+    """Snapshot up to this fraction of `snapshot_threshold` early, at a point drawn per store and snapshot
+    (`snapshot_due_at`). The partitions of one operator commit in lock step, so with 0 they all become due in the
+    same cycle, whose round builds every one while their chains grow; with 0.5 each is due somewhere between half
+    the threshold and the threshold, a cycle builds its share and a fleet's snapshot work is spread over the
+    cycles. No chain gets longer for it; a store snapshots up to 1 / (1 - spread) times as often."""
     min_versions_to_retain: int = 20
     """Newest committed versions of each store that stay loadable (at least 1)."""
     orphan_grace_seconds: float = 3600.0
@@ -62,6 +69,7 @@ class MaintenanceSettings:
             if f.type in ("int", int):
                 need(isinstance(value, int), f.name, "expected an integer")
         need(self.snapshot_threshold >= 1, "snapshot_threshold", "must be >= 1")
+        need(0 <= self.snapshot_spread < 1, "snapshot_spread", "must be within [0, 1)")
         need(self.min_versions_to_retain >= 1, "min_versions_to_retain", "at least 1 version must be retained")
         need(self.orphan_grace_seconds >= 0, "orphan_grace_seconds", "must be >= 0")
         need(self.load_grace_seconds >= 0, "load_grace_seconds", "must be >= 0")
@@ -99,6 +107,18 @@ class MaintenanceSettings:
             raise ConfigurationError(f"unknown maintenance setting(s) {sorted(unknown)}")
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+    def snapshot_due_at(self, operator: str, partition: int, since: int) -> int:
+        """The chain length at which the store is due for its snapshot after version `since` (its newest, 0 for
+        none): `snapshot_threshold`, less up to `snapshot_spread` of it by a hash of the store and `since`. The
+        same in every process and run; the stores of one operator spread evenly over the range, and each store
+        draws a new point for each snapshot, so stores whose points a cycle's cadence rounds alike do not stay
+        in step."""
+        if not self.snapshot_spread:
+            return self.snapshot_threshold
+        digest = hashlib.blake2b(f"{operator}/{partition}/{since}".encode(), digest_size=8).digest()
+        fraction = int.from_bytes(digest, "big") / 2**64
+        return max(1, self.snapshot_threshold - int(self.snapshot_spread * self.snapshot_threshold * fraction))
 
     def with_(self, **changes: Any) -> MaintenanceSettings:
         """A copy with some settings changed (validated again)."""

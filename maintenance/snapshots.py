@@ -256,11 +256,12 @@ def _due(
 
 
 def _chain_due(plan: StorePlan, settings: MaintenanceSettings, requested_at: int | None) -> bool:
-    """The chain reached the threshold, or the store committed the version its snapshot was requested at and
-    has no snapshot that new."""
+    """The chain reached the store's point (the threshold, less its share of `snapshot_spread`), or the store
+    committed the version its snapshot was requested at and has no snapshot that new."""
     if plan.latest is None:
         return False
-    if plan.chain_length >= settings.snapshot_threshold:
+    since = plan.latest - plan.chain_length  # where the chain starts
+    if plan.chain_length >= settings.snapshot_due_at(plan.store.operator, plan.store.partition, since):
         return True
     return requested_at is not None and plan.latest >= requested_at > (plan.snapshot[0] if plan.snapshot else 0)
 

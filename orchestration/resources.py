@@ -108,6 +108,11 @@ class MaintenanceConfig(ConfigurableResource):  # type: ignore[type-arg]
     """Maintenance settings (`statekeeper.maintenance.settings.MaintenanceSettings`), defaults from its `from_env()`."""
 
     snapshot_threshold: int = Field(default=10, description="Snapshot a store once its changelog chain is this long.")
+    snapshot_spread: float = Field(
+        default=0.0,
+        description="Snapshot each store up to this fraction of the threshold early, at a point drawn per store: "
+        "the partitions of an operator, which commit in lock step, are then not all due in the same run.",
+    )
     min_versions_to_retain: int = Field(default=20, description="Newest committed versions kept loadable.")
     orphan_grace_seconds: float = Field(
         default=3600, description="Orphan candidates younger than this may be in flight: kept."

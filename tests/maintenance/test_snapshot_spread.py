@@ -1,0 +1,74 @@
+"""`snapshot_spread`: the partitions of an operator, committing in lock step, do not all become due at once."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+
+from statekeeper.maintenance.loop import CycleResult, maintain
+from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.store.errors import ConfigurationError
+from tests.maintenance.helpers import History
+
+
+def test_each_store_draws_its_point_between_the_spread_and_the_threshold() -> None:
+    settings = MaintenanceSettings(snapshot_threshold=20, snapshot_spread=0.5)
+    points = [settings.snapshot_due_at("agg", p, 40) for p in range(1000)]
+    again = MaintenanceSettings(snapshot_threshold=20, snapshot_spread=0.5)
+    assert points == [again.snapshot_due_at("agg", p, 40) for p in range(1000)], "the same in every process"
+    later = [settings.snapshot_due_at("agg", p, 60) for p in range(1000)]
+    assert sum(a != b for a, b in zip(points, later, strict=True)) > 500, "a new point for each snapshot"
+    assert set(points) == set(range(11, 21)), "between the threshold less half of it and the threshold"
+    counts = Counter(points)
+    assert max(counts.values()) < 2 * min(counts.values()), f"spread evenly: {sorted(counts.items())}"
+    assert {MaintenanceSettings(snapshot_threshold=20).snapshot_due_at("agg", p, 0) for p in range(100)} == {20}
+    assert MaintenanceSettings(snapshot_threshold=1, snapshot_spread=0.9).snapshot_due_at("agg", 3, 0) == 1
+    for bad in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ConfigurationError, match="snapshot_spread"):
+            MaintenanceSettings(snapshot_spread=bad)
+    assert MaintenanceSettings.from_env({"STATEKEEPER_SNAPSHOT_SPREAD": "0.25"}).snapshot_spread == 0.25
+
+
+def test_a_store_is_snapshotted_at_its_point(
+    make_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    settings = settings.with_(snapshot_threshold=8, snapshot_spread=0.5)
+    h = make_history(operators={"agg": 8})
+    due_at = {s: settings.snapshot_due_at(s.operator, s.partition, 0) for s in h.stores}
+    assert len(set(due_at.values())) > 1
+    for chain in range(1, 9):
+        h.batches(1)
+        report = create_snapshots(h.root, settings)
+        built = {row["store"] for row in report.items if row.get("action") == "snapshot"}
+        assert built == {str(s) for s, at in due_at.items() if at == chain}, f"chain {chain}"
+    h.check_loadable(h.retained(settings))
+
+
+def test_a_lock_step_fleet_spreads_its_rounds_over_the_cycles(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    """One batch of every store per cycle: without a spread every store is built in the same cycles; with one,
+    no cycle builds more than about half of them, and every chain stays within the threshold."""
+
+    def per_cycle(spread: float) -> list[int]:
+        h = make_local_history(operators={"agg": 16}, keys=8)
+        h.batches(1)
+        built: list[int] = []
+
+        def between(result: CycleResult) -> None:
+            built.append(sum(getattr(r, "snapshots", 0) for r in result.reports))
+            h.batches(1)
+
+        s = settings.with_(snapshot_threshold=8, snapshot_spread=spread)
+        results = maintain(h.root, s, every=0, cycles=24, on_cycle=between)
+        assert all(r.ok for r in results)
+        assert create_snapshots(h.root, s, dry_run=True).max_chain_length <= 8
+        h.check_loadable(h.retained(s))
+        return built
+
+    lock_step, spread = per_cycle(0.0), per_cycle(0.5)
+    assert max(lock_step) == 16, lock_step
+    assert max(spread) <= 16 // 2, spread
