@@ -130,6 +130,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
     longest = 0
     errors: list[str] = []
     last_call: dict[str, float] = {"rounds": 0}  # the state after the previous cycle's callback
+    warm: dict[str, float] = {}  # the state when the warm-up ended
     boundaries: list[dict[str, float]] = []  # the states at the starts of the rounds' cycles
     t0 = 0.0
     samples: list[Sample] = []
@@ -140,7 +141,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         """The root's chains, files and bytes against the bound (`bench.fleet_sampling`), off the clock: the
         loop waits for this callback, so its time and CPU are taken out of the window."""
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        samples.append(sample([root.as_uri()], fleet, wall0 - boundaries[0]["t"]))
+        samples.append(sample([root.as_uri()], fleet, wall0 - warm["t"]))
         off_clock["cpu"] += time.process_time() - cpu0
         off_clock["wall"] += time.perf_counter() - wall0
 
@@ -168,9 +169,11 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
             return
         if not t0:
             t0 = now - (published - 1) / per_store  # from here on, the versions come at the rate asked
+            warm.update(t=now, cpu=maintainer_cpu(), builds=build_processes_cpu(), version=published, off_cpu=0.0)
+            warm["off_wall"] = 0.0
         elif done > last_call["rounds"]:  # the previous cycle ended a round: its start bounds a period
             boundaries.append(dict(last_call))
-        if boundaries and now - boundaries[0]["t"] >= args.sample_every * len(samples):
+        if now - warm["t"] >= args.sample_every * len(samples):
             take_sample()  # as the cycle left the root, before the new versions
         due = max(published, 1 + int((now - t0) * per_store))
         if due == published:
@@ -182,10 +185,9 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         for n in range(published, due):
             _move_tree(held[n], root, link=True)
         published = due
-        if boundaries:
-            # the chain just before this cycle's snapshots landed, to the versions now published: the longest a
-            # store waited for its new snapshot (the last one its round built)
-            longest = max(longest, published - before)
+        # the chain just before this cycle's snapshots landed, to the versions now published: the longest a store
+        # waited for its new snapshot (the last one its round built)
+        longest = max(longest, published - before)
         last_call.update(
             t=time.perf_counter(), cpu=maintainer_cpu(), builds=build_processes_cpu(), version=published, rounds=done
         )
@@ -199,9 +201,8 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         stop=stop,
         on_cycle=between,
     )
-    if len(boundaries) < 2:
-        raise SystemExit(f"fewer than 2 rounds after the warm-up's: write more versions (--seconds {args.seconds})")
-    first, last = boundaries[0], boundaries[-1]
+    # without two round ends, it fell behind (or ran too short): the window is then all of it after the warm-up
+    first, last = (boundaries[0], boundaries[-1]) if len(boundaries) > 1 else (warm, last_call)
     cpu = last["cpu"] - first["cpu"] - (last["off_cpu"] - first["off_cpu"])
     commits = int(last["version"] - first["version"]) * args.stores
     wall = last["t"] - first["t"] - (last["off_wall"] - first["off_wall"])
@@ -219,7 +220,9 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         "bytes_over_bound_max": max(x.bytes / x.bound_bytes for x in samples),
         "files_max": max(x.files for x in samples),
         "samples": len(samples),
-        "kept_up": longest <= 2 * args.threshold and all(x.bytes <= x.bound_bytes for x in samples),
+        "kept_up": len(boundaries) > 1
+        and longest <= 2 * args.threshold
+        and all(x.bytes <= x.bound_bytes for x in samples),
         "errors": len(errors),
     }
     print(json.dumps(figures))
