@@ -95,8 +95,8 @@ def run(quick: bool) -> list[Table]:
                 "first snapshot (a cold build) is written. Measured: whole periods (every store snapshotted once "
                 "more), from the start of the cycle of the first round after the warm-up to the start of the cycle "
                 "of the last round that ended before the versions ran out; store-commits/s in the window: what "
-                "the cycles of the window were given. Periods 0: no round ended twice after the warm-up (it fell behind); the "
-                "window is then all of it after the warm-up.",
+                "the cycles of the window were given. Periods 0: no round ended twice after the warm-up (it fell "
+                "behind); the window is then all of it after the warm-up.",
                 "CPU = the loop's process and its build processes, every thread; cores used = that CPU over the "
                 "window. Longest chain: the versions published by the end of a cycle less the newest snapshot a "
                 "store had when the cycle started (the wait of the last store its round built); sampled: the "
