@@ -10,14 +10,11 @@ Rows: builds on the loop's threads (``--parallelism 4``, the default) or in 4 bu
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from statistics import median
 
 from bench.fleet_floor import rocksdict_floor
 from bench.fleet_maintainers import FleetParams
-from bench.report import Table
+from bench.report import Table, run_figures
 
 CONFIGS = [("threads", 10, 0), ("4 build processes", 10, 4), ("threads", 20, 0), ("4 build processes", 20, 4)]
 
@@ -27,13 +24,10 @@ QUICK = ["--warmup", "2", "--per-cycle", "5", "--keys", "500", "--updates", "50"
 
 
 def _profile(stores: int, cycles: int, threshold: int, build_processes: int, quick: bool) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "bench.fleet_profile", "--stores", str(stores), "--cycles", str(cycles)]
-    cmd += ["--threshold", str(threshold), "--build-processes", str(build_processes), *(QUICK if quick else [])]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    figures: dict[str, float] = json.loads(out.strip().splitlines()[-1])
-    if figures["errors"]:
-        raise RuntimeError(f"{' '.join(cmd)}: {figures['errors']} maintenance error(s)")
-    return figures
+    args = ["--stores", str(stores), "--cycles", str(cycles), "--threshold", str(threshold)]
+    return run_figures(
+        "bench.fleet_profile", [*args, "--build-processes", str(build_processes), *(QUICK if quick else [])]
+    )
 
 
 def run(quick: bool) -> list[Table]:

@@ -8,13 +8,10 @@ second, `snapshot_spread` 0.5, and at 1,000 also without it), with 2 build proce
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from bench.report import Table
+from bench.report import Table, run_figures
 
 THRESHOLD = 20
 CONFIGS = [  # stores, store-commits a second, seconds measured, cycle every (s), snapshot_spread
@@ -29,15 +26,6 @@ QUICK = [(8, 16, 6, 0.5, 0.5), (8, 16, 6, 0.5, 0.0)]
 QUICK_ARGS = ["--keys", "500", "--updates", "50", "--sample-every", "2", "--threshold", "4"]
 
 
-def _sustain(args: list[str]) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "bench.fleet_sustain", *args]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    figures: dict[str, float] = json.loads(out.strip().splitlines()[-1])
-    if figures["errors"]:
-        raise RuntimeError(f"{' '.join(cmd)}: {figures['errors']} maintenance error(s)")
-    return figures
-
-
 def run(quick: bool) -> list[Table]:
     rows = []
     threshold = 4 if quick else THRESHOLD
@@ -46,7 +34,7 @@ def run(quick: bool) -> list[Table]:
             args = ["--stores", str(stores), "--rate", str(rate), "--seconds", str(seconds), "--every", str(every)]
             args += ["--snapshot-spread", str(spread), "--build-processes", "2"]
             args += ["--versions-dir", str(Path(scratch, str(stores)))]
-            f = _sustain([*args, *(QUICK_ARGS if quick else ["--threshold", str(threshold)])])
+            f = run_figures("bench.fleet_sustain", [*args, *(QUICK_ARGS if quick else ["--threshold", str(threshold)])])
             rows.append(
                 [
                     stores,

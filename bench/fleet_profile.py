@@ -85,18 +85,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
     from statekeeper.maintenance.loop import maintain
-    from statekeeper.maintenance.settings import MaintenanceSettings
     from statekeeper.sql.catalog import Catalog
 
-    settings = MaintenanceSettings(
-        snapshot_threshold=args.threshold,
-        min_versions_to_retain=max(20, args.threshold),
-        orphan_grace_seconds=60.0,
-        load_grace_seconds=0.0,
-        parallelism=args.parallelism,
-        build_processes=args.build_processes,
-        work_dir=os.path.join(base, "replicas"),
-    )
+    settings = loop_settings(args, os.path.join(base, "replicas"))
     profiler = cProfile.Profile(time.thread_time) if args.profile else None
     cpu = wall = builds_cpu = 0.0
     started_builds = 0.0
@@ -156,6 +147,23 @@ def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
         profiler.dump_stats(args.profile)
         pstats.Stats(str(args.profile)).sort_stats("cumulative").print_stats(40)
     return 1 if errors else 0  # the figure of cycles that failed part of their work is not the maintainer's cost
+
+
+def loop_settings(args: argparse.Namespace, work_dir: str) -> MaintenanceSettings:
+    """The maintainer's settings in the fleet's benchmarks: retain max(20, threshold), orphans kept a minute,
+    no load grace; `args` gives the threshold, spread (if any), parallelism and build processes."""
+    from statekeeper.maintenance.settings import MaintenanceSettings
+
+    return MaintenanceSettings(
+        snapshot_threshold=args.threshold,
+        snapshot_spread=getattr(args, "snapshot_spread", 0.0),
+        min_versions_to_retain=max(20, args.threshold),
+        orphan_grace_seconds=60.0,
+        load_grace_seconds=0.0,
+        parallelism=args.parallelism,
+        build_processes=args.build_processes,
+        work_dir=work_dir,
+    )
 
 
 def maintainer_cpu() -> float:

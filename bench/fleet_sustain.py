@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bench.fleet_maintainers import FleetParams
-from bench.fleet_profile import build_processes_cpu, maintainer_cpu
+from bench.fleet_profile import build_processes_cpu, loop_settings, maintainer_cpu
 from bench.fleet_sampling import Sample, sample
 from bench.fleet_writers import OPERATOR, FleetWriters
 from statekeeper.maintenance.progress import bar
@@ -111,18 +111,8 @@ def _move_tree(src: Path, dst: Path, *, link: bool = False) -> None:
 
 def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: float) -> int:
     from statekeeper.maintenance.loop import maintain
-    from statekeeper.maintenance.settings import MaintenanceSettings
 
-    settings = MaintenanceSettings(
-        snapshot_threshold=args.threshold,
-        snapshot_spread=args.snapshot_spread,
-        min_versions_to_retain=max(20, args.threshold),
-        orphan_grace_seconds=60.0,
-        load_grace_seconds=0.0,
-        parallelism=args.parallelism,
-        build_processes=args.build_processes,
-        work_dir=str(root.parent / "replicas"),
-    )
+    settings = loop_settings(args, str(root.parent / "replicas"))
     _move_tree(held[0], root, link=True)  # the bulk load (version 1): there before the maintainer starts
     published = 1
     snapshot_of: dict[str, int] = {}

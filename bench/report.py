@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,6 +36,17 @@ class Table:
         lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in self.rows]
         lines += [""] + [f"- {n}" for n in self.notes]
         return "\n".join(lines) + "\n"
+
+
+def run_figures(module: str, args: list[str]) -> dict[str, float]:
+    """``python -m MODULE ARGS`` in a fresh process: the figures its last line of output holds (JSON); raises
+    when the run reported maintenance errors (a cycle that failed part of its work did less of it)."""
+    cmd = [sys.executable, "-m", module, *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    figures: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    if figures["errors"]:
+        raise RuntimeError(f"{' '.join(cmd)}: {figures['errors']} maintenance error(s)")
+    return figures
 
 
 def machine() -> dict[str, Any]:
