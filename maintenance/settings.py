@@ -109,11 +109,11 @@ class MaintenanceSettings:
         return cls(**values)
 
     def snapshot_due_at(self, operator: str, partition: int, since: int) -> int:
-        """The chain length at which the store is due for its snapshot after version `since` (its newest, 0 for
-        none): `snapshot_threshold`, less up to `snapshot_spread` of it by a hash of the store and `since`. The
-        same in every process and run; the stores of one operator spread evenly over the range, and each store
-        draws a new point for each snapshot, so stores whose points a cycle's cadence rounds alike do not stay
-        in step."""
+        """The chain length at which the store is due for a snapshot, its chain starting at version `since` (its
+        newest snapshot, or a full-state changelog; 0: none): `snapshot_threshold`, less up to `snapshot_spread` of
+        it by a hash of the store and `since`. The same in every process and run; the stores of one operator
+        spread evenly over the range, and each store draws a new point for each snapshot, so stores whose points
+        a cycle's cadence rounds alike do not stay in step."""
         if not self.snapshot_spread:
             return self.snapshot_threshold
         digest = hashlib.blake2b(f"{operator}/{partition}/{since}".encode(), digest_size=8).digest()
