@@ -23,7 +23,7 @@ CONFIGS = [  # stores, store-commits a second, seconds measured, cycle every (s)
 """Per fleet, the highest rate first: its versions are written once, for it, and read by the lower rates."""
 
 QUICK = [(8, 16, 6, 0.5, 0.5), (8, 16, 6, 0.5, 0.0)]
-QUICK_ARGS = ["--keys", "500", "--updates", "50", "--sample-every", "2", "--threshold", "4"]
+QUICK_ARGS = ["--keys", "500", "--updates", "50", "--sample-every", "2"]
 
 
 def run(quick: bool) -> list[Table]:
@@ -32,9 +32,9 @@ def run(quick: bool) -> list[Table]:
     with tempfile.TemporaryDirectory(prefix="statekeeper-sustain-") as scratch:
         for stores, rate, seconds, every, spread in QUICK if quick else CONFIGS:
             args = ["--stores", str(stores), "--rate", str(rate), "--seconds", str(seconds), "--every", str(every)]
-            args += ["--snapshot-spread", str(spread), "--build-processes", "2"]
+            args += ["--snapshot-spread", str(spread), "--build-processes", "2", "--threshold", str(threshold)]
             args += ["--versions-dir", str(Path(scratch, str(stores)))]
-            f = run_figures("bench.fleet_sustain", [*args, *(QUICK_ARGS if quick else ["--threshold", str(threshold)])])
+            f = run_figures("bench.fleet_sustain", [*args, *(QUICK_ARGS if quick else [])])
             rows.append(
                 [
                     stores,

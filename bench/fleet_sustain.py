@@ -127,6 +127,19 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
     fleet = FleetParams(threshold=args.threshold, retain=settings.min_versions_to_retain, orphan_grace=60.0)
     off_clock = {"cpu": 0.0, "wall": 0.0}
 
+    def state(rounds_done: int) -> dict[str, float]:
+        """What the window's ends are measured from: the time, the CPU (all of it, and the build processes'),
+        the versions published, the rounds every store finished, and the time and CPU taken off the clock."""
+        return {
+            "t": time.perf_counter(),
+            "cpu": maintainer_cpu(),
+            "builds": build_processes_cpu(),
+            "version": published,
+            "rounds": rounds_done,
+            "off_cpu": off_clock["cpu"],
+            "off_wall": off_clock["wall"],
+        }
+
     def take_sample() -> None:
         """The root's chains, files and bytes against the bound (`bench.fleet_sampling`), off the clock: the
         loop waits for this callback, so its time and CPU are taken out of the window."""
@@ -159,8 +172,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
             return
         if not t0:
             t0 = now - (published - 1) / per_store  # from here on, the versions come at the rate asked
-            warm.update(t=now, cpu=maintainer_cpu(), builds=build_processes_cpu(), version=published, off_cpu=0.0)
-            warm["off_wall"] = 0.0
+            warm.update(state(done))
         elif done > last_call["rounds"]:  # the previous cycle ended a round: its start bounds a period
             boundaries.append(dict(last_call))
         if now - warm["t"] >= args.sample_every * len(samples):
@@ -178,10 +190,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         # the chain just before this cycle's snapshots landed, to the versions now published: the longest a store
         # waited for its new snapshot (the last one its round built)
         longest = max(longest, published - before)
-        last_call.update(
-            t=time.perf_counter(), cpu=maintainer_cpu(), builds=build_processes_cpu(), version=published, rounds=done
-        )
-        last_call.update(off_cpu=off_clock["cpu"], off_wall=off_clock["wall"])
+        last_call.update(state(done))
 
     stop = threading.Event()
     maintain(
