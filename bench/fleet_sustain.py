@@ -212,7 +212,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         "cpu_ms_per_store_commit": 1000 * cpu / commits,
         "of_which_build_processes_ms": 1000 * (last["builds"] - first["builds"]) / commits,
         "cores_used": cpu / wall,
-        "rounds": len(boundaries) - 1,
+        "rounds": max(0, len(boundaries) - 1),
         "longest_chain": longest,
         "threshold": args.threshold,
         "chain_max_sampled": max(x.chain_max for x in samples),

@@ -56,13 +56,17 @@ class StoreExecutor(Protocol):
 
 @dataclass(frozen=True)
 class InProcess:
-    """The default executor: `step` on a pool of `parallelism` threads here, with a progress bar."""
+    """The default executor: `step` on a pool of `parallelism` threads here, with a progress bar; with `lane`
+    (the build process of a store), the threads are shared out among the lanes (`run_each`)."""
 
     parallelism: int
     progress: bool = False
+    lane: Callable[[StoreId], int] | None = None
 
     def run_stores(self, task: StoreTask, stores: Sequence[StoreId], step: StoreStep) -> dict[StoreId, Row]:
-        results = run_each(stores, step, parallelism=self.parallelism, progress=self.progress, desc=task.operation)
+        results = run_each(
+            stores, step, parallelism=self.parallelism, progress=self.progress, desc=task.operation, lane=self.lane
+        )
         rows: dict[StoreId, Row] = {}
         for store, res in zip(stores, results, strict=True):
             # a step turns its failures into rows; anything else escaping it is a bug, still reported by name

@@ -35,7 +35,7 @@ from statekeeper.store.files.base import open_seekable
 from statekeeper.store.formats.changelog import ChangelogReader
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import StoreId
-from statekeeper.store.loading import apply_changelog
+from statekeeper.store.loading import ChangelogReplay
 from statekeeper.store.rocks import DEFAULT_CF, db_options, open_db, track_memtable, untrack_memtables
 from statekeeper.store.snapshot import SnapshotResult, restore_snapshot, write_snapshot
 
@@ -262,13 +262,15 @@ class Replica:
         """Replay the committed changelogs of versions start+1 .. end onto the open DB."""
         self._drop_marker()
         self.state = None  # the DB is between versions until the replay completes
+        replay = ChangelogReplay(self.db, self._handle_of, REPLAY_BATCH_BYTES, self.dir)
         records = 0
         for v in range(start + 1, end + 1):
             cid = committed.get(v)
             if cid is None:
                 raise LineageError(f"version {v} of store {self.store} is not committed (no commit record names it)")
             full = v in self._full_state
-            records += self._replay(v, cid, committed.get(v - 1) if v > 1 and not full else None)
+            records += self._replay(replay, v, cid, committed.get(v - 1) if v > 1 and not full else None)
+        replay.write()
         return end - start, records
 
     def _handle_of(self, cf_name: str) -> Any:
@@ -279,7 +281,7 @@ class Replica:
             handle = self._handles[cf_name]
         return handle
 
-    def _replay(self, version: int, checkpoint_id: str, parent_id: str | None) -> int:
+    def _replay(self, replay: ChangelogReplay, version: int, checkpoint_id: str, parent_id: str | None) -> int:
         path = self.store.changelog(version, checkpoint_id)
         name = f"{self.fm.root_uri}/{path}"
         with open_seekable(self.fm, path, self.dir) as f:
@@ -298,7 +300,7 @@ class Replica:
                     f"{h.lineage[0] if h.lineage else 'nothing'}, not committed ({version - 1}, {parent_id}): {name}"
                 )
             reader.check_footer()
-            return apply_changelog(reader, self.db, self._handle_of, REPLAY_BATCH_BYTES, self.dir)
+            return replay.add(reader)
 
     # -- using ------------------------------------------------------------------------------------
     def snapshot(self, existing_ssts: set[str], corrupt_ssts: frozenset[str] = frozenset()) -> SnapshotResult:

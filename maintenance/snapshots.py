@@ -92,7 +92,7 @@ def create_snapshots(
             return report
         due = {str(s): requested[s] for s in todo if s in requested}
         task = StoreTask("snapshot", fm.root_uri, settings, catalog_url(catalog), {"due_at": due})
-        rows = (executor or InProcess(settings.parallelism, progress)).run_stores(
+        rows = (executor or _in_process(fm, settings, progress)).run_stores(
             task, todo, lambda s: snapshot_row(fm, inv, s, settings, catalog, requested.get(s))
         )
         for store in todo:
@@ -101,6 +101,15 @@ def create_snapshots(
             written = {s: row for s in todo if (row := rows.get(s) or {}).get("action") == "snapshot"}
             _sync(catalog, fm, inv, report, written)
     return report
+
+
+def _in_process(fm: CheckpointFileManager, settings: MaintenanceSettings, progress: bool) -> InProcess:
+    """This process's pool; with build processes, each gets its share of the threads (its lane), so that every
+    one has its next build ready while it runs one."""
+    if not settings.build_processes:
+        return InProcess(settings.parallelism, progress)
+    workers = build_processes(settings.build_processes)
+    return InProcess(settings.parallelism, progress, lambda store: workers.worker_of(fm.root_uri, store))
 
 
 def snapshot_row(

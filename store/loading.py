@@ -154,12 +154,12 @@ class PlanExecution:
         if plan.source is LoadSource.REUSE:
             return plan, LoadMetrics(0.0, True, None, 0, 0)
         if plan.source is LoadSource.CATCH_UP:
-            records = sum(self._replay(v, c) for v, c in plan.replay)
+            records = self._replay_all(plan)
             self._lineage = plan.lineage
             return plan, LoadMetrics(0.0, True, None, len(plan.replay), records)
         plan = self._restore_base(plan)
         try:
-            records = sum(self._replay(v, c) for v, c in plan.replay)
+            records = self._replay_all(plan)
         except _UNREADABLE_SNAPSHOT as e:
             if not plan.skipped or (isinstance(e, FileNotFoundError) and self._newer_plan(plan)):
                 raise
@@ -235,68 +235,104 @@ class PlanExecution:
             plan.version,
         )
 
-    def _replay(self, version: int, checkpoint_id: str) -> int:
+    def _replay_all(self, plan: LoadPlan) -> int:
+        """Replay the plan's changelogs onto the open DB as one (`ChangelogReplay`); returns the record count."""
+        assert self._db is not None
+        replay = ChangelogReplay(self._db, self._handle_of, self.config.replay_batch_bytes, self._work)
+        records = sum(self._replay(replay, v, c) for v, c in plan.replay)
+        replay.write()
+        return records
+
+    def _replay(self, replay: ChangelogReplay, version: int, checkpoint_id: str) -> int:
         path = self.store_id.changelog(version, checkpoint_id)
         name = f"{self.fm.root_uri}/{path}"
         with open_seekable(self.fm, path, self._work) as f:
             reader = ChangelogReader(f, name)
             check_header(self.store_id, reader.header, version, checkpoint_id, name)
             reader.check_footer()
-            assert self._db is not None
-            return apply_changelog(reader, self._db, self._handle_of, self.config.replay_batch_bytes, self._work)
+            return replay.add(reader)
 
 
-def apply_changelog(
-    reader: ChangelogReader, db: rd.Rdict, handle_of: Callable[[str], Any], batch_bytes: int, work_dir: str
-) -> int:
-    """Write every record of a checked changelog into `db` in write batches of ~`batch_bytes`, and ingest
-    its SST blocks (copied into `work_dir` first); returns the record count. `handle_of` maps a column
-    family name to its handle (creating it if need be)."""
-    wb = rd.WriteBatch(raw_mode=True)
-    handle: Any = None
-    records = 0
-    try:
-        for entry in reader.entries(work_dir):
+MERGE_BYTES = 8 << 20
+"""A replay buffers at most about this many bytes of decoded record blocks before writing them."""
+
+
+class ChangelogReplay:
+    """Applies consecutive checked changelogs to `db` as one: their record blocks are merged per column
+    family (a key's last value wins, a delete is kept as such) and written in one write batch per
+    ~`batch_bytes` (at most `MERGE_BYTES`) of buffered records, so a key updated in many of them is written once.
+
+    Only the state after the last changelog is ever read, so the versions in between need not exist in the DB:
+    RocksDB inserts, sorts and flushes each surviving key once instead of once per update (a third less CPU
+    for a snapshot build of 20 changelogs updating a tenth of their keys each). An SST block or a range delete
+    writes what is buffered first (it must apply after it). `handle_of` maps a column family name to its
+    handle (creating it if need be); SST blocks are copied into `work_dir` and ingested."""
+
+    def __init__(self, db: rd.Rdict, handle_of: Callable[[str], Any], batch_bytes: int, work_dir: str) -> None:
+        self._db, self._handle_of, self._work = db, handle_of, work_dir
+        self._limit = min(batch_bytes, MERGE_BYTES)
+        self._pending: dict[str, dict[bytes, bytes | None]] = {}
+        self._with_deletes: set[str] = set()
+        self._bytes = 0
+
+    def add(self, reader: ChangelogReader) -> int:
+        """Apply the records of `reader` (its header and footer checked); returns how many it holds."""
+        records = 0
+        for entry in reader.entries(self._work):
             if isinstance(entry, SstFile):
-                if not wb.is_empty():  # order matters: the SST's records are newer than these
-                    db.write(wb)
-                    wb = rd.WriteBatch(raw_mode=True)
-                handle_of(entry.cf)
+                self.write()  # order matters: the SST's records are newer than those buffered
+                self._handle_of(entry.cf)
                 try:
-                    ingest_sst(db.get_column_family(entry.cf), entry.path)
+                    ingest_sst(self._db.get_column_family(entry.cf), entry.path)
                 finally:
                     if os.path.exists(entry.path):
                         os.unlink(entry.path)
                 records += entry.records
-                continue
-            if isinstance(entry, RangeDelete):
-                wb.delete_range(entry.start, entry.end, handle_of(entry.cf))
-                records += 1
-                continue
-            cf_name, keys, values = entry
-            handle = handle_of(cf_name)
-            if None in values:  # equal lengths: `decode_block_payload` refuses a block whose counts differ
-                put, delete = wb.put, wb.delete
-                for k, val in zip(keys, values, strict=True):
-                    if val is None:
-                        delete(k, handle)
-                    else:
-                        put(k, val, handle)
-            else:  # the common block of puts only: the loop in C (a third of the time per record)
-                deque(map(wb.put, keys, values, repeat(handle, len(keys))), maxlen=0)
-            records += len(keys)
-            if wb.size_in_bytes() >= batch_bytes:
-                db.write(wb)
+            elif isinstance(entry, RangeDelete):
+                self.write()
                 wb = rd.WriteBatch(raw_mode=True)
-                relieve_memory_pressure()
-        if not wb.is_empty():
-            db.write(wb)
+                wb.delete_range(entry.start, entry.end, self._handle_of(entry.cf))
+                self._db.write(wb)
+                records += 1
+            else:
+                cf_name, keys, values = entry
+                pending = self._pending.get(cf_name)
+                if pending is None:
+                    pending = self._pending[cf_name] = {}
+                pending.update(zip(keys, values, strict=True))  # `decode_block_payload` checked their counts
+                records += len(keys)
+                if None in values:
+                    self._with_deletes.add(cf_name)
+                self._bytes += reader.block_bytes
+                if self._bytes >= self._limit:
+                    self.write()
         return records
-    finally:
-        # A traceback keeps this frame alive: drop its references into the DB (column family handle,
-        # write batch), or closing the DB after a failed replay leaves it locked and the next load of
-        # the store fails with "lock hold by current process".
-        wb = handle = put = delete = None  # type: ignore[assignment]
+
+    def write(self) -> None:
+        """Write what is buffered (call once after the last `add`)."""
+        if not self._pending:
+            return
+        wb = rd.WriteBatch(raw_mode=True)
+        try:
+            for cf_name, pending in self._pending.items():
+                handle = self._handle_of(cf_name)
+                if cf_name in self._with_deletes:
+                    put, delete = wb.put, wb.delete
+                    for k, val in pending.items():
+                        if val is None:
+                            delete(k, handle)
+                        else:
+                            put(k, val, handle)
+                else:  # puts only: the loop in C
+                    deque(map(wb.put, pending.keys(), pending.values(), repeat(handle, len(pending))), maxlen=0)
+            self._db.write(wb)
+        finally:
+            # A traceback keeps this frame alive: drop its references into the DB (column family handle,
+            # write batch), or closing the DB after a failed replay leaves it locked and the next load of
+            # the store fails with "lock hold by current process".
+            wb = handle = put = delete = None  # type: ignore[assignment]
+            self._pending, self._with_deletes, self._bytes = {}, set(), 0
+        relieve_memory_pressure()
 
 
 def _no_intact_path(plan: LoadPlan, why: BaseException) -> CorruptFileError:
@@ -309,4 +345,4 @@ def _no_intact_path(plan: LoadPlan, why: BaseException) -> CorruptFileError:
     )
 
 
-__all__ = ["MAX_REPLANS", "LoadMetrics", "PlanExecution", "apply_changelog"]
+__all__ = ["MAX_REPLANS", "ChangelogReplay", "LoadMetrics", "PlanExecution"]

@@ -305,6 +305,8 @@ class ChangelogReader:
         self.name = name
         self.header = read_header(f, name)
         self._dctx = zstandard.ZstdDecompressor() if self.header.codec == "zstd" else None
+        self.block_bytes = 0
+        """The decoded size of the last record block `entries` yielded (its keys, values and their lengths)."""
 
     def check_footer(self) -> tuple[int, int]:
         """On a seekable file, validate the footer before reading blocks; returns (blocks, records)."""
@@ -387,6 +389,7 @@ class ChangelogReader:
                     raise CorruptFileError(f"block {seen_blocks} has {len(raw)} bytes, header says {raw_len}", name)
                 keys, values = decode_block_payload(raw, n, name)
                 entry = (cf_b.decode(), keys, values)
+                self.block_bytes = raw_len
             seen_blocks += 1
             seen_records += n
             yield entry

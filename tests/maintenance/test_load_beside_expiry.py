@@ -18,6 +18,7 @@ from statekeeper.maintenance.snapshots import create_snapshots
 from statekeeper.store import CorruptFileError, StateStore, StoreConfig, VersionExpiredError
 from statekeeper.store.layout import StoreId
 from statekeeper.store.load_plan import LoadPlan, LoadSource, Ref
+from statekeeper.store.loading import ChangelogReplay
 from tests.maintenance.helpers import History, content
 
 
@@ -128,10 +129,10 @@ def test_a_load_of_a_version_that_leaves_retention_while_it_loads_says_so(
             _snapshot_and_expire(h, head_only)
         return plan
 
-    def expired_then_replayed(v: int, checkpoint_id: str) -> int:
+    def expired_then_replayed(replay: ChangelogReplay, v: int, checkpoint_id: str) -> int:
         if v == 6:
             _snapshot_and_expire(h, head_only)
-        return replayed(v, checkpoint_id)
+        return replayed(replay, v, checkpoint_id)
 
     monkeypatch.setattr(probe, "plan_load", planned_then_expired)
     monkeypatch.setattr(probe, "_replay", expired_then_replayed if race == "after-restoring" else replayed)
