@@ -15,11 +15,11 @@ from pathlib import Path
 from bench.report import Table, run_figures
 
 CONFIGS = [  # stores, store-commits a second, seconds measured, cycle every (s), snapshot_spread, threshold
-    (128, 1000, 30, 1.0, 0.5, 40),
-    (128, 1000, 30, 1.0, 0.0, 40),
-    (128, 1000, 30, 1.0, 0.5, 20),
-    (128, 1000, 30, 1.0, 0.0, 20),
-    (128, 800, 30, 1.0, 0.5, 20),
+    (128, 1000, 20, 1.0, 0.5, 40),
+    (128, 1000, 20, 1.0, 0.0, 40),
+    (128, 1000, 20, 1.0, 0.5, 20),
+    (128, 1000, 20, 1.0, 0.0, 20),
+    (128, 800, 20, 1.0, 0.5, 20),
 ]
 """Per fleet, the row needing the most versions first: its versions are written once, for it, and read by the
 others."""

@@ -263,10 +263,11 @@ class ChangelogReplay:
     ~`batch_bytes` (at most `MERGE_BYTES`) of buffered records, so a key updated in many of them is written once.
 
     Only the state after the last changelog is ever read, so the versions in between need not exist in the DB:
-    RocksDB inserts, sorts and flushes each surviving key once instead of once per update (a third less CPU
-    for a snapshot build of 20 changelogs updating a tenth of their keys each). An SST block or a range delete
-    writes what is buffered first (it must apply after it). `handle_of` maps a column family name to its
-    handle (creating it if need be); SST blocks are copied into `work_dir` and ingested."""
+    RocksDB inserts, sorts and flushes each surviving key once instead of once per update (a snapshot build of
+    20 changelogs, each updating a tenth of the keys: its flush ~40% less CPU, the whole build 13-16% less).
+    An SST block or a range delete writes what is buffered first (it must apply after it). `handle_of` maps a
+    column family name to its handle (creating it if need be); SST blocks are copied into `work_dir` and
+    ingested."""
 
     def __init__(self, db: rd.Rdict, handle_of: Callable[[str], Any], batch_bytes: int, work_dir: str) -> None:
         self._db, self._handle_of, self._work = db, handle_of, work_dir
