@@ -58,6 +58,8 @@ class StoreConfig:
     snapshot_check_interval: int = 50
     """Every this many commits, look for newer snapshots to shorten the lineage (one listing)."""
     replay_batch_bytes: int = 32 << 20
+    """A load's replay writes the records it merged at least every this many bytes (and every 8 MiB:
+    `statekeeper.store.loading.ChangelogReplay`)."""
     verify_commit: bool = True
     """On a rebuild, check that the requested id is the committed one (one small read)."""
 

@@ -99,12 +99,19 @@ def test_sustain_publishes_at_the_rate_asked_and_reports_whether_the_maintainer_
     """`python -m bench sustain`: versions written first, published at a rate beside one maintain loop."""
     out = run_bench(tmp_path, ["--quick", "sustain"], timeout=600)
     assert "### Fleet: the rate one maintenance process keeps up with" in out, out
-    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| 8 | 16 |")]
-    assert [r[3].strip() for r in rows] == ["0.5", "0"], out  # with snapshot_spread and without
+    lines = out.splitlines()
+    header = [c.strip() for c in next(line for line in lines if line.startswith("| stores |")).split("|")[1:-1]]
+    rows = [
+        dict(zip(header, (c.strip() for c in line.split("|")[1:-1]), strict=True))
+        for line in lines
+        if line.startswith("| 8 | 16 |")
+    ]
+    assert [r["snapshot_spread"] for r in rows] == ["0.5", "0"], out  # with snapshot_spread and without
     for r in rows:
-        assert 8 <= float(r[4]) <= 24, f"the cycles were given about the rate asked: {r}"  # 16 a second
-        assert float(r[6]) > 0, "the build processes' CPU is counted"
-        assert r[-1].strip() in ("yes", "no")
+        assert r["snapshot threshold"] == "4", r
+        assert 8 <= float(r["store-commits/s in the window"]) <= 24, f"the cycles were given about the rate asked: {r}"
+        assert float(r["of which build processes"]) > 0, "the build processes' CPU is counted"
+        assert r["kept up"] in ("yes", "no")
     assert list(tmp_path.iterdir()) == [], "the benchmark left scratch files behind"
 
 
