@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 
 MARKER = "warm.json"
 LOCK = "replica.lock"
-REPLAY_BATCH_BYTES = 32 << 20
 
 
 class ReplicaBusyError(StoreStateError):
@@ -262,7 +261,7 @@ class Replica:
         """Replay the committed changelogs of versions start+1 .. end onto the open DB."""
         self._drop_marker()
         self.state = None  # the DB is between versions until the replay completes
-        replay = ChangelogReplay(self.db, self._handle_of, REPLAY_BATCH_BYTES, self.dir)
+        replay = ChangelogReplay(self.db, self._handle_of, self.dir)
         records = 0
         for v in range(start + 1, end + 1):
             cid = committed.get(v)

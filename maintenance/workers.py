@@ -82,9 +82,9 @@ def _run_in_lanes(
             results[i] = contexts[i].run(one, items[i])
 
     per_lane = max(1, parallelism // len(queues))
-    runs = [(q, n) for q in queues.values() for n in range(min(per_lane, len(q)))]
+    runs = [q for q in queues.values() for _ in range(min(per_lane, len(q)))]  # a thread each
     with ThreadPoolExecutor(max_workers=len(runs), thread_name_prefix=desc or "maint") as pool:
-        for future in [pool.submit(drain, q) for q, _ in runs]:
+        for future in [pool.submit(drain, q) for q in runs]:
             future.result()
     return [results[i] for i in range(len(items))]
 

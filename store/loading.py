@@ -238,7 +238,7 @@ class PlanExecution:
     def _replay_all(self, plan: LoadPlan) -> int:
         """Replay the plan's changelogs onto the open DB as one (`ChangelogReplay`); returns the record count."""
         assert self._db is not None
-        replay = ChangelogReplay(self._db, self._handle_of, self.config.replay_batch_bytes, self._work)
+        replay = ChangelogReplay(self._db, self._handle_of, self._work, self.config.replay_batch_bytes)
         records = sum(self._replay(replay, v, c) for v, c in plan.replay)
         replay.write()
         return records
@@ -259,8 +259,8 @@ MERGE_BYTES = 8 << 20
 
 class ChangelogReplay:
     """Applies consecutive checked changelogs to `db` as one: their record blocks are merged per column
-    family (a key's last value wins, a delete is kept as such) and written in one write batch per
-    ~`batch_bytes` (at most `MERGE_BYTES`) of buffered records, so a key updated in many of them is written once.
+    family (a key's last value wins, a delete is kept as such) and written in one write batch per ~`batch_bytes`
+    (at most, and by default, `MERGE_BYTES`) of buffered records, so a key updated in many of them is written once.
 
     Only the state after the last changelog is ever read, so the versions in between need not exist in the DB:
     RocksDB inserts, sorts and flushes each surviving key once instead of once per update (a snapshot build of
@@ -269,11 +269,12 @@ class ChangelogReplay:
     column family name to its handle (creating it if need be); SST blocks are copied into `work_dir` and
     ingested."""
 
-    def __init__(self, db: rd.Rdict, handle_of: Callable[[str], Any], batch_bytes: int, work_dir: str) -> None:
+    def __init__(
+        self, db: rd.Rdict, handle_of: Callable[[str], Any], work_dir: str, batch_bytes: int = MERGE_BYTES
+    ) -> None:
         self._db, self._handle_of, self._work = db, handle_of, work_dir
         self._limit = min(batch_bytes, MERGE_BYTES)
         self._pending: dict[str, dict[bytes, bytes | None]] = {}
-        self._with_deletes: set[str] = set()
         self._bytes = 0
 
     def add(self, reader: ChangelogReader) -> int:
@@ -302,8 +303,6 @@ class ChangelogReplay:
                     pending = self._pending[cf_name] = {}
                 pending.update(zip(keys, values, strict=True))  # `decode_block_payload` checked their counts
                 records += len(keys)
-                if None in values:
-                    self._with_deletes.add(cf_name)
                 self._bytes += reader.block_bytes
                 if self._bytes >= self._limit:
                     self.write()
@@ -317,7 +316,7 @@ class ChangelogReplay:
         try:
             for cf_name, pending in self._pending.items():
                 handle = self._handle_of(cf_name)
-                if cf_name in self._with_deletes:
+                if None in pending.values():  # once per merged key, not per update
                     put, delete = wb.put, wb.delete
                     for k, val in pending.items():
                         if val is None:
@@ -332,7 +331,7 @@ class ChangelogReplay:
             # write batch), or closing the DB after a failed replay leaves it locked and the next load of
             # the store fails with "lock hold by current process".
             wb = handle = put = delete = None  # type: ignore[assignment]
-            self._pending, self._with_deletes, self._bytes = {}, set(), 0
+            self._pending, self._bytes = {}, 0
         relieve_memory_pressure()
 
 

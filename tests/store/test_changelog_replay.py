@@ -83,7 +83,7 @@ def test_changelogs_replayed_as_one_leave_the_state_of_every_operation_in_order(
     db = open_db(str(base / "db"), ["other"])
     try:
         handles = {cf: db.get_column_family_handle(cf) for cf in (DEFAULT_CF, "other")}
-        replay = ChangelogReplay(db, handles.__getitem__, batch_bytes, str(base))
+        replay = ChangelogReplay(db, handles.__getitem__, str(base), batch_bytes)
         records = 0
         for version in range(1, len(changelogs) + 1):
             with open(base / f"{version}.changelog", "rb") as f:
@@ -99,3 +99,23 @@ def test_changelogs_replayed_as_one_leave_the_state_of_every_operation_in_order(
         db.close()
     expected = sum(len(op[2]) if op[0] != "range" else 1 for ops in changelogs for op in ops)
     assert records == expected
+
+
+def test_a_replay_buffers_no_more_than_its_limit(tmp_path: Path) -> None:
+    """DESIGN, Memory: updates are never buffered unbounded in Python. Under the limit a replay holds a changelog's
+    records until `write` (merged); past it, `add` writes them out itself."""
+    ops: list[Op] = [("block", DEFAULT_CF, [(b"k%02d" % i, b"v" * 8) for i in range(10)])]
+    _write(tmp_path / "1.changelog", 1, ops, tmp_path)
+    for limit, written_by_add in ((1 << 20, False), (64, True)):
+        db = open_db(str(tmp_path / f"db-{limit}"))
+        try:
+            handles = {DEFAULT_CF: db.get_column_family_handle(DEFAULT_CF)}
+            replay = ChangelogReplay(db, handles.__getitem__, str(tmp_path), limit)
+            with open(tmp_path / "1.changelog", "rb") as f:
+                replay.add(ChangelogReader(f, "1.changelog"))
+            assert (len(dict(db.items())) == 10) is written_by_add, limit
+            replay.write()
+            assert len(dict(db.items())) == 10
+            del handles
+        finally:
+            db.close()
