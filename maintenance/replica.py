@@ -7,9 +7,11 @@ changelogs after the version it holds, checking that each one's lineage starts a
 before it. It never writes changelogs, so it can hold a version without a pending attempt.
 
 Across processes the copy is reused through a marker file (``warm.json``: root, store, version, id,
-SST hashes) written only after the DB was flushed; it is removed before any change, so a crash mid
-replay leaves no marker and the next run rebuilds. A ``flock`` on the directory keeps two processes
-on one host from sharing it.
+SST hashes, the host's boot id) written only after the DB was flushed; it is removed before any change, so a
+crash mid replay leaves no marker and the next run rebuilds. The marker and its removal are not fsynced: a
+killed process leaves them in the page cache, and after a host restart (power loss) the boot id differs and
+the copy is rebuilt, so a stale marker that reappears beside a newer DB is never trusted. A ``flock`` on the
+directory keeps two processes on one host from sharing it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -149,6 +152,8 @@ class Replica:
                 self.store.partition,
             ):
                 raise ValueError("marker of another store")
+            if data.get("boot_id") != host_boot_id():
+                raise ValueError("the marker was written before the host restarted")
             state = (int(data["version"]), str(data["checkpoint_id"]))
             cache = {(str(n), int(s)): str(h) for n, s, h in data.get("sst_hashes", [])}
             if not os.path.exists(os.path.join(self.db_dir, "CURRENT")):
@@ -184,12 +189,11 @@ class Replica:
             "checkpoint_id": self.state[1],
             "sst_hashes": [[n, s, h] for (n, s), h in sorted(self.hash_cache.items()) if n in live],
             "saved_at": time.time(),
+            "boot_id": host_boot_id(),
         }
         tmp = self._marker_path() + ".tmp"
         with open(tmp, "w") as f:
-            json.dump(data, f)
-            f.flush()
-            os.fsync(f.fileno())
+            json.dump(data, f)  # not fsynced: trusted only within this boot (module docstring)
         os.replace(tmp, self._marker_path())
 
     # -- building ---------------------------------------------------------------------------------
@@ -326,6 +330,18 @@ class Replica:
         return cast(Iterator[tuple[bytes, bytes]], self._cfs[cf].items())
 
 
+@functools.cache
+def host_boot_id() -> str:
+    """An id that changes whenever the host restarts: Linux's boot id, elsewhere the boot time."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        import psutil
+
+        return f"boot-time-{psutil.boot_time():.0f}"
+
+
 def content_digest(items_by_cf: Mapping[str, Iterator[tuple[bytes, bytes]]]) -> tuple[int, str]:
     """(key count, SHA-256 over every non-empty column family's sorted items): compare states cheaply."""
     import hashlib
@@ -343,4 +359,4 @@ def content_digest(items_by_cf: Mapping[str, Iterator[tuple[bytes, bytes]]]) -> 
     return keys, h.hexdigest()
 
 
-__all__ = ["BuildStats", "Replica", "ReplicaBusyError", "content_digest"]
+__all__ = ["BuildStats", "Replica", "ReplicaBusyError", "content_digest", "host_boot_id"]
