@@ -201,7 +201,10 @@ class LocalFileManager:
         makedirs_durable(directory)
         fd = os.open(local_path, os.O_RDONLY)
         try:
-            os.fsync(fd)  # nearly free when the writer fsynced already, as the changelog writer does
+            # Only the bytes and size must be durable before the link (the directory fsync below makes the
+            # link so): free when the writer synced them, as the changelog writer and RocksDB do, even after a
+            # hard link (a RocksDB checkpoint's) dirtied the inode, where an fsync would commit the journal.
+            getattr(os, "fdatasync", os.fsync)(fd)  # macOS has no fdatasync
             size = os.fstat(fd).st_size
             # A published file's age is its publish time (maintenance's grace periods read mtimes),
             # not the age of its source: an SST linked into a snapshot may be days old.

@@ -335,11 +335,11 @@ def test_store_commit_loop_survives_sigkill(tmp_path: Path) -> None:
 #   fsync 3 (data), link 1 (publish), unlink 1 (temp name), fsync 4 (directory);
 # blob 1 (exclusive): fsync 5, link 2, unlink 2, fsync 6;
 # blob 2 (non-exclusive replace): fsync 7 (shared/ created), fsync 8 (data), replace 1, fsync 9;
-# blob 3 (put_file of a complete local file): fsync 10 (the source), link 3 (straight to the final
-#   name: no temp name), fsync 11 (directory).
+# blob 3 (put_file of a complete local file): fdatasync 1 (the source), link 3 (straight to the final
+#   name: no temp name), fsync 10 (directory).
 ALL_FILE_POINTS = [
     f"{call}:{n}:{when}"
-    for call, count in (("fsync", 11), ("link", 3), ("unlink", 2), ("replace", 1))
+    for call, count in (("fsync", 10), ("fdatasync", 1), ("link", 3), ("unlink", 2), ("replace", 1))
     for n in range(1, count + 1)
     for when in ("before", "after")
 ]
@@ -382,6 +382,8 @@ STORE_POINTS_FAST = [
     "link:14:after",
     "fsync:4:before",
     "fsync:6:after",
+    "fdatasync:2:before",
+    "fdatasync:3:after",
     "unlink:3:before",
 ]
 
