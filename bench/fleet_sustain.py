@@ -59,19 +59,24 @@ def main(argv: list[str] | None = None) -> int:
         "--versions-dir", type=Path, help="keep the written versions here and reuse them in later runs (same fleet)"
     )
     parser.add_argument("--write-only", action="store_true", help="only write the versions (into --versions-dir)")
+    parser.add_argument(
+        "--work-dir", type=Path, help="the maintainer's work_dir (its warm copies; default: beside the root)"
+    )
     parser.add_argument("--verbose", action="store_true", help="log every cycle (its seconds and reports)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(message)s")
     per_store = args.rate / args.stores  # versions a second of every store
     versions = 2 * args.threshold + math.ceil(per_store * args.seconds) + 1  # the warm-up's, then the measured ones
     base = Path(tempfile.mkdtemp(prefix="statekeeper-fleet-sustain-"))
+    work = Path(tempfile.mkdtemp(prefix="statekeeper-fleet-work-", dir=args.work_dir)) if args.work_dir else base
     try:
         root = base / "ckpt"
         root.mkdir()
         held = _versions(args, args.versions_dir or base / "held", versions, base)
-        return 0 if args.write_only else _run(args, root, held, per_store)
+        return 0 if args.write_only else _run(args, root, held, per_store, work / "replicas")
     finally:
         shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _versions(args: argparse.Namespace, where: Path, versions: int, base: Path) -> list[Path]:
@@ -109,10 +114,10 @@ def _move_tree(src: Path, dst: Path, *, link: bool = False) -> None:
                 os.rename(os.path.join(dirpath, name), target / name)
 
 
-def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: float) -> int:
+def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: float, work: Path) -> int:
     from statekeeper.maintenance.loop import maintain
 
-    settings = loop_settings(args, str(root.parent / "replicas"))
+    settings = loop_settings(args, str(work))
     _move_tree(held[0], root, link=True)  # the bulk load (version 1): there before the maintainer starts
     published = 1
     snapshot_of: dict[str, int] = {}
