@@ -27,14 +27,14 @@ import shutil
 import time
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, BinaryIO, cast
 
 import rocksdict as rd
 
 from statekeeper.store.errors import CorruptFileError, LineageError, StoreStateError, UnsupportedFormatError
 from statekeeper.store.faults import reached as fault_point
 from statekeeper.store.files import CheckpointFileManager
-from statekeeper.store.files.base import open_seekable
+from statekeeper.store.files.read_ahead import ReadAhead
 from statekeeper.store.formats.changelog import ChangelogReader
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import StoreId
@@ -265,14 +265,19 @@ class Replica:
         """Replay the committed changelogs of versions start+1 .. end onto the open DB."""
         self._drop_marker()
         self.state = None  # the DB is between versions until the replay completes
+        versions = range(start + 1, end + 1)
+        if missing := [v for v in versions if v not in committed]:
+            raise LineageError(
+                f"version {missing[0]} of store {self.store} is not committed (no commit record names it)"
+            )
         replay = ChangelogReplay(self.db, self._handle_of, self.dir)
+        paths = [self.store.changelog(v, committed[v]) for v in versions]
         records = 0
-        for v in range(start + 1, end + 1):
-            cid = committed.get(v)
-            if cid is None:
-                raise LineageError(f"version {v} of store {self.store} is not committed (no commit record names it)")
-            full = v in self._full_state
-            records += self._replay(replay, v, cid, committed.get(v - 1) if v > 1 and not full else None)
+        with ReadAhead(self.fm, paths, self.dir) as files:
+            for v, path, f in zip(versions, paths, files, strict=True):
+                with f:
+                    parent = committed.get(v - 1) if v > 1 and v not in self._full_state else None
+                    records += self._replay(replay, f, path, v, committed[v], parent)
         replay.write()
         return end - start, records
 
@@ -284,26 +289,32 @@ class Replica:
             handle = self._handles[cf_name]
         return handle
 
-    def _replay(self, replay: ChangelogReplay, version: int, checkpoint_id: str, parent_id: str | None) -> int:
-        path = self.store.changelog(version, checkpoint_id)
+    def _replay(
+        self,
+        replay: ChangelogReplay,
+        f: BinaryIO,
+        path: str,
+        version: int,
+        checkpoint_id: str,
+        parent_id: str | None,
+    ) -> int:
         name = f"{self.fm.root_uri}/{path}"
-        with open_seekable(self.fm, path, self.dir) as f:
-            reader = ChangelogReader(f, name)
-            h = reader.header
-            if (h.operator, h.partition, h.version, h.checkpoint_id) != (
-                self.store.operator,
-                self.store.partition,
-                version,
-                checkpoint_id,
-            ):
-                raise CorruptFileError("changelog header does not match its name", name)
-            if version > 1 and parent_id is not None and (not h.lineage or h.lineage[0] != (version - 1, parent_id)):
-                raise LineageError(
-                    f"the changelog of committed version {version} of store {self.store} extends "
-                    f"{h.lineage[0] if h.lineage else 'nothing'}, not committed ({version - 1}, {parent_id}): {name}"
-                )
-            reader.check_footer()
-            return replay.add(reader)
+        reader = ChangelogReader(f, name)
+        h = reader.header
+        if (h.operator, h.partition, h.version, h.checkpoint_id) != (
+            self.store.operator,
+            self.store.partition,
+            version,
+            checkpoint_id,
+        ):
+            raise CorruptFileError("changelog header does not match its name", name)
+        if version > 1 and parent_id is not None and (not h.lineage or h.lineage[0] != (version - 1, parent_id)):
+            raise LineageError(
+                f"the changelog of committed version {version} of store {self.store} extends "
+                f"{h.lineage[0] if h.lineage else 'nothing'}, not committed ({version - 1}, {parent_id}): {name}"
+            )
+        reader.check_footer()
+        return replay.add(reader)
 
     # -- using ------------------------------------------------------------------------------------
     def snapshot(self, existing_ssts: set[str], corrupt_ssts: frozenset[str] = frozenset()) -> SnapshotResult:

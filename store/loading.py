@@ -33,7 +33,7 @@ from statekeeper.store.errors import (
     UnsupportedFormatError,
     VersionExpiredError,
 )
-from statekeeper.store.files.base import open_seekable
+from statekeeper.store.files.read_ahead import ReadAhead
 from statekeeper.store.formats.changelog import ChangelogReader, Lineage, RangeDelete, SstFile
 from statekeeper.store.load_plan import (
     CheckpointPlanSource,
@@ -85,6 +85,9 @@ class LoadSettings(Protocol):
 
     @property
     def replay_batch_bytes(self) -> int: ...
+
+    @property
+    def read_ahead(self) -> int: ...
 
 
 class PlanExecution:
@@ -239,18 +242,18 @@ class PlanExecution:
         """Replay the plan's changelogs onto the open DB as one (`ChangelogReplay`); returns the record count."""
         assert self._db is not None
         replay = ChangelogReplay(self._db, self._handle_of, self._work, self.config.replay_batch_bytes)
-        records = sum(self._replay(replay, v, c) for v, c in plan.replay)
+        paths = [self.store_id.changelog(v, c) for v, c in plan.replay]
+        records = 0
+        with ReadAhead(self.fm, paths, self._work, self.config.read_ahead) as files:
+            for (version, checkpoint_id), path, f in zip(plan.replay, paths, files, strict=True):
+                with f:
+                    name = f"{self.fm.root_uri}/{path}"
+                    reader = ChangelogReader(f, name)
+                    check_header(self.store_id, reader.header, version, checkpoint_id, name)
+                    reader.check_footer()
+                    records += replay.add(reader)
         replay.write()
         return records
-
-    def _replay(self, replay: ChangelogReplay, version: int, checkpoint_id: str) -> int:
-        path = self.store_id.changelog(version, checkpoint_id)
-        name = f"{self.fm.root_uri}/{path}"
-        with open_seekable(self.fm, path, self._work) as f:
-            reader = ChangelogReader(f, name)
-            check_header(self.store_id, reader.header, version, checkpoint_id, name)
-            reader.check_footer()
-            return replay.add(reader)
 
 
 MERGE_BYTES = 8 << 20

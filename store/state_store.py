@@ -24,6 +24,7 @@ from typing import Any, cast
 import rocksdict as rd
 
 from statekeeper.store.commit_log import CommitLog
+from statekeeper.store.config import StoreConfig
 from statekeeper.store.errors import ConfigurationError, StatekeeperError, StoreStateError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.formats.changelog import ChangelogHeader, ChangelogWriter, Lineage
@@ -42,32 +43,6 @@ from statekeeper.store.rocks import (
 )
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StoreConfig:
-    """Tunables of one store instance; the defaults suit a streaming micro-batch."""
-
-    local_dir: str | None = None
-    """Working directory for the local RocksDB and changelog; default: a per-process temp dir."""
-    block_bytes: int = 1 << 20
-    """Changelog records buffered per column family before a block is compressed and written."""
-    compression_level: int = 1
-    max_lineage: int = 1000
-    """Lineage entries a changelog carries at most; beyond it a load reads one more header per cap."""
-    snapshot_check_interval: int = 50
-    """Every this many commits, look for newer snapshots to shorten the lineage (one listing)."""
-    replay_batch_bytes: int = 32 << 20
-    """A load's replay writes the records it merged at least every this many bytes (and every 8 MiB:
-    `statekeeper.store.loading.ChangelogReplay`)."""
-    verify_commit: bool = True
-    """On a rebuild, check that the requested id is the committed one (one small read)."""
-
-    def __post_init__(self) -> None:
-        if self.block_bytes < 1024:
-            raise ConfigurationError(f"block_bytes={self.block_bytes} is below 1024")
-        if self.max_lineage < 1:
-            raise ConfigurationError(f"max_lineage={self.max_lineage} must be >= 1")
 
 
 @dataclass(frozen=True)

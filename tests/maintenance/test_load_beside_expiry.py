@@ -18,7 +18,6 @@ from statekeeper.maintenance.snapshots import create_snapshots
 from statekeeper.store import CorruptFileError, StateStore, StoreConfig, VersionExpiredError
 from statekeeper.store.layout import StoreId
 from statekeeper.store.load_plan import LoadPlan, LoadSource, Ref
-from statekeeper.store.loading import ChangelogReplay
 from tests.maintenance.helpers import History, content
 
 
@@ -120,7 +119,7 @@ def test_a_load_of_a_version_that_leaves_retention_while_it_loads_says_so(
     h.batches(6)
     store, version = h.stores[0], 7
     probe = open_probe(h, store)
-    planned, replayed = probe.plan_load, probe._replay
+    planned, replayed = probe.plan_load, probe._replay_all
 
     def planned_then_expired(v: int, checkpoint_id: str | None = None, *, use_local: bool = True) -> LoadPlan:
         plan = planned(v, checkpoint_id, use_local=use_local)
@@ -129,13 +128,12 @@ def test_a_load_of_a_version_that_leaves_retention_while_it_loads_says_so(
             _snapshot_and_expire(h, head_only)
         return plan
 
-    def expired_then_replayed(replay: ChangelogReplay, v: int, checkpoint_id: str) -> int:
-        if v == 6:
-            _snapshot_and_expire(h, head_only)
-        return replayed(replay, v, checkpoint_id)
+    def expired_then_replayed(plan: LoadPlan) -> int:
+        _snapshot_and_expire(h, head_only)
+        return replayed(plan)
 
     monkeypatch.setattr(probe, "plan_load", planned_then_expired)
-    monkeypatch.setattr(probe, "_replay", expired_then_replayed if race == "after-restoring" else replayed)
+    monkeypatch.setattr(probe, "_replay_all", expired_then_replayed if race == "after-restoring" else replayed)
     expired = pytest.raises(VersionExpiredError, match=f"version {version} of store .* left retention")
     with caplog.at_level(logging.WARNING, logger="statekeeper.store.loading"), expired as e:
         probe.load(version, h.committed[version][store][0])

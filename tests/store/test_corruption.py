@@ -471,6 +471,8 @@ def test_bad_store_and_memory_configuration(monkeypatch: pytest.MonkeyPatch) -> 
         StoreConfig(block_bytes=10)
     with pytest.raises(ConfigurationError, match="max_lineage=0"):
         StoreConfig(max_lineage=0)
+    with pytest.raises(ConfigurationError, match="read_ahead=-1"):
+        StoreConfig(read_ahead=-1)
     with pytest.raises(ConfigurationError, match="total_bytes=1024"):
         MemoryLimits(total_bytes=1024)
     with pytest.raises(ConfigurationError, match=r"write_buffer_fraction=0\.99"):
