@@ -12,7 +12,7 @@ import pytest
 
 from statekeeper.store.errors import CheckpointFileNotFoundError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
-from statekeeper.store.files.read_ahead import ReadAhead
+from statekeeper.store.files.read_ahead import READ_AHEAD, ReadAhead
 
 
 def _publish(fm: CheckpointFileManager, n: int) -> list[str]:
@@ -79,3 +79,30 @@ def test_a_missing_file_fails_at_its_turn_naming_it_and_the_rest_are_dropped(
         while len(os.listdir("/proc/self/fd")) > fds and time.monotonic() < deadline:
             time.sleep(0.01)
         assert len(os.listdir("/proc/self/fd")) <= fds
+
+
+def test_a_forked_child_reads_ahead_with_its_own_threads(tmp_path: Path) -> None:
+    """A child forked after the parent read ahead (as Spark's daemon forks its Python workers) inherits the pool
+    object but none of its threads: the child must get a fresh pool, not queue work for threads it lacks."""
+    fm = open_file_manager(tmp_path.as_uri())
+    paths = _publish(fm, 12)
+
+    def read_all(depth: int = READ_AHEAD) -> list[bytes]:
+        with ReadAhead(fm, paths, str(tmp_path), depth) as files:
+            return [f.read() for f in files]
+
+    expected = [fm.read_bytes(p) for p in paths]
+    assert read_all(depth=len(paths)) == expected  # every thread of the parent's pool now exists, idle
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if it read everything
+        os._exit(0 if read_all() == expected else 1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child hung reading ahead")
