@@ -266,10 +266,8 @@ class Replica:
         self._drop_marker()
         self.state = None  # the DB is between versions until the replay completes
         versions = range(start + 1, end + 1)
-        if missing := [v for v in versions if v not in committed]:
-            raise LineageError(
-                f"version {missing[0]} of store {self.store} is not committed (no commit record names it)"
-            )
+        if (missing := next((v for v in versions if v not in committed), None)) is not None:
+            raise LineageError(f"version {missing} of store {self.store} is not committed (no commit record names it)")
         replay = ChangelogReplay(self.db, self._handle_of, self.dir)
         paths = [self.store.changelog(v, committed[v]) for v in versions]
         records = 0

@@ -77,7 +77,7 @@ class ReadAhead:
             _close_when_fetched(self._in_flight.popleft())
 
     def _files(self) -> Iterator[BinaryIO]:
-        if self._depth <= 0:
+        if self._depth <= 0 or len(self._paths) < 2:  # nothing to overlap: no thread handoff
             yield from (_fetch(self._fm, path, self._spill) for path in self._paths)
             return
         pool = _shared_pool()
