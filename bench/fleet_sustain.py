@@ -62,18 +62,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--work-dir", type=Path, help="the maintainer's work_dir (its warm copies; default: beside the root)"
     )
+    parser.add_argument(
+        "--scratch",
+        type=Path,
+        help="where the root lives, and the versions and warm copies unless placed elsewhere (default: the temp "
+        "dir); /dev/shm keeps them in memory, so the run measures the maintainer, not this machine's disk",
+    )
     parser.add_argument("--verbose", action="store_true", help="log every cycle (its seconds and reports)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(message)s")
     per_store = args.rate / args.stores  # versions a second of every store
     versions = 2 * args.threshold + math.ceil(per_store * args.seconds) + 1  # the warm-up's, then the measured ones
-    base = Path(tempfile.mkdtemp(prefix="statekeeper-fleet-sustain-"))
+    base = Path(tempfile.mkdtemp(prefix="statekeeper-fleet-sustain-", dir=args.scratch))
     work = Path(tempfile.mkdtemp(prefix="statekeeper-fleet-work-", dir=args.work_dir)) if args.work_dir else base
     try:
         root = base / "ckpt"
         root.mkdir()
         held = _versions(args, args.versions_dir or base / "held", versions, base)
-        return 0 if args.write_only else _run(args, root, held, per_store, work / "replicas")
+        if args.write_only:
+            return 0
+        if held[0].stat().st_dev != root.stat().st_dev:  # published by hard links
+            parser.error(f"--versions-dir {held[0].parent} is not on the filesystem of the root ({base})")
+        return _run(args, root, held, per_store, work / "replicas")
     finally:
         shutil.rmtree(base, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
@@ -147,7 +157,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
 
     def take_sample() -> None:
         """The root's chains, files and bytes against the bound (`bench.fleet_sampling`), off the clock: the
-        loop waits for this callback, so its time and CPU are taken out of the window."""
+        loop waits for this callback, so its time and CPU are taken out of the window, and the versions wait too."""
         cpu0, wall0 = time.process_time(), time.perf_counter()
         samples.append(sample([root.as_uri()], fleet, wall0 - warm["t"]))
         off_clock["cpu"] += time.process_time() - cpu0
@@ -182,10 +192,15 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
             boundaries.append(dict(last_call))
         if now - warm["t"] >= args.sample_every * len(samples):
             take_sample()  # as the cycle left the root, before the new versions
-        due = max(published, 1 + int((now - t0) * per_store))
+
+        def elapsed() -> float:
+            """Seconds of the versions' clock: it stops while a sample pauses the loop (off the clock)."""
+            return time.perf_counter() - t0 - off_clock["wall"]
+
+        due = max(published, 1 + int(elapsed() * per_store))
         if due == published:
-            time.sleep(max(0.0, t0 + published / per_store - now))
-            due = max(published, 1 + int((time.perf_counter() - t0) * per_store))
+            time.sleep(max(0.0, published / per_store - elapsed()))
+            due = max(published, 1 + int(elapsed() * per_store))
         if due > len(held):  # out of versions
             stop.set()
             return

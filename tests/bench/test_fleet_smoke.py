@@ -104,9 +104,13 @@ def test_sustain_publishes_at_the_rate_asked_and_reports_whether_the_maintainer_
     rows = [
         dict(zip(header, (c.strip() for c in line.split("|")[1:-1]), strict=True))
         for line in lines
-        if line.startswith("| 8 | 16 |")
+        if line.startswith("| 8 |")
     ]
-    assert [r["snapshot_spread"] for r in rows] == ["0.5", "0"], out  # with snapshot_spread and without
+    # with snapshot_spread and without, then the root in memory (where /dev/shm has room: it is named if not)
+    expected = [("disk", "0.5"), ("disk", "0"), ("memory", "0.5")]
+    if "Not run: 8 stores in memory" in out:
+        expected.pop()
+    assert [(r["root"], r["snapshot_spread"]) for r in rows] == expected, out
     for r in rows:
         assert r["snapshot threshold"] == "4", r
         assert 8 <= float(r["store-commits/s in the window"]) <= 24, f"the cycles were given about the rate asked: {r}"
