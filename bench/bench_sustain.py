@@ -77,6 +77,7 @@ def run(quick: bool) -> list[Table]:
                     f["cores_used"],
                     int(f["rounds"]),
                     int(f["longest_chain"]),
+                    int(f["longest_chain_at_cycle_end"]),
                     int(f["chain_max_sampled"]),
                     f["bytes_over_bound_max"],
                     int(f["files_max"]),
@@ -99,6 +100,7 @@ def run(quick: bool) -> list[Table]:
                 "cores used",
                 "periods",
                 "longest chain",
+                "if landed at cycle end",
                 "longest chain sampled",
                 "checkpoint bytes / bound",
                 "files in the root",
@@ -120,8 +122,11 @@ def run(quick: bool) -> list[Table]:
                 "the cycles of the window were given. Periods 0: no round ended twice after the warm-up (it fell "
                 "behind); the window is then all of it after the warm-up.",
                 "CPU = the loop's process and its build processes, every thread; cores used = that CPU over the "
-                "window. Longest chain: the versions published by the end of a cycle less the newest snapshot a "
-                "store had when the cycle started (the wait of the last store its round built); sampled: the "
+                "window. Longest chain: the versions of a store due (at the rate asked) when its new snapshot "
+                "landed less its snapshot before, the longest a load could replay with the writers committing all "
+                "along; and every store's chain at the end of each cycle. A cycle builds the longest chains "
+                "first. If landed at cycle end: as if each snapshot landed at the end of its cycle (the versions "
+                "published by then less the newest snapshot a store had when the cycle started); sampled: the "
                 "longest chain in the root as a cycle left it, every 10 s. Bound: 1.2 x what the retained versions "
                 "need (`bench.fleet_sampling`), sampled as a cycle left the root.",
                 "Kept up: every chain within 2x the snapshot threshold and the checkpoint within its bound. A "

@@ -9,8 +9,9 @@ in (counted in the maintainer's CPU). The maintainer has the machine to itself, 
 
 Reported, over whole periods after the warm-up (see `between` in `_run`): the store-commits the window's cycles
 were given a second, the maintainer's CPU a store-commit (its process, every thread, and its build processes), the
-cores it used, the longest chain (the versions published by the end of a cycle less the newest snapshot a store
-had when it started), and samples of the root (`bench.fleet_sampling`). It kept up when every chain stays within
+cores it used, the longest chain (a store's versions due when its snapshot landed, as if its writers committed all
+along, less its snapshot before; and every store's at the end of each cycle), and samples of the root
+(`bench.fleet_sampling`). It kept up when every chain stays within
 2x the snapshot threshold and the checkpoint within its bound::
 
     python -m bench.fleet_sustain --stores 128 --rate 1000 --seconds 19 --every 1 --build-processes 2 \\
@@ -132,7 +133,8 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
     published = 1
     snapshot_of: dict[str, int] = {}
     rounds: Counter[str] = Counter()  # snapshots written, per store
-    longest = 0
+    longest = longest_at_cycle_end = 0
+    epoch = time.time() - time.perf_counter()  # a snapshot row's "written_at" less this: its perf_counter time
     errors: list[str] = []
     last_call: dict[str, float] = {"rounds": 0}  # the state after the previous cycle's callback
     warm: dict[str, float] = {}  # the state when the warm-up ended
@@ -170,12 +172,17 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         after the warm-up's (every store's first snapshot, a cold build) to the start of the cycle of the last
         round every store finished before the versions ran out. A period's round snapshots what the period
         before it published."""
-        nonlocal published, longest, t0
+        nonlocal published, longest, longest_at_cycle_end, t0
         errors.extend(e for r in result.reports for e in r.errors)
         before = min((snapshot_of.get(f"{OPERATOR}/{p}", 0) for p in range(args.stores)), default=0)
         for r in result.reports:
             for row in getattr(r, "items", []):
                 if row.get("action") == "snapshot":
+                    if t0:  # the chain the store had when its snapshot landed, its writers committing all along
+                        landed = max(
+                            published, 1 + int((row["written_at"] - epoch - t0 - off_clock["wall"]) * per_store)
+                        )
+                        longest = max(longest, landed - snapshot_of.get(row["store"], 0))
                     snapshot_of[row["store"]] = max(snapshot_of.get(row["store"], 0), row["version"])
                     rounds[row["store"]] += 1
         now = time.perf_counter()
@@ -207,9 +214,9 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         for n in range(published, due):
             _move_tree(held[n], root, link=True)
         published = due
-        # the chain just before this cycle's snapshots landed, to the versions now published: the longest a store
-        # waited for its new snapshot (the last one its round built)
-        longest = max(longest, published - before)
+        # the chains now (of stores still waiting), and as if all of this cycle's snapshots had landed at its end
+        longest = max(longest, published - min(snapshot_of.get(f"{OPERATOR}/{p}", 0) for p in range(args.stores)))
+        longest_at_cycle_end = max(longest_at_cycle_end, published - before)
         last_call.update(state(done))
 
     stop = threading.Event()
@@ -234,6 +241,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         "cores_used": cpu / wall,
         "rounds": max(0, len(boundaries) - 1),
         "longest_chain": longest,
+        "longest_chain_at_cycle_end": longest_at_cycle_end,
         "threshold": args.threshold,
         "chain_max_sampled": max(x.chain_max for x in samples),
         "bytes_over_bound_max": max(x.bytes / x.bound_bytes for x in samples),

@@ -4,7 +4,7 @@ For each store whose chain of changelogs since its last snapshot is at or above
 `snapshot_threshold`, rebuild its latest committed version in a warm local copy (`Replica`: only
 changelogs newer than the copy are replayed), upload the SST files the checkpoint location does not
 have yet (content-named, so shared SSTs are never uploaded twice) and write the manifest last.
-Stores run in parallel on a bounded pool; each under its maintenance lease.
+Stores run in parallel on a bounded pool, the longest chains first; each under its maintenance lease.
 
 Warm copies: `statekeeper.maintenance.warm_copies`; with ``build_processes`` set, they live in worker
 processes (`statekeeper.maintenance.build_processes`).
@@ -75,7 +75,12 @@ def create_snapshots(
         report.stores = len(plans)
         report.max_chain_length = max((p.chain_length for p in plans), default=0)
         requested = due_at or {}
-        todo = [p.store for p in plans if _due(fm, inv, p, settings, requested.get(p.store))]
+        # longest chains first: a cycle's last builds land a round's length later, and the stores that can
+        # afford the wait are those whose chains are shortest
+        due_plans = sorted(
+            (p for p in plans if _due(fm, inv, p, settings, requested.get(p.store))), key=lambda p: -p.chain_length
+        )
+        todo = [p.store for p in due_plans]
         report.candidates = len(todo)
         if dry_run:
             for p in plans:
@@ -222,6 +227,7 @@ def _snapshot_leased(
         "num_keys": result.manifest.num_keys,
         "build_seconds": round(stats.seconds, 3),
         "seconds": round(time.perf_counter() - t0, 3),
+        "written_at": round(time.time(), 3),
     }
 
 

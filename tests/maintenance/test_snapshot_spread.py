@@ -72,3 +72,22 @@ def test_a_lock_step_fleet_spreads_its_rounds_over_the_cycles(
     lock_step, spread = per_cycle(0.0), per_cycle(0.5)
     assert max(lock_step) == 16, lock_step
     assert max(spread) <= 16 // 2, spread
+
+
+def test_a_cycle_builds_the_longest_chains_first(
+    make_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    """Its last builds land a round's length later: the stores that wait for them are those with the shortest
+    chains."""
+    settings = settings.with_(snapshot_threshold=3, parallelism=1)
+    h = make_history(operators={"agg": 3})
+    a0, a1, a2 = h.stores
+    h.batches(4)
+    create_snapshots(h.root, settings, stores=[a0, a1])
+    h.batches(3)
+    create_snapshots(h.root, settings, stores=[a1])
+    h.batches(3)
+    report = create_snapshots(h.root, settings)
+    rows = [row for row in report.items if row.get("action") == "snapshot"]
+    assert [(row["store"], row["chain_length"]) for row in rows] == [(str(a2), 10), (str(a0), 6), (str(a1), 3)]
+    assert [row["written_at"] for row in rows] == sorted(row["written_at"] for row in rows), "built in that order"
