@@ -11,8 +11,8 @@ Reported, over whole periods after the warm-up (see `between` in `_run`): the st
 were given a second, the maintainer's CPU a store-commit (its process, every thread, and its build processes), the
 cores it used, the longest chain (a store's versions due when its snapshot landed, as if its writers committed all
 along, less its snapshot before; and every store's at the end of each cycle), and samples of the root
-(`bench.fleet_sampling`). It kept up when every chain stays within
-2x the snapshot threshold and the checkpoint within its bound::
+(`bench.fleet_sampling`). It kept up when every chain stays within 2x the snapshot threshold and the checkpoint
+within its bound::
 
     python -m bench.fleet_sustain --stores 128 --rate 1000 --seconds 19 --every 1 --build-processes 2 \\
         --snapshot-spread 0.5
@@ -165,6 +165,11 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         off_clock["cpu"] += time.process_time() - cpu0
         off_clock["wall"] += time.perf_counter() - wall0
 
+    def clock(t: float) -> float:
+        """The versions' clock at `perf_counter` time `t` (seconds since it started): it stops while a sample
+        pauses the loop (off the clock)."""
+        return t - t0 - off_clock["wall"]
+
     def between(result: CycleResult) -> None:
         """Publish the versions whose time came (sleep until the next one if none did); take the figures.
 
@@ -179,9 +184,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
             for row in getattr(r, "items", []):
                 if row.get("action") == "snapshot":
                     if t0:  # the chain the store had when its snapshot landed, its writers committing all along
-                        landed = max(
-                            published, 1 + int((row["written_at"] - epoch - t0 - off_clock["wall"]) * per_store)
-                        )
+                        landed = max(published, 1 + int(clock(row["written_at"] - epoch) * per_store))
                         longest = max(longest, landed - snapshot_of.get(row["store"], 0))
                     snapshot_of[row["store"]] = max(snapshot_of.get(row["store"], 0), row["version"])
                     rounds[row["store"]] += 1
@@ -199,15 +202,10 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
             boundaries.append(dict(last_call))
         if now - warm["t"] >= args.sample_every * len(samples):
             take_sample()  # as the cycle left the root, before the new versions
-
-        def elapsed() -> float:
-            """Seconds of the versions' clock: it stops while a sample pauses the loop (off the clock)."""
-            return time.perf_counter() - t0 - off_clock["wall"]
-
-        due = max(published, 1 + int(elapsed() * per_store))
+        due = max(published, 1 + int(clock(time.perf_counter()) * per_store))
         if due == published:
-            time.sleep(max(0.0, published / per_store - elapsed()))
-            due = max(published, 1 + int(elapsed() * per_store))
+            time.sleep(max(0.0, published / per_store - clock(time.perf_counter())))
+            due = max(published, 1 + int(clock(time.perf_counter()) * per_store))
         if due > len(held):  # out of versions
             stop.set()
             return
