@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from bench.fleet_sustain import versions_needed
 from bench.report import Table, run_figures
 
 MEMORY = Path("/dev/shm")
@@ -33,7 +34,8 @@ CONFIGS = [  # stores, store-commits a second, seconds measured, cycle every (s)
 by the others."""
 
 QUICK = [(8, 16, 6, 0.5, 0.5, 4, False), (8, 16, 6, 0.5, 0.0, 4, False), (8, 16, 6, 0.5, 0.5, 4, True)]
-QUICK_ARGS = ["--keys", "500", "--updates", "50", "--sample-every", "2"]
+QUICK_UPDATES = 50
+QUICK_ARGS = ["--keys", "500", "--updates", str(QUICK_UPDATES), "--sample-every", "2"]
 BYTES_PER_UPDATE = 90
 """What a store-commit's changelog takes per update (16 B keys, 64 B values, framing): for the room a row needs."""
 
@@ -51,9 +53,9 @@ def run(quick: bool) -> list[Table]:
     with contextlib.ExitStack() as stack:
         scratch = {False: stack.enter_context(tempfile.TemporaryDirectory(prefix="statekeeper-sustain-"))}
         for stores, rate, seconds, every, spread, threshold, memory in QUICK if quick else CONFIGS:
-            updates = 50 if quick else 1000
             if memory and memory not in scratch:
-                if not memory_room(stores, 2 * threshold + seconds * rate // stores + 2, updates):
+                versions = versions_needed(threshold, rate / stores, seconds)
+                if not memory_room(stores, versions, QUICK_UPDATES if quick else 1000):
                     skipped.append(f"{stores} stores in memory: {MEMORY} is missing or has too little room")
                     continue
                 scratch[memory] = stack.enter_context(

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(message)s")
     per_store = args.rate / args.stores  # versions a second of every store
-    versions = 2 * args.threshold + math.ceil(per_store * args.seconds) + 1  # the warm-up's, then the measured ones
+    versions = versions_needed(args.threshold, per_store, args.seconds)
     base = Path(tempfile.mkdtemp(prefix="statekeeper-fleet-sustain-", dir=args.scratch))
     work = Path(tempfile.mkdtemp(prefix="statekeeper-fleet-work-", dir=args.work_dir)) if args.work_dir else base
     try:
@@ -88,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(base, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def versions_needed(threshold: int, per_store: float, seconds: float) -> int:
+    """The versions of every store a run writes: the warm-up's, then those of the measured seconds."""
+    return 2 * threshold + math.ceil(per_store * seconds) + 1
 
 
 def _versions(args: argparse.Namespace, where: Path, versions: int, base: Path) -> list[Path]:
@@ -132,6 +137,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
     _move_tree(held[0], root, link=True)  # the bulk load (version 1): there before the maintainer starts
     published = 1
     snapshot_of: dict[str, int] = {}
+    names = [f"{OPERATOR}/{p}" for p in range(args.stores)]
     rounds: Counter[str] = Counter()  # snapshots written, per store
     longest = longest_at_cycle_end = 0
     epoch = time.time() - time.perf_counter()  # a snapshot row's "written_at" less this: its perf_counter time
@@ -170,6 +176,10 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         pauses the loop (off the clock)."""
         return t - t0 - off_clock["wall"]
 
+    def due_by(t: float) -> int:
+        """The versions due at `perf_counter` time `t` (never fewer than those published)."""
+        return max(published, 1 + int(clock(t) * per_store))
+
     def between(result: CycleResult) -> None:
         """Publish the versions whose time came (sleep until the next one if none did); take the figures.
 
@@ -179,17 +189,16 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         before it published."""
         nonlocal published, longest, longest_at_cycle_end, t0
         errors.extend(e for r in result.reports for e in r.errors)
-        before = min((snapshot_of.get(f"{OPERATOR}/{p}", 0) for p in range(args.stores)), default=0)
+        before = min((snapshot_of.get(name, 0) for name in names), default=0)
         for r in result.reports:
             for row in getattr(r, "items", []):
                 if row.get("action") == "snapshot":
                     if t0:  # the chain the store had when its snapshot landed, its writers committing all along
-                        landed = max(published, 1 + int(clock(row["written_at"] - epoch) * per_store))
-                        longest = max(longest, landed - snapshot_of.get(row["store"], 0))
+                        longest = max(longest, due_by(row["written_at"] - epoch) - snapshot_of.get(row["store"], 0))
                     snapshot_of[row["store"]] = max(snapshot_of.get(row["store"], 0), row["version"])
                     rounds[row["store"]] += 1
         now = time.perf_counter()
-        done = min((rounds[f"{OPERATOR}/{p}"] for p in range(args.stores)), default=0)
+        done = min((rounds[name] for name in names), default=0)
         if not done:  # warm-up: a quarter threshold a cycle until every store's first snapshot is written
             for n in range(published, min(len(held), published + max(1, args.threshold // 4))):
                 _move_tree(held[n], root, link=True)
@@ -202,10 +211,10 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
             boundaries.append(dict(last_call))
         if now - warm["t"] >= args.sample_every * len(samples):
             take_sample()  # as the cycle left the root, before the new versions
-        due = max(published, 1 + int(clock(time.perf_counter()) * per_store))
+        due = due_by(time.perf_counter())
         if due == published:
             time.sleep(max(0.0, published / per_store - clock(time.perf_counter())))
-            due = max(published, 1 + int(clock(time.perf_counter()) * per_store))
+            due = due_by(time.perf_counter())
         if due > len(held):  # out of versions
             stop.set()
             return
@@ -213,7 +222,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
             _move_tree(held[n], root, link=True)
         published = due
         # the chains now (of stores still waiting), and as if all of this cycle's snapshots had landed at its end
-        longest = max(longest, published - min(snapshot_of.get(f"{OPERATOR}/{p}", 0) for p in range(args.stores)))
+        longest = max(longest, published - min(snapshot_of.get(name, 0) for name in names))
         longest_at_cycle_end = max(longest_at_cycle_end, published - before)
         last_call.update(state(done))
 

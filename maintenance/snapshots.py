@@ -78,22 +78,23 @@ def create_snapshots(
         # longest chains first: a cycle's last builds land a round's length later, and the stores that can
         # afford the wait are those whose chains are shortest
         due_plans = sorted(
-            (p for p in plans if _due(fm, inv, p, settings, requested.get(p.store))), key=lambda p: -p.chain_length
+            (p for p in plans if _due(fm, inv, p, settings, requested.get(p.store))),
+            key=lambda p: p.chain_length,
+            reverse=True,
         )
         todo = [p.store for p in due_plans]
         report.candidates = len(todo)
         if dry_run:
-            for p in plans:
-                if p.store in todo:
-                    report.items.append(
-                        {
-                            "store": str(p.store),
-                            "version": p.latest,
-                            "snapshot_version": p.snapshot[0] if p.snapshot else None,
-                            "chain_length": p.chain_length,
-                            "action": "would snapshot",
-                        }
-                    )
+            report.items.extend(
+                {
+                    "store": str(p.store),
+                    "version": p.latest,
+                    "snapshot_version": p.snapshot[0] if p.snapshot else None,
+                    "chain_length": p.chain_length,
+                    "action": "would snapshot",
+                }
+                for p in due_plans
+            )
             return report
         due = {str(s): requested[s] for s in todo if s in requested}
         task = StoreTask("snapshot", fm.root_uri, settings, catalog_url(catalog), {"due_at": due})
