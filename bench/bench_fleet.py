@@ -243,7 +243,11 @@ def tables(results: list[FleetResult], floor: float | None = None) -> list[Table
             "Fitted over the runs of different sizes in the table above: CPU = a x cycles + b x store-commits. "
             "At 1,000 store-commits/s with one cycle every `cycle` seconds the maintainer needs "
             "a / cycle + 1,000 x b cores; cycle = the run's seconds over its cycles (sensor ticks for "
-            "`dagster` and `daemon`)."
+            "`dagster` and `daemon`).",
+            "An extrapolation from these runs' shape (threshold 10, the catalog, the writers on the same 2 "
+            "cores, 128 stores at most). Whether one process keeps up with 1,000 store-commits a second is "
+            "measured directly, the versions arriving at that rate, by `python -m bench sustain` (threshold 20, "
+            "no catalog, the writers elsewhere; sustain below).",
         ],
     )
     for label in sorted({r.params.label for r in results}):
