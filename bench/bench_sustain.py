@@ -1,12 +1,12 @@
 """Which rate one maintenance process keeps up with, measured with the versions arriving at that rate.
 
 `bench.fleet_sustain` writes every version of a fleet first (off the clock), then publishes them into the root at
-the rate asked while one ``statekeeper maintain`` loop keeps it: the maintainer has the machine to itself, as
-beside writers on other hosts. Rows: 128 stores at 1,000 store-commits a second with snapshot thresholds 40 and 20,
-each with `snapshot_spread` 0.5 and without, and at 800 a second (threshold 20, spread 0.5); a cycle every second,
-2 build processes. Then 1,000 stores committing once a second (threshold 20, spread 0.5, a cycle every 5 s) with the
-root in memory (``/dev/shm``, where it has room): their changelogs alone are ~85 MB a second to read, more than
-this kind of machine's disk serves, and the figure asked for is the maintainer's.
+the rate asked, all along, while one ``statekeeper maintain`` loop keeps it: the maintainer has the machine to
+itself, as beside writers on other hosts. Rows: 128 stores at 1,000 store-commits a second with snapshot thresholds
+40 and 20, each with `snapshot_spread` 0.5 and without, and at 800 a second (threshold 20, spread 0.5); a cycle
+every second, 2 build processes. Then 1,000 stores committing once a second (threshold 20, spread 0.5, a cycle every
+5 s) with the root in memory (``/dev/shm``, where it has room): their changelogs alone are ~85 MB a second to read,
+more than this kind of machine's disk serves, and the figure asked for is the maintainer's.
 """
 
 from __future__ import annotations
@@ -116,9 +116,10 @@ def run(quick: bool) -> list[Table]:
                 "local root, no catalog; root disk: in the temp dir; memory: on the tmpfs /dev/shm (`--scratch "
                 "/dev/shm`: the root, the versions and the warm copies), where there is room.",
                 *(f"Not run: {why}." for why in skipped),
-                "The versions are written first, off the clock, then published into the root (a hard link per file, "
-                "in the maintainer's process and counted) at the rate asked, after a warm-up in which every store's "
-                "first snapshot (a cold build) is written. Measured: whole periods (every store snapshotted once "
+                "The versions are written first, off the clock, then published into the root at the rate asked, "
+                "all along while the loop runs (a hard link per file, the commit record last, on a thread of the "
+                "maintainer's process and counted), after a warm-up in which every store's first snapshot (a cold "
+                "build) is written. Measured: whole periods (every store snapshotted once "
                 "more), from the start of the cycle of the first round after the warm-up to the start of the cycle "
                 "of the last round that ended before the versions ran out; store-commits/s in the window: what "
                 "the cycles of the window were given. Periods 0: no round ended twice after the warm-up (it fell "

@@ -3,9 +3,10 @@
 On a 2-core machine the writers of 1,000 store-commits a second would take the cores the maintainer needs, so
 they write every version first, off the clock (`bench.fleet_writers.FleetWriters`, the commit record per version
 as the driver writes it), and each version's files are set aside. Then one ``statekeeper maintain`` loop
-(`statekeeper.maintenance.loop.maintain`, a cycle every ``--every`` seconds) keeps the root while this process
-publishes the versions into it at the rate asked: after each cycle, every version whose time came is hard-linked
-in (counted in the maintainer's CPU). The maintainer has the machine to itself, as beside writers on other hosts.
+(`statekeeper.maintenance.loop.maintain`, a cycle every ``--every`` seconds) keeps the root while a thread of this
+process publishes the versions into it at the rate asked, all along as writers commit: each version is hard-linked
+in when its time comes, its changelogs first and its commit record last (counted in the maintainer's CPU). The
+maintainer has the machine to itself, as beside writers on other hosts.
 
 Reported, over whole periods after the warm-up (see `between` in `_run`): the store-commits the window's cycles
 were given a second, the maintainer's CPU a store-commit (its process, every thread, and its build processes), the
@@ -38,6 +39,7 @@ from bench.fleet_profile import build_processes_cpu, loop_settings, maintainer_c
 from bench.fleet_sampling import Sample, sample
 from bench.fleet_writers import OPERATOR, FleetWriters
 from statekeeper.maintenance.progress import bar
+from statekeeper.store.layout import COMMITS_DIR
 
 if TYPE_CHECKING:
     from statekeeper.maintenance.loop import CycleResult
@@ -117,8 +119,10 @@ def _versions(args: argparse.Namespace, where: Path, versions: int, base: Path) 
 
 
 def _move_tree(src: Path, dst: Path, *, link: bool = False) -> None:
-    """Move (`link`: hard-link) every file under `src` to the same relative path under `dst`."""
-    for dirpath, _, files in os.walk(src):
+    """Move (`link`: hard-link) every file under `src` to the same relative path under `dst`, the commit records
+    last (a version is committed once its record is there: a listing meanwhile sees its changelogs in flight)."""
+    walked = sorted(os.walk(src), key=lambda d: Path(d[0]).relative_to(src).parts[:1] == (COMMITS_DIR,))
+    for dirpath, _, files in walked:
         if not files:
             continue
         target = dst / Path(dirpath).relative_to(src)
@@ -163,13 +167,17 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
             "off_wall": off_clock["wall"],
         }
 
+    pause = threading.Lock()  # held by the publisher while it publishes, and by a sample: the clock stops then
+
     def take_sample() -> None:
         """The root's chains, files and bytes against the bound (`bench.fleet_sampling`), off the clock: the
-        loop waits for this callback, so its time and CPU are taken out of the window, and the versions wait too."""
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        samples.append(sample([root.as_uri()], fleet, wall0 - warm["t"]))
-        off_clock["cpu"] += time.process_time() - cpu0
-        off_clock["wall"] += time.perf_counter() - wall0
+        loop waits for this callback and the publisher for the sample, so its time and CPU are taken out of the
+        window and the versions' clock stops."""
+        with pause:
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            samples.append(sample([root.as_uri()], fleet, wall0 - warm["t"]))
+            off_clock["cpu"] += time.process_time() - cpu0
+            off_clock["wall"] += time.perf_counter() - wall0
 
     def clock(t: float) -> float:
         """The versions' clock at `perf_counter` time `t` (seconds since it started): it stops while a sample
@@ -180,8 +188,25 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         """The versions due at `perf_counter` time `t` (never fewer than those published)."""
         return max(published, 1 + int(clock(t) * per_store))
 
+    def publish() -> None:
+        """From the end of the warm-up: each version when its time comes, as writers commit all along; stops the
+        loop once the versions run out."""
+        nonlocal published
+        while not stop.is_set():
+            with pause:
+                due = due_by(time.perf_counter())
+                if due > len(held):  # out of versions
+                    ran_out.set()
+                    stop.set()
+                    return
+                for n in range(published, due):
+                    _move_tree(held[n], root, link=True)
+                    published = n + 1
+                wait = published / per_store - clock(time.perf_counter())
+            stop.wait(max(0.0, wait))
+
     def between(result: CycleResult) -> None:
-        """Publish the versions whose time came (sleep until the next one if none did); take the figures.
+        """Take the figures after a cycle (the warm-up: publish a quarter threshold of versions).
 
         The window runs over whole periods of the lock-step fleet: from the start of the cycle of the first round
         after the warm-up's (every store's first snapshot, a cold build) to the start of the cycle of the last
@@ -204,36 +229,30 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
                 _move_tree(held[n], root, link=True)
                 published = n + 1
             return
+        if ran_out.is_set():  # this cycle ran past the versions: not in the window
+            return
         if not t0:
             t0 = now - (published - 1) / per_store  # from here on, the versions come at the rate asked
             warm.update(state(done))
+            publisher.start()
         elif done > last_call["rounds"]:  # the previous cycle ended a round: its start bounds a period
             boundaries.append(dict(last_call))
         if now - warm["t"] >= args.sample_every * len(samples):
-            take_sample()  # as the cycle left the root, before the new versions
-        due = due_by(time.perf_counter())
-        if due == published:
-            time.sleep(max(0.0, published / per_store - clock(time.perf_counter())))
-            due = due_by(time.perf_counter())
-        if due > len(held):  # out of versions
-            stop.set()
-            return
-        for n in range(published, due):
-            _move_tree(held[n], root, link=True)
-        published = due
+            take_sample()  # as the cycle left the root
         # the chains now (of stores still waiting), and as if all of this cycle's snapshots had landed at its end
-        longest = max(longest, published - min(snapshot_of.get(name, 0) for name in names))
-        longest_at_cycle_end = max(longest_at_cycle_end, published - before)
+        at_end = published
+        longest = max(longest, at_end - min(snapshot_of.get(name, 0) for name in names))
+        longest_at_cycle_end = max(longest_at_cycle_end, at_end - before)
         last_call.update(state(done))
 
-    stop = threading.Event()
-    maintain(
-        root.as_uri(),
-        settings,
-        every=args.every,
-        stop=stop,
-        on_cycle=between,
-    )
+    stop, ran_out = threading.Event(), threading.Event()
+    publisher = threading.Thread(target=publish, name="publisher", daemon=True)
+    try:
+        maintain(root.as_uri(), settings, every=args.every, stop=stop, on_cycle=between)
+    finally:
+        stop.set()
+        if publisher.is_alive():
+            publisher.join()
     # without two round ends, it fell behind (or ran too short): the window is then all of it after the warm-up
     first, last = (boundaries[0], boundaries[-1]) if len(boundaries) > 1 else (warm, last_call)
     cpu = last["cpu"] - first["cpu"] - (last["off_cpu"] - first["off_cpu"])

@@ -125,3 +125,24 @@ def test_fleet_caches_times_the_cache_upkeep_of_a_rescan(tmp_path: Path) -> None
     rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert [r[0].strip() for r in rows] == ["3", "20", "2,000"], out
     assert [r[1].strip() for r in rows[:2]] == ["135", "900"], out
+
+
+def test_sustain_publishes_a_version_with_its_commit_record_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sustain bench publishes versions while the loop lists the root: a listing must never find a commit
+    record whose changelogs are not there yet (the driver writes the record last)."""
+    import os
+
+    from bench import fleet_sustain
+
+    src, dst = tmp_path / "version", tmp_path / "root"
+    for rel in ("commits/00000000000000000002.commit", "state/op/0/2.changelog", "state/op/1/2.changelog"):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(b"x")
+    linked: list[str] = []
+    link = os.link
+    monkeypatch.setattr(os, "link", lambda a, b: (linked.append(Path(b).relative_to(dst).as_posix()), link(a, b))[1])
+    fleet_sustain._move_tree(src, dst, link=True)
+    assert sorted(linked[:2]) == ["state/op/0/2.changelog", "state/op/1/2.changelog"], linked
+    assert linked[2:] == ["commits/00000000000000000002.commit"], linked
