@@ -82,6 +82,7 @@ def run(quick: bool) -> list[Table]:
                     int(f["longest_chain_at_cycle_end"]),
                     int(f["chain_max_sampled"]),
                     f["bytes_over_bound_max"],
+                    f["bytes_over_bound_first_base_move"],
                     int(f["files_max"]),
                     "yes" if f["kept_up"] else "no",
                 ]
@@ -105,6 +106,7 @@ def run(quick: bool) -> list[Table]:
                 "if landed at cycle end",
                 "longest chain sampled",
                 "checkpoint bytes / bound",
+                "at the first base move",
                 "files in the root",
                 "kept up",
             ],
@@ -131,8 +133,13 @@ def run(quick: bool) -> list[Table]:
                 "first. If landed at cycle end: as if each snapshot landed at the end of its cycle (the versions "
                 "published by then less the newest snapshot a store had when the cycle started); sampled: the "
                 "longest chain in the root as a cycle left it, every 10 s. Bound: 1.2 x what the retained versions "
-                "need (`bench.fleet_sampling`), sampled as a cycle left the root.",
-                "Kept up: every chain within 2x the snapshot threshold and the checkpoint within its bound. A "
+                "need (`bench.fleet_sampling`), sampled as a cycle left the root (what the commits during the cycle "
+                "made unneeded is still there: the peak), from the cycle that expired every store's bulk load on; "
+                "at the first base move: the samples before it. The fleet's stores took their first snapshots "
+                "within one warm-up, so their bases move off the bulk load (10x a changelog) within a cycle or two "
+                "of each other, the one burst of a fleet started at once.",
+                "Kept up: every chain within 2x the snapshot threshold and the checkpoint within its bound from "
+                "the first base move on. A "
                 "maintainer that falls behind runs longer rounds, which leave longer chains: the "
                 "chains grow without bound.",
             ],

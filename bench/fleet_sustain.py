@@ -44,6 +44,8 @@ from statekeeper.store.layout import COMMITS_DIR
 if TYPE_CHECKING:
     from statekeeper.maintenance.loop import CycleResult
 
+log = logging.getLogger(__name__)
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.fleet_sustain", description=__doc__.split("\n\n")[0])
@@ -151,6 +153,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
     boundaries: list[dict[str, float]] = []  # the states at the starts of the rounds' cycles
     t0 = 0.0
     samples: list[Sample] = []
+    settled: list[bool] = []  # per sample: taken after every store's first base move (off the bulk load)
     fleet = FleetParams(threshold=args.threshold, retain=settings.min_versions_to_retain, orphan_grace=60.0)
     off_clock = {"cpu": 0.0, "wall": 0.0}
 
@@ -239,6 +242,10 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
             boundaries.append(dict(last_call))
         if now - warm["t"] >= args.sample_every * len(samples):
             take_sample()  # as the cycle left the root
+            # this cycle started once every store's oldest retained version loaded from its first snapshot (written
+            # by the warm-up's last version): its expiry deleted the bulk load and the changelogs up to that snapshot,
+            # every store's at about the same time (the fleet's one burst; the steady state is from here on)
+            settled.append(last_call.get("version", 0) >= warm["version"] + settings.min_versions_to_retain)
         # the chains now (of stores still waiting), and as if all of this cycle's snapshots had landed at its end
         at_end = published
         longest = max(longest, at_end - min(snapshot_of.get(name, 0) for name in names))
@@ -258,6 +265,9 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
     cpu = last["cpu"] - first["cpu"] - (last["off_cpu"] - first["off_cpu"])
     commits = int(last["version"] - first["version"]) * args.stores
     wall = last["t"] - first["t"] - (last["off_wall"] - first["off_wall"])
+    # checkpoint bytes over the bound at each sample: before the bulk load expired, and after (the steady state)
+    ratios = [(x.bytes / x.bound_bytes, ok) for x, ok in zip(samples, settled, strict=True)]
+    steady, first_move = [r for r, ok in ratios if ok], [r for r, ok in ratios if not ok]
     figures = {
         "stores": args.stores,
         "rate_asked": args.rate,
@@ -270,14 +280,23 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         "longest_chain_at_cycle_end": longest_at_cycle_end,
         "threshold": args.threshold,
         "chain_max_sampled": max(x.chain_max for x in samples),
-        "bytes_over_bound_max": max(x.bytes / x.bound_bytes for x in samples),
+        "bytes_over_bound_max": max(steady, default=0.0),
+        "bytes_over_bound_first_base_move": max(first_move, default=0.0),
         "files_max": max(x.files for x in samples),
         "samples": len(samples),
-        "kept_up": len(boundaries) > 1
-        and longest <= 2 * args.threshold
-        and all(x.bytes <= x.bound_bytes for x in samples),
+        "kept_up": len(boundaries) > 1 and longest <= 2 * args.threshold and bool(steady) and max(steady) <= 1,
         "errors": len(errors),
     }
+    for x, ok in zip(samples, settled, strict=True):
+        log.info(
+            "sample at %.1fs: version %d, chain max %d, %d files, bytes / bound %.3f%s",
+            x.t,
+            x.version,
+            x.chain_max,
+            x.files,
+            x.bytes / x.bound_bytes,
+            "" if ok else " (before the first base move)",
+        )
     print(json.dumps(figures))
     return 1 if errors else 0
 
