@@ -5,8 +5,8 @@ the rate asked, all along, while one ``statekeeper maintain`` loop keeps it: the
 itself, as beside writers on other hosts. Rows: 128 stores at 1,000 store-commits a second with snapshot thresholds
 40 and 20, each with `snapshot_spread` 0.5 and without, and at 800 a second (threshold 20, spread 0.5); a cycle
 every second, 2 build processes. Then 1,000 stores committing once a second (threshold 20, spread 0.5, a cycle every
-5 s) with the root in memory (``/dev/shm``, where it has room): their changelogs alone are ~85 MB a second to read,
-more than this kind of machine's disk serves, and the figure asked for is the maintainer's.
+5 s, `round_seconds` 4) with the root in memory (``/dev/shm``, where it has room): their changelogs alone are ~85 MB
+a second to read, more than this kind of machine's disk serves, and the figure asked for is the maintainer's.
 """
 
 from __future__ import annotations
@@ -22,18 +22,18 @@ from bench.report import Table, run_figures
 MEMORY = Path("/dev/shm")
 """A tmpfs on Linux: the root of the rows marked "memory" lives there."""
 
-CONFIGS = [  # stores, store-commits a second, seconds measured, cycle every (s), snapshot_spread, threshold, memory
-    (128, 1000, 20, 1.0, 0.5, 40, False),
-    (128, 1000, 20, 1.0, 0.0, 40, False),
-    (128, 1000, 20, 1.0, 0.5, 20, False),
-    (128, 1000, 20, 1.0, 0.0, 20, False),
-    (128, 800, 20, 1.0, 0.5, 20, False),
-    (1000, 1000, 60, 5.0, 0.5, 20, True),
+CONFIGS = [  # stores, store-commits a second, seconds, cycle every (s), round_seconds, spread, threshold, memory
+    (128, 1000, 20, 1.0, None, 0.5, 40, False),
+    (128, 1000, 20, 1.0, None, 0.0, 40, False),
+    (128, 1000, 20, 1.0, None, 0.5, 20, False),
+    (128, 1000, 20, 1.0, None, 0.0, 20, False),
+    (128, 800, 20, 1.0, None, 0.5, 20, False),
+    (1000, 1000, 60, 5.0, 4.0, 0.5, 20, True),
 ]
 """Per fleet and storage, the row needing the most versions first: its versions are written once, for it, and read
 by the others."""
 
-QUICK = [(8, 16, 6, 0.5, 0.5, 4, False), (8, 16, 6, 0.5, 0.0, 4, False), (8, 16, 6, 0.5, 0.5, 4, True)]
+QUICK = [(8, 16, 6, 0.5, None, 0.5, 4, False), (8, 16, 6, 0.5, None, 0.0, 4, False), (8, 16, 6, 0.5, 0.2, 0.5, 4, True)]
 QUICK_UPDATES = 50
 QUICK_ARGS = ["--keys", "500", "--updates", str(QUICK_UPDATES), "--sample-every", "2"]
 BYTES_PER_UPDATE = 90
@@ -52,7 +52,7 @@ def run(quick: bool) -> list[Table]:
     skipped = []
     with contextlib.ExitStack() as stack:
         scratch = {False: stack.enter_context(tempfile.TemporaryDirectory(prefix="statekeeper-sustain-"))}
-        for stores, rate, seconds, every, spread, threshold, memory in QUICK if quick else CONFIGS:
+        for stores, rate, seconds, every, round_seconds, spread, threshold, memory in QUICK if quick else CONFIGS:
             if memory and memory not in scratch:
                 versions = versions_needed(threshold, rate / stores, seconds)
                 if not memory_room(stores, versions, QUICK_UPDATES if quick else 1000):
@@ -63,6 +63,7 @@ def run(quick: bool) -> list[Table]:
                 )
             args = ["--stores", str(stores), "--rate", str(rate), "--seconds", str(seconds), "--every", str(every)]
             args += ["--snapshot-spread", str(spread), "--build-processes", "2", "--threshold", str(threshold)]
+            args += [] if round_seconds is None else ["--round-seconds", str(round_seconds)]
             args += ["--versions-dir", str(Path(scratch[memory], str(stores))), "--scratch", scratch[memory]]
             f = run_figures("bench.fleet_sustain", [*args, *(QUICK_ARGS if quick else [])])
             rows.append(
@@ -71,6 +72,7 @@ def run(quick: bool) -> list[Table]:
                     "memory" if memory else "disk",
                     rate,
                     every,
+                    "" if round_seconds is None else round_seconds,
                     spread,
                     threshold,
                     round(f["store_commits_per_second"]),
@@ -95,6 +97,7 @@ def run(quick: bool) -> list[Table]:
                 "root",
                 "store-commits/s asked",
                 "cycle every (s)",
+                "round (s)",
                 "snapshot_spread",
                 "snapshot threshold",
                 "store-commits/s in the window",
@@ -112,8 +115,10 @@ def run(quick: bool) -> list[Table]:
             ],
             rows,
             [
-                "`python -m bench.fleet_sustain --stores S --rate R --seconds N --every E --snapshot-spread F "
-                "--build-processes 2 --threshold T`, each in a fresh process, one run each. Each store: 10,000 keys, "
+                "`python -m bench.fleet_sustain --stores S --rate R --seconds N --every E [--round-seconds R] "
+                "--snapshot-spread F --build-processes 2 --threshold T`, each in a fresh process, one run each; "
+                "round: the loop's `round_seconds` (a round starts builds of stores still under the threshold, due "
+                "early by the spread, for that long; later ones wait for the next cycle). Each store: 10,000 keys, "
                 "1,000 updates a commit, the commit record per version as the driver writes it; retain max(20, T); "
                 "local root, no catalog; root disk: in the temp dir; memory: on the tmpfs /dev/shm (`--scratch "
                 "/dev/shm`: the root, the versions and the warm copies), where there is room.",

@@ -162,6 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--every", type=_number, default=10.0, metavar="SECONDS", help="start a cycle this often")
     p.add_argument("--cycles", type=_positive_int, metavar="N", help="stop after N cycles (default: run until killed)")
     p.add_argument(
+        "--round-seconds",
+        type=_number,
+        metavar="SECONDS",
+        help="a cycle's snapshot round starts builds of stores still under the threshold (due early by the spread) "
+        "for this long; later ones wait for the next cycle (default: no limit)",
+    )
+    p.add_argument(
         "--build-processes",
         type=int,
         metavar="N",

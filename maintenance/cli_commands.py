@@ -419,6 +419,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
             on_cycle=on_cycle,
             stores=args.stores,
             stop=stop,
+            round_seconds=args.round_seconds,
         )
     return EXIT_ERRORS if failed else EXIT_OK
 

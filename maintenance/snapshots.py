@@ -50,6 +50,7 @@ def create_snapshots(
     due_at: Mapping[StoreId, int] | None = None,
     inventory: Inventory | None = None,
     executor: StoreExecutor | None = None,
+    deadline: float | None = None,
 ) -> SnapshotReport:
     """Snapshot every store (or those in `stores`) whose chain reached `settings.snapshot_threshold`.
 
@@ -62,7 +63,10 @@ def create_snapshots(
     `inventory`: a listing of the root the caller took (the maintenance loop shares one per cycle);
     each store is listed again under its lease before anything is changed. `executor`: where the
     stores' snapshots are built (default: a pool of `settings.parallelism` threads in this process;
-    `statekeeper.maintenance.fanout` supplies Spark's executors).
+    `statekeeper.maintenance.fanout` supplies Spark's executors). `deadline`: a `time.monotonic()` time after
+    which a store still under the threshold (due early by `snapshot_spread`) is not started but left for the next
+    run ("deferred"), so that a long round does not hold up the maintenance loop's next expiry; a store at the
+    threshold, requested, or needing a repair is always built.
     """
     fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
     check_work_dir(fm, settings)
@@ -98,9 +102,18 @@ def create_snapshots(
             return report
         due = {str(s): requested[s] for s in todo if s in requested}
         task = StoreTask("snapshot", fm.root_uri, settings, catalog_url(catalog), {"due_at": due})
-        rows = (executor or _in_process(fm, settings, progress)).run_stores(
-            task, todo, lambda s: snapshot_row(fm, inv, s, settings, catalog, requested.get(s))
-        )
+        threshold = settings.snapshot_threshold
+        early = {p.store: p for p in due_plans if p.chain_length < threshold and p.store not in requested}
+
+        def build_or_defer(store: StoreId) -> Row:
+            """Past the deadline, a store due early by the spread alone waits for the next run."""
+            plan = early.get(store)
+            late = deadline is not None and time.monotonic() >= deadline
+            if plan is not None and late and _repair_reason(fm, inv, plan, settings) is None:
+                return {"store": str(store), "version": plan.latest, "action": "skipped", "reason": "deferred"}
+            return snapshot_row(fm, inv, store, settings, catalog, requested.get(store))
+
+        rows = (executor or _in_process(fm, settings, progress)).run_stores(task, todo, build_or_defer)
         for store in todo:
             _account(report, rows.get(store) or {"store": str(store), "action": "failed", "error": "no result"})
         if catalog is not None and report.snapshots:

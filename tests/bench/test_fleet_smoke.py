@@ -107,10 +107,10 @@ def test_sustain_publishes_at_the_rate_asked_and_reports_whether_the_maintainer_
         if line.startswith("| 8 |")
     ]
     # with snapshot_spread and without, then the root in memory (where /dev/shm has room: it is named if not)
-    expected = [("disk", "0.5"), ("disk", "0"), ("memory", "0.5")]
+    expected = [("disk", "0.5", ""), ("disk", "0", ""), ("memory", "0.5", "0.2")]
     if "Not run: 8 stores in memory" in out:
         expected.pop()
-    assert [(r["root"], r["snapshot_spread"]) for r in rows] == expected, out
+    assert [(r["root"], r["snapshot_spread"], r["round (s)"]) for r in rows] == expected, out
     for r in rows:
         assert r["snapshot threshold"] == "4", r
         assert 8 <= float(r["store-commits/s in the window"]) <= 24, f"the cycles were given about the rate asked: {r}"
@@ -142,7 +142,12 @@ def test_sustain_publishes_a_version_with_its_commit_record_last(
         (src / rel).write_bytes(b"x")
     linked: list[str] = []
     link = os.link
-    monkeypatch.setattr(os, "link", lambda a, b: (linked.append(Path(b).relative_to(dst).as_posix()), link(a, b))[1])
+
+    def recording_link(source: str, target: Path) -> None:
+        linked.append(Path(target).relative_to(dst).as_posix())
+        link(source, target)
+
+    monkeypatch.setattr(os, "link", recording_link)
     fleet_sustain._move_tree(src, dst, link=True)
     assert sorted(linked[:2]) == ["state/op/0/2.changelog", "state/op/1/2.changelog"], linked
     assert linked[2:] == ["commits/00000000000000000002.commit"], linked

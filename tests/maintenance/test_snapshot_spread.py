@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -91,3 +92,30 @@ def test_a_cycle_builds_the_longest_chains_first(
     rows = [row for row in report.items if row.get("action") == "snapshot"]
     assert [(row["store"], row["chain_length"]) for row in rows] == [(str(a2), 10), (str(a0), 6), (str(a1), 3)]
     assert [row["written_at"] for row in rows] == sorted(row["written_at"] for row in rows), "built in that order"
+
+
+def test_past_its_deadline_a_round_leaves_the_stores_due_early_for_the_next(
+    make_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    """`deadline` (the loop's `round_seconds`): once it passed, a store under the threshold, due early by the
+    spread alone, is not started; one at the threshold always is; the next run builds the ones left."""
+    settings = settings.with_(snapshot_threshold=8, snapshot_spread=0.5, parallelism=1)
+    h = make_history(operators={"agg": 8})
+    late, *others = h.stores
+    h.batches(2)
+    create_snapshots(h.root, settings.with_(snapshot_threshold=1), stores=others)  # their chains restart at 2
+    h.batches(6)  # `late`: a chain of 8, the others 6
+    early = {str(s) for s in others if settings.snapshot_due_at(s.operator, s.partition, 2) <= 6}
+    assert early, "some store is due early at a chain of 6"
+
+    report = create_snapshots(h.root, settings, deadline=time.monotonic() - 1)
+    actions = {row["store"]: (row["action"], row.get("reason")) for row in report.items}
+    assert actions == {str(late): ("snapshot", None), **dict.fromkeys(early, ("skipped", "deferred"))}
+    assert create_snapshots(h.root, settings, dry_run=True).max_chain_length == 6, "the deferred ones wait"
+
+    results = maintain(h.root, settings, every=0, cycles=1, round_seconds=60)
+    built = {row["store"] for r in results[0].reports for row in getattr(r, "items", []) if row["action"] == "snapshot"}
+    assert built == early, "the next round builds them, within its time"
+    h.check_loadable(h.retained(settings))
+    with pytest.raises(ConfigurationError, match="round_seconds"):
+        maintain(h.root, settings, every=0, cycles=1, round_seconds=-1)
