@@ -15,6 +15,7 @@ import contextlib
 import shutil
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 from bench.fleet_sustain import versions_needed
 from bench.report import Table, run_figures
@@ -22,18 +23,34 @@ from bench.report import Table, run_figures
 MEMORY = Path("/dev/shm")
 """A tmpfs on Linux: the root of the rows marked "memory" lives there."""
 
-CONFIGS = [  # stores, store-commits a second, seconds, cycle every (s), round_seconds, spread, threshold, memory
-    (128, 1000, 20, 1.0, None, 0.5, 40, False),
-    (128, 1000, 20, 1.0, None, 0.0, 40, False),
-    (128, 1000, 20, 1.0, None, 0.5, 20, False),
-    (128, 1000, 20, 1.0, None, 0.0, 20, False),
-    (128, 800, 20, 1.0, None, 0.5, 20, False),
-    (1000, 1000, 60, 5.0, 4.0, 0.5, 20, True),
+
+class Shape(NamedTuple):
+    """One row: the fleet, the rate and the loop's cadence."""
+
+    stores: int
+    rate: int
+    seconds: int
+    every: float
+    spread: float
+    threshold: int
+    memory: bool = False
+    """The root on the tmpfs `MEMORY`, not on disk."""
+    round_seconds: float | None = None
+    """The loop's `round_seconds` (None: rounds unbounded)."""
+
+
+CONFIGS = [
+    Shape(128, 1000, 20, 1.0, 0.5, 40),
+    Shape(128, 1000, 20, 1.0, 0.0, 40),
+    Shape(128, 1000, 20, 1.0, 0.5, 20),
+    Shape(128, 1000, 20, 1.0, 0.0, 20),
+    Shape(128, 800, 20, 1.0, 0.5, 20),
+    Shape(1000, 1000, 60, 5.0, 0.5, 20, memory=True, round_seconds=4.0),
 ]
 """Per fleet and storage, the row needing the most versions first: its versions are written once, for it, and read
 by the others."""
 
-QUICK = [(8, 16, 6, 0.5, None, 0.5, 4, False), (8, 16, 6, 0.5, None, 0.0, 4, False), (8, 16, 6, 0.5, 0.2, 0.5, 4, True)]
+QUICK = [Shape(8, 16, 6, 0.5, 0.5, 4), Shape(8, 16, 6, 0.5, 0.0, 4), Shape(8, 16, 6, 0.5, 0.5, 4, True, 0.2)]
 QUICK_UPDATES = 50
 QUICK_ARGS = ["--keys", "500", "--updates", str(QUICK_UPDATES), "--sample-every", "2"]
 BYTES_PER_UPDATE = 90
@@ -52,7 +69,7 @@ def run(quick: bool) -> list[Table]:
     skipped = []
     with contextlib.ExitStack() as stack:
         scratch = {False: stack.enter_context(tempfile.TemporaryDirectory(prefix="statekeeper-sustain-"))}
-        for stores, rate, seconds, every, round_seconds, spread, threshold, memory in QUICK if quick else CONFIGS:
+        for stores, rate, seconds, every, spread, threshold, memory, round_seconds in QUICK if quick else CONFIGS:
             if memory and memory not in scratch:
                 versions = versions_needed(threshold, rate / stores, seconds)
                 if not memory_room(stores, versions, QUICK_UPDATES if quick else 1000):

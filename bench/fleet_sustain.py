@@ -194,10 +194,16 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         """The versions due at `perf_counter` time `t` (never fewer than those published)."""
         return max(published, 1 + int(clock(t) * per_store))
 
+    def publish_up_to(end: int) -> None:
+        """Hard-link the versions before `held[end]` not yet in the root, in order."""
+        nonlocal published
+        for n in range(published, end):
+            _move_tree(held[n], root, link=True)
+            published = n + 1
+
     def publish() -> None:
         """From the end of the warm-up: each version when its time comes, as writers commit all along; stops the
         loop once the versions run out."""
-        nonlocal published
         while not stop.is_set():
             with pause:
                 due = due_by(time.perf_counter())
@@ -205,9 +211,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
                     ran_out.set()
                     stop.set()
                     return
-                for n in range(published, due):
-                    _move_tree(held[n], root, link=True)
-                    published = n + 1
+                publish_up_to(due)
                 wait = published / per_store - clock(time.perf_counter())
             stop.wait(max(0.0, wait))
 
@@ -218,7 +222,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         after the warm-up's (every store's first snapshot, a cold build) to the start of the cycle of the last
         round every store finished before the versions ran out. A period's round snapshots what the period
         before it published."""
-        nonlocal published, longest, longest_at_cycle_end, t0
+        nonlocal longest, longest_at_cycle_end, t0
         errors.extend(e for r in result.reports for e in r.errors)
         before = min((snapshot_of.get(name, 0) for name in names), default=0)
         for r in result.reports:
@@ -231,9 +235,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         now = time.perf_counter()
         done = min((rounds[name] for name in names), default=0)
         if not done:  # warm-up: a quarter threshold a cycle until every store's first snapshot is written
-            for n in range(published, min(len(held), published + max(1, args.threshold // 4))):
-                _move_tree(held[n], root, link=True)
-                published = n + 1
+            publish_up_to(min(len(held), published + max(1, args.threshold // 4)))
             return
         if ran_out.is_set():  # this cycle ran past the versions: not in the window
             return
