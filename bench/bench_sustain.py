@@ -5,8 +5,8 @@ the rate asked, all along, while one ``statekeeper maintain`` loop keeps it: the
 itself, as beside writers on other hosts. Rows: 128 stores at 1,000 store-commits a second with snapshot thresholds
 40 and 20, each with `snapshot_spread` 0.5 and without, and at 800 a second (threshold 20, spread 0.5); a cycle
 every second, 2 build processes. Then 1,000 stores committing once a second (threshold 20, spread 0.5, a cycle every
-5 s, `round_seconds` 4) with the root in memory (``/dev/shm``, where it has room): their changelogs alone are ~85 MB
-a second to read, more than this kind of machine's disk serves, and the figure asked for is the maintainer's.
+5 s, `snapshot_round_seconds` 4) with the root in memory (``/dev/shm``, where it has room): their changelogs alone are
+~85 MB a second to read, more than this kind of machine's disk serves, and the figure asked for is the maintainer's.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class Shape(NamedTuple):
     memory: bool = False
     """The root on the tmpfs `MEMORY`, not on disk."""
     round_seconds: float | None = None
-    """The loop's `round_seconds` (None: rounds unbounded)."""
+    """`snapshot_round_seconds` (None: rounds unbounded)."""
 
 
 CONFIGS = [
@@ -134,7 +134,7 @@ def run(quick: bool) -> list[Table]:
             [
                 "`python -m bench.fleet_sustain --stores S --rate R --seconds N --every E [--round-seconds R] "
                 "--snapshot-spread F --build-processes 2 --threshold T`, each in a fresh process, one run each; "
-                "round: the loop's `round_seconds` (a round starts builds of stores still under the threshold, due "
+                "round: `snapshot_round_seconds` (a round starts builds of stores still under the threshold, due "
                 "early by the spread, for that long; later ones wait for the next cycle). Each store: 10,000 keys, "
                 "1,000 updates a commit, the commit record per version as the driver writes it; retain max(20, T); "
                 "local root, no catalog; root disk: in the temp dir; memory: on the tmpfs /dev/shm (`--scratch "

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-every", type=float, default=10.0, help="seconds between samples of the root")
     parser.add_argument("--every", type=float, default=1.0, help="seconds from one cycle's start to the next's")
     parser.add_argument(
-        "--round-seconds", type=float, help="the loop's round_seconds (default: none): builds due early then wait"
+        "--round-seconds", type=float, help="snapshot_round_seconds (default: none): builds due early then wait"
     )
     parser.add_argument(
         "--versions-dir", type=Path, help="keep the written versions here and reuse them in later runs (same fleet)"
@@ -260,9 +260,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
     stop, ran_out = threading.Event(), threading.Event()
     publisher = threading.Thread(target=publish, name="publisher", daemon=True)
     try:
-        maintain(
-            root.as_uri(), settings, every=args.every, stop=stop, on_cycle=between, round_seconds=args.round_seconds
-        )
+        maintain(root.as_uri(), settings, every=args.every, stop=stop, on_cycle=between)
     finally:
         stop.set()
         if publisher.is_alive():

@@ -117,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FRACTION",
         help="snapshot each store up to this fraction of the threshold early, at a point drawn per store (0-1)",
     )
+    op.add_argument(
+        "--round-seconds",
+        type=_number,
+        metavar="SECONDS",
+        help="a snapshot round starts builds of stores still under the threshold (due early by the spread) for "
+        "this long; later ones wait for the next round (default 0: no bound)",
+    )
     op.add_argument("--work-dir", metavar="DIR", help="directory for warm local copies of stores")
     op.add_argument("--delete-batch-size", type=_positive_int, metavar="N", help="paths per delete request")
     op.add_argument(
@@ -161,13 +168,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("roots", nargs="+", metavar="root", help="checkpoint roots, maintained one after the other")
     p.add_argument("--every", type=_number, default=10.0, metavar="SECONDS", help="start a cycle this often")
     p.add_argument("--cycles", type=_positive_int, metavar="N", help="stop after N cycles (default: run until killed)")
-    p.add_argument(
-        "--round-seconds",
-        type=_number,
-        metavar="SECONDS",
-        help="a cycle's snapshot round starts builds of stores still under the threshold (due early by the spread) "
-        "for this long; later ones wait for the next cycle (default: no limit)",
-    )
     p.add_argument(
         "--build-processes",
         type=int,

@@ -48,6 +48,7 @@ def settings_of(args: argparse.Namespace) -> MaintenanceSettings:
     return MaintenanceSettings.from_env(
         snapshot_threshold=getattr(args, "threshold", None),
         snapshot_spread=getattr(args, "snapshot_spread", None),
+        snapshot_round_seconds=getattr(args, "round_seconds", None),
         min_versions_to_retain=getattr(args, "retain", None),
         orphan_grace_seconds=getattr(args, "grace", None),
         load_grace_seconds=getattr(args, "load_grace", None),
@@ -419,7 +420,6 @@ def cmd_maintain(args: argparse.Namespace) -> int:
             on_cycle=on_cycle,
             stores=args.stores,
             stop=stop,
-            round_seconds=args.round_seconds,
         )
     return EXIT_ERRORS if failed else EXIT_OK
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -89,21 +88,18 @@ def maintain(
     stop: threading.Event | None = None,
     on_cycle: Callable[[CycleResult], None] | None = None,
     stores: Iterable[StoreId] | None = None,
-    round_seconds: float | None = None,
 ) -> list[CycleResult]:
     """Run cycles (expire, snapshot, clean orphans of each root in turn) starting every `every` seconds.
 
     Stops after `cycles` cycles, or when `stop` is set. A cycle with errors does not stop the loop (the
     next one retries), nor does a root's cycle that raises (its `CYCLE` report names the error); a root that
     is not a checkpoint root when the loop starts raises `ConfigurationError` at once. `stores`: only these
-    stores of every root (their commit records stay: other stores' versions may need them). `round_seconds`: how
-    long a cycle's snapshot round of a root starts the builds of stores still under the threshold (due early by
-    `snapshot_spread`); later ones wait for the next cycle (`create_snapshots`'s `deadline`), so the cycles, and
-    the expiry each starts with, keep coming when a round is long. The results of every cycle are returned (only
+    stores of every root (their commit records stay: other stores' versions may need them). With
+    `settings.snapshot_round_seconds`, a round of a root starts the builds of stores due early for that long and
+    leaves the rest to the next cycle, so the cycles, and the expiry each starts with, keep coming when a round
+    is long. The results of every cycle are returned (only
     the last 100 are kept).
     """
-    if round_seconds is not None and not (math.isfinite(round_seconds) and round_seconds >= 0):
-        raise ConfigurationError(f"round_seconds must be a finite number >= 0, not {round_seconds!r}")
     fms = _open_roots(roots)
     wanted = None if stores is None else frozenset(stores)
     stop = stop or threading.Event()
@@ -120,7 +116,7 @@ def maintain(
                 break
             try:
                 found = known.get(fm.root_uri, [])
-                known[fm.root_uri] = _cycle(fm, settings, catalog, wanted, found, result, round_seconds)
+                known[fm.root_uri] = _cycle(fm, settings, catalog, wanted, found, result)
             except Exception as e:  # a long-running maintainer outlives it: the next cycle tries again
                 error = f"cycle {n} of {fm.root_uri} failed: {type(e).__name__}: {e}"
                 log.error("%s", error, exc_info=log.isEnabledFor(logging.DEBUG))
@@ -181,7 +177,6 @@ def _cycle(
     wanted: frozenset[StoreId] | None,
     known: list[StoreId],
     result: CycleResult,
-    round_seconds: float | None,
 ) -> list[StoreId]:
     """One cycle of one root, its reports appended to `result`; returns the stores it found.
 
@@ -196,10 +191,7 @@ def _cycle(
         found = [s for s in inv.store_ids() if wanted is None or s in wanted]
         leases.take_free(found)  # the new ones
         result.reports.append(expire_versions(fm, settings, catalog=catalog, inventory=inv, stores=wanted))
-        deadline = None if round_seconds is None else time.monotonic() + round_seconds
-        result.reports.append(
-            create_snapshots(fm, settings, catalog=catalog, inventory=inv, stores=wanted, deadline=deadline)
-        )
+        result.reports.append(create_snapshots(fm, settings, catalog=catalog, inventory=inv, stores=wanted))
         result.reports.append(clean_orphans(fm, settings, catalog=catalog, inventory=inv, stores=wanted))
     return found
 

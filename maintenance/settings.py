@@ -28,6 +28,11 @@ class MaintenanceSettings:
     same cycle, whose round builds every one while their chains grow; with 0.5 each is due somewhere between half
     the threshold and the threshold, a cycle builds its share and a fleet's snapshot work is spread over the
     cycles. No chain gets longer for it; a store snapshots up to 1 / (1 - spread) times as often."""
+    snapshot_round_seconds: float = 0.0
+    """How long a snapshot run starts the builds of stores still under the threshold (due early by
+    `snapshot_spread`); later ones are left for the next run ("deferred"), so a long round does not hold up the
+    maintenance loop's next cycle and the expiry it starts with. A store at the threshold, requested, or needing
+    a repair is always built. 0: no bound. Builds on this process or its build processes only (not Spark's)."""
     min_versions_to_retain: int = 20
     """Newest committed versions of each store that stay loadable (at least 1)."""
     orphan_grace_seconds: float = 3600.0
@@ -70,6 +75,7 @@ class MaintenanceSettings:
                 need(isinstance(value, int), f.name, "expected an integer")
         need(self.snapshot_threshold >= 1, "snapshot_threshold", "must be >= 1")
         need(0 <= self.snapshot_spread < 1, "snapshot_spread", "must be within [0, 1)")
+        need(self.snapshot_round_seconds >= 0, "snapshot_round_seconds", "must be >= 0 (0: no bound)")
         need(self.min_versions_to_retain >= 1, "min_versions_to_retain", "at least 1 version must be retained")
         need(self.orphan_grace_seconds >= 0, "orphan_grace_seconds", "must be >= 0")
         need(self.load_grace_seconds >= 0, "load_grace_seconds", "must be >= 0")

@@ -50,7 +50,6 @@ def create_snapshots(
     due_at: Mapping[StoreId, int] | None = None,
     inventory: Inventory | None = None,
     executor: StoreExecutor | None = None,
-    deadline: float | None = None,
 ) -> SnapshotReport:
     """Snapshot every store (or those in `stores`) whose chain reached `settings.snapshot_threshold`.
 
@@ -63,10 +62,10 @@ def create_snapshots(
     `inventory`: a listing of the root the caller took (the maintenance loop shares one per cycle);
     each store is listed again under its lease before anything is changed. `executor`: where the
     stores' snapshots are built (default: a pool of `settings.parallelism` threads in this process;
-    `statekeeper.maintenance.fanout` supplies Spark's executors). `deadline`: a `time.monotonic()` time after
-    which a store still under the threshold (due early by `snapshot_spread`) is not started but left for the next
-    run ("deferred"), so that a long round does not hold up the maintenance loop's next expiry; a store at the
-    threshold, requested, or needing a repair is always built.
+    `statekeeper.maintenance.fanout` supplies Spark's executors). Once the builds ran
+    `settings.snapshot_round_seconds`, a store still under the threshold (due early by `snapshot_spread`) is not
+    started but left for the next run ("deferred"); a store at the threshold, requested, or needing a repair is
+    always built.
     """
     fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
     check_work_dir(fm, settings)
@@ -104,6 +103,8 @@ def create_snapshots(
         task = StoreTask("snapshot", fm.root_uri, settings, catalog_url(catalog), {"due_at": due})
         threshold = settings.snapshot_threshold
         early = {p.store: p for p in due_plans if p.chain_length < threshold and p.store not in requested}
+        bound = settings.snapshot_round_seconds
+        deadline = time.monotonic() + bound if bound else None
 
         def build_or_defer(store: StoreId) -> Row:
             """Past the deadline, a store due early by the spread alone waits for the next run."""

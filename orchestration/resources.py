@@ -113,6 +113,11 @@ class MaintenanceConfig(ConfigurableResource):  # type: ignore[type-arg]
         description="Snapshot each store up to this fraction of the threshold early, at a point drawn per store: "
         "the partitions of an operator, which commit in lock step, are then not all due in the same run.",
     )
+    snapshot_round_seconds: float = Field(
+        default=0,
+        description="A run starts the builds of stores due early (by the spread) for this long; later ones wait "
+        "for the next run (0: no bound). Stores at the threshold or needing a repair are always built.",
+    )
     min_versions_to_retain: int = Field(default=20, description="Newest committed versions kept loadable.")
     orphan_grace_seconds: float = Field(
         default=3600, description="Orphan candidates younger than this may be in flight: kept."

@@ -127,15 +127,15 @@ def test_a_bad_snapshot_is_repaired_reported_and_replaced(
 def test_a_repair_is_not_deferred_past_a_rounds_deadline(
     make_local_history: Callable[..., History], settings: MaintenanceSettings
 ) -> None:
-    """`create_snapshots`' `deadline` defers only stores due early by the spread: a store whose newest snapshot is
-    bad is rebuilt although its chain is far under the threshold and the deadline has passed."""
+    """`snapshot_round_seconds` defers only stores due early by the spread: a store whose newest snapshot is bad is
+    rebuilt although its chain is far under the threshold and the round's time is up."""
     h = make_local_history(operators={"agg": 1}, keys=200)
     h.batches(5)
     assert create_snapshots(h.root, settings).snapshots == 1
     h.batches(1)
     _damage(h, "missing sst")
     forget()
-    spread = settings.with_(snapshot_threshold=8, snapshot_spread=0.5)
-    report = create_snapshots(h.root, spread, deadline=0.0)
+    spread = settings.with_(snapshot_threshold=8, snapshot_spread=0.5, snapshot_round_seconds=1e-9)
+    report = create_snapshots(h.root, spread)
     assert [row["action"] for row in report.items] == ["snapshot"], report.items
     h.check_loadable(h.retained(settings))

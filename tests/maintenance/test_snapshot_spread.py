@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import time
+import json
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from statekeeper.maintenance.loop import CycleResult, maintain
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import create_snapshots
 from statekeeper.store.errors import ConfigurationError
+from tests.cli_support import run_cli
 from tests.maintenance.helpers import History
 
 
@@ -94,10 +96,10 @@ def test_a_cycle_builds_the_longest_chains_first(
     assert [row["written_at"] for row in rows] == sorted(row["written_at"] for row in rows), "built in that order"
 
 
-def test_past_its_deadline_a_round_leaves_the_stores_due_early_for_the_next(
-    make_history: Callable[..., History], settings: MaintenanceSettings
+def test_past_its_time_a_round_leaves_the_stores_due_early_for_the_next(
+    make_history: Callable[..., History], settings: MaintenanceSettings, tmp_path: Path
 ) -> None:
-    """`deadline` (the loop's `round_seconds`): once it passed, a store under the threshold, due early by the
+    """`snapshot_round_seconds`: once a round ran that long, a store under the threshold, due early by the
     spread alone, is not started; one at the threshold always is; the next run builds the ones left."""
     settings = settings.with_(snapshot_threshold=8, snapshot_spread=0.5, parallelism=1)
     h = make_history(operators={"agg": 8})
@@ -108,14 +110,16 @@ def test_past_its_deadline_a_round_leaves_the_stores_due_early_for_the_next(
     early = {str(s) for s in others if settings.snapshot_due_at(s.operator, s.partition, 2) <= 6}
     assert early, "some store is due early at a chain of 6"
 
-    report = create_snapshots(h.root, settings, deadline=time.monotonic() - 1)
-    actions = {row["store"]: (row["action"], row.get("reason")) for row in report.items}
+    # through the command line (the flag and the setting): the round's time is up once `late` is started
+    flags = ["--threshold", "8", "--snapshot-spread", "0.5", "--parallelism", "1", "--round-seconds", "1e-9"]
+    report = json.loads(run_cli("snapshot", h.root, *flags, "--no-catalog", "--json", home=tmp_path).stdout)
+    actions = {row["store"]: (row["action"], row.get("reason")) for row in report["rows"]}
     assert actions == {str(late): ("snapshot", None), **dict.fromkeys(early, ("skipped", "deferred"))}
     assert create_snapshots(h.root, settings, dry_run=True).max_chain_length == 6, "the deferred ones wait"
 
-    results = maintain(h.root, settings, every=0, cycles=1, round_seconds=60)
+    results = maintain(h.root, settings.with_(snapshot_round_seconds=60), every=0, cycles=1)
     built = {row["store"] for r in results[0].reports for row in getattr(r, "items", []) if row["action"] == "snapshot"}
     assert built == early, "the next round builds them, within its time"
     h.check_loadable(h.retained(settings))
-    with pytest.raises(ConfigurationError, match="round_seconds"):
-        maintain(h.root, settings, every=0, cycles=1, round_seconds=-1)
+    with pytest.raises(ConfigurationError, match="snapshot_round_seconds"):
+        settings.with_(snapshot_round_seconds=-1)
