@@ -34,7 +34,6 @@ from statekeeper.maintenance.file_kinds import (
     TEMP,
     UPLOAD,
     FileEntry,
-    Kind,
     classify,
 )
 from statekeeper.maintenance.parsed_cache import CORRUPT_SSTS, SOUND_SSTS, ParsedFiles
@@ -117,9 +116,6 @@ class StoreFiles:
 
 _records: ParsedFiles[CommitRecord] = ParsedFiles()
 _manifests: ParsedFiles[SnapshotManifest] = ParsedFiles()
-_kinds: ParsedFiles[Kind] = ParsedFiles()
-"""The kind of every published file the last listings of a root saw: a maintainer classifies every retained
-file again each cycle, and a kind follows from the path alone."""
 
 
 def _keep_listed_ssts(root: str, listed: Iterable[StoreFiles], *, whole_root: bool) -> None:
@@ -131,14 +127,12 @@ def _keep_listed_ssts(root: str, listed: Iterable[StoreFiles], *, whole_root: bo
 def _keep_view(root: str, files: StoreFiles) -> None:
     """Forget what the caches hold of `files.store` that its view lacks (listed again, or deleted since)."""
     prefix = f"{files.store.prefix}/"
-    _kinds.keep_listed(root, [prefix], {e.path for e in files.entries()})
     _manifests.keep_listed(root, [prefix], {e.path for e in files.manifests.values()})
     _keep_listed_ssts(root, [files], whole_root=False)
 
 
 def _forget(root: str, deleted: list[FileEntry]) -> None:
     """Drop what the caches hold of files this maintainer deleted: O(deleted), whatever the stores hold."""
-    _kinds.discard(root, [e.path for e in deleted])
     _records.discard(root, [e.path for e in deleted if e.kind == COMMIT])
     _manifests.discard(root, [e.path for e in deleted if e.kind == MANIFEST])
     ssts: dict[StoreId, list[str]] = {}
@@ -151,10 +145,9 @@ def _forget(root: str, deleted: list[FileEntry]) -> None:
 
 
 def clear_caches() -> None:
-    """Forget parsed commit records, manifests and kinds (tests that rewrite a root in place)."""
+    """Forget parsed commit records and manifests (tests that rewrite a root in place)."""
     _records.clear()
     _manifests.clear()
-    _kinds.clear()
 
 
 def _map(fn: Callable[[T], R], items: list[T], workers: int) -> list[R]:
@@ -226,13 +219,11 @@ class Inventory:
                 prefixes = [""]
             else:
                 prefixes = [f"{COMMITS_DIR}/", *(f"{s.prefix}/" for s in sorted(stores, key=_store_key))]
-            seen: set[str] = set()
             for prefix in prefixes:
                 inv.listings += 1
                 published, unfinished = _listing(fm, prefix)
                 for info in published:
                     inv._add(FileEntry(info.path, "", info.size, info.mtime), temp_listing=False)
-                    seen.add(info.path)
                     bar.update(1)
                 for entry in unfinished:
                     inv._add(entry, temp_listing=True)
@@ -248,7 +239,6 @@ class Inventory:
         listed = {e.path for files in inv.stores.values() for e in files.manifests.values()}
         _manifests.keep_listed(inv.root_uri, [p for p in prefixes if p != f"{COMMITS_DIR}/"], listed)
         _keep_listed_ssts(inv.root_uri, inv.stores.values(), whole_root=stores is None)
-        _kinds.keep_listed(inv.root_uri, prefixes, seen)
         inv.seconds = time.perf_counter() - t0
         log.info(
             "inventory of %s: %d commit records, %d stores, %d foreign files (%.2fs)",
@@ -334,13 +324,7 @@ class Inventory:
                 self.changed(store)
 
     def _entry(self, raw: FileEntry, *, temp_listing: bool) -> FileEntry:
-        if temp_listing and raw.kind == TEMP:
-            k = classify(raw.path, temp_listing=True)
-        elif (cached := _kinds.get(self.root_uri, raw)) is not None:
-            k = cached
-        else:
-            k = classify(raw.path)
-            _kinds.put(self.root_uri, raw, k)
+        k = classify(raw.path, temp_listing=temp_listing and raw.kind == TEMP)
         kind = k.kind
         if raw.kind == UPLOAD and kind != FOREIGN:
             kind = UPLOAD

@@ -390,8 +390,8 @@ def test_a_long_running_maintainer_holds_what_its_root_holds(
 ) -> None:
     """Found by the 10-minute soak (RSS +8 MiB a minute): the parsed manifests and commit records of expired
     versions stayed cached, as did the names of every SST found sound, and each snapshot of a warm copy
-    inlined its RocksDB MANIFEST, an edit longer at every flush; and every path ever classified kept its kind.
-    Over many cycles of one loop the caches hold the files the root holds, and a snapshot's manifest stays as
+    inlined its RocksDB MANIFEST, an edit longer at every flush (a cache of every path's kind went the same way;
+    it is gone: classifying a path costs what the lookup did). Over many cycles of one loop the caches hold the files the root holds, and a snapshot's manifest stays as
     small as the store's metadata."""
     from statekeeper.maintenance import inventory, parsed_cache, snapshot_health
 
@@ -400,22 +400,18 @@ def test_a_long_running_maintainer_holds_what_its_root_holds(
     h = make_local_history()
     manifest_sizes: list[int] = []
     listed: dict[str, int] = {}  # what the cycle's listing saw (the root before it)
-    seen: set[str] = set()
 
     def count() -> None:
         h.batches(settings.snapshot_threshold)  # a snapshot of every store at every cycle
         files = all_files(h.root)
         listed["records"] = sum(p.startswith("commits/") for p in files)
         listed["manifests"] = sum(p.endswith(".manifest") for p in files)
-        seen.update(files)
 
     def after(result: CycleResult) -> None:
         assert result.ok, [e for r in result.reports for e in r.errors]
         assert len(inventory._records) <= listed["records"]
         assert len(inventory._manifests) <= listed["manifests"] + len(h.stores)  # + those it wrote
         files = all_files(h.root)
-        assert len(inventory._kinds) <= len(seen | files.keys())  # what the cycle's listings could see
-        seen.clear()
         assert len(parsed_cache.SOUND_SSTS) <= sum(p.endswith(".sst") for p in files)
         manifest_sizes.append(max(n for p, n in files.items() if p.endswith(".manifest")))
         count()
