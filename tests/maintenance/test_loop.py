@@ -389,10 +389,10 @@ def test_a_long_running_maintainer_holds_what_its_root_holds(
     make_local_history: Callable[..., History], settings: MaintenanceSettings
 ) -> None:
     """Found by the 10-minute soak (RSS +8 MiB a minute): the parsed manifests and commit records of expired
-    versions stayed cached, as did the names of every SST found sound, and each snapshot of a warm copy
-    inlined its RocksDB MANIFEST, an edit longer at every flush (a cache of every path's kind went the same way;
-    it is gone: classifying a path costs what the lookup did). Over many cycles of one loop the caches hold the files the root holds, and a snapshot's manifest stays as
-    small as the store's metadata."""
+    versions stayed cached, as did the names of every SST found sound, and each snapshot of a warm copy inlined its
+    RocksDB MANIFEST, an edit longer at every flush (a cache of every path's kind went the same way; it is gone:
+    classifying a path costs what the lookup did). Over many cycles of one loop the caches hold the files the root
+    holds, and a snapshot's manifest stays as small as the store's metadata."""
     from statekeeper.maintenance import inventory, parsed_cache, snapshot_health
 
     snapshot_health.forget()  # what earlier tests' roots left
