@@ -37,6 +37,8 @@ class Shape(NamedTuple):
     """The root on the tmpfs `MEMORY`, not on disk."""
     round_seconds: float | None = None
     """`snapshot_round_seconds` (None: rounds unbounded)."""
+    catalog: bool = True
+    """With the SQLite catalog (on disk), as `statekeeper maintain` runs by default."""
 
 
 CONFIGS = [
@@ -50,7 +52,11 @@ CONFIGS = [
 """Per fleet and storage, the row needing the most versions first: its versions are written once, for it, and read
 by the others."""
 
-QUICK = [Shape(8, 16, 6, 0.5, 0.5, 4), Shape(8, 16, 6, 0.5, 0.0, 4), Shape(8, 16, 6, 0.5, 0.5, 4, True, 0.2)]
+QUICK = [
+    Shape(8, 16, 6, 0.5, 0.5, 4),
+    Shape(8, 16, 6, 0.5, 0.0, 4, catalog=False),
+    Shape(8, 16, 6, 0.5, 0.5, 4, memory=True, round_seconds=0.2),
+]
 QUICK_UPDATES = 50
 QUICK_ARGS = ["--keys", "500", "--updates", str(QUICK_UPDATES), "--sample-every", "2"]
 BYTES_PER_UPDATE = 90
@@ -69,7 +75,9 @@ def run(quick: bool) -> list[Table]:
     skipped = []
     with contextlib.ExitStack() as stack:
         scratch = {False: stack.enter_context(tempfile.TemporaryDirectory(prefix="statekeeper-sustain-"))}
-        for stores, rate, seconds, every, spread, threshold, memory, round_seconds in QUICK if quick else CONFIGS:
+        for stores, rate, seconds, every, spread, threshold, memory, round_seconds, catalog in (
+            QUICK if quick else CONFIGS
+        ):
             if memory and memory not in scratch:
                 versions = versions_needed(threshold, rate / stores, seconds)
                 if not memory_room(stores, versions, QUICK_UPDATES if quick else 1000):
@@ -81,12 +89,14 @@ def run(quick: bool) -> list[Table]:
             args = ["--stores", str(stores), "--rate", str(rate), "--seconds", str(seconds), "--every", str(every)]
             args += ["--snapshot-spread", str(spread), "--build-processes", "2", "--threshold", str(threshold)]
             args += [] if round_seconds is None else ["--round-seconds", str(round_seconds)]
+            args += ["--catalog"] if catalog else []
             args += ["--versions-dir", str(Path(scratch[memory], str(stores))), "--scratch", scratch[memory]]
             f = run_figures("bench.fleet_sustain", [*args, *(QUICK_ARGS if quick else [])])
             rows.append(
                 [
                     stores,
                     "memory" if memory else "disk",
+                    "yes" if catalog else "no",
                     rate,
                     every,
                     "" if round_seconds is None else round_seconds,
@@ -112,6 +122,7 @@ def run(quick: bool) -> list[Table]:
             [
                 "stores",
                 "root",
+                "catalog",
                 "store-commits/s asked",
                 "cycle every (s)",
                 "round (s)",
@@ -133,11 +144,13 @@ def run(quick: bool) -> list[Table]:
             rows,
             [
                 "`python -m bench.fleet_sustain --stores S --rate R --seconds N --every E [--round-seconds R] "
-                "--snapshot-spread F --build-processes 2 --threshold T`, each in a fresh process, one run each; "
+                "--snapshot-spread F --build-processes 2 --threshold T [--catalog]`, each in a fresh process, one "
+                "run each; "
                 "round: `snapshot_round_seconds` (a round starts builds of stores still under the threshold, due "
                 "early by the spread, for that long; later ones wait for the next cycle). Each store: 10,000 keys, "
                 "1,000 updates a commit, the commit record per version as the driver writes it; retain max(20, T); "
-                "local root, no catalog; root disk: in the temp dir; memory: on the tmpfs /dev/shm (`--scratch "
+                "local root; catalog: the SQLite catalog, in the temp dir on disk, as `statekeeper maintain` keeps "
+                "one by default (`--catalog`); root disk: in the temp dir; memory: on the tmpfs /dev/shm (`--scratch "
                 "/dev/shm`: the root, the versions and the warm copies), where there is room.",
                 *(f"Not run: {why}." for why in skipped),
                 "The versions are written first, off the clock, then published into the root at the rate asked, "

@@ -76,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         help="where the root lives, and the versions and warm copies unless placed elsewhere (default: the temp "
         "dir); /dev/shm keeps them in memory, so the run measures the maintainer, not this machine's disk",
     )
+    parser.add_argument(
+        "--catalog",
+        action="store_true",
+        help="with a SQLite catalog, as `maintain` runs by default; in the temp dir (on disk, as deployed), not in "
+        "--scratch",
+    )
     parser.add_argument("--verbose", action="store_true", help="log every cycle (its seconds and reports)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(message)s")
@@ -141,8 +147,11 @@ def _move_tree(src: Path, dst: Path, *, link: bool = False) -> None:
 
 def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: float, work: Path) -> int:
     from statekeeper.maintenance.loop import maintain
+    from statekeeper.sql.catalog import Catalog
 
     settings = loop_settings(args, str(work))
+    db_dir = Path(tempfile.mkdtemp(prefix="statekeeper-fleet-catalog-")) if args.catalog else None
+    catalog = Catalog.open(f"sqlite:///{db_dir}/catalog.db", upgrade=True) if db_dir else None
     _move_tree(held[0], root, link=True)  # the bulk load (version 1): there before the maintainer starts
     published = 1
     snapshot_of: dict[str, int] = {}
@@ -260,9 +269,13 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
     stop, ran_out = threading.Event(), threading.Event()
     publisher = threading.Thread(target=publish, name="publisher", daemon=True)
     try:
-        maintain(root.as_uri(), settings, every=args.every, stop=stop, on_cycle=between)
+        maintain(root.as_uri(), settings, every=args.every, stop=stop, on_cycle=between, catalog=catalog)
     finally:
         stop.set()
+        if catalog is not None:
+            catalog.close()
+        if db_dir is not None:
+            shutil.rmtree(db_dir, ignore_errors=True)
         if publisher.is_alive():
             publisher.join()
     # without two round ends, it fell behind (or ran too short): the window is then all of it after the warm-up
@@ -284,6 +297,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         "longest_chain": longest,
         "longest_chain_at_cycle_end": longest_at_cycle_end,
         "threshold": args.threshold,
+        "catalog": args.catalog,
         "chain_max_sampled": max(x.chain_max for x in samples),
         "bytes_over_bound_max": max(steady, default=0.0),
         "bytes_over_bound_first_base_move": max(first_move, default=0.0),
