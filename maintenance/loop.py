@@ -97,8 +97,7 @@ def maintain(
     stores of every root (their commit records stay: other stores' versions may need them). With
     `settings.snapshot_round_seconds`, a round of a root starts the builds of stores due early for that long and
     leaves the rest to the next cycle, so the cycles, and the expiry each starts with, keep coming when a round
-    is long. The results of every cycle are returned (only
-    the last 100 are kept).
+    is long. The results of every cycle are returned (only the last 100 are kept).
     """
     fms = _open_roots(roots)
     wanted = None if stores is None else frozenset(stores)
