@@ -61,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-every", type=float, default=10.0, help="seconds between samples of the root")
     parser.add_argument("--every", type=float, default=1.0, help="seconds from one cycle's start to the next's")
     parser.add_argument(
-        "--round-seconds", type=float, help="snapshot_round_seconds (default: none): builds due early then wait"
+        "--round-seconds",
+        type=float,
+        default=0.0,
+        help="snapshot_round_seconds (0: no bound): builds due early then wait",
     )
     parser.add_argument(
         "--versions-dir", type=Path, help="keep the written versions here and reuse them in later runs (same fleet)"
@@ -150,8 +153,6 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
     from statekeeper.sql.catalog import Catalog
 
     settings = loop_settings(args, str(work))
-    db_dir = Path(tempfile.mkdtemp(prefix="statekeeper-fleet-catalog-")) if args.catalog else None
-    catalog = Catalog.open(f"sqlite:///{db_dir}/catalog.db", upgrade=True) if db_dir else None
     _move_tree(held[0], root, link=True)  # the bulk load (version 1): there before the maintainer starts
     published = 1
     snapshot_of: dict[str, int] = {}
@@ -268,6 +269,8 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
 
     stop, ran_out = threading.Event(), threading.Event()
     publisher = threading.Thread(target=publish, name="publisher", daemon=True)
+    db_dir = Path(tempfile.mkdtemp(prefix="statekeeper-fleet-catalog-")) if args.catalog else None
+    catalog = Catalog.open(f"sqlite:///{db_dir}/catalog.db", upgrade=True) if db_dir else None
     try:
         maintain(root.as_uri(), settings, every=args.every, stop=stop, on_cycle=between, catalog=catalog)
     finally:

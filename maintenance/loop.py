@@ -114,8 +114,7 @@ def maintain(
             if stop.is_set():
                 break
             try:
-                found = known.get(fm.root_uri, [])
-                known[fm.root_uri] = _cycle(fm, settings, catalog, wanted, found, result)
+                known[fm.root_uri] = _cycle(fm, settings, catalog, wanted, known.get(fm.root_uri, []), result)
             except Exception as e:  # a long-running maintainer outlives it: the next cycle tries again
                 error = f"cycle {n} of {fm.root_uri} failed: {type(e).__name__}: {e}"
                 log.error("%s", error, exc_info=log.isEnabledFor(logging.DEBUG))
@@ -189,9 +188,8 @@ def _cycle(
         inv = Inventory.scan(fm, parallelism=settings.parallelism, leased=leases.held_stores(), stores=wanted)
         found = [s for s in inv.store_ids() if wanted is None or s in wanted]
         leases.take_free(found)  # the new ones
-        result.reports.append(expire_versions(fm, settings, catalog=catalog, inventory=inv, stores=wanted))
-        result.reports.append(create_snapshots(fm, settings, catalog=catalog, inventory=inv, stores=wanted))
-        result.reports.append(clean_orphans(fm, settings, catalog=catalog, inventory=inv, stores=wanted))
+        for op in (expire_versions, create_snapshots, clean_orphans):
+            result.reports.append(op(fm, settings, catalog=catalog, inventory=inv, stores=wanted))
     return found
 
 
