@@ -12,7 +12,8 @@ it finds. ``statekeeper maintain ROOT [ROOT ...] --every SECONDS`` runs it.
 One process maintains any number of roots (the checkpoints of many queries), one after the other in each
 cycle. A long-running maintainer outlives what goes wrong at run time: a cycle of a root that raises (its
 bucket unreachable, the catalog down) is logged and reported as failed, and the next cycle tries again;
-the other roots go on. Only a root that is wrong when the maintainer starts stops it (a typo).
+the other roots go on. Only a root that is wrong when the maintainer starts stops it (a typo). A root whose
+chains run past twice the snapshot threshold, its writers outpacing the maintainer, is named in a warning.
 
 Expiry goes first: a store's base moves when a commit makes its oldest retained version load from a
 newer snapshot, not when a snapshot is written (with ``min_versions_to_retain`` >= 2 a new snapshot
@@ -35,7 +36,7 @@ from statekeeper.maintenance.expiry import expire_versions
 from statekeeper.maintenance.inventory import Inventory, check_root
 from statekeeper.maintenance.leasing import cycle_leases
 from statekeeper.maintenance.orphans import clean_orphans
-from statekeeper.maintenance.reports import Report
+from statekeeper.maintenance.reports import Report, SnapshotReport
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import create_snapshots
 from statekeeper.maintenance.warm_copies import raise_open_file_limit
@@ -77,6 +78,9 @@ Roots = str | CheckpointFileManager | Sequence[str | CheckpointFileManager]
 CYCLE = "cycle"
 """The kind of the report of a root's cycle that raised (its error), beside the operations' reports."""
 
+BEHIND_WARNING_SECONDS = 60.0
+"""While a root's chains are past their bound, how often the loop says so again."""
+
 
 def maintain(
     roots: Roots,
@@ -105,6 +109,7 @@ def maintain(
     raise_open_file_limit()  # a warm copy of every store stays open across cycles
     results: list[CycleResult] = []
     known: dict[str, list[StoreId]] = {}  # per root, the stores its previous cycle found
+    behind: dict[str, float] = {}  # per root past its chains' bound, when the loop last said so
     n = 0
     while not stop.is_set() and (cycles is None or n < cycles):
         n += 1
@@ -115,6 +120,7 @@ def maintain(
                 break
             try:
                 known[fm.root_uri] = _cycle(fm, settings, catalog, wanted, known.get(fm.root_uri, []), result)
+                _say_if_behind(fm.root_uri, result.reports, settings, behind)
             except Exception as e:  # a long-running maintainer outlives it: the next cycle tries again
                 error = f"cycle {n} of {fm.root_uri} failed: {type(e).__name__}: {e}"
                 log.error("%s", error, exc_info=log.isEnabledFor(logging.DEBUG))
@@ -129,6 +135,32 @@ def maintain(
             break
         stop.wait(max(0.0, every - result.seconds))
     return results
+
+
+def _say_if_behind(
+    root: str, reports: Sequence[Report], settings: MaintenanceSettings, behind: dict[str, float]
+) -> None:
+    """Warn while a snapshot round of `root` finds a chain past twice the snapshot threshold (the bound the
+    `chains_within_twice_threshold` asset check holds): the maintainer is not keeping up with the writers, and
+    loads replay that many changelogs. Said once every `BEHIND_WARNING_SECONDS`, and once when it is over."""
+    rounds = [r for r in reports if isinstance(r, SnapshotReport) and r.root == root and not r.dry_run]
+    if not rounds:
+        return
+    longest, bound = max(r.max_chain_length for r in rounds), 2 * settings.snapshot_threshold
+    now = time.monotonic()
+    if longest <= bound:
+        if behind.pop(root, None) is not None:
+            log.warning("%s: every chain is within twice the snapshot threshold (%d) again", root, bound)
+    elif now - behind.get(root, -BEHIND_WARNING_SECONDS) >= BEHIND_WARNING_SECONDS:
+        behind[root] = now
+        log.warning(
+            "%s: the maintainer is falling behind: a store's chain reached %d changelogs since its snapshot, past "
+            "twice the snapshot threshold (%d); give it build processes (--build-processes), move some of its "
+            "roots to another maintainer, or raise the threshold (docs/maintenance.md, Command line)",
+            root,
+            longest,
+            bound,
+        )
 
 
 def _malloc_trim() -> Callable[[int], int] | None:

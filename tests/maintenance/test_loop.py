@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -454,3 +455,25 @@ def test_a_long_running_maintainer_keeps_its_catalog_bounded(
     assert h.latest >= 30 * settings.snapshot_threshold
     assert max(rows[10:]) <= 1.5 * min(rows[10:]), rows  # level, not growing with the versions committed
     h.check_loadable(h.retained(settings))
+
+
+def test_the_loop_says_when_it_falls_behind_and_when_it_is_back_within(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A root whose chains run past twice the snapshot threshold (the writers outpace the maintainer) is named in a
+    warning with its longest chain: once, not every cycle while it stays behind, and again when it is back within."""
+    h = make_local_history()
+    bound = 2 * settings.snapshot_threshold
+    h.batches(bound + 1)
+
+    def outpaced(result: CycleResult) -> None:
+        if result.cycle == 1:
+            h.batches(bound + 2)
+
+    with caplog.at_level(logging.WARNING, logger="statekeeper.maintenance.loop"):
+        maintain(h.root, settings, every=0, cycles=3, on_cycle=outpaced)
+    said = [r.getMessage() for r in caplog.records if h.fm.root_uri in r.getMessage()]
+    assert len(said) == 2, said
+    assert "falling behind" in said[0] and f"chain reached {bound + 1} changelogs" in said[0]
+    assert "--build-processes" in said[0]
+    assert f"within twice the snapshot threshold ({bound}) again" in said[1]
