@@ -38,6 +38,7 @@ from bench.fleet_maintainers import FleetParams
 from bench.fleet_profile import build_processes_cpu, loop_settings, maintainer_cpu
 from bench.fleet_sampling import Sample, sample
 from bench.fleet_writers import OPERATOR, FleetWriters
+from statekeeper.maintenance.health import chain_bound
 from statekeeper.maintenance.progress import bar
 from statekeeper.store.layout import COMMITS_DIR
 
@@ -306,7 +307,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         "bytes_over_bound_first_base_move": max(first_move, default=0.0),
         "files_max": max(x.files for x in samples),
         "samples": len(samples),
-        "kept_up": len(boundaries) > 1 and longest <= 2 * args.threshold and bool(steady) and max(steady) <= 1,
+        "kept_up": len(boundaries) > 1 and longest <= chain_bound(args.threshold) and bool(steady) and max(steady) <= 1,
         "errors": len(errors),
     }
     for x, ok in zip(samples, settled, strict=True):

@@ -25,6 +25,13 @@ from statekeeper.sql.lineage import StoreChain
 from statekeeper.store.layout import StoreId
 
 
+def chain_bound(threshold: int) -> int:
+    """The longest chain a store of a fleet that maintenance keeps up with shows: twice the snapshot threshold
+    (a store reaches the threshold, then waits for its round). Past it, loads replay more than they were sized
+    for: the `chains_within_twice_threshold` check fails and the maintenance loop warns."""
+    return 2 * threshold
+
+
 @dataclass(frozen=True, slots=True)
 class StoreHealth:
     store: StoreId
@@ -108,4 +115,4 @@ def summarize(health: list[StoreHealth]) -> FleetHealth:
     )
 
 
-__all__ = ["FleetHealth", "StoreHealth", "health_from_chains", "store_health", "summarize"]
+__all__ = ["FleetHealth", "StoreHealth", "chain_bound", "health_from_chains", "store_health", "summarize"]

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from statekeeper.maintenance.expiry import expire_versions
+from statekeeper.maintenance.health import chain_bound
 from statekeeper.maintenance.inventory import Inventory, check_root
 from statekeeper.maintenance.leasing import cycle_leases
 from statekeeper.maintenance.orphans import clean_orphans
@@ -143,10 +144,10 @@ def _say_if_behind(
     """Warn while a snapshot round of `root` finds a chain past twice the snapshot threshold (the bound the
     `chains_within_twice_threshold` asset check holds): the maintainer is not keeping up with the writers, and
     loads replay that many changelogs. Said once every `BEHIND_WARNING_SECONDS`, and once when it is over."""
-    rounds = [r for r in reports if isinstance(r, SnapshotReport) and r.root == root and not r.dry_run]
-    if not rounds:
+    snapshots = next((r for r in reports if isinstance(r, SnapshotReport) and r.root == root), None)
+    if snapshots is None:
         return
-    longest, bound = max(r.max_chain_length for r in rounds), 2 * settings.snapshot_threshold
+    longest, bound = snapshots.max_chain_length, chain_bound(settings.snapshot_threshold)
     now = time.monotonic()
     if longest <= bound:
         if behind.pop(root, None) is not None:

@@ -23,6 +23,7 @@ from dagster import (
     asset_check,
 )
 
+from statekeeper.maintenance.health import chain_bound
 from statekeeper.orchestration.assets import FRESH_SYNC_SECONDS, ORPHANS, RETAINED, SNAPSHOTS, sync_lineage
 from statekeeper.orchestration.metadata import chain_rows, chain_stats, numeric, report_errors, table
 from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
@@ -44,7 +45,7 @@ def chain_check(
     """The chain check `name` of `root`: whether every store replays at most the threshold (`CHAINS`, a warning)
     or twice it (`CHAINS_BOUNDED`, an error) changelogs; passed, the chain metadata, severity."""
     bounded = name == CHAINS_BOUNDED
-    limit = 2 * threshold if bounded else threshold
+    limit = chain_bound(threshold) if bounded else threshold
     with catalog.session() as cat:
         sync_lineage(cat, storage, root, fresh_within=FRESH_SYNC_SECONDS, list_stores=False)  # the asset's run's
         chains = cat.chain_lengths(root)
