@@ -404,7 +404,12 @@ def cmd_maintain(args: argparse.Namespace) -> int:
     def on_cycle(result: CycleResult) -> None:
         nonlocal failed
         failed += not result.ok
-        doc = {"cycle": result.cycle, "seconds": result.seconds, "reports": [r.to_json() for r in result.reports]}
+        doc = {
+            "cycle": result.cycle,
+            "seconds": result.seconds,
+            "listing_seconds": result.listing_seconds,
+            "reports": [r.to_json() for r in result.reports],
+        }
         emit(args, doc, result.summary)
         sys.stdout.flush()
         for r in result.reports:

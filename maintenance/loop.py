@@ -56,6 +56,8 @@ class CycleResult:
     cycle: int
     seconds: float
     reports: list[Report] = field(default_factory=list)
+    listing_seconds: float = 0.0
+    """Spent listing the roots (once each per cycle; the operations' own seconds are in their reports)."""
 
     @property
     def ok(self) -> bool:
@@ -65,11 +67,11 @@ class CycleResult:
         roots = {r.root for r in self.reports}
         parts = [
             (f"{r.root} " if len(roots) > 1 else "")
-            + f"{r.kind}: {r.files} file(s)"
+            + f"{r.kind}: {r.files} file(s) in {r.seconds:.2f}s"
             + (f", {len(r.errors)} error(s)" if r.errors else "")
             for r in self.reports
         ]
-        return f"cycle {self.cycle} ({self.seconds:.2f}s): " + "; ".join(parts)
+        return f"cycle {self.cycle} ({self.seconds:.2f}s, listing {self.listing_seconds:.2f}s): " + "; ".join(parts)
 
 
 Roots = str | CheckpointFileManager | Sequence[str | CheckpointFileManager]
@@ -219,6 +221,7 @@ def _cycle(
     """
     with cycle_leases(fm.root_uri, settings, catalog, stores=known) as leases:
         inv = Inventory.scan(fm, parallelism=settings.parallelism, leased=leases.held_stores(), stores=wanted)
+        result.listing_seconds += inv.seconds
         found = [s for s in inv.store_ids() if wanted is None or s in wanted]
         leases.take_free(found)  # the new ones
         for op in (expire_versions, create_snapshots, clean_orphans):

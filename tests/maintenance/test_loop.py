@@ -42,6 +42,8 @@ def test_cycles_snapshot_expire_and_clean(make_history: Callable[..., History], 
     results = maintain(h.root, settings, every=0, cycles=2, on_cycle=seen.append)
     assert [r.cycle for r in results] == [1, 2] and seen == results and all(r.ok for r in results)
     first = {r.kind: r for r in results[0].reports}
+    assert f"listing {results[0].listing_seconds:.2f}s" in results[0].summary()
+    assert f"snapshot: {first['snapshot'].files} file(s) in {first['snapshot'].seconds:.2f}s" in results[0].summary()
     assert first["snapshot"].files > 0 and first["expire"].files > 0 and first["clean-orphans"].files > 0
     assert all(r.files == 0 for r in results[1].reports), "a second cycle finds nothing to do"
     h.check_loadable(h.retained(settings))
@@ -59,6 +61,8 @@ def test_the_maintain_command(make_local_history: Callable[..., History], tmp_pa
     proc = run_cli("maintain", h.root, other.root, *ops, "--every", "0", "--cycles", "2", "--json", home=home)
     docs = [json.loads(chunk) for chunk in proc.stdout.replace("}\n{", "}\x00{").split("\x00")]
     assert [d["cycle"] for d in docs] == [1, 2]
+    assert all(0 < d["listing_seconds"] < d["seconds"] for d in docs), "where a cycle's time went: its listing"
+    assert all(r["seconds"] > 0 for d in docs for r in d["reports"]), "... and each operation"
     assert [(r["root"], r["kind"]) for r in docs[0]["reports"]] == [
         (root, kind) for root in (h.fm.root_uri, other.fm.root_uri) for kind in ("expire", "snapshot", "clean-orphans")
     ]
