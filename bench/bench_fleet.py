@@ -246,8 +246,8 @@ def tables(results: list[FleetResult], floor: float | None = None) -> list[Table
             "`dagster` and `daemon`).",
             "An extrapolation from these runs' shape (threshold 10, the catalog, the writers on the same 2 "
             "cores, 128 stores at most). Whether one process keeps up with 1,000 store-commits a second is "
-            "measured directly, the versions arriving at that rate, by `python -m bench sustain` (threshold 20, "
-            "no catalog, the writers elsewhere; sustain below).",
+            "measured directly, the versions arriving at that rate, by `python -m bench sustain` (thresholds 30 "
+            "and 20, the catalog, the writers elsewhere; sustain below).",
         ],
     )
     for label in sorted({r.params.label for r in results}):
