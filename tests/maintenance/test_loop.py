@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 
 import pytest
 
+from statekeeper.maintenance.health import chain_bound
 from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.leasing import LeaseGuard, MaintenanceBusyError, cycle_leases, lock_path, store_lease
 from statekeeper.maintenance.loop import CYCLE, CycleResult, maintain
@@ -467,7 +468,7 @@ def test_the_loop_says_when_it_falls_behind_and_when_it_is_back_within(
     """A root whose chains run past twice the snapshot threshold (the writers outpace the maintainer) is named in a
     warning with its longest chain: once, not every cycle while it stays behind, and again when it is back within."""
     h = make_local_history()
-    bound = 2 * settings.snapshot_threshold
+    bound = chain_bound(settings.snapshot_threshold)
     h.batches(bound + 1)
 
     def outpaced(result: CycleResult) -> None:
