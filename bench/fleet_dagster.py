@@ -15,20 +15,25 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from bench.report import ROOT
+
+if TYPE_CHECKING:
+    from statekeeper.maintenance.settings import MaintenanceSettings
 
 WORKSPACE = ROOT / "workspace.yaml"
 log = logging.getLogger("bench.fleet")
 
 
 class DagsterMaintainer:
-    def __init__(
-        self, roots: str, work: str, *, threshold: int, retain: int, orphan_grace: float, load_grace: float
-    ) -> None:
+    """The code location's definitions over `roots` with `settings` as its maintenance resource and the catalog at
+    `catalog_url`; `tick` evaluates the sensor once and executes the runs it requests in this process, so what a
+    process keeps across runs (the catalog's engine, the build processes and their warm copies) is kept."""
+
+    def __init__(self, roots: str, settings: MaintenanceSettings, catalog_url: str) -> None:
         from dagster import DagsterInstance
 
         from statekeeper.orchestration.config import OrchestrationConfig, parse_roots
@@ -39,14 +44,8 @@ class DagsterMaintainer:
         self.config = OrchestrationConfig(roots=parse_roots(roots))
         self.resources: dict[str, Any] = {
             "storage": CheckpointStorage(roots=list(self.config.roots)),
-            "catalog": CatalogDatabase(url=f"sqlite:///{os.path.join(work, 'catalog.db')}"),
-            "maintenance": MaintenanceConfig(
-                snapshot_threshold=threshold,
-                min_versions_to_retain=retain,
-                orphan_grace_seconds=orphan_grace,
-                load_grace_seconds=load_grace,
-                work_dir=os.path.join(work, "replicas"),
-            ),
+            "catalog": CatalogDatabase(url=catalog_url),
+            "maintenance": MaintenanceConfig.from_settings(settings),
         }
         self.defs = build_definitions(self.config, self.resources)
         self.sensor = self.defs.get_repository_def().get_sensor_def(SENSOR_NAME)
@@ -54,38 +53,47 @@ class DagsterMaintainer:
         self.cursor: str | None = None
         self.runs: dict[str, int] = {}
 
-    def tick(self) -> None:
-        """One sensor tick, and the runs it requests."""
+    def tick(self) -> list[str]:
+        """One sensor tick, and the runs it requests; returns what the failed runs' steps said."""
         from dagster import SensorResult, build_sensor_context
 
         from statekeeper.orchestration.jobs import requested_job
 
         result = self.sensor(build_sensor_context(cursor=self.cursor, resources=self.resources, instance=self.instance))
         if not isinstance(result, SensorResult):
-            return
+            return []
         self.cursor = result.cursor
+        errors: list[str] = []
         for request in result.run_requests or []:
             job = requested_job(self.defs, request)
-            self._execute(job, request.partition_key, request.run_config, request.tags)
+            errors += self._execute(job, request.partition_key, request.run_config, request.tags)
+        return errors
 
-    def schedules(self) -> None:
+    def schedules(self) -> list[str]:
         """One tick of each schedule (expiry, verification, orphan cleanup), its runs executed as deployed."""
         from dagster import build_schedule_context
 
         from statekeeper.orchestration.jobs import requested_job
 
         repo = self.defs.get_repository_def()
+        errors: list[str] = []
         for schedule in repo.schedule_defs:
             ctx = build_schedule_context(instance=self.instance, repository_def=repo)
             for request in schedule.evaluate_tick(ctx).run_requests or []:
                 job = requested_job(self.defs, request, schedule.job_name)
-                self._execute(job, request.partition_key, request.run_config, request.tags)
+                errors += self._execute(job, request.partition_key, request.run_config, request.tags)
+        return errors
 
-    def _execute(self, job: Any, partition: str | None, run_config: Any, tags: Any) -> None:
+    def _execute(self, job: Any, partition: str | None, run_config: Any, tags: Any) -> list[str]:
         self.runs[job.name] = self.runs.get(job.name, 0) + 1
-        job.execute_in_process(
+        result = job.execute_in_process(
             run_config=run_config, partition_key=partition, tags=tags, instance=self.instance, raise_on_error=False
         )
+        return [
+            f"{job.name} {partition}: {event.step_key}: {event.step_failure_data.error.message.strip()}"
+            for event in result.get_step_failure_events()
+            if event.step_failure_data.error is not None
+        ] or ([] if result.success else [f"{job.name} {partition}: run failed"])
 
     def close(self) -> None:
         self.instance.dispose()

@@ -117,10 +117,16 @@ def _maintain_loop(p: FleetParams, roots: str, work: str, stop: Path) -> int:
 
 def _maintain_dagster(p: FleetParams, roots: str, work: str, stop: Path) -> int:
     from bench.fleet_dagster import DagsterMaintainer
+    from statekeeper.maintenance.settings import MaintenanceSettings
 
-    dagster = DagsterMaintainer(
-        roots, work, threshold=p.threshold, retain=p.retain, orphan_grace=p.orphan_grace, load_grace=p.load_grace
+    settings = MaintenanceSettings(
+        snapshot_threshold=p.threshold,
+        min_versions_to_retain=p.retain,
+        orphan_grace_seconds=p.orphan_grace,
+        load_grace_seconds=p.load_grace,
+        work_dir=os.path.join(work, "replicas"),
     )
+    dagster = DagsterMaintainer(roots, settings, f"sqlite:///{os.path.join(work, 'catalog.db')}")
     cycles = 0
     last_schedule = time.monotonic()
     try:

@@ -193,14 +193,7 @@ def _dagster_cycles(
     from bench.fleet_dagster import DagsterMaintainer
     from statekeeper.maintenance.loop import CycleResult
 
-    dagster = DagsterMaintainer(
-        roots,
-        base,
-        threshold=settings.snapshot_threshold,
-        retain=settings.min_versions_to_retain,
-        orphan_grace=settings.orphan_grace_seconds,
-        load_grace=settings.load_grace_seconds,
-    )
+    dagster = DagsterMaintainer(roots, settings, f"sqlite:///{base}/catalog.db")
     try:
         for n in range(1, cycles + 1):
             dagster.tick()

@@ -31,6 +31,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,7 @@ from statekeeper.store.layout import COMMITS_DIR
 
 if TYPE_CHECKING:
     from statekeeper.maintenance.loop import CycleResult
+    from statekeeper.maintenance.settings import MaintenanceSettings
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with a SQLite catalog, as `maintain` runs by default; in the temp dir (on disk, as deployed), not in "
         "--scratch",
+    )
+    parser.add_argument(
+        "--dagster",
+        action="store_true",
+        help="maintain with the code location's checkpoint sensor, ticked every --every seconds, and the runs it "
+        "requests, executed in this process (its catalog in the temp dir, as --catalog's) instead of the loop",
     )
     parser.add_argument("--verbose", action="store_true", help="log every cycle (its seconds and reports)")
     args = parser.parse_args(argv)
@@ -226,23 +234,22 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
                 wait = published / per_store - clock(time.perf_counter())
             stop.wait(max(0.0, wait))
 
-    def between(result: CycleResult) -> None:
-        """Take the figures after a cycle (the warm-up: publish a quarter threshold of versions).
+    def between(landed: list[Landed], cycle_errors: list[str]) -> None:
+        """Take the figures after a cycle, given the snapshots it wrote (the warm-up: publish a quarter threshold of
+        versions).
 
         The window runs over whole periods of the lock-step fleet: from the start of the cycle of the first round
         after the warm-up's (every store's first snapshot, a cold build) to the start of the cycle of the last
         round every store finished before the versions ran out. A period's round snapshots what the period
         before it published."""
         nonlocal longest, longest_at_cycle_end, t0
-        errors.extend(e for r in result.reports for e in r.errors)
+        errors.extend(cycle_errors)
         before = min((snapshot_of.get(name, 0) for name in names), default=0)
-        for r in result.reports:
-            for row in getattr(r, "items", []):
-                if row.get("action") == "snapshot":
-                    if t0:  # the chain the store had when its snapshot landed, its writers committing all along
-                        longest = max(longest, due_by(row["written_at"] - epoch) - snapshot_of.get(row["store"], 0))
-                    snapshot_of[row["store"]] = max(snapshot_of.get(row["store"], 0), row["version"])
-                    rounds[row["store"]] += 1
+        for store, version, written_at in landed:
+            if t0:  # the chain the store had when its snapshot landed, its writers committing all along
+                longest = max(longest, due_by(written_at - epoch) - snapshot_of.get(store, 0))
+            snapshot_of[store] = max(snapshot_of.get(store, 0), version)
+            rounds[store] += 1
         now = time.perf_counter()
         done = min((rounds[name] for name in names), default=0)
         if not done:  # warm-up: a quarter threshold a cycle until every store's first snapshot is written
@@ -270,10 +277,20 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
 
     stop, ran_out = threading.Event(), threading.Event()
     publisher = threading.Thread(target=publish, name="publisher", daemon=True)
-    db_dir = Path(tempfile.mkdtemp(prefix="statekeeper-fleet-catalog-")) if args.catalog else None
-    catalog = Catalog.open(f"sqlite:///{db_dir}/catalog.db", upgrade=True) if db_dir else None
+    db_dir = Path(tempfile.mkdtemp(prefix="statekeeper-fleet-catalog-")) if args.catalog or args.dagster else None
+    catalog = Catalog.open(f"sqlite:///{db_dir}/catalog.db", upgrade=True) if args.catalog and db_dir else None
     try:
-        maintain(root.as_uri(), settings, every=args.every, stop=stop, on_cycle=between, catalog=catalog)
+        if args.dagster:
+            _dagster_cycles(root.as_uri(), settings, f"sqlite:///{db_dir}/catalog.db", args.every, stop, between)
+        else:
+            maintain(
+                root.as_uri(),
+                settings,
+                every=args.every,
+                stop=stop,
+                catalog=catalog,
+                on_cycle=lambda result: between(_landed(result), [e for r in result.reports for e in r.errors]),
+            )
     finally:
         stop.set()
         if catalog is not None:
@@ -301,7 +318,8 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         "longest_chain": longest,
         "longest_chain_at_cycle_end": longest_at_cycle_end,
         "threshold": args.threshold,
-        "catalog": args.catalog,
+        "catalog": args.catalog or args.dagster,
+        "maintainer": "dagster" if args.dagster else "maintain",
         "chain_max_sampled": max(x.chain_max for x in samples),
         "bytes_over_bound_max": max(steady, default=0.0),
         "bytes_over_bound_first_base_move": max(first_move, default=0.0),
@@ -322,6 +340,58 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         )
     print(json.dumps(figures))
     return 1 if errors else 0
+
+
+Landed = tuple[str, int, float]
+"""A snapshot a cycle wrote: its store (operator/partition), its version and when it was written (epoch seconds)."""
+
+
+def _landed(result: CycleResult) -> list[Landed]:
+    """The snapshots a cycle of the loop wrote, from its reports."""
+    return [
+        (row["store"], row["version"], row["written_at"])
+        for r in result.reports
+        for row in getattr(r, "items", [])
+        if row.get("action") == "snapshot"
+    ]
+
+
+def _dagster_cycles(
+    root: str,
+    settings: MaintenanceSettings,
+    catalog_url: str,
+    every: float,
+    stop: threading.Event,
+    on_cycle: Callable[[list[Landed], list[str]], None],
+) -> None:
+    """Until `stop`: a tick of the checkpoint sensor every `every` seconds (start to start) and the runs it
+    requests, in this process (`bench.fleet_dagster`); after each, `on_cycle` with the snapshots the runs wrote
+    (the catalog's rows, with the times their manifests were written) and the failed runs' errors."""
+    from sqlalchemy import select
+
+    from bench.fleet_dagster import DagsterMaintainer
+    from statekeeper.sql.models import Snapshot, Store
+
+    dagster = DagsterMaintainer(root, settings, catalog_url)
+    seen = 0
+    try:
+        while not stop.is_set():
+            started = time.perf_counter()
+            errors = dagster.tick()
+            catalog = dagster.resources["catalog"].open()
+            with catalog.engine.connect() as conn:
+                rows = conn.execute(
+                    select(Snapshot.id, Store.operator, Store.partition, Snapshot.version, Snapshot.created_at)
+                    .join(Store, Store.id == Snapshot.store_id)
+                    .where(Snapshot.id > seen)
+                    .order_by(Snapshot.id)
+                ).all()
+            seen = max([seen, *(row[0] for row in rows)])
+            on_cycle([(f"{op}/{part}", version, at.timestamp()) for _, op, part, version, at in rows], errors)
+            stop.wait(max(0.0, every - (time.perf_counter() - started)))
+    finally:
+        dagster.close()
+    log.warning("dagster runs: %s", dagster.runs)
 
 
 if __name__ == "__main__":

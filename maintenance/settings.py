@@ -18,6 +18,19 @@ from statekeeper.store.errors import ConfigurationError
 ENV_PREFIX = "STATEKEEPER_"
 
 
+def snapshot_point(threshold: int, spread: float, operator: str, partition: int, since: int) -> int:
+    """The chain length at which a store whose chain starts at version `since` is due for a snapshot: `threshold`,
+    less up to `spread` of it by a hash of the store and `since`. The same in every process and run (the maintenance
+    loop and the checkpoint sensor draw the same points); the stores of one operator spread evenly over the range,
+    and each store draws a new point for each snapshot, so stores whose points a cycle's cadence rounds alike do not
+    stay in step."""
+    if not spread:
+        return threshold
+    digest = hashlib.blake2b(f"{operator}/{partition}/{since}".encode(), digest_size=8).digest()
+    fraction = int.from_bytes(digest, "big") / 2**64
+    return max(1, threshold - int(spread * threshold * fraction))
+
+
 @dataclass(frozen=True)
 class MaintenanceSettings:
     snapshot_threshold: int = 10
@@ -116,15 +129,8 @@ class MaintenanceSettings:
 
     def snapshot_due_at(self, operator: str, partition: int, since: int) -> int:
         """The chain length at which the store is due for a snapshot, its chain starting at version `since` (its
-        newest snapshot, or a full-state changelog; 0: none): `snapshot_threshold`, less up to `snapshot_spread` of
-        it by a hash of the store and `since`. The same in every process and run; the stores of one operator
-        spread evenly over the range, and each store draws a new point for each snapshot, so stores whose points
-        a cycle's cadence rounds alike do not stay in step."""
-        if not self.snapshot_spread:
-            return self.snapshot_threshold
-        digest = hashlib.blake2b(f"{operator}/{partition}/{since}".encode(), digest_size=8).digest()
-        fraction = int.from_bytes(digest, "big") / 2**64
-        return max(1, self.snapshot_threshold - int(self.snapshot_spread * self.snapshot_threshold * fraction))
+        newest snapshot, or a full-state changelog; 0: none): `snapshot_point` of these settings."""
+        return snapshot_point(self.snapshot_threshold, self.snapshot_spread, operator, partition, since)
 
     def with_(self, **changes: Any) -> MaintenanceSettings:
         """A copy with some settings changed (validated again)."""
@@ -134,4 +140,4 @@ class MaintenanceSettings:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-__all__ = ["MaintenanceSettings"]
+__all__ = ["MaintenanceSettings", "snapshot_point"]

@@ -12,10 +12,14 @@ records and the snapshots, which the snapshot runs sync for the stores they writ
 per-store listing (which costs 2 LIST requests per store on S3); the catalog's rows of the newest changelog
 files lag by at most that period (or until the store's next snapshot). It then asks the catalog for stores whose
 chain since their last snapshot reached the threshold and requests one snapshot run per root for the
-stores that newly crossed it. A store "crosses" at version ``snapshot_version + k * threshold``;
-the run key names each ``operator/partition@version`` it was requested for, and the cursor remembers
-them, so a crossing is requested once (Dagster also drops a repeated run key); a store whose chain
-keeps growing without a snapshot is requested again every threshold more changelogs.
+stores that newly crossed it. A store "crosses" at version ``snapshot_version + point + k * threshold``,
+its point being the threshold, or with ``snapshot_spread`` a point drawn per store and snapshot between
+``(1 - spread) x threshold`` and the threshold, the same as `statekeeper maintain` draws: the partitions of
+an operator commit in lock step, and without the spread every one of them crosses at the same tick, whose
+run then builds them all while their chains grow. The run key names each ``operator/partition@version``
+it was requested for, and the cursor remembers them, so a crossing is requested once (Dagster also drops a
+repeated run key); a store whose chain keeps growing without a snapshot is requested again every threshold
+more changelogs.
 **Ahead of the threshold:** a snapshot lands some commits after the version it was requested at (the
 tick's wait, the run's process start, the stores snapshotted before it in the run). The cursor keeps that
 lag per root, as the landed snapshots show it; when it exceeds about 3/4 of the threshold, stores are
@@ -67,6 +71,7 @@ from dagster import (
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 from dagster._core.storage.tags import PARTITION_NAME_TAG, PRIORITY_TAG
 
+from statekeeper.maintenance.settings import snapshot_point
 from statekeeper.orchestration.assets import KIND_TAG, KINDS, ROOT_TAG
 from statekeeper.orchestration.config import (
     DEFAULT_SENSOR_LISTING,
@@ -180,13 +185,15 @@ def list_new(fm: CheckpointFileManager, prefix: str, start_after: str | None, li
     return names
 
 
-def crossing_version(chain: StoreChain, threshold: int, lead: int) -> int | None:
-    """The version at which the store's chain last crossed: ``threshold - lead`` changelogs, then every
+def crossing_version(chain: StoreChain, threshold: int, lead: int, spread: float = 0.0) -> int | None:
+    """The version at which the store's chain last crossed: its point (`snapshot_point`: the threshold, less up to
+    `spread` of it, drawn per store and chain as `statekeeper maintain` draws it) less `lead` changelogs, then every
     `threshold` more (None: not yet)."""
-    first = threshold - lead
+    since = chain.latest_version - chain.chain_length
+    first = max(1, snapshot_point(threshold, spread, chain.operator, chain.partition, since) - lead)
     if chain.chain_length < first:
         return None
-    return (chain.snapshot_version or 0) + first + threshold * ((chain.chain_length - first) // threshold)
+    return since + first + threshold * ((chain.chain_length - first) // threshold)
 
 
 def snapshot_lead(lag: int, threshold: int) -> int:
@@ -255,6 +262,7 @@ def evaluate_root(
     threshold: int,
     retain: int,
     max_names: int,
+    spread: float = 0.0,
     listing_seconds: float = DEFAULT_SENSOR_LISTING,
     now: float | None = None,
     hold: bool = False,
@@ -287,7 +295,9 @@ def evaluate_root(
     lag, landed = landed_lag(chains, rc.waiting, rc.snapshot_lag, threshold)
     tick.lead = snapshot_lead(lag, threshold)
     crossed = {
-        f"{c.operator}/{c.partition}": v for c in chains if (v := crossing_version(c, threshold, tick.lead)) is not None
+        f"{c.operator}/{c.partition}": v
+        for c in chains
+        if (v := crossing_version(c, threshold, tick.lead, spread)) is not None
     }
     fresh = {store: v for store, v in crossed.items() if rc.requested.get(store, -1) < v}
     tick.crossings = sorted(f"{store}@{v}" for store, v in fresh.items())
@@ -409,6 +419,7 @@ def build_checkpoint_sensor(
                         threshold=maintenance.snapshot_threshold,
                         retain=maintenance.min_versions_to_retain,
                         max_names=config.sensor_max_names,
+                        spread=maintenance.snapshot_spread,
                         listing_seconds=config.sensor_listing_seconds,
                         hold=queued is not None,
                     )

@@ -13,6 +13,7 @@ from dagster._core.storage.tags import PARTITION_NAME_TAG, PRIORITY_TAG
 from statekeeper.orchestration.assets import RETAINED, SNAPSHOTS
 from statekeeper.orchestration.checks import CHAINS, CHAINS_BOUNDED
 from statekeeper.orchestration.jobs import JOB_NAMES, SNAPSHOT_AND_EXPIRY_JOB, requested_job
+from statekeeper.orchestration.resources import MaintenanceConfig
 from statekeeper.orchestration.sensors import (
     COMMITS_PREFIX,
     SENSOR_NAME,
@@ -27,6 +28,7 @@ from statekeeper.sql import StoreChain
 from statekeeper.store.files import CheckpointFileManager, FileInfo, open_file_manager
 from statekeeper.store.layout import commit_path
 from tests.orchestration.conftest import RETAIN, THRESHOLD, Orch
+from tests.orchestration.helpers import CheckpointWriter
 
 
 class CountingFileManager:
@@ -345,6 +347,46 @@ def test_snapshots_that_land_late_are_requested_ahead_of_the_threshold(orch: Orc
     rc = SensorCursor.parse(fourth.cursor).roots[orch.root]
     assert rc.snapshot_lag == (lag + lead) // 2 and rc.requested == {}, "landed sooner: the lag falls halfway"
     assert snapshot_lead(rc.snapshot_lag, THRESHOLD) == 0
+
+
+def test_with_a_spread_each_store_is_requested_at_its_own_point(tmp_path, db_url: str) -> None:
+    """With `snapshot_spread`, the partitions of an operator, committing in lock step, cross at the points
+    `statekeeper maintain` draws for them (`MaintenanceSettings.snapshot_due_at`, between half the threshold and the
+    threshold at a spread of 0.5), not all at one tick; after each store's snapshot, at the point drawn for its new
+    chain. No store is requested past the threshold."""
+    threshold, partitions = 8, 8
+    orch = Orch([str(tmp_path / "root")], db_url)
+    try:
+        orch.writer.close()
+        orch.writer = CheckpointWriter(orch.root, partitions=partitions, keys_per_batch=2)
+        orch.resources["maintenance"] = MaintenanceConfig(
+            snapshot_threshold=threshold, snapshot_spread=0.5, min_versions_to_retain=threshold, orphan_grace_seconds=0
+        )
+        settings = orch.resources["maintenance"].settings()
+        expected: dict[str, list[int]] = {}
+        for p in range(partitions):
+            points = expected[f"agg/{p}"] = [settings.snapshot_due_at("agg", p, 0)]
+            while points[-1] + (step := settings.snapshot_due_at("agg", p, points[-1])) <= 2 * threshold:
+                points.append(points[-1] + step)
+        assert len({points[0] for points in expected.values()}) > 2, "the points are spread"
+        steps = [b - a for v in expected.values() for a, b in zip([0, *v], v, strict=False)]
+        assert all(threshold // 2 <= step <= threshold for step in steps)
+        requested: dict[str, list[int]] = {store: [] for store in expected}
+        cursor = None
+        for _ in range(2 * threshold):
+            version = orch.writer.commit()
+            result = tick(orch, cursor)
+            cursor = result.cursor
+            for request in result.run_requests or []:
+                ops = request.run_config.get("ops", {})
+                for crossing in ops.get(SNAPSHOTS, {}).get("config", {}).get("stores", []):
+                    store, at = crossing.split("@")
+                    assert int(at) == version, "requested at the tick its chain reached its point"
+                    requested[store].append(int(at))
+                _run(orch, request)  # at once: each snapshot lands at the version it was requested at
+        assert requested == expected
+    finally:
+        orch.close()
 
 
 @pytest.mark.parametrize(
