@@ -5,11 +5,11 @@ the rate asked, all along, while one ``statekeeper maintain`` loop keeps it: the
 itself, as beside writers on other hosts. Rows: 128 stores at 1,000 store-commits a second with snapshot thresholds
 40 and 20, each with `snapshot_spread` 0.5 and without, and at 800 a second (threshold 20, spread 0.5); a cycle
 every second, 2 build processes. Then 1,000 stores committing once a second (thresholds 30 and 20, spread 0.5, a
-cycle every 5 s, `snapshot_round_seconds` 4; at 30 also kept by Dagster's checkpoint sensor and its runs instead of
-the loop) with the root in memory (``/dev/shm``, where it has room): their
-changelogs alone are ~85 MB a second to read, more than this kind of machine's disk serves, and the figure asked for
-is the maintainer's. At threshold 20 such a fleet is at the edge of 2 cores; 30 is the setting that keeps it with a
-margin (docs/maintenance.md).
+cycle every 5 s, `snapshot_round_seconds` 4; at 30 also kept by Dagster's checkpoint sensor and its runs, in one
+process and as the daemon deploys them) with the root in memory (``/dev/shm``, where it has room): their changelogs
+alone are ~85 MB a second to read, more than this kind of machine's disk serves, and the figure asked for is the
+maintainer's. At threshold 20 such a fleet is at the edge of 2 cores; 30 is the setting that keeps it with a margin
+(docs/maintenance.md).
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ class Shape(NamedTuple):
     """`snapshot_round_seconds` (None: rounds unbounded)."""
     catalog: bool = True
     """With the SQLite catalog (on disk), as `statekeeper maintain` runs by default."""
-    dagster: bool = False
-    """Maintained by the code location's checkpoint sensor and the runs it requests (`--dagster`), not the loop."""
+    maintainer: str = "maintain"
+    """`bench.fleet_sustain --maintainer`: the loop, or the code location's checkpoint sensor and its runs."""
 
 
 CONFIGS = [
@@ -53,7 +53,8 @@ CONFIGS = [
     Shape(128, 1000, 20, 1.0, 0.0, 20),
     Shape(128, 800, 20, 1.0, 0.5, 20),
     Shape(1000, 1000, 60, 5.0, 0.5, 30, memory=True, round_seconds=4.0),
-    Shape(1000, 1000, 60, 5.0, 0.5, 30, memory=True, round_seconds=4.0, dagster=True),
+    Shape(1000, 1000, 60, 5.0, 0.5, 30, memory=True, round_seconds=4.0, maintainer="dagster"),
+    Shape(1000, 1000, 60, 5.0, 0.5, 30, memory=True, round_seconds=4.0, maintainer="daemon"),
     Shape(1000, 1000, 60, 5.0, 0.5, 20, memory=True, round_seconds=4.0),
 ]
 """Per fleet and storage, the row needing the most versions first: its versions are written once, for it, and read
@@ -62,7 +63,7 @@ by the others."""
 QUICK = [
     Shape(8, 16, 6, 0.5, 0.5, 4),
     Shape(8, 16, 6, 0.5, 0.0, 4, catalog=False),
-    Shape(8, 16, 6, 0.5, 0.5, 4, dagster=True),
+    Shape(8, 16, 6, 0.5, 0.5, 4, maintainer="dagster"),
     Shape(8, 16, 6, 0.5, 0.5, 4, memory=True, round_seconds=0.2),
 ]
 QUICK_UPDATES = 50
@@ -83,7 +84,7 @@ def run(quick: bool) -> list[Table]:
     skipped = []
     with contextlib.ExitStack() as stack:
         scratch = {False: stack.enter_context(tempfile.TemporaryDirectory(prefix="statekeeper-sustain-"))}
-        for stores, rate, seconds, every, spread, threshold, memory, round_seconds, catalog, dagster in (
+        for stores, rate, seconds, every, spread, threshold, memory, round_seconds, catalog, maintainer in (
             QUICK if quick else CONFIGS
         ):
             if memory and memory not in scratch:
@@ -97,13 +98,13 @@ def run(quick: bool) -> list[Table]:
             args = ["--stores", str(stores), "--rate", str(rate), "--seconds", str(seconds), "--every", str(every)]
             args += ["--snapshot-spread", str(spread), "--build-processes", "2", "--threshold", str(threshold)]
             args += [] if round_seconds is None else ["--round-seconds", str(round_seconds)]
-            args += ["--dagster"] if dagster else ["--catalog"] if catalog else []
+            args += ["--maintainer", maintainer] + (["--catalog"] if catalog else [])
             args += ["--versions-dir", str(Path(scratch[memory], str(stores))), "--scratch", scratch[memory]]
             f = run_figures("bench.fleet_sustain", [*args, *(QUICK_ARGS if quick else [])])
             rows.append(
                 [
                     stores,
-                    "dagster" if dagster else "maintain",
+                    maintainer,
                     "memory" if memory else "disk",
                     "yes" if catalog else "no",
                     rate,
@@ -162,12 +163,15 @@ def run(quick: bool) -> list[Table]:
                 "local root; catalog: the SQLite catalog, in the temp dir on disk, as `statekeeper maintain` keeps "
                 "one by default (`--catalog`); root disk: in the temp dir; memory: on the tmpfs /dev/shm (`--scratch "
                 "/dev/shm`: the root, the versions and the warm copies), where there is room.",
-                "Maintainer: `maintain`, one `statekeeper maintain` loop, a cycle every E s; `dagster` (`--dagster`): "
+                "Maintainer: `maintain`, one `statekeeper maintain` loop, a cycle every E s; `dagster`: "
                 "the code location's checkpoint sensor ticked every E s (start to start) and the runs it requests "
                 "(snapshots of the stores whose chains reached their points, with the expiry when a commit moved a "
                 "base, in one run), executed in the maintainer's process as the daemon would launch them but without "
                 "a process per run, so the build processes and their warm copies stay; the schedules on their "
-                "default crons (none fires within a run); the catalog as with `--catalog`.",
+                "default crons (none fires within a run); `daemon`: `dagster-daemon run` as deployed (`make run`'s "
+                "instance settings: its code server, a process per run started by the default run launcher, one run "
+                "of a root at a time), the sensor every E s, its CPU every process it started; its instance and the "
+                "catalog on disk as with `--catalog`.",
                 *(f"Not run: {why}." for why in skipped),
                 "The versions are written first, off the clock, then published into the root at the rate asked, "
                 "all along while the loop runs (a hard link per file, the commit record last, on a thread of the "

@@ -103,38 +103,29 @@ def run_daemon(
     roots: str,
     work: str,
     stop: Path,
+    settings: MaintenanceSettings,
+    catalog_url: str,
     *,
-    threshold: int,
-    retain: int,
-    orphan_grace: float,
-    load_grace: float,
     cycle: float,
     schedules_every_minute: bool = False,
 ) -> tuple[int, dict[str, int]]:
     """Dagster as deployed: `dagster-daemon run -w workspace.yaml` (its code server, and a process per run
-    launched by the default run launcher) on the roots (comma-separated) until `stop` exists, with the
-    sensor every `cycle` seconds and the schedules on their default crons (or all every minute). Returns
-    the sensor's ticks and the runs per job.
+    launched by the default run launcher) on the roots (comma-separated) until `stop` exists, with `settings` as
+    its maintenance resource (through their ``STATEKEEPER_*`` variables), the catalog at `catalog_url`, the
+    sensor every `cycle` seconds and the schedules on their default crons (or all every minute). Returns the
+    sensor's ticks and the runs per job.
 
     The caller becomes the subreaper of everything the daemon starts, so that every process's CPU ends
     up in its `RUSAGE_CHILDREN`, also when the process that started it does not wait for it."""
-    from statekeeper.maintenance.settings import MaintenanceSettings
     from statekeeper.orchestration.run_local import prepare_home
 
     home = str(prepare_home(Path(work, "dagster_home")))  # the instance settings `make run` deploys
-    settings = {
-        "snapshot_threshold": threshold,
-        "min_versions_to_retain": retain,
-        "orphan_grace_seconds": orphan_grace,
-        "load_grace_seconds": load_grace,
-        "work_dir": os.path.join(work, "replicas"),
-    }
     env = {
         **os.environ,
-        **{MaintenanceSettings.env_name(k): str(v) for k, v in settings.items()},
+        **{settings.env_name(k): str(v) for k, v in settings.to_json().items() if v is not None},
         "DAGSTER_HOME": home,
         "STATEKEEPER_CHECKPOINT_ROOTS": roots,
-        "STATEKEEPER_DB_URL": f"sqlite:///{os.path.join(work, 'catalog.db')}",
+        "STATEKEEPER_DB_URL": catalog_url,
         "STATEKEEPER_SENSOR_INTERVAL_SECONDS": str(max(1, round(cycle))),
     }
     if schedules_every_minute:

@@ -14,6 +14,10 @@ import time
 from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from statekeeper.maintenance.settings import MaintenanceSettings
 
 log = logging.getLogger("bench.fleet")
 
@@ -115,18 +119,26 @@ def _maintain_loop(p: FleetParams, roots: str, work: str, stop: Path) -> int:
     return report.read_text().count("cycle ")
 
 
-def _maintain_dagster(p: FleetParams, roots: str, work: str, stop: Path) -> int:
-    from bench.fleet_dagster import DagsterMaintainer
+def _settings(p: FleetParams, work: str) -> MaintenanceSettings:
     from statekeeper.maintenance.settings import MaintenanceSettings
 
-    settings = MaintenanceSettings(
+    return MaintenanceSettings(
         snapshot_threshold=p.threshold,
         min_versions_to_retain=p.retain,
         orphan_grace_seconds=p.orphan_grace,
         load_grace_seconds=p.load_grace,
         work_dir=os.path.join(work, "replicas"),
     )
-    dagster = DagsterMaintainer(roots, settings, f"sqlite:///{os.path.join(work, 'catalog.db')}")
+
+
+def _catalog_url(work: str) -> str:
+    return f"sqlite:///{os.path.join(work, 'catalog.db')}"
+
+
+def _maintain_dagster(p: FleetParams, roots: str, work: str, stop: Path) -> int:
+    from bench.fleet_dagster import DagsterMaintainer
+
+    dagster = DagsterMaintainer(roots, _settings(p, work), _catalog_url(work))
     cycles = 0
     last_schedule = time.monotonic()
     try:
@@ -150,10 +162,8 @@ def _maintain_daemon(p: FleetParams, roots: str, work: str, stop: Path) -> int:
         roots,
         work,
         stop,
-        threshold=p.threshold,
-        retain=p.retain,
-        orphan_grace=p.orphan_grace,
-        load_grace=p.load_grace,
+        _settings(p, work),
+        _catalog_url(work),
         cycle=p.cycle,
         schedules_every_minute=bool(p.schedule),
     )

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from statekeeper.maintenance.settings import MaintenanceSettings
 
 log = logging.getLogger(__name__)
+MAINTAINERS = ("maintain", "dagster", "daemon")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,10 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         "--scratch",
     )
     parser.add_argument(
-        "--dagster",
-        action="store_true",
-        help="maintain with the code location's checkpoint sensor, ticked every --every seconds, and the runs it "
-        "requests, executed in this process (its catalog in the temp dir, as --catalog's) instead of the loop",
+        "--maintainer",
+        choices=MAINTAINERS,
+        default="maintain",
+        help="maintain: one `statekeeper maintain` loop, a cycle every --every seconds; dagster: the code location's "
+        "checkpoint sensor ticked every --every seconds and the runs it requests, executed in this process; daemon: "
+        "`dagster-daemon` as deployed (its code server, a process per run), the sensor every --every seconds. The "
+        "Dagster ones keep their catalog and instance in the temp dir, as --catalog's",
     )
     parser.add_argument("--verbose", action="store_true", help="log every cycle (its seconds and reports)")
     args = parser.parse_args(argv)
@@ -184,7 +188,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         the versions published, the rounds every store finished, and the time and CPU taken off the clock."""
         return {
             "t": time.perf_counter(),
-            "cpu": maintainer_cpu(),
+            "cpu": tree_cpu() if args.maintainer == "daemon" else maintainer_cpu(),
             "builds": build_processes_cpu(),
             "version": published,
             "rounds": rounds_done,
@@ -277,11 +281,13 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
 
     stop, ran_out = threading.Event(), threading.Event()
     publisher = threading.Thread(target=publish, name="publisher", daemon=True)
-    db_dir = Path(tempfile.mkdtemp(prefix="statekeeper-fleet-catalog-")) if args.catalog or args.dagster else None
-    catalog = Catalog.open(f"sqlite:///{db_dir}/catalog.db", upgrade=True) if args.catalog and db_dir else None
+    dagster = args.maintainer != "maintain"
+    db_dir = Path(tempfile.mkdtemp(prefix="statekeeper-fleet-catalog-")) if args.catalog or dagster else None
+    catalog = Catalog.open(_catalog_url(db_dir), upgrade=True) if args.catalog and db_dir and not dagster else None
     try:
-        if args.dagster:
-            _dagster_cycles(root.as_uri(), settings, f"sqlite:///{db_dir}/catalog.db", args.every, stop, between)
+        if dagster and db_dir is not None:
+            cycles = _daemon_cycles if args.maintainer == "daemon" else _dagster_cycles
+            cycles(root.as_uri(), settings, db_dir, args.every, stop, between)
         else:
             maintain(
                 root.as_uri(),
@@ -318,8 +324,8 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         "longest_chain": longest,
         "longest_chain_at_cycle_end": longest_at_cycle_end,
         "threshold": args.threshold,
-        "catalog": args.catalog or args.dagster,
-        "maintainer": "dagster" if args.dagster else "maintain",
+        "catalog": args.catalog or dagster,
+        "maintainer": args.maintainer,
         "chain_max_sampled": max(x.chain_max for x in samples),
         "bytes_over_bound_max": max(steady, default=0.0),
         "bytes_over_bound_first_base_move": max(first_move, default=0.0),
@@ -359,39 +365,110 @@ def _landed(result: CycleResult) -> list[Landed]:
 def _dagster_cycles(
     root: str,
     settings: MaintenanceSettings,
-    catalog_url: str,
+    db_dir: Path,
     every: float,
     stop: threading.Event,
     on_cycle: Callable[[list[Landed], list[str]], None],
 ) -> None:
     """Until `stop`: a tick of the checkpoint sensor every `every` seconds (start to start) and the runs it
-    requests, in this process (`bench.fleet_dagster`); after each, `on_cycle` with the snapshots the runs wrote
-    (the catalog's rows, with the times their manifests were written) and the failed runs' errors."""
-    from sqlalchemy import select
-
+    requests, in this process (`bench.fleet_dagster`, the catalog in `db_dir`); after each, `on_cycle` with the
+    snapshots the runs wrote and the failed runs' errors."""
     from bench.fleet_dagster import DagsterMaintainer
-    from statekeeper.sql.models import Snapshot, Store
 
-    dagster = DagsterMaintainer(root, settings, catalog_url)
-    seen = 0
+    dagster = DagsterMaintainer(root, settings, _catalog_url(db_dir))
+    landed = _snapshots_landed(_catalog_url(db_dir))
     try:
         while not stop.is_set():
             started = time.perf_counter()
             errors = dagster.tick()
-            catalog = dagster.resources["catalog"].open()
-            with catalog.engine.connect() as conn:
-                rows = conn.execute(
-                    select(Snapshot.id, Store.operator, Store.partition, Snapshot.version, Snapshot.created_at)
-                    .join(Store, Store.id == Snapshot.store_id)
-                    .where(Snapshot.id > seen)
-                    .order_by(Snapshot.id)
-                ).all()
-            seen = max([seen, *(row[0] for row in rows)])
-            on_cycle([(f"{op}/{part}", version, at.timestamp()) for _, op, part, version, at in rows], errors)
+            on_cycle(landed(), errors)
             stop.wait(max(0.0, every - (time.perf_counter() - started)))
     finally:
         dagster.close()
     log.warning("dagster runs: %s", dagster.runs)
+
+
+def _daemon_cycles(
+    root: str,
+    settings: MaintenanceSettings,
+    db_dir: Path,
+    every: float,
+    stop: threading.Event,
+    on_cycle: Callable[[list[Landed], list[str]], None],
+) -> None:
+    """`dagster-daemon` as deployed (`bench.fleet_dagster.run_daemon`: its instance and the catalog in `db_dir`, the
+    sensor every `every` seconds) until `stop`; every `every` seconds, `on_cycle` with the snapshots its runs wrote
+    (the failed runs are logged at the end)."""
+    from bench.fleet_dagster import run_daemon
+
+    stop_file = db_dir / "stop"
+    outcome: dict[str, object] = {}
+
+    def daemon() -> None:
+        try:
+            url = _catalog_url(db_dir)
+            outcome["ticks_runs"] = run_daemon(root, str(db_dir), stop_file, settings, url, cycle=every)
+        except Exception as e:
+            outcome["error"] = e
+            stop.set()
+
+    landed = _snapshots_landed(_catalog_url(db_dir))
+    thread = threading.Thread(target=daemon, name="dagster-daemon")
+    thread.start()
+    try:
+        while not stop.wait(every):
+            on_cycle(landed(), [])
+    finally:
+        stop_file.touch()
+        thread.join()
+    if "error" in outcome:
+        raise RuntimeError(f"dagster-daemon: {outcome['error']}")
+    log.warning("dagster-daemon: sensor ticks and runs: %s", outcome.get("ticks_runs"))
+
+
+def _catalog_url(db_dir: Path) -> str:
+    return f"sqlite:///{db_dir / 'catalog.db'}"
+
+
+def _snapshots_landed(catalog_url: str) -> Callable[[], list[Landed]]:
+    """A function that returns the snapshots the catalog learned of since its last call (the catalog's rows, with
+    the times their manifests were written), the catalog migrated first so that it is there to read."""
+    from sqlalchemy import select
+
+    from statekeeper.sql.catalog import Catalog
+    from statekeeper.sql.models import Snapshot, Store
+
+    catalog = Catalog.open(catalog_url, upgrade=True)
+    seen = 0
+
+    def landed() -> list[Landed]:
+        nonlocal seen
+        with catalog.engine.connect() as conn:
+            rows = conn.execute(
+                select(Snapshot.id, Store.operator, Store.partition, Snapshot.version, Snapshot.created_at)
+                .join(Store, Store.id == Snapshot.store_id)
+                .where(Snapshot.id > seen)
+                .order_by(Snapshot.id)
+            ).all()
+        seen = max([seen, *(row[0] for row in rows)])
+        return [(f"{op}/{part}", version, at.timestamp()) for _, op, part, version, at in rows]
+
+    return landed
+
+
+def tree_cpu() -> float:
+    """CPU seconds of this process and of every process it started, running or gone (those a process waited for
+    count in its ``children_*`` times; this process is the subreaper of the others, see `run_daemon`)."""
+    import psutil
+
+    total = 0.0
+    for proc in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
 
 
 if __name__ == "__main__":
