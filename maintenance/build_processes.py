@@ -23,6 +23,7 @@ import base64
 import json
 import logging
 import multiprocessing
+import multiprocessing.util
 import signal
 import threading
 from collections.abc import Callable, Collection, Iterator, Mapping
@@ -237,6 +238,12 @@ def build_processes(processes: int) -> BuildProcesses:
                 _pool.close()
             else:
                 atexit.register(close_build_processes)
+                # A process that multiprocessing started (as Dagster's code server starts each run) exits through
+                # multiprocessing's exit function, not atexit: it terminates its daemonic children, which these
+                # workers ignore, then joins them without a timeout, while their pipes are still open. A finalizer
+                # with an exit priority runs first there, so the workers see their pipes close and exit, releasing
+                # their warm copies' locks for the next run's workers.
+                multiprocessing.util.Finalize(None, close_build_processes, exitpriority=100)
             _pool = BuildProcesses(processes)
         return _pool
 

@@ -4,6 +4,7 @@ lease stops the write; the workers end with their maintainer, even one killed wi
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
 import signal
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -29,7 +31,7 @@ from statekeeper.maintenance.loop import CycleResult, maintain
 from statekeeper.maintenance.plan import plan_store
 from statekeeper.maintenance.reports import SnapshotReport
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import build_request
+from statekeeper.maintenance.snapshots import build_request, create_snapshots
 from statekeeper.maintenance.verify import verify_root
 from statekeeper.store.layout import StoreId
 from tests.maintenance.helpers import History, all_files
@@ -144,6 +146,46 @@ def test_a_lost_lease_stops_the_write_of_a_build_on_a_thread(
     assert not any(p.endswith(".manifest") for p in all_files(h.root))
     _, result = _request(h, store, settings).build_and_write(h.fm, lambda: None)
     assert result.manifest.version == h.latest
+
+
+def _snapshots_in_a_run_process(root: str, settings: dict[str, Any], out: Any) -> None:
+    """A maintenance run in a process of its own, as Dagster's code server starts each run (multiprocessing)."""
+    report = create_snapshots(root, MaintenanceSettings(**settings))
+    out.put((report.snapshots, report.warm_builds, report.errors, running_build_processes()))
+
+
+def test_a_run_process_started_by_multiprocessing_exits_and_leaves_its_warm_copies_to_the_next(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    """multiprocessing ends a process it started by terminating its daemonic children (the build processes ignore
+    SIGTERM) and joining them: unless the workers are told to stop first, the run's process never exits and its
+    workers keep every warm copy locked, so the next run's workers build each store in a temporary copy, cold."""
+    h = make_local_history(operators={"agg": 3})
+    ctx = multiprocessing.get_context("spawn")
+    warm_builds = []
+    for _ in range(2):
+        h.batches(settings.snapshot_threshold)
+        out = ctx.Queue()
+        run = ctx.Process(
+            target=_snapshots_in_a_run_process, args=(h.root, settings.with_(build_processes=2).to_json(), out)
+        )
+        run.start()
+        try:
+            snapshots, warm, errors, pids = out.get(timeout=120)
+            run.join(30)
+            workers = [psutil.Process(pid) for pid in pids if psutil.pid_exists(pid)]
+            _, alive = psutil.wait_procs(workers, timeout=30)
+        finally:
+            if run.is_alive():
+                for child in psutil.Process(run.pid).children(recursive=True):
+                    child.kill()
+                run.kill()
+                run.join(30)
+        assert run.exitcode == 0, "the run's process exited"
+        assert not alive, f"build processes outlived their run: {alive}"
+        assert (snapshots, errors) == (len(h.stores), [])
+        warm_builds.append(warm)
+    assert warm_builds == [0, len(h.stores)], "the second run's workers took over the first run's warm copies"
 
 
 def test_build_processes_end_with_a_maintainer_killed_with_sigkill(
