@@ -131,14 +131,15 @@ def _settings(p: FleetParams, work: str) -> MaintenanceSettings:
     )
 
 
-def _catalog_url(work: str) -> str:
+def catalog_url(work: str | Path) -> str:
+    """The maintainer's SQLite catalog in its work directory."""
     return f"sqlite:///{os.path.join(work, 'catalog.db')}"
 
 
 def _maintain_dagster(p: FleetParams, roots: str, work: str, stop: Path) -> int:
     from bench.fleet_dagster import DagsterMaintainer
 
-    dagster = DagsterMaintainer(roots, _settings(p, work), _catalog_url(work))
+    dagster = DagsterMaintainer(roots, _settings(p, work), catalog_url(work))
     cycles = 0
     last_schedule = time.monotonic()
     try:
@@ -163,7 +164,7 @@ def _maintain_daemon(p: FleetParams, roots: str, work: str, stop: Path) -> int:
         work,
         stop,
         _settings(p, work),
-        _catalog_url(work),
+        catalog_url(work),
         cycle=p.cycle,
         schedules_every_minute=bool(p.schedule),
     )

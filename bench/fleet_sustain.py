@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.fleet_maintainers import FleetParams
+from bench.fleet_maintainers import FleetParams, catalog_url
 from bench.fleet_profile import build_processes_cpu, loop_settings, maintainer_cpu
 from bench.fleet_sampling import Sample, sample
 from bench.fleet_writers import OPERATOR, FleetWriters
@@ -283,7 +283,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
     publisher = threading.Thread(target=publish, name="publisher", daemon=True)
     dagster = args.maintainer != "maintain"
     db_dir = Path(tempfile.mkdtemp(prefix="statekeeper-fleet-catalog-")) if args.catalog or dagster else None
-    catalog = Catalog.open(_catalog_url(db_dir), upgrade=True) if args.catalog and db_dir and not dagster else None
+    catalog = Catalog.open(catalog_url(db_dir), upgrade=True) if args.catalog and db_dir and not dagster else None
     try:
         if dagster and db_dir is not None:
             cycles = _daemon_cycles if args.maintainer == "daemon" else _dagster_cycles
@@ -375,8 +375,8 @@ def _dagster_cycles(
     snapshots the runs wrote and the failed runs' errors."""
     from bench.fleet_dagster import DagsterMaintainer
 
-    dagster = DagsterMaintainer(root, settings, _catalog_url(db_dir))
-    landed = _snapshots_landed(_catalog_url(db_dir))
+    dagster = DagsterMaintainer(root, settings, catalog_url(db_dir))
+    landed = _snapshots_landed(catalog_url(db_dir))
     try:
         while not stop.is_set():
             started = time.perf_counter()
@@ -406,13 +406,13 @@ def _daemon_cycles(
 
     def daemon() -> None:
         try:
-            url = _catalog_url(db_dir)
+            url = catalog_url(db_dir)
             outcome["ticks_runs"] = run_daemon(root, str(db_dir), stop_file, settings, url, cycle=every)
         except Exception as e:
             outcome["error"] = e
             stop.set()
 
-    landed = _snapshots_landed(_catalog_url(db_dir))
+    landed = _snapshots_landed(catalog_url(db_dir))
     thread = threading.Thread(target=daemon, name="dagster-daemon")
     thread.start()
     try:
@@ -426,11 +426,7 @@ def _daemon_cycles(
     log.warning("dagster-daemon: sensor ticks and runs: %s", outcome.get("ticks_runs"))
 
 
-def _catalog_url(db_dir: Path) -> str:
-    return f"sqlite:///{db_dir / 'catalog.db'}"
-
-
-def _snapshots_landed(catalog_url: str) -> Callable[[], list[Landed]]:
+def _snapshots_landed(url: str) -> Callable[[], list[Landed]]:
     """A function that returns the snapshots the catalog learned of since its last call (the catalog's rows, with
     the times their manifests were written), the catalog migrated first so that it is there to read."""
     from sqlalchemy import select
@@ -438,7 +434,7 @@ def _snapshots_landed(catalog_url: str) -> Callable[[], list[Landed]]:
     from statekeeper.sql.catalog import Catalog
     from statekeeper.sql.models import Snapshot, Store
 
-    catalog = Catalog.open(catalog_url, upgrade=True)
+    catalog = Catalog.open(url, upgrade=True)
     seen = 0
 
     def landed() -> list[Landed]:
