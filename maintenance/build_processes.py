@@ -18,7 +18,6 @@ the builds of the cycle the maintainer is finishing).
 
 from __future__ import annotations
 
-import atexit
 import base64
 import json
 import logging
@@ -237,12 +236,11 @@ def build_processes(processes: int) -> BuildProcesses:
             if _pool is not None:
                 _pool.close()
             else:
-                atexit.register(close_build_processes)
-                # A process that multiprocessing started (as Dagster's code server starts each run) exits through
-                # multiprocessing's exit function, not atexit: it terminates its daemonic children, which these
-                # workers ignore, then joins them without a timeout, while their pipes are still open. A finalizer
-                # with an exit priority runs first there, so the workers see their pipes close and exit, releasing
-                # their warm copies' locks for the next run's workers.
+                # Closed at exit by multiprocessing's exit function (atexit runs it in a main process; a process
+                # that multiprocessing started, as Dagster's code server starts each run, runs it instead of
+                # atexit). It terminates its daemonic children, which these workers ignore, then joins them without
+                # a timeout, while their pipes are still open; a finalizer with an exit priority runs before that,
+                # so the workers see their pipes close and exit, releasing their warm copies' locks.
                 multiprocessing.util.Finalize(None, close_build_processes, exitpriority=100)
             _pool = BuildProcesses(processes)
         return _pool
