@@ -19,6 +19,7 @@ has its own materialization history, its own plots and its own run queue.
 | STATEKEEPER_SENSOR_LISTING_SECONDS | ``300`` | seconds between two ticks that list every store's directories |
 | STATEKEEPER_SENSOR_FLEET_ROOTS | ``2`` | one run for a tick's roots if this many have work (``off``: a run each) |
 | STATEKEEPER_FAILURE_SENSOR | ``on`` | ``off`` stops recording failed runs in the catalog |
+| STATEKEEPER_EXTERNAL_RUNS_SENSOR | ``on`` | ``off`` stops reporting the runs of maintainers outside Dagster |
 
 Maintenance settings (snapshot threshold, retention, grace period, parallelism...) come from
 `statekeeper.maintenance.settings.MaintenanceSettings.from_env()`.
@@ -49,6 +50,7 @@ ENV_SENSOR_MAX_NAMES = "STATEKEEPER_SENSOR_MAX_NAMES"
 ENV_SENSOR_LISTING = "STATEKEEPER_SENSOR_LISTING_SECONDS"
 ENV_SENSOR_FLEET_ROOTS = "STATEKEEPER_SENSOR_FLEET_ROOTS"
 ENV_FAILURE_SENSOR = "STATEKEEPER_FAILURE_SENSOR"
+ENV_EXTERNAL_RUNS_SENSOR = "STATEKEEPER_EXTERNAL_RUNS_SENSOR"
 
 DEFAULT_EXPIRY_CRON = "0 * * * *"
 DEFAULT_ORPHAN_CRON = "30 3 * * *"
@@ -164,6 +166,8 @@ class OrchestrationConfig:
     sensor_fleet_roots: int = DEFAULT_SENSOR_FLEET_ROOTS
     """One run for the roots of a tick when at least this many have work (0: a run per root)."""
     failure_sensor_enabled: bool = True
+    external_runs_sensor_enabled: bool = True
+    """Report the maintenance runs the catalog recorded outside Dagster (`statekeeper maintain`) as materializations."""
 
     def __post_init__(self) -> None:
         if not self.roots:
@@ -199,12 +203,16 @@ class OrchestrationConfig:
                 env.get(ENV_SENSOR_FLEET_ROOTS), ENV_SENSOR_FLEET_ROOTS, DEFAULT_SENSOR_FLEET_ROOTS
             ),
             failure_sensor_enabled=parse_switch(env.get(ENV_FAILURE_SENSOR), ENV_FAILURE_SENSOR, True),
+            external_runs_sensor_enabled=parse_switch(
+                env.get(ENV_EXTERNAL_RUNS_SENSOR), ENV_EXTERNAL_RUNS_SENSOR, True
+            ),
         )
 
 
 __all__ = [
     "ENV_DB_URL",
     "ENV_EXPIRY_SCHEDULE",
+    "ENV_EXTERNAL_RUNS_SENSOR",
     "ENV_FAILURE_SENSOR",
     "ENV_ORPHAN_SCHEDULE",
     "ENV_ROOTS",

@@ -13,6 +13,7 @@ from dagster import Definitions, StaticPartitionsDefinition, in_process_executor
 from statekeeper.orchestration.assets import ORPHANS, RETAINED, SNAPSHOTS, build_assets
 from statekeeper.orchestration.checks import build_checks
 from statekeeper.orchestration.config import OrchestrationConfig
+from statekeeper.orchestration.external_runs import build_external_runs_sensor
 from statekeeper.orchestration.fleet import build_fleet_job
 from statekeeper.orchestration.jobs import build_jobs, build_snapshot_and_expiry_job
 from statekeeper.orchestration.relayout_jobs import relayout_jobs
@@ -42,6 +43,7 @@ def build_definitions(
         sensors=[
             build_checkpoint_sensor(config, [jobs[SNAPSHOTS], jobs[RETAINED], snapshot_and_expiry_job, fleet_job]),
             build_failure_sensor(config),
+            build_external_runs_sensor(config),
         ],
         schedules=build_schedules(config, partitions, jobs[RETAINED], jobs[ORPHANS], fleet_job),
         resources=resources if resources is not None else build_resources(config),

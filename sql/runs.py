@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import datetime as dt
 import traceback
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import Select, or_, select, update
 
 from statekeeper.sql.base import CatalogBase, table_of
 from statekeeper.sql.errors import CatalogConfigError, NotInCatalogError
@@ -178,16 +178,24 @@ class RunRecords(CatalogBase):
             details=rec.details,
         )
 
-    def runs(
-        self,
-        uri: str | None = None,
-        *,
-        kind: str | None = None,
-        status: str | None = None,
-        limit: int = 100,
+    def runs_after(
+        self, uri: str, after: int, *, also: Collection[int] = (), outside_orchestrator: bool = True, limit: int = 1000
     ) -> list[RunInfo]:
-        """Maintenance run history, newest first."""
-        q = select(
+        """The runs of root `uri` whose id is above `after` or in `also`, oldest first, at most `limit`;
+        with `outside_orchestrator`, only those no orchestrator run recorded (the ``statekeeper`` CLI, the
+        `maintain` loop). Reading on from the last id seen costs the new rows, not the whole history."""
+        q = self._run_columns().where(CheckpointRoot.uri == uri)
+        newer = MaintenanceRun.id > after
+        q = q.where(or_(newer, MaintenanceRun.id.in_(list(also))) if also else newer)
+        if outside_orchestrator:
+            q = q.where(MaintenanceRun.orchestrator_run_id.is_(None))
+        with self.read() as conn:
+            rows: Sequence[Any] = conn.execute(q.order_by(MaintenanceRun.id).limit(limit)).all()
+        return [RunInfo(*row) for row in rows]
+
+    @staticmethod
+    def _run_columns() -> Select[*tuple[Any, ...]]:  # the columns of `RunInfo`, in its order
+        return select(
             MaintenanceRun.id,
             CheckpointRoot.uri,
             MaintenanceRun.kind,
@@ -203,6 +211,17 @@ class RunRecords(CatalogBase):
             MaintenanceRun.errors,
             MaintenanceRun.details,
         ).join(CheckpointRoot, CheckpointRoot.id == MaintenanceRun.root_id)
+
+    def runs(
+        self,
+        uri: str | None = None,
+        *,
+        kind: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+    ) -> list[RunInfo]:
+        """Maintenance run history, newest first."""
+        q = self._run_columns()
         if uri is not None:
             q = q.where(CheckpointRoot.uri == uri)
         if kind is not None:
