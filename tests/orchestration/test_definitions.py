@@ -15,6 +15,7 @@ from statekeeper.orchestration.assets import ASSET_NAMES
 from statekeeper.orchestration.checks import CHECK_NAMES
 from statekeeper.orchestration.config import OrchestrationConfig, default_roots, parse_cron
 from statekeeper.orchestration.definitions import build_definitions
+from statekeeper.orchestration.external_runs import SENSOR_NAME as EXTERNAL_SENSOR_NAME
 from statekeeper.orchestration.jobs import JOB_NAMES
 from statekeeper.orchestration.schedules import EXPIRY_SCHEDULE, ORPHAN_SCHEDULE, VERIFY_SCHEDULE
 from statekeeper.orchestration.sensors import FAILURE_SENSOR_NAME, SENSOR_NAME
@@ -32,7 +33,8 @@ def test_defs_load_with_everything() -> None:
     checks = {k.name for k in repo.asset_graph.asset_check_keys}
     assert checks == set(CHECK_NAMES)
     assert {j for j in JOB_NAMES.values()} <= {j.name for j in repo.get_all_jobs()}
-    assert {s.name for s in repo.sensor_defs} == {SENSOR_NAME, FAILURE_SENSOR_NAME}
+    assert {s.name for s in repo.sensor_defs} == {SENSOR_NAME, FAILURE_SENSOR_NAME, EXTERNAL_SENSOR_NAME}
+    assert repo.get_sensor_def(EXTERNAL_SENSOR_NAME).default_status == DefaultSensorStatus.RUNNING
     assert {s.name for s in repo.schedule_defs} == {EXPIRY_SCHEDULE, VERIFY_SCHEDULE, ORPHAN_SCHEDULE}
     # the embedded default: the checkpoint `make run`'s demo writes
     assert config.roots == (Path(default_roots()[0]).resolve().as_uri(),)
@@ -50,6 +52,7 @@ def test_config_from_env(tmp_path: Path) -> None:
         "STATEKEEPER_ORPHAN_SCHEDULE": "15 2 * * 0",
         "STATEKEEPER_VERIFY_SCHEDULE": "45 */6 * * *",
         "STATEKEEPER_CHECKPOINT_SENSOR": "off",
+        "STATEKEEPER_EXTERNAL_RUNS_SENSOR": "off",
         "STATEKEEPER_SENSOR_INTERVAL_SECONDS": "5",
         "STATEKEEPER_SENSOR_LISTING_SECONDS": "60",
         "STATEKEEPER_SENSOR_FLEET_ROOTS": "3",
@@ -69,6 +72,7 @@ def test_config_from_env(tmp_path: Path) -> None:
     assert repo.get_schedule_def(EXPIRY_SCHEDULE).default_status == DefaultScheduleStatus.STOPPED
     assert repo.get_schedule_def(ORPHAN_SCHEDULE).default_status == DefaultScheduleStatus.RUNNING
     assert repo.get_sensor_def(SENSOR_NAME).default_status == DefaultSensorStatus.STOPPED
+    assert repo.get_sensor_def(EXTERNAL_SENSOR_NAME).default_status == DefaultSensorStatus.STOPPED
     # the password never shows in the resource's configuration: it is read through EnvVar
     assert "secret" not in repr((defs.resources or {})["catalog"])
 
@@ -80,6 +84,7 @@ def test_config_from_env(tmp_path: Path) -> None:
         ("STATEKEEPER_CHECKPOINT_ROOTS", " , "),
         ("STATEKEEPER_EXPIRY_SCHEDULE", "every hour"),
         ("STATEKEEPER_CHECKPOINT_SENSOR", "maybe"),
+        ("STATEKEEPER_EXTERNAL_RUNS_SENSOR", "sometimes"),
         ("STATEKEEPER_SENSOR_INTERVAL_SECONDS", "0"),
         ("STATEKEEPER_SENSOR_LISTING_SECONDS", "soon"),
         ("STATEKEEPER_SENSOR_FLEET_ROOTS", "many"),
