@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -108,34 +109,36 @@ def run_daemon(
     *,
     cycle: float,
     schedules_every_minute: bool = False,
-) -> tuple[int, dict[str, int]]:
+    env: Mapping[str, str] | None = None,
+) -> tuple[dict[str, int], dict[str, int]]:
     """Dagster as deployed: `dagster-daemon run -w workspace.yaml` (its code server, and a process per run
     launched by the default run launcher) on the roots (comma-separated) until `stop` exists, with `settings` as
     its maintenance resource (through their ``STATEKEEPER_*`` variables), the catalog at `catalog_url`, the
-    sensor every `cycle` seconds and the schedules on their default crons (or all every minute). Returns the
-    sensor's ticks and the runs per job.
+    sensors every `cycle` seconds and the schedules on their default crons (or all every minute); `env`: more
+    variables of the code location. Returns the ticks per sensor and the runs per job.
 
     The caller becomes the subreaper of everything the daemon starts, so that every process's CPU ends
     up in its `RUSAGE_CHILDREN`, also when the process that started it does not wait for it."""
     from statekeeper.orchestration.run_local import prepare_home
 
     home = str(prepare_home(Path(work, "dagster_home")))  # the instance settings `make run` deploys
-    env = {
+    variables = {
         **os.environ,
         **{settings.env_name(k): str(v) for k, v in settings.to_json().items() if v is not None},
         "DAGSTER_HOME": home,
         "STATEKEEPER_CHECKPOINT_ROOTS": roots,
         "STATEKEEPER_DB_URL": catalog_url,
         "STATEKEEPER_SENSOR_INTERVAL_SECONDS": str(max(1, round(cycle))),
+        **(env or {}),
     }
     if schedules_every_minute:
-        env.update({f"STATEKEEPER_{name}_SCHEDULE": "* * * * *" for name in ("EXPIRY", "VERIFY", "ORPHAN")})
+        variables.update({f"STATEKEEPER_{name}_SCHEDULE": "* * * * *" for name in ("EXPIRY", "VERIFY", "ORPHAN")})
     _become_subreaper()
     with open(os.path.join(work, "daemon.log"), "w") as out:
         daemon = subprocess.Popen(
             [os.path.join(os.path.dirname(sys.executable), "dagster-daemon"), "run", "-w", str(WORKSPACE)],
             cwd=WORKSPACE.parent,
-            env=env,
+            env=variables,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
@@ -169,18 +172,15 @@ def _reap_all(timeout: float) -> None:
             time.sleep(0.1)
 
 
-def _ticks_and_runs(home: str) -> tuple[int, dict[str, int]]:
+def _ticks_and_runs(home: str) -> tuple[dict[str, int], dict[str, int]]:
     from dagster import DagsterInstance
     from dagster._core.definitions.run_request import InstigatorType
 
-    from statekeeper.orchestration.sensors import SENSOR_NAME
-
     with DagsterInstance.from_config(home) as instance:
-        ticks = sum(
-            len(instance.get_ticks(state.instigator_origin_id, state.selector_id))
+        ticks = {
+            state.instigator_name: len(instance.get_ticks(state.instigator_origin_id, state.selector_id))
             for state in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
-            if state.instigator_name == SENSOR_NAME
-        )
+        }
         runs: dict[str, int] = {}
         records = sorted(instance.get_run_records(), key=lambda r: r.create_timestamp)
         first = records[0].create_timestamp.timestamp() if records else 0.0

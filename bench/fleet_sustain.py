@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from statekeeper.maintenance.settings import MaintenanceSettings
 
 log = logging.getLogger(__name__)
-MAINTAINERS = ("maintain", "dagster", "daemon")
+MAINTAINERS = ("maintain", "dagster", "daemon", "maintain+daemon")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,8 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         default="maintain",
         help="maintain: one `statekeeper maintain` loop, a cycle every --every seconds; dagster: the code location's "
         "checkpoint sensor ticked every --every seconds and the runs it requests, executed in this process; daemon: "
-        "`dagster-daemon` as deployed (its code server, a process per run), the sensor every --every seconds. The "
-        "Dagster ones keep their catalog and instance in the temp dir, as --catalog's",
+        "`dagster-daemon` as deployed (its code server, a process per run), the sensor every --every seconds; "
+        "maintain+daemon: the loop keeps the root and `dagster-daemon` runs beside it with the checkpoint sensor off, "
+        "its external-maintenance sensor reporting the loop's runs every --every seconds (the deployment for a fleet "
+        "this size on 2 cores). The Dagster ones keep their catalog and instance in the temp dir, as --catalog's",
     )
     parser.add_argument("--verbose", action="store_true", help="log every cycle (its seconds and reports)")
     args = parser.parse_args(argv)
@@ -188,7 +190,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         the versions published, the rounds every store finished, and the time and CPU taken off the clock."""
         return {
             "t": time.perf_counter(),
-            "cpu": tree_cpu() if args.maintainer == "daemon" else maintainer_cpu(),
+            "cpu": tree_cpu() if "daemon" in args.maintainer else maintainer_cpu(),
             "builds": build_processes_cpu(),
             "version": published,
             "rounds": rounds_done,
@@ -281,14 +283,21 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
 
     stop, ran_out = threading.Event(), threading.Event()
     publisher = threading.Thread(target=publish, name="publisher", daemon=True)
-    dagster = args.maintainer != "maintain"
-    db_dir = Path(tempfile.mkdtemp(prefix="statekeeper-fleet-catalog-")) if args.catalog or dagster else None
-    catalog = Catalog.open(catalog_url(db_dir), upgrade=True) if args.catalog and db_dir and not dagster else None
+    dagster = args.maintainer in ("dagster", "daemon")  # Dagster's runs keep the root; else the loop
+    with_daemon = "daemon" in args.maintainer
+    use_db = args.catalog or dagster or with_daemon
+    db_dir = Path(tempfile.mkdtemp(prefix="statekeeper-fleet-catalog-")) if use_db else None
+    catalog = Catalog.open(catalog_url(db_dir), upgrade=True) if db_dir and not dagster else None
+    beside = (
+        _DaemonBeside(root.as_uri(), settings, db_dir, args.every) if db_dir and with_daemon and not dagster else None
+    )
     try:
         if dagster and db_dir is not None:
             cycles = _daemon_cycles if args.maintainer == "daemon" else _dagster_cycles
             cycles(root.as_uri(), settings, db_dir, args.every, stop, between)
         else:
+            if beside is not None:
+                beside.start()
             maintain(
                 root.as_uri(),
                 settings,
@@ -298,6 +307,8 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
                 on_cycle=lambda result: between(_landed(result), [e for r in result.reports for e in r.errors]),
             )
     finally:
+        if beside is not None:
+            beside.stop()
         stop.set()
         if catalog is not None:
             catalog.close()
@@ -324,7 +335,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         "longest_chain": longest,
         "longest_chain_at_cycle_end": longest_at_cycle_end,
         "threshold": args.threshold,
-        "catalog": args.catalog or dagster,
+        "catalog": db_dir is not None,
         "maintainer": args.maintainer,
         "chain_max_sampled": max(x.chain_max for x in samples),
         "bytes_over_bound_max": max(steady, default=0.0),
@@ -424,6 +435,38 @@ def _daemon_cycles(
     if "error" in outcome:
         raise RuntimeError(f"dagster-daemon: {outcome['error']}")
     log.warning("dagster-daemon: sensor ticks and runs: %s", outcome.get("ticks_runs"))
+
+
+class _DaemonBeside:
+    """`dagster-daemon` as deployed beside the loop (`bench.fleet_dagster.run_daemon`, its instance and the catalog in
+    `db_dir`): the checkpoint sensor off, the external-maintenance sensor every `every` seconds."""
+
+    def __init__(self, root: str, settings: MaintenanceSettings, db_dir: Path, every: float) -> None:
+        from bench.fleet_dagster import run_daemon
+
+        self._stop_file = db_dir / "stop"
+        self.outcome: dict[str, object] = {}
+
+        def daemon() -> None:
+            try:
+                env = {"STATEKEEPER_CHECKPOINT_SENSOR": "off"}
+                self.outcome["ticks_runs"] = run_daemon(
+                    root, str(db_dir), self._stop_file, settings, catalog_url(db_dir), cycle=every, env=env
+                )
+            except Exception as e:
+                self.outcome["error"] = e
+
+        self._thread = threading.Thread(target=daemon, name="dagster-daemon")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop_file.touch()
+        self._thread.join()
+        if "error" in self.outcome:
+            raise RuntimeError(f"dagster-daemon: {self.outcome['error']}")
+        log.warning("dagster-daemon beside the loop: sensor ticks and runs: %s", self.outcome.get("ticks_runs"))
 
 
 def _snapshots_landed(url: str) -> Callable[[], list[Landed]]:
