@@ -3,10 +3,12 @@
 On a 2-core machine the writers of 1,000 store-commits a second would take the cores the maintainer needs, so
 they write every version first, off the clock (`bench.fleet_writers.FleetWriters`, the commit record per version
 as the driver writes it), and each version's files are set aside. Then one ``statekeeper maintain`` loop
-(`statekeeper.maintenance.loop.maintain`, a cycle every ``--every`` seconds) keeps the root while a thread of this
-process publishes the versions into it at the rate asked, all along as writers commit: each version is hard-linked
-in when its time comes, its changelogs first and its commit record last (counted in the maintainer's CPU). The
-maintainer has the machine to itself, as beside writers on other hosts.
+(`statekeeper.maintenance.loop.maintain`, a cycle every ``--every`` seconds) keeps the root while a process of its
+own (`Publisher`) publishes the versions into it at the rate asked, all along as writers commit: each version is
+hard-linked in when its time comes, its changelogs first and its commit record last. The writers are on other
+hosts: the publishing is not the maintainer's CPU, nor does it hold the maintainer's interpreter lock (as a thread
+of the maintainer's process it took a third of the process's samples at 1,000 store-commits a second, while the
+process coordinating the builds was the one at 100% of a core).
 
 Reported, over whole periods after the warm-up (see `between` in `_run`): the store-commits the window's cycles
 were given a second, the maintainer's CPU a store-commit (its process, every thread, and its build processes), the
@@ -25,6 +27,7 @@ import argparse
 import json
 import logging
 import math
+import multiprocessing
 import os
 import shutil
 import tempfile
@@ -32,8 +35,9 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bench.fleet_maintainers import FleetParams, catalog_url
 from bench.fleet_profile import build_processes_cpu, loop_settings, maintainer_cpu
@@ -169,7 +173,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
 
     settings = loop_settings(args, str(work))
     _move_tree(held[0], root, link=True)  # the bulk load (version 1): there before the maintainer starts
-    published = 1
+    shared = Publisher.shared()  # the versions published, the clock's start and the time taken off it
     snapshot_of: dict[str, int] = {}
     names = [f"{OPERATOR}/{p}" for p in range(args.stores)]
     rounds: Counter[str] = Counter()  # snapshots written, per store
@@ -179,66 +183,37 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
     last_call: dict[str, float] = {"rounds": 0}  # the state after the previous cycle's callback
     warm: dict[str, float] = {}  # the state when the warm-up ended
     boundaries: list[dict[str, float]] = []  # the states at the starts of the rounds' cycles
-    t0 = 0.0
     samples: list[Sample] = []
     settled: list[bool] = []  # per sample: taken after every store's first base move (off the bulk load)
     fleet = FleetParams(threshold=args.threshold, retain=settings.min_versions_to_retain, orphan_grace=60.0)
-    off_clock = {"cpu": 0.0, "wall": 0.0}
+    off_cpu = 0.0
 
     def state(rounds_done: int) -> dict[str, float]:
         """What the window's ends are measured from: the time, the CPU (all of it, and the build processes'),
         the versions published, the rounds every store finished, and the time and CPU taken off the clock."""
         return {
             "t": time.perf_counter(),
-            "cpu": tree_cpu() if "daemon" in args.maintainer else maintainer_cpu(),
+            "cpu": tree_cpu(exclude=publisher.pid) if "daemon" in args.maintainer else maintainer_cpu(),
             "builds": build_processes_cpu(),
-            "version": published,
+            "version": shared.published.value,
             "rounds": rounds_done,
-            "off_cpu": off_clock["cpu"],
-            "off_wall": off_clock["wall"],
+            "off_cpu": off_cpu,
+            "off_wall": shared.off_wall.value,
         }
-
-    pause = threading.Lock()  # held by the publisher while it publishes, and by a sample: the clock stops then
 
     def take_sample() -> None:
         """The root's chains, files and bytes against the bound (`bench.fleet_sampling`), off the clock: the
         loop waits for this callback and the publisher for the sample, so its time and CPU are taken out of the
         window and the versions' clock stops."""
-        with pause:
+        nonlocal off_cpu
+        with shared.pause:
             cpu0, wall0 = time.process_time(), time.perf_counter()
             samples.append(sample([root.as_uri()], fleet, wall0 - warm["t"]))
-            off_clock["cpu"] += time.process_time() - cpu0
-            off_clock["wall"] += time.perf_counter() - wall0
-
-    def clock(t: float) -> float:
-        """The versions' clock at `perf_counter` time `t` (seconds since it started): it stops while a sample
-        pauses the loop (off the clock)."""
-        return t - t0 - off_clock["wall"]
+            off_cpu += time.process_time() - cpu0
+            shared.off_wall.value += time.perf_counter() - wall0
 
     def due_by(t: float) -> int:
-        """The versions due at `perf_counter` time `t` (never fewer than those published)."""
-        return max(published, 1 + int(clock(t) * per_store))
-
-    def publish_up_to(end: int) -> None:
-        """Hard-link the versions before `held[end]` not yet in the root, in order."""
-        nonlocal published
-        for n in range(published, end):
-            _move_tree(held[n], root, link=True)
-            published = n + 1
-
-    def publish() -> None:
-        """From the end of the warm-up: each version when its time comes, as writers commit all along; stops the
-        loop once the versions run out."""
-        while not stop.is_set():
-            with pause:
-                due = due_by(time.perf_counter())
-                if due > len(held):  # out of versions
-                    ran_out.set()
-                    stop.set()
-                    return
-                publish_up_to(due)
-                wait = published / per_store - clock(time.perf_counter())
-            stop.wait(max(0.0, wait))
+        return shared.due_by(t, per_store)
 
     def between(landed: list[Landed], cycle_errors: list[str]) -> None:
         """Take the figures after a cycle, given the snapshots it wrote (the warm-up: publish a quarter threshold of
@@ -248,25 +223,25 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         after the warm-up's (every store's first snapshot, a cold build) to the start of the cycle of the last
         round every store finished before the versions ran out. A period's round snapshots what the period
         before it published."""
-        nonlocal longest, longest_at_cycle_end, t0
+        nonlocal longest, longest_at_cycle_end
         errors.extend(cycle_errors)
         before = min((snapshot_of.get(name, 0) for name in names), default=0)
         for store, version, written_at in landed:
-            if t0:  # the chain the store had when its snapshot landed, its writers committing all along
+            if shared.t0.value:  # the chain the store had when its snapshot landed, its writers committing all along
                 longest = max(longest, due_by(written_at - epoch) - snapshot_of.get(store, 0))
             snapshot_of[store] = max(snapshot_of.get(store, 0), version)
             rounds[store] += 1
         now = time.perf_counter()
         done = min((rounds[name] for name in names), default=0)
         if not done:  # warm-up: a quarter threshold a cycle until every store's first snapshot is written
-            publish_up_to(min(len(held), published + max(1, args.threshold // 4)))
+            publish_up_to(held, root, shared, min(len(held), shared.published.value + max(1, args.threshold // 4)))
             return
-        if ran_out.is_set():  # this cycle ran past the versions: not in the window
+        if publisher.ran_out.is_set():  # this cycle ran past the versions: not in the window
             return
-        if not t0:
-            t0 = now - (published - 1) / per_store  # from here on, the versions come at the rate asked
+        if not shared.t0.value:
+            shared.t0.value = now - (shared.published.value - 1) / per_store  # from here on, at the rate asked
             warm.update(state(done))
-            publisher.start()
+            publisher.start(stop)
         elif done > last_call["rounds"]:  # the previous cycle ended a round: its start bounds a period
             boundaries.append(dict(last_call))
         if now - warm["t"] >= args.sample_every * len(samples):
@@ -276,13 +251,13 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
             # every store's at about the same time (the fleet's one burst; the steady state is from here on)
             settled.append(last_call.get("version", 0) >= warm["version"] + settings.min_versions_to_retain)
         # the chains now (of stores still waiting), and as if all of this cycle's snapshots had landed at its end
-        at_end = published
+        at_end = shared.published.value
         longest = max(longest, at_end - min(snapshot_of.get(name, 0) for name in names))
         longest_at_cycle_end = max(longest_at_cycle_end, at_end - before)
         last_call.update(state(done))
 
-    stop, ran_out = threading.Event(), threading.Event()
-    publisher = threading.Thread(target=publish, name="publisher", daemon=True)
+    stop = threading.Event()
+    publisher = Publisher(held, root, per_store, shared)
     dagster = args.maintainer in ("dagster", "daemon")  # Dagster's runs keep the root; else the loop
     with_daemon = "daemon" in args.maintainer
     use_db = args.catalog or dagster or with_daemon
@@ -314,8 +289,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
             catalog.close()
         if db_dir is not None:
             shutil.rmtree(db_dir, ignore_errors=True)
-        if publisher.is_alive():
-            publisher.join()
+        publisher.stop()
     # without two round ends, it fell behind (or ran too short): the window is then all of it after the warm-up
     first, last = (boundaries[0], boundaries[-1]) if len(boundaries) > 1 else (warm, last_call)
     cpu = last["cpu"] - first["cpu"] - (last["off_cpu"] - first["off_cpu"])
@@ -357,6 +331,83 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         )
     print(json.dumps(figures))
     return 1 if errors else 0
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What the publisher process and the maintainer's share: the versions published, the `perf_counter` time the
+    versions' clock started (0 until the warm-up ends) and the seconds taken off it, and the lock a publishing step
+    and a sample hold (the clock stops while a sample pauses the loop)."""
+
+    published: Any
+    t0: Any
+    off_wall: Any
+    pause: Any
+
+    def due_by(self, t: float, per_store: float) -> int:
+        """The versions due at `perf_counter` time `t` (never fewer than those published); `perf_counter` is the
+        system's monotonic clock on Linux, the same in both processes."""
+        return max(int(self.published.value), 1 + int((t - self.t0.value - self.off_wall.value) * per_store))
+
+
+def publish_up_to(held: list[Path], root: Path, shared: Shared, end: int) -> None:
+    """Hard-link the versions before `held[end]` not yet in the root, in order."""
+    for n in range(shared.published.value, end):
+        _move_tree(held[n], root, link=True)
+        shared.published.value = n + 1
+
+
+def _publish(held: list[Path], root: Path, per_store: float, shared: Shared, stop: Any, ran_out: Any) -> None:
+    """The publisher process: each version when its time comes, as writers commit all along, until `stop` or the
+    versions run out (`ran_out`)."""
+    while not stop.is_set():
+        with shared.pause:
+            due = shared.due_by(time.perf_counter(), per_store)
+            if due > len(held):
+                ran_out.set()
+                return
+            publish_up_to(held, root, shared, due)
+            wait = shared.published.value / per_store - (time.perf_counter() - shared.t0.value - shared.off_wall.value)
+        stop.wait(max(0.0, wait))
+
+
+class Publisher:
+    """The versions published from the end of the warm-up at the rate asked, by a process of its own (`_publish`);
+    a thread of this process stops the maintainer (`stop`) once the versions run out."""
+
+    _ctx = multiprocessing.get_context("spawn")
+
+    def __init__(self, held: list[Path], root: Path, per_store: float, shared: Shared) -> None:
+        self._stop, self.ran_out = self._ctx.Event(), self._ctx.Event()
+        self._process = self._ctx.Process(
+            target=_publish, args=(held, root, per_store, shared, self._stop, self.ran_out), name="publisher"
+        )
+        self._watch: threading.Thread | None = None
+        self.pid: int | None = None
+
+    @classmethod
+    def shared(cls) -> Shared:
+        return Shared(cls._ctx.Value("q", 1), cls._ctx.Value("d", 0.0), cls._ctx.Value("d", 0.0), cls._ctx.Lock())
+
+    def start(self, maintainer_stop: threading.Event) -> None:
+        self._process.start()
+        self.pid = self._process.pid
+
+        def watch() -> None:
+            while not maintainer_stop.is_set() and self._process.is_alive():
+                if self.ran_out.wait(0.2):
+                    break
+            maintainer_stop.set()
+
+        self._watch = threading.Thread(target=watch, name="publisher-watch", daemon=True)
+        self._watch.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.pid is not None:
+            self._process.join()
+        if self._watch is not None:
+            self._watch.join()
 
 
 Landed = tuple[str, int, float]
@@ -495,13 +546,15 @@ def _snapshots_landed(url: str) -> Callable[[], list[Landed]]:
     return landed
 
 
-def tree_cpu() -> float:
-    """CPU seconds of this process and of every process it started, running or gone (those a process waited for
-    count in its ``children_*`` times; this process is the subreaper of the others, see `run_daemon`)."""
+def tree_cpu(exclude: int | None = None) -> float:
+    """CPU seconds of this process and of every process it started but `exclude`, running or gone (those a process
+    waited for count in its ``children_*`` times; this process is the subreaper of the others, see `run_daemon`)."""
     import psutil
 
     total = 0.0
     for proc in [psutil.Process(), *psutil.Process().children(recursive=True)]:
+        if proc.pid == exclude:
+            continue
         try:
             t = proc.cpu_times()
         except psutil.NoSuchProcess:
