@@ -173,6 +173,21 @@ def test_run_history(catalog: Catalog) -> None:
         catalog.finish_run(10**6)
 
 
+def test_runs_after_reads_on_from_an_id_outside_the_orchestrator(catalog: Catalog) -> None:
+    uri = "s3://b/ckpt"
+    ids = [catalog.start_run(uri, "snapshot") for _ in range(3)]
+    dagster = catalog.start_run(uri, "expire", orchestrator_run_id="a-dagster-run")
+    elsewhere = catalog.start_run("s3://b/other", "expire")
+    catalog.finish_run(ids[2], files=4)
+    assert [r.id for r in catalog.runs_after(uri, 0)] == ids  # oldest first, this root's, none of Dagster's
+    assert [r.id for r in catalog.runs_after(uri, ids[1])] == [ids[2]]
+    assert [r.id for r in catalog.runs_after(uri, ids[2], also=[ids[0]])] == [ids[0]]
+    assert [r.id for r in catalog.runs_after(uri, ids[0], outside_orchestrator=False)] == [ids[1], ids[2], dagster]
+    assert [r.id for r in catalog.runs_after(uri, 0, limit=2)] == ids[:2]
+    assert catalog.runs_after(uri, ids[1])[0].file_count == 4
+    assert [r.id for r in catalog.runs_after("s3://b/other", 0)] == [elsewhere]
+
+
 def test_roots_are_kept_apart(catalog: Catalog, tmp_path: Path) -> None:
     a = History(tmp_path.joinpath("a").as_uri(), operators={"agg": 1}, seed=1).run(3, snapshot_every=2)
     b = History(tmp_path.joinpath("b").as_uri(), operators={"agg": 1}, seed=2).run(5, snapshot_every=0)
