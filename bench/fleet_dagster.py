@@ -6,6 +6,7 @@ their own cadence. `bench.bench_fleet` runs it beside real-time writers,
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import math
@@ -157,19 +158,34 @@ def _become_subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
+def _own_processes() -> set[int]:
+    """This process's own children, which the daemon's end must not wait for nor kill: those multiprocessing started
+    (the maintainer's build processes, the benchmark's publisher) and multiprocessing's resource tracker."""
+    from multiprocessing import active_children, resource_tracker
+
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)  # private: no public accessor
+    return {p.pid for p in active_children() if p.pid is not None} | ({tracker} if tracker else set())
+
+
 def _reap_all(timeout: float) -> None:
+    """Wait for (reap) every child but this process's own (`_own_processes`): the daemon, its code server and the
+    run processes reparented here; kill what is left after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
+        own = _own_processes()
+        others = [c for c in psutil.Process().children() if c.pid not in own]
+        if not others:
             return
-        if pid == 0:
-            if time.monotonic() > deadline:
-                for child in psutil.Process().children(recursive=True):
-                    child.kill()
-                deadline = math.inf
-            time.sleep(0.1)
+        for child in others:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(child.pid, os.WNOHANG)
+        if time.monotonic() > deadline:
+            for child in others:
+                for proc in [*child.children(recursive=True), child]:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        proc.kill()
+            deadline = math.inf
+        time.sleep(0.1)
 
 
 def _ticks_and_runs(home: str) -> tuple[dict[str, int], dict[str, int]]:

@@ -263,9 +263,9 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
     use_db = args.catalog or dagster or with_daemon
     db_dir = Path(tempfile.mkdtemp(prefix="statekeeper-fleet-catalog-")) if use_db else None
     catalog = Catalog.open(catalog_url(db_dir), upgrade=True) if db_dir and not dagster else None
-    beside = (
-        _DaemonBeside(root.as_uri(), settings, db_dir, args.every) if db_dir and with_daemon and not dagster else None
-    )
+    beside = None
+    if db_dir and with_daemon and not dagster:
+        beside = DaemonThread(root.as_uri(), settings, db_dir, args.every, stop, checkpoint_sensor=False)
     try:
         if dagster and db_dir is not None:
             cycles = _daemon_cycles if args.maintainer == "daemon" else _dagster_cycles
@@ -458,54 +458,47 @@ def _daemon_cycles(
     stop: threading.Event,
     on_cycle: Callable[[list[Landed], list[str]], None],
 ) -> None:
-    """`dagster-daemon` as deployed (`bench.fleet_dagster.run_daemon`: its instance and the catalog in `db_dir`, the
-    sensor every `every` seconds) until `stop`; every `every` seconds, `on_cycle` with the snapshots its runs wrote
-    (the failed runs are logged at the end)."""
-    from bench.fleet_dagster import run_daemon
-
-    stop_file = db_dir / "stop"
-    outcome: dict[str, object] = {}
-
-    def daemon() -> None:
-        try:
-            url = catalog_url(db_dir)
-            outcome["ticks_runs"] = run_daemon(root, str(db_dir), stop_file, settings, url, cycle=every)
-        except Exception as e:
-            outcome["error"] = e
-            stop.set()
-
+    """`dagster-daemon` as deployed (`DaemonThread`, the checkpoint sensor every `every` seconds) until `stop`; every
+    `every` seconds, `on_cycle` with the snapshots its runs wrote (the failed runs are logged at the end)."""
+    daemon = DaemonThread(root, settings, db_dir, every, stop, checkpoint_sensor=True)
     landed = _snapshots_landed(catalog_url(db_dir))
-    thread = threading.Thread(target=daemon, name="dagster-daemon")
-    thread.start()
+    daemon.start()
     try:
         while not stop.wait(every):
             on_cycle(landed(), [])
     finally:
-        stop_file.touch()
-        thread.join()
-    if "error" in outcome:
-        raise RuntimeError(f"dagster-daemon: {outcome['error']}")
-    log.warning("dagster-daemon: sensor ticks and runs: %s", outcome.get("ticks_runs"))
+        daemon.stop()
 
 
-class _DaemonBeside:
-    """`dagster-daemon` as deployed beside the loop (`bench.fleet_dagster.run_daemon`, its instance and the catalog in
-    `db_dir`): the checkpoint sensor off, the external-maintenance sensor every `every` seconds."""
+class DaemonThread:
+    """`dagster-daemon` as deployed (`bench.fleet_dagster.run_daemon`: its instance and the catalog in `db_dir`, the
+    sensors every `every` seconds), run from a thread; without `checkpoint_sensor`, that sensor off (the loop keeps
+    the root, the external-maintenance sensor reports its runs). A daemon that fails sets `stop`."""
 
-    def __init__(self, root: str, settings: MaintenanceSettings, db_dir: Path, every: float) -> None:
+    def __init__(
+        self,
+        root: str,
+        settings: MaintenanceSettings,
+        db_dir: Path,
+        every: float,
+        stop: threading.Event,
+        *,
+        checkpoint_sensor: bool,
+    ) -> None:
         from bench.fleet_dagster import run_daemon
 
         self._stop_file = db_dir / "stop"
         self.outcome: dict[str, object] = {}
+        env = {} if checkpoint_sensor else {"STATEKEEPER_CHECKPOINT_SENSOR": "off"}
 
         def daemon() -> None:
             try:
-                env = {"STATEKEEPER_CHECKPOINT_SENSOR": "off"}
                 self.outcome["ticks_runs"] = run_daemon(
                     root, str(db_dir), self._stop_file, settings, catalog_url(db_dir), cycle=every, env=env
                 )
             except Exception as e:
                 self.outcome["error"] = e
+                stop.set()
 
         self._thread = threading.Thread(target=daemon, name="dagster-daemon")
 
@@ -517,7 +510,7 @@ class _DaemonBeside:
         self._thread.join()
         if "error" in self.outcome:
             raise RuntimeError(f"dagster-daemon: {self.outcome['error']}")
-        log.warning("dagster-daemon beside the loop: sensor ticks and runs: %s", self.outcome.get("ticks_runs"))
+        log.warning("dagster-daemon: sensor ticks and runs: %s", self.outcome.get("ticks_runs"))
 
 
 def _snapshots_landed(url: str) -> Callable[[], list[Landed]]:
