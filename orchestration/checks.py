@@ -14,10 +14,12 @@
 import warnings
 
 from dagster import (
+    AssetCheckEvaluation,
     AssetCheckExecutionContext,
     AssetCheckResult,
     AssetChecksDefinition,
     AssetCheckSeverity,
+    AssetKey,
     MetadataValue,
     PartitionsDefinition,
     asset_check,
@@ -56,6 +58,27 @@ def chain_check(
     if bounded:
         md["chain_length_limit"] = MetadataValue.int(limit)
     return not over, md, AssetCheckSeverity.ERROR if bounded else AssetCheckSeverity.WARN
+
+
+def chain_check_evaluations(
+    root: str, storage: CheckpointStorage, catalog: CatalogDatabase, threshold: int
+) -> list[AssetCheckEvaluation]:
+    """Both chain checks of `root` as evaluations of its partition of ``state_snapshots``, for work reported outside
+    the asset's own run (the sensor's fleet runs, the external-maintenance sensor)."""
+    out: list[AssetCheckEvaluation] = []
+    for name in (CHAINS, CHAINS_BOUNDED):
+        passed, md, severity = chain_check(name, root, storage, catalog, threshold)
+        out.append(
+            AssetCheckEvaluation(
+                asset_key=AssetKey(SNAPSHOTS),
+                check_name=name,
+                passed=passed,
+                metadata=md,
+                severity=severity,
+                partition=root,
+            )
+        )
+    return out
 
 
 def loadability(

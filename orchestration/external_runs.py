@@ -28,7 +28,6 @@ from typing import Any
 
 from dagster import (
     AssetCheckEvaluation,
-    AssetKey,
     AssetMaterialization,
     AssetObservation,
     DefaultSensorStatus,
@@ -41,7 +40,7 @@ from dagster import (
 )
 
 from statekeeper.orchestration.assets import KINDS, SNAPSHOTS
-from statekeeper.orchestration.checks import CHAINS, CHAINS_BOUNDED, chain_check
+from statekeeper.orchestration.checks import chain_check_evaluations
 from statekeeper.orchestration.config import ENV_EXTERNAL_RUNS_SENSOR, OrchestrationConfig
 from statekeeper.orchestration.metadata import chain_stats, health_metadata, numeric
 from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
@@ -150,18 +149,7 @@ def root_events(
         else:
             events.append(AssetMaterialization(asset_key=asset_name, partition=root, metadata=md))
     if SNAPSHOTS in by_asset:
-        for name in (CHAINS, CHAINS_BOUNDED):
-            passed, md, severity = chain_check(name, root, storage, catalog_db, threshold)
-            events.append(
-                AssetCheckEvaluation(
-                    asset_key=AssetKey(SNAPSHOTS),
-                    check_name=name,
-                    passed=passed,
-                    metadata=md,
-                    severity=severity,
-                    partition=root,
-                )
-            )
+        events += chain_check_evaluations(root, storage, catalog_db, threshold)
     return events
 
 

@@ -22,8 +22,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dagster import (
-    AssetCheckEvaluation,
-    AssetKey,
     AssetMaterialization,
     Config,
     Failure,
@@ -38,7 +36,7 @@ from dagster import (
 from pydantic import Field
 
 from statekeeper.orchestration.assets import KIND_TAG, RETAINED, SNAPSHOTS, maintain_root, parse_stores
-from statekeeper.orchestration.checks import CHAINS, CHAINS_BOUNDED, chain_check
+from statekeeper.orchestration.checks import chain_check_evaluations
 from statekeeper.orchestration.jobs import MAINTENANCE_TAG, SNAPSHOT_AND_EXPIRY_KIND
 from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
 from statekeeper.sql.errors import CatalogError
@@ -155,16 +153,7 @@ def _maintain(
         context.log_event(AssetMaterialization(asset_key=asset_name, partition=root, metadata=out.metadata))
         context.log.info("%s of %s: %s", asset_name, root, out.summary)
     if root in config.snapshots:
-        for name in (CHAINS, CHAINS_BOUNDED):
-            passed, md, severity = chain_check(name, root, storage, catalog, maintenance.snapshot_threshold)
-            evaluation = AssetCheckEvaluation(
-                asset_key=AssetKey(SNAPSHOTS),
-                check_name=name,
-                passed=passed,
-                metadata=md,
-                severity=severity,
-                partition=root,
-            )
+        for evaluation in chain_check_evaluations(root, storage, catalog, maintenance.snapshot_threshold):
             context.log_event(evaluation)  # type: ignore[arg-type]  # its annotation omits the check evaluations it takes
     return []
 
