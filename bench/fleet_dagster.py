@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psutil
 
@@ -111,12 +111,12 @@ def run_daemon(
     cycle: float,
     schedules_every_minute: bool = False,
     env: Mapping[str, str] | None = None,
-) -> tuple[dict[str, int], dict[str, int]]:
+) -> DaemonOutcome:
     """Dagster as deployed: `dagster-daemon run -w workspace.yaml` (its code server, and a process per run
     launched by the default run launcher) on the roots (comma-separated) until `stop` exists, with `settings` as
     its maintenance resource (through their ``STATEKEEPER_*`` variables), the catalog at `catalog_url`, the
     sensors every `cycle` seconds and the schedules on their default crons (or all every minute); `env`: more
-    variables of the code location. Returns the ticks per sensor and the runs per job.
+    variables of the code location. Returns what its instance recorded (`DaemonOutcome`).
 
     The caller becomes the subreaper of everything the daemon starts, so that every process's CPU ends
     up in its `RUSAGE_CHILDREN`, also when the process that started it does not wait for it."""
@@ -188,9 +188,20 @@ def _reap_all(timeout: float) -> None:
         time.sleep(0.1)
 
 
-def _ticks_and_runs(home: str) -> tuple[dict[str, int], dict[str, int]]:
-    from dagster import DagsterInstance
+class DaemonOutcome(NamedTuple):
+    """What the daemon's instance recorded: sensor ticks per sensor, runs per job, and materializations per asset
+    (the runs' and those sensors reported, such as the external-maintenance sensor's)."""
+
+    ticks: dict[str, int]
+    runs: dict[str, int]
+    materializations: dict[str, int]
+
+
+def _ticks_and_runs(home: str) -> DaemonOutcome:
+    from dagster import AssetKey, DagsterInstance
     from dagster._core.definitions.run_request import InstigatorType
+
+    from statekeeper.orchestration.assets import ASSET_NAMES
 
     with DagsterInstance.from_config(home) as instance:
         ticks = {
@@ -213,4 +224,5 @@ def _ticks_and_runs(home: str) -> tuple[dict[str, int], dict[str, int]]:
                 start - created,
                 end - start,
             )
-    return ticks, runs
+        made = {name: instance.fetch_materializations(AssetKey(name), limit=10_000).records for name in ASSET_NAMES}
+    return DaemonOutcome(ticks, runs, {name: len(records) for name, records in made.items() if records})

@@ -160,7 +160,7 @@ def _maintain_daemon(p: FleetParams, roots: str, work: str, stop: Path) -> int:
     from bench.fleet_dagster import run_daemon
     from statekeeper.orchestration.sensors import SENSOR_NAME
 
-    ticks, runs = run_daemon(
+    outcome = run_daemon(
         roots,
         work,
         stop,
@@ -169,8 +169,8 @@ def _maintain_daemon(p: FleetParams, roots: str, work: str, stop: Path) -> int:
         cycle=p.cycle,
         schedules_every_minute=bool(p.schedule),
     )
-    log.info("dagster-daemon: sensor ticks %s, runs %s", ticks, runs)
-    return ticks.get(SENSOR_NAME, 0)
+    log.info("dagster-daemon: %s", outcome)
+    return outcome.ticks.get(SENSOR_NAME, 0)
 
 
 def maintain(p: FleetParams, roots: str, work: str, stop: Path, out: Path) -> None:

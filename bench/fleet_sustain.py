@@ -319,6 +319,9 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
         "kept_up": len(boundaries) > 1 and longest <= chain_bound(args.threshold) and bool(steady) and max(steady) <= 1,
         "errors": len(errors),
     }
+    if beside is not None:  # what Dagster shows of the loop's work: the external-maintenance sensor's events
+        recorded = beside.outcome.get("recorded")
+        figures["dagster_materializations"] = getattr(recorded, "materializations", {})
     for x, ok in zip(samples, settled, strict=True):
         log.info(
             "sample at %.1fs: version %d, chain max %d, %d files, bytes / bound %.3f%s",
@@ -493,7 +496,7 @@ class DaemonThread:
 
         def daemon() -> None:
             try:
-                self.outcome["ticks_runs"] = run_daemon(
+                self.outcome["recorded"] = run_daemon(
                     root, str(db_dir), self._stop_file, settings, catalog_url(db_dir), cycle=every, env=env
                 )
             except Exception as e:
@@ -510,7 +513,7 @@ class DaemonThread:
         self._thread.join()
         if "error" in self.outcome:
             raise RuntimeError(f"dagster-daemon: {self.outcome['error']}")
-        log.warning("dagster-daemon: sensor ticks and runs: %s", self.outcome.get("ticks_runs"))
+        log.warning("dagster-daemon: %s", self.outcome.get("recorded"))
 
 
 def _snapshots_landed(url: str) -> Callable[[], list[Landed]]:

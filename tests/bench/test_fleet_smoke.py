@@ -57,6 +57,20 @@ def test_fleet_benchmark_runs_dagster_as_deployed(tmp_path: Path) -> None:
     assert chain_max <= 20, row  # 40 commits at threshold 10: the daemon's runs snapshotted the stores
 
 
+def test_the_loop_beside_the_daemon_shows_its_work_in_dagster(tmp_path: Path) -> None:
+    """`--maintainer maintain+daemon`: the loop keeps the root with `dagster-daemon` beside it (checkpoint sensor
+    off); the daemon's external-maintenance sensor records the loop's runs as materializations in its instance."""
+    import json
+
+    args = ["--stores", "8", "--rate", "16", "--seconds", "10", "--every", "2", "--threshold", "6", "--keys", "200"]
+    args += ["--updates", "20", "--maintainer", "maintain+daemon"]
+    out = run_bench(tmp_path, args, module="bench.fleet_sustain", timeout=600)
+    figures = json.loads(out.strip().splitlines()[-1])
+    assert figures["errors"] == 0, figures
+    made = figures["dagster_materializations"]
+    assert made.get("state_snapshots", 0) >= 1 and made.get("retained_versions", 0) >= 1, figures
+
+
 @pytest.mark.slow
 def test_fleet_benchmark_compares_fan_out_over_a_cluster(tmp_path: Path) -> None:
     """`--fanout N`: the stores-snapshotted-per-second row of one process and of a standalone cluster."""
