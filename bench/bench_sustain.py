@@ -175,9 +175,9 @@ def run(quick: bool) -> list[Table]:
                 "on while a sample is taken off the clock, which the others do not.",
                 *(f"Not run: {why}." for why in skipped),
                 "The versions are written first, off the clock, then published into the root at the rate asked, "
-                "all along while the loop runs (a hard link per file, the commit record last, on a thread of the "
-                "maintainer's process and counted), after a warm-up in which every store's first snapshot (a cold "
-                "build) is written. Measured: whole periods (every store snapshotted once "
+                "all along while the loop runs (a hard link per file, the commit record last, by a process of its "
+                "own, as writers on other hosts: not the maintainer's CPU), after a warm-up in which every store's "
+                "first snapshot (a cold build) is written. Measured: whole periods (every store snapshotted once "
                 "more), from the start of the cycle of the first round after the warm-up to the start of the cycle "
                 "of the last round that ended before the versions ran out; store-commits/s in the window: what "
                 "the cycles of the window were given. Periods 0: no round ended twice after the warm-up (it fell "

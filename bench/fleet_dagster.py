@@ -149,7 +149,7 @@ def run_daemon(
             raise RuntimeError(f"dagster-daemon exited {daemon.returncode}: see {out.name}")
         daemon.send_signal(signal.SIGINT)
         _reap_all(timeout=120.0)
-    return _ticks_and_runs(home)
+    return _recorded(home)
 
 
 def _become_subreaper() -> None:
@@ -197,7 +197,7 @@ class DaemonOutcome(NamedTuple):
     materializations: dict[str, int]
 
 
-def _ticks_and_runs(home: str) -> DaemonOutcome:
+def _recorded(home: str) -> DaemonOutcome:
     from dagster import AssetKey, DagsterInstance
     from dagster._core.definitions.run_request import InstigatorType
 
