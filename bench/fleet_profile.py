@@ -157,6 +157,7 @@ def loop_settings(args: argparse.Namespace, work_dir: str) -> MaintenanceSetting
     return MaintenanceSettings(
         snapshot_threshold=args.threshold,
         snapshot_spread=getattr(args, "snapshot_spread", 0.0),
+        snapshot_schedule=getattr(args, "snapshot_schedule", "threshold"),
         snapshot_round_seconds=getattr(args, "round_seconds", 0.0),
         min_versions_to_retain=max(20, args.threshold),
         orphan_grace_seconds=60.0,

@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--updates", type=int, default=1_000)
     parser.add_argument("--threshold", type=int, default=20, help="snapshot threshold (changelogs per snapshot)")
     parser.add_argument("--snapshot-spread", type=float, default=0.0, help="the maintainer's snapshot_spread")
+    parser.add_argument(
+        "--snapshot-schedule", choices=("threshold", "phase"), default="threshold", help="the maintainer's schedule"
+    )
     parser.add_argument("--parallelism", type=int, default=4)
     parser.add_argument("--build-processes", type=int, default=0, help="snapshot build worker processes (0: threads)")
     parser.add_argument("--sample-every", type=float, default=10.0, help="seconds between samples of the root")

@@ -118,6 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="snapshot each store up to this fraction of the threshold early, at a point drawn per store (0-1)",
     )
     op.add_argument(
+        "--snapshot-schedule",
+        choices=("threshold", "phase"),
+        help="when a store is due: at the threshold (less the spread), or at its own phase of the versions, one in "
+        "every threshold (a fleet's builds a steady share a version)",
+    )
+    op.add_argument(
         "--round-seconds",
         type=_number,
         metavar="SECONDS",

@@ -48,6 +48,7 @@ def settings_of(args: argparse.Namespace) -> MaintenanceSettings:
     return MaintenanceSettings.from_env(
         snapshot_threshold=getattr(args, "threshold", None),
         snapshot_spread=getattr(args, "snapshot_spread", None),
+        snapshot_schedule=getattr(args, "snapshot_schedule", None),
         snapshot_round_seconds=getattr(args, "round_seconds", None),
         min_versions_to_retain=getattr(args, "retain", None),
         orphan_grace_seconds=getattr(args, "grace", None),

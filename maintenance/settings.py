@@ -11,6 +11,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from enum import Enum, StrEnum
 from typing import Any
 
 from statekeeper.store.errors import ConfigurationError
@@ -18,17 +19,47 @@ from statekeeper.store.errors import ConfigurationError
 ENV_PREFIX = "STATEKEEPER_"
 
 
-def snapshot_point(threshold: int, spread: float, operator: str, partition: int, since: int) -> int:
-    """The chain length at which a store whose chain starts at version `since` is due for a snapshot: `threshold`,
-    less up to `spread` of it by a hash of the store and `since`. The same in every process and run (the maintenance
-    loop and the checkpoint sensor draw the same points); the stores of one operator spread evenly over the range,
-    and each store draws a new point for each snapshot, so stores whose points a cycle's cadence rounds alike do not
-    stay in step."""
+class SnapshotSchedule(StrEnum):
+    """When a store is due for its next snapshot (`snapshot_point`)."""
+
+    THRESHOLD = "threshold"
+    """Once its chain reaches the threshold, less up to `snapshot_spread` of it (a point drawn per store and chain)."""
+    PHASE = "phase"
+    """At the versions of the store's own phase, one in every `threshold`: the stores of an operator are due
+    evenly over the versions, one threshold's share a version, whatever rounds built their last snapshots."""
+
+
+def _fraction(key: str) -> float:
+    """A number in [0, 1) drawn from `key`: the same in every process and run."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") / 2**64
+
+
+def snapshot_point(
+    threshold: int,
+    spread: float,
+    operator: str,
+    partition: int,
+    since: int,
+    schedule: SnapshotSchedule = SnapshotSchedule.THRESHOLD,
+) -> int:
+    """The chain length at which a store whose chain starts at version `since` is due for a snapshot. The same in
+    every process and run (the maintenance loop and the checkpoint sensor draw the same points).
+
+    `THRESHOLD`: `threshold`, less up to `spread` of it by a hash of the store and `since`; the stores of one
+    operator spread evenly over the range, and each store draws a new point for each snapshot, so stores whose points
+    a cycle's cadence rounds alike do not stay in step. A round that built many stores at once (a fleet's first)
+    still lumps the next rounds into the spread's range, and they even out only over several snapshots.
+
+    `PHASE`: the distance to the store's next phase version, `v % threshold == phase`, the phase being the
+    operator's hash plus the partition (the partitions of an operator take the phases in turn). Within the threshold
+    always; a store built on its phase is due again `threshold` later, and one built off it (a lumped round, a
+    deferral) once early, back on its phase: a fleet's builds are a steady share of its stores a version."""
+    if schedule is SnapshotSchedule.PHASE:
+        phase = (int(_fraction(operator) * threshold) + partition) % threshold
+        return (phase - since - 1) % threshold + 1
     if not spread:
         return threshold
-    digest = hashlib.blake2b(f"{operator}/{partition}/{since}".encode(), digest_size=8).digest()
-    fraction = int.from_bytes(digest, "big") / 2**64
-    return max(1, threshold - int(spread * threshold * fraction))
+    return max(1, threshold - int(spread * threshold * _fraction(f"{operator}/{partition}/{since}")))
 
 
 @dataclass(frozen=True)
@@ -41,6 +72,10 @@ class MaintenanceSettings:
     same cycle, whose round builds every one while their chains grow; with 0.5 each is due somewhere between half
     the threshold and the threshold, a cycle builds its share and a fleet's snapshot work is spread over the
     cycles. No chain gets longer for it; a store snapshots up to 1 / (1 - spread) times as often."""
+    snapshot_schedule: SnapshotSchedule = SnapshotSchedule.THRESHOLD
+    """When a store is due (`SnapshotSchedule`): at the threshold (less the spread's draw), or at its own phase of
+    the versions, every `snapshot_threshold` of them. With `PHASE` a store is due early once after a round that built
+    it off its phase, and every round after that builds a steady share of the fleet."""
     snapshot_round_seconds: float = 0.0
     """How long a snapshot run starts the builds of stores still under the threshold (due early by
     `snapshot_spread`); later ones are left for the next run ("deferred"), so a long round does not hold up the
@@ -82,12 +117,20 @@ class MaintenanceSettings:
             if f.name == "work_dir":
                 need(value is None or (isinstance(value, str) and value.strip() != ""), f.name, "empty path")
                 continue
+            if f.name == "snapshot_schedule":
+                object.__setattr__(self, f.name, _schedule(value, f.name))
+                continue
             numeric = isinstance(value, int | float) and not isinstance(value, bool)
             need(numeric and math.isfinite(value), f.name, "expected a finite number")
             if f.type in ("int", int):
                 need(isinstance(value, int), f.name, "expected an integer")
         need(self.snapshot_threshold >= 1, "snapshot_threshold", "must be >= 1")
         need(0 <= self.snapshot_spread < 1, "snapshot_spread", "must be within [0, 1)")
+        need(
+            not (self.snapshot_spread and self.snapshot_schedule is SnapshotSchedule.PHASE),
+            "snapshot_spread",
+            "applies to the threshold schedule; the phase schedule (snapshot_schedule=phase) spreads the stores itself",
+        )
         need(self.snapshot_round_seconds >= 0, "snapshot_round_seconds", "must be >= 0 (0: no bound)")
         need(self.min_versions_to_retain >= 1, "min_versions_to_retain", "at least 1 version must be retained")
         need(self.orphan_grace_seconds >= 0, "orphan_grace_seconds", "must be >= 0")
@@ -115,6 +158,9 @@ class MaintenanceSettings:
             if f.name == "work_dir":
                 values[f.name] = raw
                 continue
+            if f.name == "snapshot_schedule":
+                values[f.name] = _schedule(raw.strip(), cls.env_name(f.name))
+                continue
             try:
                 values[f.name] = int(raw) if f.type in ("int", int) else float(raw)
             except ValueError:
@@ -130,14 +176,25 @@ class MaintenanceSettings:
     def snapshot_due_at(self, operator: str, partition: int, since: int) -> int:
         """The chain length at which the store is due for a snapshot, its chain starting at version `since` (its
         newest snapshot, or a full-state changelog; 0: none): `snapshot_point` of these settings."""
-        return snapshot_point(self.snapshot_threshold, self.snapshot_spread, operator, partition, since)
+        return snapshot_point(
+            self.snapshot_threshold, self.snapshot_spread, operator, partition, since, self.snapshot_schedule
+        )
 
     def with_(self, **changes: Any) -> MaintenanceSettings:
         """A copy with some settings changed (validated again)."""
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {f.name: (v.value if isinstance(v := getattr(self, f.name), Enum) else v) for f in fields(self)}
 
 
-__all__ = ["MaintenanceSettings", "snapshot_point"]
+def _schedule(value: str, name: str) -> SnapshotSchedule:
+    """`value` as a `SnapshotSchedule`, or a `ConfigurationError` naming the setting and the choices."""
+    try:
+        return SnapshotSchedule(value)
+    except ValueError:
+        choices = ", ".join(s.value for s in SnapshotSchedule)
+        raise ConfigurationError(f"invalid maintenance setting {name}={value!r}: expected one of {choices}") from None
+
+
+__all__ = ["MaintenanceSettings", "SnapshotSchedule", "snapshot_point"]

@@ -113,6 +113,11 @@ class MaintenanceConfig(ConfigurableResource):  # type: ignore[type-arg]
         description="Snapshot each store up to this fraction of the threshold early, at a point drawn per store: "
         "the partitions of an operator, which commit in lock step, are then not all due in the same run.",
     )
+    snapshot_schedule: str = Field(
+        default="threshold",
+        description="When a store is due: 'threshold' (at the threshold, less the spread's draw) or 'phase' (at its "
+        "own phase of the versions, one in every threshold: each run builds a steady share of the stores).",
+    )
     snapshot_round_seconds: float = Field(
         default=0,
         description="A run starts the builds of stores due early (by the spread) for this long; later ones wait "

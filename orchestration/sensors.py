@@ -71,7 +71,7 @@ from dagster import (
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 from dagster._core.storage.tags import PARTITION_NAME_TAG, PRIORITY_TAG
 
-from statekeeper.maintenance.settings import snapshot_point
+from statekeeper.maintenance.settings import SnapshotSchedule, snapshot_point
 from statekeeper.orchestration.assets import KIND_TAG, KINDS, ROOT_TAG
 from statekeeper.orchestration.config import (
     DEFAULT_SENSOR_LISTING,
@@ -185,12 +185,18 @@ def list_new(fm: CheckpointFileManager, prefix: str, start_after: str | None, li
     return names
 
 
-def crossing_version(chain: StoreChain, threshold: int, lead: int, spread: float = 0.0) -> int | None:
+def crossing_version(
+    chain: StoreChain,
+    threshold: int,
+    lead: int,
+    spread: float = 0.0,
+    schedule: SnapshotSchedule = SnapshotSchedule.THRESHOLD,
+) -> int | None:
     """The version at which the store's chain last crossed: its point (`snapshot_point`: the threshold, less up to
-    `spread` of it, drawn per store and chain as `statekeeper maintain` draws it) less `lead` changelogs, then every
+    `spread` of it, or the store's phase, as `statekeeper maintain` draws it) less `lead` changelogs, then every
     `threshold` more (None: not yet)."""
     since = chain.latest_version - chain.chain_length
-    first = max(1, snapshot_point(threshold, spread, chain.operator, chain.partition, since) - lead)
+    first = max(1, snapshot_point(threshold, spread, chain.operator, chain.partition, since, schedule) - lead)
     if chain.chain_length < first:
         return None
     return since + first + threshold * ((chain.chain_length - first) // threshold)
@@ -263,6 +269,7 @@ def evaluate_root(
     retain: int,
     max_names: int,
     spread: float = 0.0,
+    schedule: SnapshotSchedule = SnapshotSchedule.THRESHOLD,
     listing_seconds: float = DEFAULT_SENSOR_LISTING,
     now: float | None = None,
     hold: bool = False,
@@ -297,7 +304,7 @@ def evaluate_root(
     crossed = {
         f"{c.operator}/{c.partition}": v
         for c in chains
-        if (v := crossing_version(c, threshold, tick.lead, spread)) is not None
+        if (v := crossing_version(c, threshold, tick.lead, spread, schedule)) is not None
     }
     fresh = {store: v for store, v in crossed.items() if rc.requested.get(store, -1) < v}
     tick.crossings = sorted(f"{store}@{v}" for store, v in fresh.items())
@@ -403,6 +410,7 @@ def build_checkpoint_sensor(
         if not config.sensor_enabled:
             return SkipReason(f"turned off by {ENV_SENSOR}=off")
         state = SensorCursor.parse(context.cursor)
+        settings = maintenance.settings()  # validated: a bad value fails the tick, naming the setting
         ticks: list[RootTick] = []
         notes: list[str] = []
         roots = storage.root_uris()
@@ -416,10 +424,11 @@ def build_checkpoint_sensor(
                         cat,
                         storage.file_manager(root),
                         state.root(root),
-                        threshold=maintenance.snapshot_threshold,
-                        retain=maintenance.min_versions_to_retain,
+                        threshold=settings.snapshot_threshold,
+                        retain=settings.min_versions_to_retain,
                         max_names=config.sensor_max_names,
-                        spread=maintenance.snapshot_spread,
+                        spread=settings.snapshot_spread,
+                        schedule=settings.snapshot_schedule,
                         listing_seconds=config.sensor_listing_seconds,
                         hold=queued is not None,
                     )

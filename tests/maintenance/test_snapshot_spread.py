@@ -1,4 +1,5 @@
-"""`snapshot_spread`: the partitions of an operator, committing in lock step, do not all become due at once."""
+"""`snapshot_spread` and the phase schedule: the partitions of an operator, committing in lock step, do not all
+become due at once."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from statekeeper.maintenance.loop import CycleResult, maintain
-from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.settings import MaintenanceSettings, SnapshotSchedule
 from statekeeper.maintenance.snapshots import create_snapshots
 from statekeeper.store.errors import ConfigurationError
 from tests.cli_support import run_cli
@@ -33,6 +36,37 @@ def test_each_store_draws_its_point_between_the_spread_and_the_threshold() -> No
         with pytest.raises(ConfigurationError, match="snapshot_spread"):
             MaintenanceSettings(snapshot_spread=bad)
     assert MaintenanceSettings.from_env({"STATEKEEPER_SNAPSHOT_SPREAD": "0.25"}).snapshot_spread == 0.25
+
+
+def test_on_the_phase_schedule_the_partitions_of_an_operator_take_the_phases_in_turn(tmp_path: Path) -> None:
+    settings = MaintenanceSettings(snapshot_threshold=20, snapshot_schedule="phase")
+    assert settings.snapshot_schedule is SnapshotSchedule.PHASE and settings.to_json()["snapshot_schedule"] == "phase"
+    firsts = [settings.snapshot_due_at("agg", p, 0) for p in range(1000)]
+    assert Counter(firsts) == dict.fromkeys(range(1, 21), 50), "as many stores due at each version"
+    assert firsts != [settings.snapshot_due_at("other", p, 0) for p in range(1000)], "each operator its own offset"
+    assert {settings.snapshot_due_at("agg", p, f) for p, f in enumerate(firsts)} == {20}, "on its phase: a threshold"
+    assert MaintenanceSettings.from_env({"STATEKEEPER_SNAPSHOT_SCHEDULE": "phase"}) == settings.with_(
+        snapshot_threshold=10
+    )
+    with pytest.raises(ConfigurationError, match=r"STATEKEEPER_SNAPSHOT_SCHEDULE='daily'.*threshold, phase"):
+        MaintenanceSettings.from_env({"STATEKEEPER_SNAPSHOT_SCHEDULE": "daily"})
+    with pytest.raises(ConfigurationError, match=r"snapshot_spread=0\.5: applies to the threshold schedule"):
+        settings.with_(snapshot_spread=0.5)
+    bad = run_cli("snapshot", str(tmp_path), "--snapshot-schedule", "daily", home=tmp_path, check=None)
+    assert bad.returncode != 0 and "--snapshot-schedule" in bad.stderr and "'phase'" in bad.stderr
+
+
+@given(threshold=st.integers(1, 64), partition=st.integers(0, 10_000), since=st.integers(0, 10**9))
+def test_on_the_phase_schedule_a_store_is_due_at_its_next_phase_version(
+    threshold: int, partition: int, since: int
+) -> None:
+    """Wherever its chain starts (built on its phase, late or in a lumped round), a store is due at the first
+    version of its phase after it: within the threshold, so no chain outgrows it for the schedule."""
+    settings = MaintenanceSettings(snapshot_threshold=threshold, snapshot_schedule="phase")
+    due = settings.snapshot_due_at("agg", partition, since)
+    phase = settings.snapshot_due_at("agg", partition, 0) % threshold
+    assert 1 <= due <= threshold
+    assert [d for d in range(1, due + 1) if (since + d) % threshold == phase] == [due]
 
 
 def test_a_store_is_snapshotted_at_its_point(
@@ -75,6 +109,42 @@ def test_a_lock_step_fleet_spreads_its_rounds_over_the_cycles(
     lock_step, spread = per_cycle(0.0), per_cycle(0.5)
     assert max(lock_step) == 16, lock_step
     assert max(spread) <= 16 // 2, spread
+
+
+def test_after_a_lumped_round_the_phase_schedule_builds_a_steady_share_a_cycle(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings, tmp_path: Path
+) -> None:
+    """A round built every store at once (the first maintenance of a checkpoint with long chains, or a fleet's
+    first): with the spread, the next rounds lump within its range; on the phase schedule every cycle builds the
+    same share, a threshold's worth of stores a version, and fewer in all (one snapshot a threshold a store)."""
+
+    def per_cycle(**schedule: object) -> list[int]:
+        h = make_local_history(operators={"agg": 16}, keys=8)
+        h.batches(10)
+        s = settings.with_(snapshot_threshold=8, **schedule)
+        assert create_snapshots(h.root, s.with_(snapshot_threshold=1)).snapshots == 16, "the lumped round"
+        h.batches(1)
+        if schedule.get("snapshot_schedule") == "phase":  # the command line's flag draws the same phases
+            flags = ["--threshold", "8", "--snapshot-schedule", "phase", "--dry-run", "--no-catalog", "--json"]
+            rows = json.loads(run_cli("snapshot", h.root, *flags, home=tmp_path).stdout)["rows"]
+            assert {r["store"] for r in rows} == {
+                str(x) for x in h.stores if s.snapshot_due_at(x.operator, x.partition, 10) == 1
+            }
+        built: list[int] = []
+
+        def between(result: CycleResult) -> None:
+            built.append(sum(getattr(r, "snapshots", 0) for r in result.reports))
+            h.batches(1)
+
+        results = maintain(h.root, s, every=0, cycles=24, on_cycle=between)
+        assert all(r.ok for r in results)
+        assert create_snapshots(h.root, s, dry_run=True).max_chain_length <= 8
+        h.check_loadable(h.retained(s))
+        return built
+
+    phase, spread = per_cycle(snapshot_schedule="phase"), per_cycle(snapshot_spread=0.5)
+    assert phase == [2] * 24, phase
+    assert max(spread) >= 4 and sum(spread) > sum(phase), spread
 
 
 def test_a_cycle_builds_the_longest_chains_first(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -349,18 +350,26 @@ def test_snapshots_that_land_late_are_requested_ahead_of_the_threshold(orch: Orc
     assert snapshot_lead(rc.snapshot_lag, THRESHOLD) == 0
 
 
-def test_with_a_spread_each_store_is_requested_at_its_own_point(tmp_path, db_url: str) -> None:
+@pytest.mark.parametrize(("spread", "schedule"), [(0.5, "threshold"), (0.0, "phase")])
+def test_with_a_spread_each_store_is_requested_at_its_own_point(
+    tmp_path, db_url: str, spread: float, schedule: str
+) -> None:
     """With `snapshot_spread`, the partitions of an operator, committing in lock step, cross at the points
     `statekeeper maintain` draws for them (`MaintenanceSettings.snapshot_due_at`, between half the threshold and the
     threshold at a spread of 0.5), not all at one tick; after each store's snapshot, at the point drawn for its new
-    chain. No store is requested past the threshold."""
+    chain. With the phase schedule, at the versions of each store's phase: each partition its own, a threshold
+    apart. No store is requested past the threshold."""
     threshold, partitions = 8, 8
     orch = Orch([str(tmp_path / "root")], db_url)
     try:
         orch.writer.close()
         orch.writer = CheckpointWriter(orch.root, partitions=partitions, keys_per_batch=2)
         orch.resources["maintenance"] = MaintenanceConfig(
-            snapshot_threshold=threshold, snapshot_spread=0.5, min_versions_to_retain=threshold, orphan_grace_seconds=0
+            snapshot_threshold=threshold,
+            snapshot_spread=spread,
+            snapshot_schedule=schedule,
+            min_versions_to_retain=threshold,
+            orphan_grace_seconds=0,
         )
         settings = orch.resources["maintenance"].settings()
         expected: dict[str, list[int]] = {}
@@ -370,7 +379,11 @@ def test_with_a_spread_each_store_is_requested_at_its_own_point(tmp_path, db_url
                 points.append(points[-1] + step)
         assert len({points[0] for points in expected.values()}) > 2, "the points are spread"
         steps = [b - a for v in expected.values() for a, b in zip([0, *v], v, strict=False)]
-        assert all(threshold // 2 <= step <= threshold for step in steps)
+        if schedule == "phase":
+            assert sorted(points[0] for points in expected.values()) == list(range(1, threshold + 1))
+            assert all(b - a == threshold for v in expected.values() for a, b in pairwise(v))
+        else:
+            assert all(threshold // 2 <= step <= threshold for step in steps)
         requested: dict[str, list[int]] = {store: [] for store in expected}
         cursor = None
         for _ in range(2 * threshold):
