@@ -151,13 +151,14 @@ def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
 
 def loop_settings(args: argparse.Namespace, work_dir: str) -> MaintenanceSettings:
     """The maintainer's settings in the fleet's benchmarks: retain max(20, threshold), orphans kept a minute,
-    no load grace; `args` gives the threshold, spread and round bound (if any), parallelism and build processes."""
-    from statekeeper.maintenance.settings import MaintenanceSettings
+    no load grace; `args` gives the threshold, spread, schedule and round bound (if any), parallelism and build
+    processes."""
+    from statekeeper.maintenance.settings import MaintenanceSettings, SnapshotSchedule
 
     return MaintenanceSettings(
         snapshot_threshold=args.threshold,
         snapshot_spread=getattr(args, "snapshot_spread", 0.0),
-        snapshot_schedule=getattr(args, "snapshot_schedule", "threshold"),
+        snapshot_schedule=SnapshotSchedule(getattr(args, "snapshot_schedule", "threshold")),
         snapshot_round_seconds=getattr(args, "round_seconds", 0.0),
         min_versions_to_retain=max(20, args.threshold),
         orphan_grace_seconds=60.0,

@@ -39,7 +39,7 @@ def test_each_store_draws_its_point_between_the_spread_and_the_threshold() -> No
 
 
 def test_on_the_phase_schedule_the_partitions_of_an_operator_take_the_phases_in_turn(tmp_path: Path) -> None:
-    settings = MaintenanceSettings(snapshot_threshold=20, snapshot_schedule="phase")
+    settings = MaintenanceSettings(snapshot_threshold=20, snapshot_schedule=SnapshotSchedule.PHASE)
     assert settings.snapshot_schedule is SnapshotSchedule.PHASE and settings.to_json()["snapshot_schedule"] == "phase"
     firsts = [settings.snapshot_due_at("agg", p, 0) for p in range(1000)]
     assert Counter(firsts) == dict.fromkeys(range(1, 21), 50), "as many stores due at each version"
@@ -62,7 +62,7 @@ def test_on_the_phase_schedule_a_store_is_due_at_its_next_phase_version(
 ) -> None:
     """Wherever its chain starts (built on its phase, late or in a lumped round), a store is due at the first
     version of its phase after it: within the threshold, so no chain outgrows it for the schedule."""
-    settings = MaintenanceSettings(snapshot_threshold=threshold, snapshot_schedule="phase")
+    settings = MaintenanceSettings(snapshot_threshold=threshold, snapshot_schedule=SnapshotSchedule.PHASE)
     due = settings.snapshot_due_at("agg", partition, since)
     phase = settings.snapshot_due_at("agg", partition, 0) % threshold
     assert 1 <= due <= threshold
@@ -142,7 +142,7 @@ def test_after_a_lumped_round_the_phase_schedule_builds_a_steady_share_a_cycle(
         h.check_loadable(h.retained(s))
         return built
 
-    phase, spread = per_cycle(snapshot_schedule="phase"), per_cycle(snapshot_spread=0.5)
+    phase, spread = per_cycle(snapshot_schedule=SnapshotSchedule.PHASE), per_cycle(snapshot_spread=0.5)
     assert phase == [2] * 24, phase
     assert max(spread) >= 4 and sum(spread) > sum(phase), spread
 
