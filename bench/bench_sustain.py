@@ -44,6 +44,8 @@ class Shape(NamedTuple):
     """With the SQLite catalog (on disk), as `statekeeper maintain` runs by default."""
     maintainer: str = "maintain"
     """`bench.fleet_sustain --maintainer`: the loop, or the code location's checkpoint sensor and its runs."""
+    schedule: str = "threshold"
+    """`snapshot_schedule`: due at the threshold (less the spread), or at each store's phase."""
 
 
 CONFIGS = [
@@ -52,9 +54,11 @@ CONFIGS = [
     Shape(128, 1000, 20, 1.0, 0.5, 20),
     Shape(128, 1000, 20, 1.0, 0.0, 20),
     Shape(128, 800, 20, 1.0, 0.5, 20),
+    Shape(1000, 1000, 60, 5.0, 0.0, 30, memory=True, round_seconds=4.0, schedule="phase"),
     Shape(1000, 1000, 60, 5.0, 0.5, 30, memory=True, round_seconds=4.0),
-    Shape(1000, 1000, 60, 5.0, 0.5, 30, memory=True, round_seconds=4.0, maintainer="dagster"),
-    Shape(1000, 1000, 60, 5.0, 0.5, 30, memory=True, round_seconds=4.0, maintainer="daemon"),
+    Shape(1000, 1000, 60, 5.0, 0.0, 30, memory=True, round_seconds=4.0, maintainer="dagster", schedule="phase"),
+    Shape(1000, 1000, 60, 5.0, 0.0, 30, memory=True, round_seconds=4.0, maintainer="daemon", schedule="phase"),
+    Shape(1000, 1000, 60, 5.0, 0.0, 20, memory=True, round_seconds=4.0, schedule="phase"),
     Shape(1000, 1000, 60, 5.0, 0.5, 20, memory=True, round_seconds=4.0),
 ]
 """Per fleet and storage, the row needing the most versions first: its versions are written once, for it, and read
@@ -64,7 +68,7 @@ QUICK = [
     Shape(8, 16, 6, 0.5, 0.5, 4),
     Shape(8, 16, 6, 0.5, 0.0, 4, catalog=False),
     Shape(8, 16, 6, 0.5, 0.5, 4, maintainer="dagster"),
-    Shape(8, 16, 6, 0.5, 0.5, 4, memory=True, round_seconds=0.2),
+    Shape(8, 16, 6, 0.5, 0.0, 4, memory=True, round_seconds=0.2, schedule="phase"),
 ]
 QUICK_UPDATES = 50
 QUICK_ARGS = ["--keys", "500", "--updates", str(QUICK_UPDATES), "--sample-every", "2"]
@@ -84,7 +88,7 @@ def run(quick: bool) -> list[Table]:
     skipped = []
     with contextlib.ExitStack() as stack:
         scratch = {False: stack.enter_context(tempfile.TemporaryDirectory(prefix="statekeeper-sustain-"))}
-        for stores, rate, seconds, every, spread, threshold, memory, round_seconds, catalog, maintainer in (
+        for stores, rate, seconds, every, spread, threshold, memory, round_seconds, catalog, maintainer, schedule in (
             QUICK if quick else CONFIGS
         ):
             if memory and memory not in scratch:
@@ -96,7 +100,8 @@ def run(quick: bool) -> list[Table]:
                     tempfile.TemporaryDirectory(prefix="statekeeper-sustain-", dir=MEMORY)
                 )
             args = ["--stores", str(stores), "--rate", str(rate), "--seconds", str(seconds), "--every", str(every)]
-            args += ["--snapshot-spread", str(spread), "--build-processes", "2", "--threshold", str(threshold)]
+            args += ["--snapshot-spread", str(spread), "--snapshot-schedule", schedule]
+            args += ["--build-processes", "2", "--threshold", str(threshold)]
             args += [] if round_seconds is None else ["--round-seconds", str(round_seconds)]
             args += ["--maintainer", maintainer] + (["--catalog"] if catalog else [])
             args += ["--versions-dir", str(Path(scratch[memory], str(stores))), "--scratch", scratch[memory]]
@@ -111,6 +116,7 @@ def run(quick: bool) -> list[Table]:
                     every,
                     "" if round_seconds is None else round_seconds,
                     spread,
+                    schedule,
                     threshold,
                     round(f["store_commits_per_second"]),
                     f["cpu_ms_per_store_commit"],
@@ -138,6 +144,7 @@ def run(quick: bool) -> list[Table]:
                 "cycle every (s)",
                 "round (s)",
                 "snapshot_spread",
+                "snapshot_schedule",
                 "snapshot threshold",
                 "store-commits/s in the window",
                 "CPU ms / store-commit",
@@ -155,8 +162,9 @@ def run(quick: bool) -> list[Table]:
             rows,
             [
                 "`python -m bench.fleet_sustain --stores S --rate R --seconds N --every E [--round-seconds R] "
-                "--snapshot-spread F --build-processes 2 --threshold T [--catalog]`, each in a fresh process, one "
-                "run each; "
+                "--snapshot-spread F --snapshot-schedule threshold|phase --build-processes 2 --threshold T "
+                "[--catalog]`, each in a fresh process, one run each; schedule: `snapshot_schedule` (threshold: due "
+                "at the threshold less the spread's draw; phase: at each store's own phase of the versions); "
                 "round: `snapshot_round_seconds` (a round starts builds of stores still under the threshold, due "
                 "early by the spread, for that long; later ones wait for the next cycle). Each store: 10,000 keys, "
                 "1,000 updates a commit, the commit record per version as the driver writes it; retain max(20, T); "

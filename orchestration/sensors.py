@@ -16,7 +16,8 @@ stores that newly crossed it. A store "crosses" at version ``snapshot_version + 
 its point being the threshold, or with ``snapshot_spread`` a point drawn per store and snapshot between
 ``(1 - spread) x threshold`` and the threshold, the same as `statekeeper maintain` draws: the partitions of
 an operator commit in lock step, and without the spread every one of them crosses at the same tick, whose
-run then builds them all while their chains grow. The run key names each ``operator/partition@version``
+run then builds them all while their chains grow; with ``snapshot_schedule`` ``phase``, the point is the
+distance to the store's next phase version (each partition its own phase, a threshold apart). The run key names each ``operator/partition@version``
 it was requested for, and the cursor remembers them, so a crossing is requested once (Dagster also drops a
 repeated run key); a store whose chain keeps growing without a snapshot is requested again every threshold
 more changelogs.

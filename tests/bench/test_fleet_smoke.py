@@ -120,18 +120,19 @@ def test_sustain_publishes_at_the_rate_asked_and_reports_whether_the_maintainer_
         for line in lines
         if line.startswith("| 8 |")
     ]
-    # with snapshot_spread and without, kept by Dagster's sensor and runs, then the root in memory (where /dev/shm
-    # has room: it is named if not)
+    # with snapshot_spread and without, kept by Dagster's sensor and runs, then the root in memory on the phase
+    # schedule (where /dev/shm has room: it is named if not)
     expected = [
         ("maintain", "disk", "0.5", "", "yes"),
         ("maintain", "disk", "0", "", "no"),
         ("dagster", "disk", "0.5", "", "yes"),
-        ("maintain", "memory", "0.5", "0.2", "yes"),
+        ("maintain", "memory", "0", "0.2", "yes"),
     ]
     if "Not run: 8 stores in memory" in out:
         expected.pop()
     got = [(r["maintainer"], r["root"], r["snapshot_spread"], r["round (s)"], r["catalog"]) for r in rows]
     assert got == expected, out
+    assert [r["snapshot_schedule"] for r in rows] == ["threshold"] * 3 + ["phase"] * (len(rows) - 3)
     for r in rows:
         assert r["snapshot threshold"] == "4", r
         assert 8 <= float(r["store-commits/s in the window"]) <= 24, f"the cycles were given about the rate asked: {r}"
