@@ -4,11 +4,12 @@
 the rate asked, all along, while one ``statekeeper maintain`` loop keeps it: the maintainer has the machine to
 itself, as beside writers on other hosts. Rows: 128 stores at 1,000 store-commits a second with snapshot thresholds
 40 and 20, each with `snapshot_spread` 0.5 and without, and at 800 a second (threshold 20, spread 0.5); a cycle
-every second, 2 build processes. Then 1,000 stores committing once a second (thresholds 30 and 20, spread 0.5, a
-cycle every 5 s, `snapshot_round_seconds` 4; at 30 also kept by Dagster's checkpoint sensor and its runs, in one
-process and as the daemon deploys them) with the root in memory (``/dev/shm``, where it has room): their changelogs
-alone are ~85 MB a second to read, more than this kind of machine's disk serves, and the figure asked for is the
-maintainer's. At threshold 20 such a fleet is at the edge of 2 cores; 30 is the setting that keeps it with a margin
+every second, 2 build processes. Then 1,000 stores committing once a second (thresholds 30 and 20, each on the
+phase schedule and with spread 0.5; a cycle every 5 s, `snapshot_round_seconds` 4; at 30 on the phase schedule also
+kept by Dagster's checkpoint sensor and its runs, in one process and as the daemon deploys them) with the root in
+memory (``/dev/shm``, where it has room): their changelogs alone are ~85 MB a second to read, more than this kind of
+machine's disk serves, and the figure asked for is the maintainer's. With the spread such a fleet is at the edge
+of 2 cores, its rounds lumping after the fleet's first; the phase schedule at 30 is the setting that keeps it
 (docs/maintenance.md).
 """
 
@@ -199,9 +200,10 @@ def run(quick: bool) -> list[Table]:
                 "longest chain in the root as a cycle left it, every 10 s. Bound: 1.2 x what the retained versions "
                 "need (`bench.fleet_sampling`), sampled as a cycle left the root (what the commits during the cycle "
                 "made unneeded is still there: the peak), from the cycle that expired every store's bulk load on; "
-                "at the first base move: the samples before it. The fleet's stores took their first snapshots "
-                "within one warm-up, so their bases move off the bulk load (10x a changelog) within a cycle or two "
-                "of each other, the one burst of a fleet started at once.",
+                "at the first base move: the samples before it. On the threshold schedule the fleet's stores took "
+                "their first snapshots within one warm-up, so their bases move off the bulk load (10x a changelog) "
+                "within a cycle or two of each other, the one burst of a fleet started at once; on the phase "
+                "schedule the first snapshots, and so the base moves, are spread over the warm-up.",
                 "Kept up: every chain within 2x the snapshot threshold and the checkpoint within its bound from "
                 "the first base move on. A "
                 "maintainer that falls behind runs longer rounds, which leave longer chains: the "

@@ -17,10 +17,10 @@ its point being the threshold, or with ``snapshot_spread`` a point drawn per sto
 ``(1 - spread) x threshold`` and the threshold, the same as `statekeeper maintain` draws: the partitions of
 an operator commit in lock step, and without the spread every one of them crosses at the same tick, whose
 run then builds them all while their chains grow; with ``snapshot_schedule`` ``phase``, the point is the
-distance to the store's next phase version (each partition its own phase, a threshold apart). The run key names each ``operator/partition@version``
-it was requested for, and the cursor remembers them, so a crossing is requested once (Dagster also drops a
-repeated run key); a store whose chain keeps growing without a snapshot is requested again every threshold
-more changelogs.
+distance to the store's next phase version (each partition its own phase, a threshold apart). The run key
+names each ``operator/partition@version`` it was requested for, and the cursor remembers them, so a crossing
+is requested once (Dagster also drops a repeated run key); a store whose chain keeps growing without a
+snapshot is requested again every threshold more changelogs.
 **Ahead of the threshold:** a snapshot lands some commits after the version it was requested at (the
 tick's wait, the run's process start, the stores snapshotted before it in the run). The cursor keeps that
 lag per root, as the landed snapshots show it; when it exceeds about 3/4 of the threshold, stores are
