@@ -80,7 +80,8 @@ class MaintenanceSettings:
     """How long a snapshot run starts the builds of stores still under the threshold (due early by
     `snapshot_spread`, or at their phase); later ones are left for the next run ("deferred"), so a long round does
     not hold up the maintenance loop's next cycle and the expiry it starts with. A store at the threshold,
-    requested, or needing a repair is always built. 0: no bound. Builds on this process or its build processes only (not Spark's)."""
+    requested, or needing a repair is always built. 0: no bound. Builds on this process or its build processes
+    only (not Spark's)."""
     min_versions_to_retain: int = 20
     """Newest committed versions of each store that stay loadable (at least 1)."""
     orphan_grace_seconds: float = 3600.0
