@@ -72,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-every", type=float, default=10.0, help="seconds between samples of the root")
     parser.add_argument("--every", type=float, default=1.0, help="seconds from one cycle's start to the next's")
     parser.add_argument(
+        "--sensor-every",
+        type=float,
+        help="maintain+daemon: seconds between the daemon's sensor ticks (default: --every)",
+    )
+    parser.add_argument(
         "--round-seconds",
         type=float,
         default=0.0,
@@ -268,7 +273,8 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
     catalog = Catalog.open(catalog_url(db_dir), upgrade=True) if db_dir and not dagster else None
     beside = None
     if db_dir and with_daemon and not dagster:
-        beside = DaemonThread(root.as_uri(), settings, db_dir, args.every, stop, checkpoint_sensor=False)
+        sensor_every = args.sensor_every or args.every
+        beside = DaemonThread(root.as_uri(), settings, db_dir, sensor_every, stop, checkpoint_sensor=False)
     try:
         if dagster and db_dir is not None:
             cycles = _daemon_cycles if args.maintainer == "daemon" else _dagster_cycles
