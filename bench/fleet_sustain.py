@@ -45,11 +45,11 @@ from bench.fleet_sampling import Sample, sample
 from bench.fleet_writers import OPERATOR, FleetWriters
 from statekeeper.maintenance.health import chain_bound
 from statekeeper.maintenance.progress import bar
+from statekeeper.maintenance.settings import MaintenanceSettings, SnapshotSchedule
 from statekeeper.store.layout import COMMITS_DIR
 
 if TYPE_CHECKING:
     from statekeeper.maintenance.loop import CycleResult
-    from statekeeper.maintenance.settings import MaintenanceSettings
 
 log = logging.getLogger(__name__)
 MAINTAINERS = ("maintain", "dagster", "daemon", "maintain+daemon")
@@ -65,7 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", type=int, default=20, help="snapshot threshold (changelogs per snapshot)")
     parser.add_argument("--snapshot-spread", type=float, default=0.0, help="the maintainer's snapshot_spread")
     parser.add_argument(
-        "--snapshot-schedule", choices=("threshold", "phase"), default="threshold", help="the maintainer's schedule"
+        "--snapshot-schedule",
+        choices=[s.value for s in SnapshotSchedule],
+        default=SnapshotSchedule.THRESHOLD.value,
+        help="the maintainer's snapshot_schedule",
     )
     parser.add_argument("--parallelism", type=int, default=4)
     parser.add_argument("--build-processes", type=int, default=0, help="snapshot build worker processes (0: threads)")

@@ -43,6 +43,7 @@ from statekeeper.maintenance.cli_output import (
     emit,
     print_failure,
 )
+from statekeeper.maintenance.settings import SnapshotSchedule
 from statekeeper.store.errors import ConfigurationError, StatekeeperError
 from statekeeper.store.layout import StoreId
 
@@ -119,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     op.add_argument(
         "--snapshot-schedule",
-        choices=("threshold", "phase"),
+        choices=[s.value for s in SnapshotSchedule],
         help="when a store is due: at the threshold (less the spread), or at its own phase of the versions, one in "
         "every threshold (a fleet's builds a steady share a version)",
     )

@@ -20,7 +20,7 @@ ENV_PREFIX = "STATEKEEPER_"
 
 
 class SnapshotSchedule(StrEnum):
-    """When a store is due for its next snapshot (`snapshot_point`)."""
+    """When a store is due for its next snapshot (`MaintenanceSettings.snapshot_due_at`)."""
 
     THRESHOLD = "threshold"
     """Once its chain reaches the threshold, less up to `snapshot_spread` of it (a point drawn per store and chain)."""
@@ -32,34 +32,6 @@ class SnapshotSchedule(StrEnum):
 def _fraction(key: str) -> float:
     """A number in [0, 1) drawn from `key`: the same in every process and run."""
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") / 2**64
-
-
-def snapshot_point(
-    threshold: int,
-    spread: float,
-    operator: str,
-    partition: int,
-    since: int,
-    schedule: SnapshotSchedule = SnapshotSchedule.THRESHOLD,
-) -> int:
-    """The chain length at which a store whose chain starts at version `since` is due for a snapshot. The same in
-    every process and run (the maintenance loop and the checkpoint sensor draw the same points).
-
-    `THRESHOLD`: `threshold`, less up to `spread` of it by a hash of the store and `since`; the stores of one
-    operator spread evenly over the range, and each store draws a new point for each snapshot, so stores whose points
-    a cycle's cadence rounds alike do not stay in step. A round that built many stores at once (a fleet's first)
-    still lumps the next rounds into the spread's range, and they even out only over several snapshots.
-
-    `PHASE`: the distance to the store's next phase version, `v % threshold == phase`, the phase being the
-    operator's hash plus the partition (the partitions of an operator take the phases in turn). Within the threshold
-    always; a store built on its phase is due again `threshold` later, and one built off it (a lumped round, a
-    deferral) once early, back on its phase: a fleet's builds are a steady share of its stores a version."""
-    if schedule is SnapshotSchedule.PHASE:
-        phase = (int(_fraction(operator) * threshold) + partition) % threshold
-        return (phase - since - 1) % threshold + 1
-    if not spread:
-        return threshold
-    return max(1, threshold - int(spread * threshold * _fraction(f"{operator}/{partition}/{since}")))
 
 
 @dataclass(frozen=True)
@@ -176,10 +148,28 @@ class MaintenanceSettings:
 
     def snapshot_due_at(self, operator: str, partition: int, since: int) -> int:
         """The chain length at which the store is due for a snapshot, its chain starting at version `since` (its
-        newest snapshot, or a full-state changelog; 0: none): `snapshot_point` of these settings."""
-        return snapshot_point(
-            self.snapshot_threshold, self.snapshot_spread, operator, partition, since, self.snapshot_schedule
-        )
+        newest snapshot, or a full-state changelog; 0: none). The same in every process and run (the maintenance
+        loop and the checkpoint sensor draw the same points).
+
+        `THRESHOLD`: the threshold, less up to `snapshot_spread` of it by a hash of the store and `since`; the stores
+        of one operator spread evenly over the range, and each store draws a new point for each snapshot, so stores
+        whose points a cycle's cadence rounds alike do not stay in step. A round that built many stores at once (a
+        fleet's first) still lumps the next rounds into the spread's range, and they even out only over several
+        snapshots.
+
+        `PHASE`: the distance to the store's next phase version, `v % threshold == phase`, the phase being the
+        operator's hash plus the partition (the partitions of an operator take the phases in turn). Within the
+        threshold always; a store built on its phase is due again a threshold later, and one built off it (a
+        lumped round, a deferral) once early, back on its phase: a fleet's builds are a steady share of its stores
+        a version."""
+        threshold = self.snapshot_threshold
+        if self.snapshot_schedule is SnapshotSchedule.PHASE:
+            phase = (int(_fraction(operator) * threshold) + partition) % threshold
+            return (phase - since - 1) % threshold + 1
+        if not self.snapshot_spread:
+            return threshold
+        drawn = _fraction(f"{operator}/{partition}/{since}")
+        return max(1, threshold - int(self.snapshot_spread * threshold * drawn))
 
     def with_(self, **changes: Any) -> MaintenanceSettings:
         """A copy with some settings changed (validated again)."""
@@ -198,4 +188,4 @@ def _schedule(value: str, name: str) -> SnapshotSchedule:
         raise ConfigurationError(f"invalid maintenance setting {name}={value!r}: expected one of {choices}") from None
 
 
-__all__ = ["MaintenanceSettings", "SnapshotSchedule", "snapshot_point"]
+__all__ = ["MaintenanceSettings", "SnapshotSchedule"]

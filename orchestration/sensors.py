@@ -72,7 +72,7 @@ from dagster import (
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 from dagster._core.storage.tags import PARTITION_NAME_TAG, PRIORITY_TAG
 
-from statekeeper.maintenance.settings import SnapshotSchedule, snapshot_point
+from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.orchestration.assets import KIND_TAG, KINDS, ROOT_TAG
 from statekeeper.orchestration.config import (
     DEFAULT_SENSOR_LISTING,
@@ -186,18 +186,12 @@ def list_new(fm: CheckpointFileManager, prefix: str, start_after: str | None, li
     return names
 
 
-def crossing_version(
-    chain: StoreChain,
-    threshold: int,
-    lead: int,
-    spread: float = 0.0,
-    schedule: SnapshotSchedule = SnapshotSchedule.THRESHOLD,
-) -> int | None:
-    """The version at which the store's chain last crossed: its point (`snapshot_point`: the threshold, less up to
-    `spread` of it, or the store's phase, as `statekeeper maintain` draws it) less `lead` changelogs, then every
-    `threshold` more (None: not yet)."""
+def crossing_version(chain: StoreChain, settings: MaintenanceSettings, lead: int) -> int | None:
+    """The version at which the store's chain last crossed: its point (`MaintenanceSettings.snapshot_due_at`, as
+    `statekeeper maintain` draws it) less `lead` changelogs, then every threshold more (None: not yet)."""
+    threshold = settings.snapshot_threshold
     since = chain.latest_version - chain.chain_length
-    first = max(1, snapshot_point(threshold, spread, chain.operator, chain.partition, since, schedule) - lead)
+    first = max(1, settings.snapshot_due_at(chain.operator, chain.partition, since) - lead)
     if chain.chain_length < first:
         return None
     return since + first + threshold * ((chain.chain_length - first) // threshold)
@@ -266,11 +260,8 @@ def evaluate_root(
     fm: CheckpointFileManager,
     rc: RootCursor,
     *,
-    threshold: int,
-    retain: int,
+    settings: MaintenanceSettings,
     max_names: int,
-    spread: float = 0.0,
-    schedule: SnapshotSchedule = SnapshotSchedule.THRESHOLD,
     listing_seconds: float = DEFAULT_SENSOR_LISTING,
     now: float | None = None,
     hold: bool = False,
@@ -280,7 +271,8 @@ def evaluate_root(
     Every store's directories are listed when the root is new to the catalog or `listing_seconds` have
     passed since a tick last listed them; other ticks sync the new commit records alone. With `hold` (a run
     the sensor requested for the root is still queued) nothing is requested and the cursor does not record
-    the crossings and moved bases, so a later tick requests them."""
+    the crossings and moved bases, so a later tick requests them. `settings`: the snapshot threshold and points,
+    and the versions retained."""
     from statekeeper.maintenance.catalog_sync import sync_catalog
 
     root = fm.root_uri
@@ -300,16 +292,15 @@ def evaluate_root(
     if catalog.find_root(root) is None:
         return tick
     chains = catalog.chain_lengths(root)
+    threshold = settings.snapshot_threshold
     lag, landed = landed_lag(chains, rc.waiting, rc.snapshot_lag, threshold)
     tick.lead = snapshot_lead(lag, threshold)
     crossed = {
-        f"{c.operator}/{c.partition}": v
-        for c in chains
-        if (v := crossing_version(c, threshold, tick.lead, spread, schedule)) is not None
+        f"{c.operator}/{c.partition}": v for c in chains if (v := crossing_version(c, settings, tick.lead)) is not None
     }
     fresh = {store: v for store, v in crossed.items() if rc.requested.get(store, -1) < v}
     tick.crossings = sorted(f"{store}@{v}" for store, v in fresh.items())
-    bases = catalog.expiry_bases(root, retain=retain)
+    bases = catalog.expiry_bases(root, retain=settings.min_versions_to_retain)
     tick.moved_bases = sorted(f"{store}@{v}" for store, v in bases.items() if rc.bases.get(store, 0) < v)
     if hold:
         tick.held = bool(tick.crossings or tick.moved_bases)
@@ -425,11 +416,8 @@ def build_checkpoint_sensor(
                         cat,
                         storage.file_manager(root),
                         state.root(root),
-                        threshold=settings.snapshot_threshold,
-                        retain=settings.min_versions_to_retain,
+                        settings=settings,
                         max_names=config.sensor_max_names,
-                        spread=settings.snapshot_spread,
-                        schedule=settings.snapshot_schedule,
                         listing_seconds=config.sensor_listing_seconds,
                         hold=queued is not None,
                     )

@@ -11,6 +11,7 @@ import pytest
 from dagster import AssetKey, DagsterRunStatus, RunRequest, SensorResult, build_sensor_context
 from dagster._core.storage.tags import PARTITION_NAME_TAG, PRIORITY_TAG
 
+from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.orchestration.assets import RETAINED, SNAPSHOTS
 from statekeeper.orchestration.checks import CHAINS, CHAINS_BOUNDED
 from statekeeper.orchestration.jobs import JOB_NAMES, SNAPSHOT_AND_EXPIRY_JOB, requested_job
@@ -30,6 +31,10 @@ from statekeeper.store.files import CheckpointFileManager, FileInfo, open_file_m
 from statekeeper.store.layout import commit_path
 from tests.orchestration.conftest import RETAIN, THRESHOLD, Orch
 from tests.orchestration.helpers import CheckpointWriter
+
+SETTINGS = MaintenanceSettings(snapshot_threshold=THRESHOLD, min_versions_to_retain=RETAIN)
+LARGE = MaintenanceSettings(snapshot_threshold=100, min_versions_to_retain=100)
+"""No store reaches the threshold or moves its base in the test."""
 
 
 class CountingFileManager:
@@ -164,7 +169,7 @@ def test_sensor_lists_only_new_names_and_misses_none(orch: Orch) -> None:
     while True:
         ticks += 1
         fm.listings.clear()
-        result = evaluate_root(orch.catalog, fm, rc, threshold=100, retain=100, max_names=5)
+        result = evaluate_root(orch.catalog, fm, rc, settings=LARGE, max_names=5)
         assert len(result.new_names) <= 5
         commit_listings = [(after, n) for prefix, after, n in fm.listings if prefix == COMMITS_PREFIX]
         afters.append(commit_listings[0][0])  # the sensor's own listing comes first
@@ -179,13 +184,13 @@ def test_sensor_lists_only_new_names_and_misses_none(orch: Orch) -> None:
     assert afters == [None, *(commit_path(v) for v in (5, 10, 15, 20, 23))]
     # an idle tick: one listing that returns nothing, and no catalog sync
     fm.listings.clear()
-    idle = evaluate_root(orch.catalog, fm, rc, threshold=100, retain=100, max_names=5)
+    idle = evaluate_root(orch.catalog, fm, rc, settings=LARGE, max_names=5)
     assert not idle.synced and idle.new_names == []
     assert fm.listings == [(COMMITS_PREFIX, commit_path(total), 0)]
 
     # new commits after the backlog: exactly those
     orch.writer.commit(2)
-    more = evaluate_root(orch.catalog, fm, rc, threshold=100, retain=100, max_names=5)
+    more = evaluate_root(orch.catalog, fm, rc, settings=LARGE, max_names=5)
     assert more.new_names == [commit_path(total + 1), commit_path(total + 2)]
     assert more.synced
     assert len(orch.catalog.committed_versions(orch.root, "agg", 1)) == total + 2
@@ -201,24 +206,24 @@ def test_ticks_between_listings_read_commit_records_only(orch: Orch) -> None:
     def listed_stores() -> set[str]:
         return {p for p, _, _ in fm.listings if any(p.startswith(s) for s in store_prefixes)}
 
-    first = evaluate_root(orch.catalog, fm, rc, threshold=THRESHOLD, retain=RETAIN, max_names=100, now=1000.0)
+    first = evaluate_root(orch.catalog, fm, rc, settings=SETTINGS, max_names=100, now=1000.0)
     assert first.synced and listed_stores(), "a root new to the catalog: every store listed"
     orch.writer.commit(THRESHOLD)
     fm.listings.clear()
-    quiet = evaluate_root(orch.catalog, fm, rc, threshold=THRESHOLD, retain=RETAIN, max_names=100, now=1299.0)
+    quiet = evaluate_root(orch.catalog, fm, rc, settings=SETTINGS, max_names=100, now=1299.0)
     assert quiet.synced and listed_stores() == set(), "within the period: the commit records alone"
     assert len(orch.catalog.committed_versions(orch.root, "agg", 1)) == THRESHOLD + 2
     assert quiet.crossings == [f"agg/0@{THRESHOLD}", f"agg/1@{THRESHOLD}"], "chains known without a listing"
     changelogs = {f.path for f in orch.catalog.files(orch.root, kinds=["changelog"])}
     assert len(changelogs) == 2 * 2, "the newest changelogs' rows wait for the next listing"
     fm.listings.clear()
-    due = evaluate_root(orch.catalog, fm, rc, threshold=THRESHOLD, retain=RETAIN, max_names=100, now=1300.0)
+    due = evaluate_root(orch.catalog, fm, rc, settings=SETTINGS, max_names=100, now=1300.0)
     assert due.synced and due.new_names == []
     assert listed_stores() >= {s + "changelogs/" for s in store_prefixes}, "the period passed: every store listed"
     changelogs = {f.path for f in orch.catalog.files(orch.root, kinds=["changelog"])}
     assert len(changelogs) == 2 * (THRESHOLD + 2)
     fm.listings.clear()
-    evaluate_root(orch.catalog, fm, rc, threshold=THRESHOLD, retain=RETAIN, max_names=100, now=900.0)
+    evaluate_root(orch.catalog, fm, rc, settings=SETTINGS, max_names=100, now=900.0)
     assert listed_stores(), "a clock set back does not postpone the next listing"
 
 
