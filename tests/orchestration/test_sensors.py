@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from itertools import pairwise
 from typing import Any
@@ -27,6 +28,7 @@ from statekeeper.orchestration.sensors import (
     snapshot_lead,
 )
 from statekeeper.sql import StoreChain
+from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.files import CheckpointFileManager, FileInfo, open_file_manager
 from statekeeper.store.layout import commit_path
 from tests.orchestration.conftest import RETAIN, THRESHOLD, Orch
@@ -450,3 +452,23 @@ def test_snapshot_lag_counts_from_the_first_request_of_a_store(orch: Orch) -> No
     landed = tick(orch, again.cursor)
     rc = SensorCursor.parse(landed.cursor).roots[orch.root]
     assert rc.snapshot_lag == THRESHOLD + 1 and rc.waiting == {}
+
+
+def test_a_bad_maintenance_setting_fails_the_tick_naming_it(tmp_path, db_url: str) -> None:
+    """The resource's settings are validated once a tick (`MaintenanceConfig.settings`): a schedule Dagster's
+    config takes as any string, or a spread beside the phase schedule, fails the tick with the setting's name
+    instead of drawing points from it."""
+    orch = Orch([str(tmp_path / "root")], db_url)
+    try:
+        orch.writer.commit(THRESHOLD)
+        for bad, named in (
+            ({"snapshot_schedule": "daily"}, "snapshot_schedule='daily'"),
+            ({"snapshot_schedule": "phase", "snapshot_spread": 0.5}, "snapshot_spread=0.5"),
+        ):
+            orch.resources["maintenance"] = MaintenanceConfig(snapshot_threshold=THRESHOLD, **bad)
+            with pytest.raises(ConfigurationError, match=re.escape(named)):
+                tick(orch, None)
+        orch.resources["maintenance"] = MaintenanceConfig(snapshot_threshold=THRESHOLD, snapshot_schedule="phase")
+        assert tick(orch, None).run_requests, "a good value ticks on"
+    finally:
+        orch.close()
