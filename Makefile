@@ -7,15 +7,23 @@ STAMP  := $(VENV)/.installed
 S3RVER_DIR   := tests/s3rver
 S3RVER_STAMP := $(S3RVER_DIR)/node_modules/.installed
 
-.PHONY: setup run test test-all test-model-long reliability soak lint typecheck bench check-prereqs clean
+.PHONY: setup run test test-all test-model-long reliability soak lint typecheck bench check-prereqs check-prereqs-run clean
+
+# What running needs (Python with venv, Java); check-prereqs adds Node.js, which only the tests need.
+check-prereqs-run:
+	@scripts/check-prereqs.sh --for run "$(PYTHON)"
 
 check-prereqs:
-	@scripts/check-prereqs.sh "$(PYTHON)"
+	@scripts/check-prereqs.sh --for test "$(PYTHON)"
 
-$(STAMP): pyproject.toml | check-prereqs
+# pip's own progress is shown (a first install downloads Spark and Dagster: a minute or more).
+$(STAMP): pyproject.toml | check-prereqs-run
+	@echo "==> creating $(VENV) with $(PYTHON)"
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	@echo "==> upgrading pip"
+	$(PY) -m pip install --progress-bar on --upgrade pip
+	@echo "==> installing statekeeper with its dev tools into $(VENV) (pyspark, dagster, ...: a minute or more)"
+	$(PY) -m pip install --progress-bar on -e '.[dev]'
 	@touch $(STAMP)
 
 $(S3RVER_STAMP): $(S3RVER_DIR)/package.json $(S3RVER_DIR)/package-lock.json | check-prereqs
@@ -28,7 +36,7 @@ setup: $(STAMP) $(S3RVER_STAMP)
 # daemon maintaining its checkpoint beside it on 127.0.0.1. Ctrl-C stops everything; RUN_SECONDS=N
 # stops everything by itself after N seconds. Run it again to resume from run/sessions.
 JOB_SECONDS ?= 60
-run: $(STAMP)
+run: check-prereqs-run $(STAMP)
 	STATEKEEPER_CHECKPOINT_ROOTS=$(CURDIR)/run/sessions/state $(PY) -m statekeeper.orchestration.run_local -- \
 		env RUN_SECONDS=$(JOB_SECONDS) WORK_DIR=$(CURDIR)/run/sessions $(PY) examples/session_count.py
 
