@@ -9,6 +9,9 @@ tables; in short:
   the slot. Rows of fixed-width fields whose only conversion is the boolean check take one
   ``struct.pack`` / ``unpack`` call, nulls included (store/formats/null_patterns.py: a null's slot is
   pad bytes, which ``struct`` writes as zeros, exactly what the checked path writes).
+- **Maps** (:class:`MapCodec`, value side only): ``u32 count`` then ``u32 length | key row | u32 length
+  (0xFFFFFFFF for null) | value row`` per entry, in the map's own order (a dict's insertion order), so the
+  same map always has the same bytes; decoded as a ``dict``.
 - **Keys** are order-preserving and lead with their key group: `statekeeper.store.formats.typed_keys`
   (:class:`KeyCodec` and its helpers are importable from here too, as they always were).
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 import decimal
 import operator
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from statekeeper.store.formats.null_patterns import NullPatterns
@@ -55,10 +58,26 @@ _FIXED_FORMAT = {
 }
 Encoder = Callable[[Any], bytes]
 Decoder = Callable[[bytes], Any]
+RowFactory = Callable[[tuple[str, ...]], Callable[[tuple[Any, ...]], Any]]
+"""``names -> (values tuple -> row)``: how nested structs decode (e.g. as ``pyspark.sql.Row``); None: tuples."""
+
+
+def _nested(typ: DataType, what: str, path: str, rows: RowFactory | None) -> tuple[Encoder, Callable[..., Any]]:
+    """Encoder and decoder of a value nested in another (a field, an element, a map key or value):
+    structs decode through `rows` when given."""
+    if typ.is_struct:
+        inner = ValueCodec(typ, what, path, rows)
+        if rows is None:
+            return inner.encode, inner.decode
+        make = rows(tuple(inner.names))
+        decode = inner.decode
+        return inner.encode, lambda b, pos=0: make(decode(b, pos))
+    codec = ValueCodec(typ, what, path, rows)
+    return codec.encode, codec.decode
 
 
 def _slot(
-    typ: DataType, what: str, path: str
+    typ: DataType, what: str, path: str, rows: RowFactory | None = None
 ) -> tuple[str, Callable[[Any], Any] | None, Callable[[Any], Any] | None, bool]:
     """(struct format, to-slot conversion, from-slot conversion, variable width) of one field."""
     name = typ.name
@@ -88,12 +107,15 @@ def _slot(
 
         return "I", dec_to, dec_from, True
     if typ.is_struct:
-        inner = ValueCodec(typ, what, path)
-        return "I", inner.encode, inner.decode, True
+        encode, decode = _nested(typ, what, path, rows)
+        return "I", encode, decode, True
     if name == "array":
         assert typ.element is not None
-        elements = ListCodec(typ.element, what, f"{path}[]")
+        elements = ListCodec(typ.element, what, f"{path}[]", rows, nested=True)
         return "I", elements.encode, elements.decode, True
+    if name == "map":
+        entries = MapCodec(typ, what, path, rows)
+        return "I", entries.encode, entries.decode, True
     raise SchemaError(f"{what}: field {path!r} has unsupported type {typ.simple_string()}")
 
 
@@ -118,7 +140,7 @@ def _type_check(fields: Sequence[int], allowed: tuple[type, ...]) -> Callable[[A
 class ValueCodec:
     """Row bytes of values of one schema; a non-struct schema holds bare values (not 1-tuples)."""
 
-    def __init__(self, schema: DataType, what: str, path: str = "") -> None:
+    def __init__(self, schema: DataType, what: str, path: str = "", rows: RowFactory | None = None) -> None:
         self.schema = schema
         self.what = what
         self.bare = not schema.is_struct
@@ -127,7 +149,7 @@ class ValueCodec:
         self.names = [f.name for f in fields] if fields else ["value"]
         self.paths = [f"{path}.{n}" if path else n for n in self.names]
         self.nullable = [f.nullable for f in fields] if fields else [True]
-        slots = [_slot(t, what, p) for t, p in zip(types, self.paths, strict=True)]
+        slots = [_slot(t, what, p, rows) for t, p in zip(types, self.paths, strict=True)]
         self.types = types
         self.n = len(slots)
         self.nbytes = (self.n + 7) // 8
@@ -281,15 +303,22 @@ class ValueCodec:
 
 
 class ListCodec:
-    """A list of values of one schema: ``u32 count`` then ``u32 length | value row`` per element."""
+    """A list of values of one schema: ``u32 count`` then ``u32 length | value row`` per element.
 
-    def __init__(self, element: DataType, what: str, path: str = "") -> None:
-        self.element = ValueCodec(element, what, path)
+    A ListState's list is top-level (its struct elements decode as tuples, as PySpark's ``get`` yields
+    them); an array field is `nested` (struct elements decode through `rows`)."""
+
+    def __init__(
+        self, element: DataType, what: str, path: str = "", rows: RowFactory | None = None, nested: bool = False
+    ) -> None:
+        self.element = ValueCodec(element, what, path, rows)
+        self._enc = self.element.encode
+        self._dec = _nested(element, what, path, rows)[1] if nested and element.is_struct else self.element.decode
 
     def encode(self, values: Sequence[Any]) -> bytes:
-        if not isinstance(values, list | tuple):
+        if not isinstance(values, list | tuple) and not _is_ndarray(values):
             raise SchemaError(f"{self.element.what}: expected a list, got {type(values).__name__}")
-        enc = self.element.encode
+        enc = self._enc
         parts = [_LEN.pack(len(values))]
         for v in values:
             if v is None:
@@ -303,7 +332,7 @@ class ListCodec:
     def decode(self, raw: bytes, pos: int = 0) -> list[Any]:
         (count,) = _LEN.unpack_from(raw, pos)
         pos += 4
-        dec = self.element.decode
+        dec = self._dec
         out: list[Any] = []
         for _ in range(count):
             (n,) = _LEN.unpack_from(raw, pos)
@@ -316,11 +345,82 @@ class ListCodec:
         return out
 
 
+def _is_ndarray(values: Any) -> bool:
+    """A NumPy array (what pandas gives for an array column): encoded as the list it holds."""
+    return type(values).__name__ == "ndarray" and type(values).__module__ == "numpy"
+
+
+def _hashable(key: Any) -> Any:
+    """A decoded map key usable as a dict key (an array key becomes a tuple)."""
+    return tuple(_hashable(k) for k in key) if isinstance(key, list) else key
+
+
+class MapCodec:
+    """A map (a dict, or a list of key-value pairs as Arrow gives them) in its own entry order."""
+
+    def __init__(self, typ: DataType, what: str, path: str = "", rows: RowFactory | None = None) -> None:
+        assert typ.key is not None and typ.element is not None
+        self.what = what
+        self.path = path or "value"
+        self._enc_key, self._dec_key = _nested(typ.key, what, f"{path}{{key}}", rows)
+        self._enc_value, self._dec_value = _nested(typ.element, what, f"{path}{{}}", rows)
+        self._values_nullable = typ.contains_null
+
+    def encode(self, value: Any) -> bytes:
+        if isinstance(value, Mapping):
+            items: Any = value.items()
+        elif isinstance(value, list | tuple):
+            items = value
+        else:
+            raise SchemaError(f"{self.what}: field {self.path!r} expects a map (dict), got {type(value).__name__}")
+        parts = [_LEN.pack(len(items))]
+        enc_key, enc_value = self._enc_key, self._enc_value
+        for k, v in items:
+            if k is None:
+                raise SchemaError(f"{self.what}: field {self.path!r} has a null map key")
+            kb = enc_key(k)
+            parts.append(_LEN.pack(len(kb)))
+            parts.append(kb)
+            if v is None:
+                if not self._values_nullable:
+                    raise SchemaError(
+                        f"{self.what}: field {self.path!r} has a null map value (valueContainsNull is false)"
+                    )
+                parts.append(b"\xff\xff\xff\xff")
+                continue
+            vb = enc_value(v)
+            parts.append(_LEN.pack(len(vb)))
+            parts.append(vb)
+        return b"".join(parts)
+
+    def decode(self, raw: bytes, pos: int = 0) -> dict[Any, Any]:
+        try:
+            (count,) = _LEN.unpack_from(raw, pos)
+            pos += 4
+            out: dict[Any, Any] = {}
+            for _ in range(count):
+                (n,) = _LEN.unpack_from(raw, pos)
+                pos += 4
+                key = _hashable(self._dec_key(raw[pos : pos + n]))
+                pos += n
+                (n,) = _LEN.unpack_from(raw, pos)
+                pos += 4
+                if n == 0xFFFFFFFF:
+                    out[key] = None
+                    continue
+                out[key] = self._dec_value(raw[pos : pos + n])
+                pos += n
+        except struct.error as e:
+            raise CorruptStateError(f"{self.what}: map field {self.path!r} runs past the value's end: {e}") from None
+        return out
+
+
 __all__ = [
     "MAX_KEY_GROUPS",
     "CorruptStateError",
     "KeyCodec",
     "ListCodec",
+    "MapCodec",
     "ValueCodec",
     "key_group",
     "stored_key_encoder",

@@ -80,6 +80,8 @@ class DataType:
     contains_null: bool = True
     fields: tuple[Field, ...] = ()
     """The fields of a ``struct``."""
+    key: DataType | None = None
+    """The key type of a ``map`` (its value type is ``element``, its value nullability ``contains_null``)."""
 
     @property
     def is_struct(self) -> bool:
@@ -94,6 +96,14 @@ class DataType:
         if self.name == "array":
             assert self.element is not None
             return {"type": "array", "elementType": self.element.json_value(), "containsNull": self.contains_null}
+        if self.name == "map":
+            assert self.key is not None and self.element is not None
+            return {
+                "type": "map",
+                "keyType": self.key.json_value(),
+                "valueType": self.element.json_value(),
+                "valueContainsNull": self.contains_null,
+            }
         if self.name == "struct":
             return {"type": "struct", "fields": [f.json_value() for f in self.fields]}
         return self.name
@@ -106,6 +116,9 @@ class DataType:
         if self.name == "array":
             assert self.element is not None
             return f"array<{self.element.simple_string()}>"
+        if self.name == "map":
+            assert self.key is not None and self.element is not None
+            return f"map<{self.key.simple_string()},{self.element.simple_string()}>"
         if self.name == "struct":
             return "struct<" + ",".join(f"{f.name}:{f.type.simple_string()}" for f in self.fields) + ">"
         return self.name
@@ -126,6 +139,11 @@ def struct(*fields: Field) -> DataType:
     if len(set(names)) != len(names):
         raise SchemaError(f"duplicate field names in struct<{', '.join(names)}>")
     return DataType("struct", fields=tuple(fields))
+
+
+def map_of(key: DataType, value: DataType, value_contains_null: bool = True) -> DataType:
+    """A ``map<key, value>`` (value side only: a map cannot be a grouping or map-state key, as in Spark)."""
+    return DataType("map", element=value, contains_null=value_contains_null, key=key)
 
 
 def atomic(name: str) -> DataType:
@@ -163,9 +181,15 @@ def from_json_value(value: Any) -> DataType:
                 element=from_json_value(value["elementType"]),
                 contains_null=bool(value.get("containsNull", True)),
             )
+        if kind == "map":
+            return map_of(
+                from_json_value(value["keyType"]),
+                from_json_value(value["valueType"]),
+                bool(value.get("valueContainsNull", True)),
+            )
         if kind == "udt" and "sqlType" in value:
             return from_json_value(value["sqlType"])
-    raise SchemaError(f"unsupported schema {value!r} (atomic types, decimals, arrays and structs are supported)")
+    raise SchemaError(f"unsupported schema {value!r} (atomic types, decimals, arrays, maps and structs are supported)")
 
 
 def from_json(text: str | bytes) -> DataType:
@@ -221,6 +245,13 @@ def _ddl_type(t: _Tokens) -> DataType:
         element = _ddl_type(t)
         t.take(">")
         return DataType("array", element=element)
+    if word == "map":
+        t.take("<")
+        key = _ddl_type(t)
+        t.take(",")
+        value = _ddl_type(t)
+        t.take(">")
+        return map_of(key, value)
     if word == "struct":
         t.take("<")
         fields = []
@@ -269,7 +300,7 @@ def _parse_ddl(text: str) -> DataType:
         raise SchemaError("empty schema string")
     first = (t.peek() or "").lower()
     second = t.peek(1)
-    single = second is None or (first in ("array", "struct", "decimal") and second in ("<", "("))
+    single = second is None or (first in ("array", "map", "struct", "decimal") and second in ("<", "("))
     if single:
         typ = _ddl_type(t)
     else:
@@ -331,6 +362,8 @@ def from_arrow(typ: Any, what: str) -> DataType:
         return struct(*(Field(typ.field(i).name, from_arrow(typ.field(i).type, what)) for i in range(typ.num_fields)))
     if pa.types.is_list(typ) or pa.types.is_large_list(typ):
         return DataType("array", element=from_arrow(typ.value_type, what))
+    if pa.types.is_map(typ):
+        return map_of(from_arrow(typ.key_type, what), from_arrow(typ.item_type, what))
     raise SchemaError(f"{what}: Arrow type {typ} is not supported in state")
 
 
@@ -365,6 +398,11 @@ def infer(value: Any, what: str) -> DataType:
         if first is None:
             raise SchemaError(f"{what}: cannot infer an element type from {value!r}; declare the schema")
         return DataType("array", element=infer(first, f"{what}, element"))
+    if isinstance(value, Mapping):
+        item = next(((k, v) for k, v in value.items() if v is not None), None)
+        if item is None:
+            raise SchemaError(f"{what}: cannot infer the types of map {value!r}; declare the schema")
+        return map_of(infer(item[0], f"{what}, map key"), infer(item[1], f"{what}, map value"))
     raise SchemaError(f"{what}: cannot store a {type(value).__name__}; declare a schema of supported types")
 
 
@@ -396,6 +434,15 @@ def check_evolution(old: DataType, new: DataType, variable: str, path: str = "va
         assert old.element is not None and new.element is not None
         check_evolution(old.element, new.element, variable, f"{path}[]")
         return
+    if old.name == "map" and new.name == "map":
+        assert old.key is not None and new.key is not None and old.element is not None and new.element is not None
+        if not key_compatible(old.key, new.key):
+            raise SchemaEvolutionError(
+                f"state variable {variable!r}: the keys of map {path!r} were {old.key.simple_string()} in the "
+                f"checkpoint and are declared {new.key.simple_string()} now; map keys cannot change"
+            )
+        check_evolution(old.element, new.element, variable, f"{path}{{}}")
+        return
     if new.name in _WIDENS.get(old.name, ()):
         return
     raise SchemaEvolutionError(
@@ -407,8 +454,14 @@ def check_evolution(old: DataType, new: DataType, variable: str, path: str = "va
 
 def projector(old: DataType, new: DataType) -> Callable[[Any], Any] | None:
     """A function turning a decoded `old` value into a `new` one (None when the values are the same)."""
-    if old == new or not (old.is_struct or old.name == "array"):
+    if old == new or not (old.is_struct or old.name in ("array", "map")):
         return None  # widening needs no conversion of Python values
+    if old.name == "map":
+        assert old.element is not None and new.element is not None
+        values = projector(old.element, new.element)
+        if values is None:
+            return None
+        return lambda v: None if v is None else {k: None if e is None else values(e) for k, e in v.items()}
     if old.name == "array":
         assert old.element is not None and new.element is not None
         inner = projector(old.element, new.element)
@@ -458,6 +511,7 @@ __all__ = [
     "from_json_value",
     "infer",
     "key_compatible",
+    "map_of",
     "parse_ddl",
     "projector",
     "struct",

@@ -5,9 +5,10 @@ event time the input declares an event-time column and a delay (``withWatermark(
 
 - the watermark of batch ``b`` is ``max(W[b-1], max event time of batches 0..b-1 - delay)``: it moves
   only at batch boundaries and never backwards; the first batch's watermark is 0 (Spark's default);
-- a row whose event time is at or before the *previous* batch's watermark is late and dropped before
-  the processor sees it (Spark filters late rows with the previous batch's watermark, SPARK-40925),
-  and counted (``num_rows_dropped_by_watermark`` in the progress);
+- in timeMode "EventTime" (only: Spark's transformWithState keeps late rows in the other modes), a row
+  whose event time is at or before the *previous* batch's watermark is late and dropped before the
+  processor sees it (Spark filters late rows with the previous batch's watermark, SPARK-40925), and
+  counted (``num_rows_dropped_by_watermark`` in the progress);
 - event-time timers fire when their time is at or before the batch's watermark.
 
 The driver records each batch's watermark and cumulative max event time in the checkpoint
@@ -115,10 +116,14 @@ class TaskTime:
         return -1
 
     def drop_late(self, data: pa.Table) -> tuple[pa.Table, int, int | None]:
-        """(rows that are not late, late rows dropped, max event time in ms of all rows)."""
+        """(rows that are not late, late rows dropped, max event time in ms of all rows).
+
+        Only timeMode "EventTime" drops late rows, as Spark's transformWithState does; in the other modes
+        the watermark still advances (the max event time is kept) but every row reaches the processor."""
         if self.event_time_column is None:
             return data, 0, None
-        return drop_late(data, self.event_time_column, self.late_watermark_ms)
+        late = self.late_watermark_ms if self.mode is TimeMode.EVENT_TIME else -1
+        return drop_late(data, self.event_time_column, late)
 
 
 def next_watermark(previous_ms: int, max_event_ms: int | None, delay_ms: int) -> int:

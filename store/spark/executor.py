@@ -316,11 +316,13 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
                 add(handle(key, rows, timer_values))
                 if len(buffered) >= OUTPUT_BATCH_ROWS:
                     yield from clock.drain(out)
-            fired = ctx.pop_expired_timers(spec.time.timer_deadline_ms(spec.batch_ts_ms))
+            # as in PySpark: the firing timer is listed while its handler runs, and deleted after it
+            fired = ctx.expired_timers(spec.time.timer_deadline_ms(spec.batch_ts_ms))
             for gk, expiry in fired:
                 key = ctx.decode_gk(gk)
                 ctx.set_key(key)
                 out.add(processor.handleExpiredTimer(key, timer_values, ExpiredTimerInfo(expiry)))
+                ctx.delete_timer(expiry)
                 if out.pending() >= OUTPUT_BATCH_ROWS:
                     yield from clock.drain(out)
             ctx.clear_key()

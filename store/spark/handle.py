@@ -13,7 +13,15 @@ from typing import Any
 
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.formats.typed_schema import to_schema
-from statekeeper.store.spark.state import ListState, MapState, StateContext, ValueState, _State, validate_state_name
+from statekeeper.store.spark.deleted_state import retire
+from statekeeper.store.spark.state import (
+    ListState,
+    MapState,
+    StateContext,
+    ValueState,
+    _State,
+    validate_state_name,
+)
 from statekeeper.store.spark.time_mode import TimeMode
 
 
@@ -81,11 +89,16 @@ class StatefulProcessorHandle:
         return iter(list(self._timers().list_timers()))
 
     def deleteIfExists(self, stateName: str) -> None:
-        """Drop every row of a state variable (in every key of this partition) and its schema records."""
+        """Drop every row of a state variable (in every key of this partition) and its schema records.
+
+        A handle of it declared before raises ``StateVariableDeletedError`` (a ``PySparkRuntimeError``)
+        on any use, as in PySpark; declaring it again gives a new, empty variable."""
         validate_state_name(stateName)
+        declared = self._ctx.states.pop(stateName, None)
+        if declared is not None:
+            retire(declared)
         if stateName not in self._ctx.store.column_families():
             return
-        self._ctx.states.pop(stateName, None)
         cf = self._ctx.store.column_family(stateName)
         keys = [k for k, _ in cf.items()]
         if keys:

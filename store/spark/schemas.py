@@ -16,13 +16,14 @@ through the current schema (see :func:`statekeeper.store.formats.typed_schema.pr
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from statekeeper.store.formats.typed_codec import CorruptStateError, ListCodec, ValueCodec
+from statekeeper.store.formats.typed_codec import CorruptStateError, ListCodec, RowFactory, ValueCodec
 from statekeeper.store.formats.typed_schema import DataType, SchemaError, from_json, from_json_value, projector
 from statekeeper.store.state_store import ColumnFamily
 
@@ -137,6 +138,22 @@ def read_max_key_groups(meta: ColumnFamily) -> int | None:
     return None if raw is None else int(_U32.unpack(raw)[0])
 
 
+@functools.cache
+def _spark_rows() -> RowFactory | None:
+    """Nested structs decode as ``pyspark.sql.Row`` (as PySpark hands them to a processor) where PySpark
+    is installed; tuples elsewhere (maintenance without the [spark] extra)."""
+    try:
+        from pyspark.sql import Row
+    except ImportError:  # pragma: no cover - an install without the [spark] extra
+        return None
+
+    def factory(names: tuple[str, ...]) -> Callable[[tuple[Any, ...]], Any]:
+        row_class = Row(*names)
+        return lambda values: row_class(*values)
+
+    return factory
+
+
 class ValueFormat:
     """Encodes values under a variable's current schema and decodes values of any recorded schema."""
 
@@ -158,7 +175,9 @@ class ValueFormat:
         """``decode(raw, now_ms=None)``: compiled to one ``struct.unpack`` for such rows."""
 
     def _codec(self, schema: DataType) -> ValueCodec | ListCodec:
-        return ListCodec(schema, self.what) if self.is_list else ValueCodec(schema, self.what)
+        if self.is_list:
+            return ListCodec(schema, self.what, rows=_spark_rows())
+        return ValueCodec(schema, self.what, rows=_spark_rows())
 
     def use(self, schema_id: int, schema: DataType | None, history: dict[int, DataType]) -> None:
         self.schema_id = schema_id

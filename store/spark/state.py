@@ -302,17 +302,24 @@ class StateContext:
             if len(k) == len(prefix) + 8:
                 yield _U64.unpack_from(k, len(prefix))[0]
 
-    def pop_expired_timers(self, deadline_ms: int | None = None) -> list[tuple[bytes, int]]:
-        """Remove and return every (gk, expiry) with expiry <= `deadline_ms` (default: the batch time),
-        in time order."""
+    def expired_timers(self, deadline_ms: int | None = None) -> list[tuple[bytes, int]]:
+        """Every (gk, expiry) with expiry <= `deadline_ms` (default: the batch time), in time order, left in
+        place: as in PySpark, a firing timer is listed (``listTimers``) until its handler has run, and
+        the caller deletes it then (:meth:`delete_timer`)."""
         deadline = self.now_ms if deadline_ms is None else deadline_ms
         if deadline < 0:
             return []
         if self._timer_index is None and TIMER_INDEX_CF not in self.store.column_families():
             return []
         idx = self.timer_index_cf
-        fired = [(k[8:], _U64.unpack_from(k)[0]) for k, _ in idx.items(end=_U64.pack(deadline + 1))]
+        return [(k[8:], _U64.unpack_from(k)[0]) for k, _ in idx.items(end=_U64.pack(deadline + 1))]
+
+    def pop_expired_timers(self, deadline_ms: int | None = None) -> list[tuple[bytes, int]]:
+        """Remove and return every (gk, expiry) with expiry <= `deadline_ms` (default: the batch time),
+        in time order."""
+        fired = self.expired_timers(deadline_ms)
         if fired:
+            idx = self.timer_index_cf
             idx.delete_batch([_U64.pack(e) + gk for gk, e in fired])
             self.timers_cf.delete_batch([gk + _U64.pack(e) for gk, e in fired])
         return fired
