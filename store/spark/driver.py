@@ -316,6 +316,7 @@ class StatefulOperator:
             max_key_groups=self.max_key_groups,
             input_budget_bytes=self.task_input_budget_bytes,
             time=task_time,
+            session_time_zone=spark.conf.get("spark.sql.session.timeZone") or "UTC",
             initial_state=self._initial_rows(df, n) if version == 0 else None,
             relayout=relayout,
         )

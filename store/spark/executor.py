@@ -39,6 +39,7 @@ from statekeeper.store.rescale import PartitionBuild, RelayoutPlan, SourceStores
 from statekeeper.store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor
 from statekeeper.store.spark.event_time import TaskTime
 from statekeeper.store.spark.handle import StatefulProcessorHandle
+from statekeeper.store.spark.pandas_frames import from_pandas
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
 from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from statekeeper.store.spark.state import StateContext
@@ -89,6 +90,8 @@ class TaskSpec:
     input_budget_bytes: int = DEFAULT_INPUT_BUDGET_BYTES
     """Arrow bytes of input the task converts at once (whole key groups): bounds its memory."""
     time: TaskTime = field(default_factory=TaskTime)
+    session_time_zone: str = "UTC"
+    """Spark's ``spark.sql.session.timeZone``: pandas frames hold timestamps in it, as PySpark's do."""
     """Time mode, watermarks and event-time column of the batch (store/spark/event_time.py)."""
     initial_state: pa.Table | None = None
     """First batch only: the initial state rows, with the state partition of each in PID_COL."""
@@ -168,7 +171,15 @@ class _Output:
         elif isinstance(item, pa.Table):
             table = item
         elif _is_pandas(item):
-            table = pa.Table.from_pandas(item, preserve_index=False)
+            if item.empty:
+                return
+            missing = [n for n in self.names if n not in item.columns]
+            if missing:
+                raise StoreStateError(f"processor output lacks columns {missing} of the output schema")
+            arrays = from_pandas(item, self.user_fields)
+            arrays.append(pa.nulls(len(item), pa.string()))
+            yield from self._batches(pa.Table.from_arrays(arrays, schema=self.schema))
+            return
         else:
             raise StoreStateError(
                 f"a handler produced {type(item).__name__}: yield Rows, tuples, dicts, Arrow tables or "
@@ -181,7 +192,10 @@ class _Output:
             raise StoreStateError(f"processor output lacks columns {missing} of the output schema")
         arrays = [table.column(f.name).cast(f.type) for f in self.user_fields]
         arrays.append(pa.nulls(table.num_rows, pa.string()))
-        for b in pa.Table.from_arrays(arrays, schema=self.schema).combine_chunks().to_batches():
+        yield from self._batches(pa.Table.from_arrays(arrays, schema=self.schema))
+
+    def _batches(self, table: pa.Table) -> Iterator[pa.RecordBatch]:
+        for b in table.combine_chunks().to_batches():
             self.count += b.num_rows
             yield b
 
@@ -305,12 +319,15 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
             if spec.initial_state is not None:
                 initial = spec.initial_state.filter(pc.equal(spec.initial_state.column(PID_COL), partition))
                 initial = initial.drop_columns([PID_COL])
-                for key, states in groups_of(initial, spec.key_columns, spec.input_format):
+                initial_groups = groups_of(
+                    initial, spec.key_columns, spec.input_format, time_zone=spec.session_time_zone
+                )
+                for key, states in initial_groups:
                     ctx.set_key(key)
                     for one in states:
                         processor.handleInitialState(key, one, timer_values)
             set_key, add, handle, buffered = ctx.set_key, out.add, processor.handleInputRows, out.items
-            for key, rows in data.groups(spec.input_format):
+            for key, rows in data.groups(spec.input_format, spec.session_time_zone):
                 keys += 1
                 set_key(key)
                 add(handle(key, rows, timer_values))

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from statekeeper.store.errors import StoreStateError
+from statekeeper.store.spark.pandas_frames import key_frames, to_pandas
 
 INTERNAL_COL_PREFIX = "__sk_"
 PID_COL = "__sk_partition"
@@ -167,11 +168,11 @@ class TaskInput:
         return self.schema.empty_table()
 
     # -- groups ---------------------------------------------------------------------------------
-    def groups(self, input_format: str) -> Iterator[tuple[tuple[Any, ...], Any]]:
-        """(key tuple, rows iterator) per grouping key, chunk by chunk."""
+    def groups(self, input_format: str, time_zone: str | None = "UTC") -> Iterator[tuple[tuple[Any, ...], Any]]:
+        """(key tuple, rows iterator) per grouping key, chunk by chunk (`time_zone`: the session's, for frames)."""
         for chunk in self.chunks():
             t = time.perf_counter()
-            groups = list(groups_of(chunk, self.key_columns, input_format, self._unsorted))
+            groups = list(groups_of(chunk, self.key_columns, input_format, self._unsorted, time_zone))
             self.phases.convert_ms += (time.perf_counter() - t) * 1000
             yield from groups
             del groups
@@ -186,9 +187,14 @@ class TaskInput:
 
 
 def groups_of(
-    data: pa.Table, key_columns: tuple[str, ...], input_format: str, on_unsorted: Callable[[], None] = lambda: None
+    data: pa.Table,
+    key_columns: tuple[str, ...],
+    input_format: str,
+    on_unsorted: Callable[[], None] = lambda: None,
+    time_zone: str | None = "UTC",
 ) -> Iterator[tuple[tuple[Any, ...], Any]]:
-    """(key tuple, rows iterator) per key of a whole table; `on_unsorted` is called when its keys are not contiguous."""
+    """(key tuple, rows iterator) per key of a whole table; `on_unsorted` is called when its keys are not
+    contiguous. Pandas frames are PySpark's (store/spark/pandas_frames.py), timestamps in `time_zone`."""
     starts = run_starts(data, key_columns)
     names = data.column_names
     key_idx = [names.index(k) for k in key_columns]
@@ -198,10 +204,10 @@ def groups_of(
         if len(set(keys)) != len(keys):
             on_unsorted()
             order = _group_order(data, key_idx)
-            yield from _pandas_groups(data.take(pa.array(order[0], pa.int64())), order[1])
+            yield from _pandas_groups(data.take(pa.array(order[0], pa.int64())), order[1], time_zone)
             return
         bounds = [*starts.tolist(), data.num_rows]
-        yield from _pandas_groups(data, list(zip(keys, np.diff(bounds).tolist(), strict=True)))
+        yield from _pandas_groups(data, list(zip(keys, np.diff(bounds).tolist(), strict=True)), time_zone)
         return
     columns = [pylist(data.column(n)) for n in names]
     make = functools.partial(tuple.__new__, _row_class(tuple(names)))
@@ -235,7 +241,10 @@ def pylist(column: pa.Array | pa.ChunkedArray) -> list[Any]:
     fast = pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
     if not fast and column.null_count == 0:
         fast = pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
-    values: list[Any] = column.to_numpy(zero_copy_only=False).tolist() if fast else column.to_pylist()
+    if fast:
+        values: list[Any] = column.to_numpy(zero_copy_only=False).tolist()
+    else:  # maps as dicts, as PySpark's Rows have them (pyarrow's default is a list of pairs)
+        values = column.to_pylist(maps_as_pydicts="strict")
     return values
 
 
@@ -263,14 +272,12 @@ def _group_order(data: pa.Table, key_idx: list[int]) -> tuple[list[int], list[tu
     return [i for idx in groups.values() for i in idx], [(k, len(v)) for k, v in groups.items()]
 
 
-def _pandas_groups(data: pa.Table, sizes: list[tuple[tuple[Any, ...], int]]) -> Iterator[tuple[tuple[Any, ...], Any]]:
-    """One frame for the chunk, then a cheap positional slice per key."""
-    pdf = data.to_pandas()
-    start = 0
-    for k, size in sizes:
-        end = start + size
-        yield k, iter((pdf.iloc[start:end],))
-        start = end
+def _pandas_groups(
+    data: pa.Table, sizes: list[tuple[tuple[Any, ...], int]], time_zone: str | None
+) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """One frame for the chunk, then a positional slice per key (indexed from 0, as PySpark's frames are)."""
+    for k, frame in key_frames(to_pandas(data, time_zone), sizes):
+        yield k, iter((frame,))
 
 
 @functools.lru_cache(maxsize=64)
