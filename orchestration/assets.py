@@ -11,8 +11,9 @@ works on the root one operation at a time, in the order that deletes the most.
 
 Each materialization records its maintenance run in the catalog with the Dagster run id (the
 maintenance operation does, given ``orchestrator_run_id``; a run it did not record is recorded
-here), and reports numeric metadata the UI plots (files, bytes, seconds, chain lengths) plus a
-``details`` table of what it did. A run whose operation reports errors fails, naming them.
+here), and reports numeric metadata the UI plots (files, bytes, seconds, the root's chain lengths before
+and after the run under keys of their own, its size) plus a ``details`` table of what it did and a
+``worst_stores`` table. A run whose operation reports errors fails, naming them.
 """
 
 import contextlib
@@ -39,14 +40,18 @@ from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.orchestration.metadata import (
     chain_rows,
     chain_stats,
+    chains_of,
     health_metadata,
     numeric,
     report_errors,
     report_metadata,
+    root_size,
+    rounded,
     table,
+    worst_stores,
 )
 from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
-from statekeeper.sql import Catalog, NotInCatalogError
+from statekeeper.sql import Catalog, NotInCatalogError, StoreChain
 from statekeeper.sql.models import utcnow
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.layout import StoreId
@@ -181,12 +186,49 @@ def _run_leases(
     return cycle_leases(root, settings, cat, stores)
 
 
+FOUND_MAX = "max_chain_length_before"
+"""The longest chain a run found before it worked: the key the chain checks evaluate."""
+
+
+def lineage_metadata(catalog: Catalog, root: str, result: Any, threshold: int) -> dict[str, MetadataValue]:
+    """A catalog sync of `root` (`CatalogSyncResult`) as ``lineage_catalog`` metadata, whoever ran it (the asset's
+    run, the checkpoint sensor's tick): its counts, the root's chains and size now, the snapshot lag percentiles,
+    the worst stores and every store's chain (``details``)."""
+    from statekeeper.maintenance.health import health_from_chains, summarize
+
+    chains = chains_of(catalog, root)
+    md = numeric({k: v for k, v in result.to_json().items() if k != "errors"})
+    md["errors"] = MetadataValue.int(len(result.errors))
+    md.update(chain_stats(chains, threshold))
+    md.update(numeric(summarize(health_from_chains(chains)).metadata()))
+    md.update(root_size(catalog, root))
+    md["worst_stores"] = worst_stores(chains)
+    md["details"] = table(chain_rows(chains))
+    return md
+
+
+def run_chain_metadata(
+    report_values: dict[str, MetadataValue], before: list[StoreChain], after: list[StoreChain], threshold: int
+) -> dict[str, MetadataValue]:
+    """The chains of the root before and after a run, under their own keys (``..._before`` / ``..._after``).
+    ``max_chain_length_before`` is the longest the run found: the catalog's before the run, or the report's own
+    (a snapshot run's inventory, which its log shows) when longer. The report's ``max_chain_length`` is taken out
+    of `report_values` for it: one key the after-values overwrote was the UI showing 0 for a run that found 27."""
+    md = chain_stats(before, threshold, "_before")
+    found = report_values.pop("max_chain_length", None)
+    if found is not None and isinstance(found.value, int):
+        md[FOUND_MAX] = MetadataValue.int(max([found.value, *(c.chain_length for c in before)]))
+    md.update(chain_stats(after, threshold, "_after"))
+    md["worst_stores"] = worst_stores(after, before)
+    return md
+
+
 @dataclass(frozen=True)
 class RootOutcome:
     """What one maintenance operation on one root did."""
 
     metadata: dict[str, MetadataValue]
-    """For the UI: the report's numbers, the chains after it, its catalog run."""
+    """For the UI: the report's numbers, the chains before and after it, the root's size, its catalog run."""
     errors: list[str]
     summary: dict[str, int | float]
     """The operation's own figures (`report.metadata()`), for the run's log."""
@@ -206,8 +248,9 @@ def maintain_root(
 ) -> RootOutcome:
     """Run one maintenance operation on the root `root_key` (a partition key) for Dagster run `run_id`.
 
-    With `health`, also the chain length and snapshot lag of every store after the run
-    (`statekeeper.maintenance.health`, from the catalog), as numbers the UI plots per store.
+    The root's chains are read from the catalog before the operation (after syncing the new commit records) and
+    after it (`run_chain_metadata`). With `health`, also the chain length and snapshot lag of every store after the
+    run (`statekeeper.maintenance.health`, from the catalog), as numbers the UI plots per store.
     """
     fm = storage.file_manager(root_key)
     root = fm.root_uri
@@ -215,6 +258,10 @@ def maintain_root(
     t0 = time.perf_counter()
     since = utcnow()
     with catalog.session() as cat:
+        before: list[StoreChain] = []
+        if cat.find_root(root) is not None:  # a root new to the catalog has no chains yet (and no cheap sync)
+            sync_lineage(cat, storage, root, fresh_within=FRESH_SYNC_SECONDS, list_stores=False)
+            before = chains_of(cat, root)
         with _run_leases(asset_name, cat, root, maintenance, settings, kwargs):
             report = operation(fm, settings, catalog=cat, orchestrator_run_id=run_id, **kwargs)
         catalog_run = ensure_recorded(
@@ -222,15 +269,18 @@ def maintain_root(
         )
         sync_lineage(cat, storage, root, fresh_within=FRESH_SYNC_SECONDS, list_stores=False)  # chains as they are now
         chains = cat.chain_lengths(root)
+        size = root_size(cat, root)
     md = report_metadata(report)
-    md.update(chain_stats(chains, settings.snapshot_threshold))
+    md.update(run_chain_metadata(md, before, chains, settings.snapshot_threshold))
+    md.update(size)
     if health:
         from statekeeper.maintenance.health import health_from_chains
 
         md.update(health_metadata(health_from_chains(chains)))
-    md["asset_seconds"] = MetadataValue.float(round(time.perf_counter() - t0, 3))
+    md["asset_seconds"] = MetadataValue.float(round(time.perf_counter() - t0, 2))
     md["catalog_run_id"] = MetadataValue.int(catalog_run)
-    return RootOutcome(md, report_errors(report), report.metadata())
+    summary = {k: rounded(k, v) if isinstance(v, float) else v for k, v in report.metadata().items()}
+    return RootOutcome(md, report_errors(report), summary)
 
 
 def run_maintenance(
@@ -251,6 +301,13 @@ def run_maintenance(
     )
     _fail_on_errors(KINDS[asset_name], root, out.errors, out.metadata)
     context.log.info("%s of %s: %s", KINDS[asset_name], root, out.summary)
+    context.log.info(
+        "%s of %s: max_chain_length_before: %s, max_chain_length_after: %s",
+        KINDS[asset_name],
+        root,
+        out.metadata[FOUND_MAX].value,
+        out.metadata["max_chain_length_after"].value,
+    )
     return MaterializeResult(metadata=out.metadata)
 
 
@@ -277,17 +334,12 @@ def build_assets(partitions: PartitionsDefinition) -> list[AssetsDefinition]:
         from statekeeper.maintenance.catalog_sync import sync_catalog
 
         fm = storage.file_manager(context.partition_key)
-        threshold = maintenance.snapshot_threshold
         with catalog.session() as cat:
             result = sync_catalog(
                 cat, fm, full=config.full, raise_on_error=False, record_run=True, orchestrator_run_id=context.run.run_id
             )
-            chains = cat.chain_lengths(fm.root_uri)
-        values = result.to_json()
-        md = numeric({k: v for k, v in values.items() if k != "errors"})
-        md["errors"] = MetadataValue.int(len(result.errors))
-        md.update(chain_stats(chains, threshold))
-        md["details"] = table(chain_rows(chains))
+            md = lineage_metadata(cat, fm.root_uri, result, maintenance.snapshot_threshold)
+        md["synced_by"] = MetadataValue.text(f"run {context.run.run_id}")
         _fail_on_errors("catalog sync", fm.root_uri, list(result.errors), md)
         return MaterializeResult(metadata=md)
 
@@ -369,6 +421,7 @@ def build_assets(partitions: PartitionsDefinition) -> list[AssetsDefinition]:
 
 __all__ = [
     "ASSET_NAMES",
+    "FOUND_MAX",
     "GROUP",
     "KINDS",
     "KIND_TAG",
@@ -380,7 +433,9 @@ __all__ = [
     "RootOutcome",
     "build_assets",
     "ensure_recorded",
+    "lineage_metadata",
     "maintain_root",
+    "run_chain_metadata",
     "run_maintenance",
     "sync_lineage",
 ]

@@ -4,14 +4,19 @@
   store is loadable: files present, checksums and lineage good (`statekeeper.maintenance.verify.verify_root`).
   Scheduled through `verification_job` (orchestration/verification.py), outside the root's run slot.
 - ``chain_lengths_within_threshold`` (on ``state_snapshots``): no store replays more than
-  ``snapshot_threshold`` changelogs on recovery (warning: the sensor snapshots it on its next tick).
-- ``chains_within_twice_threshold`` (on ``state_snapshots``): no store's chain is longer than twice
-  ``snapshot_threshold``: maintenance is not keeping up (error).
+  ``snapshot_threshold`` changelogs on recovery after the run (warning: a store the run left over it; the
+  sensor snapshots it on its next tick). Not on the chains the run found: a snapshot is requested at the
+  threshold and lands some commits later, so those are over it on every healthy run.
+- ``chains_within_twice_threshold`` (on ``state_snapshots``): no store's chain was longer than twice
+  ``snapshot_threshold``, neither when the run found it (``max_chain_length_before`` of the run's
+  materialization) nor after: maintenance is not keeping up (error). Evaluated after the run alone, it
+  would see the chains the run had just reset and pass while the stores replayed far more.
 - ``no_orphans_past_grace`` (on ``orphan_cleanup``): a dry run of orphan cleanup finds no orphan older
   than the grace period.
 """
 
 import warnings
+from collections.abc import Mapping
 
 from dagster import (
     AssetCheckEvaluation,
@@ -20,13 +25,14 @@ from dagster import (
     AssetChecksDefinition,
     AssetCheckSeverity,
     AssetKey,
+    AssetRecordsFilter,
     MetadataValue,
     PartitionsDefinition,
     asset_check,
 )
 
 from statekeeper.maintenance.health import chain_bound
-from statekeeper.orchestration.assets import FRESH_SYNC_SECONDS, ORPHANS, RETAINED, SNAPSHOTS, sync_lineage
+from statekeeper.orchestration.assets import FOUND_MAX, FRESH_SYNC_SECONDS, ORPHANS, RETAINED, SNAPSHOTS, sync_lineage
 from statekeeper.orchestration.metadata import chain_rows, chain_stats, numeric, report_errors, table
 from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
 
@@ -41,33 +47,69 @@ def _root(context: AssetCheckExecutionContext, storage: CheckpointStorage) -> st
     return storage.file_manager(context.partition_key).root_uri
 
 
+def found_max(metadata: Mapping[str, MetadataValue]) -> int | None:
+    """The longest chain a run found before it worked (``max_chain_length_before`` of its materialization)."""
+    value = metadata.get(FOUND_MAX)
+    return None if value is None or not isinstance(value.value, int) else value.value
+
+
+def found_in_run(context: AssetCheckExecutionContext, root_key: str) -> int | None:
+    """`found_max` of this run's materialization of the root's ``state_snapshots``; None when the check runs
+    without one (alone, from the Checks tab: it then sees the chains as they are)."""
+    op = context.op_execution_context
+    records = op.instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=AssetKey(SNAPSHOTS), asset_partitions=[root_key]), limit=1
+    ).records
+    if not records or records[0].run_id != op.run_id or records[0].asset_materialization is None:
+        return None
+    return found_max(records[0].asset_materialization.metadata)
+
+
 def chain_check(
-    name: str, root: str, storage: CheckpointStorage, catalog: CatalogDatabase, threshold: int
+    name: str,
+    root: str,
+    storage: CheckpointStorage,
+    catalog: CatalogDatabase,
+    threshold: int,
+    found: int | None = None,
 ) -> tuple[bool, dict[str, MetadataValue], AssetCheckSeverity]:
-    """The chain check `name` of `root`: whether every store replays at most the threshold (`CHAINS`, a warning)
-    or twice it (`CHAINS_BOUNDED`, an error) changelogs; passed, the chain metadata, severity."""
+    """The chain check `name` of `root`: whether every store replays at most the threshold (`CHAINS`, a warning,
+    on the chains now) or twice it (`CHAINS_BOUNDED`, an error, on the chains now and `found`, the longest the
+    run found before it worked) changelogs; passed, the chain metadata, severity."""
     bounded = name == CHAINS_BOUNDED
     limit = chain_bound(threshold) if bounded else threshold
     with catalog.session() as cat:
         sync_lineage(cat, storage, root, fresh_within=FRESH_SYNC_SECONDS, list_stores=False)  # the asset's run's
         chains = cat.chain_lengths(root)
     over = [c for c in chains if c.chain_length > limit]
-    md = chain_stats(chains, threshold)
+    md = chain_stats(chains, threshold, "_after")
     md["stores_over_limit" if bounded else "stores_over_threshold"] = MetadataValue.int(len(over))
     md["details"] = table(chain_rows(over or chains))
-    if bounded:
-        md["chain_length_limit"] = MetadataValue.int(limit)
-    return not over, md, AssetCheckSeverity.ERROR if bounded else AssetCheckSeverity.WARN
+    md["limit"] = MetadataValue.int(limit)
+    passed = not over
+    if found is not None:
+        md[FOUND_MAX] = MetadataValue.int(found)
+        if bounded:
+            passed = passed and found <= limit
+    md["evaluated_on"] = MetadataValue.text(
+        "the chains the run found (max_chain_length_before) and after it"
+        if bounded and found is not None
+        else "the chains after the run"
+        if found is not None
+        else "the chains now (no materialization in this run)"
+    )
+    return passed, md, AssetCheckSeverity.ERROR if bounded else AssetCheckSeverity.WARN
 
 
 def chain_check_evaluations(
-    root: str, storage: CheckpointStorage, catalog: CatalogDatabase, threshold: int
+    root: str, storage: CheckpointStorage, catalog: CatalogDatabase, threshold: int, found: int | None = None
 ) -> list[AssetCheckEvaluation]:
     """Both chain checks of `root` as evaluations of its partition of ``state_snapshots``, for work reported outside
-    the asset's own run (the sensor's fleet runs, the external-maintenance sensor)."""
+    the asset's own run (the sensor's fleet runs, the external-maintenance sensor); `found`: the longest chain the
+    work found before it snapshotted (`found_max`)."""
     out: list[AssetCheckEvaluation] = []
     for name in (CHAINS, CHAINS_BOUNDED):
-        passed, md, severity = chain_check(name, root, storage, catalog, threshold)
+        passed, md, severity = chain_check(name, root, storage, catalog, threshold, found)
         out.append(
             AssetCheckEvaluation(
                 asset_key=AssetKey(SNAPSHOTS),
@@ -122,7 +164,8 @@ def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition
             asset=SNAPSHOTS,
             name=CHAINS,
             partitions_def=partitions,
-            description="No store of the root replays more than snapshot_threshold changelogs on recovery.",
+            description="No store of the root replays more than snapshot_threshold changelogs on recovery after "
+            "the run (the chains it found, over the threshold by the snapshots' lag, are the bounded check's).",
         )
         def chain_lengths_within_threshold(
             context: AssetCheckExecutionContext,
@@ -131,15 +174,16 @@ def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition
             maintenance: MaintenanceConfig,
         ) -> AssetCheckResult:
             root = _root(context, storage)
-            passed, md, severity = chain_check(CHAINS, root, storage, catalog, maintenance.snapshot_threshold)
+            found = found_in_run(context, context.partition_key)
+            passed, md, severity = chain_check(CHAINS, root, storage, catalog, maintenance.snapshot_threshold, found)
             return AssetCheckResult(passed=passed, metadata=md, severity=severity)
 
         @asset_check(
             asset=SNAPSHOTS,
             name=CHAINS_BOUNDED,
             partitions_def=partitions,
-            description="No store of the root replays more than twice snapshot_threshold changelogs: "
-            "maintenance keeps up with the writers.",
+            description="No store of the root replayed more than twice snapshot_threshold changelogs, when the run "
+            "found it (max_chain_length_before) or after: maintenance keeps up with the writers.",
         )
         def chains_within_twice_threshold(
             context: AssetCheckExecutionContext,
@@ -148,7 +192,9 @@ def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition
             maintenance: MaintenanceConfig,
         ) -> AssetCheckResult:
             root = _root(context, storage)
-            passed, md, severity = chain_check(CHAINS_BOUNDED, root, storage, catalog, maintenance.snapshot_threshold)
+            found = found_in_run(context, context.partition_key)
+            threshold = maintenance.snapshot_threshold
+            passed, md, severity = chain_check(CHAINS_BOUNDED, root, storage, catalog, threshold, found)
             return AssetCheckResult(passed=passed, metadata=md, severity=severity)
 
         @asset_check(
@@ -198,5 +244,7 @@ __all__ = [
     "NO_ORPHANS",
     "build_checks",
     "chain_check",
+    "chain_check_evaluations",
+    "found_max",
     "loadability",
 ]

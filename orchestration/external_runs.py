@@ -7,11 +7,12 @@ store-commits a second on 2 cores. The loop records every operation it runs in t
 with no orchestrator run id. This sensor reads those rows on from its cursor and reports them as the root's
 partition of the assets, as Dagster's own runs are: an `AssetMaterialization` of ``state_snapshots``,
 ``retained_versions``, ``orphan_cleanup`` or ``lineage_catalog`` per tick and root with the operations' summed
-counts (``runs``, ``failed_runs`` and the reports' own numbers), the chains after them and, for snapshots, the
+counts (``runs``, ``failed_runs`` and the reports' own numbers; ``max_chain_length_before``, the longest chain the
+runs found, their largest), the chains after them (``..._after``), the root's size and, for snapshots, the
 chain length and snapshot lag of every store (the plotted series of the asset's own runs); and after snapshots
-the two chain checks as `AssetCheckEvaluation`s. So the UI's per-root history, plots and checks read the same
-whichever maintainer did the work, and the ``chains_within_twice_threshold`` check fails when the loop falls
-behind.
+the two chain checks as `AssetCheckEvaluation`s, the bounded one on the chains the loop found too. So the UI's
+per-root history, plots and checks read the same whichever maintainer did the work, and the
+``chains_within_twice_threshold`` check fails when the loop falls behind.
 
 A tick costs one catalog query per root (the rows after the cursor, at most `MAX_RUNS` of them) and, when there
 were snapshots, one incremental catalog sync of the new commit records for the checks. Runs still running when
@@ -39,10 +40,10 @@ from dagster import (
     sensor,
 )
 
-from statekeeper.orchestration.assets import KINDS, SNAPSHOTS
-from statekeeper.orchestration.checks import chain_check_evaluations
+from statekeeper.orchestration.assets import FOUND_MAX, KINDS, SNAPSHOTS
+from statekeeper.orchestration.checks import chain_check_evaluations, found_max
 from statekeeper.orchestration.config import ENV_EXTERNAL_RUNS_SENSOR, OrchestrationConfig
-from statekeeper.orchestration.metadata import chain_stats, health_metadata, numeric
+from statekeeper.orchestration.metadata import chain_stats, health_metadata, numeric, root_size, worst_stores
 from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
 from statekeeper.sql import Catalog, RunInfo
 from statekeeper.sql.errors import CatalogError, NotInCatalogError
@@ -58,6 +59,8 @@ MAX_PENDING = 100
 ASSET_OF_KIND = {kind: asset for asset, kind in KINDS.items()}
 NOT_ADDITIVE = frozenset({"retained_versions"})
 """Report numbers that are a state, not a count: the newest run's, not the sum."""
+MAXIMA = frozenset({"max_chain_length"})
+"""Report numbers that are a maximum: the largest of the runs', not the sum."""
 
 
 @dataclass
@@ -109,8 +112,13 @@ def runs_metadata(runs: Sequence[RunInfo]) -> dict[str, MetadataValue]:
         for key, value in (run.details or {}).items():
             if isinstance(value, bool) or not isinstance(value, int | float) or key in ("errors", "dry_run"):
                 continue
-            sums[key] = value if key in NOT_ADDITIVE else sums.get(key, 0) + value
-    md = numeric({k: round(v, 3) if isinstance(v, float) else v for k, v in sums.items()})
+            if key in MAXIMA:
+                sums[key] = max(sums.get(key, 0), value)
+            else:
+                sums[key] = value if key in NOT_ADDITIVE else sums.get(key, 0) + value
+    md = numeric(sums)
+    if "max_chain_length" in md:  # the longest chain the runs found before they worked: the chain checks' input
+        md[FOUND_MAX] = md.pop("max_chain_length")
     md["runs"] = MetadataValue.int(len(runs))
     md["failed_runs"] = MetadataValue.int(sum(1 for r in runs if r.status == RUN_FAILED))
     md["catalog_run_id"] = MetadataValue.int(runs[-1].id)
@@ -137,19 +145,24 @@ def root_events(
         chains = catalog.chain_lengths(root)
     except NotInCatalogError:
         chains = []
+    size = root_size(catalog, root)
     events: list[AssetMaterialization | AssetObservation | AssetCheckEvaluation] = []
+    found: int | None = None
     for asset_name, done in by_asset.items():
         md = runs_metadata(done)
-        md.update(chain_stats(chains, threshold))
+        md.update(chain_stats(chains, threshold, "_after"))
+        md.update(size)
+        md["worst_stores"] = worst_stores(chains)
         if asset_name == SNAPSHOTS:
             md.update(health_metadata(health_from_chains(chains)))
+            found = found_max(md)
         if all(r.status == RUN_FAILED for r in done):  # nothing was made: seen on the asset's timeline, not plotted
             md["errors_text"] = MetadataValue.text("\n".join(r.errors or "" for r in done)[:4000])
             events.append(AssetObservation(asset_key=asset_name, partition=root, metadata=md))
         else:
             events.append(AssetMaterialization(asset_key=asset_name, partition=root, metadata=md))
     if SNAPSHOTS in by_asset:
-        events += chain_check_evaluations(root, storage, catalog_db, threshold)
+        events += chain_check_evaluations(root, storage, catalog_db, threshold, found)
     return events
 
 

@@ -36,7 +36,7 @@ from dagster import (
 from pydantic import Field
 
 from statekeeper.orchestration.assets import KIND_TAG, RETAINED, SNAPSHOTS, maintain_root, parse_stores
-from statekeeper.orchestration.checks import chain_check_evaluations
+from statekeeper.orchestration.checks import chain_check_evaluations, found_max
 from statekeeper.orchestration.jobs import MAINTENANCE_TAG, SNAPSHOT_AND_EXPIRY_KIND
 from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
 from statekeeper.sql.errors import CatalogError
@@ -144,6 +144,7 @@ def _maintain(
         stores = None if requested is None else list(requested)
         due = None if requested is None else {s: v for s, v in requested.items() if v is not None}
         steps.append((SNAPSHOTS, maintenance.snapshot_operation(), {"stores": stores, "due_at": due}))
+    found: int | None = None
     for asset_name, operation, kwargs in steps:
         out = maintain_root(
             root, run_id, asset_name, operation, storage, catalog, maintenance, health=asset_name == SNAPSHOTS, **kwargs
@@ -151,9 +152,10 @@ def _maintain(
         if out.errors:
             return out.errors
         context.log_event(AssetMaterialization(asset_key=asset_name, partition=root, metadata=out.metadata))
+        found = found_max(out.metadata) if asset_name == SNAPSHOTS else found
         context.log.info("%s of %s: %s", asset_name, root, out.summary)
     if root in config.snapshots:
-        for evaluation in chain_check_evaluations(root, storage, catalog, maintenance.snapshot_threshold):
+        for evaluation in chain_check_evaluations(root, storage, catalog, maintenance.snapshot_threshold, found):
             context.log_event(evaluation)  # type: ignore[arg-type]  # its annotation omits the check evaluations it takes
     return []
 

@@ -41,6 +41,12 @@ any fleet run) is still queued (the root's slot is busy), the tick requests noth
 what it found for a later tick, which asks for all of it in one run: a run costs about 2 s of process
 start, in the root's slot and on the cores, whatever it does, and a queue of small runs only adds those.
 
+**The catalog sync as materializations.** Every tick that synced a root's catalog reports it as the root's
+partition of ``lineage_catalog`` (an `AssetMaterialization`, ``synced_by: checkpoint_sensor``; an
+`AssetObservation` naming the errors when the sync had some): the sync's counts, the root's chains and size,
+the snapshot lag percentiles and the ``worst_stores`` table (`sync_event`), so the catalog the sensor keeps
+current does not read "Never materialized" and its plots have a point per synced tick.
+
 **maintenance_failure_sensor** records every failed maintenance run in the catalog: a catalog run
 row that the failed run left ``running`` (a killed process) is marked failed; a run that failed
 before its operation recorded anything (a resource, a lease, a crash) gets a failed row of its own.
@@ -54,11 +60,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagster import (
+    AssetMaterialization,
+    AssetObservation,
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
     DefaultSensorStatus,
     JobDefinition,
+    MetadataValue,
     RunFailureSensorContext,
     RunRequest,
     RunsFilter,
@@ -73,7 +82,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 from dagster._core.storage.tags import PARTITION_NAME_TAG, PRIORITY_TAG
 
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.orchestration.assets import KIND_TAG, KINDS, ROOT_TAG
+from statekeeper.orchestration.assets import KIND_TAG, KINDS, LINEAGE, ROOT_TAG, lineage_metadata
 from statekeeper.orchestration.config import (
     DEFAULT_SENSOR_LISTING,
     ENV_FAILURE_SENSOR,
@@ -236,6 +245,8 @@ class RootTick:
     new_names: list[str] = field(default_factory=list)
     synced: bool = False
     sync_errors: list[str] = field(default_factory=list)
+    sync: Any = None
+    """The tick's `CatalogSyncResult`, when it synced (reported as ``lineage_catalog``: `sync_event`)."""
     crossings: list[str] = field(default_factory=list)
     """New store@version crossings (those a run is requested for this tick, unless held)."""
     moved_bases: list[str] = field(default_factory=list)
@@ -284,6 +295,7 @@ def evaluate_root(
     if tick.new_names or list_stores:
         result = sync_catalog(catalog, fm, raise_on_error=False, stores=None if list_stores else ())
         tick.synced = True
+        tick.sync = result
         tick.sync_errors = list(result.errors)
         if list_stores and not result.errors:
             rc.stores_listed_at = now
@@ -329,6 +341,19 @@ def _request(root: str, crossings: list[str], moved_bases: list[str]) -> RunRequ
     if moved_bases:
         return expiry_request(root, run_key("expire", root, moved_bases), SENSOR_RUN_TAGS)
     return None
+
+
+def sync_event(catalog: Catalog, root: str, result: Any, threshold: int) -> AssetMaterialization | AssetObservation:
+    """A tick's catalog sync of `root` as the root's partition of ``lineage_catalog``: the asset's own metadata
+    (`lineage_metadata`) without its table of every store's chain (a tick's event stays small: the
+    ``worst_stores`` table has them at their worst); an observation naming the errors when the sync had some."""
+    md = lineage_metadata(catalog, root, result, threshold)
+    del md["details"]
+    md["synced_by"] = MetadataValue.text(SENSOR_NAME)
+    if result.errors:
+        md["errors_text"] = MetadataValue.text("\n".join(str(e) for e in result.errors)[:4000])
+        return AssetObservation(asset_key=LINEAGE, partition=root, metadata=md)
+    return AssetMaterialization(asset_key=LINEAGE, partition=root, metadata=md)
 
 
 PENDING = [DagsterRunStatus.NOT_STARTED, DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING]
@@ -404,6 +429,7 @@ def build_checkpoint_sensor(
         state = SensorCursor.parse(context.cursor)
         settings = maintenance.settings()  # validated: a bad value fails the tick, naming the setting
         ticks: list[RootTick] = []
+        events: list[AssetMaterialization | AssetObservation] = []
         notes: list[str] = []
         roots = storage.root_uris()
         pending = pending_sensor_runs(context.instance)
@@ -427,27 +453,31 @@ def build_checkpoint_sensor(
                     continue
                 for err in tick.sync_errors:
                     context.log.warning("catalog sync of %s: %s", root, err)
+                if tick.sync is not None:
+                    events.append(sync_event(cat, root, tick.sync, settings.snapshot_threshold))
                 if tick.new_names:
                     notes.append(f"{root}: {len(tick.new_names)} new commit(s)")
-                events = [f"snapshots of {', '.join(tick.crossings)}"] if tick.crossings else []
+                work = [f"snapshots of {', '.join(tick.crossings)}"] if tick.crossings else []
                 if tick.crossings and tick.lead:
                     lag = state.root(root).snapshot_lag
-                    events.append(f"{tick.lead} commit(s) before the threshold: snapshots land {lag} after request")
-                events += [f"expiry, bases moved to {', '.join(tick.moved_bases)}"] if tick.moved_bases else []
+                    work.append(f"{tick.lead} commit(s) before the threshold: snapshots land {lag} after request")
+                work += [f"expiry, bases moved to {', '.join(tick.moved_bases)}"] if tick.moved_bases else []
                 if tick.held:
-                    context.log.info("%s: run %s is still queued; later: %s", root, queued, "; ".join(events))
+                    context.log.info("%s: run %s is still queued; later: %s", root, queued, "; ".join(work))
                     notes.append(f"{root}: waiting for queued run {queued}")
                 if tick.request is not None:
-                    context.log.info("requested for %s: %s", root, "; ".join(events))
+                    context.log.info("requested for %s: %s", root, "; ".join(work))
                     ticks.append(tick)
         state.roots = {r: c for r, c in state.roots.items() if r in roots}
         fleet_started = bool(config.sensor_fleet_roots and ticks) and fleet_run_started(context.instance)
         requests = tick_requests(ticks, config.sensor_fleet_roots, fleet_started)
         if requests:
-            return SensorResult(run_requests=requests, cursor=state.dump())
+            return SensorResult(run_requests=requests, asset_events=events, cursor=state.dump())
         reason = "; ".join(notes) if notes else "no new commits"
         return SensorResult(
-            skip_reason=SkipReason(f"no store crossed the threshold or moved its base ({reason})"), cursor=state.dump()
+            skip_reason=SkipReason(f"no store crossed the threshold or moved its base ({reason})"),
+            asset_events=events,
+            cursor=state.dump(),
         )
 
     return checkpoint_sensor
@@ -563,5 +593,6 @@ __all__ = [
     "record_failed_run",
     "run_key",
     "run_roots",
+    "sync_event",
     "tick_requests",
 ]

@@ -63,7 +63,7 @@ def test_the_loops_runs_are_reported_once_as_the_roots_materializations_and_chec
     assert value(snap, "runs") == 1 and value(snap, "failed_runs") == 0
     assert value(snap, "snapshots") == 2
     assert value(snap, "stores") == 2  # the root's stores (as an asset run reports them), not a sum over runs
-    assert value(snap, "max_chain_length") == 0
+    assert value(snap, "max_chain_length_after") == 0
     assert value(snap, "chain_length/agg/0") == 0 and "snapshot_lag_seconds/agg/1" in snap.metadata
     found = checks(first)
     assert set(found) == {CHAINS, CHAINS_BOUNDED}

@@ -79,7 +79,7 @@ def test_work_in_several_roots_is_one_run_that_reports_each_root_as_its_partitio
         assert set(snapshots) == {fleet.a, fleet.b}  # the idle root c is not touched
         for root in (fleet.a, fleet.b):
             md = snapshots[root]
-            assert md["stores"].value == 2 and md["max_chain_length"].value == 0
+            assert md["stores"].value == 2 and md["max_chain_length_after"].value == 0
             assert md["chain_length/agg/0"].value == 0  # the per-store series the UI plots
             assert {c.chain_length for c in orch.catalog.chain_lengths(root)} == {0}
             assert {c.snapshot_version for c in orch.catalog.chain_lengths(root)} == {THRESHOLD}
