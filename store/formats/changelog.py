@@ -31,6 +31,8 @@ import zstandard
 
 from statekeeper.store.errors import CorruptFileError
 from statekeeper.store.formats.framing import FRAME_HEAD, check_magic_and_version, decode_frame, encode_frame, require
+from statekeeper.store.formats.limits import MAX_BLOCK_BYTES, MAX_KEY_BYTES
+from statekeeper.store.formats.names import Shape, column_family_from_file, name_from_file, shown
 
 MAGIC = b"SKCL"
 END_MAGIC = b"SKCE"
@@ -42,8 +44,9 @@ BLOCK_END = 0xFF
 _BLOCK_HEAD = struct.Struct("<IIII")  # records, raw_len, comp_len, crc32
 _SST_HEAD = struct.Struct("<QQI")  # records, size, crc32
 _COPY_BYTES = 1 << 20
-_MAX_RANGE_KEY = 1 << 24
-"""A range delete's key longer than this is a damaged length, refused before it is read."""
+DELETED = -1
+"""The value length that marks a delete in a record block; any other negative length is corruption."""
+_FIELD_CF = "column family of a block"
 _FOOTER = struct.Struct("<BIQI4s")  # kind, blocks, records, crc32(blocks, records), end magic
 FOOTER_SIZE = _FOOTER.size
 _LITTLE = sys.byteorder == "little"
@@ -77,21 +80,25 @@ class ChangelogHeader:
     @classmethod
     def from_payload(cls, p: dict[str, Any], name: str) -> ChangelogHeader:
         raw_lineage = require(p, "lineage", list, name)
-        try:
-            lineage = tuple((int(v), str(i)) for v, i in raw_lineage)
-        except (TypeError, ValueError):
-            raise CorruptFileError("malformed lineage in changelog header", name) from None
+        lineage = []
+        for entry in raw_lineage:
+            if not isinstance(entry, list) or len(entry) != 2 or type(entry[0]) is not int or entry[0] < 0:
+                raise CorruptFileError(f"malformed lineage entry {shown(entry)} in changelog header", name)
+            lineage.append((entry[0], name_from_file(entry[1], Shape.CHECKPOINT_ID, name, "'lineage'")))
         codec = require(p, "codec", str, name)
         if codec not in ("zstd", "none"):
-            raise CorruptFileError(f"unknown codec {codec!r}", name)
+            raise CorruptFileError(f"unknown codec {shown(codec)}", name)
+        created = p.get("created_at", 0.0)
         return cls(
-            operator=require(p, "operator", str, name),
+            operator=name_from_file(require(p, "operator", str, name), Shape.OPERATOR, name, "'operator'"),
             partition=require(p, "partition", int, name),
             version=require(p, "version", int, name),
-            checkpoint_id=require(p, "checkpoint_id", str, name),
-            lineage=lineage,
+            checkpoint_id=name_from_file(
+                require(p, "checkpoint_id", str, name), Shape.CHECKPOINT_ID, name, "'checkpoint_id'"
+            ),
+            lineage=tuple(lineage),
             codec=codec,
-            created_at=float(p.get("created_at", 0.0)),
+            created_at=float(created) if isinstance(created, int | float) and not isinstance(created, bool) else 0.0,
         )
 
 
@@ -109,7 +116,7 @@ def encode_block_parts(keys: Sequence[bytes], values: Sequence[bytes | None]) ->
     into one fresh megabyte per block costs more than the rest of the encoding (page faults).
     """
     if None in values:
-        vlens = _u32([-1 if v is None else len(v) for v in values], "i")
+        vlens = _u32([DELETED if v is None else len(v) for v in values], "i")
         vdata = b"".join([v for v in values if v is not None])
     else:
         vlens = _u32(list(map(len, values)), "i")  # type: ignore[arg-type]
@@ -149,13 +156,16 @@ def decode_block_payload(raw: bytes, n: int, name: str) -> tuple[list[bytes], li
         raise CorruptFileError("block payload shorter than its record count", name)
     keys, vstart = _split(raw, 8 * n, klens, name)
     values: list[bytes | None]
-    if min(vlens, default=0) >= 0:
+    lowest = min(vlens, default=0)
+    if lowest >= 0:
         values, end = _split(raw, vstart, vlens, name)  # type: ignore[assignment]
+    elif lowest < DELETED:
+        raise CorruptFileError(f"a value length is {lowest}: only {DELETED} (a delete) may be negative", name)
     else:
         values = []
         pos = vstart
         for ln in vlens:
-            if ln < 0:
+            if ln == DELETED:
                 values.append(None)
             else:
                 values.append(raw[pos : pos + ln])
@@ -209,6 +219,11 @@ class ChangelogWriter:
         f = self._open_file()
         parts = encode_block_parts(keys, values)
         raw_len = sum(map(len, parts))
+        if raw_len > MAX_BLOCK_BYTES and n > 1:  # rare (one huge put_batch): blocks a reader may hold
+            half = n // 2
+            self.append_block(cf, keys[:half], values[:half])
+            self.append_block(cf, keys[half:], values[half:])
+            return
         if self._cctx is not None:
             stream = self._cctx.compressobj(size=raw_len)
             payload = [stream.compress(p) for p in parts]
@@ -305,6 +320,7 @@ class ChangelogReader:
         self.name = name
         self.header = read_header(f, name)
         self._dctx = zstandard.ZstdDecompressor() if self.header.codec == "zstd" else None
+        self._cf_names: dict[bytes, str] = {}
         self.block_bytes = 0
         """The decoded size of the last record block `entries` yielded (its keys, values and their lengths)."""
 
@@ -365,54 +381,75 @@ class ChangelogReader:
             name_len = _read_exact(f, 1, name, "a block header")[0]
             cf_b = _read_exact(f, name_len, name, "a block header")
             head = kind_b + bytes((name_len,)) + cf_b
+            cf = self._cf_names.get(cf_b) or self._cf_name(cf_b)
             entry: tuple[str, list[bytes], list[bytes | None]] | SstFile | RangeDelete
             if kind_b[0] == BLOCK_SST:
-                entry = self._sst(head, sst_dir, seen_blocks)
+                entry = self._sst(head, cf, sst_dir, seen_blocks)
                 n = entry.records
             elif kind_b[0] == BLOCK_RANGE_DELETE:
-                entry = self._range_delete(head, seen_blocks)
+                entry = self._range_delete(head, cf, seen_blocks)
                 n = 1
             else:
                 n, raw_len, comp_len, crc = _BLOCK_HEAD.unpack(_read_exact(f, _BLOCK_HEAD.size, name, "a block header"))
+                if raw_len > MAX_BLOCK_BYTES or comp_len > MAX_BLOCK_BYTES + (MAX_BLOCK_BYTES >> 4):
+                    raise CorruptFileError(
+                        f"block {seen_blocks} claims {raw_len} bytes ({comp_len} compressed), above the "
+                        f"{MAX_BLOCK_BYTES}-byte limit of a block",
+                        name,
+                    )
                 payload = _read_exact(f, comp_len, name, "a block")
                 head += struct.pack("<III", n, raw_len, comp_len)
                 if zlib.crc32(payload, zlib.crc32(head)) != crc:
                     raise CorruptFileError(f"checksum mismatch in block {seen_blocks}", name)
-                if self._dctx is not None:
-                    try:
-                        raw = self._dctx.decompress(payload, max_output_size=raw_len)
-                    except zstandard.ZstdError as e:
-                        raise CorruptFileError(f"block {seen_blocks} does not decompress ({e})", name) from None
-                else:
-                    raw = payload
+                raw = payload if self._dctx is None else self._decompress(payload, raw_len, seen_blocks)
                 if len(raw) != raw_len:
                     raise CorruptFileError(f"block {seen_blocks} has {len(raw)} bytes, header says {raw_len}", name)
                 keys, values = decode_block_payload(raw, n, name)
-                entry = (cf_b.decode(), keys, values)
+                entry = (cf, keys, values)
                 self.block_bytes = raw_len
             seen_blocks += 1
             seen_records += n
             yield entry
 
-    def _range_delete(self, head: bytes, index: int) -> RangeDelete:
+    def _cf_name(self, raw: bytes) -> str:
+        """A block's column family name, checked once per name and file (`names.column_family_from_file`)."""
+        cf = self._cf_names[raw] = column_family_from_file(raw, self.name, _FIELD_CF)
+        return cf
+
+    def _decompress(self, payload: bytes, raw_len: int, index: int) -> bytes:
+        """A block's payload decompressed into at most `raw_len` bytes (its header's claim, capped before):
+        zstd trusts a frame's own content size over any output limit, so a frame claiming another size is
+        refused before it is decompressed."""
+        assert self._dctx is not None
+        try:
+            claimed = zstandard.frame_content_size(payload)
+            if claimed not in (raw_len, -1):
+                raise CorruptFileError(
+                    f"block {index} holds a zstd frame of {claimed} bytes, its header says {raw_len}", self.name
+                )
+            return self._dctx.decompress(payload, max_output_size=raw_len)
+        except zstandard.ZstdError as e:
+            raise CorruptFileError(f"block {index} does not decompress ({e})", self.name) from None
+
+    def _range_delete(self, head: bytes, cf: str, index: int) -> RangeDelete:
         f, name = self._f, self.name
         keys = []
         for what in ("start", "end"):
             (length,) = struct.unpack("<I", _read_exact(f, 4, name, f"the {what} key of a range delete"))
-            if length > _MAX_RANGE_KEY:
+            if length > MAX_KEY_BYTES + 1:  # an end key is at most one byte past the last key
                 raise CorruptFileError(f"range delete in block {index} has a {length}-byte {what} key", name)
             keys.append(_read_exact(f, length, name, f"the {what} key of a range delete"))
         (crc,) = struct.unpack("<I", _read_exact(f, 4, name, "a block header"))
         if zlib.crc32(head + _range_body(*keys)) != crc:
             raise CorruptFileError(f"checksum mismatch in block {index} (a range delete)", name)
-        return RangeDelete(head[2:].decode(), keys[0], keys[1])
+        return RangeDelete(cf, keys[0], keys[1])
 
-    def _sst(self, head: bytes, sst_dir: str | None, index: int) -> SstFile:
-        """Stream an SST block's file into `sst_dir` (or nowhere), checking its CRC."""
+    def _sst(self, head: bytes, cf: str, sst_dir: str | None, index: int) -> SstFile:
+        """Stream an SST block's file into `sst_dir` (or nowhere), checking its CRC; the copy is bounded by
+        the changelog's own bytes (a block claiming more than is left is a truncation)."""
         f, name = self._f, self.name
         records, size, crc = _SST_HEAD.unpack(_read_exact(f, _SST_HEAD.size, name, "a block header"))
         running = zlib.crc32(head + struct.pack("<QQ", records, size))
-        cf = head[2:].decode()
         path = "" if sst_dir is None else os.path.join(sst_dir, f"replay-{index}-{os.getpid()}-{id(self):x}.sst")
         out = open(path, "wb") if path else None  # noqa: SIM115 - closed below
         try:

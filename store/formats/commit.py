@@ -12,6 +12,7 @@ from typing import Any
 
 from statekeeper.store.errors import ConfigurationError, CorruptFileError
 from statekeeper.store.formats.framing import decode_whole_frame, encode_frame, require
+from statekeeper.store.formats.names import Shape, name_from_file, shown
 from statekeeper.store.key_groups import KeyGroupLayout
 
 MAGIC = b"SKCR"
@@ -91,40 +92,66 @@ class CommitRecord:
     def from_bytes(cls, data: bytes, name: str) -> CommitRecord:
         payload = decode_whole_frame(data, MAGIC, FORMAT_VERSION, name)
         version = require(payload, "version", int, name)
+        if not 0 < version < MAX_VERSION:
+            raise CorruptFileError(f"field 'version' holds {shown(version)}, not a version above 0", name)
         operators = require(payload, "operators", dict, name)
         ids: dict[str, tuple[str, ...]] = {}
         for op, lst in operators.items():
-            if not isinstance(lst, list) or not all(isinstance(x, str) for x in lst):
+            name_from_file(op, Shape.OPERATOR, name, "'operators'")
+            if not isinstance(lst, list) or not lst:
                 raise CorruptFileError(f"operator {op!r} has a malformed checkpoint id list", name)
-            ids[op] = tuple(lst)
+            ids[op] = tuple(name_from_file(x, Shape.CHECKPOINT_ID, name, f"'operators'.{op}") for x in lst)
         created = payload.get("created_at", 0.0)
         batch = payload.get("batch_id", version - 1)
-        if not isinstance(batch, int) or batch < -1:
-            raise CorruptFileError(f"malformed batch_id {batch!r}", name)
-        layouts: dict[str, KeyGroupLayout] = {}
+        if type(batch) is not int or not -1 <= batch < MAX_VERSION:
+            raise CorruptFileError(f"malformed batch_id {shown(batch)}", name)
         raw_layouts = payload.get("layouts", {})
         change = payload.get("change", {})
         in_place = payload.get("in_place", {})
         copied = payload.get("copied_from", {})
         if not all(isinstance(x, dict) for x in (raw_layouts, change, in_place, copied)):
             raise CorruptFileError("malformed layouts, change, in_place or copied_from", name)
+        for field_name, per_op in (("layouts", raw_layouts), ("change", change), ("in_place", in_place)):
+            for op in per_op:
+                name_from_file(op, Shape.OPERATOR, name, repr(field_name))
         for op, source in copied.items():
+            name_from_file(op, Shape.OPERATOR, name, "'copied_from'")
             if not isinstance(source, int) or isinstance(source, bool) or not 0 <= source < version:
                 raise CorruptFileError(
-                    f"operator {op!r}: copied_from {source!r} is not a version below {version}", name
+                    f"operator {op!r}: copied_from {shown(source)} is not a version below {version}", name
                 )
+        for op, how in change.items():
+            if how not in CHANGES:
+                raise CorruptFileError(f"operator {op!r}: change {shown(how)} is not one of {CHANGES}", name)
+        layouts: dict[str, KeyGroupLayout] = {}
         try:
             for op, lay in raw_layouts.items():
-                layouts[op] = KeyGroupLayout(int(lay["partitions"]), int(lay["max_key_groups"]))
+                layouts[op] = KeyGroupLayout(_small_int(lay["partitions"]), _small_int(lay["max_key_groups"]))
+            kept = {k: tuple(_small_int(p) for p in v) for k, v in in_place.items() if isinstance(v, list)}
+            if len(kept) != len(in_place):
+                raise ValueError("an in_place entry is not a list")
             return cls(
                 version,
                 ids,
-                float(created) if isinstance(created, int | float) else 0.0,
+                float(created) if isinstance(created, int | float) and not isinstance(created, bool) else 0.0,
                 layouts,
                 None if batch == version - 1 else batch,
-                {str(k): str(v) for k, v in change.items()},
-                {str(k): tuple(int(p) for p in v) for k, v in in_place.items()},
-                {str(k): v for k, v in copied.items()},
+                dict(change),
+                kept,
+                dict(copied),
             )
-        except (KeyError, TypeError, ValueError, ConfigurationError) as e:
-            raise CorruptFileError(f"malformed layouts, change or in_place: {e}", name) from None
+        except (KeyError, TypeError, ValueError, OverflowError, ConfigurationError) as e:
+            raise CorruptFileError(f"malformed layouts, change or in_place: {str(e)[:200]}", name) from None
+
+
+CHANGES = ("rescale", "rollback")
+"""What a commit record's `change` may say of an operator."""
+MAX_VERSION = 10**20
+"""Versions and batch ids have 20 digits in file names."""
+
+
+def _small_int(value: object) -> int:
+    """A partition number or count read from a record: an int within what a layout can hold."""
+    if type(value) is not int or not 0 <= value <= 1 << 20:
+        raise ValueError(f"{shown(value)} is not a partition number or count")
+    return value

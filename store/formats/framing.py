@@ -12,6 +12,7 @@ import zlib
 from typing import Any
 
 from statekeeper.store.errors import CorruptFileError, UnsupportedFormatError
+from statekeeper.store.formats.limits import MAX_FRAME_PAYLOAD, MAX_JSON_DEPTH
 
 # magic(4) format_version(u16) reserved(u16) payload_len(u32)
 FRAME_HEAD = struct.Struct("<4sHHI")
@@ -35,6 +36,8 @@ def check_magic_and_version(head: bytes, magic: bytes, supported: int, name: str
         raise UnsupportedFormatError(
             f"format version {version} is not supported (this release reads up to {supported})", name
         )
+    if length > MAX_FRAME_PAYLOAD:
+        raise CorruptFileError(f"header claims a {length}-byte payload, above the {MAX_FRAME_PAYLOAD}-byte limit", name)
     return int(length)
 
 
@@ -48,13 +51,66 @@ def decode_frame(data: bytes, magic: bytes, supported: int, name: str) -> tuple[
     (crc,) = CRC.unpack_from(data, end)
     if crc != zlib.crc32(body, zlib.crc32(data[: FRAME_HEAD.size])):
         raise CorruptFileError("checksum mismatch in header", name)
-    try:
-        payload = json.loads(body)
-    except ValueError as e:
-        raise CorruptFileError(f"header is not valid JSON ({e})", name) from None
+    payload = parse_json(body, name, "header")
     if not isinstance(payload, dict):
         raise CorruptFileError("header is not a JSON object", name)
     return payload, end + CRC.size
+
+
+_NOT_STRUCTURAL = bytes(range(256)).translate(None, b'"[]{}')
+_BRACES_AS_BRACKETS = bytes.maketrans(b"{}", b"[]")
+
+
+def json_depth(data: bytes, limit: int = MAX_JSON_DEPTH) -> int:
+    """How deep the arrays and objects of JSON text `data` nest, up to `limit + 1` (past it, or when its
+    brackets do not match, it returns `limit + 1`): checked before parsing, as the parser recurses.
+
+    In C, linear: escapes dropped, everything but quotes and brackets dropped (braces counted as brackets;
+    the parser checks they match), strings holding no bracket dropped (adjacent quotes), then the innermost
+    pairs removed once per level. Text whose strings hold
+    brackets (rare: a column family named so) is parsed and the value walked instead, the parser stopping
+    itself at the interpreter's recursion limit.
+    """
+    if b"\\" in data:
+        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    marks = data.translate(_BRACES_AS_BRACKETS, _NOT_STRUCTURAL).replace(b'""', b"")
+    if b'"' in marks:
+        return _value_depth(json.loads(data), limit)
+    depth = 0
+    while marks:
+        if depth > limit:
+            break
+        shorter = marks.replace(b"[]", b"")
+        if len(shorter) == len(marks):  # unbalanced brackets: not JSON
+            return limit + 1
+        marks, depth = shorter, depth + 1
+    return depth
+
+
+def _value_depth(value: Any, limit: int) -> int:
+    containers = (list, dict)
+    stack = [(value, 1)] if isinstance(value, containers) else []
+    deepest = 0
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return depth
+        deepest = max(deepest, depth)
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend([(c, depth + 1) for c in children if isinstance(c, containers)])
+    return deepest
+
+
+def parse_json(data: bytes, name: str, what: str = "content") -> Any:
+    """JSON read from file `name`, its nesting capped at `MAX_JSON_DEPTH` (checked before parsing); any
+    failure to decode it (bad JSON or UTF-8, too deep, too large) is a `CorruptFileError` naming the file."""
+    try:
+        depth = json_depth(data)
+        if depth <= MAX_JSON_DEPTH:
+            return json.loads(data)
+    except (ValueError, RecursionError, MemoryError, OverflowError, TypeError) as e:
+        raise CorruptFileError(f"{what} is not valid JSON ({type(e).__name__}: {str(e)[:200]})", name) from None
+    raise CorruptFileError(f"{what} nests {depth} deep, above the limit of {MAX_JSON_DEPTH}", name)
 
 
 def decode_whole_frame(data: bytes, magic: bytes, supported: int, name: str) -> dict[str, Any]:

@@ -8,12 +8,14 @@ between snapshots, so a new snapshot uploads only new SSTs), and the small Rocks
 from __future__ import annotations
 
 import base64
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from statekeeper.store.errors import CorruptFileError
 from statekeeper.store.formats.framing import decode_whole_frame, encode_frame, require
+from statekeeper.store.formats.names import Shape, column_family_from_file, name_from_file
 
 MAGIC = b"SKSM"
 FORMAT_VERSION = 1
@@ -59,23 +61,49 @@ class SnapshotManifest:
 
     @classmethod
     def from_bytes(cls, data: bytes, name: str) -> SnapshotManifest:
+        """Parse a manifest; every name in it is checked against its shape (`names`), and no two files
+        of the snapshot share a local name, so restoring it writes only the files it names, in its directory."""
         p = decode_whole_frame(data, MAGIC, FORMAT_VERSION, name)
+        ssts: list[SstFile] = []
         try:
-            ssts = tuple(SstFile(str(a), str(b), int(c), str(d)) for a, b, c, d in require(p, "sst_files", list, name))
+            for entry in require(p, "sst_files", list, name):
+                local, remote, size, digest = entry
+                if type(size) is not int or size < 0 or type(digest) is not str or not _SHA256.fullmatch(digest):
+                    raise ValueError("an SST entry's size or SHA-256 is malformed")
+                ssts.append(
+                    SstFile(
+                        name_from_file(local, Shape.SST_LOCAL, name, "'sst_files' local name"),
+                        name_from_file(remote, Shape.SST_REMOTE, name, "'sst_files' remote name"),
+                        size,
+                        digest,
+                    )
+                )
             db_files = {
-                str(k): base64.b64decode(v, validate=True) for k, v in require(p, "db_files", dict, name).items()
+                name_from_file(k, Shape.DB_FILE, name, "'db_files'"): base64.b64decode(v, validate=True)
+                for k, v in require(p, "db_files", dict, name).items()
             }
-            cfs = tuple(str(c) for c in require(p, "column_families", list, name))
+            cfs = tuple(
+                column_family_from_file(c, name, "'column_families'") for c in require(p, "column_families", list, name)
+            )
         except (TypeError, ValueError):
             raise CorruptFileError("malformed file list in snapshot manifest", name) from None
+        local_names = [f.local_name for f in ssts] + list(db_files)
+        if len(set(local_names)) != len(local_names):
+            raise CorruptFileError("two files of the snapshot share a local name", name)
+        created = p.get("created_at", 0.0)
         return cls(
-            operator=require(p, "operator", str, name),
+            operator=name_from_file(require(p, "operator", str, name), Shape.OPERATOR, name, "'operator'"),
             partition=require(p, "partition", int, name),
             version=require(p, "version", int, name),
-            checkpoint_id=require(p, "checkpoint_id", str, name),
-            sst_files=ssts,
+            checkpoint_id=name_from_file(
+                require(p, "checkpoint_id", str, name), Shape.CHECKPOINT_ID, name, "'checkpoint_id'"
+            ),
+            sst_files=tuple(ssts),
             db_files=db_files,
             column_families=cfs,
             num_keys=require(p, "num_keys", int, name),
-            created_at=float(p.get("created_at", 0.0)),
+            created_at=float(created) if isinstance(created, int | float) and not isinstance(created, bool) else 0.0,
         )
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")

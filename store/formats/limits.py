@@ -1,0 +1,46 @@
+"""The caps every reader applies to what a checkpoint file claims (DESIGN invariant 12).
+
+A length, a size or a nesting depth read from a file is a claim, not a fact: each is checked against
+the cap here before anything is allocated, decompressed or recursed into, so hostile content costs at
+most a bounded amount of memory, time and temp disk. docs/formats.md ("Limits") gives each value and why.
+"""
+
+from __future__ import annotations
+
+MiB = 1 << 20
+
+MAX_FRAME_PAYLOAD = 64 * MiB
+"""A commit record's, manifest's or changelog header's JSON payload. The largest real ones are manifests
+(small RocksDB files inlined, each kept under 8 KiB by `rocks.MAX_MANIFEST_BYTES`, plus ~150 bytes per SST)."""
+
+MAX_WHOLE_FILE = 256 * MiB
+"""A file read into memory whole (`read_bytes`): the small files (frames, JSON records) and nothing else."""
+
+MAX_JSON_DEPTH = 32
+"""Nesting of any JSON a reader parses; the formats nest at most 4 deep, and Python's parser recurses."""
+
+MAX_KEY_BYTES = 16 * MiB
+"""A key (a record's, a range delete's end): checked at `put`, refused as corruption in a changelog."""
+
+MAX_VALUE_BYTES = 128 * MiB
+"""A value: checked at `put` (naming the key), refused as corruption in a changelog. The format's own
+field would hold 2 GiB; the cap keeps one block, which a reader holds decoded, small."""
+
+MAX_BLOCK_BYTES = 256 * MiB
+"""A record block's decoded size (its lengths, keys and values). The writer splits any larger batch into
+several blocks (one record always fits: 8 + `MAX_KEY_BYTES` + `MAX_VALUE_BYTES` is below it); a reader
+refuses a block claiming more before decompressing it, so a zstd bomb cannot make it allocate more."""
+
+MAX_COLUMN_FAMILY_BYTES = 255
+"""A column family name, UTF-8 (its length is one byte in a changelog block)."""
+
+__all__ = [
+    "MAX_BLOCK_BYTES",
+    "MAX_COLUMN_FAMILY_BYTES",
+    "MAX_FRAME_PAYLOAD",
+    "MAX_JSON_DEPTH",
+    "MAX_KEY_BYTES",
+    "MAX_VALUE_BYTES",
+    "MAX_WHOLE_FILE",
+    "MiB",
+]
