@@ -406,6 +406,8 @@ def _full(catalog: Catalog, syncer: _Syncer, started: float, raise_on_error: boo
     def observed() -> Iterator[FileObservation]:  # each path classified once, for the catalog and for these lists
         for info in published:
             o = _observe(info)
+            if o.kind in file_kinds.NOT_CATALOGUED:  # the maintainers' leases and deployment record
+                continue
             if o.kind == KIND_COMMIT:
                 commit_paths.append(o.path)
             elif o.kind == KIND_MANIFEST:

@@ -24,6 +24,7 @@ from statekeeper.maintenance.file_kinds import FOREIGN, MANIFEST, SST, TEMP, UPL
 from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.plan import RootPlan, StorePlan, plan_root
 from statekeeper.maintenance.reports import DeletionReport
+from statekeeper.maintenance.root_leases import LeaseLostError
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.workers import run_each
 from statekeeper.store.errors import ConfigurationError
@@ -130,8 +131,9 @@ def delete_entries(
 ) -> DeleteOutcome:
     """Delete `entries` in batches of `batch_size` (in parallel on `pool`); `check()` runs before each batch.
 
-    A failing `check` (a lost lease) or request stops the batches not yet started; what went and
-    what failed is in the outcome (`stopped` tells the caller to skip dependent steps).
+    A failing request stops the batches not yet started; what went and what failed is in the outcome
+    (`stopped` tells the caller to skip dependent steps). A lost lease (`check` raising `LeaseLostError`,
+    the fencing of invariant 15) stops them too and is raised once the batches in flight are done.
     """
     validate_deletable(entries)
     outcome = DeleteOutcome()
@@ -140,6 +142,7 @@ def delete_entries(
     by_path = {e.path: e for e in files}
     batches = [files[i : i + batch_size] for i in range(0, len(files), batch_size)]
     stop = threading.Event()
+    lost: list[LeaseLostError] = []
 
     def run(batch: list[FileEntry]) -> DeleteResult | str:
         if stop.is_set():
@@ -148,6 +151,10 @@ def delete_entries(
             if check is not None:
                 check()
             return fm.delete_many([e.path for e in batch])
+        except LeaseLostError as e:
+            stop.set()
+            lost.append(e)
+            return str(e)
         except Exception as e:
             stop.set()
             return f"delete batch of {len(batch)} file(s) failed: {e}"
@@ -157,6 +164,8 @@ def delete_entries(
     else:
         futures: list[Future[DeleteResult | str]] = [pool.submit(run, b) for b in batches]
         results = [f.result() for f in futures]
+    if lost:
+        raise lost[0]
     for r in results:
         if isinstance(r, str):
             outcome.errors.append(r)
@@ -167,9 +176,9 @@ def delete_entries(
     for e in uploads:
         if stop.is_set():
             break
+        if check is not None:
+            check()  # a lost lease is raised
         try:
-            if check is not None:
-                check()
             if not callable(abort):
                 raise ConfigurationError("the checkpoint backend has no multipart uploads")
             abort(e.path, e.upload_id)

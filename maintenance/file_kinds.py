@@ -16,7 +16,9 @@ from statekeeper.store.layout import (
     CHANGELOG_DIR,
     CHANGELOG_SUFFIX,
     COMMITS_DIR,
+    DEPLOYMENT_FILE,
     HEARTBEAT_DIR,
+    LEASES_DIR,
     MANIFEST_SUFFIX,
     SNAPSHOT_DIR,
     SPARK_DIR,
@@ -26,6 +28,7 @@ from statekeeper.store.layout import (
     parse_batch_name,
     parse_commit_name,
     parse_heartbeat_name,
+    parse_lease_name,
     parse_versioned_name,
 )
 
@@ -40,7 +43,14 @@ BATCH = "batch"
 """The Spark driver's per-batch file; its `version` is the version the batch commits (batch + 1)."""
 HEARTBEAT = "heartbeat"
 """A running Spark driver's heartbeat (store/spark/heartbeat.py); a stale one is an orphan."""
+LEASE = "lease"
+"""A maintenance lease epoch (maintenance/root_leases.py): kept and expired by the leases themselves, never an
+orphan nor foreign, and not a catalog file."""
+DEPLOYMENT = "deployment"
+"""The root's deployment record (maintenance/deployment.py): which catalog the root's maintainers use."""
 FOREIGN = "foreign"
+NOT_CATALOGUED = frozenset({LEASE, DEPLOYMENT})
+"""Kinds that are the maintainers' own coordination, not checkpoint data: no inventory, plan or catalog row."""
 
 SST_NAME = re.compile(r"^[0-9a-f]{40}(?:[0-9a-f]{24})?\.sst\Z")  # 64 digits: re-uploaded after corruption
 _TEMP_NAME = re.compile(r"^\.(.+)\.[0-9a-f]{32}\.tmp\Z")
@@ -107,12 +117,17 @@ def classify(path: str, *, temp_listing: bool = False) -> Kind:
     name = parts[-1]
     if len(parts) == 1 and _PROBE_NAME.match(name):
         return Kind(TEMP)
+    if len(parts) == 1 and name == DEPLOYMENT_FILE:
+        return Kind(DEPLOYMENT)
     if temp_listing:
         m = _TEMP_NAME.match(name)
         final = classify("/".join([*parts[:-1], m.group(1)])) if m is not None else None
         if final is None or final.kind == FOREIGN:
             return Kind(FOREIGN, _owning_store(parts))
         return Kind(TEMP, final.store, final.version, final.checkpoint_id)
+    if parts[0] == LEASES_DIR:
+        ok = len(parts) == 4 and _store_of(parts[1], parts[2]) is not None and parse_lease_name(name) is not None
+        return Kind(LEASE if ok else FOREIGN)
     if len(parts) == 2 and parts[0] == COMMITS_DIR:
         v = parse_commit_name(name)
         if v is not None and name == f"{v:020d}.commit":
@@ -152,9 +167,12 @@ __all__ = [
     "BATCH",
     "CHANGELOG",
     "COMMIT",
+    "DEPLOYMENT",
     "FOREIGN",
     "HEARTBEAT",
+    "LEASE",
     "MANIFEST",
+    "NOT_CATALOGUED",
     "SST",
     "SST_NAME",
     "TEMP",

@@ -29,6 +29,7 @@ from statekeeper.maintenance.file_kinds import (
     FOREIGN,
     HEARTBEAT,
     MANIFEST,
+    NOT_CATALOGUED,
     SST,
     SST_NAME,
     TEMP,
@@ -339,6 +340,8 @@ class Inventory:
             self.batch_files.append(entry)
         elif entry.kind == HEARTBEAT:
             self.heartbeats.append(entry)
+        elif entry.kind in NOT_CATALOGUED:
+            return  # the maintainers' leases and deployment record: kept by themselves (root_leases, deployment)
         elif entry.store is not None:
             files = self.stores.get(entry.store)
             if files is None:

@@ -1,53 +1,46 @@
-"""One maintainer per store (DESIGN invariant 5).
+"""One maintainer per store (DESIGN invariants 5 and 15): the single place maintenance takes its leases.
 
-With a catalog, the lease is a row in the catalog (`statekeeper.sql.leases`): it works across hosts, expires
-`lease_ttl_seconds` after a crash, and is renewed in the background while the work runs; every
-destructive step calls `check()` first, which raises once the lease was lost.
-
-Without a catalog, a lock file (``flock``) per store under ``<work_dir or $TMPDIR>/statekeeper-locks``
-keeps maintainers **on the same host** apart; maintainers on different hosts are not excluded, so
-production deployments pass a catalog.
+The lease lives with the store: `statekeeper.maintenance.root_leases` keeps it in the checkpoint root
+(``_leases/``, an exclusive create per epoch), so any two maintainers of one root exclude each other,
+whatever catalog each uses or none, on one host or many. It is renewed in the background while the work
+runs, and every destructive step calls `LeaseGuard.check()` first (fencing), which raises `LeaseLostError`
+once the lease was lost. With a catalog, the catalog's lease row (`statekeeper.sql.leases`) is taken
+beside it, so the catalog shows who maintains what (and a row held there still stops the store); the root's
+lease is the authority.
 
 The maintenance loop runs snapshot, expiry and orphan cleanup one after the other on the same stores:
 inside `cycle_leases` a store's lease is taken the first time an operation needs it and held, renewed
 as usual, until the cycle ends, so a store costs one acquisition and one release per cycle instead of
-three (the lease's TTL, fencing and refusal when held elsewhere are unchanged). Given the stores it will
-visit, the cycle takes every free one at its start in a single catalog transaction
-(`Catalog.acquire_leases`): one lease row per store as before, but one acquisition, one renewal thread
-and one release for all of them; a store held elsewhere is left to the per-store path, which waits
-for it up to the lease timeout and then reports it busy.
+three. Given the stores it will visit, the cycle takes every free one at its start: one listing of
+``_leases/`` and one create per store, and one catalog transaction (`Catalog.acquire_leases`); a store held
+elsewhere is left to the per-store path, which waits for it up to the lease timeout and then reports it busy.
 """
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
-import errno
-import fcntl
-import hashlib
-import os
-import tempfile
 import threading
-import time
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Protocol
 
 from statekeeper.maintenance.inventory import Inventory
+from statekeeper.maintenance.root_leases import (
+    Hold,
+    LeaseLostError,
+    MaintenanceBusyError,
+    RootLeases,
+    StoreLease,
+    default_owner,
+)
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.store.errors import StatekeeperError
+from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.layout import StoreId
 
 if TYPE_CHECKING:
     from statekeeper.maintenance.plan import StorePlan
     from statekeeper.sql.catalog import Catalog
-    from statekeeper.store.files import CheckpointFileManager
-
-LOCK_DIR = "statekeeper-locks"
-
-
-class MaintenanceBusyError(StatekeeperError):
-    """Another maintainer works on the store and did not finish within the lease timeout."""
+    from statekeeper.sql.leases import Lease
 
 
 class LeaseGuard(Protocol):
@@ -55,25 +48,48 @@ class LeaseGuard(Protocol):
         """Raise unless this maintainer still holds the store (call before each destructive step)."""
 
 
-class _FileLockGuard:
+class _Guard:
+    """A store's lease in the root, and its catalog row if there is a catalog: `check` fences on both."""
+
+    def __init__(self, root: StoreLease, row: Lease | None) -> None:
+        self.root = root
+        self.row = row
+
     def check(self) -> None:
-        return None  # a held flock cannot be lost
+        self.root.check()
+        if self.row is not None:
+            from statekeeper.sql.errors import LeaseLostError as RowLost
+
+            try:
+                self.row.check()
+            except RowLost as e:
+                raise LeaseLostError(str(e)) from None
 
 
-def lock_path(root_uri: str, store: StoreId, work_dir: str | None) -> str:
-    base = os.path.join(work_dir or tempfile.gettempdir(), LOCK_DIR)
-    digest = hashlib.sha256(root_uri.encode()).hexdigest()[:16]
-    return os.path.join(base, f"{digest}.{store.operator}.{store.partition:05d}.lock")
+def _file_manager(root: str | CheckpointFileManager) -> CheckpointFileManager:
+    return open_file_manager(root) if isinstance(root, str) else root
+
+
+def _poll(settings: MaintenanceSettings) -> float:
+    return min(0.5, max(0.05, settings.lease_timeout_seconds / 20))
+
+
+def _leases(fm: CheckpointFileManager, settings: MaintenanceSettings) -> RootLeases:
+    return RootLeases(fm, ttl=settings.lease_ttl_seconds, owner=default_owner())
 
 
 class CycleLeases:
     """The leases a maintenance cycle holds on one root: taken on first use, released when the cycle ends."""
 
-    def __init__(self, root_uri: str, settings: MaintenanceSettings, catalog: Catalog | None) -> None:
-        self.root_uri = root_uri
+    def __init__(
+        self, root: str | CheckpointFileManager, settings: MaintenanceSettings, catalog: Catalog | None
+    ) -> None:
+        self.fm = _file_manager(root)
+        self.root_uri = self.fm.root_uri
         self.settings = settings
         self.catalog = catalog
-        self.entered: list[AbstractContextManager[LeaseGuard]] = []
+        self.leases = _leases(self.fm, settings)
+        self.rows: list[Lease] = []
         self.held: dict[StoreId, LeaseGuard] = {}
         self.busy: dict[StoreId, MaintenanceBusyError] = {}
         self.store_locks: dict[StoreId, threading.Lock] = {}
@@ -87,16 +103,39 @@ class CycleLeases:
                 return self.held[store]
             if store in self.busy:  # refused once this cycle: do not wait out the timeout again
                 raise MaintenanceBusyError(str(self.busy[store]))
-            lease = _acquire(root_uri, store, self.settings, self.catalog)
             try:
-                guard = lease.__enter__()
+                self.leases.take(store, timeout=self.settings.lease_timeout_seconds, poll_interval=_poll(self.settings))
+                self.leases.keep_alive()
+                row = self._row(store)
             except MaintenanceBusyError as e:
+                self.leases.release([store])
                 self.busy[store] = e
                 raise
+            guard = _Guard(self.leases.guard(store), row)
             with self.lock:
-                self.entered.append(lease)
                 self.held[store] = guard
             return guard
+
+    def _row(self, store: StoreId) -> Lease | None:
+        """The catalog's row of the store's lease (for display; a row held elsewhere still refuses)."""
+        if self.catalog is None:
+            return None
+        from statekeeper.sql.errors import LeaseUnavailableError
+
+        try:
+            row = self.catalog.acquire_lease(
+                self.root_uri,
+                (store.operator, store.partition),
+                ttl=self.settings.lease_ttl_seconds,
+                timeout=self.settings.lease_timeout_seconds,
+                poll_interval=_poll(self.settings),
+            )
+        except LeaseUnavailableError as e:
+            raise MaintenanceBusyError(str(e)) from None
+        row.keep_alive()
+        with self.lock:
+            self.rows.append(row)
+        return row
 
     def held_stores(self) -> frozenset[StoreId]:
         """The stores whose lease this cycle holds now."""
@@ -104,38 +143,39 @@ class CycleLeases:
             return frozenset(self.held)
 
     def take_free(self, stores: Sequence[StoreId]) -> None:
-        """Take the leases of every store of `stores` nobody holds (not this cycle either): the catalog's in one
-        transaction, or without a catalog this host's lock files."""
+        """Take the leases of every store of `stores` nobody holds (not this cycle either): one listing of the
+        root's ``_leases/`` and a create per store, and with a catalog its rows in one transaction."""
         with self.lock:
             stores = [s for s in stores if s not in self.held]
-        if self.catalog is None:  # this host's lock files, each tried once
-            for store in stores:
-                lock = _file_lock(self.root_uri, store, self.settings, timeout=0.0)
-                with contextlib.suppress(MaintenanceBusyError):  # left to the per-store path, which waits
-                    guard = lock.__enter__()
-                    with self.lock:
-                        self.entered.append(lock)
-                        self.held[store] = guard
-            return
         if not stores:
             return
-        from statekeeper.sql.leases import scope_of
-
-        lease, _ = self.catalog.acquire_leases(
-            self.root_uri, [(s.operator, s.partition) for s in stores], ttl=self.settings.lease_ttl_seconds
-        )
-        if lease is None:
+        taken = [s for s, got in self.leases.take_free(stores).items() if isinstance(got, Hold)]
+        if not taken:
             return
-        lease.keep_alive()
-        taken = set(lease.scopes)
+        self.leases.keep_alive()
+        rows: dict[StoreId, Lease | None] = dict.fromkeys(taken)
+        if self.catalog is not None:
+            from statekeeper.sql.leases import scope_of
+
+            row, _ = self.catalog.acquire_leases(
+                self.root_uri, [(s.operator, s.partition) for s in taken], ttl=self.settings.lease_ttl_seconds
+            )
+            scopes = set(row.scopes) if row is not None else set()
+            refused = [s for s in taken if scope_of((s.operator, s.partition)) not in scopes]
+            self.leases.release(refused)  # left to the per-store path, which waits for the catalog's row
+            rows = {s: row for s in taken if s not in refused}
+            if row is not None:
+                row.keep_alive()
+                with self.lock:
+                    self.rows.append(row)
         with self.lock:
-            self.entered.append(lease)
-            self.held.update((s, lease) for s in stores if scope_of((s.operator, s.partition)) in taken)
+            self.held.update((s, _Guard(self.leases.guard(s), r)) for s, r in rows.items())
 
     def release(self) -> None:
         with ExitStack() as stack:  # every lease is released even if one release fails
-            for lease in self.entered:
-                stack.push(lease)
+            stack.callback(self.leases.release_all)
+            for row in self.rows:
+                stack.callback(row.release)
 
 
 _cycle: contextvars.ContextVar[CycleLeases | None] = contextvars.ContextVar("statekeeper_cycle_leases", default=None)
@@ -145,15 +185,22 @@ so only the loop's own work shares the leases (its per-store pools run in copies
 its own leases and is excluded by them as before."""
 
 
+def _root_uri(root: str | CheckpointFileManager) -> str:
+    return root.root_uri if isinstance(root, CheckpointFileManager) else open_file_manager(root).root_uri
+
+
 @contextmanager
 def cycle_leases(
-    root_uri: str, settings: MaintenanceSettings, catalog: Catalog | None, stores: Sequence[StoreId] = ()
+    root: str | CheckpointFileManager,
+    settings: MaintenanceSettings,
+    catalog: Catalog | None,
+    stores: Sequence[StoreId] = (),
 ) -> Iterator[CycleLeases]:
-    """Within the block, `store_lease` on `root_uri` (with this `catalog`) keeps each store's lease until
+    """Within the block, `store_lease` on `root` (with this `catalog`) keeps each store's lease until
     the block ends: one acquisition and one release per store for all the operations run inside it.
-    The free ones of `stores` are taken at once when the block starts (one catalog transaction); more
-    with `CycleLeases.take_free`."""
-    cycle = CycleLeases(root_uri, settings, catalog)
+    The free ones of `stores` are taken at once when the block starts (one listing of the root's leases);
+    more with `CycleLeases.take_free`."""
+    cycle = CycleLeases(root, settings, catalog)
     token = _cycle.set(cycle)
     try:
         cycle.take_free(stores)
@@ -188,83 +235,32 @@ def scan_under_leases(
 
 @contextmanager
 def store_lease(
-    root_uri: str, store: StoreId, settings: MaintenanceSettings, catalog: Catalog | None
+    root: str | CheckpointFileManager, store: StoreId, settings: MaintenanceSettings, catalog: Catalog | None
 ) -> Iterator[LeaseGuard]:
     """Hold the maintenance lease of `store` for the block; `MaintenanceBusyError` if another has it.
 
     Inside `cycle_leases` of the same root and catalog, the lease stays held after the block (until the cycle ends).
+    `root`: its file manager (a URI opens one).
     """
     cycle = _cycle.get()
-    if cycle is not None and cycle.root_uri == root_uri and cycle.catalog is catalog:
-        yield cycle.guard(root_uri, store)
+    uri = _root_uri(root)
+    if cycle is not None and cycle.root_uri == uri and cycle.catalog is catalog:
+        yield cycle.guard(uri, store)
         return
-    with _acquire(root_uri, store, settings, catalog) as guard:
-        yield guard
-
-
-@contextmanager
-def _acquire(
-    root_uri: str, store: StoreId, settings: MaintenanceSettings, catalog: Catalog | None
-) -> Iterator[LeaseGuard]:
-    if catalog is not None:
-        from statekeeper.sql.errors import LeaseUnavailableError
-
-        try:
-            lease = catalog.acquire_lease(
-                root_uri,
-                (store.operator, store.partition),
-                ttl=settings.lease_ttl_seconds,
-                timeout=settings.lease_timeout_seconds,
-                poll_interval=min(0.5, max(0.05, settings.lease_timeout_seconds / 20)),
-            )
-        except LeaseUnavailableError as e:
-            raise MaintenanceBusyError(str(e)) from None
-        try:
-            lease.keep_alive()
-            yield lease
-        finally:
-            lease.release()
-        return
-    with _file_lock(root_uri, store, settings, timeout=settings.lease_timeout_seconds) as guard:
-        yield guard
-
-
-@contextmanager
-def _file_lock(root_uri: str, store: StoreId, settings: MaintenanceSettings, *, timeout: float) -> Iterator[LeaseGuard]:
-    """The store's lock file on this host, waited for up to `timeout` seconds."""
-    path = lock_path(root_uri, store, settings.work_dir)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    one = CycleLeases(cycle.fm if cycle is not None and cycle.root_uri == uri else root, settings, catalog)
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as e:
-                if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    raise
-                if time.monotonic() >= deadline:
-                    raise MaintenanceBusyError(
-                        f"cannot maintain store {store} of {root_uri}: another maintainer on this host holds "
-                        f"its lock file {path} (waited {timeout:.1f}s)"
-                    ) from None
-                time.sleep(0.05)
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
-        yield _FileLockGuard()
+        yield one.guard(uri, store)
     finally:
-        os.close(fd)  # closing releases the flock
+        one.release()
 
 
 __all__ = [
     "CycleLeases",
     "LeaseGuard",
+    "LeaseLostError",
     "MaintenanceBusyError",
     "cycle_leases",
     "held_stores",
-    "lock_path",
     "planned_store",
     "scan_under_leases",
     "store_lease",
@@ -280,7 +276,7 @@ def planned_store(
     again by the next operation)."""
     from statekeeper.maintenance.plan import plan_store
 
-    with store_lease(root_uri, store, settings, catalog) as lease:
+    with store_lease(inv.fm if inv.fm.root_uri == root_uri else root_uri, store, settings, catalog) as lease:
         inv.rescan_store(store)
         plan = plan_store(inv, store, settings)
         if plan.blocked:

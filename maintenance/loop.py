@@ -219,7 +219,7 @@ def _cycle(
     again (`Inventory.rescan_store`) unless a deletion or snapshot failed. New stores (and all of them in
     the first cycle) are leased by the first operation that needs them, then listed again.
     """
-    with cycle_leases(fm.root_uri, settings, catalog, stores=known) as leases:
+    with cycle_leases(fm, settings, catalog, stores=known) as leases:
         inv = Inventory.scan(fm, parallelism=settings.parallelism, leased=leases.held_stores(), stores=wanted)
         result.listing_seconds += inv.seconds
         found = [s for s in inv.store_ids() if wanted is None or s in wanted]

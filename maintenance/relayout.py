@@ -108,7 +108,7 @@ def relayout(
     partitions = max(len(plan.source_ids), plan.target_layout.partitions if plan.target_layout else 0)
     with ExitStack() as leases:
         for p in range(partitions):
-            leases.enter_context(store_lease(fm.root_uri, StoreId(plan.operator, p), settings, catalog))
+            leases.enter_context(store_lease(fm, StoreId(plan.operator, p), settings, catalog))
         runner = on_executors(engine.session()) if engine is not None else None
         return execute_relayout(fm, plan, rules=TypedStateKeys(), workers=workers, runner=runner)
 

@@ -180,7 +180,7 @@ def _snapshot_store(
     requested_at: int | None,
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
-    with store_lease(fm.root_uri, store, settings, catalog) as lease:
+    with store_lease(fm, store, settings, catalog) as lease:
         leased_at = time.time()
         row = _snapshot_leased(fm, inv, store, settings, lease, t0, requested_at)
         # when this maintainer held the store (invariant 5: the holds of two maintainers never overlap)

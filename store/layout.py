@@ -27,6 +27,9 @@ BATCHES_DIR = "batches"
 BATCH_SUFFIX = ".json"
 HEARTBEAT_DIR = "heartbeat"
 EVENT_TIME_SUFFIX = ".event_time.json"
+LEASES_DIR = "_leases"
+LEASE_SUFFIX = ".lease"
+DEPLOYMENT_FILE = "_deployment.json"
 VERSION_DIGITS = 20
 
 _ID = re.compile(r"^[0-9a-f]{32}\Z")
@@ -34,6 +37,7 @@ _VERSIONED = re.compile(r"^(\d{20})_([0-9a-f]{32})(\.changelog|\.manifest)\Z")
 _COMMIT = re.compile(r"^(\d{20})\.commit\Z")
 _BATCH = re.compile(r"^(\d{20})(?:\.event_time)?\.json\Z")
 _HEARTBEAT = re.compile(r"^(\d{20})\.json\Z")
+_LEASE = re.compile(r"^(\d{20})\.lease\Z")
 
 
 def new_checkpoint_id() -> str:
@@ -145,4 +149,20 @@ def heartbeat_path(operator: str, time_ms: int) -> str:
 def parse_heartbeat_name(name: str) -> int | None:
     """`<ms>.json` -> the time in milliseconds; None for any other name."""
     m = _HEARTBEAT.match(name.rpartition("/")[2])
+    return int(m.group(1)) if m else None
+
+
+def lease_dir(store: StoreId) -> str:
+    """Where the maintenance leases of `store` live (maintenance/root_leases.py): one file per epoch."""
+    return f"{LEASES_DIR}/{store.operator}/{store.partition:05d}/"
+
+
+def lease_path(store: StoreId, epoch: int) -> str:
+    """Epoch `epoch` of `store`'s lease: created exclusively, so one maintainer wins each epoch."""
+    return f"{lease_dir(store)}{_v(epoch)}{LEASE_SUFFIX}"
+
+
+def parse_lease_name(name: str) -> int | None:
+    """`<epoch>.lease` -> the epoch; None for any other name."""
+    m = _LEASE.match(name.rpartition("/")[2])
     return int(m.group(1)) if m else None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -21,7 +20,7 @@ import pytest
 
 from statekeeper.maintenance.health import chain_bound
 from statekeeper.maintenance.inventory import Inventory
-from statekeeper.maintenance.leasing import LeaseGuard, MaintenanceBusyError, cycle_leases, lock_path, store_lease
+from statekeeper.maintenance.leasing import LeaseGuard, MaintenanceBusyError, cycle_leases, store_lease
 from statekeeper.maintenance.loop import CYCLE, CycleResult, maintain
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.workers import run_each
@@ -256,7 +255,7 @@ def _guard_of(uri: str, store: StoreId, settings: MaintenanceSettings, catalog: 
         return guard
 
 
-@pytest.mark.parametrize("with_catalog", [True, False], ids=["catalog", "lock-files"])
+@pytest.mark.parametrize("with_catalog", [True, False], ids=["catalog", "root-leases"])
 def test_stores_leased_before_the_listing_are_not_listed_again(
     make_local_history: Callable[..., History],
     settings: MaintenanceSettings,
@@ -265,7 +264,7 @@ def test_stores_leased_before_the_listing_are_not_listed_again(
     with_catalog: bool,
 ) -> None:
     """From the second cycle on the loop holds the known stores' leases before it lists the root (the
-    catalog's, or without one this host's lock files), so no operation lists a store again, nor the catalog
+    catalog's, or without one the root's), so no operation lists a store again, nor the catalog
     sync after the snapshots: what expiry deletes leaves the cycle's listing, what a snapshot writes joins
     it. Expiry keeps the chains bounded, and every retained version loads."""
     h = make_local_history()
@@ -294,7 +293,7 @@ def test_stores_leased_before_the_listing_are_not_listed_again(
         if with_catalog:
             assert stores <= {lease.scope for lease in catalog.leases(h.fm.root_uri)}
         else:
-            assert all(_lock_file_held(h.fm.root_uri, s, settings) for s in leased)
+            assert all(_root_lease_held(h.fm, s) for s in leased)
         reused.append(stores)
         return real_scan(cls, *args, leased=leased, **kw)  # type: ignore[no-any-return]
 
@@ -323,16 +322,12 @@ def test_stores_leased_before_the_listing_are_not_listed_again(
     h.check_loadable(h.retained(settings))
 
 
-def _lock_file_held(root_uri: str, store: StoreId, settings: MaintenanceSettings) -> bool:
-    """Whether a lock file lease of `store` is held (flock excludes another open file, in this process too)."""
-    fd = os.open(lock_path(root_uri, store, settings.work_dir), os.O_RDWR)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+def _root_lease_held(fm: Any, store: StoreId) -> bool:
+    """Whether `store`'s lease in the root is held: its newest epoch is a hold (a release is an empty epoch)."""
+    from statekeeper.store.layout import lease_dir
+
+    epochs = sorted(fm.list(lease_dir(store)), key=lambda f: f.path)
+    return bool(epochs) and epochs[-1].size > 0
 
 
 def test_a_fleet_keeps_a_warm_copy_of_every_store_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
