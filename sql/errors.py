@@ -1,11 +1,13 @@
-"""Errors of the metadata database. `statekeeper.sql` imports nothing of `statekeeper.store`: its own base."""
+"""Errors of the metadata database, under the root every statekeeper error shares (`statekeeper.errors`)."""
 
 from __future__ import annotations
 
 import datetime as dt
 
+from statekeeper.errors import StatekeeperError
 
-class CatalogError(Exception):
+
+class CatalogError(StatekeeperError):
     """Base class: the catalog database is missing, outdated, or a query names what it does not know."""
 
 

@@ -5,9 +5,7 @@ Each error names the file, key or setting at fault so an operator can act on it 
 
 from __future__ import annotations
 
-
-class StatekeeperError(Exception):
-    """Base class: catch this to handle every statekeeper failure."""
+from statekeeper.errors import StatekeeperError as StatekeeperError  # the root, beside the store's errors
 
 
 class ConfigurationError(StatekeeperError, ValueError):
