@@ -5,7 +5,7 @@ Each error names the file, key or setting at fault so an operator can act on it 
 
 from __future__ import annotations
 
-from statekeeper.errors import StatekeeperError as StatekeeperError  # the root, beside the store's errors
+from statekeeper.errors import StatekeeperError as StatekeeperError  # noqa: PLC0414 (the root, exported here too)
 
 
 class ConfigurationError(StatekeeperError, ValueError):
