@@ -1,0 +1,349 @@
+"""Processors written against PySpark's ``StatefulProcessor`` the way PySpark's own transformWithState
+suite writes them (python/pyspark/sql/tests/pandas/helper/helper_pandas_transform_with_state.py in
+apache/spark): the same API uses, the same pandas idioms, the same in-processor assertions. They are
+our own code (the suite's file is not copied here); each exercises what the suite's processor of the
+same name does, and each runs in both flavours (``Row`` for transformWithState, pandas for
+transformWithStateInPandas). Every batch's input is ``id string, temperature int, eventTime timestamp``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import pandas as pd
+from pyspark.errors import PySparkRuntimeError
+from pyspark.sql import Row
+from pyspark.sql.streaming import StatefulProcessor
+from pyspark.sql.types import ArrayType, IntegerType, MapType, StringType, StructField, StructType
+
+INPUT = "id string, temperature int, eventTime timestamp"
+
+
+class _Flavour(StatefulProcessor):
+    """`use_pandas`: frames in and out (transformWithStateInPandas), else Rows (transformWithState)."""
+
+    def __init__(self, use_pandas: bool) -> None:
+        self.use_pandas = use_pandas
+
+    def column(self, rows: Iterator[Any], name: str) -> list[Any]:
+        """One input column's values, whichever flavour."""
+        if self.use_pandas:
+            return [v for pdf in rows for v in pdf[name].tolist()]
+        return [getattr(r, name) for r in rows]
+
+    def emit(self, **columns: Any) -> Any:
+        """One output row (a Row, or a one-row frame)."""
+        if self.use_pandas:
+            return pd.DataFrame({k: [v] for k, v in columns.items()})
+        return Row(**columns)
+
+    def close(self) -> None:
+        pass
+
+
+class SimpleStateful(_Flavour):
+    """Counts readings and violations (> 100) per id; declares then deletes ``tempState`` in ``init``, and
+    asserts that the deleted variable's handle raises PySpark's error (issue 64, defect 1)."""
+
+    OUTPUT = "id string, countAsString string, violations int"
+
+    def __init__(self, use_pandas: bool, ttl_ms: int | None = None) -> None:
+        super().__init__(use_pandas)
+        self.ttl_ms = ttl_ms
+
+    def init(self, handle: Any) -> None:
+        schema = StructType([StructField("value", IntegerType(), True)])
+        self.violations = handle.getValueState("numViolations", schema, self.ttl_ms)
+        self.temp_state = handle.getValueState("tempState", schema)
+        handle.deleteIfExists("tempState")
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        try:
+            self.temp_state.exists()
+        except PySparkRuntimeError as e:
+            assert "Error checking value state exists" in str(e), e
+        else:
+            raise AssertionError("a deleted state variable's handle must raise")
+        temperatures = [t for t in self.column(rows, "temperature") if t is not None and t == t]
+        before = self.violations.get()[0] if self.violations.exists() else 0
+        total = before + sum(1 for t in temperatures if t > 100)
+        self.violations.update((total,))
+        yield self.emit(id=key[0], countAsString=str(len(temperatures)), violations=total)
+
+
+class EventTimeMax(_Flavour):
+    """The max event time (s) per id; an event-time timer at the watermark clears it (pandas: the suite's
+    ``astype("int64") // 10**9``, right only with nanosecond frames: defect 2)."""
+
+    OUTPUT = "id string, timestamp string"
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        self.max_state = handle.getValueState("max_state", StructType([StructField("value", StringType(), True)]))
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        if self.use_pandas:
+            seconds = [s for pdf in rows for s in (pdf["eventTime"].astype("int64") // 10**9).tolist()]
+        else:
+            seconds = [int(r.eventTime.timestamp()) for r in rows]
+        current = int(self.max_state.get()[0]) if self.max_state.exists() else 0
+        latest = str(max(current, *seconds))
+        self.max_state.update((latest,))
+        self.handle.registerTimer(timerValues.getCurrentWatermarkInMs())
+        yield self.emit(id=key[0], timestamp=latest)
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:
+        self.max_state.clear()
+        self.handle.deleteTimer(expiredTimerInfo.getExpiryTimeInMs())
+        yield self.emit(id=f"{key[0]}-expired", timestamp=str(expiredTimerInfo.getExpiryTimeInMs()))
+
+
+class EventTimeMin(_Flavour):
+    """The min event time (s) per id, without timers (time mode "EventTime": late rows are dropped)."""
+
+    OUTPUT = "id string, timestamp string"
+
+    def init(self, handle: Any) -> None:
+        self.min_state = handle.getValueState("min_state", StructType([StructField("value", StringType(), True)]))
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        if self.use_pandas:
+            seconds = [s for pdf in rows for s in (pdf["eventTime"].astype("int64") // 10**9).tolist()]
+        else:
+            seconds = [int(r.eventTime.timestamp()) for r in rows]
+        current = int(self.min_state.get()[0]) if self.min_state.exists() else sys.maxsize
+        earliest = str(min(current, *seconds))
+        self.min_state.update((earliest,))
+        yield self.emit(id=key[0], timestamp=earliest)
+
+
+class ProcTimeTimers(_Flavour):
+    """Running count per id; id "0" registers a processing-time timer at every input; on expiry the
+    handler lists the key's timers (the firing one and the one registered this batch: defect 3),
+    twice, checks both listings agree, clears the count and deletes the timer."""
+
+    OUTPUT = "id string, countAsString string"
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        self.count_state = handle.getValueState("count_state", StructType([StructField("value", StringType(), True)]))
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        count = int(self.count_state.get()[0]) if self.count_state.exists() else 0
+        if key == ("0",):
+            self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs() + 1)
+        count += len(self.column(rows, "temperature"))
+        self.count_state.update((str(count),))
+        yield self.emit(id=key[0], countAsString=str(count))
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:
+        first = list(self.handle.listTimers())
+        second = list(self.handle.listTimers())
+        assert first == second, (first, second)
+        assert expiredTimerInfo.getExpiryTimeInMs() in first, first
+        if first:
+            assert len(first) == 2, first
+        self.count_state.clear()
+        self.handle.deleteTimer(expiredTimerInfo.getExpiryTimeInMs())
+        yield self.emit(id=key[0], countAsString="-1")
+
+
+class InitialStateSum(_Flavour):
+    """Sums temperatures per id on top of an initial value; the pandas flavour reads frames by label
+    (``initialState.at[0, "initVal"]``, ``pdf.at[0, "temperature"]``): frames must start at 0 (defect 4)."""
+
+    OUTPUT = "id string, value string, first int"
+    SEEDS = {("0",): 789, ("3",): 987}
+
+    def init(self, handle: Any) -> None:
+        self.value_state = handle.getValueState("value_state", StructType([StructField("value", IntegerType(), True)]))
+
+    def handleInitialState(self, key: Any, initialState: Any, timerValues: Any) -> None:
+        seed = int(initialState.at[0, "initVal"]) if self.use_pandas else initialState.initVal
+        assert self.SEEDS[key] == seed, (key, seed)
+        self.value_state.update((seed,))
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        total = self.value_state.get()[0] if self.value_state.exists() else 0
+        first = None
+        for chunk in rows:
+            if self.use_pandas:
+                first = int(chunk.at[0, "temperature"]) if first is None else first
+                total += int(chunk["temperature"].astype(int).sum())
+            else:
+                first = chunk.temperature if first is None else first
+                total += chunk.temperature
+        self.value_state.update((total,))
+        yield self.emit(id=key[0], value=str(total), first=first)
+
+
+class RowCounter(_Flavour):
+    """Counts every row per id: with ``withWatermark`` on the input and time mode "None" or
+    "ProcessingTime", late rows still arrive (defect 5)."""
+
+    OUTPUT = "id string, count long"
+
+    def init(self, handle: Any) -> None:
+        self.count = handle.getValueState("count", "n long")
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        n = (self.count.get() or (0,))[0] + len(self.column(rows, "temperature"))
+        self.count.update((n,))
+        yield self.emit(id=key[0], count=n)
+
+
+class Address(NamedTuple):
+    road_id: int
+    city: str
+
+
+class CompositeState(_Flavour):
+    """Arrays of arrays, arrays of structs, maps of arrays and maps of maps in Value, List and Map state
+    (defect 6); nested structs come back as Rows (``.asDict()``)."""
+
+    OUTPUT = "id string, value_arr string, list_state_arr string, map_state_arr string, nested_map_state_arr string"
+    TAGS = [["dummy1", "dummy2"], ["dummy3"]]
+    METADATA = [{"key": "env", "value": "prod"}, {"key": "region", "value": "us-west"}]
+    ATTRIBUTES = {"key1": [1], "key2": [10]}
+    CONFS = {"e1": {"e2": 5, "e3": 10}}
+    ADDRESS = [Address(1, "Seattle"), Address(3, "SF")]
+
+    def init(self, handle: Any) -> None:
+        pair = StructType([StructField("key", StringType()), StructField("value", StringType())])
+        address = StructType([StructField("road_id", IntegerType()), StructField("city", StringType())])
+        obj = StructType(
+            [
+                StructField("id", ArrayType(IntegerType())),
+                StructField("tags", ArrayType(ArrayType(StringType()))),
+                StructField("metadata", ArrayType(pair)),
+                StructField("address", ArrayType(address)),
+            ]
+        )
+        entry = StructType(
+            [
+                StructField("id", IntegerType(), True),
+                StructField("attributes", MapType(StringType(), ArrayType(IntegerType())), True),
+                StructField("confs", MapType(StringType(), MapType(StringType(), IntegerType()), True), True),
+            ]
+        )
+        self.obj_state = handle.getValueState("obj_state", obj)
+        self.list_state = handle.getListState("list_state", obj)
+        self.map_state = handle.getMapState("map_state", "name string", entry)
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        name = key[0]
+        total = int(sum(int(t) for t in self.column(rows, "temperature")))
+        if self.obj_state.exists():
+            ids, tags, metadata, address = self.obj_state.get()
+            assert tags == self.TAGS, tags
+            assert metadata == [Row(**m) for m in self.METADATA], metadata
+            assert address == [Row(**a._asdict()) for a in self.ADDRESS], address
+            ids = [int(x + total) for x in ids]
+        else:
+            ids = [0]
+        self.obj_state.update((ids, self.TAGS, self.METADATA, self.ADDRESS))
+        updated = []
+        for list_ids, tags, metadata, address in self.list_state.get():
+            list_ids.append(total)
+            updated.append((list_ids, tags, [m.asDict() for m in metadata], address))
+        self.list_state.put(updated or [(ids, self.TAGS, self.METADATA, self.ADDRESS)])
+        if not self.map_state.containsKey(name):
+            self.map_state.updateValue(name, (0, self.ATTRIBUTES, self.CONFS))
+        else:
+            entry_id, attributes, confs = self.map_state.getValue(name)
+            attributes[name] = [total]
+            confs.setdefault("e1", {})[name] = total
+            self.map_state.updateValue(name, (entry_id, attributes, confs))
+        _, attributes, confs = self.map_state.getValue(name)
+        yield self.emit(
+            id=name,
+            value_arr=",".join(map(str, ids)),
+            list_state_arr=",".join(str(i) for list_ids, *_ in self.list_state.get() for i in list_ids),
+            map_state_arr=json.dumps(attributes, sort_keys=True),
+            nested_map_state_arr=json.dumps(confs, sort_keys=True),
+        )
+
+
+_INNER = "struct<intValue:int,doubleValue:double,arrayValue:array<string>,mapValue:map<string,string>>"
+
+
+class CompositeOutput(_Flavour):
+    """Output columns of arrays, maps, arrays of structs and maps of structs (defect 7 for pandas)."""
+
+    OUTPUT = (
+        "primitiveValue string, listOfPrimitive array<string>, mapOfPrimitive map<string,string>, "
+        f"listOfComposite array<{_INNER}>, mapOfComposite map<string,{_INNER}>"
+    )
+
+    def init(self, handle: Any) -> None:
+        self.count_state = handle.getValueState("count_state", StructType([StructField("value", IntegerType(), True)]))
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        count = (self.count_state.get()[0] if self.count_state.exists() else 0) + len(self.column(rows, "temperature"))
+        self.count_state.update((count,))
+
+        def inner(i: int, scale: float) -> dict[str, Any]:
+            return {
+                "intValue": int(i * scale),
+                "doubleValue": float(i * scale),
+                "arrayValue": [f"elem_{i}_{j}" for j in range(i + 1)],
+                "mapValue": {f"map_{i}_{j}": f"val_{i}_{j}" for j in range(i + 1)},
+            }
+
+        yield self.emit(
+            primitiveValue=f"key_{key[0]}_count_{count}",
+            listOfPrimitive=[f"item_{i}" for i in range(count)],
+            mapOfPrimitive={f"key{i}": f"value{i}" for i in range(count)},
+            listOfComposite=[inner(i, 1.5) for i in range(count)],
+            mapOfComposite={f"nested_key{i}": inner(i, 2.5) for i in range(count)},
+        )
+
+
+class MapStateOps(_Flavour):
+    """MapState: updateValue / containsKey / getValue / keys / values / iterator / removeKey / clear."""
+
+    OUTPUT = "id string, countAsString string"
+
+    def init(self, handle: Any) -> None:
+        self.map_state = handle.getMapState("mapState", "name string", "count int")
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        count = len(self.column(rows, "temperature"))
+        k1, k2 = ("key1",), ("key2",)
+        v1 = count + (self.map_state.getValue(k1)[0] if self.map_state.containsKey(k1) else 0)
+        v2 = count + (self.map_state.getValue(k2)[0] if self.map_state.containsKey(k2) else 0)
+        self.map_state.updateValue(k1, (v1,))
+        self.map_state.updateValue(k2, (v2,))
+        assert [k[0] for k in self.map_state.keys()] == ["key1", "key2"]  # noqa: SIM118 - a MapState
+        assert [v[0] for v in self.map_state.values()] == [v1, v2]
+        assert [(k[0], v[0]) for k, v in self.map_state.iterator()] == [("key1", v1), ("key2", v2)]
+        self.map_state.removeKey(k1)
+        assert not self.map_state.containsKey(k1) and self.map_state.exists()
+        yield self.emit(id=key[0], countAsString=str(v2))
+
+
+class ListStateOps(_Flavour):
+    """ListState: put / appendValue / appendList, interleaved iterators, a timestamp list."""
+
+    OUTPUT = "id string, countAsString string"
+
+    def init(self, handle: Any) -> None:
+        self.list_state = handle.getListState("listState", "temperature int")
+        self.times = handle.getListState("listStateTimestamp", "time timestamp")
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        import datetime as dt
+
+        count = len(self.column(rows, "temperature"))
+        self.list_state.put([(120,), (20,)])
+        self.list_state.appendValue((111,))
+        self.list_state.appendList([(120,), (20,)])
+        a, b = self.list_state.get(), self.list_state.get()
+        assert [next(a)[0], next(b)[0], next(a)[0]] == [120, 120, 20]
+        assert [x[0] for x in a] == [111, 120, 20] and [x[0] for x in b] == [20, 111, 120, 20]
+        now = dt.datetime.fromtimestamp(timerValues.getCurrentProcessingTimeInMs() / 1000)
+        self.times.put([(now + dt.timedelta(minutes=1),)])
+        yield self.emit(id=key[0], countAsString=str(count))
