@@ -252,7 +252,9 @@ class Replica:
         for base in sorted((v for v in snapshots if start <= v <= version), reverse=True):
             self._discard()
             try:
-                restore_snapshot(self.fm, self.store, snapshots[base], self.db_dir)
+                manifest = snapshots[base]
+                path = self.store.manifest(base, manifest.checkpoint_id)
+                restore_snapshot(self.fm, self.store, manifest, self.db_dir, manifest_path=path)
                 return base
             except (CorruptFileError, UnsupportedFormatError, FileNotFoundError) as e:
                 log.warning(

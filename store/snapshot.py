@@ -20,8 +20,10 @@ import rocksdict as rd
 from statekeeper.store.errors import CheckpointFileExistsError, CorruptFileError
 from statekeeper.store.faults import reached as fault_point
 from statekeeper.store.files.base import CheckpointFileManager
+from statekeeper.store.formats.names import Shape, join_inside, name_from_file
 from statekeeper.store.formats.snapshot import SnapshotManifest, SstFile
 from statekeeper.store.layout import StoreId
+from statekeeper.store.snapshot_content import content_of
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +113,7 @@ def write_snapshot(
         cfs = tuple(rd.Rdict.list_cf(ckpt_dir, rd.Options(raw_mode=True)))
         for cf in cfs:
             num_keys += db.get_column_family(cf).property_int_value("rocksdb.estimate-num-keys") or 0
+        key_count, content_sha256 = content_of(ckpt_dir)  # the files as uploaded open to this (invariant 14)
         manifest = SnapshotManifest(
             operator=store.operator,
             partition=store.partition,
@@ -120,6 +123,8 @@ def write_snapshot(
             db_files=db_files,
             column_families=cfs,
             num_keys=num_keys,
+            key_count=key_count,
+            content_sha256=content_sha256,
         )
         path = store.manifest(version, checkpoint_id)
         with fm.create(path, exclusive=True) as out:
@@ -136,22 +141,54 @@ def sst_name(digest: str, existing: set[str], corrupt: frozenset[str] = frozense
 
 
 def read_manifest(fm: CheckpointFileManager, path: str) -> SnapshotManifest:
-    return SnapshotManifest.from_bytes(fm.read_bytes(path), getattr(fm, "root_uri", "") + "/" + path)
+    return SnapshotManifest.from_bytes(fm.read_bytes(path), manifest_uri(fm, path))
+
+
+def manifest_uri(fm: CheckpointFileManager, path: str) -> str:
+    return getattr(fm, "root_uri", "") + "/" + path
+
+
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+"""A restored file is new in the fresh DB directory: never one already there, never through a symlink."""
 
 
 def restore_snapshot(
-    fm: CheckpointFileManager, store: StoreId, manifest: SnapshotManifest, db_dir: str, *, verify: bool = True
+    fm: CheckpointFileManager,
+    store: StoreId,
+    manifest: SnapshotManifest,
+    db_dir: str,
+    *,
+    verify: bool = True,
+    manifest_path: str | None = None,
 ) -> None:
-    """Materialise the snapshot as a RocksDB directory at `db_dir` (which must not exist)."""
+    """Materialise the snapshot as a RocksDB directory at `db_dir` (which must not exist).
+
+    Every file goes directly into `db_dir` under a name checked by `names.join_inside` (the manifest is file
+    content: DESIGN invariant 12) and is created exclusively, so a manifest naming a file twice, or a
+    path, writes nothing outside it. `manifest_path` names the manifest in those errors.
+    """
+    where = (
+        manifest_uri(fm, manifest_path) if manifest_path else f"the manifest of snapshot {manifest.version} of {store}"
+    )
     os.makedirs(db_dir)
     for sst in manifest.sst_files:
-        target = os.path.join(db_dir, sst.local_name)
-        remote = store.sst(sst.remote_name)
+        target = join_inside(db_dir, sst.local_name, Shape.SST_LOCAL, where, "'sst_files' local name")
+        remote = store.sst(name_from_file(sst.remote_name, Shape.SST_REMOTE, where, "'sst_files' remote name"))
+        os.close(_create_new(target, where))
         size = fm.download(remote, target)
         if size != sst.size:
             raise CorruptFileError(f"SST file has {size} bytes, manifest says {sst.size}", remote)
         if verify and file_sha256(target) != sst.sha256:
             raise CorruptFileError("SST file content does not match its checksum in the manifest", remote)
     for name, data in manifest.db_files.items():
-        with open(os.path.join(db_dir, name), "wb") as f:
+        target = join_inside(db_dir, name, Shape.DB_FILE, where, "'db_files'")
+        with os.fdopen(_create_new(target, where), "wb") as f:
             f.write(data)
+
+
+def _create_new(path: str, manifest: str) -> int:
+    try:
+        return os.open(path, _NEW_FILE, 0o644)
+    except (FileExistsError, IsADirectoryError):
+        name = os.path.basename(path)
+        raise CorruptFileError(f"the snapshot names file {name!r} twice", manifest) from None

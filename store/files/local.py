@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import unquote, urlparse
 
-from statekeeper.store.errors import CheckpointError, CheckpointWriteError, ConfigurationError
+from statekeeper.store.errors import CheckpointError, CheckpointWriteError, ConfigurationError, CorruptFileError
 from statekeeper.store.faults import reached as fault_point
 from statekeeper.store.files.base import DeleteResult, FileInfo, PublishOnExit, file_not_found, overwrite_refused
 from statekeeper.store.files.paths import (
@@ -25,8 +27,14 @@ from statekeeper.store.files.paths import (
     validate_prefix,
     validate_relative_path,
 )
+from statekeeper.store.formats.limits import MAX_WHOLE_FILE
+
+log = logging.getLogger(__name__)
 
 TEMP_SUFFIX = ".tmp"
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+"""A reader never follows a symlink at the file's own name and never blocks opening it (a FIFO)."""
+_DIRS_REMEMBERED = 4096
 FileInfos = list[FileInfo]  # spelled here: inside `LocalFileManager`, `list` is its method
 
 
@@ -150,10 +158,36 @@ def _sorted_entries(
                         temps.append(FileInfo(f"{rel}/{e.name}" if rel else e.name, st.st_size, st.st_mtime))
             continue
         is_dir = e.is_dir(follow_symlinks=False)
+        if not is_dir and not e.is_file(follow_symlinks=False):  # d_type: no system call
+            log.warning("skipping %s: not a regular file or directory (a symlink, FIFO or device)", e.path)
+            continue
         sort_name = e.name + "/" if is_dir else e.name
         keyed.append((f"{rel}/{sort_name}" if rel else sort_name, e, is_dir))
     keyed.sort(key=lambda t: t[0])
     return keyed
+
+
+def _copy_at_most(src: int, dst: int, size: int) -> int:
+    """Copy up to `size` bytes from descriptor `src` to `dst` (in the kernel where it can); returns how many."""
+    copied = 0
+    try:
+        while copied < size:
+            sent = os.sendfile(dst, src, copied, min(size - copied, 1 << 30))
+            if sent == 0:
+                return copied
+            copied += sent
+        return copied
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP) or copied:
+            raise
+    while copied < size:  # no sendfile between these files
+        chunk = memoryview(os.pread(src, min(size - copied, 1 << 20), copied))
+        if not chunk:
+            break
+        copied += len(chunk)
+        while chunk:
+            chunk = chunk[os.write(dst, chunk) :]
+    return copied
 
 
 class LocalFileManager:
@@ -171,6 +205,8 @@ class LocalFileManager:
         if os.path.exists(self._root) and not os.path.isdir(self._root):
             raise ConfigurationError(f"checkpoint root {self._root!r} exists and is not a directory")
         self._root_uri = Path(self._root).as_uri()  # once: every file's name and cache key starts with it
+        self._real_root: str | None = None
+        self._dirs_inside: set[str] = set()
 
     @property
     def root_uri(self) -> str:
@@ -238,25 +274,82 @@ class LocalFileManager:
             shutil.copyfileobj(src, out._file, 1 << 20)
             return out._file.tell()
 
-    def open(self, path: str) -> BinaryIO:
+    def _open_regular(self, path: str) -> tuple[int, int]:
+        """(descriptor, size) of `path` opened for reading, if it is a regular file inside the root.
+
+        Opened without blocking and without following a symlink at its name, then checked on the open
+        descriptor (no race with a rename): a FIFO, device, socket or symlink named like a checkpoint file, or
+        one reached through a symlinked directory out of the root, is a `CorruptFileError` naming it, never
+        read (DESIGN invariant 12).
+        """
+        full = self._abs(path)
         try:
-            return open(self._abs(path), "rb")
+            fd = os.open(full, _READ_FLAGS)
         except FileNotFoundError:
             raise file_not_found(self.uri_of(path)) from None
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.EMLINK, errno.ENXIO, errno.EISDIR):
+                raise CorruptFileError(
+                    "not a regular file (a symlink, socket or directory)", self.uri_of(path)
+                ) from None
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise CorruptFileError("not a regular file (a FIFO, device or directory)", self.uri_of(path))
+            if not self._inside_root(full):
+                raise CorruptFileError("reached through a symlink out of the checkpoint root", self.uri_of(path))
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, st.st_size
+
+    def _inside_root(self, full: str) -> bool:
+        """Whether `full`'s directory, symlinks resolved, is under the root's (resolved once). Directories
+        found inside are remembered (a few thousand at most), so opening is not a path walk per file."""
+        directory = os.path.dirname(full)
+        if directory in self._dirs_inside:
+            return True
+        real_root = self._real_root
+        if real_root is None:
+            real_root = self._real_root = os.path.realpath(self._root)
+        real_dir = os.path.realpath(directory)
+        inside = real_dir == real_root or real_dir.startswith(real_root.rstrip("/") + "/")
+        if inside:
+            if len(self._dirs_inside) >= _DIRS_REMEMBERED:
+                self._dirs_inside.clear()
+            self._dirs_inside.add(directory)
+        return inside
+
+    def open(self, path: str) -> BinaryIO:
+        fd, _size = self._open_regular(path)
+        return os.fdopen(fd, "rb")
 
     def read_bytes(self, path: str) -> bytes:
-        with self.open(path) as f:
-            return f.read()
+        """The whole file; one larger than `MAX_WHOLE_FILE` (no small file is) is refused unread."""
+        fd, size = self._open_regular(path)
+        with os.fdopen(fd, "rb") as f:
+            if size > MAX_WHOLE_FILE:
+                raise CorruptFileError(
+                    f"file has {size} bytes, above the {MAX_WHOLE_FILE}-byte limit of a file read whole",
+                    self.uri_of(path),
+                )
+            return f.read(size + 1)  # +1: a file grown since is read short, not unbounded
 
     def download(self, path: str, local_path: str) -> int:
-        src = self._abs(path)
+        """Copy the regular file at `path` to `local_path`: at most the size it had when opened, so a copy
+        is bounded however the source changes meanwhile."""
+        fd, size = self._open_regular(path)
         try:
-            shutil.copyfile(src, local_path)
-        except FileNotFoundError:
-            if not os.path.exists(src):
-                raise file_not_found(self.uri_of(path)) from None
+            with open(local_path, "wb") as dst:
+                copied = _copy_at_most(fd, dst.fileno(), size)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(local_path)
             raise
-        return os.path.getsize(local_path)
+        finally:
+            os.close(fd)
+        return copied
 
     def exists(self, path: str) -> bool:
         return os.path.isfile(self._abs(path))
