@@ -18,11 +18,12 @@ from typing import Any, cast
 
 import botocore.exceptions as bce
 
-from statekeeper.store.errors import CheckpointError
+from statekeeper.store.errors import CheckpointError, CorruptFileError
 from statekeeper.store.files.base import file_not_found
 from statekeeper.store.files.s3.errors import STREAM_ERRORS, backoff, error_code
 from statekeeper.store.files.s3.options import MiB
 from statekeeper.store.files.s3.root import S3Root
+from statekeeper.store.formats.limits import MAX_WHOLE_FILE
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,12 @@ class S3Reader(io.RawIOBase):
         return len(data)
 
     def readall(self) -> bytes:
+        """The whole object; one larger than `MAX_WHOLE_FILE` (no file read whole is) is refused unread."""
+        if self.size - self._pos > MAX_WHOLE_FILE:
+            raise CorruptFileError(
+                f"file has {self.size} bytes, above the {MAX_WHOLE_FILE}-byte limit of a file read whole",
+                self._root.uri_of(self._path),
+            )
         out = bytearray()
         while chunk := self._read_some(MiB):
             out += chunk
