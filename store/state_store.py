@@ -28,6 +28,8 @@ from statekeeper.store.config import StoreConfig
 from statekeeper.store.errors import ConfigurationError, StatekeeperError, StoreStateError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.formats.changelog import ChangelogHeader, ChangelogWriter, Lineage
+from statekeeper.store.formats.limits import MAX_KEY_BYTES, MAX_VALUE_BYTES
+from statekeeper.store.formats.names import shown, validate_column_family
 from statekeeper.store.layout import StoreId, new_checkpoint_id, validate_checkpoint_id, validate_version
 from statekeeper.store.load_plan import CheckpointPlanSource, LoadPlan, resolve_load_plan
 from statekeeper.store.loading import LoadMetrics, PlanExecution
@@ -146,14 +148,32 @@ class ColumnFamily:
 
     # -- writes ---------------------------------------------------------------------------------
     def put(self, key: bytes, value: bytes) -> None:
+        size = len(key) + len(value)
+        if size > MAX_KEY_BYTES:  # one comparison: only a big record is looked at closer
+            self._check_record(key, value)
         self._db_put(key, value)
         self._keys.append(key)
         self._vals.append(value)
-        self._pending += len(key) + len(value)
+        self._pending += size
         if self._pending >= self._limit:
             self._flush()
 
+    def _check_record(self, key: bytes, value: bytes | None) -> None:
+        """Refuse a record the changelog format cannot hold, naming it (docs/formats.md, "Limits")."""
+        if len(key) > MAX_KEY_BYTES:
+            raise ConfigurationError(
+                f"a key of column family {self.name!r} has {len(key)} bytes, above the {MAX_KEY_BYTES}-byte limit: "
+                f"{shown(key)}"
+            )
+        if value is not None and len(value) > MAX_VALUE_BYTES:
+            raise ConfigurationError(
+                f"the value of key {shown(key)} in column family {self.name!r} has {len(value)} bytes, above the "
+                f"{MAX_VALUE_BYTES}-byte limit"
+            )
+
     def delete(self, key: bytes) -> None:
+        if len(key) > MAX_KEY_BYTES:
+            self._check_record(key, None)
         self._db_delete(key)
         self._keys.append(key)
         self._vals.append(None)
@@ -212,6 +232,8 @@ class ColumnFamily:
         logged as one range-delete block: O(1) however many keys it covers."""
         if self._db_put is _closed:
             _closed()
+        for bound in (start, end or b""):
+            self._check_record(bound, None)
         self._flush()  # order: the buffered records are older than the tombstone
         if end is None:
             it = self._db.iter()
@@ -232,6 +254,9 @@ class ColumnFamily:
             _closed()
         if None in ks:
             raise ConfigurationError(f"a key is None in a batch for column family {self.name!r}")
+        if max(map(len, ks), default=0) > MAX_KEY_BYTES or max(map(len, filter(None, vs)), default=0) > MAX_VALUE_BYTES:
+            for k, v in zip(ks, vs, strict=True):
+                self._check_record(k, v)
         wb = rd.WriteBatch(raw_mode=True)
         wb.set_default_column_family(self._handle)
         put, delete = wb.put, wb.delete
@@ -496,8 +521,7 @@ class StateStore(PlanExecution):
         cf = self._cfs.get(name)
         if cf is not None:
             return cf
-        if not name or len(name.encode()) > 255:
-            raise ConfigurationError(f"invalid column family name {name!r}: 1-255 bytes")
+        validate_column_family(name)
         db.create_column_family(name, db_options())
         cf = self._make_cf(name)
         if self._writer is not None:
