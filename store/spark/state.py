@@ -538,11 +538,15 @@ class MapState(_State):
     kind = "map"
 
     _uk: KeyCodec | None = None
+    _one_field_key = False
 
     def _use_record(self) -> None:
         super()._use_record()
-        if self._uk is None and self._record.user_key_schema is not None:
-            self._uk = KeyCodec(self._record.user_key_schema, f"state variable {self.name!r}, map key")
+        schema = self._record.user_key_schema
+        if self._uk is None and schema is not None:
+            self._uk = KeyCodec(schema, f"state variable {self.name!r}, map key")
+            # a bare value for a one-field key struct, as PySpark takes one ("name string" keyed by "a")
+            self._one_field_key = schema.is_struct and len(schema.fields) == 1
 
     def _uk_codec(self, userKey: Any) -> KeyCodec:
         if self._uk is None:
@@ -553,7 +557,8 @@ class MapState(_State):
         return self._uk
 
     def _skey(self, userKey: Any) -> bytes:
-        return self._ctx.require_gk() + (self._uk or self._uk_codec(userKey)).encode(userKey)
+        key = (userKey,) if self._one_field_key and not isinstance(userKey, tuple | list) else userKey
+        return self._ctx.require_gk() + (self._uk or self._uk_codec(key)).encode(key)
 
     def _entries(self) -> Iterator[tuple[bytes, Any]]:
         prefix = self._ctx.require_gk()

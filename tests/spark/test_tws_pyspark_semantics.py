@@ -1,0 +1,212 @@
+"""PySpark's transformWithState semantics that processors of PySpark's own suite rely on (issue 64),
+through TwsTester (no Spark, cheap): a deleted variable's handle raises, pandas frames as PySpark's
+(nanosecond timestamps, indexed from 0, maps as dicts), the firing timer listed during its handler, late
+rows dropped only in EventTime, MapType in state and in output. The same processors run on Spark beside
+PySpark's operator in test_pyspark_suite_parity.py."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from statekeeper.store.errors import StatekeeperError
+from statekeeper.store.formats.typed_codec import ValueCodec
+from statekeeper.store.formats.typed_schema import (
+    SchemaEvolutionError,
+    check_evolution,
+    from_arrow,
+    from_json,
+    infer,
+    map_of,
+    parse_ddl,
+    projector,
+    to_schema,
+)
+from statekeeper.store.spark.deleted_state import StateVariableDeletedError
+from statekeeper.store.spark.pandas_frames import from_pandas, to_pandas
+from statekeeper.store.spark.testing import TwsTester
+from tests.spark.pyspark_tws import processors as p
+
+T0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+T0_S = int(T0.timestamp())
+FLAVOURS = ["rows", "pandas"]
+
+
+def _rows(*rows: tuple[str, int, float]) -> pa.Table:
+    return pa.table(
+        {
+            "id": [r[0] for r in rows],
+            "temperature": pa.array([r[1] for r in rows], pa.int32()),
+            "eventTime": pa.array([T0 + dt.timedelta(seconds=r[2]) for r in rows], pa.timestamp("us", tz="UTC")),
+        }
+    )
+
+
+def _tester(processor: Any, flavour: str, **kw: Any) -> TwsTester:
+    return TwsTester(processor, "id", type(processor).OUTPUT, input_format=flavour, **kw)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_deleted_state_variable_handle_raises_like_pyspark(flavour: str) -> None:
+    """SimpleStateful asserts inside handleInputRows that its deleted ``tempState`` handle raises."""
+    with _tester(p.SimpleStateful(flavour == "pandas"), flavour, time_mode="None") as t:
+        assert sorted(t.run(_rows(("0", 123, 0), ("0", 46, 1), ("1", 146, 2)))) == [("0", "2", 1), ("1", "1", 1)]
+        assert sorted(t.run(_rows(("0", 200, 3)))) == [("0", "1", 2)]
+        assert t.value_state("numViolations") == {("0",): (2,), ("1",): (1,)}
+
+
+class _Deleter(p.SimpleStateful):
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
+        for call in (self.temp_state.get, lambda: self.temp_state.update((1,)), self.temp_state.clear):
+            with pytest.raises(StateVariableDeletedError, match=r"was deleted by handle\.deleteIfExists") as e:
+                call()
+            assert isinstance(e.value, StatekeeperError)
+        self.handle.getValueState("tempState", "value int").update((7,))  # declared again: a new variable
+        yield from super().handleInputRows(key, rows, timerValues)
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        super().init(handle)
+
+
+def test_every_method_of_a_deleted_handle_raises_and_redeclaring_gives_a_fresh_variable() -> None:
+    with _tester(_Deleter(False), "rows", time_mode="None") as t:
+        t.run(_rows(("0", 1, 0)))
+        assert t.value_state("tempState") == {("0",): (7,)}
+
+
+def test_pandas_event_times_are_nanoseconds_like_pyspark() -> None:
+    """``astype("int64") // 10**9`` gives seconds on PySpark's frames (microseconds would be 1000x off)."""
+    kw = {"time_mode": "EventTime", "event_time_column": "eventTime", "watermark_delay": "5 seconds"}
+    for flavour in FLAVOURS:
+        with _tester(p.EventTimeMax(flavour == "pandas"), flavour, **kw) as t:
+            out = t.run(_rows(("0", 1, 0), ("0", 1, 1), ("1", 1, 3)))
+            assert sorted(r for r in out if not r[0].endswith("-expired")) == [
+                ("0", str(T0_S + 1)),
+                ("1", str(T0_S + 3)),
+            ]
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_firing_timer_is_listed_until_its_handler_deletes_it(flavour: str) -> None:
+    """ProcTimeTimers asserts inside handleExpiredTimer that listTimers has the firing timer and the new one."""
+    with _tester(p.ProcTimeTimers(flavour == "pandas"), flavour) as t:
+        t.run(_rows(("0", 1, 0), ("1", 1, 0)), processing_time_ms=1000)
+        assert t.timers() == [(("0",), 1001)]
+        assert sorted(t.run(_rows(("0", 1, 0)), processing_time_ms=2000)) == [("0", "-1"), ("0", "2")]
+        assert t.timers() == [(("0",), 2001)]  # the fired one is gone after its handler
+        assert t.last_metrics is not None and t.last_metrics.timers_fired == 1
+
+
+def test_pandas_frames_are_indexed_from_zero_like_pyspark() -> None:
+    """InitialStateSum reads ``initialState.at[0, ...]`` and ``pdf.at[0, ...]``; keys share one chunk here."""
+    initial = [{"id": "0", "initVal": 789}, {"id": "3", "initVal": 987}]
+    for flavour in FLAVOURS:
+        with _tester(p.InitialStateSum(flavour == "pandas"), flavour, time_mode="None", initial_state=initial) as t:
+            out = t.run(_rows(("0", 10, 0), ("0", 5, 0), ("1", 7, 0), ("3", 20, 0), ("3", 2, 0)))
+            assert sorted(out) == [("0", "804", 10), ("1", "7", 7), ("3", "1009", 20)]
+
+
+@pytest.mark.parametrize(("time_mode", "late_kept"), [("None", True), ("ProcessingTime", True), ("EventTime", False)])
+def test_late_rows_are_dropped_only_in_event_time(time_mode: str, late_kept: bool) -> None:
+    kw = {"time_mode": time_mode, "event_time_column": "eventTime", "watermark_delay": "5 seconds"}
+    with _tester(p.RowCounter(False), "rows", **kw) as t:
+        t.run(_rows(("0", 1, 0)))
+        t.run(_rows(("0", 1, 30)))  # the watermark reaches 25 s for the next batch's late rows... one on
+        t.run(_rows(("0", 1, 31)))
+        assert t.run(_rows(("0", 1, 10))) == ([("0", 4)] if late_kept else [])
+        assert t.last_metrics is not None and t.last_metrics.late_rows == (0 if late_kept else 1)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_map_types_in_value_list_and_map_state(flavour: str) -> None:
+    """CompositeState: maps of arrays and maps of maps in a MapState value, arrays of structs (as Rows)."""
+    with _tester(p.CompositeState(flavour == "pandas"), flavour, time_mode="None") as t:
+        assert t.run(_rows(("a", 3, 0), ("a", 4, 0))) == [
+            ("a", "0", "0", '{"key1": [1], "key2": [10]}', '{"e1": {"e2": 5, "e3": 10}}')
+        ]
+        assert t.run(_rows(("a", 5, 0))) == [
+            ("a", "5", "0,5", '{"a": [5], "key1": [1], "key2": [10]}', '{"e1": {"a": 5, "e2": 5, "e3": 10}}')
+        ]
+        assert t.map_state("map_state")[("a",)] == {
+            ("a",): (0, {"key1": [1], "key2": [10], "a": [5]}, {"e1": {"e2": 5, "e3": 10, "a": 5}})
+        }
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_map_typed_output_columns(flavour: str) -> None:
+    with _tester(p.CompositeOutput(flavour == "pandas"), flavour, time_mode="None") as t:
+        t.run(_rows(("k", 1, 0)))
+        (row,) = t.run(_rows(("k", 1, 0)))
+    inner = {
+        "intValue": 2,
+        "doubleValue": 2.5,
+        "arrayValue": ["elem_1_0", "elem_1_1"],
+        "mapValue": {"map_1_0": "val_1_0", "map_1_1": "val_1_1"},
+    }
+    assert row[0] == "key_k_count_2"
+    assert dict(row[2]) == {"key0": "value0", "key1": "value1"}
+    assert dict(row[4])["nested_key1"]["mapValue"] in (inner["mapValue"], list(inner["mapValue"].items()))
+
+
+def test_map_schemas_parse_round_trip_evolve_and_encode_in_entry_order() -> None:
+    from pyspark.sql.types import ArrayType, IntegerType, LongType, MapType, StringType, StructField, StructType
+
+    spark_type = StructType(
+        [StructField("m", MapType(StringType(), MapType(StringType(), ArrayType(IntegerType())), True))]
+    )
+    ours = to_schema(spark_type, "x")
+    assert ours is not None and json.loads(ours.to_json()) == spark_type.jsonValue()
+    assert parse_ddl("m map<string, map<string, array<int>>>") == ours == from_json(ours.to_json())
+    assert from_arrow(pa.map_(pa.string(), pa.int64()), "x") == map_of(parse_ddl("string"), parse_ddl("long"))
+    assert infer({"a": 1}, "x") == map_of(parse_ddl("string"), parse_ddl("long"))
+    widened = to_schema(StructType([StructField("m", MapType(StringType(), LongType()))]), "x")
+    narrow = parse_ddl("m map<string, int>")
+    assert widened is not None
+    check_evolution(narrow, widened, "v")  # map values widen like any value
+    with pytest.raises(SchemaEvolutionError, match="map keys cannot change"):
+        check_evolution(narrow, parse_ddl("m map<int, int>"), "v")
+    assert (
+        projector(parse_ddl("m map<string, struct<a:int, b:int>>"), parse_ddl("m map<string, struct<b:int>>"))
+        is not None
+    )
+    codec = ValueCodec(parse_ddl("m map<string, int>, d decimal(10,2), b binary, day date"), "x")
+    value = ({"z": 1, "a": None, "m": 3}, decimal.Decimal("1.25"), b"\x00\x01", dt.date(2024, 2, 29))
+    raw = codec.encode(value)
+    assert codec.encode(({"z": 1, "a": None, "m": 3}, *value[1:])) == raw  # deterministic bytes
+    decoded = codec.decode(raw)
+    assert decoded == value and list(decoded[0]) == ["z", "a", "m"]  # the map's own order
+    with pytest.raises(Exception, match="cannot be part of a key"):
+        from statekeeper.store.formats.typed_keys import KeyCodec
+
+        KeyCodec(parse_ddl("m map<string, int>"), "grouping key")
+
+
+def test_arrow_to_pandas_types_are_pysparks() -> None:
+    table = pa.table(
+        {
+            "ts": pa.array([T0], pa.timestamp("us", tz="UTC")),
+            "ntz": pa.array([dt.datetime(2024, 1, 1, 12)], pa.timestamp("us")),
+            "day": pa.array([dt.date(2024, 1, 2)], pa.date32()),
+            "dec": pa.array([decimal.Decimal("1.50")], pa.decimal128(10, 2)),
+            "bin": pa.array([b"\x01"], pa.binary()),
+            "m": pa.array([[("a", [("x", 1)])]], pa.map_(pa.string(), pa.map_(pa.string(), pa.int32()))),
+            "s": pa.array([{"k": [("q", 2)]}], pa.struct([("k", pa.map_(pa.string(), pa.int64()))])),
+        }
+    )
+    pdf = to_pandas(table)
+    assert str(pdf["ts"].dtype) == "datetime64[ns]" and int(pdf["ts"].astype("int64")[0]) == T0_S * 10**9
+    assert str(pdf["ntz"].dtype) == "datetime64[ns]" and pdf["ntz"][0] == pd.Timestamp("2024-01-01 12:00")
+    assert pdf["day"][0] == dt.date(2024, 1, 2) and pdf["dec"][0] == decimal.Decimal("1.50")
+    assert pdf["bin"][0] == b"\x01" and pdf["m"][0] == {"a": {"x": 1}} and pdf["s"][0] == {"k": {"q": 2}}
+    # a zoned timestamp is wall time in the session time zone, as PySpark's _check_series_localize_timestamps
+    assert to_pandas(table, "America/New_York")["ts"][0] == pd.Timestamp("2023-12-31 19:00")
+    fields = [pa.field("m", pa.map_(pa.string(), pa.struct([("v", pa.map_(pa.string(), pa.string()))])))]
+    (column,) = from_pandas(pd.DataFrame({"m": [{"k": {"v": {"a": "b"}}}]}), fields)
+    assert column.type == fields[0].type and column.to_pylist() == [[("k", {"v": [("a", "b")]})]]
