@@ -49,7 +49,7 @@ def _apply(model: dict[str, dict[bytes, bytes]], op: Op) -> None:
 
 
 def _write(path: Path, version: int, ops: list[Op], work: Path) -> None:
-    writer = ChangelogWriter(str(path), ChangelogHeader("op", 0, version, f"id{version}", ()))
+    writer = ChangelogWriter(str(path), ChangelogHeader("op", 0, version, f"{version:032x}", ()))
     for i, op in enumerate(ops):
         kind, cf = op[0], op[1]
         if kind == "block":
