@@ -258,10 +258,10 @@ def maintain_root(
     t0 = time.perf_counter()
     since = utcnow()
     with catalog.session() as cat:
-        before: list[StoreChain] = []
-        if cat.find_root(root) is not None:  # a root new to the catalog has no chains yet (and no cheap sync)
-            sync_lineage(cat, storage, root, fresh_within=FRESH_SYNC_SECONDS, list_stores=False)
-            before = chains_of(cat, root)
+        # the chains the run finds: the new commit records, however recent the last sync (a root new to the
+        # catalog is listed whole, once)
+        sync_lineage(cat, storage, root, list_stores=False)
+        before = chains_of(cat, root)
         with _run_leases(asset_name, cat, root, maintenance, settings, kwargs):
             report = operation(fm, settings, catalog=cat, orchestrator_run_id=run_id, **kwargs)
         catalog_run = ensure_recorded(
