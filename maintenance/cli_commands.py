@@ -42,10 +42,14 @@ log = logging.getLogger("statekeeper")  # as the command's printed problems (cli
 
 
 def settings_of(args: argparse.Namespace) -> MaintenanceSettings:
-    """The maintenance settings: the command's options over the ``STATEKEEPER_<SETTING>`` environment."""
+    """The maintenance settings: the command's options over the ``STATEKEEPER_<SETTING>`` environment (made once
+    per command, when `statekeeper.maintenance.cli_checks` checks the environment at the start)."""
     from statekeeper.maintenance.settings import MaintenanceSettings
 
-    return MaintenanceSettings.from_env(
+    made = vars(args).get("_settings")
+    if isinstance(made, MaintenanceSettings):
+        return made
+    settings = MaintenanceSettings.from_env(
         snapshot_threshold=getattr(args, "threshold", None),
         snapshot_spread=getattr(args, "snapshot_spread", None),
         snapshot_schedule=getattr(args, "snapshot_schedule", None),
@@ -61,12 +65,22 @@ def settings_of(args: argparse.Namespace) -> MaintenanceSettings:
         delete_batch_size=getattr(args, "delete_batch_size", None),
         catalog_history_seconds=getattr(args, "catalog_history", None),
     )
+    args._settings = settings
+    return settings
 
 
 def db_url(args: argparse.Namespace) -> str:
-    from statekeeper.sql.db import default_url
+    """``--db``, else ``STATEKEEPER_DB_URL``, else the catalog the root's deployment recorded, else the embedded
+    default (`statekeeper.maintenance.deployment.chosen_catalog`); unless given by ``--db``, one stderr line says
+    which."""
+    from statekeeper.maintenance.deployment import chosen_catalog
+    from statekeeper.sql.db import normalize_url
 
-    return str(args.db) if args.db else default_url()
+    roots = [args.root] if getattr(args, "root", None) else list(getattr(args, "roots", None) or [])
+    url, source = chosen_catalog(args.db, roots)
+    if not args.db:
+        sys.stderr.write(f"statekeeper: catalog {normalize_url(url).render_as_string(hide_password=True)} ({source})\n")
+    return url
 
 
 @contextmanager
@@ -160,16 +174,21 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         doc["version_files"] = _version_files(inv, plan.stores.get(args.stores[0]), args.stores[0], args.version)
 
     def text() -> str:
+        records = (
+            "no commit records"
+            if inv.oldest_record is None
+            else f"commit records from version {inv.oldest_record} (floor {plan.floor})"
+        )
         out = [
-            f"{inv.root_uri}: latest version {inv.latest}, {len(rows)} store(s), "
-            f"commit records from {inv.oldest_record} (floor {plan.floor})",
+            f"{inv.root_uri}: latest version {inv.latest}, {len(rows)} store(s), {records}",
             table(rows, limit=row_limit(args)),
         ]
         if any(s.change for s in layouts):
             out += describe_layouts(layouts)
         if "version_files" in doc:
             vf = doc["version_files"]
-            out.append(f"version {args.version} of {args.stores[0]} (base snapshot {vf['snapshot_version']}):")
+            base = f"base snapshot {vf['snapshot_version']}" if vf["snapshot_version"] else "no base snapshot"
+            out.append(f"version {args.version} of {args.stores[0]} ({base}):")
             out.append(table(vf["files"], limit=None))
         out += listed("problems:", problems, None)
         out += listed("warnings (someone else's files; left alone, not a failure):", warnings, row_limit(args))
@@ -331,7 +350,9 @@ def cmd_catalog_files(args: argparse.Namespace) -> int:
     def text() -> str:
         rows = [{"path": f.path, "kind": f.kind, "bytes": f.size, "state": f.state} for f in vf.files]
         lines = [
-            f"version {vf.version} of {args.store}: base snapshot {vf.snapshot_version}, {vf.total_bytes:,} bytes",
+            f"version {vf.version} of {args.store}: "
+            + (f"base snapshot {vf.snapshot_version}" if vf.snapshot_version else "no base snapshot")
+            + f", {vf.total_bytes:,} bytes",
             table(rows, limit=None),
         ]
         lines += [f"  missing: {m}" for m in vf.missing]
@@ -355,7 +376,8 @@ def cmd_catalog_retention(args: argparse.Namespace) -> int:
     def text() -> str:
         return (
             f"keeping {retain} version(s) per store would delete {plan.total_files} state file(s), "
-            f"{plan.total_bytes:,} bytes (as the catalog knows them; `expire --dry-run` reads the location)\n"
+            f"{plan.total_bytes:,} bytes (as the catalog knows them; 'statekeeper expire --dry-run' reads the "
+            "location)\n"
             + table(rows, limit=row_limit(args))
         )
 

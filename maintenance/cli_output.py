@@ -73,7 +73,7 @@ def listed(title: str, items: Sequence[Any], limit: int | None) -> list[str]:
 
 
 def report_out(args: argparse.Namespace, report: Report, columns: Sequence[str] | None = None) -> int:
-    """Print a maintenance report (summary, rows, counts, errors, warnings); its exit code."""
+    """Print a maintenance report (summary, rows, counts; its errors and warnings on stderr); its exit code."""
     limit = row_limit(args)
 
     def text() -> str:
@@ -82,28 +82,33 @@ def report_out(args: argparse.Namespace, report: Report, columns: Sequence[str] 
         if rows:
             parts.append(table(rows, columns, limit=limit))
         parts.append(", ".join(f"{k}={v}" for k, v in report.metadata().items() if k not in ("seconds",)))
-        parts += listed("errors:", report.errors, limit)
-        parts += listed("warnings (not a failure):", report.warnings, limit)
         return "\n".join(parts)
 
     emit(args, report.to_json(), text)
-    log_problems(report)
+    log_problems(report, limit=limit if not args.json else 10)
     return EXIT_OK if report.ok else EXIT_ERRORS
 
 
-def log_problems(report: Report, *, warnings: bool = True) -> None:
-    """The first ten errors (and warnings) of `report` on the log, for whoever reads stderr."""
-    for e in report.errors[:10]:
-        log.error("%s", e)
-    for w in report.warnings[:10] if warnings else ():
-        log.warning("%s", w)
+def log_problems(report: Report, *, warnings: bool = True, limit: int | None = 10) -> None:
+    """The errors (and warnings) of `report` on stderr, once each: the text on stdout counts them, ``--json``
+    lists them all. At most `limit` of each, then how many more there are."""
+    named: list[tuple[int, list[str]]] = [(logging.ERROR, report.errors)]
+    for level, items in [*named, *([(logging.WARNING, report.warnings)] if warnings else [])]:
+        for item in items[:limit]:
+            log.log(level, "%s", item)
+        if limit is not None and len(items) > limit:
+            log.log(level, "... and %d more (--all or --json names every one)", len(items) - limit)
 
 
-def print_failure(args: argparse.Namespace, e: BaseException, code: int) -> int:
-    """Name the error on stderr (and as a JSON document with ``--json``); returns `code`."""
-    sys.stderr.write(f"statekeeper {args.command}: error: {e}\n")
+def print_failure(args: argparse.Namespace, e: BaseException, code: int, message: str | None = None) -> int:
+    """Name the error on stderr (and as a JSON document with ``--json``), as `message` if given; returns `code`."""
+    text = str(e) if message is None else message
+    command = " ".join(
+        str(getattr(args, a)) for a in ("command", "catalog_command", "db_command") if getattr(args, a, None)
+    )
+    sys.stderr.write(f"statekeeper {command}: error: {text}\n")
     if getattr(args, "json", False):
-        json.dump({"ok": False, "error": str(e), "error_type": type(e).__name__, "exit_code": code}, sys.stdout)
+        json.dump({"ok": False, "error": text, "error_type": type(e).__name__, "exit_code": code}, sys.stdout)
         sys.stdout.write("\n")
     return code
 

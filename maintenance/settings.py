@@ -143,8 +143,17 @@ class MaintenanceSettings:
         unknown = set(overrides) - {f.name for f in fields(cls)}
         if unknown:
             raise ConfigurationError(f"unknown maintenance setting(s) {sorted(unknown)}")
+        from_env = set(values)
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+        try:
+            return cls(**values)
+        except ConfigurationError:
+            for name in sorted(from_env - {k for k, v in overrides.items() if v is not None}):
+                try:  # name the variable a bad value came from
+                    cls(**{name: values[name]})
+                except ConfigurationError as e:
+                    raise ConfigurationError(f"{e} (from the environment variable {cls.env_name(name)})") from None
+            raise
 
     def snapshot_due_at(self, operator: str, partition: int, since: int) -> int:
         """The chain length at which the store is due for a snapshot, its chain starting at version `since` (its
