@@ -36,7 +36,15 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from statekeeper.orchestration.config import ENV_DB_URL, ENV_ROOTS, default_roots, repo_dir
+from statekeeper.orchestration.config import (
+    ENV_DB_URL,
+    ENV_ORPHAN_SCHEDULE,
+    ENV_ROOTS,
+    ENV_SENSOR_INTERVAL,
+    ENV_VERIFY_SCHEDULE,
+    default_roots,
+    repo_dir,
+)
 
 DEFAULT_PORT = 3000
 READY_TIMEOUT_S = 240.0
@@ -75,12 +83,28 @@ def prepare_home(home: Path) -> Path:
     return home
 
 
+DEMO_DEFAULTS = {
+    "STATEKEEPER_SNAPSHOT_THRESHOLD": "30",
+    ENV_SENSOR_INTERVAL: "10",
+    ENV_ORPHAN_SCHEDULE: "*/15 * * * *",
+    ENV_VERIFY_SCHEDULE: "*/5 * * * *",
+}
+"""What the demo runs with unless the environment says otherwise. The demo's query commits every 2 s; with the
+code location's defaults (threshold 10, a sensor tick every 30 s: 15 commits) a store crossed the threshold
+long before a tick saw it, and its snapshot landed at chains of 25-30, past twice the threshold. At 30 and a tick
+every 10 s, a snapshot lands about 5 (the tick) + 5 (the run's start) commits after its crossing: within the
+bound, with one snapshot run a minute on the 2 cores the query shares. Orphan cleanup and verification run every
+15 and 5 minutes, so that they are seen in a demo (daily and hourly by default)."""
+
+
 def child_env(home: Path, run_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["DAGSTER_HOME"] = str(home)
     env.setdefault(ENV_ROOTS, ",".join(default_roots()))
     env.setdefault(ENV_DB_URL, f"sqlite:///{run_dir / 'catalog.db'}")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    for name, value in DEMO_DEFAULTS.items():
+        env.setdefault(name, value)
     return env
 
 
