@@ -1,6 +1,9 @@
 """Expiry: keep the newest `min_versions_to_retain` committed versions of each store loadable, delete
 the committed files none of them needs (rules in `statekeeper.maintenance.plan`).
 
+A snapshot becomes the base only once proven to open to what it recorded (DESIGN invariant 14): expiry
+opens each store's next base first (`prove_bases`), and one that fails keeps the older base and its files.
+
 Per store, under its lease, after listing the store again: manifests first, then the SSTs only they
 referenced (so no surviving manifest ever names a deleted SST), then changelogs. Commit records go
 last, only those below every store's base, and only in a run over every store of the root. A crash
@@ -19,17 +22,19 @@ import logging
 import math
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from statekeeper.maintenance.deletion import DeleteOutcome, Deleter, each_store, plan_deletions, run_deleter
 from statekeeper.maintenance.file_kinds import FileEntry
 from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.leasing import planned_store, scan_under_leases
-from statekeeper.maintenance.plan import StorePlan
+from statekeeper.maintenance.plan import StorePlan, plan_store
 from statekeeper.maintenance.reports import ExpiryReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshot_health import base_problem
+from statekeeper.maintenance.snapshot_health import base_problem, proof_problem
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
+from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import StoreId
 
 if TYPE_CHECKING:
@@ -66,6 +71,7 @@ def expire_versions(
     report = ExpiryReport(root=fm.root_uri, dry_run=dry_run)
     with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
         inv = inventory or scan_under_leases(fm, settings, catalog, progress=progress, stores=wanted)
+        prove_bases(fm, inv, wanted if wanted is not None else inv.store_ids(), settings)
         root, plans = plan_deletions(inv, settings, wanted, report)
         root_expired = [*root.expired_batches, *root.expired_commits]  # commit records last
         for p in plans:
@@ -140,6 +146,30 @@ def _expire_store(deleter: Deleter, inv: Inventory, store: StoreId, catalog: Cat
         return deleter.delete_in_order(plan.expired, lease.check)
 
 
+def prove_bases(
+    fm: CheckpointFileManager, inv: Inventory, stores: Iterable[StoreId], settings: MaintenanceSettings
+) -> None:
+    """Open and check each store's next base snapshot that is not proven yet (DESIGN invariant 14), so the
+    plan may move the base onto it; one that fails is a bad snapshot from then on (the plan keeps the older
+    base, `statekeeper snapshot` replaces it). In parallel over stores; nothing is deleted here."""
+    todo = []
+    for s in stores:
+        plan = plan_store(inv, s, settings)
+        if plan.unproven_base is not None and not plan.blocked:
+            todo.append((s, inv.files_of(s).manifest_data.get(plan.unproven_base)))
+    todo = [(s, m) for s, m in todo if m is not None]
+    if not todo:
+        return
+
+    def prove(item: tuple[StoreId, SnapshotManifest]) -> None:
+        why = proof_problem(fm, item[0], item[1], work_dir=settings.work_dir)
+        if why is not None:
+            log.warning("store %s: %s; expiry keeps the older base", item[0], why)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(settings.parallelism, len(todo)))) as pool:
+        list(pool.map(prove, todo))
+
+
 def _corrupt_bases(
     fm: CheckpointFileManager, inv: Inventory, plans: list[StorePlan], work_dir: str | None
 ) -> dict[StoreId, str]:
@@ -158,4 +188,4 @@ def _account(report: ExpiryReport, store: str | None, entries: Iterable[FileEntr
         report.count(e, row)
 
 
-__all__ = ["PRUNE_EVERY_SECONDS", "expire_versions", "prune_catalog_history"]
+__all__ = ["PRUNE_EVERY_SECONDS", "expire_versions", "prove_bases", "prune_catalog_history"]

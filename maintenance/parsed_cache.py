@@ -100,7 +100,8 @@ class ParsedFiles(Generic[V]):
 
 
 class KnownSsts:
-    """(root, store) -> names of the store's SSTs this process found one way (sound, or corrupt); thread-safe."""
+    """(root, store) -> names of the store's files (SSTs, or manifests) this process found one way (sound, or
+    corrupt); thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -150,6 +151,19 @@ SOUND_SSTS = KnownSsts()
 """SSTs whose content matched its checksum in this process (`statekeeper.maintenance.snapshot_health`)."""
 CORRUPT_SSTS = KnownSsts()
 """SSTs whose content did not match: a fresh snapshot must not reuse their names (snapshot repair)."""
+PROVEN_SNAPSHOTS = KnownSsts()
+"""Manifest paths of snapshots this process opened and found holding what they recorded at build time (or
+wrote itself from files it opened): only these become an expiry base (DESIGN invariant 14)."""
+UNOPENABLE_SNAPSHOTS = KnownSsts()
+"""Manifest paths of snapshots that did not open, or opened to other content: bad snapshots (invariant 10)."""
 
 
-__all__ = ["CORRUPT_SSTS", "SOUND_SSTS", "KnownSsts", "ParsedFiles", "scope_of"]
+__all__ = [
+    "CORRUPT_SSTS",
+    "PROVEN_SNAPSHOTS",
+    "SOUND_SSTS",
+    "UNOPENABLE_SNAPSHOTS",
+    "KnownSsts",
+    "ParsedFiles",
+    "scope_of",
+]

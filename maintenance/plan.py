@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 from statekeeper.maintenance.file_kinds import FOREIGN, MANIFEST, FileEntry
 from statekeeper.maintenance.inventory import Inventory, StoreFiles
+from statekeeper.maintenance.parsed_cache import PROVEN_SNAPSHOTS, UNOPENABLE_SNAPSHOTS
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import COMMITS_DIR, StoreId
@@ -77,6 +78,9 @@ class StorePlan:
     problem_count: int = 0
     notes: list[str] = field(default_factory=list)
     """Things worth knowing that are not problems (e.g. retention shortened by an earlier run)."""
+    unproven_base: tuple[int, str] | None = None
+    """The snapshot that would be the base but has not been proven to open yet (DESIGN invariant 14): the
+    base stays older until expiry proves it (`statekeeper.maintenance.snapshot_health.proof_problem`)."""
     retired: bool = False
     """A rescale down removed the store from its operator's layout, and no retained version of the
     operator names it any more: every committed file of it is expired."""
@@ -95,9 +99,8 @@ class StorePlan:
         return max((v for v in (*self.intact_snapshots, *self.full_state) if v <= version), default=0)
 
 
-_plans: weakref.WeakKeyDictionary[Inventory, dict[StoreId, tuple[StoreFiles, MaintenanceSettings, StorePlan]]] = (
-    weakref.WeakKeyDictionary()
-)
+_Memo = tuple[StoreFiles, MaintenanceSettings, StorePlan, tuple[frozenset[str], frozenset[str]]]
+_plans: weakref.WeakKeyDictionary[Inventory, dict[StoreId, _Memo]] = weakref.WeakKeyDictionary()
 _plans_lock = threading.Lock()
 
 
@@ -112,15 +115,21 @@ def plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, *,
     if now is not None:
         return _plan_store(inv, store, settings, now)
     files = inv.files_of(store)
+    proofs = _proofs(inv, store)
     with _plans_lock:
         memo = _plans.setdefault(inv, {})
         cached = memo.get(store)
-    if cached is not None and cached[0] is files and cached[1] == settings:
+    if cached is not None and cached[0] is files and cached[1] == settings and cached[3] == proofs:
         return cached[2]
     plan = _plan_store(inv, store, settings, time.time())
     with _plans_lock:
-        memo[store] = (files, settings, plan)
+        memo[store] = (files, settings, plan, proofs)
     return plan
+
+
+def _proofs(inv: Inventory, store: StoreId) -> tuple[frozenset[str], frozenset[str]]:
+    """(proven, unopenable) manifest paths of `store` known to this process."""
+    return PROVEN_SNAPSHOTS.names(inv.root_uri, store), UNOPENABLE_SNAPSHOTS.names(inv.root_uri, store)
 
 
 def _plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, now: float) -> StorePlan:
@@ -135,11 +144,16 @@ def _plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, n
     for path in sorted(inv.unreadable):
         plan.problem(f"commit record {path} cannot be read, so no version can be classified safely")
 
-    # Intact committed snapshots: readable, and every SST present with the size the manifest names.
+    # Intact committed snapshots: readable, and every SST present with the size the manifest names, and not
+    # found unable to open (invariant 14).
+    proven, unopenable = _proofs(inv, store)
     broken: list[tuple[int | None, str]] = []
     for (v, cid), entry in sorted(files.manifests.items()):
         m = files.manifest_data.get((v, cid))
         if m is None or committed.get(v) != cid:
+            continue
+        if entry.path in unopenable:
+            broken.append((v, f"snapshot {entry.path} is broken: it does not open to what it recorded when built"))
             continue
         bad = _missing_ssts(files.ssts, m)
         if bad:
@@ -164,9 +178,19 @@ def _plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, n
             for v, cid in plan.intact_snapshots.items()
             if v <= newest and now - files.manifests[(v, cid)].mtime >= load_grace
         ]
-        b = max([*settled, *(v for v in plan.full_state if v <= newest)], default=0)
+        # A snapshot is a base only once proven to open (invariant 14): until then the older base stays.
+        candidate = max([*settled, *(v for v in plan.full_state if v <= newest)], default=0)
+        if candidate in plan.intact_snapshots and files.manifests[(candidate, committed[candidate])].path not in proven:
+            plan.unproven_base = (candidate, committed[candidate])
+        full = [v for v in plan.full_state if v <= newest]
+        b = max([*(v for v in settled if files.manifests[(v, committed[v])].path in proven), *full], default=0)
         plan.base = (b, plan.intact_snapshots.get(b) or plan.full_state[b]) if b else None
-        if b != newest:
+        if plan.unproven_base is not None and b < candidate:
+            plan.notes.append(
+                f"store {plan.store}: the snapshot at version {candidate} is not proven to open yet; "
+                f"expiry keeps everything after version {b} until it is"
+            )
+        elif b != newest:
             plan.notes.append(
                 f"store {plan.store}: the snapshot at version {newest} is younger than load_grace_seconds; "
                 f"expiry keeps everything after version {b}"

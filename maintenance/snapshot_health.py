@@ -24,19 +24,21 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from statekeeper.maintenance.parsed_cache import CORRUPT_SSTS, SOUND_SSTS
+from statekeeper.maintenance.parsed_cache import CORRUPT_SSTS, PROVEN_SNAPSHOTS, SOUND_SSTS, UNOPENABLE_SNAPSHOTS
 from statekeeper.maintenance.plan import StorePlan
-from statekeeper.store.errors import StatekeeperError
+from statekeeper.store.errors import CorruptFileError, StatekeeperError, UnsupportedFormatError
 from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.files.base import FileInfo
 from statekeeper.store.formats.snapshot import SnapshotManifest, SstFile
 from statekeeper.store.layout import StoreId
-from statekeeper.store.snapshot import file_sha256
+from statekeeper.store.snapshot import file_sha256, restore_snapshot
+from statekeeper.store.snapshot_content import check_restored
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,8 @@ def forget() -> None:
     global _hashed
     SOUND_SSTS.clear()
     CORRUPT_SSTS.clear()
+    PROVEN_SNAPSHOTS.clear()
+    UNOPENABLE_SNAPSHOTS.clear()
     with _hashed_lock:
         _hashed = 0
 
@@ -69,8 +73,76 @@ def corrupt_ssts(root: str, store: StoreId) -> frozenset[str]:
 
 
 def mark_sound(root: str, store: StoreId, manifest: SnapshotManifest) -> None:
-    """Record the SSTs of a snapshot this process just wrote from local files it hashed."""
+    """Record the SSTs of a snapshot this process just wrote from local files it hashed, and the snapshot as
+    proven: its manifest's key count and digest were taken by opening those very files."""
     SOUND_SSTS.add(root, store, (s.remote_name for s in manifest.sst_files))
+    PROVEN_SNAPSHOTS.add(root, store, [store.manifest(manifest.version, manifest.checkpoint_id)])
+
+
+def _fingerprint(manifest: SnapshotManifest) -> str:
+    return hashlib.sha256(manifest.to_bytes()).hexdigest()
+
+
+def proof_problem(
+    fm: CheckpointFileManager,
+    store: StoreId,
+    manifest: SnapshotManifest,
+    *,
+    work_dir: str | None = None,
+    again: bool = False,
+) -> str | None:
+    """Why the snapshot cannot be a base (None: it is proven). DESIGN invariant 14.
+
+    Proving restores it into a temporary directory (each SST's size and SHA-256 checked), opens it and
+    finds the key count and digest its manifest recorded at build time. The outcome is kept for the process
+    (`PROVEN_SNAPSHOTS`, `UNOPENABLE_SNAPSHOTS`) and, with `work_dir`, a proof for later processes beside the
+    verified SSTs (`VerifiedSsts`, keyed by the manifest's exact bytes). `again`: open it whatever is known
+    (verify reads the bytes)."""
+    root = fm.root_uri
+    path = store.manifest(manifest.version, manifest.checkpoint_id)
+    name = f"{root}/{path}"
+    verified = VerifiedSsts(work_dir, root, store) if work_dir is not None else None
+    if not again:
+        if (root, store, path) in UNOPENABLE_SNAPSHOTS:
+            return f"snapshot {name} cannot be a base: it does not open to what it recorded"
+        if (root, store, path) in PROVEN_SNAPSHOTS:
+            return None
+        if verified is not None and verified.proven.get(path) == _fingerprint(manifest):
+            PROVEN_SNAPSHOTS.add(root, store, [path])
+            return None
+    global _hashed
+    tmp = tempfile.mkdtemp(prefix="statekeeper-prove-")
+    try:
+        restore_snapshot(fm, store, manifest, os.path.join(tmp, "db"))
+        with _hashed_lock:
+            _hashed += len(manifest.sst_files)
+        check_restored(manifest, os.path.join(tmp, "db"), name)
+    except (CorruptFileError, UnsupportedFormatError, FileNotFoundError) as e:
+        UNOPENABLE_SNAPSHOTS.add(root, store, [path])
+        PROVEN_SNAPSHOTS.discard(root, store, [path])
+        if verified is not None:
+            verified.proven.pop(path, None)
+            verified.changed()
+            verified.save()
+        return f"snapshot {name} cannot be a base: {e}"
+    except (StatekeeperError, OSError) as e:
+        return f"snapshot {name} could not be opened to prove it ({e})"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    SOUND_SSTS.add(root, store, (s.remote_name for s in manifest.sst_files))
+    PROVEN_SNAPSHOTS.add(root, store, [path])
+    UNOPENABLE_SNAPSHOTS.discard(root, store, [path])
+    if verified is not None:
+        verified.proven[path] = _fingerprint(manifest)
+        for old in sorted(verified.proven)[:-PROOFS_KEPT]:  # names sort by version: the newest stay
+            del verified.proven[old]
+        verified.changed()
+        verified.save()
+    return None
+
+
+PROOFS_KEPT = 8
+"""Proofs a store's `VerifiedSsts` file keeps: its newest snapshots, the only ones that become bases."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +166,8 @@ class VerifiedSsts:
         self.path = os.path.join(work_dir, VERIFIED_DIR, digest, store.operator, f"{store.partition:05d}.json")
         self.root = root
         self.store = str(store)
+        self.proven: dict[str, str] = {}
+        """Manifest path -> SHA-256 of its bytes, for the snapshots proven to open (`proof_problem`)."""
         self.entries: dict[str, VerifiedSst] = self._read()
         self._changed = False
 
@@ -103,6 +177,7 @@ class VerifiedSsts:
                 data = json.load(f)
             if data.get("root") != self.root or data.get("store") != self.store:
                 return {}
+            self.proven = {str(k): str(v) for k, v in data.get("snapshots", {}).items()}
             return {
                 str(name): VerifiedSst(int(e["size"]), float(e["mtime"]), str(e["sha256"]))
                 for name, e in data["ssts"].items()
@@ -111,7 +186,11 @@ class VerifiedSsts:
             return {}
         except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
             log.warning("ignoring the verified-SST cache %s (%s): its SSTs are hashed again", self.path, e)
+            self.proven = {}
             return {}
+
+    def changed(self) -> None:
+        self._changed = True
 
     def is_sound(self, sst: SstFile, size: int, mtime: float) -> bool:
         """Whether `sst`, now listed with `size` and `mtime`, is the copy found sound before."""
@@ -134,12 +213,20 @@ class VerifiedSsts:
             del self.entries[name]
         self._changed = self._changed or bool(gone)
 
+    def keep_snapshots(self, manifests: Collection[str]) -> None:
+        """Drop the proofs of snapshots no longer listed (`manifests`: the store's manifest paths)."""
+        gone = self.proven.keys() - set(manifests)
+        for path in gone:
+            del self.proven[path]
+        self._changed = self._changed or bool(gone)
+
     def save(self) -> None:
         """Write the file atomically if anything changed (a failure is logged: the cache is an optimisation)."""
         if not self._changed:
             return
         ssts = {n: {"size": e.size, "mtime": e.mtime, "sha256": e.sha256} for n, e in sorted(self.entries.items())}
-        text = json.dumps({"root": self.root, "store": self.store, "ssts": ssts}, indent=0)
+        data = {"root": self.root, "store": self.store, "ssts": ssts, "snapshots": dict(sorted(self.proven.items()))}
+        text = json.dumps(data, indent=0)
         folder = os.path.dirname(self.path)
         try:
             os.makedirs(folder, exist_ok=True)
@@ -274,7 +361,9 @@ def newest_snapshot_problem(
     if manifest is None:
         return None
     why = checksum_problem(fm, plan.store, manifest, work_dir=work_dir, referenced=_referenced(manifests))
-    return None if why is None else f"snapshot {plan.store.manifest(*ref)} is corrupt: {why}"
+    if why is not None:
+        return f"snapshot {plan.store.manifest(*ref)} is corrupt: {why}"
+    return proof_problem(fm, plan.store, manifest, work_dir=work_dir)
 
 
 __all__ = [
@@ -286,5 +375,6 @@ __all__ = [
     "forget",
     "mark_sound",
     "newest_snapshot_problem",
+    "proof_problem",
     "ssts_hashed",
 ]

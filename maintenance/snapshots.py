@@ -209,6 +209,7 @@ def _snapshot_leased(
     inv.changed(store)  # until the snapshot is written (`wrote_snapshot`); if this fails, listed again
     if repair is not None:
         log.warning("store %s: %s; writing a fresh snapshot from a cold build", store, repair)
+        plan = plan_store(inv, store, settings)  # a snapshot found unopenable is no base for the build
     # a repair resets the warm copy: it may share the damaged files (hard links on local disk)
     request = build_request(fm, inv, plan, settings, reset=repair is not None)
     try:

@@ -4,7 +4,8 @@ For each retained version the check follows the loader's rules (`StateStore.load
 names the id, the chain of committed changelogs down to the newest snapshot on it is present, each
 changelog is read in full (header, every block's checksum, footer) and its lineage names the
 committed ancestors, and the snapshot's manifest is readable and all its SSTs are present with the
-right size (and, with `checksums`, the right SHA-256).
+right size (and, with `checksums`, the right SHA-256, and it opens to the key count and digest it recorded
+when it was built: DESIGN invariant 14).
 
 With `rebuild`, the latest version of each store is also loaded through `StateStore` itself and
 compared with a replay from the oldest base still available, and every retained snapshot that has
@@ -32,6 +33,7 @@ from statekeeper.maintenance.plan import StorePlan, plan_store
 from statekeeper.maintenance.replica import Replica, content_digest
 from statekeeper.maintenance.reports import VerifyReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshot_health import proof_problem
 from statekeeper.store.errors import CheckpointError, CorruptFileError, LineageError, StatekeeperError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.formats.changelog import ChangelogReader, Lineage
@@ -202,7 +204,10 @@ def _verify_store(
         for b in sorted({b for b in bases.values() if b > 0}):
             cid = committed[b]
             res.snapshots += 1
-            n, size, errors = _verify_ssts(fm, store, files, b, cid, work, options.checksums)
+            if options.checksums:  # restored, every SST's SHA-256 checked, opened and compared (invariant 14)
+                n, size, errors = _verify_snapshot(fm, store, files, b, cid, settings)
+            else:
+                n, size, errors = _verify_ssts(fm, store, files, b, cid, work, options.checksums)
             res.ssts += n
             res.bytes += size
             res.errors += errors
@@ -322,6 +327,18 @@ def _verify_changelog(
         for _ in reader.entries(None):  # every block's CRC (an SST block's too)
             pass
     return size
+
+
+def _verify_snapshot(
+    fm: CheckpointFileManager, store: StoreId, files: StoreFiles, version: int, cid: str, settings: MaintenanceSettings
+) -> tuple[int, int, list[str]]:
+    """Restore the snapshot, checking every SST's size and SHA-256, open it and compare its key count and digest
+    with what its manifest recorded: a snapshot that passes is proven for this process (and, with a work
+    directory, for later ones); one that fails is a bad snapshot the plan no longer takes as a base."""
+    manifest = files.manifest_data[(version, cid)]
+    why = proof_problem(fm, store, manifest, work_dir=settings.work_dir, again=True)
+    errors = [] if why is None else [f"store {store}: {why}"]
+    return len(manifest.sst_files), manifest.total_sst_bytes, errors
 
 
 def _verify_ssts(

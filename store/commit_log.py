@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from statekeeper.store.errors import CheckpointFileExistsError, ConfigurationError, LineageError
 from statekeeper.store.files.base import CheckpointFileManager
 from statekeeper.store.files.paths import validate_component
+from statekeeper.store.files.read_ahead import ReadAhead
 from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.key_groups import KeyGroupLayout
 from statekeeper.store.layout import (
@@ -116,6 +117,39 @@ class CommitLog:
             data = self._fm.read_bytes(path)
         except FileNotFoundError:
             return None
+        return self._parsed(version, data)
+
+    def records(self, versions: Iterable[int]) -> dict[int, CommitRecord]:
+        """The records of `versions` that exist (a missing one is left out), those not cached fetched with the
+        read-ahead: a load checks the lineage of a chain of N versions in about N / `READ_AHEAD` round trips."""
+        out: dict[int, CommitRecord] = {}
+        todo: list[int] = []
+        with self._lock:
+            for v in dict.fromkeys(versions):
+                cached = self._cache.get(v)
+                if cached is None:
+                    todo.append(v)
+                else:
+                    out[v] = cached
+        if len(todo) > 1:
+            fetched = 0
+            try:
+                with ReadAhead(self._fm, [commit_path(v) for v in todo], None) as files:
+                    for v, f in zip(todo, files, strict=True):
+                        with f:
+                            data = f.read()
+                        out[v] = self._parsed(v, data)
+                        fetched += 1
+            except FileNotFoundError:
+                pass  # the rest one by one below: a missing record is left out
+            todo = todo[fetched:]
+        for v in todo:
+            record = self.get(v)
+            if record is not None:
+                out[v] = record
+        return out
+
+    def _parsed(self, version: int, data: bytes) -> CommitRecord:
         record = CommitRecord.from_bytes(data, self._name(version))
         if record.version != version:
             raise LineageError(f"commit record claims version {record.version}: {self._name(version)}")

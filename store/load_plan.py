@@ -12,21 +12,29 @@ Snapshot repair (DESIGN invariant 10): when the base snapshot turns out unreadab
 resolves the next plan along the same lineage, passing over the bad snapshot to an older one or to
 the empty version 0, as long as the committed changelogs are there. Only the healthy path is
 resolved eagerly; a fallback reads the extra headers it needs when it is taken.
+
+Lineage check (DESIGN invariant 13): a changelog header is checkpoint content, not truth. Every changelog
+a plan replays and the snapshot it starts from must be the attempt the commit record of its version names
+for this (operator, partition), and a chain may start from empty below version 1 only at a full-state
+changelog the commit record declares. A plan that breaks this is resolved again from the commit records
+alone (a lineage repair, counted with the snapshot repairs); when that path is not there either, the load
+raises `LineageError` naming the changelog whose header was wrong. The records of a chain are fetched
+with the read-ahead, so the check costs about one round trip per few records.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Protocol
 
 from statekeeper.store.commit_log import CommitLog
-from statekeeper.store.errors import CorruptFileError, LineageError
+from statekeeper.store.errors import CheckpointFileNotFoundError, CorruptFileError, LineageError
 from statekeeper.store.files.base import CheckpointFileManager
 from statekeeper.store.formats.changelog import ChangelogHeader, Lineage, read_header
-from statekeeper.store.layout import MANIFEST_SUFFIX, StoreId, parse_versioned_name
+from statekeeper.store.layout import MANIFEST_SUFFIX, StoreId, commit_path, parse_versioned_name
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +87,15 @@ class LoadPlan:
     """Snapshots passed over as unreadable to reach this plan (each one is a repair)."""
     key_ranges: tuple[tuple[bytes, bytes | None], ...] | None = None
     """Key ranges to load (None: every key); reserved for rescale."""
+    lineage_repairs: tuple[str, ...] = ()
+    """Changelogs whose header named an attempt the commit records do not: the plan follows the commit
+    records instead (each one is a repair)."""
+    lineage_from: tuple[tuple[int, Ref], ...] = ()
+    """(index into `lineage`, changelog whose header it was read from), in order: which file named an entry."""
 
     @property
     def repairs(self) -> int:
-        return len(self.skipped)
+        return len(self.skipped) + len(self.lineage_repairs)
 
     @property
     def store_lineage(self) -> Lineage:
@@ -106,6 +119,8 @@ class LoadPlan:
             text += ", fallbacks " + ", ".join("0" if f is None else str(f[0]) for f in self.fallbacks)
         if self.skipped:
             text += ", skipped bad snapshots " + ", ".join(s.path for s in self.skipped)
+        if self.lineage_repairs:
+            text += ", followed the commit records past the lineage of " + ", ".join(self.lineage_repairs)
         return text
 
 
@@ -150,15 +165,24 @@ def resolve_load_plan(
                 f"one ({committed}); only committed lineage is loaded"
             )
     head: Lineage = ()
+    origins: tuple[tuple[int, Ref], ...] = ()
     if local is not None and local[0] < version:
         head = source.read_lineage(version, checkpoint_id)  # one header read, reused by the walk
+        origins = ((0, target),)
         gap = version - 1 - local[0]
         on_lineage = len(head) == version - 1 if local[0] == 0 else gap < len(head) and head[gap] == local
         if on_lineage:
             replay = (*reversed(head[:gap]), target)
-            return LoadPlan(store, version, checkpoint_id, LoadSource.CATCH_UP, local, replay, head)
+            plan = LoadPlan(
+                store, version, checkpoint_id, LoadSource.CATCH_UP, local, replay, head, lineage_from=origins
+            )
+            try:
+                _check_lineage(source, plan)
+                return plan
+            except _MismatchError:
+                pass  # rebuild from a committed base instead of the local copy
     snaps = source.list_snapshots()
-    return _walk(source, target, head, snaps.__contains__, (*sorted(snaps, reverse=True), None), ())
+    return _resolved(source, target, head, origins, snaps.__contains__, (*sorted(snaps, reverse=True), None), ())
 
 
 def fall_back(source: PlanSource, plan: LoadPlan, path: str, reason: str) -> LoadPlan:
@@ -173,13 +197,90 @@ def fall_back(source: PlanSource, plan: LoadPlan, path: str, reason: str) -> Loa
     excluded = {(s.version, s.checkpoint_id) for s in skipped}
     fallbacks = tuple(f for f in plan.fallbacks if f is None or f not in excluded)
     allowed = {f for f in fallbacks if f is not None}
-    return _walk(source, (plan.version, plan.checkpoint_id), plan.lineage, allowed.__contains__, fallbacks, skipped)
+    target = (plan.version, plan.checkpoint_id)
+    if plan.lineage_repairs and isinstance(source, CheckpointPlanSource):  # the commit records are the lineage
+        older = _walk(_Committed(source), target, plan.lineage, (), allowed.__contains__, fallbacks, skipped)
+        return replace(older, lineage_repairs=plan.lineage_repairs)
+    return _resolved(source, target, plan.lineage, plan.lineage_from, allowed.__contains__, fallbacks, skipped)
+
+
+class _MismatchError(LineageError):
+    """A plan names an attempt the commit records do not (internal: the caller repairs or re-raises)."""
+
+    def __init__(self, message: str, path: str) -> None:
+        super().__init__(f"{message}: {path}")
+        self.path = path
+
+
+def _resolved(
+    source: PlanSource,
+    target: Ref,
+    known: Lineage,
+    origins: tuple[tuple[int, Ref], ...],
+    usable: Callable[[Ref], bool],
+    candidates: tuple[Ref | None, ...],
+    skipped: tuple[SkippedSnapshot, ...],
+) -> LoadPlan:
+    """`_walk`, checked against the commit records; a plan that names an uncommitted attempt is walked again
+    along the commit records alone (a lineage repair), or raises `LineageError` naming the changelog."""
+    try:
+        plan = _walk(source, target, known, origins, usable, candidates, skipped)
+        _check_lineage(source, plan)
+        return plan
+    except _MismatchError as bad:
+        if not isinstance(source, CheckpointPlanSource):
+            raise LineageError(str(bad)) from None
+        try:
+            plan = _walk(_Committed(source), target, (), (), usable, candidates, skipped)
+            _check_lineage(source, plan)
+        except (LineageError, FileNotFoundError) as e:
+            raise LineageError(f"{bad}; and no committed path is readable ({e})") from None
+        log.warning("store %s: %s; loading version %d along the commit records instead", source.store, bad, target[0])
+        return replace(plan, lineage_repairs=(bad.path,))
+
+
+def _check_lineage(source: PlanSource, plan: LoadPlan) -> None:
+    """Raise `_MismatchError` unless every changelog `plan` replays and the snapshot it starts from are the attempts
+    the commit records name, and a chain that starts from empty above version 1 starts at a full-state changelog."""
+    refs = list(plan.replay[:-1])
+    if plan.source is LoadSource.SNAPSHOT and plan.base is not None:
+        refs.append(plan.base)
+    if not refs and not (plan.source is LoadSource.EMPTY and plan.replay and plan.replay[0][0] > 1):
+        return
+    committed = _committed_ids(source, [v for v, _ in refs])
+    for v, cid in refs:
+        if committed[v] != cid:
+            raise _MismatchError(
+                f"the lineage of store {plan.store} names ({v}, {cid}) but the commit record of version {v} names "
+                f"{committed[v]}",
+                _origin(source, plan, v),
+            )
+    if plan.source is LoadSource.EMPTY and plan.replay and plan.replay[0][0] > 1:
+        first = plan.replay[0]
+        if isinstance(source, CheckpointPlanSource) and not source.full_state(first[0]):
+            raise _MismatchError(
+                f"the changelog of version {first[0]} of store {plan.store} has an empty lineage, but the commit "
+                "record of its version declares no full-state changelog",
+                source.name_of(source.store.changelog(*first)),
+            )
+
+
+def _committed_ids(source: PlanSource, versions: list[int]) -> dict[int, str]:
+    if isinstance(source, CheckpointPlanSource):
+        return source.committed_ids(versions)
+    return {v: source.committed_id(v) for v in versions}
+
+
+def _origin(source: PlanSource, plan: LoadPlan, version: int) -> str:
+    """The changelog whose header named `version`'s entry in the plan's lineage."""
+    return _named_by(source, plan.lineage_from, plan.version - 1 - version, (plan.version, plan.checkpoint_id))
 
 
 def _walk(
     source: PlanSource,
     target: Ref,
     known: Lineage,
+    origins: tuple[tuple[int, Ref], ...],
     usable: Callable[[Ref], bool],
     candidates: tuple[Ref | None, ...],
     skipped: tuple[SkippedSnapshot, ...],
@@ -190,6 +291,7 @@ def _walk(
     """
     store = source.store
     lineage = list(known)
+    read_from = list(origins)
     chain: list[Ref] = [target]  # newest first, down to the version above the base
     base: Ref | None = None
     while True:
@@ -199,35 +301,74 @@ def _walk(
             break
         if top[0] == 1:
             break  # the base is the empty version 0
-        entry = _entry_below(source, target, top, lineage)
+        entry = _entry_below(source, target, top, lineage, read_from)
         if entry is None:
             break  # a full-state changelog (written by a rescale or a rollback): replay from empty
         chain.append(entry)
     tail = tuple(f for f in candidates if base is not None and (f is None or f[0] < base[0]))
     source_kind = LoadSource.SNAPSHOT if base is not None else LoadSource.EMPTY
     return LoadPlan(
-        store, target[0], target[1], source_kind, base, tuple(reversed(chain)), tuple(lineage), tail, skipped
+        store,
+        target[0],
+        target[1],
+        source_kind,
+        base,
+        tuple(reversed(chain)),
+        tuple(lineage),
+        tail,
+        skipped,
+        lineage_from=tuple(read_from),
     )
 
 
-def _entry_below(source: PlanSource, target: Ref, top: Ref, lineage: list[Ref]) -> Ref | None:
+def _entry_below(
+    source: PlanSource, target: Ref, top: Ref, lineage: list[Ref], read_from: list[tuple[int, Ref]] | None = None
+) -> Ref | None:
     """The committed version below `top` on the lineage of `target` (None: `top` is a full-state changelog).
 
-    `lineage` is what was read so far, newest first; a capped lineage costs one more header read.
+    `lineage` is what was read so far, newest first; a capped lineage costs one more header read, noted in
+    `read_from` as (where its entries start in `lineage`, `top`).
     """
     depth = target[0] - top[0]  # lineage[depth] is the entry below top
     if depth >= len(lineage):
-        more = source.read_lineage(*top)
+        try:
+            more = source.read_lineage(*top)
+        except FileNotFoundError:
+            if top != target and _is_uncommitted(source, top):  # a header named an attempt that is not there
+                raise _MismatchError(
+                    f"the lineage of store {source.store} names ({top[0]}, {top[1]}), which is not committed",
+                    _named_by(source, read_from or (), depth - 1, target),
+                ) from None
+            raise
         if not more:
             return None
+        if read_from is not None:
+            read_from.append((len(lineage), top))
         lineage.extend(more)
     entry = lineage[depth]
     if entry[0] != top[0] - 1:
-        raise LineageError(
-            f"lineage of store {source.store} jumps from version {top[0]} to {entry[0]} in the changelog of "
-            f"version {top[0]}"
+        raise _MismatchError(
+            f"lineage of store {source.store} jumps from version {top[0]} to {entry[0]}",
+            _named_by(source, read_from or (), depth, target),
         )
     return entry
+
+
+def _is_uncommitted(source: PlanSource, ref: Ref) -> bool:
+    try:
+        return source.committed_id(ref[0]) != ref[1]
+    except (LineageError, FileNotFoundError):
+        return False  # no record to tell: the missing file is what the caller reports
+
+
+def _named_by(source: PlanSource, read_from: Iterable[tuple[int, Ref]], depth: int, target: Ref) -> str:
+    """The changelog whose header holds entry `depth` of a lineage read as `read_from` says."""
+    found = target
+    for start, ref in read_from:
+        if start <= depth:
+            found = ref
+    path = source.store.changelog(*found)
+    return source.name_of(path) if isinstance(source, CheckpointPlanSource) else path
 
 
 def committed_range(source: PlanSource, plan: LoadPlan, first: int) -> tuple[Ref, ...]:
@@ -266,6 +407,33 @@ class CheckpointPlanSource:
     def committed_id(self, version: int) -> str:
         return self.commit_log.committed_id(version, self.store.operator, self.store.partition)
 
+    def committed_ids(self, versions: list[int]) -> dict[int, str]:
+        """The committed id of each of `versions` for this store, the records fetched ahead in parallel.
+
+        A missing record raises `CheckpointFileNotFoundError` (expiry removed it beside this load: a plan
+        made again starts from the newer base); a record without this store, `LineageError`."""
+        records = self.commit_log.records(versions)
+        out: dict[int, str] = {}
+        for v in versions:
+            record = records.get(v)
+            if record is None:
+                raise CheckpointFileNotFoundError(
+                    f"version {v} of store {self.store} has no commit record", self.name_of(commit_path(v))
+                )
+            cid = record.checkpoint_id(self.store.operator, self.store.partition)
+            if cid is None:
+                raise LineageError(f"the commit of version {v} names no attempt of store {self.store}")
+            out[v] = cid
+        return out
+
+    def full_state(self, version: int) -> bool:
+        """Whether the commit record of `version` declares this store's changelog full-state (a rescale or rollback)."""
+        record = self.commit_log.get(version)
+        return record is not None and record.full_state(self.store.operator, self.store.partition)
+
+    def name_of(self, path: str) -> str:
+        return f"{self.fm.root_uri}/{path}"
+
     def read_lineage(self, version: int, checkpoint_id: str) -> Lineage:
         path = self.store.changelog(version, checkpoint_id)
         name = f"{self.fm.root_uri}/{path}"
@@ -282,6 +450,36 @@ class CheckpointPlanSource:
                 found.add((parsed[0], parsed[1]))
                 self.newest_listed = max(self.newest_listed, info.path)
         return found
+
+
+class _Committed:
+    """The plan source whose lineages are the commit records' (a lineage repair): no header is trusted."""
+
+    def __init__(self, source: CheckpointPlanSource) -> None:
+        self._source = source
+        self.store = source.store
+
+    def committed_id(self, version: int) -> str:
+        return self._source.committed_id(version)
+
+    def read_lineage(self, version: int, checkpoint_id: str) -> Lineage:
+        if self._source.full_state(version):
+            return ()
+        versions = list(range(version - 1, max(0, version - 1 - _COMMITTED_CHUNK), -1))
+        ids = self._source.committed_ids(versions)
+        out: list[Ref] = []
+        for u in versions:
+            out.append((u, ids[u]))
+            if self._source.full_state(u):
+                break
+        return tuple(out)
+
+    def list_snapshots(self) -> set[Ref]:
+        return self._source.list_snapshots()
+
+
+_COMMITTED_CHUNK = 64
+"""Versions a lineage repair reads commit records for at a time."""
 
 
 def check_header(store: StoreId, header: ChangelogHeader, version: int, checkpoint_id: str, name: str) -> None:

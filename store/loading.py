@@ -137,6 +137,11 @@ class PlanExecution:
                 if newer is None:
                     if (expired := self._base_expired(plan, e)) is not None:
                         raise expired from e
+                    if plan.lineage_repairs:
+                        raise LineageError(
+                            f"the lineage named by {plan.lineage_repairs[0]} is not committed, and the committed "
+                            f"path of version {version} of store {self.store_id} is not there either ({e})"
+                        ) from e
                     raise
                 self._log_replan(
                     e, version, f"loading from the snapshot of version {newer.base[0] if newer.base else 0}"
@@ -206,8 +211,9 @@ class PlanExecution:
                 break
             try:
                 manifest = read_manifest(self.fm, manifest_path)
-                restore_snapshot(self.fm, self.store_id, manifest, self._db_dir)
-                break
+                restore_snapshot(self.fm, self.store_id, manifest, self._db_dir, manifest_path=manifest_path)
+                self._open_restored(f"{self.fm.root_uri}/{manifest_path}")
+                return plan
             except _UNREADABLE_SNAPSHOT as e:
                 if isinstance(e, FileNotFoundError) and self._newer_plan(plan) is not None:
                     raise  # expired beside this load, not broken: `_load` starts over from the newer base
@@ -228,6 +234,23 @@ class PlanExecution:
         for name in rd.Rdict.list_cf(self._db_dir, db_options()):
             self._make_cf(name)
         return plan
+
+    def _open_restored(self, name: str) -> None:
+        """Open the restored snapshot: a snapshot is a base only once it opened (DESIGN invariant 14).
+
+        Whatever RocksDB refuses (rocksdict raises a bare `Exception`) or a missing CURRENT (RocksDB would
+        create an empty DB instead) is a `CorruptFileError` naming the manifest, so the load repairs around it
+        (invariant 10). What it holds once open is maintenance's check (the manifest's key count and digest):
+        a load only pays for the open."""
+        if not os.path.exists(os.path.join(self._db_dir, "CURRENT")):
+            raise CorruptFileError("the snapshot has no CURRENT file, so RocksDB would open an empty DB", name)
+        try:
+            self._db = open_db(self._db_dir, self._cfs)  # handles given out before stay valid
+            for cf in rd.Rdict.list_cf(self._db_dir, db_options()):
+                self._make_cf(cf)
+        except Exception as e:  # rocksdict has no exception classes: anything is a bad snapshot
+            self._discard_local()
+            raise CorruptFileError(f"RocksDB cannot open the restored snapshot ({e})", name) from None
 
     def _warn_unreadable(self, plan: LoadPlan, bad: str, e: Exception) -> None:
         log.warning(

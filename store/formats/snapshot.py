@@ -39,7 +39,14 @@ class SnapshotManifest:
     db_files: dict[str, bytes]
     column_families: tuple[str, ...]
     num_keys: int
+    """RocksDB's estimate at build time (a statistic, not a check)."""
     created_at: float = field(default_factory=time.time)
+    key_count: int | None = None
+    """The exact number of keys of every column family, counted when the snapshot was built from its own
+    files (None: a manifest written before the field existed)."""
+    content_sha256: str | None = None
+    """SHA-256 over every column family's sorted items (`statekeeper.store.snapshot.snapshot_content`), taken
+    with `key_count`: maintenance proves a snapshot by opening it and finding both again (DESIGN invariant 14)."""
 
     @property
     def total_sst_bytes(self) -> int:
@@ -57,6 +64,9 @@ class SnapshotManifest:
             "sst_files": [[f.local_name, f.remote_name, f.size, f.sha256] for f in self.sst_files],
             "db_files": {k: base64.b64encode(v).decode() for k, v in sorted(self.db_files.items())},
         }
+        if self.key_count is not None and self.content_sha256 is not None:  # optional: older readers ignore them
+            payload["key_count"] = self.key_count
+            payload["content_sha256"] = self.content_sha256
         return encode_frame(MAGIC, FORMAT_VERSION, payload)
 
     @classmethod
@@ -103,7 +113,18 @@ class SnapshotManifest:
             column_families=cfs,
             num_keys=require(p, "num_keys", int, name),
             created_at=float(created) if isinstance(created, int | float) and not isinstance(created, bool) else 0.0,
+            **_content(p, name),
         )
+
+
+def _content(p: dict[str, Any], name: str) -> dict[str, Any]:
+    """The optional `key_count` and `content_sha256` (both or neither; absent in older manifests)."""
+    count, digest = p.get("key_count"), p.get("content_sha256")
+    if count is None and digest is None:
+        return {}
+    if type(count) is not int or count < 0 or type(digest) is not str or not _SHA256.fullmatch(digest):
+        raise CorruptFileError("malformed key_count or content_sha256 in snapshot manifest", name)
+    return {"key_count": count, "content_sha256": digest}
 
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")

@@ -261,9 +261,10 @@ def test_files_of_another_kind_are_refused(pristine: Pristine) -> None:
 # -- store level: loads refuse, nothing changes, other versions still load ---------------------------
 
 # Which versions of partition 0 depend on the broken file (the others must still load):
-# changelog 3 -> 3, 4, 5 replay it; commit record 3 -> only version 3 reads it. A broken manifest
+# changelog 3 -> 3, 4, 5 replay it; commit record 3 -> 3, 4, 5 check the changelog they replay against it
+# (invariant 13: the commit records, not the headers, say which attempt is committed). A broken manifest
 # (the snapshot at 2) stops no load: 2..5 replay from version 0 instead (invariant 10).
-BROKEN = {"changelog": {3, 4, 5}, "commit": {3}}
+BROKEN = {"changelog": {3, 4, 5}, "commit": {3, 4, 5}}
 
 
 def check_load_refused(root: Path, work: Path, pristine: Pristine, kind: str, path: str, case: str) -> None:
@@ -284,7 +285,7 @@ def check_load_refused(root: Path, work: Path, pristine: Pristine, kind: str, pa
             assert state_of(s) == pristine.expected[(0, v)], (case, v)
         # partition 1 shares only the commit records
         with StateStore(str(root), OP, 1, config=StoreConfig(local_dir=str(work) + "-p1")) as s1:
-            v = VERSIONS if kind != "commit" else 4
+            v = VERSIONS if kind != "commit" else 2
             s1.load(v)
             assert state_of(s1) == pristine.expected[(1, v)]
     assert tree_digest(root) == before, f"{case}: the checkpoint location changed"

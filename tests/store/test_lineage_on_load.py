@@ -76,7 +76,10 @@ class Checkpoint:
     def hostile(self, version: int, lineage: Lineage) -> str:
         """Commit `version` with a changelog of partition 0 whose header names `lineage`; returns its path."""
         data = {b"top": b"%d" % version}
-        ids = {0: self.write(0, version, lineage, data), 1: self.write(1, version, self.committed_lineage(1, version), {})}
+        ids = {
+            0: self.write(0, version, lineage, data),
+            1: self.write(1, version, self.committed_lineage(1, version), {}),
+        }
         self.commit(version, ids, data)
         return STORE.changelog(version, ids[0])
 
@@ -142,7 +145,7 @@ def test_a_lineage_claiming_a_full_state_changelog_is_checked_against_the_commit
 def test_without_a_committed_path_the_load_names_the_file(checkpoint: Checkpoint, tmp_path: Path) -> None:
     checkpoint.honest(3)
     hostile = checkpoint.hostile(4, ((3, checkpoint.losers[3]), *checkpoint.committed_lineage(0, 3)))
-    checkpoint.fm.delete([STORE.changelog(3, checkpoint.committed[3][0])])  # the committed path is gone
+    checkpoint.fm.delete_many([STORE.changelog(3, checkpoint.committed[3][0])])  # the committed path is gone
     with pytest.raises(LineageError, match=hostile.rpartition("/")[2]):
         _load(checkpoint.fm, 4, str(tmp_path / "a"))[1].close()
 
