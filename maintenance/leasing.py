@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import TYPE_CHECKING, Protocol
 
+from statekeeper.maintenance.deployment import record_catalog
 from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.root_leases import (
     Hold,
@@ -89,6 +90,8 @@ class CycleLeases:
         self.settings = settings
         self.catalog = catalog
         self.leases = _leases(self.fm, settings)
+        if catalog is not None:  # the first maintainer with a catalog records it as the deployment's
+            record_catalog(self.fm, catalog.engine.url)
         self.rows: list[Lease] = []
         self.held: dict[StoreId, LeaseGuard] = {}
         self.busy: dict[StoreId, MaintenanceBusyError] = {}
