@@ -156,6 +156,8 @@ PROVEN_SNAPSHOTS = KnownSsts()
 wrote itself from files it opened): only these become an expiry base (DESIGN invariant 14)."""
 UNOPENABLE_SNAPSHOTS = KnownSsts()
 """Manifest paths of snapshots that did not open, or opened to other content: bad snapshots (invariant 10)."""
+UNOPENABLE_WHY: dict[tuple[str, str], str] = {}
+"""(root, manifest path) -> why it is in `UNOPENABLE_SNAPSHOTS` (the file at fault, for reports)."""
 
 
 __all__ = [

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from statekeeper.maintenance.file_kinds import FOREIGN, MANIFEST, FileEntry
 from statekeeper.maintenance.inventory import Inventory, StoreFiles
-from statekeeper.maintenance.parsed_cache import PROVEN_SNAPSHOTS, UNOPENABLE_SNAPSHOTS
+from statekeeper.maintenance.parsed_cache import PROVEN_SNAPSHOTS, UNOPENABLE_SNAPSHOTS, UNOPENABLE_WHY
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import COMMITS_DIR, StoreId
@@ -153,7 +153,8 @@ def _plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, n
         if m is None or committed.get(v) != cid:
             continue
         if entry.path in unopenable:
-            broken.append((v, f"snapshot {entry.path} is broken: it does not open to what it recorded when built"))
+            why = UNOPENABLE_WHY.get((inv.root_uri, entry.path), "it does not open to what it recorded when built")
+            broken.append((v, f"snapshot {entry.path} is broken: {why}"))
             continue
         bad = _missing_ssts(files.ssts, m)
         if bad:

@@ -30,7 +30,13 @@ import threading
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from statekeeper.maintenance.parsed_cache import CORRUPT_SSTS, PROVEN_SNAPSHOTS, SOUND_SSTS, UNOPENABLE_SNAPSHOTS
+from statekeeper.maintenance.parsed_cache import (
+    CORRUPT_SSTS,
+    PROVEN_SNAPSHOTS,
+    SOUND_SSTS,
+    UNOPENABLE_SNAPSHOTS,
+    UNOPENABLE_WHY,
+)
 from statekeeper.maintenance.plan import StorePlan
 from statekeeper.store.errors import CorruptFileError, StatekeeperError, UnsupportedFormatError
 from statekeeper.store.files import CheckpointFileManager
@@ -57,6 +63,7 @@ def forget() -> None:
     CORRUPT_SSTS.clear()
     PROVEN_SNAPSHOTS.clear()
     UNOPENABLE_SNAPSHOTS.clear()
+    UNOPENABLE_WHY.clear()
     with _hashed_lock:
         _hashed = 0
 
@@ -104,7 +111,8 @@ def proof_problem(
     verified = VerifiedSsts(work_dir, root, store) if work_dir is not None else None
     if not again:
         if (root, store, path) in UNOPENABLE_SNAPSHOTS:
-            return f"snapshot {name} cannot be a base: it does not open to what it recorded"
+            why = UNOPENABLE_WHY.get((root, path), "it does not open to what it recorded")
+            return f"snapshot {name} cannot be a base: {why}"
         if (root, store, path) in PROVEN_SNAPSHOTS:
             return None
         if verified is not None and verified.proven.get(path) == _fingerprint(manifest):
@@ -118,6 +126,7 @@ def proof_problem(
             _hashed += len(manifest.sst_files)
         check_restored(manifest, os.path.join(tmp, "db"), name)
     except (CorruptFileError, UnsupportedFormatError, FileNotFoundError) as e:
+        UNOPENABLE_WHY[(root, path)] = str(e)
         UNOPENABLE_SNAPSHOTS.add(root, store, [path])
         PROVEN_SNAPSHOTS.discard(root, store, [path])
         if verified is not None:
