@@ -10,6 +10,9 @@ All of them start from one listing (`statekeeper.maintenance.inventory`) and one
 (`statekeeper.maintenance.plan`); docs/maintenance.md describes what is kept, what is deleted and when.
 """
 
+if __name__ != "statekeeper.maintenance":  # one path per module: a bare `maintenance` would be a second copy
+    raise ImportError(f"import statekeeper.maintenance, not {__name__}: the folders import only as statekeeper.*")
+
 from statekeeper.store.extras import require
 
 require(("sqlalchemy", "alembic", "tqdm"), "maintenance", "statekeeper maintenance (and its command line)")

@@ -9,6 +9,9 @@
 `statekeeper.orchestration`; filling the catalog from a checkpoint location is `statekeeper.maintenance.catalog_sync`.
 """
 
+if __name__ != "statekeeper.sql":  # one path per module: a bare `sql` would be a second copy
+    raise ImportError(f"import statekeeper.sql, not {__name__}: the folders import only as statekeeper.*")
+
 # ruff: noqa: E402 - the check that names a missing extra runs before the imports that need it
 import importlib.util
 

@@ -6,6 +6,9 @@ s.put(b"k", b"v"); result = s.commit()           # version 1, fresh checkpoint i
 CommitLog(s.fm).commit(1, {"agg": [result.checkpoint_id]})   # the driver's commit record
 """
 
+if __name__ != "statekeeper.store":  # one path per module: a bare `store` would be a second copy
+    raise ImportError(f"import statekeeper.store, not {__name__}: the folders import only as statekeeper.*")
+
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.errors import (
     CheckpointError,

@@ -109,3 +109,17 @@ def test_everything_imports_the_product_through_its_namespace() -> None:
         if name.split(".")[0] in PACKAGES
     )
     assert not bare, "import through statekeeper.*:\n" + "\n".join(bare)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_a_second_copy_cannot_be_imported(package: str) -> None:
+    """From the repository root the folders are importable as bare names too; each refuses to load as anything but
+    `statekeeper.<package>`, so no module ever exists twice (whose exceptions the other copy would not catch)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {package}"], check=False, cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert f"ImportError: import statekeeper.{package}, not {package}" in done.stderr
