@@ -116,14 +116,33 @@ def launcher_env(tmp_path: Path, root: Path) -> dict[str, str]:
     }
 
 
-@pytest.fixture
-def launched(tmp_path: Path) -> Iterator[tuple[Launcher, Path]]:
+THRESHOLD = 3
+PRE_WRITTEN = 7
+"""Commits before Dagster starts: a chain past twice `THRESHOLD` when the sensor's first tick sees it."""
+
+
+def shared_env(tmp_path: Path, root: Path) -> dict[str, str]:
+    """`launcher_env` with chains the sensor snapshots at once (threshold 3, ticks every 2 s), no expiry (every
+    version retained) and no verification run: the only runs are the sensor's snapshot run and the UI's."""
+    return {
+        **launcher_env(tmp_path, root),
+        "STATEKEEPER_SNAPSHOT_THRESHOLD": str(THRESHOLD),
+        "STATEKEEPER_MIN_VERSIONS_TO_RETAIN": "1000",
+        "STATEKEEPER_SENSOR_INTERVAL_SECONDS": "2",
+        "STATEKEEPER_VERIFY_SCHEDULE": "off",
+    }
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Launcher, Path]]:
+    """One `dagster dev` (and main job) for the module's tests: starting it is most of their cost."""
+    tmp_path = tmp_path_factory.mktemp("ui")
     root = tmp_path / "ckpt"
     with CheckpointWriter(str(root)) as writer:
-        writer.commit(3)
+        writer.commit(PRE_WRITTEN)
     main_job = [sys.executable, "-m", "tests.orchestration.helpers", str(root), "2"]
     args = ["--dagster-home", str(tmp_path / "dagster_home"), "--port", str(free_port()), "--", *main_job]
-    launcher = Launcher(args, launcher_env(tmp_path, root))
+    launcher = Launcher(args, shared_env(tmp_path, root))
     try:
         yield launcher, root
     finally:
@@ -133,12 +152,115 @@ def launched(tmp_path: Path) -> Iterator[tuple[Launcher, Path]]:
             p.kill()
 
 
+TRIGGER = "statekeeper/trigger"
+
+
+def tags_of(run: dict[str, Any]) -> dict[str, str]:
+    return {t["key"]: t["value"] for t in run["tags"]}
+
+
 def graphql(url: str, query: str) -> Any:
     req = urllib.request.Request(
         f"{url}/graphql", data=json.dumps({"query": query}).encode(), headers={"Content-Type": "application/json"}
     )
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.load(resp)["data"]
+
+
+LOGS_QUERY = (
+    '{ logsForRun(runId: "%s") { ... on EventConnection { events { ... on MessageEvent { message } } } } }'
+)
+
+
+def sensor_run(url: str, timeout: float) -> dict[str, Any]:
+    """The checkpoint sensor's first run, once it finished."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        runs = [r for r in graphql(url, RUNS_QUERY)["runsOrError"]["results"] if tags_of(r).get(TRIGGER)]
+        if runs and runs[-1]["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
+            return dict(runs[-1])
+        time.sleep(2)
+    raise AssertionError("the sensor's snapshot run did not finish in time")
+
+
+def logged_chains(url: str, run_id: str) -> tuple[int, int]:
+    """(before, after) as the run's log line states them."""
+    events = graphql(url, LOGS_QUERY % run_id)["logsForRun"]["events"]
+    line = next(e["message"] for e in events if "max_chain_length_before: " in (e.get("message") or ""))
+    before = line.split("max_chain_length_before: ", 1)[1].split(",")[0]
+    after = line.split("max_chain_length_after: ", 1)[1].split()[0]
+    return int(before), int(after)
+
+
+def metadata_row(page: Any, key: str) -> str:
+    """The text of the metadata table row of `key` on the page (its key and its value)."""
+    row = page.locator("tr").filter(has=page.get_by_text(key, exact=True)).first
+    row.wait_for()
+    return str(row.inner_text())
+
+
+def row_value(text: str, key: str) -> int:
+    return int(text.replace(key, "").strip().replace(",", "").split()[0])
+
+
+def test_the_asset_pages_show_the_runs_own_numbers(launched: tuple[Launcher, Path], chromium: str) -> None:
+    """Issue 63: the snapshot run the sensor requested found chains past twice the threshold. Its asset page shows
+    the chains before and after it as its log states them, its bounded check failed, and lineage_catalog shows the
+    sensor's catalog sync (not "Never materialized") with the chains the catalog held."""
+    from playwright.sync_api import sync_playwright
+
+    launcher, root = launched
+    line = launcher.wait_for("Dagster UI: ", timeout=300)
+    url = line.split("Dagster UI: ", 1)[1].split()[0]
+    launcher.wait_for("main job finished with status 0", timeout=120)
+    run = sensor_run(url, timeout=300)
+    assert run["status"] == "SUCCESS", run
+    before, after = logged_chains(url, run["runId"])
+    assert before > 2 * THRESHOLD and after == 0, (before, after)
+    with Catalog.open(f"sqlite:///{root.parent / 'catalog.db'}") as catalog:
+        committed = len(catalog.committed_versions(root.resolve().as_uri(), "agg", 0))
+
+    with tempfile.TemporaryDirectory(prefix="sk-chromium-") as profile, sync_playwright() as pw:
+        browser = pw.chromium.launch_persistent_context(
+            profile,
+            executable_path=chromium,
+            args=CHROMIUM_ARGS,
+            headless=True,
+            viewport={"width": 1400, "height": 900},
+        )
+        page = browser.new_page()
+        page.set_default_timeout(120_000)
+        try:
+            page.goto(f"{url}/assets/state_snapshots?view=events", wait_until="domcontentloaded")
+            page.get_by_text(run["runId"][:8]).first.wait_for()
+            shown_before = metadata_row(page, "max_chain_length_before")
+            shown_after = metadata_row(page, "max_chain_length_after")
+            assert row_value(shown_before, "max_chain_length_before") == before, shown_before
+            assert row_value(shown_after, "max_chain_length_after") == after, shown_after
+            seconds = metadata_row(page, "seconds")
+            assert len(seconds.replace("seconds", "").strip().split()[0].partition(".")[2]) <= 2, seconds
+
+            page.goto(f"{url}/assets/state_snapshots?view=checks", wait_until="domcontentloaded")
+            # the check list shows the bounded check failed; its latest evaluation names what the run found
+            page.wait_for_function(
+                "() => /chains_within_twice_threshold\\s*Failed/.test(document.body.innerText)"
+            )
+            page.get_by_text("chains_within_twice_threshold", exact=True).first.click()
+            page.wait_for_function("() => /Evaluation result\\s*Failed/.test(document.body.innerText)")
+            found = metadata_row(page, "max_chain_length_before")
+            assert row_value(found, "max_chain_length_before") == before, found
+
+            page.goto(f"{url}/assets/lineage_catalog?view=events", wait_until="domcontentloaded")
+            page.get_by_text("checkpoint_sensor").first.wait_for()
+            assert page.get_by_text("Never materialized").count() == 0
+            shown = metadata_row(page, "max_chain_length")
+            assert row_value(shown, "max_chain_length") == committed == before, shown
+        except Exception:
+            page.screenshot(path=str(root.parent / "ui-failure.png"), full_page=True)
+            (root.parent / "ui-failure.html").write_text(page.content())
+            raise
+        finally:
+            browser.close()
 
 
 def test_ui_launches_a_materialization_that_succeeds(launched: tuple[Launcher, Path], chromium: str) -> None:
@@ -178,14 +300,14 @@ def test_ui_launches_a_materialization_that_succeeds(launched: tuple[Launcher, P
             deadline = time.monotonic() + 300
             run: dict[str, Any] | None = None
             while time.monotonic() < deadline:
-                runs = graphql(url, RUNS_QUERY)["runsOrError"]["results"]
-                if runs and runs[0]["status"] in ("SUCCESS", "FAILURE", "CANCELED"):
+                runs = [r for r in graphql(url, RUNS_QUERY)["runsOrError"]["results"] if not tags_of(r).get(TRIGGER)]
+                if runs and runs[0]["status"] in ("SUCCESS", "FAILURE", "CANCELED"):  # the UI's (not the sensor's)
                     run = runs[0]
                     break
                 time.sleep(2)
             assert run is not None, "the run did not finish in time"
             assert run["status"] == "SUCCESS", run
-            tags = {t["key"]: t["value"] for t in run["tags"]}
+            tags = tags_of(run)
             assert tags["dagster/partition"] == root.resolve().as_uri()
             # and the UI shows it
             page.goto(f"{url}/runs/{run['runId']}", wait_until="domcontentloaded")
