@@ -2,12 +2,13 @@
 
     python -m statekeeper.orchestration.run_local [--port 3000] [--seconds N] [-- MAIN JOB COMMAND...]
 
-What `make run` calls (``python -m statekeeper.orchestration.run_local -- python -m statekeeper.store.demo``). It
+What `make run` calls, with the main job ``python examples/session_count.py`` (a Spark streaming query whose
+checkpoint root, ``run/sessions/state``, it names in STATEKEEPER_CHECKPOINT_ROOTS). It
 
 - prepares ``DAGSTER_HOME`` (default ``run/dagster_home``) with orchestration/dagster.yaml (one
-  maintenance run per checkpoint root at a time), and points the code location at the demo's
-  checkpoint and a catalog in ``run/`` unless STATEKEEPER_CHECKPOINT_ROOTS / STATEKEEPER_DB_URL say
-  otherwise;
+  maintenance run per checkpoint root at a time), and points the code location at the checkpoint roots
+  of STATEKEEPER_CHECKPOINT_ROOTS (default ``run/demo-checkpoint``) and a catalog in ``run/`` unless
+  STATEKEEPER_DB_URL says otherwise;
 - starts ``dagster dev -w workspace.yaml -h 127.0.0.1 -p PORT`` (webserver, daemon, code server;
   its output goes to ``<DAGSTER_HOME>/dagster-dev.log``) and the main job, each in its own process
   group;

@@ -1,5 +1,5 @@
-"""A simulated micro-batch loop on a local checkpoint: `python -m statekeeper.store.demo` (what `make run` runs
-until the Spark example job replaces it).
+"""The store alone, without Spark or Java: a simulated micro-batch loop on a local checkpoint,
+`python -m statekeeper.store.demo` (`make run` runs the Spark example job, examples/session_count.py).
 
 Each batch, every partition loads its committed version, applies counter updates for random users,
 commits a changelog, and the "driver" writes the batch's commit record. At the end, fresh store
