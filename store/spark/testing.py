@@ -1,11 +1,19 @@
 """Unit-test a processor without Spark: :class:`TwsTester`, after Spark's ``TwsTester``.
 
-    from statekeeper.store.spark.testing import TwsTester
-
-    with TwsTester(Counter(), key="user", output_schema="user string, count long") as t:
-        assert t.run([{"user": "a"}, {"user": "a"}], processing_time_ms=1000) == [("a", 2)]
-        assert t.value_state("count") == {("a",): 2}
-        assert t.timers() == []
+    >>> from statekeeper.store.spark import StatefulProcessor
+    >>> from statekeeper.store.spark.testing import TwsTester
+    >>> class Counter(StatefulProcessor):
+    ...     def init(self, handle):
+    ...         self.count = handle.getValueState("count", "n long")
+    ...
+    ...     def handleInputRows(self, key, rows, timerValues):
+    ...         n = (self.count.get() or (0,))[0] + sum(1 for _ in rows)
+    ...         self.count.update((n,))
+    ...         yield (key[0], n)
+    >>> with TwsTester(Counter(), key="user", output_schema="user string, count long") as t:
+    ...     assert t.run([{"user": "a"}, {"user": "a"}], processing_time_ms=1000) == [("a", 2)]
+    ...     assert t.value_state("count") == {("a",): (2,)}  # key tuple -> value tuple
+    ...     assert t.timers() == []
 
 Each :meth:`TwsTester.run` is one micro-batch: the rows run through the same partition task code a
 Spark executor runs (store/spark/executor.py) on a real :class:`~store.StateStore` in a temporary
