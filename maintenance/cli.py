@@ -1,7 +1,10 @@
 """The `statekeeper` command line: maintenance operations, catalog queries and database migrations.
 
 Exit codes: 0 success; 1 the operation found or hit errors (named on stderr and in ``--json``);
-2 bad usage or configuration (nothing was changed). ``--json`` prints one JSON document on stdout.
+2 bad usage or configuration (nothing was changed; the ``STATEKEEPER_*`` settings, the root, ``--store`` and
+``--operator`` are checked before any work); 141 stdout was closed early (``| head``). ``--json`` prints one JSON
+document on stdout; a report's errors and warnings go to stderr, once each. ``COMMAND --help`` lists the flags
+that command reads.
 The catalog database comes from ``--db``, else ``STATEKEEPER_DB_URL``, else the embedded SQLite file
 (``$STATEKEEPER_HOME/catalog.db``, migrated on first use); ``--no-catalog`` runs without one (then
 leases are host-local lock files and no run is recorded). Settings default to the
