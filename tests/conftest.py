@@ -9,8 +9,10 @@ marked slow, so the default run stays lean.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -126,8 +128,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A pytest-xdist worker hands what it counted (`tests/model_steps.py`) to the controller."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        from tests.model_steps import figures
+
+        workeroutput["model_figures"] = json.dumps(figures())
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: the controller hears of a worker's end
+def pytest_testnodedown(node: Any, error: object) -> None:
+    from tests.model_steps import merge
+
+    counted = getattr(node, "workeroutput", {}).get("model_figures")
+    if counted:
+        merge(json.loads(counted))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Report how many steps the hypothesis state machines ran (`tests/model_steps.py`)."""
+    """Report how many steps the hypothesis state machines ran (`tests/model_steps.py`), the workers' added up."""
     from tests.model_steps import FUZZED, INJECTED, STEPS, summary, write_report
 
     if STEPS or FUZZED or INJECTED:

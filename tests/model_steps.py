@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from hypothesis.stateful import invariant
 
@@ -39,14 +39,26 @@ def scaled(examples: int) -> int:
     return examples * max(1, int(os.environ.get(SCALE_ENV, "1")))
 
 
-def write_report() -> None:
+def figures() -> dict[str, dict[str, Any]]:
     """{"steps": {machine: steps}, "fuzzed": {reader: inputs}, "injected": {fault: count}, "soak":
-    {duration: figures}} to STATEKEEPER_MODEL_STEPS_FILE."""
+    {duration: figures}}: what this process counted."""
+    return {"steps": dict(STEPS), "fuzzed": dict(FUZZED), "injected": dict(INJECTED), "soak": dict(SOAK)}
+
+
+def merge(counted: dict[str, dict[str, Any]]) -> None:
+    """Add another process's `figures()` (a pytest-xdist worker's) to this process's."""
+    STEPS.update(counted.get("steps", {}))
+    FUZZED.update(counted.get("fuzzed", {}))
+    INJECTED.update(counted.get("injected", {}))
+    SOAK.update(counted.get("soak", {}))
+
+
+def write_report() -> None:
+    """`figures()` to STATEKEEPER_MODEL_STEPS_FILE, when it names a file."""
     path = os.environ.get(STEPS_FILE_ENV)
     if path:
         with open(path, "w") as f:
-            figures = {"steps": dict(STEPS), "fuzzed": dict(FUZZED), "injected": dict(INJECTED), "soak": SOAK}
-            json.dump(figures, f, indent=1)
+            json.dump(figures(), f, indent=1)
 
 
 def summary() -> str:
