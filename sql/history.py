@@ -87,7 +87,7 @@ class HistoryPruning(CatalogBase):
             store_ids = [int(i) for i in conn.execute(select(Store.id).where(Store.root_id == rid)).scalars()]
         if root_floor is not None:  # a version whose commit record is present keeps its rows
             floors = {sid: min(floor, root_floor) for sid, floor in floors.items()}
-            root_floor = min(root_floor, *floors.values())
+            root_floor = min([root_floor, *floors.values()])
         changelog = exists().where(
             File.store_id == Attempt.store_id,
             File.kind == KIND_CHANGELOG,
