@@ -267,22 +267,14 @@ def _write_expiry_root(fm: CheckpointFileManager, sizes: Sizes, put: object) -> 
 
 @contextmanager
 def _moto() -> Iterator[str]:
-    from tests.s3_support import TEST_CREDENTIALS, MotoServer, s3_client
+    from testkit.s3 import MotoServer, emulator_env, s3_client
 
     server = MotoServer().start()
-    saved = {k: os.environ.get(k) for k in [*TEST_CREDENTIALS, "STATEKEEPER_S3_ENDPOINT_URL", "AWS_DEFAULT_REGION"]}
-    os.environ.update(TEST_CREDENTIALS)
-    os.environ["STATEKEEPER_S3_ENDPOINT_URL"] = server.endpoint_url
-    os.environ["AWS_DEFAULT_REGION"] = "us-east-1"
     try:
-        s3_client(server.endpoint_url).create_bucket(Bucket="bench")
-        yield "s3://bench/expiry"
+        with emulator_env(server.endpoint_url):
+            s3_client(server.endpoint_url).create_bucket(Bucket="bench")
+            yield "s3://bench/expiry"
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         server.stop()
 
 

@@ -40,8 +40,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.bench_s3 import fake_credentials, moto_server
 from bench.report import ROOT, Table, machine
+from testkit.s3 import emulator_env, moto_server, s3_client
 
 DOC = ROOT / "docs" / "reliability.md"
 MODEL_TESTS = [
@@ -119,12 +119,10 @@ def _start_sweeps(quick: bool, tmp: str, stack: contextlib.ExitStack) -> list[tu
         out = os.path.join(tmp, "sweep-local.json")
         args = [out, "--work", os.path.join(tmp, "sweep-local"), "--kinds", "local", "--sample", "2"]
         return [(subprocess.Popen([*cmd, *args], cwd=ROOT), out)]
-    stack.enter_context(fake_credentials())
     endpoint = stack.enter_context(moto_server())
-    from tests.s3_support import s3_client
-
+    stack.enter_context(emulator_env(endpoint))
     s3_client(endpoint).create_bucket(Bucket="reliability")
-    env = {**os.environ, "STATEKEEPER_S3_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
+    env = dict(os.environ)
     started = []
     for kind in ("local", "s3"):
         out = os.path.join(tmp, f"sweep-{kind}.json")

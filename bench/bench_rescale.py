@@ -171,7 +171,7 @@ def statekeeper_online(spark: Any, work: Path, keys: int, src: int, dst: int) ->
     """The first batch after a restart with `dst` partitions (it rescales), and normal batches (restarts
     without a rescale, one small file each) on `src` partitions before and on `dst` partitions after."""
     from statekeeper.store.spark import StatefulOperator
-    from tests.spark.processors import CountSum
+    from testkit.processors import CountSum
 
     inputs, root, ckpt = work / f"on-in-{keys}-{src}", work / f"on-state-{keys}-{src}", work / f"on-ckpt-{keys}-{src}"
     inputs.mkdir(parents=True, exist_ok=True)

@@ -20,33 +20,25 @@ import logging
 import os
 import random
 import shutil
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
-
-import boto3
-from botocore.config import Config
 
 from bench.report import Table
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.files.read_ahead import READ_AHEAD
 from statekeeper.store.files.s3 import S3FileManager
 from statekeeper.store.state_store import StateStore, StoreConfig
+from testkit.s3 import emulator_env, moto_server, s3_client
 
 log = logging.getLogger("bench.s3")
 
 DELETE_TARGET = 20.0  # serial time / batched time
 OPERATOR = "bench"
-FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench"}
 
 
 @dataclass(frozen=True)
@@ -61,62 +53,9 @@ FULL = Sizes(objects=100_000, updates=10_000, batches=20, keyspace=200_000)
 QUICK = Sizes(objects=2_000, updates=2_000, batches=5, keyspace=20_000)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def moto_server() -> Iterator[str]:
-    """moto's server in a child process on 127.0.0.1 (its own GIL, like a real endpoint)."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("moto server did not start") from None
-                time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-@contextmanager
-def fake_credentials() -> Iterator[None]:
-    """Credentials for the local emulator only, so no real AWS profile is ever read."""
-    saved = {k: os.environ.get(k) for k in FAKE_CREDENTIALS}
-    os.environ.update(FAKE_CREDENTIALS)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _client(endpoint: str, pool: int = 32) -> Any:
-    cfg = Config(
-        s3={"addressing_style": "path"},
-        retries={"mode": "standard", "total_max_attempts": 8},
-        max_pool_connections=pool,
-    )
-    return boto3.session.Session().client("s3", endpoint_url=endpoint, region_name="us-east-1", config=cfg)
+    retries = {"mode": "standard", "total_max_attempts": 8}
+    return s3_client(endpoint, retries=retries, max_pool_connections=pool)
 
 
 def _populate(client: Any, bucket: str, keys: list[str]) -> float:
@@ -319,7 +258,7 @@ def bench_commit(endpoint: str, sizes: Sizes) -> tuple[Table, Table]:
 def run(quick: bool) -> list[Table]:
     sizes = QUICK if quick else FULL
     logging.getLogger("statekeeper.store").setLevel(logging.WARNING)
-    with fake_credentials(), moto_server() as endpoint:
+    with emulator_env(), moto_server() as endpoint:
         commit, loads = bench_commit(endpoint, sizes)
         delete = bench_delete(endpoint, sizes.objects)
     return [delete, commit, loads]

@@ -4,7 +4,7 @@ The same fleet (S stores of `keys` keys, each with `versions` committed versions
 after its bulk load, no snapshot yet) is copied twice; `create_snapshots` snapshots every store of one
 copy in this process (a pool of `parallelism` threads) and of the other with the Spark engine as its
 per-store executor (`statekeeper.maintenance.fanout.SparkEngine`) on a standalone cluster started on
-127.0.0.1 for the run (`tests/spark/cluster_support.py`: `workers` workers of one core each). The
+127.0.0.1 for the run (`testkit/spark.py`: `workers` workers of one core each). The
 session is created before the clock starts; the job, its tasks' Python workers and their cold
 builds are inside it. Both runs build cold (no warm copy): what a new maintainer of a fleet does first.
 """
@@ -59,8 +59,7 @@ def run_fanout(p: FanoutParams) -> list[FanoutResult]:
     from statekeeper.maintenance.settings import MaintenanceSettings
     from statekeeper.maintenance.snapshots import create_snapshots
     from statekeeper.maintenance.warm_copies import close_replicas
-    from tests.spark.cluster_support import StandaloneCluster
-    from tests.spark.conftest import spark_env
+    from testkit.spark import StandaloneCluster, spark_env
 
     base = Path(tempfile.mkdtemp(prefix="statekeeper-fanout-"))
     results = []

@@ -73,11 +73,10 @@ def main(argv: list[str] | None = None) -> int:
             for root in roots:
                 root.mkdir()
             return _run(args, [root.as_uri() for root in roots], base)
-        from bench.bench_s3 import _client, fake_credentials, moto_server
+        from testkit.s3 import emulator_env, moto_server, s3_client
 
-        with fake_credentials(), moto_server() as endpoint:
-            _client(endpoint).create_bucket(Bucket="fleet")
-            os.environ["STATEKEEPER_S3_ENDPOINT_URL"] = endpoint  # the writer process inherits it
+        with moto_server() as endpoint, emulator_env(endpoint):  # the writer processes inherit the environment
+            s3_client(endpoint).create_bucket(Bucket="fleet")
             return _run(args, [f"s3://fleet/ckpt{i}" for i in range(args.roots)], base)
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
-from tests.s3_support import (
+from testkit.s3 import (
     MotoServer,
     empty_and_delete_bucket,
     new_bucket_name,

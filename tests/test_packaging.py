@@ -183,7 +183,7 @@ def test_the_wheel_installs_lean_and_each_extra_works(tmp_path: Path) -> None:
 def _typed_root(directory: Path) -> str:
     """A root whose operator keeps value, list and map state under recorded schemas, with TTLs and timers."""
     from statekeeper.store.spark.testing import TwsTester
-    from tests.spark.processors import TypedAll
+    from testkit.processors import TypedAll
 
     with TwsTester(
         TypedAll(), key="user", output_schema="user string, count long, total long", directory=directory

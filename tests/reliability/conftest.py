@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.bench_s3 import moto_server
+from testkit.s3 import FaultProxy, moto_server, new_bucket_name, point_statekeeper_at, s3_client
 from tests.postgres_support import ENV_URL, PostgresServer
-from tests.s3_support import FaultProxy, new_bucket_name, point_statekeeper_at, s3_client
 
 
 class RestartablePostgres(PostgresServer):

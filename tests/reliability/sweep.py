@@ -142,7 +142,7 @@ class Roots:
         if kind == "s3":
             if not bucket:
                 raise SystemExit("--s3-bucket is needed for the s3 root kind")
-            from tests.s3_support import s3_client
+            from testkit.s3 import s3_client
 
             self._client = s3_client(os.environ["STATEKEEPER_S3_ENDPOINT_URL"])
 

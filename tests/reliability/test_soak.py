@@ -11,7 +11,7 @@ together on one S3 root for a minute (default) or ten (`slow`).
   `VersionExpiredError` (docs/maintenance.md): counted, and accepted only for a version no longer retained;
 * S3 fails `FAULT_RATE` of all requests the way S3 does (503 SlowDown, 500 before or after the request
   took effect, connection resets before or after, truncated bodies), injected by the fault proxy of
-  `tests/s3_support.py` between the store and the S3 server, over real sockets.
+  `testkit/s3.py` between the store and the S3 server, over real sockets.
 
 The S3 server (moto) runs in a child process, so that this process's RSS is the store's (and the
 stateless proxy's) alone.
@@ -51,6 +51,7 @@ from statekeeper.store import CommitLog, StateStore, VersionExpiredError, faults
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.files import open_file_manager
 from statekeeper.store.rocks import shared_memory
+from testkit.s3 import ALL_FAULTS, TIMEOUT
 from tests.model_steps import INJECTED, SOAK
 from tests.reliability.conftest import SoakS3
 from tests.reliability.scenarios import (
@@ -61,7 +62,6 @@ from tests.reliability.scenarios import (
     expected_state,
     store_config,
 )
-from tests.s3_support import ALL_FAULTS, TIMEOUT
 
 PARTITIONS = 4
 WRITE_HZ = 2.0  # versions a second, at most

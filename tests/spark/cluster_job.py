@@ -26,8 +26,8 @@ import psutil
 from pyspark.sql import SparkSession
 
 from statekeeper.store.spark import StatefulOperator, StatefulProcessorHandle, read_state
+from testkit.processors import CountSum
 from tests.spark.helpers import SCHEMA, JsonFileSink, JsonLinesProgress
-from tests.spark.processors import CountSum
 
 OUT = "user string, count long, total long"
 

@@ -3,23 +3,11 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def spark_env() -> dict[str, str]:
-    """Environment for Spark's Python workers: this interpreter, and the repo on the path (tests.*)."""
-    path = os.environ.get("PYTHONPATH", "")
-    return {
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), path) if p),
-    }
+from testkit.spark import spark_env
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +35,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A Spark standalone master and two one-core workers on 127.0.0.1, stopped by pid at the end."""
-    from tests.spark.cluster_support import StandaloneCluster
+    from testkit.spark import StandaloneCluster
 
     cluster = StandaloneCluster(tmp_path_factory.mktemp("spark-cluster")).start()
     yield cluster
@@ -57,7 +45,7 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 @pytest.fixture(scope="session")
 def spark_connect_url(tmp_path_factory: pytest.TempPathFactory, s3_endpoint: str) -> Iterator[str]:
     """A Spark Connect server on 127.0.0.1 (local[2,4] inside, S3 settings pointing at moto); its sc:// URL."""
-    from tests.spark.cluster_support import ConnectServer
+    from testkit.spark import ConnectServer
 
     server = ConnectServer(tmp_path_factory.mktemp("spark-connect")).start()
     yield server.url

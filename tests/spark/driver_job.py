@@ -24,8 +24,8 @@ from pyspark.sql import SparkSession
 
 from statekeeper.store import faults
 from statekeeper.store.spark import StatefulOperator
+from testkit.processors import SlowCountSum
 from tests.spark.helpers import SCHEMA
-from tests.spark.processors import SlowCountSum
 
 
 def session() -> SparkSession:

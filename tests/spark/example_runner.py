@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.spark.conftest import ROOT, spark_env
+from testkit.spark import ROOT, spark_env
 
 
 def run_example(work: Path, seconds: int) -> tuple[str, list[int]]:

@@ -11,8 +11,8 @@ import pytest
 
 from statekeeper.store.spark import StatefulOperator, StatefulProcessor
 from statekeeper.store.spark.driver import TRACE_ENV
+from testkit.processors import CountSum
 from tests.spark.helpers import CollectingSink
-from tests.spark.processors import CountSum
 
 OUT = "user string, count long, total long"
 

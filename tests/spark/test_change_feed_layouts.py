@@ -17,8 +17,8 @@ from statekeeper.store import CommitLog, open_file_manager
 from statekeeper.store.rescale import execute_relayout, plan_rescale, plan_rollback
 from statekeeper.store.spark import StatefulOperator, read_state
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
+from testkit.processors import CountSum
 from tests.spark.helpers import run_query, stage_files, write_inputs
-from tests.spark.processors import CountSum
 
 OUT = "user string, count long, total long"
 OP = "counts"

@@ -23,7 +23,7 @@ from statekeeper.store.load_plan import committed_range
 from statekeeper.store.spark.reader import change_feed
 from statekeeper.store.spark.state_view import StateView, TypedSchemas
 from statekeeper.store.spark.testing import OPERATOR, TwsTester
-from tests.spark.processors import TypedAll
+from testkit.processors import TypedAll
 
 BATCHES = 12
 

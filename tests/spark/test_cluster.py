@@ -22,8 +22,7 @@ from typing import Any
 import pytest
 
 from statekeeper.store import CommitLog, open_file_manager
-from tests.spark.cluster_support import StandaloneCluster
-from tests.spark.conftest import ROOT, spark_env
+from testkit.spark import ROOT, StandaloneCluster, spark_env
 from tests.spark.helpers import read_batch_output, reference, write_inputs
 
 S3_ENV_PREFIXES = ("AWS_", "STATEKEEPER_S3_")

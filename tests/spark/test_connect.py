@@ -21,6 +21,7 @@ from statekeeper.store.spark import StatefulOperator, read_state
 from statekeeper.store.spark.connect import ConnectProgressError
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
 from statekeeper.store.spark.restart import on_executors
+from testkit.processors import CountSum
 from tests.spark.helpers import (
     SCHEMA,
     JsonFileSink,
@@ -30,7 +31,6 @@ from tests.spark.helpers import (
     stage_files,
     write_inputs,
 )
-from tests.spark.processors import CountSum
 
 OUT = "user string, count long, total long"
 

@@ -19,7 +19,7 @@ import pytest
 
 from statekeeper.store import CheckpointFileManager, CommitLog, open_file_manager
 from statekeeper.store.layout import StoreId
-from tests.spark.conftest import ROOT, spark_env
+from testkit.spark import ROOT, spark_env
 from tests.spark.helpers import reference, state_of, write_inputs
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,8 @@ import pytest
 from statekeeper.store import CommitLog, open_file_manager
 from statekeeper.store.spark import ApplyInPandasWithState, StatefulOperator, read_state
 from statekeeper.store.spark.schemas import TAG_TTL
+from testkit.processors import CountSum, CountSumPandas, CountSumVectorized, Sessions, count_sum_group_state
 from tests.spark.helpers import CollectingSink, reference, run_query, state_of, write_inputs
-from tests.spark.processors import CountSum, CountSumPandas, CountSumVectorized, Sessions, count_sum_group_state
 
 OUT = "user string, count long, total long"
 

@@ -21,7 +21,7 @@ from statekeeper.store.spark.handle import StatefulProcessorHandle
 from statekeeper.store.spark.state import StateContext
 from statekeeper.store.spark.state_view import StateView
 from statekeeper.store.spark.worker_cache import _Cache
-from tests.spark.processors import CountSum
+from testkit.processors import CountSum
 
 SCHEMA = pa.schema([("user", pa.string()), ("count", pa.int64()), ("total", pa.int64()), (META_COL, pa.string())])
 
@@ -263,7 +263,7 @@ def test_apply_in_pandas_with_state_timeout(
     from dataclasses import replace
 
     from statekeeper.store.spark import ApplyInPandasWithState
-    from tests.spark.processors import expiring_count
+    from testkit.processors import expiring_count
 
     _on(monkeypatch, workers[0])
     root = (tmp_path / "state").as_uri()
@@ -289,7 +289,7 @@ def test_restart_with_an_evolved_schema_and_an_incompatible_one(
 ) -> None:
     """A new task (restart) reads old values through a compatible new schema; an incompatible one
     fails the task before anything is committed."""
-    from tests.spark.processors import EvolvingCounter
+    from testkit.processors import EvolvingCounter
 
     root = (tmp_path / "state").as_uri()
     fm = open_file_manager(root)

@@ -10,8 +10,8 @@ import pytest
 from statekeeper.store import CommitLog, open_file_manager
 from statekeeper.store.layout import StoreId
 from statekeeper.store.spark import StatefulOperator
+from testkit.processors import CountSum, FailingUploads, FailOnce
 from tests.spark.helpers import CollectingSink, reference, run_query, state_of, write_inputs
-from tests.spark.processors import CountSum, FailingUploads, FailOnce
 
 OUT = "user string, count long, total long"
 

@@ -15,10 +15,9 @@ from typing import Any
 import pytest
 
 from statekeeper.store.errors import ConfigurationError
+from testkit.spark import StandaloneCluster, spark_env
 from tests.cli_support import run_cli
 from tests.orchestration.helpers import CheckpointWriter
-from tests.spark.cluster_support import StandaloneCluster
-from tests.spark.conftest import spark_env
 
 PARTITIONS = 6
 

@@ -19,8 +19,8 @@ from statekeeper.store.formats.changelog import ChangelogReader, SstFile
 from statekeeper.store.key_groups import group_at
 from statekeeper.store.rescale import RescaleError, execute_relayout, plan_rescale, plan_rollback
 from statekeeper.store.spark import StatefulOperator
+from testkit.processors import CountSum
 from tests.spark.helpers import CollectingSink, reference, run_query, stage_files, state_of, write_inputs
-from tests.spark.processors import CountSum
 
 OUT = "user string, count long, total long"
 

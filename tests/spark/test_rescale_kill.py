@@ -15,9 +15,9 @@ import pytest
 
 from statekeeper.store import CommitLog, open_file_manager
 from statekeeper.store.spark import StatefulOperator
+from testkit.processors import SlowCountSum
 from tests.spark.driver_job import file_sink
 from tests.spark.helpers import reference, run_query, stage_files, state_of, write_inputs
-from tests.spark.processors import SlowCountSum
 from tests.spark.test_driver_kill import _start
 from tests.spark.test_rescale import OUT, _owned_groups_only
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from statekeeper.store import CommitLog, StateStore, StoreConfig, open_file_manager
 from statekeeper.store.spark.state_view import StateView
-from tests.spark.conftest import ROOT, spark_env
+from testkit.spark import ROOT, spark_env
 from tests.spark.helpers import reference, write_inputs
 
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from statekeeper.store.errors import StoreStateError
 from statekeeper.store.spark.executor import META_COL, TaskSpec, run_task
 from statekeeper.store.spark.task_input import MARKER_COL, PID_COL, TaskInput
-from tests.spark.processors import CountSumVectorized
+from testkit.processors import CountSumVectorized
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = pa.schema([("user", pa.string()), ("count", pa.int64()), ("total", pa.int64()), (META_COL, pa.string())])
@@ -129,7 +129,7 @@ _RSS_SCRIPT = textwrap.dedent(
     import pyarrow as pa
     from statekeeper.store.spark.executor import TaskSpec, run_task
     from statekeeper.store.spark.task_input import MARKER_COL, PID_COL
-    from tests.spark.processors import CountSum
+    from testkit.processors import CountSum
     from tests.spark.test_task_input import SCHEMA
 
     rows, keys, root, local = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]

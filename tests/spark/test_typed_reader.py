@@ -11,8 +11,8 @@ import pytest
 
 from statekeeper.store import CommitLog, StateStore, StoreConfig, open_file_manager
 from statekeeper.store.spark import StatefulOperator, read_state
+from testkit.processors import TypedAll
 from tests.spark.helpers import run_query, write_inputs
-from tests.spark.processors import TypedAll
 
 OUT = "user string, count long, total long"
 pd: Any = importlib.import_module("pandas")  # no pandas stubs in the project

@@ -13,7 +13,7 @@ import statekeeper.store.files.s3.client as s3_client_module
 from statekeeper.store.errors import CheckpointError, ConfigurationError
 from statekeeper.store.files import open_file_manager
 from statekeeper.store.files.s3 import S3FileManager, S3Options, parse_s3_uri
-from tests.s3_support import DENY, TEST_CREDENTIALS, FaultProxy, free_port
+from testkit.s3 import DENY, TEST_CREDENTIALS, FaultProxy, free_port
 
 SECRETS = (TEST_CREDENTIALS["AWS_SECRET_ACCESS_KEY"], TEST_CREDENTIALS["AWS_SESSION_TOKEN"])
 

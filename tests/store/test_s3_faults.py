@@ -18,7 +18,7 @@ import pytest
 
 from statekeeper.store.errors import CheckpointError
 from statekeeper.store.files.s3 import MIN_PART_SIZE, S3FileManager
-from tests.s3_support import (
+from testkit.s3 import (
     ALL_FAULTS,
     DENY,
     INTERNAL,

@@ -29,7 +29,7 @@ from statekeeper.store.errors import (
 )
 from statekeeper.store.files import open_file_manager
 from statekeeper.store.files.s3 import MIN_PART_SIZE, WRITE_ID_META, S3FileManager
-from tests.s3_support import FaultProxy, Request, all_keys, incomplete_uploads, s3_client
+from testkit.s3 import FaultProxy, Request, all_keys, incomplete_uploads, s3_client
 
 MiB = 1 << 20
 PART = MIN_PART_SIZE

@@ -22,7 +22,7 @@ import pytest
 from statekeeper.store import CommitLog, StateStore, StoreConfig
 from statekeeper.store.files.s3 import MIN_PART_SIZE, S3FileManager
 from statekeeper.store.snapshot import write_snapshot
-from tests.s3_support import ALL_FAULTS, FaultProxy, incomplete_uploads, s3_client
+from testkit.s3 import ALL_FAULTS, FaultProxy, incomplete_uploads, s3_client
 
 OPERATOR = "agg"
 PARTITIONS = 2

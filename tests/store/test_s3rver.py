@@ -15,7 +15,7 @@ import pytest
 from statekeeper.store.errors import CheckpointError, CheckpointFileNotFoundError, ConfigurationError
 from statekeeper.store.files.s3 import MIN_PART_SIZE, WRITE_ID_META, S3FileManager
 from statekeeper.store.files.s3 import listing as listing_module
-from tests.s3_support import all_keys, s3_client
+from testkit.s3 import all_keys, s3_client
 
 TREE = ["a/b/c", "a/b/c2/deep/file", "a/bb", "a-x", "a.txt", "b"]
 """s3rver walks `a/` before `a-x` and `a.txt`; binary key order puts them first ('-' and '.' < '/')."""
