@@ -6,7 +6,6 @@ methods raise :class:`StateVariableDeletedError`, with PySpark's messages.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -69,11 +68,16 @@ def _raiser(message: str) -> Callable[..., NoReturn]:
     return deleted
 
 
-@functools.cache
+_DELETED_CLASSES: dict[str, type[_State]] = {}
+
+
 def _deleted_class(cls: type[_State]) -> type[_State]:
     """`cls` with every state method raising :class:`StateVariableDeletedError` (no check on live handles)."""
-    methods = {name: _raiser(message) for name, message in _DELETED_MESSAGES[cls.kind].items()}
-    return type(f"Deleted{cls.__name__}", (cls,), methods)
+    deleted = _DELETED_CLASSES.get(cls.kind)
+    if deleted is None:
+        methods = {name: _raiser(message) for name, message in _DELETED_MESSAGES[cls.kind].items()}
+        deleted = _DELETED_CLASSES[cls.kind] = type(f"Deleted{cls.__name__}", (cls,), methods)
+    return deleted
 
 
 def retire(state: _State) -> None:

@@ -11,7 +11,7 @@ import decimal
 import json
 from typing import Any
 
-import pandas as pd
+import pandas as pd  # type: ignore[import-untyped]
 import pyarrow as pa
 import pytest
 
@@ -152,7 +152,7 @@ def test_map_typed_output_columns(flavour: str) -> None:
     }
     assert row[0] == "key_k_count_2"
     assert dict(row[2]) == {"key0": "value0", "key1": "value1"}
-    assert dict(row[4])["nested_key1"]["mapValue"] in (inner["mapValue"], list(inner["mapValue"].items()))
+    assert dict(row[4])["nested_key1"]["mapValue"] in (inner["mapValue"], list(inner["mapValue"].items()))  # type: ignore[attr-defined]
 
 
 def test_map_schemas_parse_round_trip_evolve_and_encode_in_entry_order() -> None:

@@ -13,10 +13,10 @@ import sys
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-import pandas as pd
+import pandas as pd  # type: ignore[import-untyped]
 from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import Row
-from pyspark.sql.streaming import StatefulProcessor
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 from pyspark.sql.types import ArrayType, IntegerType, MapType, StringType, StructField, StructType
 
 INPUT = "id string, temperature int, eventTime timestamp"
