@@ -26,6 +26,7 @@ from statekeeper.maintenance.replica import BuildStats
 from statekeeper.maintenance.reports import SnapshotReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshot_health import corrupt_ssts, mark_sound, newest_snapshot_problem
+from statekeeper.maintenance.snapshot_policy import crossing_version
 from statekeeper.maintenance.warm_copies import check_work_dir, work_root
 from statekeeper.store.errors import CheckpointFileExistsError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
@@ -287,12 +288,11 @@ def _due(
 
 
 def _chain_due(plan: StorePlan, settings: MaintenanceSettings, requested_at: int | None) -> bool:
-    """The chain reached the store's point (the threshold, less its share of `snapshot_spread`), or the store
+    """The chain crossed the store's point (`crossing_version`, as the checkpoint sensor asks), or the store
     committed the version its snapshot was requested at and has no snapshot that new."""
     if plan.latest is None:
         return False
-    since = plan.latest - plan.chain_length  # where the chain starts
-    if plan.chain_length >= settings.snapshot_due_at(plan.store.operator, plan.store.partition, since):
+    if crossing_version(settings, plan.store, plan.latest, plan.chain_length) is not None:
         return True
     return requested_at is not None and plan.latest >= requested_at > (plan.snapshot[0] if plan.snapshot else 0)
 

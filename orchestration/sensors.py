@@ -12,8 +12,9 @@ records and the snapshots, which the snapshot runs sync for the stores they writ
 per-store listing (which costs 2 LIST requests per store on S3); the catalog's rows of the newest changelog
 files lag by at most that period (or until the store's next snapshot). It then asks the catalog for stores whose
 chain since their last snapshot reached the threshold and requests one snapshot run per root for the
-stores that newly crossed it. A store "crosses" at version ``snapshot_version + point + k * threshold``,
-its point being the threshold, or with ``snapshot_spread`` a point drawn per store and snapshot between
+stores that newly crossed it. A store "crosses" at version ``snapshot_version + point + k * threshold``
+(`statekeeper.maintenance.snapshot_policy`, the policy `statekeeper maintain` shares), its point being the
+threshold, or with ``snapshot_spread`` a point drawn per store and snapshot between
 ``(1 - spread) x threshold`` and the threshold, the same as `statekeeper maintain` draws: the partitions of
 an operator commit in lock step, and without the spread every one of them crosses at the same tick, whose
 run then builds them all while their chains grow; with ``snapshot_schedule`` ``phase``, the point is the
@@ -82,6 +83,7 @@ from dagster._core.definitions.unresolved_asset_job_definition import Unresolved
 from dagster._core.storage.tags import PARTITION_NAME_TAG, PRIORITY_TAG
 
 from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshot_policy import crossing_version, landed_lag, snapshot_lead
 from statekeeper.orchestration.assets import KIND_TAG, KINDS, LINEAGE, ROOT_TAG, lineage_metadata
 from statekeeper.orchestration.config import (
     DEFAULT_SENSOR_LISTING,
@@ -93,12 +95,12 @@ from statekeeper.orchestration.config import (
 from statekeeper.orchestration.fleet import FLEET_TAG, fleet_request, fleet_roots
 from statekeeper.orchestration.jobs import SNAPSHOT_AND_EXPIRY_KIND, expiry_request, snapshot_request
 from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
-from statekeeper.sql import Catalog, StoreChain
+from statekeeper.sql import Catalog
 from statekeeper.sql.errors import CatalogError
 from statekeeper.sql.models import RUN_FAILED, RUN_RUNNING
 from statekeeper.store.errors import StatekeeperError
 from statekeeper.store.files import CheckpointFileManager
-from statekeeper.store.layout import COMMITS_DIR
+from statekeeper.store.layout import COMMITS_DIR, StoreId
 
 SENSOR_NAME = "checkpoint_sensor"
 FAILURE_SENSOR_NAME = "maintenance_failure_sensor"
@@ -195,42 +197,6 @@ def list_new(fm: CheckpointFileManager, prefix: str, start_after: str | None, li
     return names
 
 
-def crossing_version(chain: StoreChain, settings: MaintenanceSettings, lead: int) -> int | None:
-    """The version at which the store's chain last crossed: its point (`MaintenanceSettings.snapshot_due_at`, as
-    `statekeeper maintain` draws it) less `lead` changelogs, then every threshold more (None: not yet)."""
-    threshold = settings.snapshot_threshold
-    since = chain.latest_version - chain.chain_length
-    first = max(1, settings.snapshot_due_at(chain.operator, chain.partition, since) - lead)
-    if chain.chain_length < first:
-        return None
-    return since + first + threshold * ((chain.chain_length - first) // threshold)
-
-
-def snapshot_lead(lag: int, threshold: int) -> int:
-    """How many commits before the threshold a store's snapshot is requested, so that with the root's snapshot
-    lag it lands before the chain passes 2 x threshold, with a quarter of the threshold to spare: none while
-    snapshots land within about 3/4 of a threshold of their request, at most threshold - 1."""
-    return max(0, min(threshold - 1, lag - threshold + threshold // 4))
-
-
-def landed_lag(chains: list[StoreChain], waiting: dict[str, int], lag: int, threshold: int) -> tuple[int, set[str]]:
-    """The root's snapshot lag after this tick, and the stores whose snapshot landed: `lag`, updated with the
-    snapshots that answered a request (the newest snapshot of a store at or after the version it was first
-    requested at). Kept under 2 x threshold, where the lead is at its cap already, so that after an outage
-    (hours of commits before a snapshot landed) it falls back within a few snapshots."""
-    landed = {
-        store: c.snapshot_version - waiting[store]
-        for c in chains
-        if c.snapshot_version is not None
-        and (store := f"{c.operator}/{c.partition}") in waiting
-        and c.snapshot_version >= waiting[store]
-    }
-    if not landed:
-        return lag, set()
-    newest = min(max(landed.values()), 2 * threshold)
-    return max(newest, (lag + newest) // 2), set(landed)
-
-
 def run_key(kind: str, root: str, events: list[str]) -> str:
     """`kind:root:` and the store@version events the run is requested for (a digest when many)."""
     if len(events) <= RUN_KEY_LISTED_STORES:
@@ -307,9 +273,11 @@ def evaluate_root(
     threshold = settings.snapshot_threshold
     lag, landed = landed_lag(chains, rc.waiting, rc.snapshot_lag, threshold)
     tick.lead = snapshot_lead(lag, threshold)
-    crossed = {
-        f"{c.operator}/{c.partition}": v for c in chains if (v := crossing_version(c, settings, tick.lead)) is not None
-    }
+    crossed: dict[str, int] = {}
+    for c in chains:
+        store = StoreId(c.operator, c.partition)
+        if (v := crossing_version(settings, store, c.latest_version, c.chain_length, tick.lead)) is not None:
+            crossed[str(store)] = v
     fresh = {store: v for store, v in crossed.items() if rc.requested.get(store, -1) < v}
     tick.crossings = sorted(f"{store}@{v}" for store, v in fresh.items())
     bases = catalog.expiry_bases(root, retain=settings.min_versions_to_retain)
@@ -586,7 +554,6 @@ __all__ = [
     "SensorCursor",
     "build_checkpoint_sensor",
     "build_failure_sensor",
-    "crossing_version",
     "evaluate_root",
     "list_new",
     "maintenance_kind",

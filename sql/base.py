@@ -2,7 +2,7 @@
 
 Everything else in `statekeeper.sql` that reads or writes catalog rows builds on `CatalogBase`: the catalog's
 facets (`statekeeper.sql.ingest`, `statekeeper.sql.file_states`, `statekeeper.sql.lineage`,
-`statekeeper.sql.retention`, `statekeeper.sql.runs`, `statekeeper.sql.export`) and the maintenance leases
+`statekeeper.sql.retention`, `statekeeper.sql.runs`) and the maintenance leases
 (`statekeeper.sql.leases`). It sits below all of them so that none needs the assembled
 `statekeeper.sql.catalog.Catalog`, which keeps the package free of import circles (`tests/test_architecture.py`).
 Also here: the small bulk-write helpers they share.

@@ -14,7 +14,6 @@ module per responsibility, each building on `statekeeper.sql.base.CatalogBase` (
 - `statekeeper.sql.runs`: maintenance run records (`start_run`, `finish_run`, `record_run`, `runs`)
 - `statekeeper.sql.history`: `prune_history`, the horizon after which the rows of what is gone are dropped
 - `statekeeper.sql.leases`: `acquire_lease`, `leases`
-- `statekeeper.sql.export`: `export`
 
 File states: ``live`` (part of a committed version, a pending attempt, or a foreign file),
 ``orphan`` (a losing attempt's changelog or manifest, an SST no present manifest references, a temp
@@ -25,7 +24,6 @@ Roots are identified by the URI string callers pass; use the file manager's norm
 
 from __future__ import annotations
 
-from statekeeper.sql.export import CatalogExport
 from statekeeper.sql.file_states import FileStateUpdates
 from statekeeper.sql.history import HistoryPruning
 from statekeeper.sql.ingest import CatalogIngest
@@ -45,7 +43,6 @@ class Catalog(
     RunRecords,
     HistoryPruning,
     LeaseAccess,
-    CatalogExport,
 ):
     """The lineage catalog on one database (thread-safe: every call uses its own connection)."""
 

@@ -61,7 +61,6 @@ def point_statekeeper_at(mp: Any, endpoint_url: str) -> None:
     mp.setenv("STATEKEEPER_S3_ENDPOINT_URL", endpoint_url)
 
 
-
 @contextmanager
 def emulator_env(endpoint_url: str | None = None) -> Iterator[None]:
     """`TEST_CREDENTIALS` in this process's environment (and so its children's) for the duration, so that no real
@@ -80,6 +79,7 @@ def emulator_env(endpoint_url: str | None = None) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
 
 # fault kinds
 SLOWDOWN = "503"  # 503 SlowDown, request not forwarded

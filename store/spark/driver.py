@@ -43,7 +43,14 @@ from statekeeper.store.rescale import PartitionBuild, RelayoutPlan, commit_relay
 from statekeeper.store.spark.api import BatchStatefulProcessor, StatefulProcessor
 from statekeeper.store.spark.batch_records import BatchRecords, UploadTimeoutError
 from statekeeper.store.spark.connect import initial_state_unsupported, is_connect_dataframe, progress_unavailable
-from statekeeper.store.spark.event_time import EventTime, TaskTime, WatermarkLog, parse_delay_ms, watermark_of
+from statekeeper.store.spark.event_time import (
+    EventTime,
+    TaskTime,
+    WatermarkLog,
+    next_watermark,
+    parse_delay_ms,
+    watermark_of,
+)
 from statekeeper.store.spark.executor import META_COL, PID_COL, TaskSpec, run_task
 from statekeeper.store.spark.heartbeat import DEFAULT_INTERVAL_SECONDS, Heartbeat
 from statekeeper.store.spark.initial_state import collect_initial_state, initial_state_frame
@@ -55,6 +62,7 @@ from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from statekeeper.store.spark.state import check_max_key_groups
 from statekeeper.store.spark.task_input import DEFAULT_INPUT_BUDGET_BYTES
 from statekeeper.store.spark.tasks_plan import OutputFilters, TasksPlan, TasksRun, tasks_job_settings
+from statekeeper.store.spark.ticks import TickChannel, TickRecord, channel_path, due_at_ms, with_ticks, without_ticks
 from statekeeper.store.spark.time_mode import TimeMode
 from statekeeper.store.spark.worker_cache import FileManagerFactory
 from statekeeper.store.state_store import StoreConfig
@@ -107,6 +115,11 @@ class StatefulOperator:
     event time from ``event_time_column`` + ``watermark_delay`` or the stream's ``withWatermark``
     (store/spark/event_time.py); ``initial_state`` a DataFrame or ``df.groupBy(key)`` delivered to
     ``handleInitialState`` on the first batch (store/spark/initial_state.py).
+
+    ``quiet_timers=True``: timers fire while the input is quiet, as with Spark's no-data batches -- a due
+    processing-time timer, or an event-time timer the watermark passed, makes the query run a batch with no
+    input rows within one trigger interval (store/spark/ticks.py). Off by default: the query's plan then
+    unions a small tick stream, and its first start runs one empty batch.
     """
 
     def __init__(
@@ -137,6 +150,7 @@ class StatefulOperator:
         output_mode: str = "Append",
         eventTimeColumnName: str = "",  # noqa: N803 - PySpark's argument name
         heartbeat_seconds: float = DEFAULT_INTERVAL_SECONDS,
+        quiet_timers: bool = False,
     ) -> None:
         validate_component(name, "operator name")
         if eventTimeColumnName:
@@ -193,6 +207,9 @@ class StatefulOperator:
             self.event_time = EventTime(event_time_column, parse_delay_ms(watermark_delay))
         self.initial_state = None if initial_state is None else initial_state_frame(initial_state)
         self.history = history
+        self.quiet_timers = quiet_timers
+        self.ticks: TickChannel | None = None
+        """Where the driver tells the tick source when a timer is due (set by `start` with quiet_timers)."""
         self.started_over_connect = False
         self._reset_driver_state()
 
@@ -252,6 +269,10 @@ class StatefulOperator:
             raise initial_state_unsupported(self.name)
         if self.event_time is None:
             self.event_time = watermark_of(df)
+        self.ticks = None
+        if self.quiet_timers and self.time_mode is not TimeMode.NONE:
+            self.ticks = TickChannel(channel_path(self.root, self.name, checkpoint_location, self.local_dir))
+            df = with_ticks(df, self.ticks)
         writer = df.writeStream.foreachBatch(self.process_batch).option("checkpointLocation", checkpoint_location)
         if trigger:
             writer = writer.trigger(**trigger)
@@ -262,6 +283,8 @@ class StatefulOperator:
     def process_batch(self, df: DataFrame, batch_id: int) -> None:
         """The foreachBatch function."""
         t0 = time.perf_counter()
+        if self.ticks is not None:
+            df = without_ticks(df)  # a tick row only makes the batch run: the processor never sees it
         spark = df.sparkSession
         self._beat(spark)
         self._prepare(spark, df, batch_id)
@@ -325,7 +348,7 @@ class StatefulOperator:
         out, metas = run.out, run.metas
         try:
             t_rec = time.perf_counter()
-            self._record_event_time(batch_id, task_time, max_event_before, metas)
+            max_event = self._record_event_time(batch_id, task_time, max_event_before, metas)
             if relayout is not None:  # the new layout first (invariant 11), then the batch on it
                 builds = [PartitionBuild(**m.relayout) for m in metas if m.relayout]
                 base["rescale"] = commit_relayout(self.fm, relayout, builds).to_json()
@@ -333,6 +356,7 @@ class StatefulOperator:
             if spec.commit:
                 ids = [m.checkpoint_id or "" for m in metas]
                 self.records.commit(target, ids, batch_id, self._layout)
+            self._tell_ticks(batch_id, task_time, max_event, metas)
             commit_record_ms = (time.perf_counter() - t_rec) * 1000
             progress = BatchProgress.of_partitions(
                 base,
@@ -405,14 +429,33 @@ class StatefulOperator:
 
     def _record_event_time(
         self, batch_id: int, task_time: TaskTime, max_before: int | None, metas: list[PartitionMetrics]
-    ) -> None:
+    ) -> int | None:
+        """Record the batch's watermark; returns the max event time seen through the batch."""
         marks = self._watermarks()
         if marks is None:
-            return
+            return None
         seen = [m.max_event_ms for m in metas if m.max_event_ms is not None]
         if max_before is not None:
             seen.append(max_before)
-        marks.record(batch_id, task_time.watermark_ms, max(seen) if seen else None)
+        max_event = max(seen) if seen else None
+        marks.record(batch_id, task_time.watermark_ms, max_event)
+        return max_event
+
+    def _tell_ticks(
+        self, batch_id: int, task_time: TaskTime, max_event: int | None, metas: list[PartitionMetrics]
+    ) -> None:
+        """With quiet_timers: when the state just committed (or re-run) has a timer due without new input."""
+        if self.ticks is None:
+            return
+        pending = [m.next_timer_ms for m in metas if m.next_timer_ms is not None]
+        watermark = None
+        if self.event_time is not None:  # what the next batch runs with (Spark's no-data batch: the same)
+            watermark = next_watermark(task_time.watermark_ms, max_event, self.event_time.delay_ms)
+        due = due_at_ms(self.time_mode, min(pending) if pending else None, watermark)
+        try:
+            self.ticks.write(TickRecord(batch_id, due))
+        except OSError as e:  # a hint only: the next input still fires the timers
+            log.warning("statekeeper %s: cannot write the tick record %s: %s", self.name, self.ticks.path, e)
 
     def _initial_rows(self, df: DataFrame, n: int) -> Any:
         if self.initial_state is None or isinstance(self.processor, BatchStatefulProcessor):

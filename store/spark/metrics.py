@@ -44,6 +44,8 @@ class PartitionMetrics:
     """Times the partition's load started over from a newer snapshot that expiry had made the base."""
     relayout: dict[str, Any] | None = None
     """The first batch of a rescale: the `PartitionBuild` of the new partition the task built first."""
+    next_timer_ms: int | None = None
+    """The partition's earliest timer still pending after the batch (quiet-input ticks, store/spark/ticks.py)."""
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> PartitionMetrics:

@@ -8,14 +8,14 @@ import pytest
 
 from tests.bench.run import run_bench
 
-FLEET = "bench.bench_fleet"
+FLEET = "bench.fleet"
 
 
 def test_fleet_benchmark_runs_both_maintainers(tmp_path: Path) -> None:
     plot = tmp_path / "fleet.png"
     args = ["--stores", "2", "3", "--seconds", "6", "--keys", "500", "--updates", "50", "--plot", str(plot)]
     args += ["--mode", "cli", "maintain", "dagster", "--threshold", "3"]
-    out = run_bench(tmp_path, args, module=FLEET, timeout=300)
+    out = run_bench(tmp_path, ["beside", *args], module=FLEET, timeout=300)
     for title in ("### Fleet: one maintainer beside", "### Fleet: the maintainer's cost model", "### Fleet over time"):
         assert title in out, out
     for mode in (
@@ -39,7 +39,7 @@ def test_fleet_benchmark_spreads_the_stores_over_several_roots(tmp_path: Path) -
     """`--roots N`: N queries, each its own root and commit records; one maintainer keeps them all."""
     args = ["--stores", "4", "--roots", "2", "--mode", "maintain", "dagster", "--seconds", "8", "--keys", "500"]
     args += ["--updates", "50", "--threshold", "3", "--plot", str(tmp_path / "fleet.png")]
-    out = run_bench(tmp_path, args, module=FLEET, timeout=300)
+    out = run_bench(tmp_path, ["beside", *args], module=FLEET, timeout=300)
     for label in ("maintain, 2 roots", "dagster, 2 roots"):
         row = next(line for line in out.splitlines() if line.startswith(f"| {label} | 4 | 4 |"))
         landed = row.rstrip(" |").rsplit(" | ", 1)[-1]  # "p50 / p90 / max (n of N over)", from the one catalog
@@ -51,7 +51,7 @@ def test_fleet_benchmark_spreads_the_stores_over_several_roots(tmp_path: Path) -
 def test_fleet_benchmark_runs_dagster_as_deployed(tmp_path: Path) -> None:
     """`--mode daemon`: `dagster-daemon run` on the root; its sensor's runs keep the chains bounded."""
     args = ["--stores", "2", "--mode", "daemon", "--seconds", "40", "--keys", "500", "--updates", "50"]
-    out = run_bench(tmp_path, [*args, "--plot", str(tmp_path / "fleet.png")], module=FLEET, timeout=600)
+    out = run_bench(tmp_path, ["beside", *args, "--plot", str(tmp_path / "fleet.png")], module=FLEET, timeout=600)
     row = next(line for line in out.splitlines() if line.startswith("| daemon | 2 | 2 |"))
     chain_max = int(row.split(" | ")[6].split(" / ")[2])
     assert chain_max <= 20, row  # 40 commits at threshold 10: the daemon's runs snapshotted the stores
@@ -64,7 +64,7 @@ def test_the_loop_beside_the_daemon_shows_its_work_in_dagster(tmp_path: Path) ->
 
     args = ["--stores", "8", "--rate", "16", "--seconds", "10", "--every", "2", "--threshold", "6", "--keys", "200"]
     args += ["--updates", "20", "--maintainer", "maintain+daemon"]
-    out = run_bench(tmp_path, args, module="bench.fleet_sustain", timeout=600)
+    out = run_bench(tmp_path, ["sustain", *args], module=FLEET, timeout=600)
     figures = json.loads(out.strip().splitlines()[-1])
     assert figures["errors"] == 0, figures
     made = figures["dagster_materializations"]
@@ -76,21 +76,21 @@ def test_fleet_benchmark_compares_fan_out_over_a_cluster(tmp_path: Path) -> None
     """`--fanout N`: the stores-snapshotted-per-second row of one process and of a standalone cluster."""
     args = ["--stores", "2", "--mode", "maintain", "--seconds", "4", "--keys", "500", "--updates", "50"]
     args += ["--fanout", "4", "--plot", str(tmp_path / "fleet.png")]
-    out = run_bench(tmp_path, args, module=FLEET, timeout=900)
+    out = run_bench(tmp_path, ["beside", *args], module=FLEET, timeout=900)
     assert "### Fleet: stores snapshotted per second" in out, out
     assert "| one process | 4 | 4 |" in out and "| Spark standalone, 2 x 1 core | 4 | 4 |" in out
 
 
 def test_fleet_profile_measures_the_maintainer_per_store_commit(tmp_path: Path) -> None:
-    """`python -m bench.fleet_profile`: one maintain loop, a lock-step writer, CPU per store-commit."""
+    """`python -m bench.fleet lockstep`: one maintain loop, a lock-step writer, CPU per store-commit."""
     import json
 
     args = ["--stores", "2", "--cycles", "2", "--warmup", "1", "--keys", "300", "--updates", "30", "--catalog"]
-    out = run_bench(tmp_path, [*args, "--profile", str(tmp_path / "cycle.prof")], module="bench.fleet_profile")
+    out = run_bench(tmp_path, ["lockstep", *args, "--profile", str(tmp_path / "cycle.prof")], module=FLEET)
     result = json.loads(out.splitlines()[0])
     assert result["store_commits"] == 8 and result["cpu_ms_per_store_commit"] > 0
     assert "create_snapshots" in out and (tmp_path / "cycle.prof").stat().st_size > 0  # the cycles' profile
-    out = run_bench(tmp_path, [*args, "--stores", "4", "--roots", "2"], module="bench.fleet_profile")
+    out = run_bench(tmp_path, ["lockstep", *args, "--stores", "4", "--roots", "2"], module=FLEET)
     result = json.loads(out.splitlines()[0])
     assert (result["roots"], result["store_commits"], result["errors"]) == (2, 16, 0), "one loop, two roots"
 
@@ -142,8 +142,8 @@ def test_sustain_publishes_at_the_rate_asked_and_reports_whether_the_maintainer_
 
 
 def test_fleet_caches_times_the_cache_upkeep_of_a_rescan(tmp_path: Path) -> None:
-    """`python -m bench.fleet_caches`: a row per fleet size, then per store size."""
-    out = run_bench(tmp_path, ["--stores", "3", "20", "--store-files", "2000"], module="bench.fleet_caches")
+    """`python -m bench.fleet caches`: a row per fleet size, then per store size."""
+    out = run_bench(tmp_path, ["caches", "--stores", "3", "20", "--store-files", "2000"], module=FLEET)
     rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert [r[0].strip() for r in rows] == ["3", "20", "2,000"], out
     assert [r[1].strip() for r in rows[:2]] == ["135", "900"], out
@@ -156,7 +156,7 @@ def test_sustain_publishes_a_version_with_its_commit_record_last(
     record whose changelogs are not there yet (the driver writes the record last)."""
     import os
 
-    from bench import fleet_sustain
+    from bench.fleet import publisher
 
     src, dst = tmp_path / "version", tmp_path / "root"
     for rel in ("commits/00000000000000000002.commit", "state/op/0/2.changelog", "state/op/1/2.changelog"):
@@ -170,6 +170,6 @@ def test_sustain_publishes_a_version_with_its_commit_record_last(
         link(source, target)
 
     monkeypatch.setattr(os, "link", recording_link)
-    fleet_sustain._move_tree(src, dst, link=True)
+    publisher.move_tree(src, dst, link=True)
     assert sorted(linked[:2]) == ["state/op/0/2.changelog", "state/op/1/2.changelog"], linked
     assert linked[2:] == ["commits/00000000000000000002.commit"], linked

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.bench_reliability import merge_sweeps
+from bench.reliability import merge_sweeps
 
 
 def _part(kind: str, kills: int, points: dict[str, int], lost: int, seconds: float) -> dict[str, Any]:

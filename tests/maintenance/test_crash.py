@@ -16,6 +16,7 @@ import pytest
 
 from statekeeper.maintenance.catalog_sync import rebuild_catalog
 from statekeeper.sql import Catalog
+from tests.catalog_export import catalog_export
 from tests.maintenance.helpers import History, leftovers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +79,7 @@ def crash_loop(h: History, tmp: Path, rounds: int, seed: int, max_kills: int = 2
     fresh = Catalog.open(f"sqlite:///{tmp / 'fresh.db'}", upgrade=True)
     try:
         rebuild_catalog(fresh, h.root)
-        assert _normalised(synced.export(h.fm.root_uri)) == _normalised(fresh.export(h.fm.root_uri))
+        assert _normalised(catalog_export(synced, h.fm.root_uri)) == _normalised(catalog_export(fresh, h.fm.root_uri))
     finally:
         synced.close()
         fresh.close()

@@ -18,6 +18,7 @@ from statekeeper.maintenance.sync_view import InventoryView
 from statekeeper.maintenance.warm_copies import close_replicas, replica_dir, work_root
 from statekeeper.sql import Catalog
 from statekeeper.store import StateStore, StoreConfig
+from tests.catalog_export import catalog_export
 from tests.maintenance.helpers import History, all_files, content
 
 
@@ -233,8 +234,8 @@ def test_the_catalog_hears_of_a_runs_snapshots_from_its_own_listing(
             return {**export, "files": files}
 
         sync_catalog(catalog, h.fm)  # the batch committed after the run's listing, with its changelogs
-        assert timeless(catalog.export(uri)) == timeless(fresh.export(uri))
+        assert timeless(catalog_export(catalog, uri)) == timeless(catalog_export(fresh, uri))
         sync_catalog(catalog, h.fm, full=True)
-        assert catalog.export(uri) == fresh.export(uri)
+        assert catalog_export(catalog, uri) == catalog_export(fresh, uri)
     finally:
         fresh.close()

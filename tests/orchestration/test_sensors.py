@@ -13,6 +13,7 @@ from dagster import AssetKey, DagsterRunStatus, RunRequest, SensorResult, build_
 from dagster._core.storage.tags import PARTITION_NAME_TAG, PRIORITY_TAG
 
 from statekeeper.maintenance.settings import MaintenanceSettings
+from statekeeper.maintenance.snapshot_policy import snapshot_lead
 from statekeeper.orchestration.assets import RETAINED, SNAPSHOTS
 from statekeeper.orchestration.checks import CHAINS, CHAINS_BOUNDED
 from statekeeper.orchestration.jobs import JOB_NAMES, SNAPSHOT_AND_EXPIRY_JOB, requested_job
@@ -23,11 +24,8 @@ from statekeeper.orchestration.sensors import (
     RootCursor,
     SensorCursor,
     evaluate_root,
-    landed_lag,
     run_key,
-    snapshot_lead,
 )
-from statekeeper.sql import StoreChain
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.files import CheckpointFileManager, FileInfo, open_file_manager
 from statekeeper.store.layout import commit_path
@@ -407,33 +405,6 @@ def test_with_a_spread_each_store_is_requested_at_its_own_point(
         assert requested == expected
     finally:
         orch.close()
-
-
-@pytest.mark.parametrize(
-    ("lag", "threshold", "lead"), [(0, 10, 0), (8, 10, 0), (9, 10, 1), (12, 10, 4), (40, 10, 9), (9, 1, 0)]
-)
-def test_snapshot_lead_lands_snapshots_before_twice_the_threshold(lag: int, threshold: int, lead: int) -> None:
-    assert snapshot_lead(lag, threshold) == lead
-    if lead < threshold - 1:
-        assert threshold - lead + lag <= 2 * threshold - threshold // 4
-
-
-def test_snapshot_lag_after_an_outage_falls_back_within_a_few_snapshots() -> None:
-    """A snapshot that landed hours of commits after its request (the daemon was down) puts the lead at its cap,
-    not for hours: the lag is kept under 2 x threshold and falls halfway with each on-time landing."""
-    threshold = 10
-
-    def landed(lag: int, version: int, snapshot: int) -> int:
-        chain = StoreChain("agg", 0, snapshot, "c", snapshot, 0, None)
-        new_lag, stores = landed_lag([chain], {"agg/0": version}, lag, threshold)
-        assert stores == ({"agg/0"} if snapshot >= version else set())
-        return new_lag
-
-    lag = landed(0, 10, 3_610)
-    assert lag == 2 * threshold and snapshot_lead(lag, threshold) == threshold - 1
-    lags = [lag := landed(lag, 100 * n, 100 * n + 5) for n in range(1, 4)]
-    assert lags == [12, 8, 6] and snapshot_lead(lags[-1], threshold) == 0
-    assert landed(lag, 500, 499) == lag, "a snapshot older than the version requested at is not the answer"
 
 
 def test_snapshot_lag_counts_from_the_first_request_of_a_store(orch: Orch) -> None:

@@ -39,6 +39,7 @@ from statekeeper.store.async_upload import AsyncUploader
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.layout import StoreId
 from statekeeper.store.snapshot import read_manifest
+from tests.catalog_export import catalog_export
 from tests.reliability import scenario_rescale
 
 OPERATOR = "sweep"
@@ -392,7 +393,7 @@ def _catalog_problems(root: str, work: str) -> list[str]:
         sync_catalog(synced, root, full=True, workers=1)
         rebuild_catalog(fresh, root, workers=1)
         uri = open_file_manager(root).root_uri
-        if _normalised(synced.export(uri)) != _normalised(fresh.export(uri)):
+        if _normalised(catalog_export(synced, uri)) != _normalised(catalog_export(fresh, uri)):
             return ["the catalog after a sync differs from a rebuild from the checkpoint location"]
         return []
     finally:

@@ -37,6 +37,7 @@ from statekeeper.sql.errors import CatalogError
 from statekeeper.store import faults
 from statekeeper.store.errors import StatekeeperError
 from statekeeper.store.files import open_file_manager
+from tests.catalog_export import catalog_export
 from tests.model_steps import INJECTED
 from tests.reliability.conftest import RestartablePostgres
 from tests.reliability.scenarios import SCENARIOS, check, observed, settings, write_batches
@@ -146,7 +147,7 @@ def _assert_recovered(run: Run, catalog: Catalog, url: str, root: str, work: str
     with closing(Catalog.open(fresh_url)) as fresh:
         rebuild_catalog(fresh, root, workers=1)
         uri = open_file_manager(root).root_uri
-        assert _normalised(catalog.export(uri)) == _normalised(fresh.export(uri))
+        assert _normalised(catalog_export(catalog, uri)) == _normalised(catalog_export(fresh, uri))
     problems = check(root, work, SCENARIOS["expiry" if run.expires else "commit"], committed_before=8)
     assert problems == []
 

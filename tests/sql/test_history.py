@@ -15,6 +15,7 @@ from statekeeper.maintenance.expiry import expire_versions
 from statekeeper.maintenance.orphans import clean_orphans
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.sql import Catalog
+from tests.catalog_export import catalog_export
 from tests.sql.histories import History
 from tests.sql.test_sync import exports_equal
 
@@ -47,10 +48,10 @@ def as_rebuilt(export: dict[str, list[tuple[object, ...]]]) -> dict[str, list[tu
 
 
 def no_history(catalog: Catalog, uri: str) -> None:
-    everything = catalog.export(uri, include_history=True)
+    everything = catalog_export(catalog, uri, include_history=True)
     assert not [f for f in everything["files"] if f[-1] == "deleted"]
     assert not [s for s in everything["snapshots"] if s[-1]]
-    present = catalog.export(uri)
+    present = catalog_export(catalog, uri)
     exports_equal(everything, present | {"files": everything["files"], "snapshots": everything["snapshots"]})
 
 
@@ -60,23 +61,24 @@ def test_pruning_drops_the_history_and_keeps_what_a_rebuild_gives(
     uri = history.fm.root_uri
     history.run(12, retry_every=3, snapshot_every=3)
     maintain(catalog, history)
-    present = catalog.export(uri)
-    kept = catalog.export(uri, include_history=True)
+    present = catalog_export(catalog, uri)
+    kept = catalog_export(catalog, uri, include_history=True)
     assert sum(f[-1] == "deleted" for f in kept["files"]) > 10  # there is history to drop
     assert len(kept["versions"]) > len(present["versions"])
 
     long_ago = dt.datetime.now(dt.UTC) - dt.timedelta(days=1)
     assert catalog.prune_history(uri, long_ago).total == 0  # nothing is that old
-    assert catalog.export(uri, include_history=True) == kept
+    assert catalog_export(catalog, uri, include_history=True) == kept
 
     runs = len(catalog.runs(uri))
     pruned = catalog.prune_history(uri, dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1))
     assert all(n > 0 for n in asdict(pruned).values()), pruned
     assert pruned.runs == runs and catalog.runs(uri) == []  # every run had ended
-    exports_equal(catalog.export(uri), present)  # nothing present was touched ...
+    exports_equal(catalog_export(catalog, uri), present)  # nothing present was touched ...
     fresh = catalog_factory()
     rebuild_catalog(fresh, history.fm)
-    exports_equal(as_rebuilt(catalog.export(uri)), fresh.export(uri))  # ... and the rest is what the location says
+    # ... and the rest is what the location says
+    exports_equal(as_rebuilt(catalog_export(catalog, uri)), catalog_export(fresh, uri))
     no_history(catalog, uri)
     assert catalog.layouts(uri) == fresh.layouts(uri)
     assert catalog.retention_plan(uri, SETTINGS.min_versions_to_retain) == fresh.retention_plan(
@@ -89,7 +91,7 @@ def test_pruning_drops_the_history_and_keeps_what_a_rebuild_gives(
     catalog.prune_history(uri, dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1))
     fresh = catalog_factory()
     rebuild_catalog(fresh, history.fm)
-    exports_equal(as_rebuilt(catalog.export(uri)), fresh.export(uri))
+    exports_equal(as_rebuilt(catalog_export(catalog, uri)), catalog_export(fresh, uri))
     no_history(catalog, uri)
     assert catalog.layouts(uri) == fresh.layouts(uri)
 
@@ -98,10 +100,10 @@ def test_expiry_prunes_the_catalog_history_past_the_horizon(catalog: Catalog, hi
     uri = history.fm.root_uri
     history.run(9, retry_every=3, snapshot_every=3)
     maintain(catalog, history)  # the default horizon (a day): the history stays
-    assert any(f[-1] == "deleted" for f in catalog.export(uri, include_history=True)["files"])
+    assert any(f[-1] == "deleted" for f in catalog_export(catalog, uri, include_history=True)["files"])
     time.sleep(0.05)
     short = MaintenanceSettings(**{**SETTINGS.to_json(), "catalog_history_seconds": 0.01})
     report = expire_versions(history.fm, short, catalog=catalog)
     assert report.errors == [] and report.catalog_rows_pruned > 0
-    assert not [f for f in catalog.export(uri, include_history=True)["files"] if f[-1] == "deleted"]
+    assert not [f for f in catalog_export(catalog, uri, include_history=True)["files"] if f[-1] == "deleted"]
     assert len(catalog.runs(uri)) <= 1  # this run's own row (it ends after the pruning)

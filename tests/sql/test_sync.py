@@ -9,6 +9,7 @@ import pytest
 from statekeeper.maintenance.catalog_sync import CatalogSyncError, classify, rebuild_catalog, sync_catalog
 from statekeeper.sql import Catalog
 from statekeeper.store.layout import StoreId, batch_path, commit_path, heartbeat_path
+from tests.catalog_export import catalog_export
 from tests.sql.histories import History
 
 
@@ -78,7 +79,7 @@ def test_full_sync_records_lineage(catalog: Catalog, history: History) -> None:
     op, part, v, cid = history.pending[0]
     assert files[StoreId(op, part).changelog(v, cid)].state == "live"
     assert all(f.state == "live" for f in files.values() if f.kind in ("commit", "sst", "manifest"))
-    exp = catalog.export(uri)
+    exp = catalog_export(catalog, uri)
     outcomes = {(a[0], a[1], a[2], a[3]): a[4] for a in exp["attempts"]}
     assert outcomes[(op, part, v, cid)] == "pending"
     assert sum(1 for o in outcomes.values() if o == "committed") == 6 * len(history.store_keys())
@@ -107,13 +108,13 @@ def test_incremental_at_every_step_equals_rebuild(
     history.pending_attempt(("join", 0))
     history.snapshot(("agg", 1), version=5)  # an older version's snapshot, written late
     sync_catalog(catalog, history.fm, full=True)  # the late snapshot is below the cursor: a full pass
-    incremental = catalog.export(uri)
+    incremental = catalog_export(catalog, uri)
     fresh = catalog_factory()
     rebuild_catalog(fresh, history.fm)
-    exports_equal(incremental, fresh.export(uri))
+    exports_equal(incremental, catalog_export(fresh, uri))
     # ... and a rebuild in place after dropping the root's rows gives the same again.
     rebuild_catalog(catalog, history.fm)
-    exports_equal(incremental, catalog.export(uri))
+    exports_equal(incremental, catalog_export(catalog, uri))
 
 
 def test_incremental_only_equals_rebuild(
@@ -129,7 +130,7 @@ def test_incremental_only_equals_rebuild(
     sync_catalog(catalog, history.fm)
     fresh = catalog_factory()
     rebuild_catalog(fresh, history.fm)
-    exports_equal(catalog.export(uri), fresh.export(uri))
+    exports_equal(catalog_export(catalog, uri), catalog_export(fresh, uri))
 
 
 def test_a_sync_of_named_stores_lists_only_theirs_and_the_others_catch_up(
@@ -153,7 +154,7 @@ def test_a_sync_of_named_stores_lists_only_theirs_and_the_others_catch_up(
     sync_catalog(catalog, history.fm)  # an unrestricted sync catches the others up
     fresh = catalog_factory()
     rebuild_catalog(fresh, history.fm)
-    exports_equal(catalog.export(uri), fresh.export(uri))
+    exports_equal(catalog_export(catalog, uri), catalog_export(fresh, uri))
     with pytest.raises(ValueError, match="full sync"):
         sync_catalog(catalog, history.fm, full=True, stores=[first])
 
@@ -163,16 +164,16 @@ def test_syncs_are_idempotent(catalog: Catalog, history: History) -> None:
     history.run(5, retry_every=2, snapshot_every=2)
     first = sync_catalog(catalog, history.fm)
     assert first.files_new > 0
-    before = catalog.export(uri, include_history=True)
+    before = catalog_export(catalog, uri, include_history=True)
     again = sync_catalog(catalog, history.fm)
     assert (again.commits, again.files_new, again.snapshots, again.reads) == (0, 0, 0, 0)
     full = sync_catalog(catalog, history.fm, full=True)
     assert (full.files_new, full.files_deleted, full.reads) == (0, 0, 0)
-    assert catalog.export(uri, include_history=True) == before
+    assert catalog_export(catalog, uri, include_history=True) == before
     rebuild_catalog(catalog, history.fm)
-    r1 = catalog.export(uri, include_history=True)
+    r1 = catalog_export(catalog, uri, include_history=True)
     rebuild_catalog(catalog, history.fm)
-    assert catalog.export(uri, include_history=True) == r1 == before
+    assert catalog_export(catalog, uri, include_history=True) == r1 == before
 
 
 def test_incremental_reads_only_what_is_new(catalog: Catalog, history: History) -> None:
@@ -221,18 +222,18 @@ def test_full_sync_marks_deleted_files_and_finds_strays(catalog: Catalog, histor
     assert hist[zombie].state == "orphan"
     assert ("agg", 0, 2, "e" * 32) in catalog.losing_attempts(uri)
     # The SSTs only the deleted manifest referenced are orphans now; shared ones stay live.
-    snaps = {s[4]: s for s in catalog.export(uri, include_history=True)["snapshots"]}
+    snaps = {s[4]: s for s in catalog_export(catalog, uri, include_history=True)["snapshots"]}
     assert snaps[manifest][-1] is True  # deleted
-    present = catalog.export(uri)
+    present = catalog_export(catalog, uri)
     assert manifest not in {s[4] for s in present["snapshots"]}
     live_refs = {sst for m, sst, _ in present["snapshot_ssts"]}
     for path, f in hist.items():
         if f.kind == "sst" and f.state != "deleted":
             assert f.state == ("live" if path in live_refs else "orphan"), path
     # Present files equal what a rebuild from the location alone finds.
-    export_before = catalog.export(uri)
+    export_before = catalog_export(catalog, uri)
     rebuild_catalog(catalog, history.fm)
-    exports_equal(export_before, catalog.export(uri))
+    exports_equal(export_before, catalog_export(catalog, uri))
 
 
 def test_mark_deleted_and_expired(catalog: Catalog, history: History) -> None:
@@ -287,9 +288,9 @@ def test_unreadable_files_are_named_and_retried(catalog: Catalog, history: Histo
         out.write(good)
     r = sync_catalog(catalog, history.fm)
     assert r.errors == [] and r.snapshots == 1
-    fresh_export = catalog.export(uri)
+    fresh_export = catalog_export(catalog, uri)
     rebuild_catalog(catalog, history.fm)
-    exports_equal(fresh_export, catalog.export(uri))
+    exports_equal(fresh_export, catalog_export(catalog, uri))
 
 
 def test_sync_records_a_run_when_asked(catalog: Catalog, history: History) -> None:
