@@ -123,3 +123,41 @@ def test_a_second_copy_cannot_be_imported(package: str) -> None:
     )
     assert done.returncode == 1
     assert f"ImportError: import statekeeper.{package}, not {package}" in done.stderr
+
+
+SUPPORT_IMPORTS = {"bench": {"tests"}, "testkit": {"tests", "bench"}, "tests": {"bench"}}
+"""Folders beside the product and the folders they must not import: what tests and benchmarks share is in
+`testkit`, which neither feeds; only tests/bench/ reaches bench (the suites it runs are what it tests)."""
+
+
+def crossing_imports(repo: Path, folder: str, forbidden: set[str], allowed_under: str | None = None) -> list[str]:
+    """`path: name` for every import in `folder` of a top-level package in `forbidden` (none under `allowed_under`)."""
+    found = []
+    for path in sorted((repo / folder).rglob("*.py")):
+        rel = path.relative_to(repo)
+        if allowed_under is not None and rel.is_relative_to(allowed_under):
+            continue
+        module = ".".join(rel.with_suffix("").parts)
+        found += [f"{rel}: {name}" for name in imported_names(module, path) if name.split(".")[0] in forbidden]
+    return found
+
+
+@pytest.mark.parametrize(("folder", "forbidden"), sorted(SUPPORT_IMPORTS.items()))
+def test_tests_and_benchmarks_share_only_testkit(folder: str, forbidden: set[str]) -> None:
+    wrong = crossing_imports(REPO, folder, forbidden, allowed_under="tests/bench" if folder == "tests" else None)
+    assert not wrong, f"{folder}/ imports {sorted(forbidden)} (move what both need to testkit/):\n" + "\n".join(wrong)
+
+
+def test_the_check_finds_a_crossing_import(tmp_path: Path) -> None:
+    (tmp_path / "bench" / "fleet").mkdir(parents=True)
+    (tmp_path / "bench" / "fleet" / "run.py").write_text("def f():\n    from tests.spark import conftest\n")
+    (tmp_path / "tests" / "bench").mkdir(parents=True)
+    (tmp_path / "tests" / "bench" / "test_run.py").write_text("from bench.fleet import run\n")
+    (tmp_path / "tests" / "test_x.py").write_text("import bench.report\n")
+    assert crossing_imports(tmp_path, "bench", {"tests"}) == [
+        "bench/fleet/run.py: tests.spark.conftest",
+        "bench/fleet/run.py: tests.spark",
+    ]
+    assert crossing_imports(tmp_path, "tests", {"bench"}, allowed_under="tests/bench") == [
+        "tests/test_x.py: bench.report"
+    ]
