@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bench.baselines import KEY_BYTES, VALUE_BYTES, SnapshotPerCommitStore
-from bench.report import Table
+from bench.report import Table, load_note
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.state_store import StateStore, StoreConfig
 
@@ -295,13 +295,6 @@ def _probe_percentile(st: Stats, q: float) -> float:
     return percentile(st.probe_ms or [], q)
 
 
-def _load_note(start: float) -> str:
-    return (
-        f"1-minute load average at the start / end of this suite: {start:.1f} / {os.getloadavg()[0]:.1f} "
-        f"({os.cpu_count()} cores; other work on the machine shows up as noise)."
-    )
-
-
 def run(quick: bool) -> list[Table]:
     sz = QUICK if quick else FULL
     load_start = os.getloadavg()[0]
@@ -412,7 +405,7 @@ def run(quick: bool) -> list[Table]:
             *loads,
             "Baseline state: a RocksDB checkpoint (hard links) of the store's loaded DB, so both start from "
             "identical data; only its newest published copy is kept on disk.",
-            _load_note(load_start),
+            load_note(load_start),
         ],
     )
     sweep = Table(

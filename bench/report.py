@@ -49,6 +49,14 @@ def run_figures(module: str, args: list[str]) -> dict[str, float]:
     return figures
 
 
+def load_note(start: float) -> str:
+    """A table's note of the machine's load: the 1-minute load average `start` when the suite began, and now."""
+    return (
+        f"1-minute load average at the start / end of this suite: {start:.1f} / {os.getloadavg()[0]:.1f} "
+        f"({os.cpu_count()} cores; other work on the machine shows up as noise)."
+    )
+
+
 def machine() -> dict[str, Any]:
     """The machine and the code measured: call it when a suite starts (the commit gets "+changes" when
     the working tree differs from it)."""

@@ -134,9 +134,9 @@ def statekeeper_offline(spark: Any, work: Path, keys: int, src: int, dst: int) -
 
 
 def _spark(local: Path) -> Any:
-    from bench.spark import _session
+    from bench.spark import bench_session
 
-    return _session(local)
+    return bench_session(local)
 
 
 def spark_offline(spark: Any, work: Path, keys: int, src: int, dst: int) -> dict[str, Any]:

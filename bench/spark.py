@@ -29,7 +29,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -40,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.report import Table
+from bench.report import Table, load_note
 from bench.spark_trace import trace_row, trace_table
 
 log = logging.getLogger(__name__)
@@ -135,71 +134,24 @@ def _spark_tws_processor() -> Any:
 
 
 def _statekeeper_processors() -> dict[str, Any]:
-    from statekeeper.store.spark import ApplyInPandasWithState, BatchStatefulProcessor, StatefulProcessor, keys_of
-
-    class CountSum(StatefulProcessor):
-        def init(self, handle: Any) -> None:
-            self.state = handle.getValueState("totals", STATE)
-
-        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Any]:
-            count, total = self.state.get() or (0, 0)
-            for r in rows:
-                count += 1
-                total += r.value
-            self.state.update((count, total))
-            yield (key[0], count, total)
-
-    class CountSumPandas(StatefulProcessor):
-        def init(self, handle: Any) -> None:
-            self.state = handle.getValueState("totals", STATE)
-
-        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[Any]:
-            pd = importlib.import_module("pandas")
-
-            count, total = self.state.get() or (0, 0)
-            for pdf in rows:
-                count += len(pdf)
-                total += int(pdf["value"].sum())
-            self.state.update((count, total))
-            yield pd.DataFrame({"key": [key[0]], "count": [count], "total": [total]})
-
-    class CountSumVectorized(BatchStatefulProcessor):
-        def init(self, handle: Any) -> None:
-            self.state = handle.getValueState("totals", STATE)
-
-        def handleBatch(self, rows: pa.Table, timerValues: Any) -> pa.Table:
-            agg = rows.group_by("key").aggregate([("value", "count"), ("value", "sum")])
-            keys = keys_of(agg, ["key"])
-            old = self.state.getMany(keys)
-            new = [
-                ((o[0] if o else 0) + c, (o[1] if o else 0) + s)
-                for o, c, s in zip(
-                    old, agg.column("value_count").to_pylist(), agg.column("value_sum").to_pylist(), strict=True
-                )
-            ]
-            self.state.updateMany(keys, new)
-            return pa.table(
-                {
-                    "key": agg.column("key"),
-                    "count": pa.array([n[0] for n in new], pa.int64()),
-                    "total": pa.array([n[1] for n in new], pa.int64()),
-                }
-            )
+    from statekeeper.store.spark import ApplyInPandasWithState
+    from testkit.processors import CountSum, CountSumPandas, CountSumVectorized
 
     return {
         "rows": CountSum(),
-        "pandas": CountSumPandas(),
-        "vectorized": CountSumVectorized(),
+        "pandas": CountSumPandas(key="key", schema=STATE),
+        "vectorized": CountSumVectorized(key="key", schema=STATE),
         "apply": ApplyInPandasWithState(apply_in_pandas_with_state_func),
     }
 
 
 # -- running --------------------------------------------------------------------------------------
-def _session(local_dir: Path) -> Any:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    root = str(Path(__file__).resolve().parent.parent)
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+def bench_session(local_dir: Path) -> Any:
+    """The benchmarks' session: local[2], Spark's RocksDB state store with changelog checkpointing (its own
+    operators' best configuration), statekeeper's local files under `local_dir`."""
+    from testkit.spark import spark_env
+
+    os.environ.update(spark_env())  # the Python workers: this interpreter, and the repository on their path
     os.environ["STATEKEEPER_SPARK_LOCAL_DIR"] = str(local_dir)
     from pyspark.sql import SparkSession
 
@@ -504,7 +456,7 @@ def run(quick: bool) -> list[Table]:
             base_inputs.mkdir()
             for f in sorted(inputs.iterdir())[:baseline_batches]:
                 shutil.copy2(f, base_inputs / f.name)
-        spark = _session(work / "local")
+        spark = bench_session(work / "local")
         timeout = 7200.0
         _warm_up_jvm(spark, inputs, work / "warm-up", timeout, size["partitions"], expected)
         rows: list[list[Any]] = []
@@ -580,10 +532,7 @@ def run(quick: bool) -> list[Table]:
             "over the same batches warms up the JVM (its JIT compiles for minutes; the first query would pay). "
             "speedup = applyInPandasWithState p50 / p50."
         )
-        notes.append(
-            f"1-minute load average at the start / end of this suite: {load_start:.1f} / {os.getloadavg()[0]:.1f} "
-            f"({os.cpu_count()} cores; other work on the machine shows up as noise)."
-        )
+        notes.append(load_note(load_start))
         tables = [
             Table(
                 "Stateful streaming batch duration (ms): Spark state operators vs statekeeper",

@@ -32,7 +32,7 @@ import rocksdict as rd
 import zstandard
 
 from bench.baselines import KEY_BYTES, VALUE_BYTES, RawRocks, random_keys, random_values, sequential_keys
-from bench.report import Table
+from bench.report import Table, load_note
 from statekeeper.store.formats.changelog import encode_block_parts
 from statekeeper.store.formats.typed_keys import KeyCodec, stored_key_encoder
 from statekeeper.store.formats.typed_schema import parse_ddl
@@ -311,13 +311,6 @@ def _codec_rows(n: int, rounds: int) -> list[list[object]]:
     return rows
 
 
-def _load_note(start: float) -> str:
-    return (
-        f"1-minute load average at the start / end of this suite: {start:.1f} / {os.getloadavg()[0]:.1f} "
-        f"({os.cpu_count()} cores; other work on the machine shows up as noise)."
-    )
-
-
 def run(quick: bool) -> list[Table]:
     sz = QUICK if quick else FULL
     load_start = os.getloadavg()[0]
@@ -383,7 +376,7 @@ def run(quick: bool) -> list[Table]:
             "(seal, fsync, atomic publish); raw rocksdict writes nothing durable (no WAL).",
             f"Batch put: {sz.batch:,} records per call (one WriteBatch each); multi-get: {sz.mget:,} keys per call.",
             f"Best of {sz.rounds} rounds in fresh DBs, alternating which side runs first (shared 2-core machine).",
-            _load_note(load_start),
+            load_note(load_start),
             *(
                 [
                     "The batch-put target is out of reach of raw rocksdict itself here ("

@@ -36,10 +36,14 @@ class CountSum(StatefulProcessor):
 
 
 class CountSumPandas(StatefulProcessor):
-    """CountSum with pandas input and output (transformWithStateInPandas style)."""
+    """CountSum with pandas input and output (transformWithStateInPandas style); `key`: the grouping column's name,
+    `schema`: the state's declared schema (None: inferred from the first value)."""
+
+    def __init__(self, key: str = "user", schema: str | None = None) -> None:
+        self.key, self.schema = key, schema
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        self.totals = handle.getValueState("totals")
+        self.totals = handle.getValueState("totals", self.schema)
 
     def handleInputRows(self, key: tuple[Any, ...], rows: Iterator[Any], timerValues: TimerValues) -> Iterator[Any]:
         pd = importlib.import_module("pandas")
@@ -48,18 +52,21 @@ class CountSumPandas(StatefulProcessor):
             count += len(pdf)
             total += int(pdf["value"].sum())
         self.totals.update((count, total))
-        yield pd.DataFrame({"user": [key[0]], "count": [count], "total": [total]})
+        yield pd.DataFrame({self.key: [key[0]], "count": [count], "total": [total]})
 
 
 class CountSumVectorized(BatchStatefulProcessor):
-    """CountSum on the whole batch with Arrow and bulk state access."""
+    """CountSum on the whole batch with Arrow and bulk state access; `key` and `schema` as CountSumPandas's."""
+
+    def __init__(self, key: str = "user", schema: str | None = None) -> None:
+        self.key, self.schema = key, schema
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        self.totals = handle.getValueState("totals")
+        self.totals = handle.getValueState("totals", self.schema)
 
     def handleBatch(self, rows: pa.Table, timerValues: TimerValues) -> pa.Table:
-        agg = rows.group_by("user").aggregate([("value", "count"), ("value", "sum")])
-        keys = keys_of(agg, ["user"])
+        agg = rows.group_by(self.key).aggregate([("value", "count"), ("value", "sum")])
+        keys = keys_of(agg, [self.key])
         old = self.totals.getMany(keys)
         counts = agg.column("value_count").to_pylist()
         sums = agg.column("value_sum").to_pylist()
@@ -67,7 +74,7 @@ class CountSumVectorized(BatchStatefulProcessor):
         self.totals.updateMany(keys, new)
         return pa.table(
             {
-                "user": agg.column("user"),
+                self.key: agg.column(self.key),
                 "count": pa.array([n[0] for n in new], pa.int64()),
                 "total": pa.array([n[1] for n in new], pa.int64()),
             }
