@@ -22,3 +22,15 @@ def test_quick_benchmarks_run_and_print_tables(tmp_path: Path) -> None:
         assert op in out, f"missing row {op!r}"
     assert "results:" not in out, "--quick must not overwrite bench/results"
     assert list(tmp_path.iterdir()) == [], "benchmarks left scratch files behind"
+
+
+def test_the_list_says_which_suite_answers_what(tmp_path: Path) -> None:
+    """`python -m bench --list`: a line per suite, its name and its question (its module docstring's first line)."""
+    from bench.suites import SUITES
+
+    lines = run_bench(tmp_path, ["--list"]).splitlines()
+    assert [line.split()[0] for line in lines] == list(SUITES)
+    assert all(line.rstrip(")").endswith(f"({SUITES[line.split()[0]]}") and "?" in line for line in lines), lines
+    fleet = run_bench(tmp_path, ["--list"], module="bench.fleet")
+    for mode in ("beside", "sustain", "lockstep", "caches"):
+        assert f"\n{mode} " in fleet, fleet
