@@ -1,0 +1,285 @@
+"""Timers fire while the input is quiet (issue 64 D, store/spark/ticks.py).
+
+A foreachBatch query gets no no-data batches; with ``quiet_timers=True`` a due processing-time timer, or an
+event-time timer the watermark passed, makes the query run a batch with no input rows (a tick), once, and
+a query with no timer due runs no batch at all. Event time is compared with Spark's own transformWithState
+with no-data batches on; the restart test stops the query after a tick batch and restarts it on another
+"host" (the tick record gone): no timer output twice, none lost.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from statekeeper.store import CommitLog, open_file_manager
+from statekeeper.store.spark import StatefulOperator, StatefulProcessor
+from statekeeper.store.spark.ticks import TickChannel, TickRecord, channel_path, due_at_ms, next_offset
+from statekeeper.store.spark.time_mode import TimeMode
+from tests.spark.tws_processors import INPUT, OUTPUT, pyspark_sessions
+
+REMINDER_INPUT = "user string, value long"
+REMINDER_OUTPUT = "user string, kind string, expiry long"
+TRIGGER = {"processingTime": "1 second"}
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+WAIT_S = 180.0  # generous: the shared test machine may be loaded
+
+
+class Reminder(StatefulProcessor):
+    """Each row registers a processing-time timer `value` ms after the batch time; a timer emits a row."""
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        self.rows = handle.getValueState("rows", "n long")
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        n = self.rows.get()[0] if self.rows.exists() else 0
+        for r in rows:
+            n += 1
+            self.handle.registerTimer(timerValues.getCurrentProcessingTimeInMs() + int(r.value))
+        self.rows.update((n,))
+        yield (key[0], "input", -1)
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:
+        yield (key[0], "timer", expiredTimerInfo.getExpiryTimeInMs())
+
+
+class Sink:
+    """Each batch's output with the wall clock it arrived at; a re-delivered batch replaces its first."""
+
+    def __init__(self) -> None:
+        self.batches: dict[int, list[tuple[Any, ...]]] = {}
+        self.arrived: dict[int, float] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        rows = sorted(tuple(r) for r in df.collect())
+        with self.lock:
+            self.batches[batch_id] = rows
+            self.arrived[batch_id] = time.time()
+
+    def rows(self, kind: str) -> list[tuple[int, tuple[Any, ...]]]:
+        with self.lock:
+            return [(b, r) for b in sorted(self.batches) for r in self.batches[b] if r[1] == kind]
+
+
+def _wait(condition: Callable[[], bool], query: Any, what: str, timeout: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert query.exception() is None, query.exception()
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _stage(directory: Path, name: str, rows: list[dict[str, Any]]) -> None:
+    """A JSON input file, published whole (a file stream must never see a partial file)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory.parent / f".{name}.tmp"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, directory / name)
+
+
+def _reminders(root: str, sink: Sink, local: Path) -> StatefulOperator:
+    return StatefulOperator(
+        root,
+        "reminders",
+        key="user",
+        processor=Reminder(),
+        output_schema=REMINDER_OUTPUT,
+        num_partitions=2,
+        sink=sink,
+        local_dir=str(local),
+        quiet_timers=True,
+    )
+
+
+# -- the tick source's decisions, without Spark -----------------------------------------------------------
+def test_tick_decisions() -> None:
+    assert due_at_ms(TimeMode.PROCESSING_TIME, 1500, None) == 1500
+    assert due_at_ms(TimeMode.PROCESSING_TIME, None, None) is None
+    assert due_at_ms(TimeMode.EVENT_TIME, 5000, 15000) == 0  # the next batch's watermark passes it: now
+    assert due_at_ms(TimeMode.EVENT_TIME, 25000, 15000) is None  # only new input moves the watermark
+    assert due_at_ms(TimeMode.NONE, 5, 10) is None
+
+    start = {"tick": 3, "after": 7}
+    assert next_offset(start, TickRecord(8, 1000), 999, first_poll=False) == start  # not due yet
+    assert next_offset(start, TickRecord(8, 1000), 1000, first_poll=False) == {"tick": 4, "after": 8}
+    assert next_offset(start, TickRecord(7, 1000), 5000, first_poll=False) == start  # ticked after batch 7
+    assert next_offset(start, TickRecord(8, None), 5000, first_poll=False) == start  # nothing pending
+    assert next_offset(start, None, 5000, first_poll=False) == start
+    assert next_offset(start, None, 5000, first_poll=True) == {"tick": 4, "after": 7}  # restarted, no record
+    # a record from an earlier query on the same root (batch ids started over) still ticks once
+    assert next_offset({"tick": 1, "after": 57}, TickRecord(2, 0), 1, first_poll=False) == {"tick": 2, "after": 2}
+
+
+def test_tick_channel_round_trip(tmp_path: Path) -> None:
+    path = channel_path("file:///r", "op", "/ckpt", str(tmp_path))
+    assert path == channel_path("file:///r", "op", "/ckpt", str(tmp_path))  # a restart finds it
+    assert path != channel_path("file:///r", "op", "/other", str(tmp_path))
+    channel = TickChannel(path)
+    assert channel.read() is None
+    channel.write(TickRecord(4, 123))
+    channel.write(TickRecord(5, None))
+    assert channel.read() == TickRecord(5, None)
+    Path(path).write_text("{not json")
+    assert channel.read() is None  # a broken hint raises no tick and no error
+    channel.remove()
+    assert channel.read() is None
+
+
+# -- with Spark -------------------------------------------------------------------------------------------
+def test_processing_time_timer_fires_without_input_and_nothing_else_runs(spark: Any, tmp_path: Path) -> None:
+    inputs, sink = tmp_path / "in", Sink()
+    _stage(inputs, "a.json", [{"user": "u1", "value": 2000}])
+    op = _reminders((tmp_path / "state").as_uri(), sink, tmp_path / "local")
+    df = spark.readStream.schema(REMINDER_INPUT).json(str(inputs))
+    query = op.start(df, str(tmp_path / "ckpt"), trigger=TRIGGER)
+    try:
+        _wait(lambda: bool(sink.rows("timer")), query, "the timer's output")
+        [(tick_batch, (user, _, expiry))] = sink.rows("timer")
+        assert (tick_batch, user) == (1, "u1")
+        progress = {p.batch_id: p for p in op.recent_progress}
+        assert progress[0].input_rows == 1 and progress[0].timers_fired == 0
+        assert progress[1].input_rows == 0 and progress[1].timers_fired == 1  # the tick batch
+        assert progress[1].batch_timestamp_ms >= expiry
+        # nothing is due any more: the quiet query runs no batch through several triggers
+        time.sleep(4)
+        assert query.exception() is None
+        assert [p.batch_id for p in op.recent_progress] == [0, 1]
+        assert sorted(sink.batches) == [0, 1]
+    finally:
+        query.stop()
+    assert CommitLog(open_file_manager((tmp_path / "state").as_uri())).latest() == 2
+
+
+def _sessions_stream(spark: Any, inputs: Path) -> Any:
+    return (
+        spark.readStream.schema(INPUT)
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(inputs))
+        .withWatermark("ts", "5 seconds")
+    )
+
+
+def _write_sessions_input(inputs: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+    inputs.mkdir(parents=True)
+    for i, (user, seconds) in enumerate([("u1", 0), ("u2", 20)]):
+        ts = pa.array([t0 + dt.timedelta(seconds=seconds)], pa.timestamp("us", tz="UTC"))
+        path = inputs / f"part-{i:05d}.parquet"
+        pq.write_table(pa.table({"user": [user], "page": ["p"], "ts": ts}), path)
+        os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
+
+
+def test_event_time_timer_fires_when_the_watermark_passes_as_in_spark(spark: Any, tmp_path: Path) -> None:
+    """u1's session timer (5 s after its event) is passed by the watermark u2's row at 20 s moves to 15 s:
+    Spark runs a no-data batch that fires it; we run a tick batch, with the same output, and then nothing
+    (u2's timer at 25 s needs input to move the watermark)."""
+    inputs = tmp_path / "in"
+    _write_sessions_input(inputs)
+    expected = Sink()
+    reference = (
+        _sessions_stream(spark, inputs)
+        .groupBy("user")
+        .transformWithState(pyspark_sessions(), OUTPUT, "Append", "EventTime")
+        .writeStream.foreachBatch(expected)
+        .option("checkpointLocation", str(tmp_path / "ref-ckpt"))
+        .trigger(**TRIGGER)
+    )
+    settings = {
+        "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
+        "spark.sql.streaming.noDataMicroBatches.enabled": "true",
+    }
+    for name, value in settings.items():
+        spark.conf.set(name, value)
+    try:
+        query = reference.start()
+        try:
+            _wait(lambda: bool(expected.rows("timer")), query, "Spark's no-data batch")
+        finally:
+            query.stop()
+    finally:
+        for name in settings:
+            spark.conf.unset(name)
+    got = Sink()
+    op = StatefulOperator(
+        (tmp_path / "state").as_uri(),
+        "sessions",
+        key="user",
+        processor=pyspark_sessions(),
+        output_schema=OUTPUT,
+        num_partitions=2,
+        time_mode="EventTime",
+        sink=got,
+        local_dir=str(tmp_path / "local"),
+        quiet_timers=True,
+    )
+    query = op.start(_sessions_stream(spark, inputs), str(tmp_path / "ckpt"), trigger=TRIGGER)
+    try:
+        _wait(lambda: bool(got.rows("timer")), query, "the tick batch")
+        time.sleep(4)
+        assert query.exception() is None
+    finally:
+        query.stop()
+    assert sorted(expected.batches) == [0, 1, 2]  # the third is Spark's no-data batch
+    assert got.batches == expected.batches
+    [(_, timer)] = got.rows("timer")
+    assert timer[0] == "u1" and timer[4] == 15_000 and timer[5] == 5_000  # fired at watermark 15 s
+    assert [p.input_rows for p in op.recent_progress] == [1, 1, 0]
+
+
+def test_ticks_exactly_once_across_a_restart_elsewhere(spark: Any, tmp_path: Path) -> None:
+    """Stop after the tick batch that fired u1's timer, lose the tick record (a restart on another host),
+    restart: u2's timer still fires without input, and no timer's output appears in two batches."""
+    inputs, sink, root, ckpt = tmp_path / "in", Sink(), (tmp_path / "state").as_uri(), tmp_path / "ckpt"
+    _stage(inputs, "a.json", [{"user": "u1", "value": 1500}, {"user": "u2", "value": 9000}])
+    df = spark.readStream.schema(REMINDER_INPUT).json(str(inputs))
+    op = _reminders(root, sink, tmp_path / "local")
+    query = op.start(df, str(ckpt), trigger=TRIGGER)
+    try:
+        _wait(lambda: bool(sink.rows("timer")), query, "u1's timer")
+        _wait(lambda: query.lastProgress is not None and query.lastProgress["batchId"] >= 1, query, "progress")
+    finally:
+        query.stop()
+    assert [r[0] for _, r in sink.rows("timer")] == ["u1"]
+    assert op.ticks is not None
+    op.ticks.remove()
+    again = _reminders(root, sink, tmp_path / "local")
+    query = again.start(spark.readStream.schema(REMINDER_INPUT).json(str(inputs)), str(ckpt), trigger=TRIGGER)
+    try:
+        _wait(lambda: len(sink.rows("timer")) == 2, query, "u2's timer after the restart")
+        time.sleep(3)
+        assert query.exception() is None
+    finally:
+        query.stop()
+    timers = sink.rows("timer")
+    assert sorted(r[0] for _, r in timers) == ["u1", "u2"]
+    assert len({b for b, _ in timers}) == 2
+    assert [r[0] for _, r in sink.rows("input")] == ["u1", "u2"]  # the input batch ran once
+    batches = sorted(sink.batches)
+    assert batches == list(range(len(batches)))
+    log = CommitLog(open_file_manager(root))
+    assert log.latest() == len(batches)  # every batch committed its version once
+    assert all(p.input_rows == 0 for p in again.recent_progress)
+
+
+@pytest.mark.slow
+def test_latency_from_due_time_to_output(spark: Any, tmp_path: Path) -> None:
+    """Twenty timers due one after another with no input after the first batch: each fires within about a
+    trigger interval of its due time (measured by bench/spark_quiet_timers.py beside Spark's own)."""
+    from bench.spark_quiet_timers import run_ours
+
+    latencies = run_ours(spark, tmp_path, timers=20, spacing_ms=700)
+    assert len(latencies) == 20
+    assert max(latencies) < 10_000
