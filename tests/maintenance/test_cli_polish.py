@@ -80,6 +80,10 @@ def test_a_bad_variable_exits_2_naming_it_before_any_work(
                 assert variable in err, (variable, command, err)
     assert all_files(h.root) == before
     assert cli("inspect", h.root)[0] == 0
+    with monkeypatch.context() as env:  # an S3 root's settings, checked before any request
+        env.setenv("STATEKEEPER_S3_MAX_ATTEMPTS", "many")
+        code, _, err = cli("inspect", "s3://no-such-bucket/q1")
+        assert code == 2 and "STATEKEEPER_S3_MAX_ATTEMPTS" in err, err
 
 
 def test_json_piped_into_head_ends_quietly(make_local_history: Callable[..., History], tmp_path: Path) -> None:
