@@ -1,0 +1,329 @@
+"""What an import reads of a Spark streaming checkpoint: its last committed batch, its stateful operator
+and that operator's state as rows (through Spark's own state data source), and the copy of its source
+progress that lets a statekeeper query continue where the Spark query stopped.
+
+Spark writes a query's progress as ``offsets/<batch>`` (what each batch reads), ``commits/<batch>`` (the
+batches done), ``sources/`` (a file source's log of the files it has seen) and ``metadata`` (the query's
+id), and its operators' state under ``state/``. The state of the last committed batch ``B`` is read with
+``spark.read.format("statestore")`` at ``batchId = B``: one reader per state variable of a
+``transformWithState`` operator (``stateVarName``, lists and maps unflattened), one for the group state
+of ``applyInPandasWithState`` / ``flatMapGroupsWithState`` and for the aggregation buffer of a
+``groupBy().agg()``, plus the registered timers. Everything is read by Spark tasks; the driver only lists
+``commits/`` and reads the operator's metadata row.
+
+The continuation copies everything but ``state/`` to a new checkpoint location: a query started there
+with the same sources sees batches ``0..B`` committed and runs batch ``B + 1`` with the same offsets the
+Spark query would have (re-running it if the Spark query had planned it but not committed it), so no
+input is lost or read twice. Spark refuses the old location itself: its ``state/`` metadata names a
+stateful operator the new plan does not have.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.formats.typed_schema import DataType, to_schema
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+VAR_COL = "__skimp_var"
+"""Which variable a row holds (its index in `SparkOperatorState.variables`; -1: a timer only)."""
+TIMER_COL = "__skimp_timer"
+"""A timer of the row's key (ms), or null."""
+VALUE_PREFIX = "__skimp_value_"
+"""The value column of variable i: ``VALUE_PREFIX + str(i)``."""
+COPIED = ("metadata", "offsets", "commits", "sources")
+"""What the continuation copies of a Spark checkpoint (everything but ``state/``)."""
+TWS_OPERATORS = ("transformWithStateExec", "transformWithStateInPandasExec", "transformWithStateInPySparkExec")
+GROUP_STATE_OPERATORS = ("applyInPandasWithState", "flatMapGroupsWithState")
+AGGREGATION_OPERATORS = ("stateStoreSave",)
+NO_TIMEOUT = -1
+"""Spark's timeout timestamp of a group state without a pending timeout."""
+
+
+@dataclass(frozen=True)
+class SparkVariable:
+    """One state variable as statekeeper stores it, and where its values are in Spark's state rows."""
+
+    name: str
+    kind: str
+    """``value``, ``list`` or ``map``."""
+    schema: DataType
+    """A value's schema (a list's element, a map's value)."""
+    user_key_schema: DataType | None
+    """A map's key schema."""
+    spark_name: str | None
+    """Spark's ``stateVarName`` (transformWithState), None for the operator's single state."""
+    column: str
+    """The column of Spark's state rows holding the value (``value``, ``list_value``, ``map_value``,
+    ``value.groupState``)."""
+
+
+@dataclass(frozen=True)
+class SparkOperatorState:
+    """A stateful operator of a Spark checkpoint, as the import reads it."""
+
+    checkpoint: str
+    operator_id: int
+    operator_name: str
+    flavour: str
+    """``transformWithState``, ``applyInPandasWithState`` or ``aggregation``."""
+    batch_id: int
+    """The last committed batch: its state is what is imported."""
+    partitions: int
+    key_columns: tuple[str, ...]
+    variables: tuple[SparkVariable, ...]
+    timers: str
+    """Where timers come from: ``registered`` (transformWithState with a time mode), ``group_timeout``
+    (the group state's timeout) or ``""`` (none)."""
+
+    def describe(self) -> str:
+        names = ", ".join(f"{v.name} ({v.kind})" for v in self.variables)
+        return (
+            f"{self.operator_name} (operator {self.operator_id}, {self.partitions} partitions, key "
+            f"{list(self.key_columns)}) at batch {self.batch_id}: {names}"
+            + (f"; timers: {self.timers}" if self.timers else "")
+        )
+
+
+class CheckpointFiles:
+    """Files of a Spark checkpoint through Hadoop's FileSystem in the driver's JVM (any scheme Spark reads:
+    file, s3a, hdfs, abfs ...); through the local file system where there is no JVM (Spark Connect)."""
+
+    def __init__(self, spark: SparkSession, location: str) -> None:
+        self.location = location.rstrip("/")
+        self._jvm: Any = None
+        self._conf: Any = None
+        try:
+            self._jvm = spark._jvm
+            self._conf = spark._jsc.hadoopConfiguration()
+        except Exception:  # Spark Connect: no JVM on this side
+            self._jvm = None
+        if self._jvm is None and "://" in self.location and not self.location.startswith("file:"):
+            raise ConfigurationError(
+                f"Spark checkpoint {location!r}: without a driver JVM (Spark Connect) only local checkpoints can be "
+                "imported; run the import from a classic Spark session"
+            )
+
+    def _local(self, name: str) -> str:
+        base = self.location[len("file://") :] if self.location.startswith("file://") else self.location
+        base = base[len("file:") :] if base.startswith("file:") else base
+        return os.path.join(base, name) if name else base
+
+    def _path(self, name: str) -> Any:
+        return self._jvm.org.apache.hadoop.fs.Path(f"{self.location}/{name}" if name else self.location)
+
+    def names(self, directory: str) -> list[str]:
+        """Names in `directory` of the checkpoint ([] when it does not exist)."""
+        if self._jvm is None:
+            path = self._local(directory)
+            return sorted(os.listdir(path)) if os.path.isdir(path) else []
+        path = self._path(directory)
+        fs = path.getFileSystem(self._conf)
+        if not fs.exists(path):
+            return []
+        return sorted(str(s.getPath().getName()) for s in fs.listStatus(path))
+
+    def exists(self, name: str = "") -> bool:
+        if self._jvm is None:
+            return os.path.exists(self._local(name))
+        path = self._path(name)
+        return bool(path.getFileSystem(self._conf).exists(path))
+
+    def copy_progress(self, target: CheckpointFiles) -> list[str]:
+        """Copy `COPIED` (what exists of it) into `target`, which must be empty; returns what was copied."""
+        if target.names(""):
+            raise ConfigurationError(
+                f"the continuation checkpoint {target.location!r} is not empty: give a new location for the "
+                "statekeeper query (the Spark query's own location keeps its state, which the new plan refuses)"
+            )
+        copied = [name for name in COPIED if self.exists(name)]
+        for name in copied:
+            if self._jvm is None or target._jvm is None:
+                src, dst = self._local(name), target._local(name)
+                os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
+                (shutil.copytree if os.path.isdir(src) else shutil.copy2)(src, dst)
+                continue
+            src_path, dst_path = self._path(name), target._path(name)
+            src_fs, dst_fs = src_path.getFileSystem(self._conf), dst_path.getFileSystem(target._conf)
+            self._jvm.org.apache.hadoop.fs.FileUtil.copy(src_fs, src_path, dst_fs, dst_path, False, self._conf)
+        return copied
+
+
+def batch_numbers(names: list[str]) -> list[int]:
+    """The batch ids among a Spark log directory's file names (``0``, ``1``, ... ; not ``.crc`` or temp files)."""
+    return sorted(int(n) for n in names if n.isdigit())
+
+
+def last_committed_batch(files: CheckpointFiles) -> int:
+    committed = batch_numbers(files.names("commits"))
+    if not committed:
+        raise ConfigurationError(
+            f"the Spark checkpoint {files.location!r} has no committed batch (no commits/): nothing to import"
+        )
+    return committed[-1]
+
+
+def describe_operator(
+    spark: SparkSession,
+    checkpoint: str,
+    *,
+    operator_id: int = 0,
+    state_name: str | None = None,
+    batch_id: int | None = None,
+) -> SparkOperatorState:
+    """The stateful operator `operator_id` of the Spark checkpoint and what the import will read of it.
+
+    `state_name` names the statekeeper ValueState that takes the single state of an
+    ``applyInPandasWithState`` (default ``group_state``, as `ApplyInPandasWithState` names it) or of an
+    aggregation (default ``agg``)."""
+    files = CheckpointFiles(spark, checkpoint)
+    if not files.exists():
+        raise ConfigurationError(f"the Spark checkpoint {checkpoint!r} does not exist")
+    last = last_committed_batch(files)
+    batch = last if batch_id is None else batch_id
+    if not 0 <= batch <= last:
+        raise ConfigurationError(f"batch {batch_id} is not committed in {checkpoint!r} (the last committed is {last})")
+    rows = [
+        r for r in spark.read.format("state-metadata").load(checkpoint).collect() if int(r["operatorId"]) == operator_id
+    ]
+    if not rows:
+        raise ConfigurationError(f"the Spark checkpoint {checkpoint!r} has no stateful operator {operator_id}")
+    meta = rows[0]
+    name = str(meta["operatorName"])
+    partitions = int(meta["numPartitions"])
+    props = json.loads(meta["operatorProperties"] or "{}")
+    if name in TWS_OPERATORS:
+        variables, timers = _tws_variables(spark, checkpoint, operator_id, batch, props)
+        flavour = "transformWithState"
+        probe = variables[0].spark_name if variables else None
+    elif name in GROUP_STATE_OPERATORS or name in AGGREGATION_OPERATORS:
+        group = name in GROUP_STATE_OPERATORS
+        flavour = "applyInPandasWithState" if group else "aggregation"
+        value = state_reader(spark, checkpoint, operator_id, batch).load().schema["value"].dataType
+        fields = value.fieldNames()
+        column = "value.groupState" if group and "groupState" in fields else "value"
+        spark_type = value["groupState"].dataType if column != "value" else value
+        timers = "group_timeout" if group and "timeoutTimestamp" in fields else ""
+        var_name = state_name or ("group_state" if group else "agg")
+        variables = [SparkVariable(var_name, "value", _schema(spark_type, var_name), None, None, column)]
+        probe = None
+    else:
+        raise ConfigurationError(
+            f"operator {operator_id} of {checkpoint!r} is a {name}: the import takes transformWithState, "
+            "applyInPandasWithState / flatMapGroupsWithState and groupBy().agg() state"
+        )
+    key_type = state_reader(spark, checkpoint, operator_id, batch, probe).load().schema["key"].dataType
+    keys = tuple(key_type.fieldNames())
+    clash = [k for k in keys if k.startswith("__sk")]
+    if clash:
+        raise ConfigurationError(f"grouping key columns {clash} use statekeeper's reserved prefix '__sk'")
+    return SparkOperatorState(checkpoint, operator_id, name, flavour, batch, partitions, keys, tuple(variables), timers)
+
+
+def _tws_variables(
+    spark: SparkSession, checkpoint: str, operator_id: int, batch: int, props: dict[str, Any]
+) -> tuple[list[SparkVariable], str]:
+    declared = props.get("stateVariables") or []
+    if not declared:
+        raise ConfigurationError(f"the transformWithState operator of {checkpoint!r} declares no state variables")
+    ttl = [v["stateName"] for v in declared if v.get("ttlEnabled")]
+    if ttl:
+        raise ConfigurationError(
+            f"state variables {ttl} of {checkpoint!r} have a TTL: importing TTL'd state is not supported yet"
+        )
+    found = []
+    for v in declared:
+        name, kind = str(v["stateName"]), str(v["stateVariableType"])
+        schema = state_reader(spark, checkpoint, operator_id, batch, name).load().schema
+        if kind == "ValueState":
+            found.append(SparkVariable(name, "value", _schema(schema["value"].dataType, name), None, name, "value"))
+        elif kind == "ListState":
+            element = schema["list_value"].dataType.elementType
+            found.append(SparkVariable(name, "list", _schema(element, name), None, name, "list_value"))
+        elif kind == "MapState":
+            m = schema["map_value"].dataType
+            user_key = _schema(m.keyType, f"the map key of {name}")
+            found.append(SparkVariable(name, "map", _schema(m.valueType, name), user_key, name, "map_value"))
+        else:
+            raise ConfigurationError(f"state variable {name!r} of {checkpoint!r} is a {kind}, which is not imported")
+    time_mode = str(props.get("timeMode", "NoTime"))
+    return found, "" if time_mode in ("NoTime", "None") else "registered"
+
+
+def _schema(spark_type: Any, what: str) -> DataType:
+    schema = to_schema(spark_type, f"the schema of state {what!r}")
+    assert schema is not None
+    return schema
+
+
+def state_reader(
+    spark: SparkSession, checkpoint: str, operator_id: int, batch: int, var: str | None = None, **options: str
+) -> Any:
+    """Spark's state data source at `batch` (a DataFrameReader; ``.load()`` plans it, no job)."""
+    reader = (
+        spark.read.format("statestore")
+        .option("path", checkpoint)
+        .option("operatorId", str(operator_id))
+        .option("batchId", str(batch))
+    )
+    if var is not None:
+        reader = reader.option("stateVarName", var).option("flattenCollectionTypes", "false")
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    return reader
+
+
+def state_rows(spark: SparkSession, source: SparkOperatorState) -> DataFrame:
+    """Every variable's state (and the timers) of `source` as one DataFrame: the key columns, `VAR_COL`, one
+    value column per variable (null in the others' rows) and `TIMER_COL`; nothing collected."""
+    from pyspark.sql import functions as sf
+
+    parts = []
+    for i, var in enumerate(source.variables):
+        df = state_reader(spark, source.checkpoint, source.operator_id, source.batch_id, var.spark_name).load()
+        timer = sf.lit(None).cast("long")
+        if source.timers == "group_timeout":
+            t = sf.col("value.timeoutTimestamp")
+            timer = sf.when(t != sf.lit(NO_TIMEOUT), t)
+        parts.append(
+            df.select(
+                "key.*",
+                sf.lit(i).alias(VAR_COL),
+                sf.col(var.column).alias(f"{VALUE_PREFIX}{i}"),
+                timer.alias(TIMER_COL),
+            )
+        )
+    if source.timers == "registered":
+        timers = state_reader(
+            spark, source.checkpoint, source.operator_id, source.batch_id, readRegisteredTimers="true"
+        ).load()
+        parts.append(
+            timers.select(
+                "key.*", sf.lit(-1).alias(VAR_COL), sf.col("expiration_timestamp_ms").cast("long").alias(TIMER_COL)
+            )
+        )
+    rows: DataFrame = parts[0]
+    for p in parts[1:]:
+        rows = rows.unionByName(p, allowMissingColumns=True)
+    return rows
+
+
+__all__ = [
+    "COPIED",
+    "TIMER_COL",
+    "VALUE_PREFIX",
+    "VAR_COL",
+    "CheckpointFiles",
+    "SparkOperatorState",
+    "SparkVariable",
+    "describe_operator",
+    "last_committed_batch",
+    "state_rows",
+]

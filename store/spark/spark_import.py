@@ -1,0 +1,361 @@
+"""Import a Spark streaming query's state into a statekeeper operator: one Spark job, all partitions or none.
+
+A job that ran for months on Spark's own state store moves over without replaying its input:
+
+1. Spark's state data source reads the state of the checkpoint's last committed batch ``B``
+   (store/spark/spark_checkpoint.py): every variable of a ``transformWithState`` operator, the group state
+   of ``applyInPandasWithState``, or an aggregation's buffer, with the timers.
+2. The rows go through the same tasks job as a batch of `StatefulOperator` (`TasksPlan`, `run_task`): routed
+   to the partition that owns their key group, sorted by key, streamed per partition within
+   ``task_input_budget_bytes``, written by `_StateWriter` through the typed state variables (schemas
+   recorded as a first batch records them) and committed as version 1 of each partition under a fresh
+   checkpoint id. Nothing but one result row per partition reaches the driver.
+3. The driver then writes ONE commit record naming every partition's id and the layout, with batch id
+   ``B``: the import is committed only if every partition committed, and a failed import leaves only
+   uncommitted files (orphans for maintenance) and can be run again.
+
+The statekeeper query continues at batch ``B + 1`` from a copy of the Spark checkpoint's progress
+(``continuation_checkpoint``): batch ``B + 1`` loads version 1 (store/spark/restart.py maps batch ids to
+versions through the commit records), so no input is lost or processed twice.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from statekeeper.store.commit_log import CommitLog
+from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.files import open_file_manager
+from statekeeper.store.files.paths import validate_component
+from statekeeper.store.key_groups import KeyGroupLayout
+from statekeeper.store.spark.api import BatchStatefulProcessor, TimerValues, keys_of
+from statekeeper.store.spark.batch_records import BatchRecords
+from statekeeper.store.spark.executor import META_COL, TaskSpec, run_task
+from statekeeper.store.spark.metrics import PartitionMetrics
+from statekeeper.store.spark.routing import owner_column, routable
+from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
+from statekeeper.store.spark.spark_checkpoint import (
+    TIMER_COL,
+    VALUE_PREFIX,
+    VAR_COL,
+    CheckpointFiles,
+    SparkVariable,
+    describe_operator,
+    state_rows,
+)
+from statekeeper.store.spark.state import check_max_key_groups
+from statekeeper.store.spark.task_input import DEFAULT_INPUT_BUDGET_BYTES, run_starts
+from statekeeper.store.spark.tasks_plan import TasksPlan, tasks_job_settings
+from statekeeper.store.spark.worker_cache import FileManagerFactory
+from statekeeper.store.state_store import StoreConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from statekeeper.store.spark.handle import StatefulProcessorHandle
+
+log = logging.getLogger(__name__)
+
+KEYS_COL = "keys"
+TIMERS_COL = "timers"
+IMPORTED_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ImportSummary:
+    """What an import did."""
+
+    operator: str
+    root: str
+    spark_checkpoint: str
+    spark_operator: str
+    batch_id: int
+    """The Spark batch whose state was imported: the statekeeper query continues at ``batch_id + 1``."""
+    version: int
+    partitions: int
+    keys: int
+    rows: int
+    """State rows written (one per value or list, one per map entry), as ``numRowsTotal`` counts them."""
+    timers: int
+    bytes: int
+    """Changelog bytes written to the root."""
+    seconds: float
+    variables: dict[str, str]
+    """Statekeeper variable name -> kind."""
+    continuation_checkpoint: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        cont = (
+            f"; continue the query from checkpoint {self.continuation_checkpoint} (its next batch: {self.batch_id + 1})"
+            if self.continuation_checkpoint
+            else ""
+        )
+        return (
+            f"imported {self.keys} keys ({self.rows} state rows, {self.timers} timers, {self.bytes} bytes) of "
+            f"{self.spark_operator} at batch {self.batch_id} into {self.root} operator {self.operator!r} version "
+            f"{self.version} ({self.partitions} partitions) in {self.seconds:.1f} s{cont}"
+        )
+
+
+class _StateWriter(BatchStatefulProcessor):
+    """Writes the imported rows of one partition through the typed state variables: their schemas are
+    declared (recorded in the store as a first batch records them), ValueStates in bulk (``updateMany``),
+    lists and maps per key. Its output is the number of keys of each chunk (each key is in one chunk)."""
+
+    def __init__(self, variables: tuple[SparkVariable, ...], key_columns: tuple[str, ...]) -> None:
+        self.variables = variables
+        self.key_columns = key_columns
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self._ctx = handle._ctx
+        self._states: list[Any] = []
+        for v in self.variables:
+            if v.kind == "value":
+                self._states.append(handle.getValueState(v.name, v.schema))
+            elif v.kind == "list":
+                self._states.append(handle.getListState(v.name, v.schema))
+            else:
+                self._states.append(handle.getMapState(v.name, v.user_key_schema, v.schema))
+
+    def handleBatch(self, rows: pa.Table, timerValues: TimerValues) -> pa.Table:  # noqa: N802, N803 - the API's names
+        which = rows.column(VAR_COL)
+        ctx = self._ctx
+        for i, (var, state) in enumerate(zip(self.variables, self._states, strict=True)):
+            part = rows.filter(pc.equal(which, i))
+            if part.num_rows == 0:
+                continue
+            keys = keys_of(part, list(self.key_columns))
+            values = part.column(f"{VALUE_PREFIX}{i}").to_pylist()
+            if var.kind == "value":
+                state.updateMany(keys, [_row(v) for v in values])
+            elif var.kind == "list":
+                for key, items in zip(keys, values, strict=True):
+                    ctx.set_key(key)
+                    state.put([_row(e) for e in items or ()])
+            else:
+                for key, entries in zip(keys, values, strict=True):
+                    ctx.set_key(key)
+                    for user_key, value in entries or ():
+                        state.updateValue(_row(user_key), _row(value))
+        timed = rows.filter(pc.is_valid(rows.column(TIMER_COL)))
+        if timed.num_rows:
+            for key, expiry in zip(
+                keys_of(timed, list(self.key_columns)), timed.column(TIMER_COL).to_pylist(), strict=True
+            ):
+                ctx.set_key(key)
+                ctx.register_timer(int(expiry))
+        ctx.clear_key()
+        keys_here = len(run_starts(rows, self.key_columns))
+        return pa.table(
+            {KEYS_COL: pa.array([keys_here], pa.int64()), TIMERS_COL: pa.array([timed.num_rows], pa.int64())}
+        )
+
+
+def _row(value: Any) -> Any:
+    """A struct value as a tuple in field order (Arrow gives dicts; nested structs stay dicts, which the
+    typed codec takes by field name)."""
+    return tuple(value.values()) if isinstance(value, dict) else value
+
+
+def import_spark_state(
+    spark: SparkSession,
+    spark_checkpoint: str,
+    root: str,
+    operator: str,
+    *,
+    operator_id: int = 0,
+    state_name: str | None = None,
+    num_partitions: int | None = None,
+    max_key_groups: int = DEFAULT_MAX_KEY_GROUPS,
+    continuation_checkpoint: str | None = None,
+    batch_id: int | None = None,
+    store_config: StoreConfig | None = None,
+    file_manager_factory: FileManagerFactory | None = None,
+    task_input_budget_bytes: int = DEFAULT_INPUT_BUDGET_BYTES,
+    on_progress: Callable[[str], None] | None = None,
+) -> ImportSummary:
+    """Import the state of stateful operator `operator_id` of the Spark checkpoint `spark_checkpoint` (at its
+    last committed batch, or `batch_id`) into a new statekeeper operator `operator` under `root`.
+
+    `num_partitions` defaults to the Spark operator's; `state_name` names the ValueState taking an
+    ``applyInPandasWithState``'s group state (default ``group_state``) or an aggregation's buffer (``agg``).
+    With `continuation_checkpoint`, the Spark checkpoint's progress (not its state) is copied there: start
+    the statekeeper query on it, with the same sources, and it continues at the next batch.
+    `on_progress` gets each progress line (they are logged too). The root must hold no committed state.
+    """
+    t0 = time.perf_counter()
+    say = _Say(on_progress)
+    validate_component(operator, "operator name")
+    fm = file_manager_factory(root) if file_manager_factory else open_file_manager(root)
+    commit_log = CommitLog(fm)
+    if commit_log.latest() > 0:
+        raise ConfigurationError(
+            f"{root} already holds committed state (version {commit_log.latest()}): import into a new state root"
+        )
+    source = describe_operator(
+        spark, spark_checkpoint, operator_id=operator_id, state_name=state_name, batch_id=batch_id
+    )
+    say(f"reading {source.describe()}")
+    n = num_partitions or source.partitions
+    groups = check_max_key_groups(max_key_groups)
+    if not isinstance(n, int) or not 1 <= n <= 10_000:
+        raise ConfigurationError(f"num_partitions must be an integer in [1, 10000], got {n!r}")
+    continuation = _prepare_continuation(spark, continuation_checkpoint)
+    rows = state_rows(spark, source)
+    layout = KeyGroupLayout(n, groups) if routable(rows.schema, source.key_columns) and n <= groups else None
+    pid = _partition_column(rows.schema, source.key_columns, n, layout)
+    spec = TaskSpec(
+        root=root,
+        operator=operator,
+        num_partitions=n,
+        version=IMPORTED_VERSION - 1,
+        load_ids=("",) * n,
+        commit=True,
+        batch_ts_ms=int(time.time() * 1000),
+        key_columns=source.key_columns,
+        processor=_StateWriter(source.variables, source.key_columns),
+        output_schema=pa.schema([(KEYS_COL, pa.int64()), (TIMERS_COL, pa.int64()), (META_COL, pa.string())]),
+        input_format="rows",
+        store_config=store_config or StoreConfig(),
+        fm_factory=file_manager_factory,
+        max_key_groups=groups,
+        input_budget_bytes=task_input_budget_bytes,
+    )
+    say(f"writing {n} partitions ({'key groups' if layout else 'hash routing'}) into {root} operator {operator!r}")
+    with tasks_job_settings(rows), _StageProgress(spark, say):
+        plan = TasksPlan.build(spark, rows.schema, source.key_columns, pid, n).input(rows)
+        out_struct = f"{KEYS_COL} long, {TIMERS_COL} long, {META_COL} string"
+        results = plan.mapInArrow(functools.partial(run_task, spec), out_struct).collect()
+    metas, keys, timers = _results(results, n)
+    BatchRecords(fm, commit_log, operator).commit(
+        IMPORTED_VERSION, [m.checkpoint_id or "" for m in metas], source.batch_id, layout
+    )
+    copied = continuation.copy_progress_from(spark, spark_checkpoint) if continuation else None
+    summary = ImportSummary(
+        operator=operator,
+        root=root,
+        spark_checkpoint=spark_checkpoint,
+        spark_operator=source.operator_name,
+        batch_id=source.batch_id,
+        version=IMPORTED_VERSION,
+        partitions=n,
+        keys=keys,
+        rows=sum(m.rows_total for m in metas),
+        timers=timers,
+        bytes=sum(m.changelog_bytes for m in metas),
+        seconds=time.perf_counter() - t0,
+        variables={v.name: v.kind for v in source.variables},
+        continuation_checkpoint=copied,
+    )
+    say(summary.summary())
+    return summary
+
+
+def _partition_column(schema: Any, key: tuple[str, ...], n: int, layout: KeyGroupLayout | None) -> Any:
+    """The state partition of a row, as `StatefulOperator` routes its input (the same layout, the same owner)."""
+    from pyspark.sql import functions as sf
+
+    if layout is not None:
+        return owner_column(schema, key, layout)
+    return sf.pmod(sf.hash(*[sf.col(k) for k in key]), sf.lit(n)).cast("int")
+
+
+def _results(rows: Iterable[Any], n: int) -> tuple[list[PartitionMetrics], int, int]:
+    """Each partition's result (exactly one of each of ``0..n-1``), and the keys and timers counted."""
+    metas: dict[int, PartitionMetrics] = {}
+    keys = timers = 0
+    for r in rows:
+        if r[META_COL] is None:
+            keys += r[KEYS_COL]
+            timers += r[TIMERS_COL]
+            continue
+        m = PartitionMetrics.from_meta(json.loads(r[META_COL]))
+        metas[m.partition] = m
+    if sorted(metas) != list(range(n)) or not all(m.checkpoint_id for m in metas.values()):
+        raise ConfigurationError(f"the import job returned results of partitions {sorted(metas)}, expected 0..{n - 1}")
+    return [metas[p] for p in range(n)], keys, timers
+
+
+@dataclass(frozen=True)
+class _Continuation:
+    location: str
+
+    def copy_progress_from(self, spark: SparkSession, spark_checkpoint: str) -> str:
+        copied = CheckpointFiles(spark, spark_checkpoint).copy_progress(CheckpointFiles(spark, self.location))
+        log.info("statekeeper import: copied %s of %s to %s", copied, spark_checkpoint, self.location)
+        return self.location
+
+
+def _prepare_continuation(spark: SparkSession, location: str | None) -> _Continuation | None:
+    """Checked before the job (an occupied location fails the import before it writes anything)."""
+    if location is None:
+        return None
+    if CheckpointFiles(spark, location).names(""):
+        raise ConfigurationError(
+            f"the continuation checkpoint {location!r} is not empty: give a new location for the statekeeper query"
+        )
+    return _Continuation(location)
+
+
+class _Say:
+    """Progress lines: logged, and passed to the caller's callback."""
+
+    def __init__(self, callback: Callable[[str], None] | None) -> None:
+        self.callback = callback
+
+    def __call__(self, line: str) -> None:
+        log.info("statekeeper import: %s", line)
+        if self.callback is not None:
+            self.callback(line)
+
+
+class _StageProgress:
+    """While the job runs, a line every `interval` seconds with its tasks done (classic sessions)."""
+
+    def __init__(self, spark: SparkSession, say: _Say, interval: float = 10.0) -> None:
+        self.say = say
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        try:
+            self._tracker: Any = spark.sparkContext.statusTracker()
+        except Exception:  # Spark Connect
+            self._tracker = None
+
+    def __enter__(self) -> _StageProgress:
+        if self._tracker is not None:
+            self._thread = threading.Thread(target=self._run, name="statekeeper-import-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                stages = [self._tracker.getStageInfo(s) for s in self._tracker.getActiveStageIds()]
+            except Exception as e:  # the session is going away
+                log.debug("statekeeper import: no progress (%s)", e)
+                return
+            for st in stages:
+                if st is not None:
+                    self.say(f"stage {st.stageId}: {st.numCompletedTasks}/{st.numTasks} tasks done")
+
+
+__all__ = ["ImportSummary", "import_spark_state"]
