@@ -19,6 +19,7 @@ SUITES = {
     "rescale": "bench.rescale",
     "s3": "bench.s3",
     "spark": "bench.spark",
+    "quiet_timers": "bench.spark_quiet_timers",
     "fleet": "bench.fleet.beside",
     "sustain": "bench.fleet.sustain_suite",
     "ceiling": "bench.fleet.ceiling",
