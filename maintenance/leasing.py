@@ -260,8 +260,6 @@ def store_lease(
 __all__ = [
     "CycleLeases",
     "LeaseGuard",
-    "LeaseLostError",
-    "MaintenanceBusyError",
     "cycle_leases",
     "held_stores",
     "planned_store",

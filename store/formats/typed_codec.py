@@ -12,8 +12,7 @@ tables; in short:
 - **Maps** (:class:`MapCodec`, value side only): ``u32 count`` then ``u32 length | key row | u32 length
   (0xFFFFFFFF for null) | value row`` per entry, in the map's own order (a dict's insertion order), so the
   same map always has the same bytes; decoded as a ``dict``.
-- **Keys** are order-preserving and lead with their key group: `statekeeper.store.formats.typed_keys`
-  (:class:`KeyCodec` and its helpers are importable from here too, as they always were).
+- **Keys** are order-preserving and lead with their key group: `statekeeper.store.formats.typed_keys`.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from statekeeper.store.formats.null_patterns import NullPatterns
-from statekeeper.store.formats.typed_keys import MAX_KEY_GROUPS, KeyCodec, key_group, stored_key_encoder, with_key_group
 from statekeeper.store.formats.typed_scalars import (
     CorruptStateError,
     as_blob,
@@ -415,14 +413,4 @@ class MapCodec:
         return out
 
 
-__all__ = [
-    "MAX_KEY_GROUPS",
-    "CorruptStateError",
-    "KeyCodec",
-    "ListCodec",
-    "MapCodec",
-    "ValueCodec",
-    "key_group",
-    "stored_key_encoder",
-    "with_key_group",
-]
+__all__ = ["ListCodec", "MapCodec", "RowFactory", "ValueCodec"]

@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from statekeeper.store.formats.typed_codec import CorruptStateError, ListCodec, RowFactory, ValueCodec
+from statekeeper.store.formats.typed_codec import ListCodec, RowFactory, ValueCodec
+from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import DataType, SchemaError, from_json, from_json_value, projector
 from statekeeper.store.state_store import ColumnFamily
 

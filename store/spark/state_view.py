@@ -3,7 +3,7 @@
 The state reader (store/spark/reader.py) and tests read state through this view: keys and values
 decode through the schemas recorded in the store's ``__meta`` column family, and a change feed decodes
 the committed changelogs of a range of versions with the same schemas. Nothing is written, and bytes
-that do not decode are refused with :class:`~store.formats.typed_codec.CorruptStateError` naming the
+that do not decode are refused with :class:`~store.formats.typed_scalars.CorruptStateError` naming the
 variable and, for the change feed, the changelog file.
 """
 
@@ -16,7 +16,8 @@ from typing import Any
 from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.files.base import open_seekable
 from statekeeper.store.formats.changelog import ChangelogReader
-from statekeeper.store.formats.typed_codec import CorruptStateError, KeyCodec
+from statekeeper.store.formats.typed_keys import KeyCodec
+from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import DataType, SchemaError, from_json
 from statekeeper.store.layout import StoreId
 from statekeeper.store.spark.schemas import (

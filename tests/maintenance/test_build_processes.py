@@ -26,10 +26,10 @@ from statekeeper.maintenance.build_processes import (
     running_build_processes,
 )
 from statekeeper.maintenance.inventory import Inventory
-from statekeeper.maintenance.leasing import MaintenanceBusyError
 from statekeeper.maintenance.loop import CycleResult, maintain
 from statekeeper.maintenance.plan import plan_store
 from statekeeper.maintenance.reports import SnapshotReport
+from statekeeper.maintenance.root_leases import MaintenanceBusyError
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import build_request, create_snapshots
 from statekeeper.maintenance.verify import verify_root

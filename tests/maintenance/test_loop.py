@@ -20,8 +20,9 @@ import pytest
 
 from statekeeper.maintenance.health import chain_bound
 from statekeeper.maintenance.inventory import Inventory
-from statekeeper.maintenance.leasing import LeaseGuard, MaintenanceBusyError, cycle_leases, store_lease
+from statekeeper.maintenance.leasing import LeaseGuard, cycle_leases, store_lease
 from statekeeper.maintenance.loop import CYCLE, CycleResult, maintain
+from statekeeper.maintenance.root_leases import MaintenanceBusyError
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.workers import run_each
 from statekeeper.sql import Catalog

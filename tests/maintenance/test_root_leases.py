@@ -19,10 +19,16 @@ from statekeeper.maintenance.deployment import recorded_catalog, shareable_url
 from statekeeper.maintenance.expiry import expire_versions
 from statekeeper.maintenance.file_kinds import DEPLOYMENT, LEASE, classify
 from statekeeper.maintenance.inventory import Inventory
-from statekeeper.maintenance.leasing import LeaseLostError, MaintenanceBusyError, store_lease
+from statekeeper.maintenance.leasing import store_lease
 from statekeeper.maintenance.orphans import clean_orphans
 from statekeeper.maintenance.plan import plan_store
-from statekeeper.maintenance.root_leases import MAX_CLOCK_SKEW_SECONDS, Hold, RootLeases
+from statekeeper.maintenance.root_leases import (
+    MAX_CLOCK_SKEW_SECONDS,
+    Hold,
+    LeaseLostError,
+    MaintenanceBusyError,
+    RootLeases,
+)
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.sql import Catalog
 from statekeeper.store.errors import StatekeeperError

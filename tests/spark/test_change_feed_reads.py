@@ -17,7 +17,7 @@ import pytest
 from statekeeper.store import CommitLog, StateStore, StoreConfig, open_file_manager
 from statekeeper.store.errors import LineageError
 from statekeeper.store.files.base import CheckpointFileManager, FileInfo
-from statekeeper.store.formats.typed_codec import CorruptStateError
+from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.layout import CHANGELOG_DIR, COMMITS_DIR, SNAPSHOT_DIR
 from statekeeper.store.load_plan import committed_range
 from statekeeper.store.spark.reader import change_feed

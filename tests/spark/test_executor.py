@@ -325,7 +325,7 @@ def test_a_pickle_payload_fails_the_task_naming_its_changelog(
 ) -> None:
     import pickle
 
-    from statekeeper.store.formats.typed_codec import CorruptStateError
+    from statekeeper.store.formats.typed_scalars import CorruptStateError
 
     root = (tmp_path / "state").as_uri()
     log = CommitLog(open_file_manager(root))

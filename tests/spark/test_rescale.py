@@ -165,7 +165,7 @@ def test_spark_computes_the_key_group_python_stores(spark: Any) -> None:
     import datetime
     import zlib
 
-    from statekeeper.store.formats.typed_codec import KeyCodec
+    from statekeeper.store.formats.typed_keys import KeyCodec
     from statekeeper.store.formats.typed_schema import Field, from_arrow, struct
     from statekeeper.store.spark.routing import key_group_sql
 

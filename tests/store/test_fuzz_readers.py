@@ -31,7 +31,7 @@ from statekeeper.store.formats.commit import MAGIC as COMMIT_MAGIC
 from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.formats.framing import decode_whole_frame, encode_frame
 from statekeeper.store.formats.snapshot import SnapshotManifest
-from statekeeper.store.formats.typed_codec import CorruptStateError
+from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import parse_ddl
 from statekeeper.store.spark.schemas import SCHEMA_PREFIX, STATE_META_PREFIX, VariableRecord, read_record, schema_key
 from statekeeper.store.state_store import StateStore

@@ -15,15 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from statekeeper.store import StateStore, StoreConfig
-from statekeeper.store.formats.typed_codec import (
-    CorruptStateError,
-    KeyCodec,
-    ListCodec,
-    ValueCodec,
-    key_group,
-    stored_key_encoder,
-    with_key_group,
-)
+from statekeeper.store.formats.typed_codec import ListCodec, ValueCodec
+from statekeeper.store.formats.typed_keys import KeyCodec, key_group, stored_key_encoder, with_key_group
+from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import (
     DataType,
     SchemaError,

@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from statekeeper.store.formats.null_patterns import MAX_NULL_PATTERNS
-from statekeeper.store.formats.typed_codec import KeyCodec, ListCodec, ValueCodec
+from statekeeper.store.formats.typed_codec import ListCodec, ValueCodec
+from statekeeper.store.formats.typed_keys import KeyCodec
 from statekeeper.store.formats.typed_schema import SchemaError, parse_ddl
 from statekeeper.store.spark.schemas import TAG_PLAIN, ValueFormat
 
