@@ -37,8 +37,13 @@ any committed version of a state variable as a typed DataFrame, or its change fe
 by schemas recorded in the checkpoint (store/spark/schemas.py); nothing persisted is pickle.
 ``statekeeper.store.spark.testing.TwsTester`` runs a processor over batches without Spark, for unit tests.
 
+Timers while the input is quiet: foreachBatch queries get no no-data batches; with ``quiet_timers=True``
+``op.start`` unions a tick stream that makes Spark run a batch with no input when a timer is due (a
+processing-time timer at its time, an event-time timer once the watermark passes it), exactly once, within a
+trigger interval (store/spark/ticks.py).
+
 Migrating from ``transformWithState``: the README's "Moving a transformWithState job over" lists what is
-the same, what differs (no no-data batches under foreachBatch) and what PySpark has that this does not.
+the same, what differs and what PySpark has that this does not.
 
 Everything works from a Spark Connect client too; there the batches (and the sink and ``on_progress``)
 run in the Connect server's Python process, see :mod:`statekeeper.store.spark.connect`.
