@@ -48,7 +48,6 @@ from statekeeper.maintenance.cli_commands import (
 )
 from statekeeper.maintenance.cli_output import (
     EXIT_ERRORS,
-    EXIT_OK,
     EXIT_USAGE,
     MAX_ROWS,
     UsageError,
@@ -59,7 +58,7 @@ from statekeeper.maintenance.settings import SnapshotSchedule
 from statekeeper.store.errors import ConfigurationError, StatekeeperError
 from statekeeper.store.layout import StoreId
 
-__all__ = ["EXIT_ERRORS", "EXIT_OK", "EXIT_USAGE", "UsageError", "build_parser", "main"]
+__all__ = ["build_parser", "main"]
 
 # -- argument parsing -------------------------------------------------------------------------------
 

@@ -28,7 +28,6 @@ from statekeeper.store.formats.typed_keys import MAX_KEY_GROUPS as KEY_GROUP_LIM
 from statekeeper.store.formats.typed_keys import KeyCodec, stored_key_encoder
 from statekeeper.store.formats.typed_schema import (
     DataType,
-    SchemaError,
     SchemaEvolutionError,
     check_evolution,
     infer,
@@ -40,7 +39,6 @@ from statekeeper.store.spark.schemas import (
     MAX_KEY_GROUPS,
     META_CF,
     MISSING,
-    TAG_PLAIN,
     ValueFormat,
     VariableRecord,
     delete_record,
@@ -612,10 +610,8 @@ class MapState(_State):
 
 __all__ = [
     "KEY_GROUP_BYTES",
-    "TAG_PLAIN",
     "ListState",
     "MapState",
-    "SchemaError",
     "SchemaEvolutionError",
     "StateContext",
     "ValueState",
