@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from statekeeper.store.commit_log import CommitLog
-from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.errors import ConfigurationError, StatekeeperError
 from statekeeper.store.files import open_file_manager
 from statekeeper.store.files.paths import validate_component
 from statekeeper.store.key_groups import KeyGroupLayout
@@ -69,6 +69,10 @@ log = logging.getLogger(__name__)
 KEYS_COL = "keys"
 TIMERS_COL = "timers"
 IMPORTED_VERSION = 1
+
+
+class SparkImportError(StatekeeperError):
+    """The import job failed: nothing was committed, and the import can be run again."""
 
 
 @dataclass(frozen=True)
@@ -205,6 +209,7 @@ def import_spark_state(
         raise ConfigurationError(
             f"{root} already holds committed state (version {commit_log.latest()}): import into a new state root"
         )
+    continuation = _prepare_continuation(spark, continuation_checkpoint)
     source = describe_operator(
         spark, spark_checkpoint, operator_id=operator_id, state_name=state_name, batch_id=batch_id
     )
@@ -213,7 +218,6 @@ def import_spark_state(
     groups = check_max_key_groups(max_key_groups)
     if not isinstance(n, int) or not 1 <= n <= 10_000:
         raise ConfigurationError(f"num_partitions must be an integer in [1, 10000], got {n!r}")
-    continuation = _prepare_continuation(spark, continuation_checkpoint)
     rows = state_rows(spark, source)
     layout = KeyGroupLayout(n, groups) if routable(rows.schema, source.key_columns) and n <= groups else None
     pid = _partition_column(rows.schema, source.key_columns, n, layout)
@@ -238,7 +242,13 @@ def import_spark_state(
     with tasks_job_settings(rows), _StageProgress(spark, say):
         plan = TasksPlan.build(spark, rows.schema, source.key_columns, pid, n).input(rows)
         out_struct = f"{KEYS_COL} long, {TIMERS_COL} long, {META_COL} string"
-        results = plan.mapInArrow(functools.partial(run_task, spec), out_struct).collect()
+        try:
+            results = plan.mapInArrow(functools.partial(run_task, spec), out_struct).collect()
+        except Exception as e:
+            raise SparkImportError(
+                f"importing {spark_checkpoint} into {root} operator {operator!r} failed; nothing was committed (the "
+                f"partitions' files are uncommitted orphans) and the import can be run again: {str(e)[:2000]}"
+            ) from e
     metas, keys, timers = _results(results, n)
     BatchRecords(fm, commit_log, operator).commit(
         IMPORTED_VERSION, [m.checkpoint_id or "" for m in metas], source.batch_id, layout
@@ -358,4 +368,4 @@ class _StageProgress:
                     self.say(f"stage {st.stageId}: {st.numCompletedTasks}/{st.numTasks} tasks done")
 
 
-__all__ = ["ImportSummary", "import_spark_state"]
+__all__ = ["ImportSummary", "SparkImportError", "import_spark_state"]

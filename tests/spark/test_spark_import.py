@@ -1,0 +1,326 @@
+"""Moving over (issue 64, part I): a query runs N batches on Spark's own stateful operator, its state is
+imported (store/spark/spark_import.py), the statekeeper query continues M batches from a copy of the Spark
+checkpoint's progress, and its final state and its outputs equal Spark's operator running all N + M batches.
+
+Flavours: ``groupBy().agg()`` (count, sum), ``applyInPandasWithState`` and ``transformWithStateInPandas``
+(ValueState, ListState, MapState). An import whose partition fails commits nothing and runs again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from statekeeper.store import CommitLog, open_file_manager
+from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.layout import StoreId
+from statekeeper.store.spark import ApplyInPandasWithState, StatefulOperator, StatefulProcessor, read_state
+from statekeeper.store.spark.spark_import import SparkImportError, import_spark_state
+from tests.spark.helpers import SCHEMA, CollectingSink, stage_files, write_inputs
+
+N, M = 3, 2
+OUT = "user string, n long, s long"
+
+
+# -- the operators, on Spark and on statekeeper --------------------------------------------------------
+def count_sum(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
+    """An applyInPandasWithState function: rows and total of `value` per user."""
+    n, s = state.get if state.exists else (0, 0)
+    for pdf in pdfs:
+        n += len(pdf)
+        s += int(pdf["value"].sum())
+    state.update((n, s))
+    yield pd.DataFrame({"user": [key[0]], "n": [n], "s": [s]})
+
+
+def _tws_processor() -> Any:
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor as PySparkProcessor
+
+    class Recent(PySparkProcessor):  # type: ignore[misc]
+        """PySpark's own processor, run unchanged by both: a total, the last 3 values and counts by value % 3."""
+
+        def init(self, handle: Any) -> None:
+            self.total = handle.getValueState("total", "n long, s long")
+            self.recent = handle.getListState("recent", "v long")
+            self.buckets = handle.getMapState("buckets", "b int", "c long")
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[pd.DataFrame]:
+            n, s = self.total.get() or (0, 0)
+            recent = [r[0] for r in self.recent.get()]
+            for pdf in rows:
+                for v in pdf["value"]:
+                    n, s = n + 1, s + int(v)
+                    recent = [*recent, int(v)][-3:]
+                    b = int(v) % 3
+                    c = self.buckets.getValue((b,)) if self.buckets.containsKey((b,)) else (0,)
+                    self.buckets.updateValue((b,), (c[0] + 1,))
+            self.total.update((n, s))
+            self.recent.put([(v,) for v in recent])
+            yield pd.DataFrame({"user": [key[0]], "n": [n], "s": [s]})
+
+        def close(self) -> None:
+            pass
+
+    return Recent()
+
+
+class AggLike(StatefulProcessor):
+    """What ``groupBy("user").agg(count("*"), sum("value"))`` keeps, on the imported buffer ``agg``."""
+
+    def init(self, handle: Any) -> None:
+        self.agg = handle.getValueState("agg", "count long, sum long")
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[tuple[Any, ...]]:
+        n, s = self.agg.get() or (0, 0)
+        for r in rows:
+            n, s = n + 1, s + r["value"]
+        self.agg.update((n, s))
+        yield (key[0], n, s)
+
+
+@dataclass(frozen=True)
+class Flavour:
+    name: str
+    spark_output: Callable[[Any], Any]
+    """The Spark query's output DataFrame from its input stream."""
+    statekeeper: Callable[[str, CollectingSink], StatefulOperator]
+    variables: dict[str, str | None]
+    """Statekeeper variable -> Spark's stateVarName (None: the operator's single state)."""
+
+
+def _agg(df: Any) -> Any:
+    from pyspark.sql import functions as sf
+
+    return df.groupBy("user").agg(sf.count("*").alias("n"), sf.sum("value").alias("s"))
+
+
+def _group_state(df: Any) -> Any:
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    return df.groupBy("user").applyInPandasWithState(
+        count_sum, OUT, "n long, s long", "Update", GroupStateTimeout.NoTimeout
+    )
+
+
+def _tws(df: Any) -> Any:
+    return df.groupBy("user").transformWithStateInPandas(_tws_processor(), OUT, "Update", "None")
+
+
+FLAVOURS = {
+    "aggregation": Flavour(
+        "aggregation",
+        _agg,
+        lambda root, sink: StatefulOperator(root, "op", "user", AggLike(), OUT, num_partitions=2, sink=sink),
+        {"agg": None},
+    ),
+    "applyInPandasWithState": Flavour(
+        "applyInPandasWithState",
+        _group_state,
+        lambda root, sink: StatefulOperator(
+            root,
+            "op",
+            "user",
+            ApplyInPandasWithState(count_sum),
+            OUT,
+            num_partitions=2,
+            input_format="pandas",
+            sink=sink,
+        ),
+        {"group_state": None},
+    ),
+    "transformWithStateInPandas": Flavour(
+        "transformWithStateInPandas",
+        _tws,
+        lambda root, sink: StatefulOperator(
+            root,
+            "op",
+            "user",
+            _tws_processor(),
+            OUT,
+            num_partitions=3,
+            input_format="pandas",
+            sink=sink,
+            time_mode="None",
+        ),
+        {"total": "total", "recent": "recent", "buckets": "buckets"},
+    ),
+}
+
+
+# -- running the queries ----------------------------------------------------------------------------
+def _stream(spark: Any, input_dir: Path) -> Any:
+    return spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(input_dir))
+
+
+def _await(query: Any) -> None:
+    try:
+        assert query.awaitTermination(240), "query did not finish in time"
+        if query.exception() is not None:
+            raise AssertionError(f"query failed: {query.exception()}")
+    finally:
+        query.stop()
+
+
+def run_spark(spark: Any, flavour: Flavour, input_dir: Path, checkpoint: Path, sink: CollectingSink) -> None:
+    """Spark's own operator on the RocksDB state store; each batch's output to `sink`."""
+    out = flavour.spark_output(_stream(spark, input_dir))
+    writer = out.writeStream.outputMode("update").foreachBatch(sink).option("checkpointLocation", str(checkpoint))
+    _await(writer.trigger(availableNow=True).start())
+
+
+def run_statekeeper(spark: Any, op: StatefulOperator, input_dir: Path, checkpoint: Path) -> None:
+    _await(op.start(_stream(spark, input_dir), str(checkpoint), trigger={"availableNow": True}))
+
+
+def _plain(value: Any) -> Any:
+    """Rows, lists and maps as comparable Python values."""
+    if hasattr(value, "asDict"):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return sorted((_plain(k), _plain(v)) for k, v in value.items())
+    return value
+
+
+def _value_column(df: Any) -> str:
+    return next(c for c in ("value", "list_value", "map_value") if c in df.columns)
+
+
+def spark_state(spark: Any, checkpoint: Path, var: str | None) -> dict[Any, Any]:
+    reader = spark.read.format("statestore").option("flattenCollectionTypes", "false")
+    if var is not None:
+        reader = reader.option("stateVarName", var)
+    df = reader.load(str(checkpoint))
+    column = _value_column(df)
+    value = (lambda v: v[0]) if var is None and "groupState" in df.schema[column].dataType.fieldNames() else None
+    return {_plain(r["key"]): _plain(value(r[column]) if value else r[column]) for r in df.collect()}
+
+
+def statekeeper_state(spark: Any, root: str, var: str) -> dict[Any, Any]:
+    df = read_state(spark, root, "op", stateVarName=var, flattenCollectionTypes=False)
+    column = _value_column(df)
+    return {_plain(r["key"]): _plain(r[column]) for r in df.collect()}
+
+
+def _outputs(sink: CollectingSink, batches: range) -> dict[int, list[tuple[Any, ...]]]:
+    return {b: sorted(sink.batches.get(b, [])) for b in batches}
+
+
+@pytest.fixture
+def spark_rocksdb(spark: Any) -> Iterator[Any]:
+    """Spark's operators on its RocksDB state store provider (what a months-old job most likely runs on)."""
+    key = "spark.sql.streaming.stateStore.providerClass"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+    yield spark
+    if before is None:
+        spark.conf.unset(key)
+    else:
+        spark.conf.set(key, before)
+
+
+def move_over(spark: Any, tmp_path: Path, flavour: Flavour, *, fail_first: bool = False) -> None:
+    """N batches on Spark, import, M more on statekeeper beside M more on Spark; both agree."""
+    all_dir, input_dir = tmp_path / "all", tmp_path / "in"
+    write_inputs(all_dir, files=N + M, rows=120, keys=40, seed=11)
+    stage_files(all_dir, input_dir, range(N))
+    spark_ckpt, continued = tmp_path / "spark-ckpt", tmp_path / "statekeeper-ckpt"
+    spark_sink = CollectingSink()
+    run_spark(spark, flavour, input_dir, spark_ckpt, spark_sink)
+    assert sorted(spark_sink.batches) == list(range(N))
+
+    root = (tmp_path / "state").as_uri()
+    if fail_first:  # one partition's changelog never uploads: the job fails, nothing is committed
+        with pytest.raises(SparkImportError, match="nothing was committed"):
+            import_spark_state(
+                spark,
+                str(spark_ckpt),
+                root,
+                "op",
+                num_partitions=2,
+                continuation_checkpoint=str(continued),
+                file_manager_factory=FailingPartition(1),
+            )
+        assert CommitLog(open_file_manager(root)).latest() == 0
+        assert not continued.exists(), "a failed import must not prepare the continuation"
+    lines: list[str] = []
+    summary = import_spark_state(
+        spark, str(spark_ckpt), root, "op", continuation_checkpoint=str(continued), on_progress=lines.append
+    )
+    assert summary.batch_id == N - 1 and summary.version == 1
+    assert summary.keys == len(spark_state(spark, spark_ckpt, next(iter(flavour.variables.values()))))
+    assert summary.bytes > 0 and summary.rows >= summary.keys and lines[-1] == summary.summary()
+    for var, spark_var in flavour.variables.items():
+        assert statekeeper_state(spark, root, var) == spark_state(spark, spark_ckpt, spark_var), var
+
+    stage_files(all_dir, input_dir, range(N, N + M))
+    sink = CollectingSink()
+    run_statekeeper(spark, flavour.statekeeper(root, sink), input_dir, continued)
+    run_spark(spark, flavour, input_dir, spark_ckpt, spark_sink)
+
+    assert sorted(sink.batches) == list(range(N, N + M)), "the statekeeper query continues at batch N"
+    assert _outputs(sink, range(N, N + M)) == _outputs(spark_sink, range(N, N + M))
+    for var, spark_var in flavour.variables.items():
+        assert statekeeper_state(spark, root, var) == spark_state(spark, spark_ckpt, spark_var), var
+
+
+class FailingPartition:
+    """A file manager factory whose uploads of partition `partition`'s changelogs always fail."""
+
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
+
+    def __call__(self, root: str) -> Any:
+        return _FailingFM(open_file_manager(root), StoreId("op", self.partition).changelog_dir())
+
+    def __reduce__(self) -> Any:
+        return (FailingPartition, (self.partition,))
+
+
+class _FailingFM:
+    def __init__(self, inner: Any, changelogs: str) -> None:
+        self.inner = inner
+        self.changelogs = changelogs
+
+    def put_file(self, local_path: str, path: str, *, exclusive: bool = True) -> int:
+        if path.startswith(self.changelogs):
+            raise OSError(f"injected upload failure of {path}")
+        return int(self.inner.put_file(local_path, path, exclusive=exclusive))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_aggregation_moves_over_exactly_once_after_a_failed_import(spark_rocksdb: Any, tmp_path: Path) -> None:
+    move_over(spark_rocksdb, tmp_path, FLAVOURS["aggregation"], fail_first=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flavour", ["applyInPandasWithState", "transformWithStateInPandas"])
+def test_stateful_functions_move_over_exactly_once(spark_rocksdb: Any, tmp_path: Path, flavour: str) -> None:
+    move_over(spark_rocksdb, tmp_path, FLAVOURS[flavour])
+
+
+def test_an_import_refuses_a_root_with_state_an_occupied_continuation_and_a_missing_checkpoint(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Each refusal comes before any job and writes nothing."""
+    root = (tmp_path / "state").as_uri()
+    missing = str(tmp_path / "no-such-checkpoint")
+    with pytest.raises(ConfigurationError, match="no-such-checkpoint"):
+        import_spark_state(spark, missing, root, "op")
+    occupied = tmp_path / "occupied"
+    occupied.mkdir()
+    (occupied / "offsets").mkdir()
+    with pytest.raises(ConfigurationError, match="is not empty"):
+        import_spark_state(spark, missing, root, "op", continuation_checkpoint=str(occupied))
+    CommitLog(open_file_manager(root)).commit(1, {"op": ["0" * 32]})
+    with pytest.raises(ConfigurationError, match="already holds committed state"):
+        import_spark_state(spark, missing, root, "op")
+    assert sorted(p.name for p in occupied.iterdir()) == ["offsets"]
