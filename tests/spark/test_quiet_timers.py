@@ -30,7 +30,8 @@ REMINDER_INPUT = "user string, value long"
 REMINDER_OUTPUT = "user string, kind string, expiry long"
 TRIGGER = {"processingTime": "1 second"}
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-WAIT_S = 180.0  # generous: the shared test machine may be loaded
+WAIT_S = 180.0
+T0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)  # generous: the shared test machine may be loaded
 
 
 class Reminder(StatefulProcessor):
@@ -173,10 +174,9 @@ def _write_sessions_input(inputs: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    t0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
     inputs.mkdir(parents=True)
     for i, (user, seconds) in enumerate([("u1", 0), ("u2", 20)]):
-        ts = pa.array([t0 + dt.timedelta(seconds=seconds)], pa.timestamp("us", tz="UTC"))
+        ts = pa.array([T0 + dt.timedelta(seconds=seconds)], pa.timestamp("us", tz="UTC"))
         path = inputs / f"part-{i:05d}.parquet"
         pq.write_table(pa.table({"user": [user], "page": ["p"], "ts": ts}), path)
         os.utime(path, (1_700_000_000 + i, 1_700_000_000 + i))
@@ -235,7 +235,8 @@ def test_event_time_timer_fires_when_the_watermark_passes_as_in_spark(spark: Any
     assert sorted(expected.batches) == [0, 1, 2]  # the third is Spark's no-data batch
     assert got.batches == expected.batches
     [(_, timer)] = got.rows("timer")
-    assert timer[0] == "u1" and timer[4] == 15_000 and timer[5] == 5_000  # fired at watermark 15 s
+    t0_ms = int(T0.timestamp() * 1000)
+    assert (timer[0], timer[4], timer[5]) == ("u1", t0_ms + 15_000, t0_ms + 5_000)  # fired at watermark 20 s - 5 s
     assert [p.input_rows for p in op.recent_progress] == [1, 1, 0]
 
 
@@ -283,3 +284,51 @@ def test_latency_from_due_time_to_output(spark: Any, tmp_path: Path) -> None:
     latencies = run_ours(spark, tmp_path, timers=20, spacing_ms=700)
     assert len(latencies) == 20
     assert max(latencies) < 10_000
+
+
+@pytest.fixture
+def remote(spark_connect_url: str) -> Iterator[Any]:
+    """A Connect client session beside the suite's classic one (as tests/spark/test_connect.py builds it)."""
+    from pyspark.sql.connect.session import SparkSession as RemoteSparkSession
+
+    from tests.spark.test_connect import CONNECT_MODE_ENV
+
+    saved = {k: os.environ.get(k) for k in CONNECT_MODE_ENV}
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    session = RemoteSparkSession.builder.remote(spark_connect_url).getOrCreate()
+    try:
+        yield session
+    finally:
+        session.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.mark.slow
+def test_quiet_timers_over_spark_connect(remote: Any, tmp_path: Path) -> None:
+    """Over Connect the tick source and the batches run in the server: a timer still fires without input."""
+    from tests.spark.helpers import JsonFileSink
+
+    inputs, out = tmp_path / "in", tmp_path / "out"
+    _stage(inputs, "a.json", [{"user": "u1", "value": 1500}])
+    op = StatefulOperator(
+        (tmp_path / "state").as_uri(),
+        "reminders",
+        key="user",
+        processor=Reminder(),
+        output_schema=REMINDER_OUTPUT,
+        num_partitions=2,
+        sink=JsonFileSink(str(out)),
+        local_dir=str(tmp_path / "local"),
+        quiet_timers=True,
+    )
+    df = remote.readStream.schema(REMINDER_INPUT).json(str(inputs))
+    query = op.start(df, str(tmp_path / "ckpt"), trigger=TRIGGER)
+    try:
+        _wait((out / "batch-00001.json").exists, query, "the tick batch over Connect")
+    finally:
+        query.stop()
+    assert json.loads((out / "batch-00001.json").read_text())[0][:2] == ["u1", "timer"]
