@@ -39,7 +39,7 @@ from statekeeper.store.errors import (
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.files.paths import validate_component
 from statekeeper.store.key_groups import KeyGroupLayout
-from statekeeper.store.rescale import PartitionBuild, RelayoutPlan, commit_relayout, plan_rescale
+from statekeeper.store.rescale import PartitionBuild, RescalePlan, commit_rescale, plan_rescale
 from statekeeper.store.spark.api import BatchStatefulProcessor, StatefulProcessor
 from statekeeper.store.spark.batch_records import BatchRecords, UploadTimeoutError
 from statekeeper.store.spark.connect import initial_state_unsupported, is_connect_dataframe, progress_unavailable
@@ -228,7 +228,7 @@ class StatefulOperator:
         self._shift = 0
         self._layout: KeyGroupLayout | None = None
         self._rescale_pending = False
-        self._relayout: RelayoutPlan | None = None
+        self._rescale: RescalePlan | None = None
         """The rescale the next batch starts with (planned at its restart)."""
         self._heartbeat: Heartbeat | None = None
 
@@ -270,7 +270,8 @@ class StatefulOperator:
         if self.event_time is None:
             self.event_time = watermark_of(df)
         self.ticks = None
-        if self.quiet_timers and self.time_mode is not TimeMode.NONE:
+        ends = trigger is not None and any(trigger.get(k) for k in ("availableNow", "once"))
+        if self.quiet_timers and self.time_mode is not TimeMode.NONE and not ends:  # a query that ends has no quiet
             self.ticks = TickChannel(channel_path(self.root, self.name, checkpoint_location, self.local_dir))
             df = with_ticks(df, self.ticks)
         writer = df.writeStream.foreachBatch(self.process_batch).option("checkpointLocation", checkpoint_location)
@@ -301,7 +302,7 @@ class StatefulOperator:
             num_partitions=n,
             batch_timestamp_ms=ts,
         )
-        relayout = self._relayout
+        rescale = self._rescale
         if already and self.sink is None:
             log.info("statekeeper %s: batch %d is already committed; nothing to do", self.name, batch_id)
             self._next_batch = batch_id + 1
@@ -318,7 +319,7 @@ class StatefulOperator:
             self._next_batch = batch_id + 1
             self._finish(BatchProgress(mode="skipped", duration_ms=(time.perf_counter() - t0) * 1000, **base))
             return
-        load_ids = ("",) * n if relayout else self.records.load_ids(version, n)
+        load_ids = ("",) * n if rescale else self.records.load_ids(version, n)
         task_time, max_event_before = self._task_time(batch_id)
         spec = TaskSpec(
             root=self.root,
@@ -341,7 +342,7 @@ class StatefulOperator:
             time=task_time,
             session_time_zone=spark.conf.get("spark.sql.session.timeZone") or "UTC",
             initial_state=self._initial_rows(df, n) if version == 0 else None,
-            relayout=relayout,
+            rescale=rescale,
         )
         plan = self._plan(spark, df, n)
         run = self._run_tasks(df, plan, spec, target, batch_id)
@@ -349,10 +350,10 @@ class StatefulOperator:
         try:
             t_rec = time.perf_counter()
             max_event = self._record_event_time(batch_id, task_time, max_event_before, metas)
-            if relayout is not None:  # the new layout first (invariant 11), then the batch on it
-                builds = [PartitionBuild(**m.relayout) for m in metas if m.relayout]
-                base["rescale"] = commit_relayout(self.fm, relayout, builds).to_json()
-                self._relayout = None
+            if rescale is not None:  # the new layout first (invariant 11), then the batch on it
+                builds = [PartitionBuild(**m.rescale_build) for m in metas if m.rescale_build]
+                base["rescale"] = commit_rescale(self.fm, rescale, builds).to_json()
+                self._rescale = None
             if spec.commit:
                 ids = [m.checkpoint_id or "" for m in metas]
                 self.records.commit(target, ids, batch_id, self._layout)
@@ -506,12 +507,12 @@ class StatefulOperator:
                     self.num_partitions,
                 )
             else:  # the batch's tasks build the new partitions first; the job commits both versions
-                self._relayout = plan_rescale(
+                self._rescale = plan_rescale(
                     self.fm, self.name, self.num_partitions, rules=TypedStateKeys(), config=self.store_config
                 )
-                log.info("statekeeper %s: rescaling in batch %d: %s", self.name, batch_id, self._relayout.describe())
+                log.info("statekeeper %s: rescaling in batch %d: %s", self.name, batch_id, self._rescale.describe())
                 self._shift += 1
-                layout, recorded = self._relayout.target_layout, self.num_partitions
+                layout, recorded = self._rescale.target_layout, self.num_partitions
         elif head.record is None:
             n = recorded or self.num_partitions
             routable_keys = routable(df.schema, self.key) and n <= self.max_key_groups

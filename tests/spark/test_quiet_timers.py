@@ -161,6 +161,22 @@ def test_processing_time_timer_fires_without_input_and_nothing_else_runs(spark: 
     assert CommitLog(open_file_manager((tmp_path / "state").as_uri())).latest() == 2
 
 
+def test_a_query_that_ends_gets_no_ticks(spark: Any, tmp_path: Path) -> None:
+    """availableNow (and once) end when the input is drained: nothing is quiet, no tick stream is added."""
+    inputs = tmp_path / "in"
+    _stage(inputs, "a.json", [{"user": "u1", "value": 60_000}])
+    op = _reminders((tmp_path / "state").as_uri(), Sink(), tmp_path / "local")
+    df = spark.readStream.schema(REMINDER_INPUT).json(str(inputs))
+    query = op.start(df, str(tmp_path / "ckpt"), trigger={"availableNow": True})
+    try:
+        assert query.awaitTermination(WAIT_S)
+        assert query.exception() is None
+    finally:
+        query.stop()
+    assert op.ticks is None
+    assert [p.input_rows for p in op.recent_progress] == [1]
+
+
 def _sessions_stream(spark: Any, inputs: Path) -> Any:
     return (
         spark.readStream.schema(INPUT)
