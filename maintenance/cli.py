@@ -266,6 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     from statekeeper.maintenance.relayout import add_commands
 
     add_commands(sub, [common, fan], _positive_int, emit, maybe_catalog)
+    from statekeeper.maintenance.cli_import import add_commands as add_import
+
+    add_import(sub, [common], _positive_int, emit)
 
     cat = sub.add_parser("catalog", help="the lineage catalog")
     csub = cat.add_subparsers(dest="catalog_command", required=True, parser_class=_Parser)
