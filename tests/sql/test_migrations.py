@@ -176,8 +176,9 @@ def test_urls(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 def test_sql_imports_nothing_of_the_other_packages() -> None:
     code = (
-        "import sys, sql, sql.catalog, sql.leases, sql.db, sql.models; "
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('store', 'maintenance', 'orchestration')))"
+        "import sys, statekeeper.sql, statekeeper.sql.catalog, statekeeper.sql.leases, statekeeper.sql.db, "
+        "statekeeper.sql.models; print(sorted(m for m in sys.modules if m.split('.')[:2] in "
+        "(['statekeeper', 'store'], ['statekeeper', 'maintenance'], ['statekeeper', 'orchestration'])))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]"
