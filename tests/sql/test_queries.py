@@ -44,9 +44,11 @@ def test_files_for_version_are_exactly_what_a_load_needs(catalog: Catalog, histo
             assert vf.snapshot_version == base
             assert [f.version for f in vf.changelogs] == list(range((base or 0) + 1, v + 1))
             assert (vf.manifest is not None) == (base is not None) and (len(vf.ssts) > 0) == (base is not None)
-            # Copy only those files (and the commit record) to a new root: the version loads there.
+            # Copy only those files, and the commit records of the lineage they hold (a load checks each against
+            # its record, invariant 13), to a new root: the version loads there.
             copy = open_file_manager(tmp_path.joinpath(f"copy-{key[0]}-{key[1]}-{v}").as_uri())
-            for path in [*(f.path for f in vf.files), commit_path(v)]:
+            records = [commit_path(u) for u in range(base or 1, v + 1)]
+            for path in [*(f.path for f in vf.files), *records]:
                 with copy.create(path) as out:
                     out.write(history.fm.read_bytes(path))
             assert load_state(copy, key, v) == history.states[key][v]
