@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from bench.report import Table
 from statekeeper.store import CommitLog, StateStore, open_file_manager
 from statekeeper.store.key_groups import KeyGroupLayout, group_prefix
-from statekeeper.store.rescale import RelayoutResult, execute_relayout, plan_rescale
+from statekeeper.store.rescale import RescaleResult, execute_rescale, plan_rescale
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +122,9 @@ def statekeeper_offline(spark: Any, work: Path, keys: int, src: int, dst: int) -
     out: dict[str, Any] = {}
     for name, runner in (("threads", None), ("spark", on_executors(spark))):
 
-        def rescale(where: Path, runner: Any = runner) -> RelayoutResult:
+        def rescale(where: Path, runner: Any = runner) -> RescaleResult:
             fm = open_file_manager(where.as_uri())
-            return execute_relayout(fm, plan_rescale(fm, "agg", dst), workers=2, runner=runner)
+            return execute_rescale(fm, plan_rescale(fm, "agg", dst), workers=2, runner=runner)
 
         times, result = _timed_on_copies(root, work / f"sk-{keys}-{src}-{dst}-copy", rescale)
         out[name], out[f"{name}_times"] = statistics.median(times), times

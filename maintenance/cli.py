@@ -263,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="build snapshots in N worker processes, each keeping its stores' warm copies (default 0: threads here)",
     )
     p.set_defaults(func=cmd_maintain)
-    from statekeeper.maintenance.relayout import add_commands
+    from statekeeper.maintenance.offline_rescale import add_commands
 
     add_commands(sub, [common, fan], _positive_int, emit, maybe_catalog)
     from statekeeper.maintenance.cli_import import add_commands as add_import

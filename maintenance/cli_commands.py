@@ -157,7 +157,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             }
         )
         problems += p.problems
-    from statekeeper.maintenance.relayout import describe_layouts, layout_history
+    from statekeeper.maintenance.offline_rescale import describe_layouts, layout_history
 
     layouts = layout_history(inv.records)
     doc: dict[str, Any] = {
@@ -377,8 +377,7 @@ def cmd_catalog_retention(args: argparse.Namespace) -> int:
         return (
             f"keeping {retain} version(s) per store would delete {plan.total_files} state file(s), "
             f"{plan.total_bytes:,} bytes (as the catalog knows them; 'statekeeper expire --dry-run' reads the "
-            "location)\n"
-            + table(rows, limit=row_limit(args))
+            "location)\n" + table(rows, limit=row_limit(args))
         )
 
     emit(args, doc, text)

@@ -16,7 +16,7 @@ from statekeeper.orchestration.config import OrchestrationConfig
 from statekeeper.orchestration.external_runs import build_external_runs_sensor
 from statekeeper.orchestration.fleet import build_fleet_job
 from statekeeper.orchestration.jobs import build_jobs, build_snapshot_and_expiry_job
-from statekeeper.orchestration.relayout_jobs import relayout_jobs
+from statekeeper.orchestration.rescale_jobs import rescale_jobs
 from statekeeper.orchestration.resources import build_resources
 from statekeeper.orchestration.schedules import build_schedules
 from statekeeper.orchestration.sensors import build_checkpoint_sensor, build_failure_sensor
@@ -39,7 +39,7 @@ def build_definitions(
     return Definitions(
         assets=build_assets(partitions),
         asset_checks=build_checks(partitions),
-        jobs=[*jobs.values(), snapshot_and_expiry_job, fleet_job, verification_job, *relayout_jobs()],
+        jobs=[*jobs.values(), snapshot_and_expiry_job, fleet_job, verification_job, *rescale_jobs()],
         sensors=[
             build_checkpoint_sensor(config, [jobs[SNAPSHOTS], jobs[RETAINED], snapshot_and_expiry_job, fleet_job]),
             build_failure_sensor(config),

@@ -46,7 +46,7 @@ class RescaleError(StatekeeperError):
 
 
 @dataclass(frozen=True)
-class RelayoutPlan:
+class RescalePlan:
     """Which committed state a rescale or rollback copies, and the layout it commits."""
 
     operator: str
@@ -118,8 +118,8 @@ class RelayoutPlan:
 
 
 @dataclass
-class RelayoutResult:
-    plan: RelayoutPlan
+class RescaleResult:
+    plan: RescalePlan
     checkpoint_ids: tuple[str, ...] = ()
     records: int = 0
     """Records copied into new owners (the moved key groups)."""
@@ -169,7 +169,7 @@ def plan_rescale(
     max_key_groups: int | None = None,
     rules: KeyGroupRules | None = None,
     config: StoreConfig | None = None,
-) -> RelayoutPlan:
+) -> RescalePlan:
     """Plan re-laying out the newest committed version of `operator` over `partitions` partitions."""
     commits = CommitLog(fm)
     head = commits.latest()
@@ -193,10 +193,10 @@ def plan_rescale(
             f"operator {operator!r} in {fm.root_uri} records no key-group count: pass max_key_groups"
         )
     target = KeyGroupLayout(partitions, groups)
-    return RelayoutPlan(operator, "rescale", head, record.checkpoint_ids[operator], old, target, record.batch, head)
+    return RescalePlan(operator, "rescale", head, record.checkpoint_ids[operator], old, target, record.batch, head)
 
 
-def plan_rollback(fm: CheckpointFileManager, operator: str, to_version: int) -> RelayoutPlan:
+def plan_rollback(fm: CheckpointFileManager, operator: str, to_version: int) -> RescalePlan:
     """Plan making retained committed `to_version` of `operator` the head again, as a new version."""
     commits = CommitLog(fm)
     head = commits.latest()
@@ -207,7 +207,7 @@ def plan_rollback(fm: CheckpointFileManager, operator: str, to_version: int) -> 
     record = _record(commits, to_version, operator)
     layout = record.layouts.get(operator)
     ids = record.checkpoint_ids[operator]
-    return RelayoutPlan(operator, "rollback", to_version, ids, layout, layout, record.batch, head)
+    return RescalePlan(operator, "rollback", to_version, ids, layout, layout, record.batch, head)
 
 
 class _Target:
@@ -289,7 +289,7 @@ def load_bytes(fm: CheckpointFileManager, plan: LoadPlan | None) -> int:
     return total + sum(fm.info(plan.store.changelog(v, c)).size for v, c in plan.replay)
 
 
-def _check_group_led(plan: RelayoutPlan, src: StateStore, q: int, cf: str, name: str) -> None:
+def _check_group_led(plan: RescalePlan, src: StateStore, q: int, cf: str, name: str) -> None:
     """Refuse, before anything is committed, to copy byte ranges of a column family whose first key does
     not lead with one of old partition `q`'s key groups: its keys are not group-led (a statekeeper.store.spark
     operator's metadata under the plain store's rules), and a range copy would drop them."""
@@ -307,7 +307,7 @@ def _check_group_led(plan: RelayoutPlan, src: StateStore, q: int, cf: str, name:
         )
 
 
-def _give(plan: RelayoutPlan, src: StateStore, q: int, lo: int, hi: int, target: _Target, rules: KeyGroupRules) -> None:
+def _give(plan: RescalePlan, src: StateStore, q: int, lo: int, hi: int, target: _Target, rules: KeyGroupRules) -> None:
     """Pour the key groups ``[lo, hi)`` of old partition `q` (loaded in `src`) into `target`."""
     name = f"{plan.operator}/{q} version {plan.source_version}"
     for cf in src.column_families():
@@ -332,7 +332,7 @@ def _give(plan: RelayoutPlan, src: StateStore, q: int, lo: int, hi: int, target:
 
 def _open_target(
     fm: CheckpointFileManager,
-    plan: RelayoutPlan,
+    plan: RescalePlan,
     p: int,
     rules: KeyGroupRules,
     config: StoreConfig,
@@ -389,7 +389,7 @@ class SourceStores:
     def __init__(
         self,
         fm: CheckpointFileManager,
-        plan: RelayoutPlan,
+        plan: RescalePlan,
         config: StoreConfig,
         cached: Callable[[int], StateStore | None] | None = None,
     ) -> None:
@@ -437,7 +437,7 @@ class SourceStores:
 
 
 def build_partitions(
-    fm: CheckpointFileManager, plan: RelayoutPlan, rules: KeyGroupRules, config: StoreConfig, run: list[int]
+    fm: CheckpointFileManager, plan: RescalePlan, rules: KeyGroupRules, config: StoreConfig, run: list[int]
 ) -> list[PartitionBuild]:
     """Build the new partitions of `run` in order (`build_partition`), loading each old partition once
     for the neighbours that take groups from it."""
@@ -450,7 +450,7 @@ def build_partitions(
 
 def build_partition(
     fm: CheckpointFileManager,
-    plan: RelayoutPlan,
+    plan: RescalePlan,
     rules: KeyGroupRules,
     config: StoreConfig,
     p: int,
@@ -497,19 +497,19 @@ def build_partition(
             sources.close()
 
 
-def execute_relayout(
+def execute_rescale(
     fm: CheckpointFileManager,
-    plan: RelayoutPlan,
+    plan: RescalePlan,
     *,
     rules: KeyGroupRules | None = None,
     config: StoreConfig | None = None,
     workers: int = 4,
     runner: PartitionRunner | None = None,
-) -> RelayoutResult:
+) -> RescaleResult:
     """Write every new partition (`build_partition`, on `runner`: `workers` threads by default), then commit
     the new version atomically.
 
-    A new partition that keeps key groups in place (`RelayoutPlan.kept_in_place`) commits an ordinary
+    A new partition that keeps key groups in place (`RescalePlan.kept_in_place`) commits an ordinary
     changelog on its old lineage: the groups it gains as SST blocks, the groups it loses as range deletes. Any
     other is a full-state changelog. Only the key groups that change owner are written.
     A failure or crash before the commit record leaves the old layout (the new changelogs are orphans).
@@ -519,17 +519,17 @@ def execute_relayout(
     t0 = time.perf_counter()
     run = runner or in_threads(workers)
     builds = run(functools.partial(build_partitions, fm, plan, rules, config), list(range(plan.partitions)))
-    return commit_relayout(fm, plan, builds, time.perf_counter() - t0)
+    return commit_rescale(fm, plan, builds, time.perf_counter() - t0)
 
 
-def commit_relayout(
-    fm: CheckpointFileManager, plan: RelayoutPlan, builds: Iterable[PartitionBuild], seconds: float | None = None
-) -> RelayoutResult:
+def commit_rescale(
+    fm: CheckpointFileManager, plan: RescalePlan, builds: Iterable[PartitionBuild], seconds: float | None = None
+) -> RescaleResult:
     """Write the commit record naming every built partition of `plan` (the switch to the new layout:
     one exclusive publish); `seconds`: how long the builds took (None: they ran in parallel inside other
     work, a batch's tasks, so the slowest one stands for them)."""
     t0 = time.perf_counter()
-    result = RelayoutResult(plan)
+    result = RescaleResult(plan)
     built = {b.partition: b for b in builds}
     if sorted(built) != list(range(plan.partitions)):
         raise RescaleError(f"{plan.describe()}: built partitions {sorted(built)}, not 0..{plan.partitions - 1}")
@@ -576,15 +576,15 @@ __all__ = [
     "KeyGroupRules",
     "PartitionBuild",
     "PartitionRunner",
-    "RelayoutPlan",
-    "RelayoutResult",
     "RescaleError",
+    "RescalePlan",
+    "RescaleResult",
     "SourceStores",
     "build_partition",
     "build_partitions",
-    "commit_relayout",
+    "commit_rescale",
     "contiguous_runs",
-    "execute_relayout",
+    "execute_rescale",
     "in_threads",
     "plan_rescale",
     "plan_rollback",

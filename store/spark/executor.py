@@ -35,7 +35,7 @@ from statekeeper.store.errors import LineageError, StoreStateError
 from statekeeper.store.files import open_file_manager
 from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import Field, from_arrow, struct
-from statekeeper.store.rescale import PartitionBuild, RelayoutPlan, SourceStores, build_partition
+from statekeeper.store.rescale import PartitionBuild, RescalePlan, SourceStores, build_partition
 from statekeeper.store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor
 from statekeeper.store.spark.event_time import TaskTime
 from statekeeper.store.spark.handle import StatefulProcessorHandle
@@ -95,7 +95,7 @@ class TaskSpec:
     """Time mode, watermarks and event-time column of the batch (store/spark/event_time.py)."""
     initial_state: pa.Table | None = None
     """First batch only: the initial state rows, with the state partition of each in PID_COL."""
-    relayout: RelayoutPlan | None = None
+    rescale: RescalePlan | None = None
     """The rescale this batch starts with: each task first builds its new partition (`version` is the
     rescale's new version, which the driver commits just before the batch's)."""
 
@@ -285,7 +285,7 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
     attempt, task_attempt_id = _task_attempt()
     uploader = CACHE.uploader(spec)
     build = None
-    if spec.relayout is not None:
+    if spec.rescale is not None:
         store, build = _build(spec, partition)
     else:
         store = _load(spec, partition)
@@ -371,7 +371,7 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
             "replayed_records": load.replayed_records if load else 0,
             "repaired_snapshots": load.repaired_snapshots if load else 0,
             "load_replans": load.replans if load else 0,
-            "relayout": dataclasses.asdict(build) if build else None,
+            "rescale_build": dataclasses.asdict(build) if build else None,
         }
         if spec.commit:
             result = store.commit()
@@ -424,19 +424,19 @@ def _build(spec: TaskSpec, partition: int) -> tuple[StateStore, PartitionBuild]:
     it (`build_partition`) and left loaded at the new version for the batch: no job of its own, no load
     of what was just written. Its changelog is uploaded before the task goes on (the driver commits the
     rescale's record after the job, then the batch's)."""
-    assert spec.relayout is not None
+    assert spec.rescale is not None
     uploader = CACHE.uploader(spec)
     store = CACHE.store(spec, partition)
     try:
-        sources = SourceStores(uploader, spec.relayout, spec.store_config, functools.partial(_cached, spec))
+        sources = SourceStores(uploader, spec.rescale, spec.store_config, functools.partial(_cached, spec))
         try:
             build = build_partition(
-                uploader, spec.relayout, TypedStateKeys(), spec.store_config, partition, sources, into=store
+                uploader, spec.rescale, TypedStateKeys(), spec.store_config, partition, sources, into=store
             )
         finally:
             sources.close()
-        _await_upload(uploader, store.store_id.changelog(spec.relayout.new_version, build.checkpoint_id))
-        store.load(spec.relayout.new_version, build.checkpoint_id)  # what it holds: a reuse
+        _await_upload(uploader, store.store_id.changelog(spec.rescale.new_version, build.checkpoint_id))
+        store.load(spec.rescale.new_version, build.checkpoint_id)  # what it holds: a reuse
     except BaseException:
         CACHE.drop(spec, partition)
         raise

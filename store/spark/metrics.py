@@ -42,7 +42,7 @@ class PartitionMetrics:
     """Unreadable snapshots the partition's load passed over (snapshot repair)."""
     load_replans: int = 0
     """Times the partition's load started over from a newer snapshot that expiry had made the base."""
-    relayout: dict[str, Any] | None = None
+    rescale_build: dict[str, Any] | None = None
     """The first batch of a rescale: the `PartitionBuild` of the new partition the task built first."""
     next_timer_ms: int | None = None
     """The partition's earliest timer still pending after the batch (quiet-input ticks, store/spark/ticks.py)."""
@@ -102,7 +102,7 @@ class BatchProgress:
     partitions: list[PartitionMetrics] = field(default_factory=list)
     rescale: dict[str, Any] | None = None
     """When the operator was rescaled at this restart: what moved and how long it took
-    (`statekeeper.store.rescale.RelayoutResult.to_json`)."""
+    (`statekeeper.store.rescale.RescaleResult.to_json`)."""
 
     @classmethod
     def of_partitions(

@@ -23,7 +23,7 @@ from statekeeper.store import CommitLog, StateStore
 from statekeeper.store.files import open_file_manager
 from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.key_groups import KeyGroupLayout, group_at, group_prefix
-from statekeeper.store.rescale import execute_relayout, plan_rescale
+from statekeeper.store.rescale import execute_rescale, plan_rescale
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -103,7 +103,7 @@ def prepare(root: str, work: str) -> None:
 def rescale(root: str, work: str) -> None:
     fm = open_file_manager(root)
     plan = plan_rescale(fm, OPERATOR, target_partitions(_base().PARTITIONS))
-    execute_relayout(fm, plan, config=_base().store_config(work, f"rescale-{os.urandom(4).hex()}"), workers=1)
+    execute_rescale(fm, plan, config=_base().store_config(work, f"rescale-{os.urandom(4).hex()}"), workers=1)
 
 
 def recover(root: str, work: str) -> None:

@@ -1,7 +1,7 @@
 """The state reader's batch ids and change feed across an online rescale, an offline one and a rollback.
 
 Real Spark (local[2]) runs the batches; the rescales and the rollback are the product's own (a restart
-with another ``num_partitions``, `execute_relayout`). The change feed over the whole history and every
+with another ``num_partitions``, `execute_rescale`). The change feed over the whole history and every
 ``batchId`` read are compared with a pandas reference computed from the batches' inputs.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from statekeeper.store import CommitLog, open_file_manager
-from statekeeper.store.rescale import execute_relayout, plan_rescale, plan_rollback
+from statekeeper.store.rescale import execute_rescale, plan_rescale, plan_rollback
 from statekeeper.store.spark import StatefulOperator, read_state
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
 from testkit.processors import CountSum
@@ -72,7 +72,7 @@ def test_change_feed_and_batch_reads_across_rescales_and_a_rollback(spark: Any, 
 
     run(range(2), 4)  # batches 0, 1 on 4 partitions: versions 1, 2
     run(range(2, 3), 2)  # online rescale 4 -> 2 (version 3, batch 1 repeated), batch 2: version 4
-    execute_relayout(fm, plan_rescale(fm, OP, 3, rules=TypedStateKeys()), rules=TypedStateKeys())  # version 5
+    execute_rescale(fm, plan_rescale(fm, OP, 3, rules=TypedStateKeys()), rules=TypedStateKeys())  # version 5
     run(range(3, 4), 3)  # batch 3: version 6
     log = CommitLog(fm)
     assert [(v, r.batch, r.change.get(OP)) for v in range(1, 7) if (r := log.get(v))] == [
@@ -101,7 +101,7 @@ def test_change_feed_and_batch_reads_across_rescales_and_a_rollback(spark: Any, 
         _state_after(spark, root, 4)
 
     # rollback to version 4 (after batch 2, 2 partitions): version 7; batch 3 of the abandoned branch is gone
-    execute_relayout(fm, plan_rollback(fm, OP, 4))
+    execute_rescale(fm, plan_rollback(fm, OP, 4))
     assert _rows(_feed(spark, root, 0)) == _want_feed(df, 2)
     assert _state_after(spark, root, 2) == _reference_state(df, 2)
     with pytest.raises(Exception, match="batch 3 of operator 'counts' is not committed"):

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from statekeeper.store import CommitLog, open_file_manager
-from statekeeper.store.rescale import execute_relayout, plan_rescale
+from statekeeper.store.rescale import execute_rescale, plan_rescale
 from statekeeper.store.spark import StatefulOperator, read_state
 from statekeeper.store.spark.connect import ConnectProgressError
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
@@ -134,7 +134,7 @@ def test_offline_rescale_as_a_spark_job_over_connect(remote: Any, tmp_path: Path
     _run(remote, tmp_path, root)
     fm = open_file_manager(root)
     plan = plan_rescale(fm, "counts", 5, rules=TypedStateKeys())
-    result = execute_relayout(fm, plan, rules=TypedStateKeys(), runner=on_executors(remote))
+    result = execute_rescale(fm, plan, rules=TypedStateKeys(), runner=on_executors(remote))
     assert result.committed and len(result.checkpoint_ids) == 5
     rows = read_state(remote, root, "counts").collect()
     assert {json.loads(r["key"])[0]: tuple(json.loads(r["value"])) for r in rows} == reference(batches)

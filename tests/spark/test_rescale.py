@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from statekeeper.maintenance.fanout import SparkEngine
-from statekeeper.maintenance.relayout import rescale
+from statekeeper.maintenance.offline_rescale import rescale
 from statekeeper.store import CommitLog, StateStore, open_file_manager
 from statekeeper.store.formats.changelog import ChangelogReader, SstFile
 from statekeeper.store.key_groups import group_at
-from statekeeper.store.rescale import RescaleError, execute_relayout, plan_rescale, plan_rollback
+from statekeeper.store.rescale import RescaleError, execute_rescale, plan_rescale, plan_rollback
 from statekeeper.store.spark import StatefulOperator
 from testkit.processors import CountSum
 from tests.spark.helpers import CollectingSink, reference, run_query, stage_files, state_of, write_inputs
@@ -142,7 +142,7 @@ def test_rollback_then_restart_recomputes_the_rolled_back_history(spark: Any, tm
     run_query(spark, op, tmp_path / "in", tmp_path / "ckpt")
     assert state_of(spark, root, "counts") == reference(batches)
     fm = open_file_manager(root)
-    result = execute_relayout(fm, plan_rollback(fm, "counts", 2))
+    result = execute_rescale(fm, plan_rollback(fm, "counts", 2))
     assert result.committed and result.plan.new_version == 5
     assert state_of(spark, root, "counts") == reference(batches[:2])
     assert state_of(spark, root, "counts", version=4) == reference(batches)  # still readable
@@ -213,7 +213,7 @@ def test_rows_route_to_their_partition_by_spark_own_hash_partitioning(spark: Any
 
 
 def test_a_rescale_under_the_plain_stores_rules_is_refused_before_anything_commits(spark: Any, tmp_path: Path) -> None:
-    """`execute_relayout` with its default rules (every key group-led) on an operator's typed state: its
+    """`execute_rescale` with its default rules (every key group-led) on an operator's typed state: its
     metadata keys lead with no key group, so a range copy would drop them; the rescale is refused naming the
     column family and the rules to pass, and the old layout stays the head, whole."""
     batches = write_inputs(tmp_path / "in", files=2, rows=150, keys=50)
@@ -227,6 +227,6 @@ def test_a_rescale_under_the_plain_stores_rules_is_refused_before_anything_commi
     fm = open_file_manager(root)
     head = CommitLog(fm).latest()
     with pytest.raises(RescaleError, match=r"column family '__meta'.*TypedStateKeys"):
-        execute_relayout(fm, plan_rescale(fm, "counts", 5), workers=1)
+        execute_rescale(fm, plan_rescale(fm, "counts", 5), workers=1)
     assert CommitLog(fm).latest() == head
     assert state_of(spark, root, "counts") == reference(batches)

@@ -22,7 +22,7 @@ from statekeeper.store.files import open_file_manager
 from statekeeper.store.formats.changelog import ChangelogReader, SstFile
 from statekeeper.store.key_groups import KeyGroupLayout, group_at, group_prefix
 from statekeeper.store.layout import StoreId
-from statekeeper.store.rescale import SourceStores, execute_relayout, plan_rescale, plan_rollback
+from statekeeper.store.rescale import SourceStores, execute_rescale, plan_rescale, plan_rollback
 
 OP = "agg"
 GROUPS = 64
@@ -100,7 +100,7 @@ def test_rescale_through_partition_counts(checkpoint_root: str) -> None:
             batch += 1
         plan = plan_rescale(fm, OP, n)
         assert plan.source_layout == layout and plan.source_version == version
-        result = execute_relayout(fm, plan, workers=2)
+        result = execute_rescale(fm, plan, workers=2)
         assert result.committed and result.plan.new_version == version + 1
         record = CommitLog(fm).get(version + 1)
         assert record is not None
@@ -128,7 +128,7 @@ def test_rescale_model(tmp_path_factory: pytest.TempPathFactory, counts: list[in
     for n in counts:
         run_batch(root, version, layout, random_updates(rng, model))
         version += 1
-        execute_relayout(fm, plan_rescale(fm, OP, n))
+        execute_rescale(fm, plan_rescale(fm, OP, n))
         version += 1
         layout = KeyGroupLayout(n, GROUPS)
         assert read_all(root, version, layout) == clean(model)
@@ -151,7 +151,7 @@ def test_rescale_of_a_legacy_layout_moves_every_group(tmp_path_factory: pytest.T
         plan_rescale(fm, OP, 2)
     plan = plan_rescale(fm, OP, 2, max_key_groups=GROUPS)
     assert plan.source_layout is None and plan.moved_groups() == GROUPS
-    execute_relayout(fm, plan)
+    execute_rescale(fm, plan)
     assert read_all(root, 2, KeyGroupLayout(2, GROUPS)) == {"default": dict.fromkeys(keys, b"x")}
 
 
@@ -164,10 +164,10 @@ def test_rollback_then_restart_equals_the_rolled_back_history(checkpoint_root: s
     for version in range(3):
         run_batch(checkpoint_root, version, layout, random_updates(rng, model))
         history.append(clean(model))
-    execute_relayout(fm, plan_rescale(fm, OP, 5))  # version 4: a rescale lies between
+    execute_rescale(fm, plan_rescale(fm, OP, 5))  # version 4: a rescale lies between
     layout5 = KeyGroupLayout(5, GROUPS)
     run_batch(checkpoint_root, 4, layout5, random_updates(rng, model))  # version 5
-    result = execute_relayout(fm, plan_rollback(fm, OP, 2))
+    result = execute_rescale(fm, plan_rollback(fm, OP, 2))
     record = CommitLog(fm).get(6)
     assert result.committed and record is not None
     assert record.change == {OP: "rollback"} and record.layouts[OP] == layout and record.batch == 1
@@ -199,7 +199,7 @@ def test_bytes_written_scale_with_the_moved_key_groups(tmp_path_factory: pytest.
     base = tmp_path_factory.mktemp("moved")
     run_batch(base.as_uri(), 0, layout, {"default": dict(state)})
     run_batch(base.as_uri(), 1, layout, {"default": {}})
-    full = execute_relayout(open_file_manager(base.as_uri()), plan_rollback(open_file_manager(base.as_uri()), OP, 1))
+    full = execute_rescale(open_file_manager(base.as_uri()), plan_rollback(open_file_manager(base.as_uri()), OP, 1))
     per_group_full = full.bytes_written / GROUPS
     assert full.records == len(state)
     ratios = []
@@ -211,7 +211,7 @@ def test_bytes_written_scale_with_the_moved_key_groups(tmp_path_factory: pytest.
         target = KeyGroupLayout(n, GROUPS)
         moved = plan.moved_groups()
         assert 0 < moved < GROUPS
-        result = execute_relayout(fm, plan)
+        result = execute_rescale(fm, plan)
         assert result.records == moved * per_group, "only the moved key groups are copied"
         given_away = sum(
             1 for g in range(GROUPS) if layout.owner(g) in plan.kept_in_place() and target.owner(g) != layout.owner(g)
@@ -235,7 +235,7 @@ def test_partitions_written_from_empty_hold_their_ranges_as_sst_files(
     base = tmp_path_factory.mktemp("sst-blocks")
     run_batch(base.as_uri(), 0, layout, {"default": dict(state)})
     fm = open_file_manager(base.as_uri())
-    result = execute_relayout(fm, plan_rescale(fm, OP, 6))
+    result = execute_rescale(fm, plan_rescale(fm, OP, 6))
     version = result.plan.new_version
     record = CommitLog(fm).get(version)
     assert record is not None

@@ -21,7 +21,7 @@ import pytest
 from statekeeper.maintenance.catalog_sync import sync_catalog
 from statekeeper.maintenance.cli import main
 from statekeeper.maintenance.inventory import Inventory, clear_caches
-from statekeeper.maintenance.relayout import check_writer_idle
+from statekeeper.maintenance.offline_rescale import check_writer_idle
 from statekeeper.sql import Catalog, LayoutSpan
 from statekeeper.store import CommitLog, open_file_manager
 from statekeeper.store.key_groups import KeyGroupLayout

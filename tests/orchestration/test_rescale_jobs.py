@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from statekeeper.orchestration.relayout_jobs import rescale_job, rollback_job
+from statekeeper.orchestration.rescale_jobs import rescale_job, rollback_job
 from statekeeper.store import CommitLog, open_file_manager
 from statekeeper.store.key_groups import KeyGroupLayout
-from tests.maintenance.test_relayout import _history
+from tests.maintenance.test_offline_rescale import _history
 from tests.store.test_rescale import GROUPS, OP, read_all
 
 

@@ -2,7 +2,7 @@
 
 Launched by hand (the UI's launchpad or ``dagster job launch``) with the same settings as
 ``statekeeper rescale`` / ``statekeeper rollback``, while the query is stopped; they run
-`statekeeper.maintenance.relayout` and report what moved as output metadata (numbers the UI plots).
+`statekeeper.maintenance.offline_rescale` and report what moved as output metadata (numbers the UI plots).
 """
 
 from typing import Any, Optional
@@ -10,14 +10,15 @@ from typing import Any, Optional
 from dagster import Config, JobDefinition, MetadataValue, OpExecutionContext, job, op
 
 from statekeeper.maintenance.fanout import check_engine
-from statekeeper.maintenance.relayout import DEFAULT_IDLE_SECONDS, RelayoutOptions, rescale, rollback
-from statekeeper.store.rescale import RelayoutResult
+from statekeeper.maintenance.offline_rescale import DEFAULT_IDLE_SECONDS, RescaleOptions, rescale, rollback
+from statekeeper.store.rescale import RescaleResult
 
 KIND_TAG = "statekeeper/kind"
 
 
-class RelayoutConfig(Config):
-    """The settings `rescale_job` and `rollback_job` share (as `statekeeper.maintenance.relayout.RelayoutOptions`)."""
+class RescaleJobsConfig(Config):
+    """The settings `rescale_job` and `rollback_job` share (as
+    `statekeeper.maintenance.offline_rescale.RescaleOptions`)."""
 
     root: str
     operator: str
@@ -28,8 +29,8 @@ class RelayoutConfig(Config):
     """``spark``: build the new partitions as one Spark job (on ``master``) instead of in threads here."""
     master: Optional[str] = None  # noqa: UP045 - Dagster config resolves typing.Optional
 
-    def options(self) -> RelayoutOptions:
-        return RelayoutOptions(
+    def options(self) -> RescaleOptions:
+        return RescaleOptions(
             dry_run=self.dry_run,
             idle_seconds=self.idle_seconds,
             workers=self.workers,
@@ -37,16 +38,16 @@ class RelayoutConfig(Config):
         )
 
 
-class RescaleConfig(RelayoutConfig):
+class RescaleConfig(RescaleJobsConfig):
     partitions: int
     max_key_groups: Optional[int] = None  # noqa: UP045 - Dagster config resolves typing.Optional
 
 
-class RollbackConfig(RelayoutConfig):
+class RollbackConfig(RescaleJobsConfig):
     to_version: int
 
 
-def _report(context: OpExecutionContext, result: RelayoutResult) -> dict[str, Any]:
+def _report(context: OpExecutionContext, result: RescaleResult) -> dict[str, Any]:
     """The result as the op's output, with what moved as metadata the UI plots."""
     context.add_output_metadata(
         {
@@ -87,8 +88,8 @@ def rollback_job() -> None:
     rollback_op()
 
 
-def relayout_jobs() -> list[JobDefinition]:
+def rescale_jobs() -> list[JobDefinition]:
     return [rescale_job, rollback_job]
 
 
-__all__ = ["RelayoutConfig", "RescaleConfig", "RollbackConfig", "relayout_jobs", "rescale_job", "rollback_job"]
+__all__ = ["RescaleConfig", "RescaleJobsConfig", "RollbackConfig", "rescale_job", "rescale_jobs", "rollback_job"]

@@ -29,10 +29,10 @@ from statekeeper.store.files import open_file_manager
 from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.layout import StoreId
 from statekeeper.store.rescale import (
-    RelayoutPlan,
-    RelayoutResult,
     RescaleError,
-    execute_relayout,
+    RescalePlan,
+    RescaleResult,
+    execute_rescale,
     plan_rescale,
     plan_rollback,
 )
@@ -49,7 +49,7 @@ DEFAULT_IDLE_SECONDS = 60.0
 """How long the newest commit must be ago before an offline rescale or rollback starts."""
 
 
-class RelayoutOptions(TypedDict, total=False):
+class RescaleOptions(TypedDict, total=False):
     """What `rescale` and `rollback` share (the CLI's and the Dagster jobs' common settings)."""
 
     dry_run: bool
@@ -89,20 +89,20 @@ def check_writer_idle(root: str, operator: str, idle_seconds: float, *, now: flo
         )
 
 
-def relayout(
+def execute_leased(
     root: str,
-    plan: RelayoutPlan,
+    plan: RescalePlan,
     *,
     settings: MaintenanceSettings | None = None,
     catalog: Catalog | None = None,
     dry_run: bool = False,
     workers: int = 4,
     engine: SparkEngine | None = None,
-) -> RelayoutResult:
+) -> RescaleResult:
     """Execute `plan` under the maintenance leases of every store it reads or writes: its new partitions
     built on `workers` threads here, or as one Spark job on `engine` (``--engine spark``)."""
     if dry_run:
-        return RelayoutResult(plan)
+        return RescaleResult(plan)
     settings = settings or MaintenanceSettings.from_env()
     fm = open_file_manager(root)
     partitions = max(len(plan.source_ids), plan.target_layout.partitions if plan.target_layout else 0)
@@ -110,15 +110,15 @@ def relayout(
         for p in range(partitions):
             leases.enter_context(store_lease(fm, StoreId(plan.operator, p), settings, catalog))
         runner = on_executors(engine.session()) if engine is not None else None
-        return execute_relayout(fm, plan, rules=TypedStateKeys(), workers=workers, runner=runner)
+        return execute_rescale(fm, plan, rules=TypedStateKeys(), workers=workers, runner=runner)
 
 
-def _guarded(root: str, plan: RelayoutPlan, options: RelayoutOptions) -> RelayoutResult:
+def _guarded(root: str, plan: RescalePlan, options: RescaleOptions) -> RescaleResult:
     """Check that no writer runs (unless a dry run), then execute `plan` with `options`."""
     dry_run = options.get("dry_run", False)
     if not dry_run:
         check_writer_idle(root, plan.operator, options.get("idle_seconds", DEFAULT_IDLE_SECONDS))
-    return relayout(
+    return execute_leased(
         root,
         plan,
         settings=options.get("settings"),
@@ -130,8 +130,8 @@ def _guarded(root: str, plan: RelayoutPlan, options: RelayoutOptions) -> Relayou
 
 
 def rescale(
-    root: str, operator: str, partitions: int, *, max_key_groups: int | None = None, **options: Unpack[RelayoutOptions]
-) -> RelayoutResult:
+    root: str, operator: str, partitions: int, *, max_key_groups: int | None = None, **options: Unpack[RescaleOptions]
+) -> RescaleResult:
     """Commit the head of `operator` re-laid out over `partitions` partitions (the query stopped)."""
     fm = open_file_manager(root)
     plan = plan_rescale(fm, operator, partitions, max_key_groups=max_key_groups, rules=TypedStateKeys())
@@ -140,7 +140,7 @@ def rescale(
     return _guarded(root, plan, options)
 
 
-def rollback(root: str, operator: str, to_version: int, **options: Unpack[RelayoutOptions]) -> RelayoutResult:
+def rollback(root: str, operator: str, to_version: int, **options: Unpack[RescaleOptions]) -> RescaleResult:
     """Make retained `to_version` of `operator` the head again, as a new version (the query stopped)."""
     return _guarded(root, plan_rollback(open_file_manager(root), operator, to_version), options)
 
@@ -191,10 +191,10 @@ def add_commands(
     p.set_defaults(func=cmd_rollback, emit=emit, maybe_catalog=maybe_catalog)
 
 
-def _run(args: argparse.Namespace, run: Callable[[RelayoutOptions], RelayoutResult]) -> int:
+def _run(args: argparse.Namespace, run: Callable[[RescaleOptions], RescaleResult]) -> int:
     with args.maybe_catalog(args) as catalog:
         result = run(
-            RelayoutOptions(
+            RescaleOptions(
                 dry_run=args.dry_run,
                 idle_seconds=0.0 if args.force else args.idle_seconds,
                 workers=args.workers,
@@ -226,12 +226,12 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 __all__ = [
-    "RelayoutOptions",
+    "RescaleOptions",
     "add_commands",
     "check_writer_idle",
     "describe_layouts",
+    "execute_leased",
     "layout_history",
-    "relayout",
     "rescale",
     "rollback",
 ]
