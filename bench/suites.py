@@ -20,6 +20,7 @@ SUITES = {
     "s3": "bench.s3",
     "spark": "bench.spark",
     "quiet_timers": "bench.spark_quiet_timers",
+    "spark_import": "bench.spark_import",
     "fleet": "bench.fleet.beside",
     "sustain": "bench.fleet.sustain_suite",
     "ceiling": "bench.fleet.ceiling",

@@ -94,6 +94,8 @@ class ImportSummary:
     bytes: int
     """Changelog bytes written to the root."""
     seconds: float
+    worker_peak_rss_mb: float
+    """The largest peak RSS of a Python worker that wrote a partition."""
     variables: dict[str, str]
     """Statekeeper variable name -> kind."""
     continuation_checkpoint: str | None
@@ -267,6 +269,7 @@ def import_spark_state(
         timers=timers,
         bytes=sum(m.changelog_bytes for m in metas),
         seconds=time.perf_counter() - t0,
+        worker_peak_rss_mb=max(m.phases.get("worker_peak_rss_mb", 0.0) for m in metas),
         variables={v.name: v.kind for v in source.variables},
         continuation_checkpoint=copied,
     )

@@ -8,14 +8,18 @@ Flavours: ``groupBy().agg()`` (count, sum), ``applyInPandasWithState`` and ``tra
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
+import pandas as pd  # type: ignore[import-untyped]
 import pytest
 
+from statekeeper.maintenance.cli import main as cli_main
 from statekeeper.store import CommitLog, open_file_manager
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.layout import StoreId
@@ -41,7 +45,7 @@ def count_sum(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: Any) ->
 def _tws_processor() -> Any:
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor as PySparkProcessor
 
-    class Recent(PySparkProcessor):  # type: ignore[misc]
+    class Recent(PySparkProcessor):
         """PySpark's own processor, run unchanged by both: a total, the last 3 values and counts by value % 3."""
 
         def init(self, handle: Any) -> None:
@@ -225,7 +229,7 @@ def spark_rocksdb(spark: Any) -> Iterator[Any]:
         spark.conf.set(key, before)
 
 
-def move_over(spark: Any, tmp_path: Path, flavour: Flavour, *, fail_first: bool = False) -> None:
+def move_over(spark: Any, tmp_path: Path, flavour: Flavour, *, fail_first: bool = False, via_cli: bool = False) -> None:
     """N batches on Spark, import, M more on statekeeper beside M more on Spark; both agree."""
     all_dir, input_dir = tmp_path / "all", tmp_path / "in"
     write_inputs(all_dir, files=N + M, rows=120, keys=40, seed=11)
@@ -249,13 +253,23 @@ def move_over(spark: Any, tmp_path: Path, flavour: Flavour, *, fail_first: bool 
             )
         assert CommitLog(open_file_manager(root)).latest() == 0
         assert not continued.exists(), "a failed import must not prepare the continuation"
-    lines: list[str] = []
-    summary = import_spark_state(
-        spark, str(spark_ckpt), root, "op", continuation_checkpoint=str(continued), on_progress=lines.append
-    )
-    assert summary.batch_id == N - 1 and summary.version == 1
-    assert summary.keys == len(spark_state(spark, spark_ckpt, next(iter(flavour.variables.values()))))
-    assert summary.bytes > 0 and summary.rows >= summary.keys and lines[-1] == summary.summary()
+    if via_cli:
+        out = io.StringIO()
+        argv = ["import-spark-state", "--spark-checkpoint", str(spark_ckpt), "--root", root, "--operator", "op"]
+        with contextlib.redirect_stdout(out):
+            code = cli_main([*argv, "--continuation-checkpoint", str(continued), "--json"])
+        assert code == 0
+        summary = json.loads(out.getvalue())
+    else:
+        lines: list[str] = []
+        done = import_spark_state(
+            spark, str(spark_ckpt), root, "op", continuation_checkpoint=str(continued), on_progress=lines.append
+        )
+        assert lines[-1] == done.summary()
+        summary = done.to_dict()
+    assert summary["batch_id"] == N - 1 and summary["version"] == 1
+    assert summary["keys"] == len(spark_state(spark, spark_ckpt, next(iter(flavour.variables.values()))))
+    assert summary["bytes"] > 0 and summary["rows"] >= summary["keys"]
     for var, spark_var in flavour.variables.items():
         assert statekeeper_state(spark, root, var) == spark_state(spark, spark_ckpt, spark_var), var
 
@@ -298,7 +312,8 @@ class _FailingFM:
 
 
 def test_aggregation_moves_over_exactly_once_after_a_failed_import(spark_rocksdb: Any, tmp_path: Path) -> None:
-    move_over(spark_rocksdb, tmp_path, FLAVOURS["aggregation"], fail_first=True)
+    """The rerun goes through the command line (``statekeeper import-spark-state --json``)."""
+    move_over(spark_rocksdb, tmp_path, FLAVOURS["aggregation"], fail_first=True, via_cli=True)
 
 
 @pytest.mark.slow
