@@ -9,7 +9,7 @@ Maintenance: recovery time vs chain length, snapshot creation, expiry throughput
    history with `create_snapshots` run after every batch at `snapshot_threshold=10`, as a scheduled
    maintainer would, so the chain a load replays stays below the threshold.
 2. Snapshot creation: the first snapshot of the 1M-key store (cold: replay from version 1, every SST
-   uploaded) and the next one 10 batches later (warm local copy: only the 10 new changelogs
+   uploaded) and the next one 10 batches later (local replica: only the 10 new changelogs
    replayed; only SSTs that changed uploaded). Baseline: uploading the whole snapshot again.
 3. Expiry: a root of 50 stores x 200 committed versions; `expire_versions` keeps 5 versions per store
    and deletes the rest (~9,750 changelogs and ~190 commit records) in batched, parallel deletes, on
@@ -33,9 +33,9 @@ from bench.baselines import KEY_BYTES, VALUE_BYTES
 from bench.report import Table
 from statekeeper.maintenance.expiry import expire_versions
 from statekeeper.maintenance.inventory import clear_caches
+from statekeeper.maintenance.replica_pool import close_replicas
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import create_snapshots
-from statekeeper.maintenance.warm_copies import close_replicas
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.formats.commit import CommitRecord
@@ -156,7 +156,7 @@ def recovery_and_snapshots(sizes: Sizes, base: str) -> list[Table]:
             maintained.batch()
             report = create_snapshots(maint_root, settings)
             if report.snapshots and len(snapshot_rows) < 2:
-                label = f"next, {THRESHOLD} batches of updates spread over all keys later (warm copy)"
+                label = f"next, {THRESHOLD} batches of updates spread over all keys later (replica)"
                 snapshot_rows.append(_snapshot_row(label, report))
             if i in sizes.checkpoints:
                 p_s, p_n = _recover(plain_root, base, plain.version)
@@ -167,7 +167,7 @@ def recovery_and_snapshots(sizes: Sizes, base: str) -> list[Table]:
         for _ in range(THRESHOLD):
             maintained.batch(hot=True)
         report = create_snapshots(maint_root, settings)
-        label = f"next, {THRESHOLD} batches of updates to one contiguous 5% of the keys later (warm copy)"
+        label = f"next, {THRESHOLD} batches of updates to one contiguous 5% of the keys later (replica)"
         snapshot_rows.append(_snapshot_row(label, report))
     finally:
         plain.close()

@@ -68,7 +68,7 @@ FOUND = [
     "`tests/maintenance/test_bad_input.py::test_a_root_holding_only_a_starting_jobs_capability_probe_is_ours`",
     "10-minute soak: the maintainer's RSS grew ~8 MiB a minute without a plateau. It kept the parsed manifest and "
     "commit record of every version it ever read, and the names of every SST it found sound, after expiry "
-    "deleted them; and each snapshot of a warm copy inlined its RocksDB MANIFEST, one edit longer per flush "
+    "deleted them; and each snapshot of a replica inlined its RocksDB MANIFEST, one edit longer per flush "
     "(30 KB for a 40-key store after 400 versions). Fixed in `maintenance/parsed_cache.py` (what was learnt of a "
     "file leaves with it, at every listing) and `store/rocks.py` (a new MANIFEST past 8 KiB); regression test "
     "`tests/maintenance/test_loop.py::test_a_long_running_maintainer_holds_what_its_root_holds`",

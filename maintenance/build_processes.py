@@ -1,9 +1,9 @@
 """Snapshot builds in worker processes, so that one maintainer keeps more than one core busy.
 
-A maintainer's snapshot builds (replaying changelogs into a store's warm copy, writing its SSTs and
+A maintainer's snapshot builds (replaying changelogs into a store's replica, writing its SSTs and
 manifest) are most of its CPU, and on threads they share Python's GIL with the listing, planning and
 expiry: one process keeps about 1.3 cores busy. With ``build_processes`` N > 0 the builds run in N
-worker processes instead. Each store's warm copy lives in one of them (the one with the fewest stores
+worker processes instead. Each store's replica lives in one of them (the one with the fewest stores
 when the store is first built, then always that one), so it stays warm from one cycle to the next; the
 maintainer keeps everything else (listings, plans, leases, expiry, orphans, the catalog) and asks the
 worker, under the store's lease, to build and write a snapshot. Between the build and the write the
@@ -11,7 +11,7 @@ worker asks the maintainer whether the lease is still held, as the in-process bu
 
 Requests and replies are JSON over a pipe (nothing executable crosses). A worker that dies (killed, out
 of memory) fails the build it was doing, naming the store, and is started again for the next one; the
-warm copy's directory tells the new worker what it holds. Workers exit when the maintainer closes
+replica's directory tells the new worker what it holds. Workers exit when the maintainer closes
 their pipe or dies; they ignore SIGINT and SIGTERM (sent to the whole group, they would otherwise fail
 the builds of the cycle the maintainer is finishing).
 """
@@ -32,7 +32,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from statekeeper.maintenance.replica import BuildStats
-from statekeeper.maintenance.warm_copies import checkout, close_replicas
+from statekeeper.maintenance.replica_pool import checkout, close_replicas
 from statekeeper.store.errors import CheckpointFileExistsError, StatekeeperError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.formats.snapshot import SnapshotManifest
@@ -48,7 +48,7 @@ class BuildProcessError(StatekeeperError):
 
 @dataclass(frozen=True)
 class BuildRequest:
-    """What a warm copy must hold and what the snapshot may reuse: `Replica.ensure` and `Replica.snapshot`'s
+    """What a replica must hold and what the snapshot may reuse: `Replica.ensure` and `Replica.snapshot`'s
     arguments, plus where the copy lives (`work`) and whether to drop it first (`reset`, a repair)."""
 
     work: str
@@ -99,7 +99,7 @@ class BuildRequest:
     def build_and_write(
         self, fm: CheckpointFileManager, may_write: Callable[[], None]
     ) -> tuple[BuildStats, SnapshotResult]:
-        """Build the version in the store's warm copy here and write its snapshot; `may_write` runs between
+        """Build the version in the store's replica here and write its snapshot; `may_write` runs between
         the two and raises to stop the write (the lease was lost). The one build, on a thread or a worker."""
         with checkout(fm, self.store, self.work) as replica:
             if self.reset:
@@ -144,7 +144,7 @@ class _Worker:
 
 
 class BuildProcesses:
-    """N worker processes, each owning the warm copies of the stores assigned to it (`worker_of`)."""
+    """N worker processes, each owning the replicas of the stores assigned to it (`worker_of`)."""
 
     def __init__(self, processes: int) -> None:
         if processes < 1:
@@ -162,7 +162,7 @@ class BuildProcesses:
         return [w.process.pid for w in self._workers if w.process is not None and w.process.pid is not None]
 
     def worker_of(self, root_uri: str, store: StoreId) -> int:
-        """The worker that holds `store`'s warm copy: the one holding the fewest stores when the store is first
+        """The worker that holds `store`'s replica: the one holding the fewest stores when the store is first
         built, then always that one (its copy stays warm; the stores of a fleet spread evenly)."""
         key = (root_uri, store)
         with self._lock:
@@ -240,7 +240,7 @@ def build_processes(processes: int) -> BuildProcesses:
                 # that multiprocessing started, as Dagster's code server starts each run, runs it instead of
                 # atexit). It terminates its daemonic children, which these workers ignore, then joins them without
                 # a timeout, while their pipes are still open; a finalizer with an exit priority runs before that,
-                # so the workers see their pipes close and exit, releasing their warm copies' locks.
+                # so the workers see their pipes close and exit, releasing their replicas' locks.
                 multiprocessing.util.Finalize(None, close_build_processes, exitpriority=100)
             _pool = BuildProcesses(processes)
         return _pool
@@ -253,7 +253,7 @@ def running_build_processes() -> list[int]:
 
 
 def close_build_processes() -> None:
-    """Stop this process's build workers (they close their warm copies; the directories stay)."""
+    """Stop this process's build workers (they close their replicas; the directories stay)."""
     global _pool
     with _pool_lock:
         if _pool is not None:

@@ -128,7 +128,7 @@ def _plan(p: argparse.ArgumentParser, h: Help) -> None:
 def _work(p: argparse.ArgumentParser, h: Help) -> None:
     p.add_argument("--lease-ttl", type=_number, metavar="SECONDS", help=h("maintenance lease time to live"))
     p.add_argument("--lease-timeout", type=_number, metavar="SECONDS", help=h("wait this long for a busy store"))
-    p.add_argument("--work-dir", metavar="DIR", help=h("directory for warm local copies of stores (and lock files)"))
+    p.add_argument("--work-dir", metavar="DIR", help=h("directory for local replicas of stores (and lock files)"))
 
 
 def _snapshots(p: argparse.ArgumentParser, h: Help) -> None:
@@ -260,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--build-processes",
         type=int,
         metavar="N",
-        help="build snapshots in N worker processes, each keeping its stores' warm copies (default 0: threads here)",
+        help="build snapshots in N worker processes, each keeping its stores' replicas (default 0: threads here)",
     )
     p.set_defaults(func=cmd_maintain)
     from statekeeper.maintenance.offline_rescale import add_commands

@@ -3,7 +3,7 @@
 Running the three ``statekeeper`` commands from cron or a shell loop starts three processes per cycle,
 each importing the stack, opening the catalog and rebuilding its warm replicas' view from disk: that
 fixed cost dominates a maintainer of many small stores (see docs/benchmarks.md, fleet). This loop
-keeps one process, one catalog connection, the warm local copies of the stores
+keeps one process, one catalog connection, the local replicas of the stores
 (`statekeeper.maintenance.replica`) and the parsed commit records and manifests
 (`statekeeper.maintenance.inventory`) across cycles, and takes the maintenance leases of all the
 stores it finds free in one catalog transaction per cycle, so a cycle costs its listings and the work
@@ -37,10 +37,10 @@ from statekeeper.maintenance.health import chain_bound
 from statekeeper.maintenance.inventory import Inventory, check_root
 from statekeeper.maintenance.leasing import cycle_leases
 from statekeeper.maintenance.orphans import clean_orphans
+from statekeeper.maintenance.replica_pool import raise_open_file_limit
 from statekeeper.maintenance.reports import Report, SnapshotReport
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import create_snapshots
-from statekeeper.maintenance.warm_copies import raise_open_file_limit
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.layout import StoreId
@@ -109,7 +109,7 @@ def maintain(
     fms = _open_roots(roots)
     wanted = None if stores is None else frozenset(stores)
     stop = stop or threading.Event()
-    raise_open_file_limit()  # a warm copy of every store stays open across cycles
+    raise_open_file_limit()  # a replica of every store stays open across cycles
     results: list[CycleResult] = []
     known: dict[str, list[StoreId]] = {}  # per root, the stores its previous cycle found
     behind: dict[str, float] = {}  # per root past its chains' bound, when the loop last said so

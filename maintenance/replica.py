@@ -1,4 +1,4 @@
-"""A warm local copy of one store's committed state, for snapshot creation and verification.
+"""A local replica of one store's committed state, for snapshot creation and verification.
 
 `StateStore.load` rebuilds from the newest snapshot whenever the requested version is not exactly the
 one it holds; for maintenance that would mean downloading the whole snapshot it wrote last time. A
@@ -164,12 +164,12 @@ class Replica:
                 shutil.rmtree(self.db_dir, ignore_errors=True)  # a crash mid replay: start over
             return
         except Exception as e:  # unreadable marker or DB: rebuild from the checkpoint
-            log.warning("discarding warm copy of store %s in %s: %s", self.store, self.dir, e)
+            log.warning("discarding replica of store %s in %s: %s", self.store, self.dir, e)
             self._discard()
             return
         self.state = state
         self.hash_cache = cache
-        log.debug("warm copy of store %s at version %d from %s", self.store, state[0], self.dir)
+        log.debug("replica of store %s at version %d from %s", self.store, state[0], self.dir)
 
     def _drop_marker(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -229,7 +229,7 @@ class Replica:
             try:
                 n, records = self._replay_range(held[0], version, committed)
             except (FileNotFoundError, CorruptFileError, LineageError) as e:
-                log.info("warm copy of store %s cannot advance (%s): rebuilding", self.store, e)
+                log.info("replica of store %s cannot advance (%s): rebuilding", self.store, e)
             else:
                 self.state = target
                 self._save_marker()

@@ -65,7 +65,7 @@ class MaintenanceSettings:
     parallelism: int = 4
     """Stores worked on at once, and delete batches in flight at once."""
     build_processes: int = 0
-    """Worker processes that build snapshots, each holding the warm copies of its share of the stores
+    """Worker processes that build snapshots, each holding the replicas of its share of the stores
     (`statekeeper.maintenance.build_processes`): a long-running maintainer of many stores then uses more
     than one core. 0: the builds run on this process's threads."""
     lease_ttl_seconds: float = 600.0
@@ -73,7 +73,7 @@ class MaintenanceSettings:
     lease_timeout_seconds: float = 0.0
     """How long to wait for another maintainer's lease on a store; 0 fails at once."""
     work_dir: str | None = None
-    """Local directory for warm copies of stores between snapshot runs; None: a per-process temp dir."""
+    """Local directory for replicas of stores between snapshot runs; None: a per-process temp dir."""
     delete_batch_size: int = 1000
     """Paths per delete request (S3 DeleteObjects takes at most 1000)."""
     catalog_history_seconds: float = 86400.0

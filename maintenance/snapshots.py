@@ -1,12 +1,12 @@
 """Snapshot creation: bound the changelogs a load replays, without pausing the streaming job.
 
 For each store whose chain of changelogs since its last snapshot is at or above
-`snapshot_threshold`, rebuild its latest committed version in a warm local copy (`Replica`: only
+`snapshot_threshold`, rebuild its latest committed version in a local replica (`Replica`: only
 changelogs newer than the copy are replayed), upload the SST files the checkpoint location does not
 have yet (content-named, so shared SSTs are never uploaded twice) and write the manifest last.
 Stores run in parallel on a bounded pool, the longest chains first; each under its maintenance lease.
 
-Warm copies: `statekeeper.maintenance.warm_copies`; with ``build_processes`` set, they live in worker
+Replicas: `statekeeper.maintenance.replica_pool`; with ``build_processes`` set, they live in worker
 processes (`statekeeper.maintenance.build_processes`).
 """
 
@@ -23,11 +23,11 @@ from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.leasing import LeaseGuard, scan_under_leases, store_lease
 from statekeeper.maintenance.plan import StorePlan, plan_store
 from statekeeper.maintenance.replica import BuildStats
+from statekeeper.maintenance.replica_pool import check_work_dir, work_root
 from statekeeper.maintenance.reports import SnapshotReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshot_health import corrupt_ssts, mark_sound, newest_snapshot_problem
 from statekeeper.maintenance.snapshot_policy import crossing_version
-from statekeeper.maintenance.warm_copies import check_work_dir, work_root
 from statekeeper.store.errors import CheckpointFileExistsError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.layout import StoreId
@@ -211,7 +211,7 @@ def _snapshot_leased(
     if repair is not None:
         log.warning("store %s: %s; writing a fresh snapshot from a cold build", store, repair)
         plan = plan_store(inv, store, settings)  # a snapshot found unopenable is no base for the build
-    # a repair resets the warm copy: it may share the damaged files (hard links on local disk)
+    # a repair resets the replica: it may share the damaged files (hard links on local disk)
     request = build_request(fm, inv, plan, settings, reset=repair is not None)
     try:
         stats, result = _build(fm, request, settings, lease)
@@ -273,7 +273,7 @@ def build_request(
 def _build(
     fm: CheckpointFileManager, request: BuildRequest, settings: MaintenanceSettings, lease: LeaseGuard
 ) -> tuple[BuildStats, SnapshotResult]:
-    """Build the requested version in the store's warm copy and write its snapshot: here, or in the build
+    """Build the requested version in the store's replica and write its snapshot: here, or in the build
     process that holds the copy (``build_processes``); the lease is checked between the two either way."""
     if settings.build_processes:
         return build_processes(settings.build_processes).build(fm, request, lease.check)

@@ -23,7 +23,7 @@ MEMORY_ENV = "STATEKEEPER_MEMORY_MB"
 DEFAULT_CF = "default"
 MAX_MANIFEST_BYTES = 8 << 10
 """RocksDB's MANIFEST appends an edit at every flush and compaction and, by default, starts a new one only past
-1 GiB. A snapshot inlines it (`SnapshotManifest.db_files`), so a warm copy kept for days would write ever larger
+1 GiB. A snapshot inlines it (`SnapshotManifest.db_files`), so a replica kept for days would write ever larger
 snapshots, and a maintainer would cache ever larger manifests. Past this size the next edit starts a new
 MANIFEST holding just the live files (~100 bytes per SST)."""
 

@@ -61,7 +61,7 @@ def write_snapshot(
     """Snapshot `db`, which must hold exactly committed (version, checkpoint_id) of `store`.
 
     `existing_ssts` (remote names already uploaded) saves a listing; `hash_cache` maps
-    (local name, size) -> sha256 so a warm copy does not rehash SSTs it hashed before (RocksDB never
+    (local name, size) -> sha256 so a replica does not rehash SSTs it hashed before (RocksDB never
     rewrites an SST under the same number). An SST is named by the first 40 hex digits of its
     SHA-256; when that name holds a corrupt copy (`corrupt_ssts`, found by maintenance) the SST is
     uploaded under its full 64-digit digest instead, and a listed full-digest name is always

@@ -30,12 +30,12 @@ Where a maintainer's CPU goes (`statekeeper maintain` cycles, 16 stores x 10k ke
 commit, 2 commits per store per cycle, threshold 10; CPU of the maintainer only, cProfile with a
 thread-time clock, on the shared development machine): listing and classifying the root was ~40% while
 each of the three operations listed it (now once per cycle, `statekeeper.maintenance.loop`); replaying a
-1k-update changelog into a warm copy cost ~2 ms, nearly all of it RocksDB's skip-list memtable inserts
+1k-update changelog into a replica cost ~2 ms, nearly all of it RocksDB's skip-list memtable inserts
 (now a vector memtable, sorted once at flush: ~1 ms less); with the default SQLite catalog, catalog work
 (leases per store and operation, marking deleted files, the incremental sync after snapshots, run
 records) is about half of what is left. Measured per store-commit: 5.4-5.6 -> 4.2 ms without a catalog,
 8.6-9.3 -> 7.9 ms with it, then ~5 ms once a cycle took one lease per store and (since) all of them in
-one transaction. Beyond 32 stores each snapshot also reopened its warm copy's DB (~3 ms of CPU: the
+one transaction. Beyond 32 stores each snapshot also reopened its replica's DB (~3 ms of CPU: the
 process kept only 32 open); with a copy of every store open, 3.8 -> 1.7 ms per store-commit (`maintain`,
 fitted over 16-128 stores), i.e. 1,000 store-commits/s in 2 cores. What is left is mostly the snapshot:
 the flush of what was replayed (a sort of the vector memtable, ~6 ms per 10k updates), the replay itself,
@@ -58,7 +58,7 @@ selection and no asset selection is not a subset for it. With the expiry asset n
 4.99 -> 4.15 ms per store-commit at 128 stores (schedules off). Left per run as deployed (py-spy over the
 daemon's process tree, 128 stores): ~1.7 s of imports, mostly Dagster's, and ~0.8 s of Dagster's run and
 daemon machinery; the snapshots themselves cost what they cost in the loop, plus ~4 ms per store to
-reopen its warm copy in a fresh process. ``--fanout N`` compares stores snapshotted per second on a
+reopen its replica in a fresh process. ``--fanout N`` compares stores snapshotted per second on a
 Spark standalone cluster.
 
     python -m bench fleet                                   # the sweep in FULL (the lead's machine)
@@ -273,7 +273,7 @@ def tables(results: list[FleetResult], floor: float | None = None) -> list[Table
         model.notes.append(
             f"rocksdict floor = {floor * 1000:.3f} ms of CPU per store-commit, measured in this run before the "
             "fleets (`bench.fleet.floor`): the RocksDB work maintenance cannot avoid, on raw rocksdict with the "
-            "warm copies' options (each commit's updates written as one batch; every threshold commits a flush, a "
+            "replicas' options (each commit's updates written as one batch; every threshold commits a flush, a "
             "checkpoint, the SHA-256 and a copy of each new SST), no statekeeper code. It moves with the "
             "machine's speed as the maintainers do: compare runs by this ratio."
         )

@@ -33,7 +33,7 @@ log = logging.getLogger("bench.fleet")
 class DagsterMaintainer:
     """The code location's definitions over `roots` with `settings` as its maintenance resource and the catalog at
     `catalog_url`; `tick` evaluates the sensor once and executes the runs it requests in this process, so what a
-    process keeps across runs (the catalog's engine, the build processes and their warm copies) is kept."""
+    process keeps across runs (the catalog's engine, the build processes and their replicas) is kept."""
 
     def __init__(self, roots: str, settings: MaintenanceSettings, catalog_url: str) -> None:
         from dagster import DagsterInstance

@@ -6,7 +6,7 @@ copy in this process (a pool of `parallelism` threads) and of the other with the
 per-store executor (`statekeeper.maintenance.fanout.SparkEngine`) on a standalone cluster started on
 127.0.0.1 for the run (`testkit/spark.py`: `workers` workers of one core each). The
 session is created before the clock starts; the job, its tasks' Python workers and their cold
-builds are inside it. Both runs build cold (no warm copy): what a new maintainer of a fleet does first.
+builds are inside it. Both runs build cold (no replica): what a new maintainer of a fleet does first.
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ def build_fleet(root: str, p: FanoutParams, work: str) -> None:
 
 def run_fanout(p: FanoutParams) -> list[FanoutResult]:
     from statekeeper.maintenance.fanout import SparkEngine
+    from statekeeper.maintenance.replica_pool import close_replicas
     from statekeeper.maintenance.settings import MaintenanceSettings
     from statekeeper.maintenance.snapshots import create_snapshots
-    from statekeeper.maintenance.warm_copies import close_replicas
     from testkit.spark import StandaloneCluster, spark_env
 
     base = Path(tempfile.mkdtemp(prefix="statekeeper-fanout-"))

@@ -32,7 +32,7 @@ def rocksdict_floor(p: FleetParams, commits: int = 300) -> float:
     rng = random.Random(7)
     keyspace = [b"k%015d" % i for i in range(p.keys)]
     try:
-        db = open_db(os.path.join(work, "db"), bulk_replay=True)  # the warm copies' options
+        db = open_db(os.path.join(work, "db"), bulk_replay=True)  # the replicas' options
         try:
             wb = rd.WriteBatch(raw_mode=True)
             deque(map(wb.put, *_batch(keyspace, rng)), maxlen=0)

@@ -86,12 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--write-only", action="store_true", help="only write the versions (into --versions-dir)")
     parser.add_argument(
-        "--work-dir", type=Path, help="the maintainer's work_dir (its warm copies; default: beside the root)"
+        "--work-dir", type=Path, help="the maintainer's work_dir (its replicas; default: beside the root)"
     )
     parser.add_argument(
         "--scratch",
         type=Path,
-        help="where the root lives, and the versions and warm copies unless placed elsewhere (default: the temp "
+        help="where the root lives, and the versions and replicas unless placed elsewhere (default: the temp "
         "dir); /dev/shm keeps them in memory, so the run measures the maintainer, not this machine's disk",
     )
     parser.add_argument(

@@ -82,7 +82,7 @@ BYTES_PER_UPDATE = 90
 
 
 def memory_room(stores: int, versions: int, updates: int) -> bool:
-    """Whether `MEMORY` holds a row's versions, snapshots and warm copies (about 1.5x the versions)."""
+    """Whether `MEMORY` holds a row's versions, snapshots and replicas (about 1.5x the versions)."""
     if not MEMORY.is_dir():
         return False
     return shutil.disk_usage(MEMORY).free > 1.5 * stores * versions * updates * BYTES_PER_UPDATE
@@ -175,12 +175,12 @@ def run(quick: bool) -> list[Table]:
                 "1,000 updates a commit, the commit record per version as the driver writes it; retain max(20, T); "
                 "local root; catalog: the SQLite catalog, in the temp dir on disk, as `statekeeper maintain` keeps "
                 "one by default (`--catalog`); root disk: in the temp dir; memory: on the tmpfs /dev/shm (`--scratch "
-                "/dev/shm`: the root, the versions and the warm copies), where there is room.",
+                "/dev/shm`: the root, the versions and the replicas), where there is room.",
                 "Maintainer: `maintain`, one `statekeeper maintain` loop, a cycle every E s; `dagster`: "
                 "the code location's checkpoint sensor ticked every E s (start to start) and the runs it requests "
                 "(snapshots of the stores whose chains reached their points, with the expiry when a commit moved a "
                 "base, in one run), executed in the maintainer's process as the daemon would launch them but without "
-                "a process per run, so the build processes and their warm copies stay; the schedules on their "
+                "a process per run, so the build processes and their replicas stay; the schedules on their "
                 "default crons (none fires within a run); `daemon`: `dagster-daemon run` as deployed (`make run`'s "
                 "instance settings: its code server, a process per run started by the default run launcher, one run "
                 "of a root at a time), the sensor every E s, its CPU every process it started (its build processes are "

@@ -10,8 +10,8 @@ import pytest
 
 from statekeeper.maintenance.build_processes import close_build_processes
 from statekeeper.maintenance.inventory import clear_caches
+from statekeeper.maintenance.replica_pool import close_replicas
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.warm_copies import close_replicas
 from statekeeper.sql import Catalog
 from tests.maintenance.helpers import History
 

@@ -28,10 +28,10 @@ import pytest
 from statekeeper.maintenance.expiry import expire_versions
 from statekeeper.maintenance.inventory import Inventory, StoreFiles
 from statekeeper.maintenance.orphans import clean_orphans
+from statekeeper.maintenance.replica_pool import close_replicas
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import create_snapshots
 from statekeeper.maintenance.verify import verify_root
-from statekeeper.maintenance.warm_copies import close_replicas
 from tests.maintenance import writer_proc
 
 N, T, GRACE = 3, 4, 1.0

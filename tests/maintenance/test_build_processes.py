@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 import pytest
 
-from statekeeper.maintenance import warm_copies
+from statekeeper.maintenance import replica_pool
 from statekeeper.maintenance.build_processes import (
     BuildProcessError,
     BuildProcesses,
@@ -59,14 +59,14 @@ def test_build_processes_write_the_snapshots_the_threads_would(
     maintain(h.root, by_processes, every=0, cycles=4, on_cycle=after)
     assert snapshots == [len(h.stores)] * 4
     assert len(running_build_processes()) == 2  # the stores spread over both
-    assert not any(s.replica for s in warm_copies._slots.values()), "a warm copy was opened in the maintainer"
+    assert not any(s.replica for s in replica_pool._slots.values()), "a replica was opened in the maintainer"
     manifests = [p for p in all_files(h.root) if p.endswith(".manifest")]
     assert len(manifests) >= len(h.stores)
     assert verify_root(h.root, settings).ok
     h.check_loadable(h.retained(settings))
     # new workers without their copies build cold, from the snapshots they read (only then) from the root
     close_build_processes()
-    shutil.rmtree(warm_copies.work_root(settings))
+    shutil.rmtree(replica_pool.work_root(settings))
     (result,) = maintain(h.root, by_processes, every=0, cycles=1)
     (report,) = [r for r in result.reports if isinstance(r, SnapshotReport)]
     assert result.ok and report.cold_builds == len(h.stores), report
@@ -154,12 +154,12 @@ def _snapshots_in_a_run_process(root: str, settings: dict[str, Any], out: Any) -
     out.put((report.snapshots, report.warm_builds, report.errors, running_build_processes()))
 
 
-def test_a_run_process_started_by_multiprocessing_exits_and_leaves_its_warm_copies_to_the_next(
+def test_a_run_process_started_by_multiprocessing_exits_and_leaves_its_replicas_to_the_next(
     make_local_history: Callable[..., History], settings: MaintenanceSettings
 ) -> None:
     """multiprocessing ends a process it started by terminating its daemonic children (the build processes ignore
     SIGTERM) and joining them: unless the workers are told to stop first, the run's process never exits and its
-    workers keep every warm copy locked, so the next run's workers build each store in a temporary copy, cold."""
+    workers keep every replica locked, so the next run's workers build each store in a temporary copy, cold."""
     h = make_local_history(operators={"agg": 3})
     ctx = multiprocessing.get_context("spawn")
     warm_builds = []
@@ -185,7 +185,7 @@ def test_a_run_process_started_by_multiprocessing_exits_and_leaves_its_warm_copi
         assert not alive, f"build processes outlived their run: {alive}"
         assert (snapshots, errors) == (len(h.stores), [])
         warm_builds.append(warm)
-    assert warm_builds == [0, len(h.stores)], "the second run's workers took over the first run's warm copies"
+    assert warm_builds == [0, len(h.stores)], "the second run's workers took over the first run's replicas"
 
 
 def test_build_processes_end_with_a_maintainer_killed_with_sigkill(

@@ -331,13 +331,13 @@ def _root_lease_held(fm: Any, store: StoreId) -> bool:
     return bool(epochs) and epochs[-1].size > 0
 
 
-def test_a_fleet_keeps_a_warm_copy_of_every_store_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Forty stores checked out twice (two snapshot rounds of a fleet): each warm copy is created once and
+def test_a_fleet_keeps_a_replica_of_every_store_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forty stores checked out twice (two snapshot rounds of a fleet): each replica is created once and
     stays open, instead of a small fixed cap closing and reopening copies every round (~3 ms of CPU each);
     the cap follows the open-file limit."""
     import resource
 
-    from statekeeper.maintenance import warm_copies
+    from statekeeper.maintenance import replica_pool
     from statekeeper.maintenance.replica import Replica
     from statekeeper.store.files import open_file_manager
 
@@ -348,50 +348,50 @@ def test_a_fleet_keeps_a_warm_copy_of_every_store_open(tmp_path: Path, monkeypat
             created[store] += 1
             super().__init__(fm, store, directory)
 
-    monkeypatch.setattr(warm_copies, "Replica", CountedReplica)
+    monkeypatch.setattr(replica_pool, "Replica", CountedReplica)
     fm = open_file_manager((tmp_path / "root").as_uri())
     settings = MaintenanceSettings(work_dir=str(tmp_path / "work"))
     stores = [StoreId("fleet", p) for p in range(40)]
     try:
         for _ in range(2):
             for store in stores:
-                with warm_copies.checkout(fm, store, warm_copies.work_root(settings)):
+                with replica_pool.checkout(fm, store, replica_pool.work_root(settings)):
                     pass
         assert created == Counter(stores)
     finally:
-        warm_copies.close_replicas()
+        replica_pool.close_replicas()
     soft = {"value": 1024}
     monkeypatch.setattr(resource, "getrlimit", lambda _kind: (soft["value"], 4096))
-    assert warm_copies.open_replica_limit() == (1024 - 256) // warm_copies.FILES_PER_REPLICA
+    assert replica_pool.open_replica_limit() == (1024 - 256) // replica_pool.FILES_PER_REPLICA
     soft["value"] = 256
-    assert warm_copies.open_replica_limit() == 32
+    assert replica_pool.open_replica_limit() == 32
 
 
-def test_warm_copies_beyond_the_limit_are_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_replicas_beyond_the_limit_are_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past `open_replica_limit()` the least recently used copies close (their directories stay)."""
-    from statekeeper.maintenance import warm_copies
+    from statekeeper.maintenance import replica_pool
     from statekeeper.store.files import open_file_manager
 
-    monkeypatch.setattr(warm_copies, "open_replica_limit", lambda: 3)
+    monkeypatch.setattr(replica_pool, "open_replica_limit", lambda: 3)
     fm = open_file_manager((tmp_path / "root").as_uri())
     work = str(tmp_path / "work")
     stores = [StoreId("fleet", p) for p in range(5)]
     try:
         for store in stores:
-            with warm_copies.checkout(fm, store, work):
+            with replica_pool.checkout(fm, store, work):
                 pass
-        open_now = [key[2] for key, slot in warm_copies._slots.items() if slot.replica is not None]
+        open_now = [key[2] for key, slot in replica_pool._slots.items() if slot.replica is not None]
         assert open_now == stores[2:]
-        assert all(os.path.isdir(warm_copies.replica_dir(work, fm.root_uri, s)) for s in stores)
+        assert all(os.path.isdir(replica_pool.replica_dir(work, fm.root_uri, s)) for s in stores)
     finally:
-        warm_copies.close_replicas()
+        replica_pool.close_replicas()
 
 
 def test_a_long_running_maintainer_holds_what_its_root_holds(
     make_local_history: Callable[..., History], settings: MaintenanceSettings
 ) -> None:
     """Found by the 10-minute soak (RSS +8 MiB a minute): the parsed manifests and commit records of expired
-    versions stayed cached, as did the names of every SST found sound, and each snapshot of a warm copy inlined its
+    versions stayed cached, as did the names of every SST found sound, and each snapshot of a replica inlined its
     RocksDB MANIFEST, an edit longer at every flush (a cache of every path's kind went the same way; it is gone:
     classifying a path costs what the lookup did). Over many cycles of one loop the caches hold the files the root
     holds, and a snapshot's manifest stays as small as the store's metadata."""

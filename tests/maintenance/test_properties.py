@@ -17,9 +17,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from statekeeper.maintenance.expiry import expire_versions
 from statekeeper.maintenance.inventory import Inventory, clear_caches
 from statekeeper.maintenance.orphans import clean_orphans
+from statekeeper.maintenance.replica_pool import close_replicas
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import create_snapshots
-from statekeeper.maintenance.warm_copies import close_replicas
 from tests.maintenance.helpers import History, leftovers
 from tests.model_steps import CountedSteps, scaled
 
@@ -123,7 +123,7 @@ class MaintenanceMachine(CountedSteps, RuleBasedStateMachine):
         self.check(sorted({self.loadable_from, self.h.latest}))
 
     @rule()
-    def lose_the_warm_copies(self) -> None:
+    def lose_the_replicas(self) -> None:
         close_replicas()
         shutil.rmtree(self.work, ignore_errors=True)
         os.makedirs(self.work)

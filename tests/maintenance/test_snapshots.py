@@ -1,4 +1,4 @@
-"""Snapshot creation: loading from maintenance snapshots gives exactly the replayed state; warm copies
+"""Snapshot creation: loading from maintenance snapshots gives exactly the replayed state; replicas
 replay only new changelogs; only new SSTs are uploaded."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from typing import Any
 from statekeeper.maintenance.catalog_sync import rebuild_catalog, sync_catalog
 from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.replica import MARKER, host_boot_id
+from statekeeper.maintenance.replica_pool import close_replicas, replica_dir, work_root
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshots import create_snapshots
 from statekeeper.maintenance.sync_view import InventoryView
-from statekeeper.maintenance.warm_copies import close_replicas, replica_dir, work_root
 from statekeeper.sql import Catalog
 from statekeeper.store import StateStore, StoreConfig
 from tests.catalog_export import catalog_export
@@ -67,7 +67,7 @@ def test_second_snapshot_is_warm_and_uploads_only_new_ssts(
     second = create_snapshots(h.root, settings)
     assert second.ok, second.errors
     assert second.snapshots == 2 and second.warm_builds == 2 and second.cold_builds == 0
-    assert second.changelogs_replayed == 2 * 4, "a warm copy replays only the changelogs after it"
+    assert second.changelogs_replayed == 2 * 4, "a replica replays only the changelogs after it"
     assert second.ssts_reused > 0, "SSTs shared with the first snapshot are not uploaded again"
     inv = Inventory.scan(h.fm)
     for s in h.stores:
@@ -75,7 +75,7 @@ def test_second_snapshot_is_warm_and_uploads_only_new_ssts(
     assert _load_latest(h, str(tmp_path / "b")) == [9, 9]
 
 
-def test_warm_copy_is_reused_by_a_later_process_and_dropped_after_a_crash(
+def test_replica_is_reused_by_a_later_process_and_dropped_after_a_crash(
     make_history: Callable[..., History], settings: MaintenanceSettings
 ) -> None:
     h = make_history()

@@ -18,8 +18,8 @@ from dagster import DagsterInstance
 from statekeeper.maintenance.file_kinds import BATCH, CHANGELOG, HEARTBEAT
 from statekeeper.maintenance.inventory import Inventory, clear_caches
 from statekeeper.maintenance.plan import plan_root
+from statekeeper.maintenance.replica_pool import close_replicas
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.warm_copies import close_replicas
 from statekeeper.orchestration.assets import LINEAGE, ORPHANS, RETAINED, SNAPSHOTS
 from statekeeper.orchestration.config import OrchestrationConfig, parse_roots
 from statekeeper.orchestration.definitions import build_definitions

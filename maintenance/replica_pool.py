@@ -1,6 +1,6 @@
-"""The warm local copies of stores a maintainer process keeps open between snapshot runs.
+"""The local replicas of stores a maintainer process keeps open between snapshot runs.
 
-Warm copies live in ``<work_dir>/replicas/<root hash>/<operator>/<partition>``; this process keeps
+Replicas live in ``<work_dir>/replicas/<root hash>/<operator>/<partition>``; this process keeps
 up to `open_replica_limit()` of them open between runs (one per store of a fleet), and a later process
 reuses the directories.
 Without `work_dir` they live in a temp directory removed when the process exits.
@@ -30,10 +30,10 @@ from statekeeper.store.layout import StoreId
 log = logging.getLogger(__name__)
 
 MAX_OPEN_REPLICAS = 4096
-"""At most this many warm copies stay open in this process (fewer where the file limit is low: see
+"""At most this many replicas stay open in this process (fewer where the file limit is low: see
 `open_replica_limit`); older ones are closed (their directories stay)."""
 FILES_PER_REPLICA = 16
-"""File descriptors an open warm copy may hold (about 10: its DB's log, manifest, lock and SSTs, its lock)."""
+"""File descriptors an open replica may hold (about 10: its DB's log, manifest, lock and SSTs, its lock)."""
 
 
 @dataclass
@@ -84,7 +84,7 @@ def check_work_dir(fm: CheckpointFileManager, settings: MaintenanceSettings) -> 
 
 @contextmanager
 def checkout(fm: CheckpointFileManager, store: StoreId, work: str) -> Iterator[Replica]:
-    """The warm copy of `store` under the work directory `work` (`work_root`; opened on first use),
+    """The replica of `store` under the work directory `work` (`work_root`; opened on first use),
     exclusively for the block."""
     key = (work, fm.root_uri, store)
     with _registry_lock:
@@ -111,7 +111,7 @@ def checkout(fm: CheckpointFileManager, store: StoreId, work: str) -> Iterator[R
 
 
 def open_replica_limit() -> int:
-    """How many warm copies may stay open: one per store of a fleet up to `MAX_OPEN_REPLICAS`, within the
+    """How many replicas may stay open: one per store of a fleet up to `MAX_OPEN_REPLICAS`, within the
     process's open-file limit (a reopened copy costs ~3 ms of CPU per snapshot; at least 32 stay open)."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
@@ -121,16 +121,16 @@ def open_replica_limit() -> int:
 
 def raise_open_file_limit() -> None:
     """Raise this process's soft open-file limit to its hard limit (as servers that hold many files open
-    do), so a long-running maintainer keeps a warm copy of every store."""
+    do), so a long-running maintainer keeps a replica of every store."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = hard if hard != resource.RLIM_INFINITY else 1 << 20
     if soft == resource.RLIM_INFINITY or soft >= target:
         return
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        log.info("open-file limit %d -> %d: up to %d warm copies stay open", soft, target, open_replica_limit())
+        log.info("open-file limit %d -> %d: up to %d replicas stay open", soft, target, open_replica_limit())
     except (ValueError, OSError) as e:
-        log.info("open-file limit stays %d (%s): up to %d warm copies stay open", soft, e, open_replica_limit())
+        log.info("open-file limit stays %d (%s): up to %d replicas stay open", soft, e, open_replica_limit())
 
 
 def _evict() -> None:
@@ -160,7 +160,7 @@ def _evict() -> None:
 
 
 def close_replicas() -> None:
-    """Close every warm copy this process holds open (their directories stay for later runs)."""
+    """Close every replica this process holds open (their directories stay for later runs)."""
     with _registry_lock:
         slots = list(_slots.values())
         _slots.clear()
