@@ -35,7 +35,7 @@ from statekeeper.maintenance.expiry import expire_versions
 from statekeeper.maintenance.inventory import clear_caches
 from statekeeper.maintenance.replica_pool import close_replicas
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.formats.commit import CommitRecord

@@ -105,7 +105,7 @@ def build_statekeeper_state(root: Path, keys: int, partitions: int) -> None:
 def _snapshot_all(root: Path) -> None:
     """Snapshot every store, as maintenance keeps a running operator's state (not timed)."""
     from statekeeper.maintenance.settings import MaintenanceSettings
-    from statekeeper.maintenance.snapshots import create_snapshots
+    from statekeeper.maintenance.snapshot_builds import create_snapshots
 
     report = create_snapshots(root.as_uri(), MaintenanceSettings(snapshot_threshold=1))
     if report.errors:

@@ -1,6 +1,6 @@
 """Maintenance operations, usable without Dagster, and the `statekeeper` command line.
 
-- `statekeeper.maintenance.snapshots.create_snapshots`: snapshot stores whose changelog chain reached the threshold
+- `statekeeper.maintenance.snapshot_builds.create_snapshots`: snapshot stores whose chain reached the threshold
 - `statekeeper.maintenance.expiry.expire_versions`: keep the newest versions loadable, delete what none of them needs
 - `statekeeper.maintenance.orphans.clean_orphans`: delete losing attempts, unreferenced SSTs and unfinished writes
 - `statekeeper.maintenance.verify.verify_root`: check that every retained version is loadable

@@ -32,7 +32,7 @@ from statekeeper.maintenance.leasing import planned_store, scan_under_leases
 from statekeeper.maintenance.plan import StorePlan, plan_store
 from statekeeper.maintenance.reports import ExpiryReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshot_health import base_problem, proof_problem
+from statekeeper.maintenance.snapshot_checks import base_problem, proof_problem
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import StoreId

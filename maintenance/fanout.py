@@ -1,6 +1,6 @@
 """Snapshot and verify over many stores as one Spark job, for fleets beyond one maintenance process.
 
-The operations stay :func:`statekeeper.maintenance.snapshots.create_snapshots` and
+The operations stay :func:`statekeeper.maintenance.snapshot_builds.create_snapshots` and
 :func:`statekeeper.maintenance.verify.verify_root`: the driver lists the root, plans, records the run and
 syncs the catalog as the one-process engine does. :class:`SparkEngine` is only their per-store
 executor (`statekeeper.maintenance.executors`): the stores to work on are distributed over Spark's
@@ -26,7 +26,7 @@ from statekeeper.maintenance.executors import Row, StoreStep, StoreTask, parse_s
 from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.reports import SnapshotReport, VerifyReport
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import create_snapshots, snapshot_row
+from statekeeper.maintenance.snapshot_builds import create_snapshots, snapshot_row
 from statekeeper.maintenance.verify import VerifyOptions, verify_root, verify_row
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.extras import require
@@ -125,7 +125,7 @@ def _open_catalog(url: str | None) -> Catalog | None:
 def create_snapshots_on_spark(
     root_uri: str | CheckpointFileManager, settings: MaintenanceSettings, engine: SparkEngine, **kwargs: Any
 ) -> SnapshotReport:
-    """:func:`statekeeper.maintenance.snapshots.create_snapshots` with the stores' snapshots built on Spark
+    """:func:`statekeeper.maintenance.snapshot_builds.create_snapshots` with the stores' snapshots built on Spark
     executors (same keyword arguments; `progress` bars are not shown)."""
     return create_snapshots(root_uri, settings, executor=engine, **kwargs)
 

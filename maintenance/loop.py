@@ -40,7 +40,7 @@ from statekeeper.maintenance.orphans import clean_orphans
 from statekeeper.maintenance.replica_pool import raise_open_file_limit
 from statekeeper.maintenance.reports import Report, SnapshotReport
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.layout import StoreId

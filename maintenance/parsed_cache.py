@@ -148,7 +148,7 @@ class KnownSsts:
 
 
 SOUND_SSTS = KnownSsts()
-"""SSTs whose content matched its checksum in this process (`statekeeper.maintenance.snapshot_health`)."""
+"""SSTs whose content matched its checksum in this process (`statekeeper.maintenance.snapshot_checks`)."""
 CORRUPT_SSTS = KnownSsts()
 """SSTs whose content did not match: a fresh snapshot must not reuse their names (snapshot repair)."""
 PROVEN_SNAPSHOTS = KnownSsts()

@@ -80,7 +80,7 @@ class StorePlan:
     """Things worth knowing that are not problems (e.g. retention shortened by an earlier run)."""
     unproven_base: tuple[int, str] | None = None
     """The snapshot that would be the base but has not been proven to open yet (DESIGN invariant 14): the
-    base stays older until expiry proves it (`statekeeper.maintenance.snapshot_health.proof_problem`)."""
+    base stays older until expiry proves it (`statekeeper.maintenance.snapshot_checks.proof_problem`)."""
     retired: bool = False
     """A rescale down removed the store from its operator's layout, and no retained version of the
     operator names it any more: every committed file of it is expired."""

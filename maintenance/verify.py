@@ -33,7 +33,7 @@ from statekeeper.maintenance.plan import StorePlan, plan_store
 from statekeeper.maintenance.replica import Replica, content_digest
 from statekeeper.maintenance.reports import VerifyReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshot_health import proof_problem
+from statekeeper.maintenance.snapshot_checks import proof_problem
 from statekeeper.store.errors import CheckpointError, CorruptFileError, LineageError, StatekeeperError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.formats.changelog import ChangelogReader, Lineage

@@ -34,7 +34,7 @@ FLOAT_DECIMALS = 3
 
 
 class Report(Protocol):
-    """What every maintenance report offers (maintenance.snapshots / expiry / orphans / verify)."""
+    """What every maintenance report offers (maintenance.snapshot_builds / expiry / orphans / verify)."""
 
     def metadata(self) -> dict[str, int | float]: ...
 

@@ -58,7 +58,7 @@ def run_fanout(p: FanoutParams) -> list[FanoutResult]:
     from statekeeper.maintenance.fanout import SparkEngine
     from statekeeper.maintenance.replica_pool import close_replicas
     from statekeeper.maintenance.settings import MaintenanceSettings
-    from statekeeper.maintenance.snapshots import create_snapshots
+    from statekeeper.maintenance.snapshot_builds import create_snapshots
     from testkit.spark import StandaloneCluster, spark_env
 
     base = Path(tempfile.mkdtemp(prefix="statekeeper-fanout-"))

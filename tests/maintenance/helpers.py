@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.plan import plan_root
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.store import CommitLog, StateStore, StoreConfig
 from statekeeper.store.files import open_file_manager
 from statekeeper.store.layout import StoreId

@@ -14,7 +14,7 @@ from statekeeper.maintenance.file_kinds import CHANGELOG, FileEntry
 from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.orphans import clean_orphans
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.maintenance.verify import verify_root
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.files.s3.capabilities import PROBE_PREFIX

@@ -10,7 +10,7 @@ from statekeeper.maintenance.file_kinds import BATCH, FOREIGN, classify
 from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.orphans import clean_orphans
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.store.files import open_file_manager
 from statekeeper.store.layout import batch_path, commit_path, event_time_path
 from tests.maintenance.helpers import History, all_files

@@ -30,7 +30,7 @@ from statekeeper.maintenance.inventory import Inventory, StoreFiles
 from statekeeper.maintenance.orphans import clean_orphans
 from statekeeper.maintenance.replica_pool import close_replicas
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.maintenance.verify import verify_root
 from tests.maintenance import writer_proc
 

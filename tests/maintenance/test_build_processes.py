@@ -31,7 +31,7 @@ from statekeeper.maintenance.plan import plan_store
 from statekeeper.maintenance.reports import SnapshotReport
 from statekeeper.maintenance.root_leases import MaintenanceBusyError
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import build_request, create_snapshots
+from statekeeper.maintenance.snapshot_builds import build_request, create_snapshots
 from statekeeper.maintenance.verify import verify_root
 from statekeeper.store.layout import StoreId
 from tests.maintenance.helpers import History, all_files

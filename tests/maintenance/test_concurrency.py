@@ -14,7 +14,7 @@ from statekeeper.maintenance.expiry import expire_versions
 from statekeeper.maintenance.orphans import clean_orphans
 from statekeeper.maintenance.replica_pool import close_replicas
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.maintenance.verify import verify_root
 from statekeeper.store import StateStore, StoreConfig
 from statekeeper.store.errors import ConfigurationError

@@ -11,7 +11,7 @@ from statekeeper.maintenance.expiry import expire_versions
 from statekeeper.maintenance.file_kinds import classify
 from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.sql import Catalog
 from statekeeper.store import StateStore, StoreConfig
 from statekeeper.store.errors import LineageError

@@ -14,7 +14,7 @@ import pytest
 
 from statekeeper.maintenance.expiry import expire_versions
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.store import CorruptFileError, StateStore, StoreConfig, VersionExpiredError
 from statekeeper.store.layout import StoreId
 from statekeeper.store.load_plan import LoadPlan, LoadSource, Ref

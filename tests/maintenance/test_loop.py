@@ -395,9 +395,9 @@ def test_a_long_running_maintainer_holds_what_its_root_holds(
     RocksDB MANIFEST, an edit longer at every flush (a cache of every path's kind went the same way; it is gone:
     classifying a path costs what the lookup did). Over many cycles of one loop the caches hold the files the root
     holds, and a snapshot's manifest stays as small as the store's metadata."""
-    from statekeeper.maintenance import inventory, parsed_cache, snapshot_health
+    from statekeeper.maintenance import inventory, parsed_cache, snapshot_checks
 
-    snapshot_health.forget()  # what earlier tests' roots left
+    snapshot_checks.forget()  # what earlier tests' roots left
     inventory.clear_caches()
     h = make_local_history()
     manifest_sizes: list[int] = []

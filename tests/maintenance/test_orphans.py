@@ -15,7 +15,7 @@ from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.orphans import clean_orphans
 from statekeeper.maintenance.replica import Replica
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.sql import Catalog
 from statekeeper.store.files import LocalFileManager
 from statekeeper.store.files.s3 import S3FileManager

@@ -19,7 +19,7 @@ from statekeeper.maintenance.inventory import Inventory, clear_caches
 from statekeeper.maintenance.orphans import clean_orphans
 from statekeeper.maintenance.replica_pool import close_replicas
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.snapshot_builds import create_snapshots
 from tests.maintenance.helpers import History, leftovers
 from tests.model_steps import CountedSteps, scaled
 

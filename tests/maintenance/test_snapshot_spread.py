@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from statekeeper.maintenance.loop import CycleResult, maintain
 from statekeeper.maintenance.settings import MaintenanceSettings, SnapshotSchedule
-from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.store.errors import ConfigurationError
 from tests.cli_support import run_cli
 from tests.maintenance.helpers import History

@@ -22,8 +22,8 @@ import pytest
 from statekeeper.maintenance.expiry import expire_versions
 from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshot_health import forget
-from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.snapshot_builds import create_snapshots
+from statekeeper.maintenance.snapshot_checks import forget
 from statekeeper.maintenance.verify import verify_root
 from statekeeper.store import StateStore, StoreConfig
 from statekeeper.store.formats.snapshot import SnapshotManifest, SstFile

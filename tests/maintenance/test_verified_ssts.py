@@ -17,8 +17,8 @@ from typing import Any
 
 from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshot_health import VERIFIED_DIR, VerifiedSsts, checksum_problem
-from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.snapshot_builds import create_snapshots
+from statekeeper.maintenance.snapshot_checks import VERIFIED_DIR, VerifiedSsts, checksum_problem
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from tests.maintenance.helpers import History, clobber
 
@@ -27,8 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 MAINTAINER = """
 import json, sys
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import create_snapshots
-from statekeeper.maintenance.snapshot_health import ssts_hashed
+from statekeeper.maintenance.snapshot_builds import create_snapshots
+from statekeeper.maintenance.snapshot_checks import ssts_hashed
 
 root, settings = sys.argv[1], MaintenanceSettings(**json.loads(sys.argv[2]))
 report = create_snapshots(root, settings)

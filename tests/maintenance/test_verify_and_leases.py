@@ -11,7 +11,7 @@ from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.leasing import store_lease
 from statekeeper.maintenance.replica import Replica
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.maintenance.verify import verify_root
 from statekeeper.sql import Catalog
 from tests.maintenance.helpers import History, all_files, clobber, snapshotted_history

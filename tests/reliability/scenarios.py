@@ -31,7 +31,7 @@ from statekeeper.maintenance.expiry import expire_versions
 from statekeeper.maintenance.orphans import clean_orphans
 from statekeeper.maintenance.reports import Report as MaintenanceReport
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.maintenance.verify import verify_root
 from statekeeper.sql import Catalog
 from statekeeper.store import CommitLog, StateStore, StoreConfig, faults

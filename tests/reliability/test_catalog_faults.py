@@ -31,7 +31,7 @@ from statekeeper.maintenance import cli
 from statekeeper.maintenance.catalog_sync import rebuild_catalog, sync_catalog
 from statekeeper.maintenance.expiry import expire_versions
 from statekeeper.maintenance.orphans import clean_orphans
-from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.sql import Catalog, upgrade
 from statekeeper.sql.errors import CatalogError
 from statekeeper.store import faults

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from statekeeper.maintenance.replica_pool import close_replicas
-from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.store import CommitLog, StateStore, faults
 from statekeeper.store.errors import CheckpointWriteError
 from statekeeper.store.files import LocalFileManager

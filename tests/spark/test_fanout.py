@@ -90,7 +90,7 @@ def test_the_dagster_resource_selects_the_engine() -> None:
     import functools
 
     from statekeeper.maintenance.fanout import create_snapshots_on_spark, verify_root_on_spark
-    from statekeeper.maintenance.snapshots import create_snapshots
+    from statekeeper.maintenance.snapshot_builds import create_snapshots
     from statekeeper.orchestration.resources import MaintenanceConfig
 
     assert MaintenanceConfig().snapshot_operation() is create_snapshots

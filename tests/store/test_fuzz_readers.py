@@ -22,7 +22,7 @@ from typing import Any, cast
 import pytest
 
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.store.errors import CheckpointError, CorruptFileError
 from statekeeper.store.files import open_file_manager
 from statekeeper.store.formats.changelog import ChangelogReader

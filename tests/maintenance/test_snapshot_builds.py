@@ -14,7 +14,7 @@ from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.replica import MARKER, host_boot_id
 from statekeeper.maintenance.replica_pool import close_replicas, replica_dir, work_root
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshots import create_snapshots
+from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.maintenance.sync_view import InventoryView
 from statekeeper.sql import Catalog
 from statekeeper.store import StateStore, StoreConfig

@@ -1,4 +1,4 @@
-"""Snapshot creation: bound the changelogs a load replays, without pausing the streaming job.
+"""Snapshot builds: which stores a run snapshots and the build of each, bounding the changelogs a load replays.
 
 For each store whose chain of changelogs since its last snapshot is at or above
 `snapshot_threshold`, rebuild its latest committed version in a local replica (`Replica`: only
@@ -26,7 +26,7 @@ from statekeeper.maintenance.replica import BuildStats
 from statekeeper.maintenance.replica_pool import check_work_dir, work_root
 from statekeeper.maintenance.reports import SnapshotReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.maintenance.snapshot_health import corrupt_ssts, mark_sound, newest_snapshot_problem
+from statekeeper.maintenance.snapshot_checks import corrupt_ssts, mark_sound, newest_snapshot_problem
 from statekeeper.maintenance.snapshot_policy import crossing_version
 from statekeeper.store.errors import CheckpointFileExistsError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
