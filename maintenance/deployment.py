@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from statekeeper.store.errors import CheckpointFileExistsError, CorruptFileError, StatekeeperError
 from statekeeper.store.files import CheckpointFileManager
+from statekeeper.store.formats.framing import parse_json
 from statekeeper.store.layout import DEPLOYMENT_FILE
 
 if TYPE_CHECKING:
@@ -54,13 +55,13 @@ def recorded_catalog(fm: CheckpointFileManager) -> str | None:
     try:
         if len(data) > MAX_BYTES:
             raise ValueError(f"longer than {MAX_BYTES} bytes")
-        doc = json.loads(data)
+        doc = parse_json(data, "", "deployment record")
         url = doc.get("catalog_url") if isinstance(doc, dict) and doc.get("format") == FORMAT else None
         if not isinstance(url, str) or not url or len(url) > 1024:
             raise ValueError("no catalog_url")
         return url
-    except ValueError as e:
-        raise CorruptFileError(f"unreadable deployment record ({e})", uri) from None
+    except (ValueError, CorruptFileError) as e:
+        raise CorruptFileError(f"unreadable deployment record ({str(e)[:300]})", uri) from None
 
 
 def record_catalog(fm: CheckpointFileManager, url: str | URL) -> None:

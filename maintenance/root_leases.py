@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 from statekeeper.store.errors import CheckpointFileExistsError, CorruptFileError, StatekeeperError
 from statekeeper.store.files import CheckpointFileManager, FileInfo
+from statekeeper.store.formats.framing import parse_json
 from statekeeper.store.layout import LEASES_DIR, StoreId, lease_dir, lease_path, parse_lease_name
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ class HoldRecord:
         try:
             if len(data) > MAX_RECORD_BYTES:
                 raise ValueError(f"longer than {MAX_RECORD_BYTES} bytes")
-            doc = json.loads(data)
+            doc = parse_json(data, "", "lease record")
             if not isinstance(doc, dict) or doc.get("format") != "statekeeper-lease" or doc.get("version") != 1:
                 raise ValueError("not a statekeeper lease record of version 1")
             owner, token, got, expires = doc["owner"], doc["token"], doc["epoch"], doc["expires_at"]
@@ -92,9 +93,9 @@ class HoldRecord:
             if got != epoch or not isinstance(expires, int | float) or isinstance(expires, bool):
                 raise ValueError("bad epoch or expiry")
             return cls(owner, token, epoch, float(expires))
-        except (ValueError, KeyError, TypeError) as e:
+        except (ValueError, KeyError, TypeError, CorruptFileError) as e:
             raise CorruptFileError(
-                f"unreadable maintenance lease ({e}); delete it if no maintainer runs", uri
+                f"unreadable maintenance lease ({str(e)[:300]}); delete it if no maintainer runs", uri
             ) from None
 
 

@@ -195,8 +195,8 @@ def from_json_value(value: Any) -> DataType:
 def from_json(text: str | bytes) -> DataType:
     try:
         return from_json_value(json.loads(text))
-    except (ValueError, KeyError, TypeError) as e:
-        raise SchemaError(f"unreadable schema record {text!r}: {e}") from e
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:  # stored bytes: untrusted
+        raise SchemaError(f"unreadable schema record {text[:200]!r}: {str(e)[:200]}") from e
 
 
 # -- DDL ---------------------------------------------------------------------------------------

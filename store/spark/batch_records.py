@@ -21,12 +21,44 @@ from statekeeper.store.errors import (
     CheckpointFileExistsError,
     CheckpointFileNotFoundError,
     ConfigurationError,
+    CorruptFileError,
     StatekeeperError,
 )
 from statekeeper.store.files import CheckpointFileManager
+from statekeeper.store.formats.framing import parse_json
 from statekeeper.store.key_groups import KeyGroupLayout
 from statekeeper.store.layout import StoreId, batch_path
 from statekeeper.store.spark.metrics import PartitionMetrics
+
+MAX_PARTITIONS = 10_000
+"""The most partitions a query may run (the driver's `num_partitions` limit); a batch file claiming more is corrupt."""
+MAX_RECORD_BYTES = 4096
+"""A batch file or event-time record is a few dozen bytes; a longer one is refused unparsed (checkpoint
+content is untrusted, DESIGN invariant 12)."""
+
+
+def read_json_record(
+    fm: CheckpointFileManager, path: str, what: str, ints: tuple[str, ...], optional: tuple[str, ...] = ()
+) -> dict[str, Any] | None:
+    """The JSON object at `path` (None: no such file), its `ints` fields present and integers (`optional` ones
+    integers or null); anything else (too long, not JSON, too deep, wrong shape) is a `CorruptFileError`
+    naming the file, never a raw decoding error (the driver's small records are checkpoint content too)."""
+    try:
+        data = fm.read_bytes(path)
+    except (FileNotFoundError, CheckpointFileNotFoundError):
+        return None
+    uri = f"{fm.root_uri.rstrip('/')}/{path}"
+    if len(data) > MAX_RECORD_BYTES:
+        raise CorruptFileError(f"{what} has {len(data)} bytes, above the {MAX_RECORD_BYTES}-byte limit", uri)
+    doc = parse_json(data, uri, what)
+    if not isinstance(doc, dict):
+        raise CorruptFileError(f"{what} is not a JSON object", uri)
+    for key in (*ints, *optional):
+        value = doc.get(key)
+        if (value is None and key in optional) or (type(value) is int and -(1 << 63) <= value < 1 << 63):
+            continue
+        raise CorruptFileError(f"{what}: field {key!r} is missing or not a 64-bit integer", uri)
+    return doc
 
 
 class UploadTimeoutError(StatekeeperError):
@@ -44,18 +76,18 @@ class BatchRecords:
     def _batch_file(self, batch_id: int) -> dict[str, Any] | None:
         # owned by the version the batch commits: maintenance expires it with that commit record
         path = batch_path(self.operator, batch_id)
-        try:
-            data: dict[str, Any] = json.loads(self.fm.read_bytes(path))
-        except (FileNotFoundError, CheckpointFileNotFoundError):
-            return None
-        except ValueError as e:
-            raise ConfigurationError(f"unreadable batch file {self.fm.root_uri}/{path}: {e}") from e
-        return data
+        return read_json_record(self.fm, path, "batch file", ("timestamp_ms", "num_partitions"))
 
     def intent_partitions(self, batch_id: int) -> int | None:
         """The partition count the batch's first attempt ran with (None before its first attempt)."""
         data = self._batch_file(batch_id)
-        return int(data["num_partitions"]) if data else None
+        if data is None:
+            return None
+        n = int(data["num_partitions"])
+        if not 1 <= n <= MAX_PARTITIONS:
+            uri = f"{self.fm.root_uri.rstrip('/')}/{batch_path(self.operator, batch_id)}"
+            raise CorruptFileError(f"batch file: num_partitions {n} is outside [1, {MAX_PARTITIONS}]", uri)
+        return n
 
     def batch_timestamp(self, batch_id: int, n: int) -> int:
         """The batch's processing time, recorded before its first attempt and reused by re-runs."""
@@ -117,4 +149,4 @@ class BatchRecords:
             ) from e
 
 
-__all__ = ["BatchRecords", "UploadTimeoutError"]
+__all__ = ["MAX_RECORD_BYTES", "BatchRecords", "UploadTimeoutError", "read_json_record"]

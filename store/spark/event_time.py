@@ -27,10 +27,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from statekeeper.store.errors import CheckpointFileExistsError, CheckpointFileNotFoundError, ConfigurationError
+from statekeeper.store.errors import CheckpointFileExistsError, ConfigurationError
 from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.layout import event_time_path
 from statekeeper.store.spark.api import TimerValues
+from statekeeper.store.spark.batch_records import read_json_record
 from statekeeper.store.spark.time_mode import TimeMode
 
 log = logging.getLogger(__name__)
@@ -195,12 +196,9 @@ class WatermarkLog:
         return event_time_path(self.operator, batch_id)
 
     def read(self, batch_id: int) -> tuple[int, int | None] | None:
-        try:
-            data = json.loads(self.fm.read_bytes(self.path(batch_id)))
-        except (FileNotFoundError, CheckpointFileNotFoundError):
+        data = read_json_record(self.fm, self.path(batch_id), "event-time record", ("watermark_ms",), ("max_event_ms",))
+        if data is None:
             return None
-        except ValueError as e:
-            raise ConfigurationError(f"unreadable event-time file {self.fm.root_uri}/{self.path(batch_id)}: {e}") from e
         m = data.get("max_event_ms")
         return int(data["watermark_ms"]), None if m is None else int(m)
 

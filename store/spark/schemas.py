@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from statekeeper.store.errors import CorruptFileError
+from statekeeper.store.formats.framing import parse_json
 from statekeeper.store.formats.typed_codec import ListCodec, RowFactory, ValueCodec
 from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import DataType, SchemaError, from_json, from_json_value, projector
@@ -87,7 +89,7 @@ def read_record(meta: ColumnFamily, name: str) -> VariableRecord | None:
     if raw is None:
         return None
     try:
-        doc = json.loads(raw)
+        doc = parse_json(raw, f"the record of state variable {name!r}")
         uk = doc.get("user_key_schema")
         record = VariableRecord(
             kind=str(doc["kind"]),
@@ -95,8 +97,8 @@ def read_record(meta: ColumnFamily, name: str) -> VariableRecord | None:
             schema_id=int(doc.get("schema_id", 0)),
             user_key_schema=None if uk is None else from_json_value(uk),
         )
-    except (ValueError, KeyError, TypeError) as e:
-        raise CorruptStateError(f"the record of state variable {name!r} is unreadable: {e}") from None
+    except (CorruptFileError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:  # untrusted
+        raise CorruptStateError(f"the record of state variable {name!r} is unreadable: {str(e)[:200]}") from None
     prefix = SCHEMA_PREFIX + name.encode() + b"/"
     for k, v in meta.items(prefix=prefix):
         if len(k) != len(prefix) + 4:
@@ -131,7 +133,12 @@ def variable_names(meta: ColumnFamily) -> list[str]:
 
 def read_grouping_key(meta: ColumnFamily) -> DataType | None:
     raw = meta.get(GROUPING_KEY)
-    return None if raw is None else from_json(raw)
+    if raw is None:
+        return None
+    try:
+        return from_json(raw)
+    except SchemaError as e:  # stored bytes, not a setting: a corrupt state, named
+        raise CorruptStateError(f"the grouping key's schema is unreadable: {e}") from None
 
 
 def read_max_key_groups(meta: ColumnFamily) -> int | None:
