@@ -179,12 +179,19 @@ def _plan_store(inv: Inventory, store: StoreId, settings: MaintenanceSettings, n
             for v, cid in plan.intact_snapshots.items()
             if v <= newest and now - files.manifests[(v, cid)].mtime >= load_grace
         ]
-        # A snapshot is a base only once proven to open (invariant 14): until then the older base stays.
+        # A snapshot is a base only once proven to open (invariant 14): until then the older base stays. The
+        # commit records below the oldest one left were expired by a maintainer whose bases were proven, and
+        # nothing older than them loads any more: a snapshot at or above that version is a base as it is.
+        expired_below = inv.oldest_record or 1
+
+        def base_ready(v: int) -> bool:
+            return files.manifests[(v, committed[v])].path in proven or v >= expired_below > 1
+
         candidate = max([*settled, *(v for v in plan.full_state if v <= newest)], default=0)
-        if candidate in plan.intact_snapshots and files.manifests[(candidate, committed[candidate])].path not in proven:
+        if candidate in plan.intact_snapshots and not base_ready(candidate):
             plan.unproven_base = (candidate, committed[candidate])
         full = [v for v in plan.full_state if v <= newest]
-        b = max([*(v for v in settled if files.manifests[(v, committed[v])].path in proven), *full], default=0)
+        b = max([*(v for v in settled if base_ready(v)), *full], default=0)
         plan.base = (b, plan.intact_snapshots.get(b) or plan.full_state[b]) if b else None
         if plan.unproven_base is not None and b < candidate:
             plan.notes.append(
