@@ -45,7 +45,7 @@ from statekeeper.sql.models import (
     KIND_MANIFEST,
 )
 from statekeeper.store.errors import CheckpointError, ConfigurationError, StatekeeperError
-from statekeeper.store.files import CheckpointFileManager, FileInfo, open_file_manager
+from statekeeper.store.files import CheckpointFileManager, FileInfo, normalize_root_uri, open_file_manager
 from statekeeper.store.formats.changelog import read_header
 from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.formats.snapshot import SnapshotManifest
@@ -449,7 +449,7 @@ def _open(root: str | CheckpointFileManager) -> CheckpointFileManager:
 
 def root_uri(root: str | CheckpointFileManager) -> str:
     """The normalised URI under which the catalog knows `root` (the file manager's `root_uri`)."""
-    return _open(root).root_uri
+    return root.root_uri if isinstance(root, CheckpointFileManager) else normalize_root_uri(root)
 
 
 def sync_catalog(

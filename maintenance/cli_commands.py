@@ -115,10 +115,10 @@ def show_progress(args: argparse.Namespace) -> bool:
 
 
 def catalog_root(args: argparse.Namespace) -> str:
-    """The root's URI as the catalog names it (normalized by its file manager)."""
-    from statekeeper.store.files import open_file_manager
+    """The root's URI as the catalog names it (`normalize_root_uri`)."""
+    from statekeeper.store.files import normalize_root_uri
 
-    return open_file_manager(args.root).root_uri
+    return normalize_root_uri(args.root)
 
 
 # -- maintenance operations -------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from statekeeper.maintenance.root_leases import (
     default_owner,
 )
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.store.files import CheckpointFileManager, open_file_manager
+from statekeeper.store.files import CheckpointFileManager, normalize_root_uri, open_file_manager
 from statekeeper.store.layout import StoreId
 
 if TYPE_CHECKING:
@@ -189,7 +189,7 @@ its own leases and is excluded by them as before."""
 
 
 def _root_uri(root: str | CheckpointFileManager) -> str:
-    return root.root_uri if isinstance(root, CheckpointFileManager) else open_file_manager(root).root_uri
+    return root.root_uri if isinstance(root, CheckpointFileManager) else normalize_root_uri(root)
 
 
 @contextmanager

@@ -54,6 +54,7 @@ from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStora
 from statekeeper.sql import Catalog, NotInCatalogError, StoreChain
 from statekeeper.sql.models import utcnow
 from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.layout import StoreId
 
 GROUP = "statekeeper"
@@ -109,7 +110,7 @@ a second or more after the last): an asset's run and the checks after it reuse t
 
 
 def sync_lineage(
-    catalog: Catalog, storage: CheckpointStorage, root: str, *, fresh_within: float = 0.0, list_stores: bool = True
+    catalog: Catalog, fm: CheckpointFileManager, *, fresh_within: float = 0.0, list_stores: bool = True
 ) -> Any:
     """An incremental catalog sync, not recorded as a run (it keeps chain lengths and checks current);
     none when the root's last sync is younger than `fresh_within` seconds. Without `list_stores`, only the
@@ -117,7 +118,6 @@ def sync_lineage(
     sync the snapshots they write), without listing every store's directories."""
     from statekeeper.maintenance.catalog_sync import sync_catalog
 
-    fm = storage.file_manager(root)
     if fresh_within > 0 and _synced_within(catalog, fm.root_uri, fresh_within):
         return None
     return sync_catalog(catalog, fm, raise_on_error=False, stores=None if list_stores else ())
@@ -260,14 +260,14 @@ def maintain_root(
     with catalog.session() as cat:
         # the chains the run finds: the new commit records, however recent the last sync (a root new to the
         # catalog is listed whole, once)
-        sync_lineage(cat, storage, root, list_stores=False)
+        sync_lineage(cat, fm, list_stores=False)
         before = chains_of(cat, root)
         with _run_leases(asset_name, cat, root, maintenance, settings, kwargs):
             report = operation(fm, settings, catalog=cat, orchestrator_run_id=run_id, **kwargs)
         catalog_run = ensure_recorded(
             cat, root, KINDS[asset_name], run_id, since, report, dry_run=bool(kwargs.get("dry_run"))
         )
-        sync_lineage(cat, storage, root, fresh_within=FRESH_SYNC_SECONDS, list_stores=False)  # chains as they are now
+        sync_lineage(cat, fm, fresh_within=FRESH_SYNC_SECONDS, list_stores=False)  # chains as they are now
         chains = cat.chain_lengths(root)
         size = root_size(cat, root)
     md = report_metadata(report)

@@ -44,7 +44,7 @@ CHECK_NAMES = (LOADABLE, CHAINS, CHAINS_BOUNDED, NO_ORPHANS)
 
 
 def _root(context: AssetCheckExecutionContext, storage: CheckpointStorage) -> str:
-    return storage.file_manager(context.partition_key).root_uri
+    return storage.root_uri(context.partition_key)
 
 
 def found_max(metadata: Mapping[str, MetadataValue]) -> int | None:
@@ -79,7 +79,8 @@ def chain_check(
     bounded = name == CHAINS_BOUNDED
     limit = chain_bound(threshold) if bounded else threshold
     with catalog.session() as cat:
-        sync_lineage(cat, storage, root, fresh_within=FRESH_SYNC_SECONDS, list_stores=False)  # the asset's run's
+        fm = storage.file_manager(root)
+        sync_lineage(cat, fm, fresh_within=FRESH_SYNC_SECONDS, list_stores=False)  # the asset's run's
         chains = cat.chain_lengths(root)
     over = [c for c in chains if c.chain_length > limit]
     md = chain_stats(chains, threshold, "_after")
@@ -128,9 +129,10 @@ def loadability(
 ) -> tuple[bool, dict[str, MetadataValue]]:
     """Whether every retained version of every store of `root` is loadable, with the verification's metadata
     (`retained_versions_loadable`, run by the asset's job or by `verification_job`)."""
+    fm = storage.file_manager(root)  # opened once: the sync and the verification share it
     with catalog.session() as cat:
-        sync_lineage(cat, storage, root)
-        report = maintenance.verify_operation()(root, maintenance.settings(), catalog=cat)
+        sync_lineage(cat, fm)
+        report = maintenance.verify_operation()(fm, maintenance.settings(), catalog=cat)
     errors = report_errors(report)
     md = numeric(report.metadata())
     md["errors"] = MetadataValue.int(len(errors))
@@ -211,11 +213,11 @@ def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition
         ) -> AssetCheckResult:
             from statekeeper.maintenance.orphans import clean_orphans
 
-            root = _root(context, storage)
+            fm = storage.file_manager(context.partition_key)
             with catalog.session() as cat:
-                sync_lineage(cat, storage, root)
+                sync_lineage(cat, fm)
                 report = clean_orphans(
-                    root,
+                    fm,
                     maintenance.settings(),
                     catalog=cat,
                     orchestrator_run_id=context.op_execution_context.run_id,

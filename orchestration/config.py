@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from statekeeper.store.errors import ConfigurationError
-from statekeeper.store.files import open_file_manager
+from statekeeper.store.files import normalize_root_uri
 
 ENV_ROOTS = "STATEKEEPER_CHECKPOINT_ROOTS"
 ENV_DB_URL = "STATEKEEPER_DB_URL"
@@ -79,7 +79,7 @@ def default_roots() -> tuple[str, ...]:
 def normalize_root(root: str, source: str = ENV_ROOTS) -> str:
     """The URI under which the file manager (and so the catalog) knows `root`: file:///abs or s3://b/p."""
     try:
-        return open_file_manager(root.strip()).root_uri
+        return normalize_root_uri(root.strip())
     except ConfigurationError as e:
         raise ConfigurationError(f"invalid checkpoint root {root!r} in {source}: {e}") from None
 

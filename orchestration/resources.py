@@ -60,11 +60,17 @@ class CheckpointStorage(ConfigurableResource):  # type: ignore[type-arg]
             opts["region_name"] = self.s3_region
         return opts
 
+    def root_uri(self, root: str) -> str:
+        """The normalised URI of `root`, which must be one of the configured roots (no file manager opened)."""
+        uri = normalize_root(root, "the partition key")
+        configured = self.root_uris()
+        if uri not in configured:
+            raise ConfigurationError(f"checkpoint root {root!r} is not configured; configured: {configured}")
+        return uri
+
     def file_manager(self, root: str) -> CheckpointFileManager:
         """The file manager of `root`, which must be one of the configured roots."""
-        uri = normalize_root(root, "the partition key")
-        if uri not in self.root_uris():
-            raise ConfigurationError(f"checkpoint root {root!r} is not configured; configured: {self.root_uris()}")
+        uri = self.root_uri(root)
         return open_file_manager(uri, **self.s3_options(uri))
 
 

@@ -49,7 +49,7 @@ def verify_retained_versions(
     catalog: CatalogDatabase,
     maintenance: MaintenanceConfig,
 ) -> None:
-    root = storage.file_manager(config.root).root_uri
+    root = storage.root_uri(config.root)
     passed, md = loadability(storage, catalog, maintenance, root)
     # `log_event` records an AssetCheckEvaluation in the run's event log (its annotation omits the type)
     context.log_event(

@@ -26,11 +26,11 @@ def test_a_sync_younger_than_fresh_within_is_reused_and_an_older_one_is_not(tmp_
     try:
         writer.commit(2)
         with CatalogDatabase(url=f"sqlite:///{tmp_path / 'c.db'}").session() as cat:
-            assert sync_lineage(cat, storage, root) is not None
+            assert sync_lineage(cat, storage.file_manager(root)) is not None
             writer.commit(1)
-            assert sync_lineage(cat, storage, root, fresh_within=60.0) is None  # the sync just made stands
+            assert sync_lineage(cat, storage.file_manager(root), fresh_within=60.0) is None  # the sync just made stands
             assert {c.latest_version for c in cat.chain_lengths(root)} == {2}
-            assert sync_lineage(cat, storage, root, fresh_within=1e-9) is not None
+            assert sync_lineage(cat, storage.file_manager(root), fresh_within=1e-9) is not None
             assert {c.latest_version for c in cat.chain_lengths(root)} == {3}
     finally:
         writer.close()
