@@ -53,6 +53,7 @@ from statekeeper.store.snapshot import read_manifest
 
 log = logging.getLogger(__name__)
 
+SPECIAL_WHY = "not a regular file (a symlink, FIFO or device): never opened; remove it or restore the file"
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -222,12 +223,14 @@ class Inventory:
                 prefixes = [f"{COMMITS_DIR}/", *(f"{s.prefix}/" for s in sorted(stores, key=_store_key))]
             for prefix in prefixes:
                 inv.listings += 1
-                published, unfinished = _listing(fm, prefix)
+                published, unfinished, specials = _listing(fm, prefix)
                 for info in published:
                     inv._add(FileEntry(info.path, "", info.size, info.mtime), temp_listing=False)
                     bar.update(1)
                 for entry in unfinished:
                     inv._add(entry, temp_listing=True)
+                for path in specials:
+                    inv._special(path)
             if stores is not None:
                 for s in stores:
                     inv.stores.setdefault(s, StoreFiles(s))
@@ -264,7 +267,10 @@ class Inventory:
         files = StoreFiles(store)
         prefix = f"{store.prefix}/"
         self.listings += 1
-        published, unfinished = _listing(self.fm, prefix)
+        published, unfinished, specials = _listing(self.fm, prefix)
+        for path in specials:
+            if classify(path).store == store:
+                files.unreadable[path] = SPECIAL_WHY
         for info in published:
             entry = self._entry(FileEntry(info.path, "", info.size, info.mtime), temp_listing=False)
             if entry.store == store:
@@ -351,6 +357,17 @@ class Inventory:
             self.temps.append(entry)
         else:
             self.foreign.append(entry)
+
+    def _special(self, path: str) -> None:
+        """A symlink, FIFO or device where a file is listed: reported as unreadable (never opened), so a
+        FIFO named like a retained changelog is a named problem, not a file that looks missing."""
+        k = classify(path)
+        if k.store is not None:
+            self.stores.setdefault(k.store, StoreFiles(k.store)).unreadable[path] = SPECIAL_WHY
+        elif k.kind in (COMMIT, BATCH):
+            self.unreadable[path] = SPECIAL_WHY
+        else:
+            log.warning("%s/%s: %s", self.root_uri, path, SPECIAL_WHY)
 
     def _read_commits(self, entries: list[FileEntry]) -> None:
         todo = []
@@ -508,17 +525,20 @@ def _store_key(s: StoreId) -> tuple[str, int]:
     return (s.operator, s.partition)
 
 
-def _listing(fm: CheckpointFileManager, prefix: str) -> tuple[list[FileInfo], list[FileEntry]]:
-    """The published files under `prefix`, then the unfinished writes there: a local root's temp files (from
-    the same walk of its directories) or S3's incomplete multipart uploads (duck-typed per backend)."""
+def _listing(fm: CheckpointFileManager, prefix: str) -> tuple[list[FileInfo], list[FileEntry], list[str]]:
+    """The published files under `prefix`, the unfinished writes there (a local root's temp files, from the
+    same walk of its directories, or S3's incomplete multipart uploads; duck-typed per backend), and a local
+    root's special entries (symlinks, FIFOs, devices), which S3 cannot hold."""
     with_temps = getattr(fm, "list_with_temp_files", None)
     if callable(with_temps):
-        published, temps = with_temps(prefix)
-        return published, [FileEntry(t.path, TEMP, t.size, t.mtime) for t in temps]
+        specials: list[str] = []
+        published, temps = with_temps(prefix, specials=specials)
+        return published, [FileEntry(t.path, TEMP, t.size, t.mtime) for t in temps], specials
     published = list(fm.list(prefix))
     list_uploads = getattr(fm, "list_incomplete_uploads", None)
     uploads = list_uploads(prefix) if callable(list_uploads) else []
-    return published, [FileEntry(u.path, UPLOAD, 0, float(u.initiated), upload_id=u.upload_id) for u in uploads]
+    unfinished = [FileEntry(u.path, UPLOAD, 0, float(u.initiated), upload_id=u.upload_id) for u in uploads]
+    return published, unfinished, []
 
 
 def check_root(fm: CheckpointFileManager) -> None:

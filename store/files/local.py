@@ -36,6 +36,7 @@ _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getat
 """A reader never follows a symlink at the file's own name and never blocks opening it (a FIFO)."""
 _DIRS_REMEMBERED = 4096
 FileInfos = list[FileInfo]  # spelled here: inside `LocalFileManager`, `list` is its method
+Paths = list[str]
 
 
 def temp_name_for(final_name: str) -> str:
@@ -137,11 +138,12 @@ class _LocalOutput(PublishOnExit):
 
 
 def _sorted_entries(
-    directory: str, rel: str, name_prefix: str, temps: FileInfos | None = None
+    directory: str, rel: str, name_prefix: str, temps: FileInfos | None = None, specials: list[str] | None = None
 ) -> list[tuple[str, os.DirEntry[str], bool]]:
     """(path relative to the root, entry, is a directory) of `directory`'s published entries whose name
     starts with `name_prefix`, in key order (a directory sorts as its name + "/", as S3 lists keys); the
-    temp files among them are appended to `temps` if given."""
+    temp files among them are appended to `temps` if given, the special entries (never listed nor opened) to
+    `specials` if given, else logged."""
     try:
         entries = list(os.scandir(directory))
     except (FileNotFoundError, NotADirectoryError):
@@ -159,7 +161,10 @@ def _sorted_entries(
             continue
         is_dir = e.is_dir(follow_symlinks=False)
         if not is_dir and not e.is_file(follow_symlinks=False):  # d_type: no system call
-            log.warning("skipping %s: not a regular file or directory (a symlink, FIFO or device)", e.path)
+            if specials is not None:
+                specials.append(f"{rel}/{e.name}" if rel else e.name)
+            else:
+                log.warning("skipping %s: not a regular file or directory (a symlink, FIFO or device)", e.path)
             continue
         sort_name = e.name + "/" if is_dir else e.name
         keyed.append((f"{rel}/{sort_name}" if rel else sort_name, e, is_dir))
@@ -371,22 +376,29 @@ class LocalFileManager:
         base = os.path.join(self._root, base_rel) if base_rel else self._root
         yield from self._walk(base, base_rel, name_prefix, start_after)
 
-    def list_with_temp_files(self, prefix: str = "") -> tuple[FileInfos, FileInfos]:
-        """What `list(prefix)` lists, and the temp files under `prefix` (`list_temp_files`), from one walk."""
+    def list_with_temp_files(self, prefix: str = "", specials: Paths | None = None) -> tuple[FileInfos, FileInfos]:
+        """What `list(prefix)` lists, and the temp files under `prefix` (`list_temp_files`), from one walk; the
+        paths of special entries (symlinks, FIFOs, devices: never listed) are appended to `specials` if given."""
         validate_prefix(prefix)
         fault_point("local.list", prefix)
         base_rel, _, name_prefix = prefix.rpartition("/")
         base = os.path.join(self._root, base_rel) if base_rel else self._root
         temps: FileInfos = []
-        published = [*self._walk(base, base_rel, name_prefix, None, temps)]
+        published = [*self._walk(base, base_rel, name_prefix, None, temps, specials)]
         return published, temps
 
     def _walk(
-        self, directory: str, rel: str, name_prefix: str, start_after: str | None, temps: FileInfos | None = None
+        self,
+        directory: str,
+        rel: str,
+        name_prefix: str,
+        start_after: str | None,
+        temps: FileInfos | None = None,
+        specials: Paths | None = None,
     ) -> Iterator[FileInfo]:
         """Files under `directory` in key order (temp files met on the way appended to `temps` if given);
         iterative (a stack of directories), so a file is not passed up through one generator per level."""
-        stack = [iter(_sorted_entries(directory, rel, name_prefix, temps))]
+        stack = [iter(_sorted_entries(directory, rel, name_prefix, temps, specials))]
         while stack:
             item = next(stack[-1], None)
             if item is None:
@@ -397,7 +409,7 @@ class LocalFileManager:
                 # Prune subtrees that lie entirely at or before `start_after`.
                 if start_after is not None and rel_path < start_after and not start_after.startswith(rel_path):
                     continue
-                stack.append(iter(_sorted_entries(entry.path, rel_path.rstrip("/"), "", temps)))
+                stack.append(iter(_sorted_entries(entry.path, rel_path.rstrip("/"), "", temps, specials)))
                 continue
             if start_after is not None and rel_path <= start_after:
                 continue
