@@ -31,6 +31,7 @@ from typing import Any, BinaryIO, cast
 
 import rocksdict as rd
 
+from statekeeper.maintenance.parsed_cache import PROVEN_SNAPSHOTS, UNOPENABLE_SNAPSHOTS, UNOPENABLE_WHY
 from statekeeper.store.errors import CorruptFileError, LineageError, StoreStateError, UnsupportedFormatError
 from statekeeper.store.faults import reached as fault_point
 from statekeeper.store.files import CheckpointFileManager
@@ -235,8 +236,6 @@ class Replica:
                 self._save_marker()
                 return BuildStats(True, None, n, records, time.perf_counter() - t0)
         base = self._restore_newest_sound(version, snapshots, start)
-        os.makedirs(self.db_dir, exist_ok=True)
-        self._open_db()
         try:
             n, records = self._replay_range(max(base, start - 1), version, committed)
         except BaseException:
@@ -247,20 +246,34 @@ class Replica:
         return BuildStats(False, base or None, n, records, time.perf_counter() - t0)
 
     def _restore_newest_sound(self, version: int, snapshots: Mapping[int, SnapshotManifest], start: int) -> int:
-        """Restore the newest snapshot in [`start`, `version`] that restores (0: none); as a load would,
-        pass over unreadable ones (snapshot repair), logging each. Each manifest is read only when tried."""
+        """Restore and open the newest snapshot in [`start`, `version`] that restores and opens (0: none, an
+        empty DB open); as a load would, pass over bad ones (snapshot repair), logging each. One that restores
+        but RocksDB will not open is known unopenable from then on (DESIGN invariant 14: never a base)."""
         for base in sorted((v for v in snapshots if start <= v <= version), reverse=True):
             self._discard()
+            manifest = snapshots[base]
+            path = self.store.manifest(base, manifest.checkpoint_id)
             try:
-                manifest = snapshots[base]
-                path = self.store.manifest(base, manifest.checkpoint_id)
                 restore_snapshot(self.fm, self.store, manifest, self.db_dir, manifest_path=path)
-                return base
             except (CorruptFileError, UnsupportedFormatError, FileNotFoundError) as e:
                 log.warning(
                     "store %s: the snapshot of version %d cannot be restored (%s); trying older", self.store, base, e
                 )
+                continue
+            try:
+                self._open_db()
+            except Exception as e:  # rocksdict has no exception classes: anything is a snapshot that will not open
+                why = f"RocksDB cannot open the restored snapshot ({str(e)[:300]})"
+                root = self.fm.root_uri
+                UNOPENABLE_WHY[(root, path)] = f"{why}: {root}/{path}"
+                UNOPENABLE_SNAPSHOTS.add(root, self.store, [path])
+                PROVEN_SNAPSHOTS.discard(root, self.store, [path])
+                log.warning("store %s: %s: %s/%s; trying older", self.store, why, root, path)
+                continue
+            return base
         self._discard()
+        os.makedirs(self.db_dir, exist_ok=True)
+        self._open_db()
         return 0
 
     def _replay_range(self, start: int, end: int, committed: Mapping[int, str]) -> tuple[int, int]:
