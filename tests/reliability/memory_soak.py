@@ -1,0 +1,341 @@
+"""Long soaks of one part at a time, each in its own process: does its memory level off? (issue 63, point 5)
+
+`python -m tests.reliability.memory_soak --minutes 60 --out DIR` runs two soaks, one after the other, each over a
+fleet of roots (`ROOTS` roots of `PARTITIONS` stores) that a writer process commits to on S3 (moto in a child
+process; `--local`: local roots):
+
+* ``maintain``: the writer process and a `statekeeper maintain` loop (`maintenance.loop.maintain`) process;
+  both are sampled, so this soak gives the writer's series (``writer``) and the loop's (``maintain``);
+* ``dagster``: the writer process and a process running the code location's checkpoint sensor on a short
+  interval and executing the runs it requests in process (`bench.fleet.dagster_runs.DagsterMaintainer` with a
+  SQLite instance, not an in-memory one): what a process keeps across runs is kept.
+
+Each measured process samples, every `SAMPLE_SECONDS`, its RSS, the RSS of its children (build processes), the
+Python heap (`tracemalloc`'s traced bytes with ``--trace``, else `sys.getallocatedblocks`) and the shared RocksDB
+block cache's usage, and with ``--trace`` compares tracemalloc snapshots (a third of the way in and at the end:
+the allocation sites that grew). So RSS growth splits into Python objects (the heap grows with it) and native
+(it does not). Writes ``DIR/<part>.json`` per process and ``DIR/memory_soak.png``. `make soak-hour` runs it for
+an hour; docs/reliability.md shows what was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+log = logging.getLogger("memory_soak")
+
+ROOTS = 3
+PARTITIONS = 4
+WRITE_HZ = 1.0  # versions a second per root, at most
+EVERY = 2.0  # seconds between maintenance cycles / sensor ticks
+SAMPLE_SECONDS = 5.0
+SOAKS = {"maintain": ("writer", "maintain"), "dagster": ("writer", "dagster")}
+"""Soak -> the processes it runs (each sampled; the writer's series is kept from the ``maintain`` soak)."""
+
+
+def _settings(work: Path) -> Any:
+    from statekeeper.maintenance.settings import MaintenanceSettings
+
+    return MaintenanceSettings(
+        snapshot_threshold=4,
+        min_versions_to_retain=6,
+        orphan_grace_seconds=4.0,
+        load_grace_seconds=1.0,
+        parallelism=2,
+        lease_ttl_seconds=30.0,
+        work_dir=str(work / "maintenance"),
+        catalog_history_seconds=30.0,
+    )
+
+
+# -- the measured processes ----------------------------------------------------------------------------
+
+
+class Sampler:
+    """This process's memory every `SAMPLE_SECONDS` on a thread, and tracemalloc snapshots with ``trace``."""
+
+    def __init__(self, part: str, trace: bool) -> None:
+        self.part, self.trace = part, trace
+        self.samples: list[dict[str, float]] = []
+        self.stop = threading.Event()
+        self._snapshots: list[tracemalloc.Snapshot] = []
+        self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
+        self._t0 = time.monotonic()
+
+    def start(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._thread.start()
+
+    def _run(self) -> None:
+        from statekeeper.store.rocks import shared_memory
+
+        proc, cache = psutil.Process(), shared_memory().cache
+        while not self.stop.wait(SAMPLE_SECONDS):
+            at = time.monotonic() - self._t0
+            children = 0
+            for c in proc.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    children += c.memory_info().rss
+            heap = tracemalloc.get_traced_memory()[0] if self.trace else sys.getallocatedblocks() * 64
+            self.samples.append(
+                {
+                    "at": round(at, 1),
+                    "rss": proc.memory_info().rss,
+                    "children": children,
+                    "heap": heap,
+                    "cache": cache.get_usage(),
+                }
+            )
+            if self.trace and not self._snapshots and at >= self._seconds / 3:
+                self._snapshots.append(tracemalloc.take_snapshot())
+
+    def result(self) -> dict[str, Any]:
+        self.stop.set()
+        self._thread.join()
+        grew: list[str] = []
+        if self.trace and self._snapshots:
+            diff = tracemalloc.take_snapshot().compare_to(self._snapshots[0], "traceback")
+            for stat in diff[:15]:
+                grew.append(
+                    f"{stat.size_diff / 1024:+.0f} KiB {stat.count_diff:+d} blocks: "
+                    + " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in stat.traceback)
+                )
+        return {
+            "part": self.part,
+            "samples": self.samples,
+            "grew": grew,
+            "heap": "tracemalloc" if self.trace else "allocated blocks x 64",
+        }
+
+
+def _writer(roots: list[str], work: Path, stop: threading.Event) -> dict[str, int]:
+    from tests.reliability.scenarios import BatchWriter
+
+    writers = [BatchWriter(r, str(work / f"writer-{i}"), partitions=PARTITIONS) for i, r in enumerate(roots)]
+    commits = version = 0
+    try:
+        while not stop.is_set():
+            t0 = time.monotonic()
+            for w in writers:
+                version = w.commit(1, losing=commits % 5 == 0)
+            commits += 1
+            stop.wait(max(0.0, 1 / WRITE_HZ - (time.monotonic() - t0)))
+        return {"versions": version}
+    finally:
+        for w in writers:
+            w.close()
+
+
+def _maintain(roots: list[str], work: Path, stop: threading.Event) -> dict[str, int]:
+    from statekeeper.maintenance.loop import CycleResult, maintain
+    from statekeeper.sql import Catalog
+
+    errors: list[str] = []
+    cycles = 0
+
+    def cycled(result: CycleResult) -> None:
+        nonlocal cycles
+        cycles += 1
+        errors.extend(e for r in result.reports for e in r.errors)
+        del errors[20:]
+
+    _wait_for_commits(roots, stop)
+    with closing(Catalog.open(f"sqlite:///{work / 'catalog.db'}", upgrade=True)) as catalog:
+        maintain(roots, _settings(work), every=EVERY, catalog=catalog, stop=stop, on_cycle=cycled)
+    return {"cycles": cycles, "errors": len(errors), "first errors": errors[:5]}  # type: ignore[dict-item]
+
+
+def _dagster(roots: list[str], work: Path, stop: threading.Event) -> dict[str, int]:
+    from dagster import DagsterInstance
+
+    from bench.fleet.dagster_runs import DagsterMaintainer
+
+    _wait_for_commits(roots, stop)
+    m = DagsterMaintainer(",".join(roots), _settings(work), f"sqlite:///{work / 'catalog.db'}")
+    m.instance.dispose()
+    instance_dir = work / "dagster-home"
+    instance_dir.mkdir(parents=True, exist_ok=True)
+    m.instance = DagsterInstance.local_temp(str(instance_dir))  # as deployed: runs and events on disk
+    errors: list[str] = []
+    ticks = 0
+    try:
+        while not stop.is_set():
+            t0 = time.monotonic()
+            errors = [*errors, *m.tick()][:20]
+            ticks += 1
+            stop.wait(max(0.0, EVERY - (time.monotonic() - t0)))
+    finally:
+        m.close()
+    return {"ticks": ticks, "runs": sum(m.runs.values()), "errors": len(errors), "first errors": errors[:5]}  # type: ignore[dict-item]
+
+
+def _wait_for_commits(roots: list[str], stop: threading.Event) -> None:
+    from statekeeper.store import CommitLog
+    from statekeeper.store.files import open_file_manager
+
+    logs = [CommitLog(open_file_manager(r)) for r in roots]
+    while not stop.is_set() and any(c.latest() < 1 for c in logs):
+        stop.wait(0.5)
+
+
+PARTS: dict[str, Callable[[list[str], Path, threading.Event], dict[str, int]]] = {
+    "writer": _writer,
+    "maintain": _maintain,
+    "dagster": _dagster,
+}
+
+
+def run_part(part: str, roots: list[str], work: Path, seconds: float, out: Path, trace: bool) -> None:
+    """One measured process: `part` for `seconds`, its samples written to `out`."""
+    if trace:
+        tracemalloc.start(6)
+    sampler = Sampler(part, trace)
+    stop = threading.Event()
+    threading.Timer(seconds, stop.set).start()
+    sampler.start(seconds)
+    figures = PARTS[part](roots, work, stop)
+    out.write_text(
+        json.dumps(
+            {
+                **sampler.result(),
+                "figures": figures,
+                "seconds": seconds,
+                "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX"),
+                "memory_limit_bytes": _limit(),
+            },
+            indent=1,
+        )
+    )
+
+
+def _limit() -> int:
+    from statekeeper.store.rocks import shared_memory
+
+    return shared_memory().limits.total_bytes
+
+
+# -- the driver ----------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _s3_roots(local: bool, work: Path) -> Iterator[tuple[list[str], dict[str, str]]]:
+    if local:
+        yield [str(work / f"root-{i}") for i in range(ROOTS)], {}
+        return
+    from testkit.s3 import emulator_env, moto_server, new_bucket_name, s3_client
+
+    with moto_server() as url, emulator_env(url):
+        bucket = new_bucket_name()
+        s3_client(url).create_bucket(Bucket=bucket)
+        env = {
+            "AWS_CONFIG_FILE": "/dev/null",
+            "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+        yield [f"s3://{bucket}/root-{i}" for i in range(ROOTS)], env
+
+
+def soak(name: str, minutes: float, out: Path, *, local: bool, trace: bool) -> None:
+    """Soak `name` (`SOAKS`): its processes started together, each measured for `minutes`."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix=f"memsoak-{name}-") as tmp, _s3_roots(local, Path(tmp)) as (roots, extra):
+        env = {**os.environ, **extra}  # with emulator_env's credentials and endpoint
+        for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+            env.pop(k, None)
+        procs = []
+        for part in SOAKS[name]:
+            target = out / (f"{part}.json" if part != "writer" or name == "maintain" else f"writer-{name}.json")
+            work = Path(tmp) / part
+            work.mkdir()
+            # the writer outlives the maintainer by a little, so the maintainer never sees the writes stop
+            seconds = minutes * 60 + (15 if part == "writer" else 0)
+            cmd = [
+                sys.executable,
+                "-m",
+                "tests.reliability.memory_soak",
+                "--child",
+                part,
+                "--roots",
+                ",".join(roots),
+                "--work",
+                str(work),
+                "--seconds",
+                str(seconds),
+                "--out",
+                str(target),
+            ]
+            procs.append(subprocess.Popen([*cmd, *(["--trace"] if trace else [])], env=env))
+        for p in procs:
+            if p.wait() != 0:
+                raise RuntimeError(f"{p.args!r} exited {p.returncode}")
+
+
+def plot(out: Path) -> Path:
+    """One panel per measured process: RSS, RSS outside the block cache and the Python heap, in MiB."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = [json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.stem in PARTS]
+    fig, axes = plt.subplots(1, len(series), figsize=(5 * len(series), 3.6), squeeze=False)
+    for ax, s in zip(axes[0], series, strict=True):
+        at = [x["at"] / 60 for x in s["samples"]]
+        mib = 2**20
+        ax.plot(at, [x["rss"] / mib for x in s["samples"]], label="RSS")
+        ax.plot(at, [(x["rss"] - x["cache"]) / mib for x in s["samples"]], label="RSS - block cache")
+        ax.plot(at, [x["heap"] / mib for x in s["samples"]], label=f"Python heap ({s['heap']})")
+        if any(x["children"] for x in s["samples"]):
+            ax.plot(at, [x["children"] / mib for x in s["samples"]], label="children's RSS")
+        ax.axhline(s["memory_limit_bytes"] / mib, color="grey", linestyle=":", label="memory limit")
+        ax.set_title(s["part"])
+        ax.set_xlabel("minutes")
+        ax.set_ylabel("MiB")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    png = out / "memory_soak.png"
+    fig.savefig(png, dpi=90)
+    return png
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--minutes", type=float, default=60.0)
+    p.add_argument("--out", type=Path, default=Path("bench/results/memory_soak"))
+    p.add_argument("--soaks", default=",".join(SOAKS), help="which soaks, comma-separated")
+    p.add_argument("--local", action="store_true", help="local roots instead of S3 (moto)")
+    p.add_argument("--trace", action="store_true", help="tracemalloc in the measured processes (slower)")
+    p.add_argument("--child", choices=sorted(PARTS), help=argparse.SUPPRESS)
+    p.add_argument("--roots", help=argparse.SUPPRESS)
+    p.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--seconds", type=float, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(processName)s %(name)s %(message)s")
+    if a.child:
+        run_part(a.child, a.roots.split(","), a.work, a.seconds, a.out, a.trace)
+        return
+    a.out.mkdir(parents=True, exist_ok=True)
+    for name in a.soaks.split(","):
+        soak(name, a.minutes, a.out, local=a.local, trace=a.trace)
+    print(plot(a.out))
+
+
+if __name__ == "__main__":
+    main()
