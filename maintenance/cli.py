@@ -6,8 +6,8 @@ Exit codes: 0 success; 1 the operation found or hit errors (named on stderr and 
 document on stdout; a report's errors and warnings go to stderr, once each. ``COMMAND --help`` lists the flags
 that command reads.
 The catalog database comes from ``--db``, else ``STATEKEEPER_DB_URL``, else the embedded SQLite file
-(``$STATEKEEPER_HOME/catalog.db``, migrated on first use); ``--no-catalog`` runs without one (then
-leases are host-local lock files and no run is recorded). Settings default to the
+(``$STATEKEEPER_HOME/catalog.db``, migrated on first use); ``--no-catalog`` runs without one (no run is
+recorded; the stores' leases are kept in the checkpoint root either way). Settings default to the
 ``STATEKEEPER_<SETTING>`` environment variables (see docs/maintenance.md).
 """
 
@@ -128,7 +128,7 @@ def _plan(p: argparse.ArgumentParser, h: Help) -> None:
 def _work(p: argparse.ArgumentParser, h: Help) -> None:
     p.add_argument("--lease-ttl", type=_number, metavar="SECONDS", help=h("maintenance lease time to live"))
     p.add_argument("--lease-timeout", type=_number, metavar="SECONDS", help=h("wait this long for a busy store"))
-    p.add_argument("--work-dir", metavar="DIR", help=h("directory for local replicas of stores (and lock files)"))
+    p.add_argument("--work-dir", metavar="DIR", help=h("directory for local replicas of stores"))
 
 
 def _snapshots(p: argparse.ArgumentParser, h: Help) -> None:
