@@ -339,3 +339,63 @@ def test_an_import_refuses_a_root_with_state_an_occupied_continuation_and_a_miss
     with pytest.raises(ConfigurationError, match="already holds committed state"):
         import_spark_state(spark, missing, root, "op")
     assert sorted(p.name for p in occupied.iterdir()) == ["offsets"]
+
+
+def test_the_writer_stores_each_kind_and_the_timers_as_the_state_api_reads_them(tmp_path: Path) -> None:
+    """No Spark: the rows a task gets (one per key and variable, timers on their own rows) written through the
+    typed variables of a real store, then read back through the handle as a processor reads them."""
+    import pyarrow as pa
+
+    from statekeeper.store.formats.typed_schema import parse_ddl
+    from statekeeper.store.spark.handle import StatefulProcessorHandle
+    from statekeeper.store.spark.spark_checkpoint import TIMER_COL, VALUE_PREFIX, VAR_COL, SparkVariable
+    from statekeeper.store.spark.spark_import import _StateWriter
+    from statekeeper.store.spark.state import StateContext
+    from statekeeper.store.state_store import StateStore, StoreConfig
+
+    variables = (
+        SparkVariable("total", "value", parse_ddl("n long, s long"), None, "total", "value"),
+        SparkVariable("recent", "list", parse_ddl("v long"), None, "recent", "list_value"),
+        SparkVariable("buckets", "map", parse_ddl("c long"), parse_ddl("b int"), "buckets", "map_value"),
+    )
+    struct = pa.struct([("n", pa.int64()), ("s", pa.int64())])
+    rows = pa.table(
+        {
+            "user": ["a", "a", "a", "b", "b"],
+            VAR_COL: pa.array([0, 1, 2, 0, -1], pa.int32()),
+            f"{VALUE_PREFIX}0": pa.array([{"n": 2, "s": 7}, None, None, {"n": 1, "s": 3}, None], struct),
+            f"{VALUE_PREFIX}1": pa.array(
+                [None, [{"v": 3}, {"v": 4}], None, None, None], pa.list_(pa.struct([("v", pa.int64())]))
+            ),
+            f"{VALUE_PREFIX}2": pa.array(
+                [None, None, [({"b": 0}, {"c": 5}), ({"b": 1}, {"c": 6})], None, None],
+                pa.map_(pa.struct([("b", pa.int32())]), pa.struct([("c", pa.int64())])),
+            ),
+            TIMER_COL: pa.array([None, None, None, None, 1_000], pa.int64()),
+        }
+    )
+    root = (tmp_path / "state").as_uri()
+    store = StateStore(root, "op", 0, config=StoreConfig(local_dir=str(tmp_path / "w"))).load(0)
+    key_schema = parse_ddl("user string")
+    ctx = StateContext(store, 0, key_schema)
+    writer = _StateWriter(variables, ("user",))
+    writer.init(StatefulProcessorHandle(ctx))
+    out = writer.handleBatch(rows, None)  # type: ignore[arg-type]
+    assert out.to_pylist() == [{"keys": 2, "timers": 1}]
+    assert ctx.save_rows_total() == 2 + 1 + 2  # two values, one list, two map entries
+    done = store.commit()
+    store.close()
+    version = done.version
+    CommitLog(open_file_manager(root)).commit(version, {"op": [done.checkpoint_id]})
+
+    again = StateStore(root, "op", 0, config=StoreConfig(local_dir=str(tmp_path / "r"))).load(version)
+    ctx = StateContext(again, 0, key_schema)
+    handle = StatefulProcessorHandle(ctx)
+    total, recent = handle.getValueState("total"), handle.getListState("recent")
+    buckets = handle.getMapState("buckets")
+    ctx.set_key(("a",))
+    assert total.get() == (2, 7) and list(recent.get()) == [(3,), (4,)]
+    assert dict(buckets.iterator()) == {(0,): (5,), (1,): (6,)}
+    ctx.set_key(("b",))
+    assert total.get() == (1, 3) and list(handle.listTimers()) == [1_000] and not recent.exists()
+    again.close()
