@@ -75,6 +75,7 @@ if TYPE_CHECKING:
     from statekeeper.store.spark.handle import StatefulProcessorHandle
     from statekeeper.store.spark.metrics import BatchProgress, PartitionMetrics
     from statekeeper.store.spark.reader import StateDataSource, read_state
+    from statekeeper.store.spark.spark_import import ImportSummary, import_spark_state
     from statekeeper.store.spark.state import ListState, MapState, ValueState
     from statekeeper.store.spark.time_mode import TimeMode
 
@@ -93,6 +94,8 @@ _EXPORTS = {
     "PartitionMetrics": "metrics",
     "StateDataSource": "reader",
     "read_state": "reader",
+    "ImportSummary": "spark_import",
+    "import_spark_state": "spark_import",
     "ListState": "state",
     "MapState": "state",
     "ValueState": "state",
@@ -116,6 +119,7 @@ __all__ = [
     "BatchStatefulProcessor",
     "ExpiredTimerInfo",
     "GroupState",
+    "ImportSummary",
     "ListState",
     "MapState",
     "PartitionMetrics",
@@ -127,6 +131,7 @@ __all__ = [
     "TimerValues",
     "UploadTimeoutError",
     "ValueState",
+    "import_spark_state",
     "keys_of",
     "read_state",
 ]
