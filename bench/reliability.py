@@ -12,6 +12,8 @@ Reliability in figures: `python -m bench reliability` writes docs/reliability.md
    store, store + maintenance) run under pytest with STATEKEEPER_MODEL_SCALE=10 (`--quick`: 1) and
    report the steps they executed (`tests/model_steps.py`), and the reader fuzz test the bad
    inputs it fed to every persisted-format reader.
+   The hostile-content matrix (`tests/reliability/test_hostile_matrix.py`; `--quick`: its default cases) says
+   what every reader did with each class of hostile file (`testkit.hostile`), on local disk and S3.
 3. Faults and soak: the disk-fault tests, the catalog-fault tests (PostgreSQL stopped, SQLite locked,
    the catalog deleted or dropped in the middle of sync, snapshot, expiry and orphan runs) and the soak (writers,
    maintenance loop, readers, S3 faults) count what they injected; the full run includes their
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import ROOT, Table, machine
+from testkit.hostile import CLASSES, EXPECTED, READERS, rows
 from testkit.s3 import emulator_env, moto_server, s3_client
 
 DOC = ROOT / "docs" / "reliability.md"
@@ -55,6 +58,8 @@ MODEL_TESTS = [
     "tests/maintenance/test_properties.py",
 ]
 FAULT_TESTS = ["tests/reliability/test_catalog_faults.py", "tests/reliability/test_soak.py"]
+HOSTILE_TESTS = ["tests/reliability/test_hostile_matrix.py"]
+HOSTILE_RESULT_ENV = "STATEKEEPER_HOSTILE_RESULT"
 SWEEP_RESULT_ENV = "STATEKEEPER_SWEEP_RESULT"
 TEST_TIMEOUT_SECONDS = 600
 """pytest-timeout's per-test limit (pyproject.toml), multiplied by STATEKEEPER_MODEL_SCALE for the machines."""
@@ -220,6 +225,45 @@ def _counted(tests: list[str], marker: str, scale: str, out: str) -> tuple[dict[
     return figures, proc.returncode == 0
 
 
+def _hostile_outcomes(quick: bool, tmp: str) -> tuple[dict[str, Any], bool]:
+    """What each reader did with each hostile class (`testkit.hostile`), from a pytest run of the matrix."""
+    out = os.path.join(tmp, "hostile.json")
+    marker = "not slow" if quick else "slow or not slow"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-m", marker, "-p", "no:cacheprovider", *HOSTILE_TESTS],
+        cwd=ROOT,
+        env={**os.environ, HOSTILE_RESULT_ENV: out},
+        check=False,
+    )
+    outcomes: dict[str, Any] = json.loads(Path(out).read_text()) if os.path.exists(out) else {}
+    return outcomes, proc.returncode == 0
+
+
+def hostile_table(outcomes: dict[str, dict[str, dict[str, str]]], passed: bool = True) -> Table:
+    """docs/reliability.md's table of hostile classes x readers (`testkit.hostile.rows`)."""
+    return Table(
+        "Hostile checkpoint content: what each reader did, by class and root",
+        ["class", "root", *READERS],
+        rows(outcomes),
+        [
+            *[f"{name}: {what}" for name, what in CLASSES.items()],
+            "every cell: 0 files written or changed outside the root and the work directory, the canary beside the "
+            "root intact, each reader done within a minute (none blocked on the FIFO), peak RSS within 512 MiB and "
+            "temp disk within 64 MiB of the start, every retained version of the other store and every retained "
+            "version of the bad store that the file is not part of loading exactly (nothing needed deleted)",
+            "`repaired`: loaded the exact state around the file, counted as a repair; `loaded`: a local listing "
+            "never lists a FIFO, so the load used the older snapshot; `exit 1, file named`: reported as a problem "
+            "naming the file; a bare `exit 0`: the reader reads no such file, or worked around it (snapshot writes a "
+            "fresh one)",
+            "not covered: the change feed (Spark's data source; tests/spark) and a crafted MANIFEST that opens to "
+            "other content, which only maintenance's count and digest check catches (docs/design.md, threat model)",
+            "every cell as expected (`testkit.hostile.EXPECTED`)"
+            if passed and outcomes == EXPECTED
+            else "A CELL DIFFERED FROM testkit.hostile.EXPECTED: see the pytest output",
+        ],
+    )
+
+
 def _model_steps(quick: bool, tmp: str, pool: ThreadPoolExecutor) -> tuple[dict[str, Any], bool]:
     """The machines' and the fault tests' figures; the two pytest runs go side by side on `pool`."""
     models = pool.submit(_counted, MODEL_TESTS, "not slow", "1" if quick else "10", os.path.join(tmp, "steps.json"))
@@ -241,8 +285,10 @@ def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
         sweeps = _start_sweeps(quick, tmp, stack)
         with ThreadPoolExecutor(3) as pool:  # three pytest processes: mostly waits on servers and children
             s3_run = pool.submit(_s3_implementations, quick, tmp)
+            hostile_run = pool.submit(_hostile_outcomes, quick, tmp)
             figures, models_passed = _model_steps(quick, tmp, pool)
             s3_runs = s3_run.result()
+            outcomes, hostile_passed = hostile_run.result()
         sweep = _sweep_result(sweeps)
     steps, fuzzed, injected = figures.get("steps", {}), figures.get("fuzzed", {}), figures.get("injected", {})
     soak_figures: dict[str, dict[str, int]] = figures.get("soak", {})
@@ -352,7 +398,8 @@ def run(quick: bool, *, doc: bool | None = None) -> list[Table]:
             f"over HTTP; suites: {', '.join(S3_SUITES_QUICK if quick else S3_SUITES)}; how they differ: docs/s3.md",
         ],
     )
-    tables = [kills, points, models, inputs, faults, soak, s3]
+    hostile = hostile_table(outcomes, hostile_passed)
+    tables = [kills, points, models, inputs, hostile, faults, soak, s3]
     if doc if doc is not None else not quick:
         _write_doc(tables, measured_on, quick)
     return tables
