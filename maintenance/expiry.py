@@ -23,12 +23,13 @@ import math
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 from statekeeper.maintenance.deletion import DeleteOutcome, Deleter, each_store, plan_deletions, run_deleter
 from statekeeper.maintenance.file_kinds import FileEntry
 from statekeeper.maintenance.inventory import Inventory
-from statekeeper.maintenance.leasing import planned_store, scan_under_leases
+from statekeeper.maintenance.leasing import planned_store, root_files_lease, scan_under_leases
 from statekeeper.maintenance.plan import StorePlan, plan_store
 from statekeeper.maintenance.reports import ExpiryReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
@@ -106,13 +107,14 @@ def expire_versions(
                 _account(report, str(p.store), res.deleted, "deleted")
                 for text in res.errors:
                     report.error(f"store {p.store}: {text}")
-            if root_expired:
-                out = deleter.delete(root.expired_batches)
-                if not out.errors:  # a commit record outlives the batch file of its version
-                    out.merge(deleter.delete(root.expired_commits))
-                _account(report, None, out.deleted, "deleted")
-                for text in out.errors:
-                    report.error(text)
+            with root_files_lease(fm, settings, catalog) if root_expired else nullcontext() as lease:
+                if lease is not None:  # None: another maintainer holds the root's files and deletes them
+                    out = deleter.delete(root.expired_batches, lease.check)
+                    if not out.errors:  # a commit record outlives the batch file of its version
+                        out.merge(deleter.delete(root.expired_commits, lease.check))
+                    _account(report, None, out.deleted, "deleted")
+                    for text in out.errors:
+                        report.error(text)
         if catalog is not None:
             report.catalog_rows_pruned = prune_catalog_history(catalog, fm.root_uri, settings)
     return report

@@ -19,6 +19,7 @@ elsewhere is left to the per-store path, which waits for it up to the lease time
 from __future__ import annotations
 
 import contextvars
+import logging
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -42,6 +43,9 @@ if TYPE_CHECKING:
     from statekeeper.maintenance.plan import StorePlan
     from statekeeper.sql.catalog import Catalog
     from statekeeper.sql.leases import Lease
+
+
+log = logging.getLogger(__name__)
 
 
 class LeaseGuard(Protocol):
@@ -188,6 +192,43 @@ so only the loop's own work shares the leases (its per-store pools run in copies
 its own leases and is excluded by them as before."""
 
 
+ROOT_FILES = StoreId("_root", 0)
+"""The lease of a root's own files (commit records, batch files, orphans outside the stores): taken, in the root
+only, by whoever deletes them, so two maintainers never delete root-level files at once. Its epoch files live under
+``_leases/_root/00000/`` like a store's; an operator named ``_root`` would share partition 0's lease with them,
+which only serialises more."""
+
+
+@contextmanager
+def root_files_lease(
+    root: str | CheckpointFileManager, settings: MaintenanceSettings, catalog: Catalog | None
+) -> Iterator[LeaseGuard | None]:
+    """Hold `ROOT_FILES` for the block (inside `cycle_leases` of the same root and catalog: until the cycle ends,
+    one create a cycle), waiting up to the lease timeout; None when another maintainer holds it, which deletes
+    them: this one deletes none. No catalog row: the root's lease is the authority, and a store's run keeps
+    its one catalog transaction."""
+    cycle = _cycle.get()
+    uri = _root_uri(root)
+    shared = cycle is not None and cycle.root_uri == uri and cycle.catalog is catalog
+    if cycle is not None and shared:
+        leases = cycle.leases
+    else:
+        leases = _leases(cycle.fm if cycle is not None and cycle.root_uri == uri else _file_manager(root), settings)
+    try:
+        guard: LeaseGuard | None = None
+        try:
+            if not leases.holding(ROOT_FILES):
+                leases.take(ROOT_FILES, timeout=settings.lease_timeout_seconds, poll_interval=_poll(settings))
+                leases.keep_alive()
+            guard = leases.guard(ROOT_FILES)
+        except MaintenanceBusyError as e:
+            log.info("root files of %s left to their lease's holder: %s", uri, e)
+        yield guard
+    finally:
+        if not shared:
+            leases.release_all()
+
+
 def _root_uri(root: str | CheckpointFileManager) -> str:
     return root.root_uri if isinstance(root, CheckpointFileManager) else normalize_root_uri(root)
 
@@ -258,11 +299,13 @@ def store_lease(
 
 
 __all__ = [
+    "ROOT_FILES",
     "CycleLeases",
     "LeaseGuard",
     "cycle_leases",
     "held_stores",
     "planned_store",
+    "root_files_lease",
     "scan_under_leases",
     "store_lease",
 ]

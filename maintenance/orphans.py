@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 from statekeeper.maintenance.deletion import DeleteOutcome, Deleter, each_store, plan_deletions, run_deleter
 from statekeeper.maintenance.file_kinds import FileEntry
 from statekeeper.maintenance.inventory import Inventory
-from statekeeper.maintenance.leasing import planned_store, scan_under_leases
+from statekeeper.maintenance.leasing import planned_store, root_files_lease, scan_under_leases
 from statekeeper.maintenance.reports import OrphanReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
@@ -78,12 +79,12 @@ def clean_orphans(
                 _account(report, out.deleted, reasons, "deleted")
                 for text in out.errors:
                     report.error(f"store {p.store}: {text}")
-            if root.orphans and wanted is None:
-                entries = [e for e, _ in root.orphans]
-                out = deleter.delete(entries)
-                _account(report, out.deleted, dict(root.orphans), "deleted")
-                for text in out.errors:
-                    report.error(text)
+            with root_files_lease(fm, settings, catalog) if root.orphans and wanted is None else nullcontext() as lease:
+                if lease is not None:  # None: another maintainer holds the root's files and deletes them
+                    out = deleter.delete([e for e, _ in root.orphans], lease.check)
+                    _account(report, out.deleted, dict(root.orphans), "deleted")
+                    for text in out.errors:
+                        report.error(text)
     return report
 
 

@@ -226,6 +226,12 @@ class RootLeases:
         return {s: self.try_take(s, listed.get(s, [])) for s in stores}
 
     # -- holding -----------------------------------------------------------------------------------
+    def holding(self, store: StoreId) -> bool:
+        """Whether this maintainer holds `store` now (taken, not released, not found lost): no listing."""
+        with self._lock:
+            hold = self.holds.get(store)
+        return hold is not None and not hold.released and hold.lost is None
+
     def check(self, store: StoreId) -> None:
         """Fencing, before each destructive step: raise `LeaseLostError` unless `store` is still held."""
         hold = self._hold(store)

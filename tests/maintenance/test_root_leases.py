@@ -19,7 +19,8 @@ from statekeeper.maintenance.deployment import recorded_catalog, shareable_url
 from statekeeper.maintenance.expiry import expire_versions
 from statekeeper.maintenance.file_kinds import DEPLOYMENT, LEASE, classify
 from statekeeper.maintenance.inventory import Inventory
-from statekeeper.maintenance.leasing import store_lease
+from statekeeper.maintenance.leasing import ROOT_FILES, store_lease
+from statekeeper.maintenance.loop import maintain
 from statekeeper.maintenance.orphans import clean_orphans
 from statekeeper.maintenance.plan import plan_store
 from statekeeper.maintenance.root_leases import (
@@ -33,7 +34,7 @@ from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.sql import Catalog
 from statekeeper.store.errors import StatekeeperError
 from statekeeper.store.files import open_file_manager
-from statekeeper.store.layout import StoreId
+from statekeeper.store.layout import StoreId, lease_dir
 from tests.maintenance.helpers import History, all_files, snapshotted_history
 
 
@@ -211,3 +212,63 @@ def test_a_recorded_catalog_url_never_carries_a_password() -> None:
     url = shareable_url("postgresql+psycopg://keeper:s3cret@db.example:5432/catalog?sslmode=require&password=x")
     assert "s3cret" not in url and "password" not in url and url.startswith("postgresql+psycopg://keeper@db.example")
     assert "sslmode=require" in url
+
+
+def test_root_files_are_deleted_by_one_maintainer_at_a_time(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    """Commit records and batch files belong to no store: their deletions are fenced by the root's own lease
+    (`ROOT_FILES`). While another maintainer holds it, expiry still expires the stores but keeps every commit
+    record; once it is released, the next run deletes them, and the run leaves the root lease released."""
+    h = snapshotted_history(make_local_history, settings)
+    commits = {p for p in all_files(h.root) if p.startswith("commits/")}
+    other = RootLeases(h.fm, ttl=60, owner="the-other-maintainer")
+    other.take(ROOT_FILES, timeout=0)
+    held = expire_versions(h.root, settings)
+    assert held.errors == [] and held.changelogs > 0, "the stores are expired as before"
+    assert {p for p in all_files(h.root) if p.startswith("commits/")} == commits, "no commit record deleted"
+    other.release_all()
+    free = expire_versions(h.root, settings)
+    assert free.errors == []
+    kept = {p for p in all_files(h.root) if p.startswith("commits/")}
+    assert kept < commits, "the expired commit records go once the root lease is free"
+    assert isinstance(RootLeases(h.fm, ttl=10).take(ROOT_FILES, timeout=0), Hold), "the run released it"
+
+
+def test_a_maintainer_that_lost_the_root_lease_deletes_no_root_file(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    """Fencing of root files as of a store's: the holder paused past its lease finds the taker's epoch before its
+    deletion batch and deletes nothing."""
+    h = snapshotted_history(make_local_history, settings)
+    now = [1_000_000.0]
+    paused = RootLeases(h.fm, ttl=10, owner="paused", clock=lambda: now[0])
+    paused.take(ROOT_FILES, timeout=0)
+    now[0] += 10 + MAX_CLOCK_SKEW_SECONDS + 1
+    RootLeases(h.fm, ttl=10, owner="taker", clock=lambda: now[0]).take(ROOT_FILES, timeout=0)
+    root_files = [e for e in Inventory.scan(h.fm).all_entries() if e.path.startswith("commits/")]
+    with pytest.raises(LeaseLostError):
+        delete_entries(h.fm, root_files, batch_size=1000, check=paused.guard(ROOT_FILES).check)
+    assert all(h.fm.exists(e.path) for e in root_files)
+
+
+def test_a_loop_cycle_takes_the_root_lease_once_and_gives_it_back(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    """Cheap: inside a cycle, expiry and orphan cleanup share one hold of the root's files (one create to take,
+    one to release, per cycle), and the cycle leaves it free."""
+    h = snapshotted_history(make_local_history, settings)
+    before = {p for p in all_files(h.root) if p.startswith(lease_dir(ROOT_FILES))}
+    created: list[str] = []
+    create = type(h.fm).create
+
+    def counted(self: object, path: str, *a: object, **kw: object) -> object:
+        if path.startswith(lease_dir(ROOT_FILES)):
+            created.append(path)
+        return create(self, path, *a, **kw)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(h.fm), "create", counted)
+        maintain(h.fm, settings, every=0, cycles=1)
+    assert before == set() and len(created) == 2, created  # a hold, then its release
+    assert isinstance(RootLeases(h.fm, ttl=10).take(ROOT_FILES, timeout=0), Hold), "free after the cycle"
