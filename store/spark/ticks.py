@@ -141,8 +141,7 @@ def with_ticks(df: DataFrame, channel: TickChannel) -> DataFrame:
     ticks = spark.readStream.format(SOURCE_NAME).option(CHANNEL_OPTION, channel.path).load()
     fields = df.schema.fields
     ticks = ticks.select(*[sf.lit(None).cast(f.dataType).alias(f.name) for f in fields], sf.col(TICK_COL))
-    data = df.select(*[sf.col(f"`{f.name}`") for f in fields], sf.lit(None).cast("long").alias(TICK_COL))
-    return data.unionByName(ticks)
+    return df.withColumn(TICK_COL, sf.lit(None).cast("long")).unionByName(ticks)
 
 
 def without_ticks(df: DataFrame) -> DataFrame:
