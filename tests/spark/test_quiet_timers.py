@@ -169,7 +169,7 @@ def test_a_query_that_ends_gets_no_ticks(spark: Any, tmp_path: Path) -> None:
     df = spark.readStream.schema(REMINDER_INPUT).json(str(inputs))
     query = op.start(df, str(tmp_path / "ckpt"), trigger={"availableNow": True})
     try:
-        assert query.awaitTermination(WAIT_S)
+        assert query.awaitTermination(int(WAIT_S))
         assert query.exception() is None
     finally:
         query.stop()
