@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 S3RVER_DIR   := tests/s3rver
 S3RVER_STAMP := $(S3RVER_DIR)/node_modules/.installed
 
-.PHONY: setup run test test-all test-model-long reliability soak lint typecheck bench check-prereqs check-prereqs-run clean
+.PHONY: setup run test test-all test-model-long reliability soak soak-hour lint typecheck bench check-prereqs check-prereqs-run clean
 
 # What running needs (Python with venv, Java); check-prereqs adds Node.js, which only the tests need.
 check-prereqs-run:
@@ -40,10 +40,13 @@ run: check-prereqs-run $(STAMP)
 	STATEKEEPER_CHECKPOINT_ROOTS=$(CURDIR)/run/sessions/state $(PY) -m statekeeper.orchestration.run_local -- \
 		env RUN_SECONDS=$(JOB_SECONDS) WORK_DIR=$(CURDIR)/run/sessions $(PY) examples/session_count.py
 
+# The default suite on both cores: TEST_WORKERS pytest-xdist workers, a test file to a worker at a time (a file's
+# module fixtures start once); each worker starts its own session servers (Spark, S3, PostgreSQL) on free ports.
+TEST_WORKERS ?= 2
 test: $(STAMP) $(S3RVER_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile
 
 test-all: $(STAMP) $(S3RVER_STAMP)
 	$(PY) -m pytest
@@ -60,6 +63,13 @@ reliability: $(STAMP) $(S3RVER_STAMP)
 # The 10-minute soak and every catalog fault case (both also run in test-all).
 soak: $(STAMP) $(S3RVER_STAMP)
 	$(PY) -m pytest -m slow tests/reliability/test_soak.py tests/reliability/test_catalog_faults.py
+
+# Memory that levels off (docs/reliability.md): the maintain loop, a writer and the Dagster runs, each in its own
+# process over a fleet of S3 roots, for SOAK_MINUTES; RSS series in bench/results/memory_soak/, the plot in docs/.
+SOAK_MINUTES ?= 60
+soak-hour: $(STAMP)
+	$(PY) -m tests.reliability.memory_soak --minutes $(SOAK_MINUTES) --out bench/results/memory_soak \
+		--png docs/memory_soak.png
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

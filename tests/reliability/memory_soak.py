@@ -250,43 +250,45 @@ def _s3_roots(local: bool, work: Path) -> Iterator[tuple[list[str], dict[str, st
         yield [f"s3://{bucket}/root-{i}" for i in range(ROOTS)], env
 
 
-def soak(name: str, minutes: float, out: Path, *, local: bool, trace: bool) -> None:
-    """Soak `name` (`SOAKS`): its processes started together, each measured for `minutes`."""
+def soak(
+    stack: contextlib.ExitStack, name: str, minutes: float, out: Path, *, local: bool, trace: bool
+) -> list[subprocess.Popen[bytes]]:
+    """Start soak `name` (`SOAKS`): its processes, each to be measured for `minutes`; its roots live until `stack`
+    closes."""
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix=f"memsoak-{name}-") as tmp, _s3_roots(local, Path(tmp)) as (roots, extra):
-        env = {**os.environ, **extra}  # with emulator_env's credentials and endpoint
-        for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
-            env.pop(k, None)
-        procs = []
-        for part in SOAKS[name]:
-            target = out / (f"{part}.json" if part != "writer" or name == "maintain" else f"writer-{name}.json")
-            work = Path(tmp) / part
-            work.mkdir()
-            # the writer outlives the maintainer by a little, so the maintainer never sees the writes stop
-            seconds = minutes * 60 + (15 if part == "writer" else 0)
-            cmd = [
-                sys.executable,
-                "-m",
-                "tests.reliability.memory_soak",
-                "--child",
-                part,
-                "--roots",
-                ",".join(roots),
-                "--work",
-                str(work),
-                "--seconds",
-                str(seconds),
-                "--out",
-                str(target),
-            ]
-            procs.append(subprocess.Popen([*cmd, *(["--trace"] if trace else [])], env=env))
-        for p in procs:
-            if p.wait() != 0:
-                raise RuntimeError(f"{p.args!r} exited {p.returncode}")
+    tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"memsoak-{name}-"))
+    roots, extra = stack.enter_context(_s3_roots(local, Path(tmp)))
+    env = {**os.environ, **extra}  # with emulator_env's credentials and endpoint
+    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        env.pop(k, None)
+    procs = []
+    for part in SOAKS[name]:
+        target = out / (f"{part}.json" if part != "writer" or name == "maintain" else f"writer-{name}.json")
+        work = Path(tmp) / part
+        work.mkdir()
+        # the writer outlives the maintainer by a little, so the maintainer never sees the writes stop
+        seconds = minutes * 60 + (15 if part == "writer" else 0)
+        cmd = [
+            sys.executable,
+            "-m",
+            "tests.reliability.memory_soak",
+            "--child",
+            part,
+            "--roots",
+            ",".join(roots),
+            "--work",
+            str(work),
+            "--seconds",
+            str(seconds),
+            "--out",
+            str(target),
+        ]
+        procs.append(subprocess.Popen([*cmd, *(["--trace"] if trace else [])], env=env))
+    return procs
 
 
-def plot(out: Path) -> Path:
+def plot(out: Path, png: Path) -> Path:
     """One panel per measured process: RSS, RSS outside the block cache and the Python heap, in MiB."""
     import matplotlib
 
@@ -310,7 +312,6 @@ def plot(out: Path) -> Path:
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    png = out / "memory_soak.png"
     fig.savefig(png, dpi=90)
     return png
 
@@ -319,7 +320,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=60.0)
     p.add_argument("--out", type=Path, default=Path("bench/results/memory_soak"))
-    p.add_argument("--soaks", default=",".join(SOAKS), help="which soaks, comma-separated")
+    p.add_argument("--soaks", default=",".join(SOAKS), help="which soaks, comma-separated (run at the same time)")
+    p.add_argument("--png", type=Path, help="where the plot goes (default: OUT/memory_soak.png)")
     p.add_argument("--local", action="store_true", help="local roots instead of S3 (moto)")
     p.add_argument("--trace", action="store_true", help="tracemalloc in the measured processes (slower)")
     p.add_argument("--child", choices=sorted(PARTS), help=argparse.SUPPRESS)
@@ -332,9 +334,14 @@ def main(argv: list[str] | None = None) -> None:
         run_part(a.child, a.roots.split(","), a.work, a.seconds, a.out, a.trace)
         return
     a.out.mkdir(parents=True, exist_ok=True)
-    for name in a.soaks.split(","):
-        soak(name, a.minutes, a.out, local=a.local, trace=a.trace)
-    print(plot(a.out))
+    with contextlib.ExitStack() as stack:
+        procs = [
+            p for name in a.soaks.split(",") for p in soak(stack, name, a.minutes, a.out, local=a.local, trace=a.trace)
+        ]
+        failed = [p.args for p in procs if p.wait() != 0]
+    if failed:
+        raise SystemExit(f"soak processes failed: {failed!r}")
+    print(plot(a.out, a.png or a.out / "memory_soak.png"))
 
 
 if __name__ == "__main__":
