@@ -293,8 +293,8 @@ def test_ticks_exactly_once_across_a_restart_elsewhere(spark: Any, tmp_path: Pat
 @pytest.mark.slow
 def test_latency_from_due_time_to_output(spark: Any, tmp_path: Path) -> None:
     """Twenty timers due one after another with no input after the first batch: each fires within about a
-    trigger interval of its due time (measured by bench/spark_quiet_timers.py beside Spark's own)."""
-    from bench.spark_quiet_timers import run_ours
+    trigger interval of its due time (python -m bench quiet_timers measures it beside Spark's own)."""
+    from testkit.quiet_timers import run_ours
 
     latencies = run_ours(spark, tmp_path, timers=20, spacing_ms=700)
     assert len(latencies) == 20  # each fired once, with no input after theirs
