@@ -69,7 +69,7 @@ soak: $(STAMP) $(S3RVER_STAMP)
 SOAK_MINUTES ?= 60
 soak-hour: $(STAMP)
 	$(PY) -m tests.reliability.memory_soak --minutes $(SOAK_MINUTES) --out bench/results/memory_soak \
-		--png docs/memory_soak.png
+		--png docs/memory_soak.png --doc docs/reliability.md
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -316,12 +316,75 @@ def plot(out: Path, png: Path) -> Path:
     return png
 
 
+BEGIN, END = "<!-- memory-soak -->", "<!-- /memory-soak -->"
+"""The section of docs/reliability.md this driver writes (`python -m bench reliability` keeps it)."""
+
+
+def _mib(samples: list[dict[str, float]], key: str, part: slice) -> float:
+    chosen = samples[part] or samples
+    values = sorted(x["rss"] - x["cache"] if key == "outside" else x[key] for x in chosen)
+    return values[len(values) // 2] / 2**20
+
+
+def section(out: Path, png: Path, doc: Path) -> str:
+    """The doc's section: what ran, for how long, and each process's RSS at the start, the middle and the end."""
+    rows = []
+    for p in sorted(out.glob("*.json")):
+        s = json.loads(p.read_text())
+        if s.get("part") not in PARTS or not s["samples"]:
+            continue
+        x, q = s["samples"], max(1, len(s["samples"]) // 4)
+        rows.append(
+            f"| {s['part']} | {x[-1]['at'] / 60:.0f} | {_mib(x, 'rss', slice(q, 2 * q)):.0f} / "
+            f"{_mib(x, 'rss', slice(-q, None)):.0f} | {max(v['rss'] for v in x) / 2**20:.0f} | "
+            f"{_mib(x, 'outside', slice(q, 2 * q)):.0f} / {_mib(x, 'outside', slice(-q, None)):.0f} | "
+            f"{_mib(x, 'heap', slice(q, 2 * q)):.0f} / {_mib(x, 'heap', slice(-q, None)):.0f} | "
+            f"{s['memory_limit_bytes'] / 2**20:.0f} |"
+        )
+    return "\n".join(
+        [
+            BEGIN,
+            "### Memory over long runs",
+            "",
+            f"[`tests/reliability/memory_soak.py`](../tests/reliability/memory_soak.py) (`make soak-hour`: an hour; "
+            "`SOAK_MINUTES=N` for N minutes): a writer process commits a version a second to each of "
+            f"{ROOTS} S3 roots (moto, in a child process) of {PARTITIONS} stores, every fifth with a losing attempt; "
+            f"beside it a `statekeeper maintain` loop process (a cycle every {EVERY:.0f} s, SQLite catalog), and "
+            "separately a process running the Dagster code location's checkpoint sensor every "
+            f"{EVERY:.0f} s and every run it requests in process (SQLite instance). Each process samples its own "
+            f"RSS every {SAMPLE_SECONDS:.0f} s (MiB below: median of the second quarter / of the last quarter; "
+            "the first quarter is warm-up), the shared RocksDB block cache and the Python heap.",
+            "",
+            "| process | minutes | RSS | RSS max | RSS outside the block cache | Python heap | memory limit |",
+            "|---|---|---|---|---|---|---|",
+            *rows,
+            "",
+            f"![RSS over time]({os.path.relpath(png, doc.parent)})",
+            "",
+            END,
+        ]
+    )
+
+
+def write_section(doc: Path, text: str) -> None:
+    """Replace the marked section of `doc`, or append it."""
+    current = doc.read_text() if doc.exists() else ""
+    if BEGIN in current and END in current:
+        head, rest = current.split(BEGIN, 1)
+        current = head + text + rest.split(END, 1)[1]
+    else:
+        current = current.rstrip("\n") + "\n\n" + text + "\n"
+    doc.write_text(current)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=60.0)
     p.add_argument("--out", type=Path, default=Path("bench/results/memory_soak"))
     p.add_argument("--soaks", default=",".join(SOAKS), help="which soaks, comma-separated (run at the same time)")
     p.add_argument("--png", type=Path, help="where the plot goes (default: OUT/memory_soak.png)")
+    p.add_argument("--doc", type=Path, help="write the section of this page (docs/reliability.md)")
+    p.add_argument("--replot", action="store_true", help="only plot (and --doc) the series already in OUT")
     p.add_argument("--local", action="store_true", help="local roots instead of S3 (moto)")
     p.add_argument("--trace", action="store_true", help="tracemalloc in the measured processes (slower)")
     p.add_argument("--child", choices=sorted(PARTS), help=argparse.SUPPRESS)
@@ -334,14 +397,18 @@ def main(argv: list[str] | None = None) -> None:
         run_part(a.child, a.roots.split(","), a.work, a.seconds, a.out, a.trace)
         return
     a.out.mkdir(parents=True, exist_ok=True)
-    with contextlib.ExitStack() as stack:
-        procs = [
-            p for name in a.soaks.split(",") for p in soak(stack, name, a.minutes, a.out, local=a.local, trace=a.trace)
-        ]
-        failed = [p.args for p in procs if p.wait() != 0]
-    if failed:
-        raise SystemExit(f"soak processes failed: {failed!r}")
-    print(plot(a.out, a.png or a.out / "memory_soak.png"))
+    if not a.replot:
+        with contextlib.ExitStack() as stack:
+            procs = [
+                p for n in a.soaks.split(",") for p in soak(stack, n, a.minutes, a.out, local=a.local, trace=a.trace)
+            ]
+            failed = [p.args for p in procs if p.wait() != 0]
+        if failed:
+            raise SystemExit(f"soak processes failed: {failed!r}")
+    png = plot(a.out, a.png or a.out / "memory_soak.png")
+    if a.doc is not None:
+        write_section(a.doc, section(a.out, png, a.doc))
+    print(png)
 
 
 if __name__ == "__main__":
