@@ -66,9 +66,9 @@ def test_a_hostile_batch_file_is_refused_naming_it(tmp_path_factory: pytest.Temp
     plant(root, batch_path(OP, 7), body)
     fm = open_file_manager(root)
     records = BatchRecords(fm, CommitLog(fm), OP)
-    for read in (lambda: records.intent_partitions(7), lambda: records.batch_timestamp(7, 4)):
+    for partitions in (True, False):
         try:
-            read()
+            records.intent_partitions(7) if partitions else records.batch_timestamp(7, 4)
         except CorruptFileError as e:
             assert batch_path(OP, 7) in str(e)
         # else: a body that happens to be a valid record (hypothesis' binary may produce one)
@@ -127,3 +127,15 @@ def test_a_hostile_schema_record_in_meta_is_a_corrupt_state_naming_it(tmp_path: 
                 read_grouping_key(meta)
             else:
                 read_record(meta, "counts")
+
+
+def test_the_records_the_driver_writes_read_back(root: str) -> None:
+    fm = open_file_manager(root)
+    log = WatermarkLog(fm, OP, 1000)
+    log.record(3, 5_000, None)
+    log.record(4, 6_000, 9_000)
+    assert log.read(3) == (5_000, None) and log.read(4) == (6_000, 9_000)
+    records = BatchRecords(fm, CommitLog(fm), OP)
+    stamp = records.batch_timestamp(7, 4)
+    assert records.batch_timestamp(7, 8) == stamp and records.intent_partitions(7) == 4
+    assert records.intent_partitions(8) is None
