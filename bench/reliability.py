@@ -428,4 +428,7 @@ def _write_doc(tables: list[Table], measured_on: dict[str, Any], quick: bool) ->
     parts += [t.markdown() for t in tables]
     parts += ["### Bugs these runs found", "", *[f"- {b}" for b in FOUND], ""]
     parts += ["### Open", "", *[f"- {b}" for b in OPEN], ""]
+    kept = DOC.read_text() if DOC.exists() else ""  # the memory soaks' section (`make soak-hour` writes it)
+    if (begin := kept.find("<!-- memory-soak -->")) >= 0 and (end := kept.find("<!-- /memory-soak -->")) > begin:
+        parts += [kept[begin : end + len("<!-- /memory-soak -->")], ""]
     DOC.write_text("\n".join(parts))

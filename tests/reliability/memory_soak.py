@@ -331,7 +331,7 @@ def section(out: Path, png: Path, doc: Path) -> str:
     rows = []
     for p in sorted(out.glob("*.json")):
         s = json.loads(p.read_text())
-        if s.get("part") not in PARTS or not s["samples"]:
+        if p.stem not in PARTS or not s["samples"]:
             continue
         x, q = s["samples"], max(1, len(s["samples"]) // 4)
         rows.append(
