@@ -179,8 +179,8 @@ def resolve_load_plan(
             try:
                 _check_lineage(source, plan)
                 return plan
-            except _MismatchError:
-                pass  # rebuild from a committed base instead of the local copy
+            except (_MismatchError, CheckpointFileNotFoundError):
+                pass  # rebuild from a committed base: the lineage differs, or its records expired (a newer base)
     snaps = source.list_snapshots()
     return _resolved(source, target, head, origins, snaps.__contains__, (*sorted(snaps, reverse=True), None), ())
 
