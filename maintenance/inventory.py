@@ -541,18 +541,22 @@ def _listing(fm: CheckpointFileManager, prefix: str) -> tuple[list[FileInfo], li
     return published, unfinished, []
 
 
+def require_present(fm: CheckpointFileManager) -> None:
+    """A local root that does not exist (a typo, an unmounted volume) is refused before maintenance writes
+    anything, its leases included: a maintainer never creates a checkpoint root."""
+    if isinstance(fm, LocalFileManager) and not os.path.exists(fm.root_path):
+        raise ConfigurationError(f"checkpoint root {fm.root_uri} does not exist")
+
+
 def check_root(fm: CheckpointFileManager) -> None:
     """Refuse a root that is clearly not a checkpoint root (a typo, a parent directory, a home dir).
 
     Cheap: at most four first-page listings. An empty or absent root is a valid, empty checkpoint
     location, except a local root that does not exist at all (almost always a typo).
     """
-    if isinstance(fm, LocalFileManager):
-        path = fm.root_path
-        if not os.path.exists(path):
-            raise ConfigurationError(f"checkpoint root {fm.root_uri} does not exist")
-        if os.path.realpath(path) == os.path.sep:
-            raise ConfigurationError("refusing to maintain the file system root as a checkpoint root")
+    require_present(fm)
+    if isinstance(fm, LocalFileManager) and os.path.realpath(fm.root_path) == os.path.sep:
+        raise ConfigurationError("refusing to maintain the file system root as a checkpoint root")
     ours = (f"{COMMITS_DIR}/", f"{STATE_DIR}/", f"{SPARK_DIR}/")
     for prefix in ours:  # the driver writes spark/ first
         if next(iter(fm.list(prefix)), None) is not None:

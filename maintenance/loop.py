@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from statekeeper.maintenance.expiry import expire_versions
 from statekeeper.maintenance.health import chain_bound
-from statekeeper.maintenance.inventory import Inventory, check_root
+from statekeeper.maintenance.inventory import Inventory, check_root, require_present
 from statekeeper.maintenance.leasing import cycle_leases
 from statekeeper.maintenance.orphans import clean_orphans
 from statekeeper.maintenance.replica_pool import raise_open_file_limit
@@ -219,6 +219,7 @@ def _cycle(
     again (`Inventory.rescan_store`) unless a deletion or snapshot failed. New stores (and all of them in
     the first cycle) are leased by the first operation that needs them, then listed again.
     """
+    require_present(fm)  # before the leases, which would create a local root gone since the last cycle
     with cycle_leases(fm, settings, catalog, stores=known) as leases:
         inv = Inventory.scan(fm, parallelism=settings.parallelism, leased=leases.held_stores(), stores=wanted)
         result.listing_seconds += inv.seconds
