@@ -62,6 +62,22 @@ def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"[:200]
 
 
+def abandoned(owner: str) -> bool:
+    """Whether `owner` (``host:pid``, `default_owner`) is a process of this host that is gone (killed -9,
+    crashed): its hold ends now instead of at its expiry, since nothing can renew it or act under it. A
+    process that is only paused is alive and keeps its hold; a holder on another host waits out its expiry."""
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive under another user (EPERM), or unknowable: not ours to end
+        return False
+    return False
+
+
 @dataclass(frozen=True, slots=True)
 class HoldRecord:
     """What a hold epoch's file says."""
@@ -193,7 +209,8 @@ class RootLeases:
                 record = HoldRecord.parse(self.fm.read_bytes(info.path), self._uri(info.path), newest)
             except FileNotFoundError:  # cleaned up after a release meanwhile: look again next time
                 return Busy(store, "a maintainer releasing it", None)
-            if record.token != self.token and self.clock() <= record.expires_at + self.max_skew:
+            live = self.clock() <= record.expires_at + self.max_skew and not abandoned(record.owner)
+            if record.token != self.token and live:
                 return Busy(store, record.owner, record.expires_at)
         epoch = newest + 1
         expires = self.clock() + self.ttl

@@ -272,3 +272,39 @@ def test_a_loop_cycle_takes_the_root_lease_once_and_gives_it_back(
         maintain(h.fm, settings, every=0, cycles=1)
     assert before == set() and len(created) == 2, created  # a hold, then its release
     assert isinstance(RootLeases(h.fm, ttl=10).take(ROOT_FILES, timeout=0), Hold), "free after the cycle"
+
+
+@pytest.mark.parametrize("fate", ["killed", "paused"])
+def test_a_hold_of_a_process_gone_from_this_host_ends_at_once(tmp_path: Path, fate: str) -> None:
+    """A maintainer killed with -9 holds its leases in the root until they expire; on its own host the next one
+    sees that process is gone and takes them at once (a rerun after a crash is not refused for the lease's ttl).
+    A holder that is only paused (SIGSTOP) is alive: its hold stands."""
+    import signal
+    import subprocess
+    import sys
+
+    root = (tmp_path / "ckpt").as_uri()
+    store = StoreId("agg", 0)
+    holder = (
+        "import sys, time\n"
+        "from statekeeper.maintenance.root_leases import RootLeases\n"
+        "from statekeeper.store.files import open_file_manager\n"
+        "from statekeeper.store.layout import StoreId\n"
+        f"RootLeases(open_file_manager({root!r}), ttl=600).take(StoreId('agg', 0), timeout=0)\n"
+        "print('held', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        if fate == "killed":
+            proc.kill()
+            proc.wait(timeout=60)
+            assert isinstance(RootLeases(open_file_manager(root), ttl=10).take(store, timeout=0), Hold)
+        else:
+            proc.send_signal(signal.SIGSTOP)
+            with pytest.raises(MaintenanceBusyError, match=f":{proc.pid}' holds its lease"):
+                RootLeases(open_file_manager(root), ttl=10).take(store, timeout=0)
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
