@@ -11,6 +11,7 @@ from tests.bench.run import run_bench
 FLEET = "bench.fleet"
 
 
+@pytest.mark.slow  # two minutes of fleets; the default run keeps the two-root, lock-step and daemon smokes
 def test_fleet_benchmark_runs_both_maintainers(tmp_path: Path) -> None:
     plot = tmp_path / "fleet.png"
     args = ["--stores", "2", "3", "--seconds", "6", "--keys", "500", "--updates", "50", "--plot", str(plot)]
@@ -95,6 +96,7 @@ def test_fleet_profile_measures_the_maintainer_per_store_commit(tmp_path: Path) 
     assert (result["roots"], result["store_commits"], result["errors"]) == (2, 16, 0), "one loop, two roots"
 
 
+@pytest.mark.slow  # two minutes of fleets; the default run keeps the two-root, lock-step and daemon smokes
 def test_ceiling_measures_threads_and_build_processes(tmp_path: Path) -> None:
     """`python -m bench ceiling`: the loop's ceiling with its builds on threads and in build processes."""
     out = run_bench(tmp_path, ["--quick", "ceiling"], timeout=600)
@@ -109,6 +111,7 @@ def test_ceiling_measures_threads_and_build_processes(tmp_path: Path) -> None:
     assert [float(r[3]) > 0 for r in rows] == [False, True, False, True], "the build processes' CPU is counted"
 
 
+@pytest.mark.slow  # two minutes of fleets; the default run keeps the two-root, lock-step and daemon smokes
 def test_sustain_publishes_at_the_rate_asked_and_reports_whether_the_maintainer_kept_up(tmp_path: Path) -> None:
     """`python -m bench sustain`: versions written first, published at a rate beside one maintain loop."""
     out = run_bench(tmp_path, ["--quick", "sustain"], timeout=600)
