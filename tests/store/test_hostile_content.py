@@ -305,7 +305,8 @@ class TestBlocks:
     def test_a_zstd_bomb_is_refused_before_it_expands(self) -> None:
         stream = zstandard.ZstdCompressor(level=3).compressobj(size=1 << 30)  # built without holding 1 GiB
         zeros = bytes(1 << 20)
-        bomb = b"".join([*(stream.compress(zeros) for _ in range(1024)), stream.flush()])  # a few dozen KB claiming 1 GiB
+        # a few dozen KB claiming 1 GiB
+        bomb = b"".join([*(stream.compress(zeros) for _ in range(1024)), stream.flush()])
         assert len(bomb) < 1 << 20
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         for raw_len in (1 << 30, 100):  # the block head claims the frame's size, or a small one
