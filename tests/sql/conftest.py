@@ -76,3 +76,13 @@ def catalog_factory(new_db_url: Callable[[], str]) -> Iterator[Callable[[], Cata
 @pytest.fixture
 def catalog(catalog_factory: Callable[[], Catalog]) -> Catalog:
     return catalog_factory()
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A catalog on PostgreSQL over an S3 root proves nothing that PostgreSQL over a local root and SQLite over
+    S3 do not (the catalog sees the same listing either way): those variants run with the slow suites."""
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if params.get("db_backend") == "postgresql" and params.get("checkpoint_root") in ("s3", "s3rver"):
+            item.add_marker(pytest.mark.slow)
