@@ -1,14 +1,14 @@
 """Long soaks of one part at a time, each in its own process: does its memory level off? (issue 63, point 5)
 
-`python -m tests.reliability.memory_soak --minutes 60 --out DIR` runs two soaks, one after the other, each over a
+`python -m tests.reliability.memory_soak --minutes 60 --out DIR` runs two soaks at the same time, each over a
 fleet of roots (`ROOTS` roots of `PARTITIONS` stores) that a writer process commits to on S3 (moto in a child
 process; `--local`: local roots):
 
 * ``maintain``: the writer process and a `statekeeper maintain` loop (`maintenance.loop.maintain`) process;
   both are sampled, so this soak gives the writer's series (``writer``) and the loop's (``maintain``);
 * ``dagster``: the writer process and a process running the code location's checkpoint sensor on a short
-  interval and executing the runs it requests in process (`bench.fleet.dagster_runs.DagsterMaintainer` with a
-  SQLite instance, not an in-memory one): what a process keeps across runs is kept.
+  interval and executing the runs it requests in process (as `bench.fleet.dagster_runs.DagsterMaintainer` does,
+  with a SQLite instance, not an in-memory one): what a process keeps across runs is kept.
 
 Each measured process samples, every `SAMPLE_SECONDS`, its RSS, the RSS of its children (build processes), the
 Python heap (`tracemalloc`'s traced bytes with ``--trace``, else `sys.getallocatedblocks`) and the shared RocksDB
@@ -161,27 +161,50 @@ def _maintain(roots: list[str], work: Path, stop: threading.Event) -> dict[str, 
 
 
 def _dagster(roots: list[str], work: Path, stop: threading.Event) -> dict[str, int]:
-    from dagster import DagsterInstance
+    """The checkpoint sensor every `EVERY` s and the runs it requests, in this process (as
+    `bench.fleet.dagster_runs` does, which tests may not import), with a SQLite instance as deployed."""
+    from dagster import DagsterInstance, SensorResult, build_sensor_context
 
-    from bench.fleet.dagster_runs import DagsterMaintainer
+    from statekeeper.orchestration.config import OrchestrationConfig, parse_roots
+    from statekeeper.orchestration.definitions import build_definitions
+    from statekeeper.orchestration.jobs import requested_job
+    from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
+    from statekeeper.orchestration.sensors import SENSOR_NAME
 
     _wait_for_commits(roots, stop)
-    m = DagsterMaintainer(",".join(roots), _settings(work), f"sqlite:///{work / 'catalog.db'}")
-    m.instance.dispose()
-    instance_dir = work / "dagster-home"
-    instance_dir.mkdir(parents=True, exist_ok=True)
-    m.instance = DagsterInstance.local_temp(str(instance_dir))  # as deployed: runs and events on disk
-    errors: list[str] = []
-    ticks = 0
+    config = OrchestrationConfig(roots=parse_roots(",".join(roots)))
+    resources: dict[str, Any] = {
+        "storage": CheckpointStorage(roots=list(config.roots)),
+        "catalog": CatalogDatabase(url=f"sqlite:///{work / 'catalog.db'}"),
+        "maintenance": MaintenanceConfig.from_settings(_settings(work)),
+    }
+    defs = build_definitions(config, resources)
+    sensor = defs.get_repository_def().get_sensor_def(SENSOR_NAME)
+    (work / "dagster-home").mkdir(parents=True, exist_ok=True)
+    instance = DagsterInstance.local_temp(str(work / "dagster-home"))
+    cursor: str | None = None
+    ticks = runs = failed = 0
     try:
         while not stop.is_set():
             t0 = time.monotonic()
-            errors = [*errors, *m.tick()][:20]
+            result = sensor(build_sensor_context(cursor=cursor, resources=resources, instance=instance))
             ticks += 1
+            if isinstance(result, SensorResult):
+                cursor = result.cursor
+                for request in result.run_requests or []:
+                    job = requested_job(defs, request)
+                    out = job.execute_in_process(
+                        run_config=request.run_config,
+                        partition_key=request.partition_key,
+                        tags=request.tags,
+                        instance=instance,
+                        raise_on_error=False,
+                    )
+                    runs, failed = runs + 1, failed + (not out.success)
             stop.wait(max(0.0, EVERY - (time.monotonic() - t0)))
     finally:
-        m.close()
-    return {"ticks": ticks, "runs": sum(m.runs.values()), "errors": len(errors), "first errors": errors[:5]}  # type: ignore[dict-item]
+        instance.dispose()
+    return {"ticks": ticks, "runs": runs, "failed runs": failed}
 
 
 def _wait_for_commits(roots: list[str], stop: threading.Event) -> None:
