@@ -233,7 +233,7 @@ def _tws_variables(
     declared = props.get("stateVariables") or []
     if not declared:
         raise ConfigurationError(f"the transformWithState operator of {checkpoint!r} declares no state variables")
-    ttl = [v["stateName"] for v in declared if v.get("ttlEnabled")]
+    ttl = [v["stateName"] for v in declared if v.get("ttlEnabled") and not str(v["stateName"]).startswith("$")]
     if ttl:
         raise ConfigurationError(
             f"state variables {ttl} of {checkpoint!r} have a TTL: importing TTL'd state is not supported yet"
@@ -241,6 +241,8 @@ def _tws_variables(
     found = []
     for v in declared:
         name, kind = str(v["stateName"]), str(v["stateVariableType"])
+        if kind == "TimerState" or name.startswith("$"):  # Spark's own: timers (read as registered timers)
+            continue
         schema = state_reader(spark, checkpoint, operator_id, batch, name).load().schema
         if kind == "ValueState":
             found.append(SparkVariable(name, "value", _schema(schema["value"].dataType, name), None, name, "value"))
