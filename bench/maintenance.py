@@ -267,6 +267,18 @@ def _write_expiry_root(fm: CheckpointFileManager, sizes: Sizes, put: object) -> 
     return len(jobs)
 
 
+def _proven_by_an_earlier_run(fm: CheckpointFileManager, sizes: Sizes) -> None:
+    """The synthetic root's empty snapshots stand for bases a maintenance run proved (invariant 14: it opened them
+    and checked what they hold); this suite measures the deletion, so the proofs are given, not repeated."""
+    from statekeeper.maintenance.parsed_cache import PROVEN_SNAPSHOTS
+
+    base = sizes.expiry_versions - 5
+    for info in fm.list("state/"):
+        if info.path.endswith(".manifest") and f"/{base:020d}_" in info.path:
+            store = StoreId(OPERATOR, int(info.path.split("/")[2]))
+            PROVEN_SNAPSHOTS.add(fm.root_uri, store, [info.path])
+
+
 @contextmanager
 def _moto() -> Iterator[str]:
     from testkit.s3 import MotoServer, emulator_env, s3_client
@@ -300,6 +312,7 @@ def expiry(sizes: Sizes, base: str) -> Table:
 
                 written = _write_expiry_root(fm, sizes, put)
                 clear_caches()
+                _proven_by_an_earlier_run(fm, sizes)
                 if baseline:
                     victims = [i.path for i in fm.list("state/") if i.path.endswith(".changelog")]
                     victims = victims[: sizes.baseline_deletes]
