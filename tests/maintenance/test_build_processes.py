@@ -39,6 +39,7 @@ from tests.maintenance.helpers import History, all_files
 
 @pytest.fixture(autouse=True)
 def _stop_build_processes() -> Iterator[None]:
+    replica_pool.close_replicas()  # what an earlier suite of this process left open is not this test's
     yield
     close_build_processes()
 
