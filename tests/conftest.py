@@ -36,6 +36,16 @@ S3RVER_DEFAULT_SUITES = (
 )
 """Suites whose s3rver variants run by default; elsewhere they are marked slow (`make test-all`)."""
 
+LONG_SUITES = (
+    "tests/spark/",
+    "tests/reliability/",
+    "tests/test_doc_snippets.py",
+    "tests/bench/",
+    "tests/orchestration/test_ui.py",
+    "tests/maintenance/test_crash.py",
+)
+"""Suites of a minute or more a file, scheduled first."""
+
 S3_TEST_PAGE_SIZE = 7
 
 
@@ -119,13 +129,15 @@ def file_manager(checkpoint_root: str) -> CheckpointFileManager:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The s3rver variants outside `S3RVER_DEFAULT_SUITES` run only with the slow suites."""
+    """The s3rver variants outside `S3RVER_DEFAULT_SUITES` run only with the slow suites; the suites that take
+    minutes (`LONG_SUITES`) run first, so that under pytest-xdist the short ones fill the end on both workers."""
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is None or callspec.params.get("checkpoint_root") != "s3rver":
             continue
         if not item.nodeid.startswith(S3RVER_DEFAULT_SUITES):
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: not item.nodeid.startswith(LONG_SUITES))  # stable: files keep their order
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
