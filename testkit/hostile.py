@@ -5,6 +5,9 @@ table, `rows`)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 CLASSES = {
     "path names": "a manifest naming an SST `<outside>/evil.sst` and a file `../../../evil`",
     "lineage": "the newest changelog, well framed, extending an attempt no commit record names",
@@ -101,3 +104,17 @@ def rows(outcomes: dict[str, dict[str, dict[str, str]]]) -> list[list[str]]:
 
 
 __all__ = ["BACKENDS", "CLASSES", "EXPECTED", "READERS", "rows"]
+
+
+def tree_contents(top: Path, skip: tuple[Path, ...]) -> dict[str, bytes]:
+    """Every file under `top` but under `skip` with its bytes (special files as ``<special>``, never opened): the
+    canaries a hostile-content test compares before and after, to show nothing outside the root was written."""
+    out = {}
+    for dirpath, dirs, files in os.walk(top):
+        if any(Path(dirpath).is_relative_to(s) for s in skip):
+            dirs[:] = []
+            continue
+        for f in files:
+            p = Path(dirpath) / f
+            out[str(p)] = p.read_bytes() if p.is_file() and not p.is_symlink() else b"<special>"
+    return out

@@ -19,6 +19,7 @@ from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.store.files import open_file_manager
 from statekeeper.store.snapshot import read_manifest
+from testkit.hostile import tree_contents
 from tests.maintenance.helpers import History, clobber, snapshotted_history
 
 COMMANDS = [
@@ -30,18 +31,6 @@ COMMANDS = [
     ["clean-orphans", "--grace", "0"],
     ["catalog", "sync", "--full"],
 ]
-
-
-def tree(top: Path, skip: tuple[Path, ...]) -> dict[str, bytes]:
-    out = {}
-    for dirpath, dirs, files in os.walk(top):
-        if any(Path(dirpath).is_relative_to(s) for s in skip):
-            dirs[:] = []
-            continue
-        for f in files:
-            p = Path(dirpath) / f
-            out[str(p)] = p.read_bytes() if p.is_file() and not p.is_symlink() else b"<special>"
-    return out
 
 
 def plant(h: History, kind: str, outside: Path) -> str:
@@ -82,7 +71,7 @@ def test_every_command_refuses_hostile_content_and_writes_nothing_outside(
     path = plant(h, kind, outside)
     root_dir = Path(h.fm.root_path)  # type: ignore[attr-defined]
     work = tmp_path / "work"
-    before = tree(tmp_path, (root_dir, work, tmp_path / "home"))
+    before = tree_contents(tmp_path, (root_dir, work, tmp_path / "home"))
     for cmd in COMMANDS:
         args = [*cmd, h.root, "--json", *(["--work-dir", str(work)] if cmd[0] != "catalog" else [])]
         code = main(args)
@@ -90,7 +79,7 @@ def test_every_command_refuses_hostile_content_and_writes_nothing_outside(
         assert code in (0, 1, 2), (cmd, code, out.err[-2000:])
         if kind == "manifest names paths" and cmd[0] == "verify":
             assert path in out.out + out.err, (cmd, out.out[-2000:], out.err[-2000:])
-        assert tree(tmp_path, (root_dir, work, tmp_path / "home")) == before, f"{cmd}: a file changed outside"
+        assert tree_contents(tmp_path, (root_dir, work, tmp_path / "home")) == before, f"{cmd}: a file changed outside"
         assert (outside / "canary.txt").read_text() == "precious"
     assert not (outside / "evil.sst").exists()
     h.check_loadable(h.retained(settings), [h.stores[1]])  # the other store: every retained version loads

@@ -38,7 +38,7 @@ from statekeeper.store.formats import changelog as cl
 from statekeeper.store.formats import snapshot as snap
 from statekeeper.store.formats.framing import CRC, FRAME_HEAD, decode_whole_frame, encode_frame
 from statekeeper.store.formats.snapshot import SnapshotManifest
-from testkit.hostile import CLASSES, EXPECTED, READERS
+from testkit.hostile import CLASSES, EXPECTED, READERS, tree_contents
 from tests.maintenance.helpers import History, clobber, snapshotted_history
 
 RESULT_ENV = "STATEKEEPER_HOSTILE_RESULT"
@@ -56,18 +56,6 @@ def _cases() -> list[object]:
         for cls in CLASSES:
             slow = backend == "s3" and cls not in S3_DEFAULT
             out.append(pytest.param(backend, cls, id=f"{backend}-{cls}", marks=[pytest.mark.slow] if slow else []))
-    return out
-
-
-def _tree(top: Path, skip: tuple[Path, ...]) -> dict[str, bytes]:
-    out = {}
-    for dirpath, dirs, files in os.walk(top):
-        if any(Path(dirpath).is_relative_to(s) for s in skip):
-            dirs[:] = []
-            continue
-        for f in files:
-            p = Path(dirpath) / f
-            out[str(p)] = p.read_bytes() if p.is_file() and not p.is_symlink() else b"<special>"
     return out
 
 
@@ -216,7 +204,7 @@ def _run_matrix_row(
     path = plant(h, cls, outside, monkeypatch)
     work = tmp_path / "work"
     skip = (tmp_path / "ckpt", work, tmp_path / "home")
-    before = _tree(tmp_path, skip)
+    before = tree_contents(tmp_path, skip)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     caplog.set_level(logging.WARNING)
     seen: dict[str, str] = {}
@@ -240,7 +228,7 @@ def _run_matrix_row(
                 assert "limit of a file read whole" in out.out, out.out[-2000:]  # S3's cap refused it unread
             seen[reader] = f"exit {code}" + (", file named" if named else "")
         assert time.monotonic() - t0 < COMMAND_SECONDS, f"{reader} took too long"
-        assert _tree(tmp_path, skip) == before, f"{reader}: a file changed outside the root and work directory"
+        assert tree_contents(tmp_path, skip) == before, f"{reader}: a file changed outside the root and work directory"
         assert (outside / "canary.txt").read_text() == "precious"
         assert _size(work) < TEMP_BOUND_BYTES, f"{reader}: {_size(work)} bytes of temp disk"
     rss_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024

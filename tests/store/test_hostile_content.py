@@ -35,6 +35,7 @@ from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import StoreId, commit_path
 from statekeeper.store.snapshot import read_manifest, write_snapshot
 from statekeeper.store.state_store import StateStore
+from testkit.hostile import tree_contents
 
 OP = "agg"
 STORE = StoreId(OP, 0)
@@ -97,18 +98,6 @@ def site(pristine: dict[str, object], tmp_path: Path) -> Iterator[dict[str, obje
     yield {**pristine, "root": str(root), "outside": outside, "work": tmp_path / "work", "tmp": tmp_path}
 
 
-def snapshot_of_tree(top: Path, skip: tuple[Path, ...]) -> dict[str, bytes]:
-    out = {}
-    for dirpath, dirs, files in os.walk(top):
-        if any(Path(dirpath).is_relative_to(s) for s in skip):
-            dirs[:] = []
-            continue
-        for f in files:
-            p = Path(dirpath) / f
-            out[str(p)] = p.read_bytes() if p.is_file() and not p.is_symlink() else b"<special>"
-    return out
-
-
 def plant(root: str, path: str, data: bytes) -> None:
     full = Path(root) / path
     full.unlink(missing_ok=True)
@@ -149,14 +138,14 @@ class TestHostileManifestNames:
         else:
             hostile = replace(m, db_files={**m.db_files, bad: b"evil"})
         plant(str(site["root"]), path, hostile.to_bytes())
-        before = snapshot_of_tree(tmp, (Path(str(site["work"])),))
+        before = tree_contents(tmp, (Path(str(site["work"])),))
         with pytest.raises(CorruptFileError) as ei:
             read_manifest(fm, path)
         assert path in str(ei.value) and "field" in str(ei.value)
         with load(site, VERSIONS, f"w{data.draw(st.integers(0, 10**9))}") as s:  # repaired from the changelogs
             assert {cf: dict(s.items(cf=cf)) for cf in s.column_families()} == site["state"]
             assert s.last_load is not None and s.last_load.repaired_snapshots == 1
-        assert snapshot_of_tree(tmp, (Path(str(site["work"])),)) == before, "a file changed outside the work dir"
+        assert tree_contents(tmp, (Path(str(site["work"])),)) == before, "a file changed outside the work dir"
         assert (outside / "canary.txt").read_text() == "precious"
         plant(str(site["root"]), path, m.to_bytes())
 
