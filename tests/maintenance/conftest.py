@@ -13,7 +13,7 @@ from statekeeper.maintenance.inventory import clear_caches
 from statekeeper.maintenance.replica_pool import close_replicas
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.sql import Catalog
-from tests.maintenance.helpers import History
+from tests.maintenance.helpers import History, small_settings
 
 
 def _histories(root: str) -> Iterator[Callable[..., History]]:
@@ -47,15 +47,7 @@ def make_local_history(tmp_path: Path) -> Iterator[Callable[..., History]]:
 @pytest.fixture
 def settings(tmp_path: Path) -> MaintenanceSettings:
     """Small numbers so a few batches exercise every rule; no grace period."""
-    return MaintenanceSettings(
-        snapshot_threshold=4,
-        min_versions_to_retain=3,
-        orphan_grace_seconds=0,
-        load_grace_seconds=0,
-        parallelism=2,
-        lease_ttl_seconds=30,
-        work_dir=str(tmp_path / "work"),
-    )
+    return small_settings(str(tmp_path / "work"))
 
 
 @pytest.fixture

@@ -138,6 +138,19 @@ class History:
         shutil.rmtree(self.work, ignore_errors=True)
 
 
+def small_settings(work_dir: str) -> MaintenanceSettings:
+    """Small numbers so a few batches exercise every rule; no grace period (the maintenance suites' settings)."""
+    return MaintenanceSettings(
+        snapshot_threshold=4,
+        min_versions_to_retain=3,
+        orphan_grace_seconds=0,
+        load_grace_seconds=0,
+        parallelism=2,
+        lease_ttl_seconds=30,
+        work_dir=work_dir,
+    )
+
+
 def snapshotted_history(make_history: Callable[..., History], settings: MaintenanceSettings) -> History:
     """Two stores with expirable history, losing attempts (orphans) and snapshots at versions 5 and 9."""
     h = make_history()

@@ -39,7 +39,7 @@ from statekeeper.store.formats import snapshot as snap
 from statekeeper.store.formats.framing import CRC, FRAME_HEAD, decode_whole_frame, encode_frame
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from testkit.hostile import CLASSES, EXPECTED, READERS, tree_contents
-from tests.maintenance.helpers import History, clobber, snapshotted_history
+from tests.maintenance.helpers import History, clobber, small_settings, snapshotted_history
 
 RESULT_ENV = "STATEKEEPER_HOSTILE_RESULT"
 S3_DEFAULT = ("special or oversized file",)
@@ -177,15 +177,7 @@ def test_every_reader_refuses_or_repairs_each_hostile_class(
 @pytest.fixture
 def settings(tmp_path: Path) -> MaintenanceSettings:
     """Small numbers so a few batches exercise every rule; no grace period (as tests/maintenance's)."""
-    return MaintenanceSettings(
-        snapshot_threshold=4,
-        min_versions_to_retain=3,
-        orphan_grace_seconds=0,
-        load_grace_seconds=0,
-        parallelism=2,
-        lease_ttl_seconds=30,
-        work_dir=str(tmp_path / "work"),
-    )
+    return small_settings(str(tmp_path / "work"))
 
 
 def _run_matrix_row(
