@@ -71,10 +71,9 @@ def json_depth(data: bytes, limit: int = MAX_JSON_DEPTH) -> int:
     brackets (rare: a column family named so) is parsed and the value walked instead, the parser stopping
     itself at the interpreter's recursion limit.
     """
-    if b"\\" in data:
-        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
-    marks = data.translate(_BRACES_AS_BRACKETS, _NOT_STRUCTURAL).replace(b'""', b"")
-    if b'"' in marks:
+    text = data.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in data else data
+    marks = text.translate(_BRACES_AS_BRACKETS, _NOT_STRUCTURAL).replace(b'""', b"")
+    if b'"' in marks:  # the original text: with its escapes dropped, two keys may become one
         return _value_depth(json.loads(data), limit)
     depth = 0
     while marks:
