@@ -42,11 +42,13 @@ run: check-prereqs-run $(STAMP)
 
 # The default suite on both cores: TEST_WORKERS pytest-xdist workers, a test file to a worker at a time (a file's
 # module fixtures start once); each worker starts its own session servers (Spark, S3, PostgreSQL) on free ports.
+# Files are handed out in collection order, the longest first (tests/conftest.py LONG_SUITES), not xdist's
+# default of the most tests first (which left the single-test suites of minutes for the end).
 TEST_WORKERS ?= 2
 test: $(STAMP) $(S3RVER_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-all: $(STAMP) $(S3RVER_STAMP)
 	$(PY) -m pytest

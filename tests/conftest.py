@@ -37,14 +37,28 @@ S3RVER_DEFAULT_SUITES = (
 """Suites whose s3rver variants run by default; elsewhere they are marked slow (`make test-all`)."""
 
 LONG_SUITES = (
-    "tests/spark/",
-    "tests/reliability/",
+    "tests/reliability/test_crash_sweep.py",
+    "tests/spark/test_example_maintenance.py",
+    "tests/spark/test_connect.py",
+    "tests/spark/test_cluster.py",
+    "tests/maintenance/test_crash.py",
+    "tests/spark/test_rescale.py",
+    "tests/store/test_model.py",
+    "tests/reliability/test_soak.py",
+    "tests/maintenance/test_concurrency.py",
     "tests/test_doc_snippets.py",
     "tests/bench/",
+    "tests/spark/test_quiet_timers.py",
+    "tests/spark/test_e2e.py",
     "tests/orchestration/test_ui.py",
-    "tests/maintenance/test_crash.py",
+    "tests/store/test_s3_store.py",
+    "tests/spark/",
+    "tests/reliability/",
+    "tests/maintenance/test_properties.py",
+    "tests/store/test_crash.py",
 )
-"""Suites of a minute or more a file, scheduled first."""
+"""Suites of a minute or more a file, longest first (`--durations` of a default run on 2 cores): they are handed
+out first, so that under pytest-xdist the short files fill the end on every worker."""
 
 S3_TEST_PAGE_SIZE = 7
 
@@ -137,7 +151,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             continue
         if not item.nodeid.startswith(S3RVER_DEFAULT_SUITES):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: not item.nodeid.startswith(LONG_SUITES))  # stable: files keep their order
+    items.sort(key=_suite_rank)  # stable: files keep their order, a file's tests stay together
+
+
+def _suite_rank(item: pytest.Item) -> int:
+    return next((i for i, suite in enumerate(LONG_SUITES) if item.nodeid.startswith(suite)), len(LONG_SUITES))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
