@@ -29,6 +29,11 @@ class StoreConfig:
     flight at once: `statekeeper.store.files.read_ahead`); 0 reads each in turn."""
     verify_commit: bool = True
     """On a rebuild, check that the requested id is the committed one (one small read)."""
+    bulk_replay: bool = False
+    """A store whose loads are scanned, not served (a rescale's sources): its load replays into vector memtables
+    (an append per record: about half the loading thread's CPU, under the GIL, of a skip list) and flushes them
+    once at its end (the sort, outside the GIL). A point read of a write made after the load sorts its memtable:
+    never for a streaming task's store (`statekeeper.store.rocks.db_options`)."""
 
     def __post_init__(self) -> None:
         if self.block_bytes < 1024:

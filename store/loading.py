@@ -44,7 +44,7 @@ from statekeeper.store.load_plan import (
     fall_back,
     resolve_load_plan,
 )
-from statekeeper.store.rocks import db_options, ingest_sst, open_db, relieve_memory_pressure
+from statekeeper.store.rocks import db_options, flush_all, ingest_sst, open_db, relieve_memory_pressure
 from statekeeper.store.snapshot import read_manifest, restore_snapshot
 
 if TYPE_CHECKING:
@@ -88,6 +88,9 @@ class LoadSettings(Protocol):
 
     @property
     def read_ahead(self) -> int: ...
+
+    @property
+    def bulk_replay(self) -> bool: ...
 
 
 class PlanExecution:
@@ -230,7 +233,7 @@ class PlanExecution:
                 self._warn_unreadable(plan, bad, e)
                 plan = older
                 log.debug("%s", plan.describe())
-        self._db = open_db(self._db_dir, self._cfs)  # handles given out before stay valid
+        self._db = open_db(self._db_dir, self._cfs, bulk_replay=self.config.bulk_replay)  # handles stay valid
         for name in rd.Rdict.list_cf(self._db_dir, db_options()):
             self._make_cf(name)
         return plan
@@ -245,7 +248,7 @@ class PlanExecution:
         if not os.path.exists(os.path.join(self._db_dir, "CURRENT")):
             raise CorruptFileError("the snapshot has no CURRENT file, so RocksDB would open an empty DB", name)
         try:
-            self._db = open_db(self._db_dir, self._cfs)  # handles given out before stay valid
+            self._db = open_db(self._db_dir, self._cfs, bulk_replay=self.config.bulk_replay)  # handles stay valid
             for cf in rd.Rdict.list_cf(self._db_dir, db_options()):
                 self._make_cf(cf)
         except Exception as e:  # rocksdict has no exception classes: anything is a bad snapshot
@@ -276,6 +279,8 @@ class PlanExecution:
                     reader.check_footer()
                     records += replay.add(reader)
         replay.write()
+        if self.config.bulk_replay and records:
+            flush_all(self._db, self._cfs)  # sorts the vector memtables now, outside the GIL, not at each read
         return records
 
 

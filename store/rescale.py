@@ -337,21 +337,29 @@ def _open_target(
     rules: KeyGroupRules,
     config: StoreConfig,
     into: StateStore | None,
+    sources: SourceStores,
 ) -> _Target:
     """New partition `p` (in `into`, or a store of its own): its old store loaded at the source version
-    when it keeps groups in place, else an empty store whose commit is a full-state changelog."""
-    store = into or StateStore(fm, plan.operator, p, config=replace(config, local_dir=None))
+    when it keeps groups in place (taken over from `sources` when they loaded it for a neighbour: one
+    load, not two), else an empty store whose commit is a full-state changelog."""
     if p not in plan.kept_in_place():
+        store = into or StateStore(fm, plan.operator, p, config=replace(config, local_dir=None))
         return _Target(store.begin_full_state(plan.head_version))
-    try:
-        store.load(plan.source_version, plan.source_ids[p])
-    except BaseException:
-        if into is None:
-            store.close()
-        raise
+    taken = None if into is not None else sources.take(p)
+    if taken is not None:
+        store, read = taken, 0  # its bytes were counted where it was loaded
+    else:
+        store = into or StateStore(fm, plan.operator, p, config=sources.config)
+        try:
+            store.load(plan.source_version, plan.source_ids[p])
+        except BaseException:
+            if into is None:
+                store.close()
+            raise
+        read = load_bytes(fm, store.last_plan)
     assert plan.target_layout is not None
     target = _Target(store, plan.target_layout.groups_of(p))
-    target.bytes_read = load_bytes(fm, store.last_plan)
+    target.bytes_read = read
     for cf in store.column_families():
         if rules.rule(cf) is CfRule.SHARED:
             target.shared.update(((cf, k), v) for k, v in store.items(cf=cf))
@@ -383,7 +391,8 @@ class SourceStores:
 
     `cached` may lend a store of the caller's (a Spark worker's cached store of that partition number,
     likely still holding the source version: its load is then a reuse); it stays the caller's. Other
-    sources are loaded into temporary stores, closed once no build needs them.
+    sources are loaded into temporary stores (`StoreConfig.bulk_replay`: they are only scanned), closed
+    once no build needs them, or taken over by the build that keeps that partition in place (`take`).
     """
 
     def __init__(
@@ -393,7 +402,7 @@ class SourceStores:
         config: StoreConfig,
         cached: Callable[[int], StateStore | None] | None = None,
     ) -> None:
-        self.fm, self.plan, self.config = fm, plan, replace(config, local_dir=None)
+        self.fm, self.plan, self.config = fm, plan, replace(config, local_dir=None, bulk_replay=True)
         self.cached = cached
         self.loaded: dict[int, tuple[StateStore, bool]] = {}
         """Old partition -> (its store, whether this object opened it)."""
@@ -403,6 +412,15 @@ class SourceStores:
             store, own = self.loaded.pop(q)
             if own:
                 store.close()
+
+    def take(self, q: int) -> StateStore | None:
+        """Old partition `q`'s store, if this object loaded it (at the source version, unchanged): now the
+        caller's to write and close."""
+        kept = self.loaded.get(q)
+        if kept is None or not kept[1]:
+            return None
+        del self.loaded[q]
+        return kept[0]
 
     def get(self, q: int) -> tuple[StateStore, int]:
         """Old partition `q` loaded at the source version, and the bytes that took (0 when kept)."""
@@ -443,9 +461,23 @@ def build_partitions(
     for the neighbours that take groups from it."""
     sources = SourceStores(fm, plan, config)
     try:
-        return [build_partition(fm, plan, rules, config, p, sources) for p in run]
+        return [build_partition(fm, plan, rules, config, p, sources) for p in _build_order(plan, run)]
     finally:
         sources.close()
+
+
+def _build_order(plan: RescalePlan, run: list[int]) -> list[int]:
+    """`run` with each partition kept in place moved after the neighbours that take groups from its old
+    partition: they load that partition first, and its own build then takes the loaded store over."""
+    order = list(run)
+    for p in plan.kept_in_place():
+        if p not in order:
+            continue
+        at = order.index(p)
+        order.remove(p)
+        users = [i for i, r in enumerate(order) if any(q == p for q, _lo, _hi in plan.sources_of(r))]
+        order.insert(max([at, *(i + 1 for i in users)]), p)
+    return order
 
 
 def build_partition(
@@ -468,9 +500,10 @@ def build_partition(
     t0 = time.perf_counter()
     own = sources is None
     sources = sources or SourceStores(fm, plan, config)
-    given = [(q, lo, hi) for q, lo, hi in plan.sources_of(p) if not (q == p and p in plan.kept_in_place())]
-    sources.keep_only({q for q, _lo, _hi in given})
-    target = _open_target(fm, plan, p, rules, config, into)
+    in_place = p in plan.kept_in_place()
+    given = [(q, lo, hi) for q, lo, hi in plan.sources_of(p) if not (q == p and in_place)]
+    sources.keep_only({q for q, _lo, _hi in given} | ({p} if in_place else set()))
+    target = _open_target(fm, plan, p, rules, config, into, sources)
     try:
         for q, lo, hi in given:  # a partition kept in place has its own groups already
             src, read = sources.get(q)

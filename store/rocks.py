@@ -250,6 +250,12 @@ def db_options(*, bulk_replay: bool = False) -> rd.Options:
     return opts
 
 
+def flush_all(db: rd.Rdict, column_families: Iterable[str]) -> None:
+    """Flush the memtables of `column_families` of `db` and wait (rocksdict lets other threads run meanwhile)."""
+    for name in column_families:
+        (db if name == DEFAULT_CF else db.get_column_family(name)).flush(wait=True)
+
+
 def ingest_sst(cf_db: rd.Rdict, path: str) -> None:
     """Move the external SST file at `path` into `cf_db` (an Rdict bound to one column family); its
     records get newer sequence numbers than every write before, as if written now."""

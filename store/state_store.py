@@ -426,7 +426,7 @@ class StateStore(PlanExecution):
         if self._writer is not None:
             self.abort()
         self._discard_local()
-        self._db = open_db(self._db_dir, self._cfs)
+        self._db = open_db(self._db_dir, self._cfs, bulk_replay=self.config.bulk_replay)
         for name in rd.Rdict.list_cf(self._db_dir, db_options()):
             self._make_cf(name)
         self._start_attempt(version, "", full_state=True)
@@ -522,7 +522,7 @@ class StateStore(PlanExecution):
         if cf is not None:
             return cf
         validate_column_family(name)
-        db.create_column_family(name, db_options())
+        db.create_column_family(name, db_options(bulk_replay=self.config.bulk_replay))
         cf = self._make_cf(name)
         if self._writer is not None:
             cf._open_for_writes()
