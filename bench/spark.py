@@ -2,22 +2,31 @@
 
 Stateful streaming on Spark: Spark's own state operators vs statekeeper, same workload, same run.
 
-Workload (issue 6): per key, a running count and sum; keys uniform over 100k; 50k rows per batch from
-a file source reading one parquet file per trigger; 50 batches; 4 state partitions; local[2].
+Workload (issues 6, 65): per key, a running count and sum; uniform keys; a file source reading one parquet
+file per trigger; 4 state partitions; local[2]. The main table: 100k keys, 50k rows a batch; the size table
+(bench/spark_scale.py) adds 500k rows at 100k keys, 500k and 2M rows at 1M keys, every variant at each.
 
 - Spark ``applyInPandasWithState`` with the RocksDB state store provider and changelog checkpointing
 - Spark ``transformWithStateInPandas`` (RocksDB provider, changelog checkpointing)
-- statekeeper, per-key ``StatefulProcessor`` (rows), sync and async checkpointing
+- statekeeper, per-key ``StatefulProcessor`` (rows), sync (and async, main table) checkpointing
 - statekeeper, per-key ``StatefulProcessor`` with pandas input (transformWithStateInPandas semantics)
+- statekeeper, ``ApplyInPandasWithState`` running Spark's function unchanged
 - statekeeper, vectorized ``BatchStatefulProcessor``
 - Spark's native JVM streaming aggregation (RocksDB provider, changelog checkpointing)
-- two floors: a stateless foreachBatch that shuffles by key into ``noop``, and statekeeper's own batch
-  with a Python task that hands its input back (no state, no user code: ``run_plan_floor``)
+- three floors: a stateless foreachBatch that shuffles by key into ``noop``; statekeeper's own batch with a
+  Python task that hands its input back (no state, no user code: ``run_plan_floor``); the pandas floor, the
+  same user function on the same per-key frames in a plain Python loop (no Spark, no state)
 
 Batch duration is Spark's own ``durationMs.triggerExecution`` of every batch of each query (for
 statekeeper it includes the foreachBatch function: tasks, upload wait, commit record and the sink, which
 writes the output to the ``noop`` sink like the Spark queries do). Every variant ends with the same state
 (checked against the batch-computed totals for statekeeper's variants).
+
+Knobs (environment; bench/spark_scale.py says more): BENCH_SPARK_BATCHES (main size, default 30),
+BENCH_SPARK_SIZE_BATCHES (the other sizes, default 8, 8, 6), BENCH_SPARK_PANDAS_BATCHES (the per-key pandas
+paths and the pandas floor, default 3), BENCH_SPARK_BASELINE_BATCHES (Spark's Python operators, default 3),
+BENCH_SPARK_SLOW_BATCH_MAX_S (skip a slow variant whose batch would take longer, default 120). The first batch
+of every query is warm-up.
 """
 
 # ruff: noqa: N802, N803 - PySpark's StatefulProcessor method names
@@ -40,41 +49,29 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.report import Table, load_note
+from bench.spark_scale import (
+    APPLY,
+    FLOOR,
+    NATIVE,
+    PLAN_FLOOR,
+    ROWS,
+    VECTORIZED,
+    SizeResult,
+    run_sizes,
+    size_tables,
+    sizes,
+)
 from bench.spark_trace import trace_row, trace_table
 
 log = logging.getLogger(__name__)
 
-FULL = {"keys": 100_000, "rows": 50_000, "batches": 50, "partitions": 4, "baseline_batches": 50}
-QUICK = {"keys": 2_000, "rows": 2_000, "batches": 4, "partitions": 4, "baseline_batches": 4}
-BASELINE_BATCHES_ENV = "BENCH_SPARK_BASELINE_BATCHES"
-"""Spark's own operators take 15-30 s per batch here (about 40 minutes for both): a smaller value runs only
-the first batches of theirs, to save time."""
+PARTITIONS = 4
 WARMUP_BATCHES = 1
 """The first batch of every query (its plan, code generation and imports) is left out of the figures."""
 WARM_UP_QUERIES = ("rows", "vectorized", "native", "floor")
-"""An unmeasured first round of these queries over the same input: the JVM's JIT compiles Spark's code for
-minutes (its compiler threads took 200 ms of CPU per batch in the first query of a session, 70 ms in the
+"""An unmeasured first round of these queries over the first size's input: the JVM's JIT compiles Spark's code
+for minutes (its compiler threads took 200 ms of CPU per batch in the first query of a session, 70 ms in the
 third), so whichever query ran first would pay for it."""
-NATIVE = "Spark native aggregation (JVM, RocksDB, changelog)"
-FLOOR = "floor: stateless foreachBatch shuffle by key + noop"
-PLAN_FLOOR = "floor: statekeeper's batch with a Python task that hands its input back (no state) + noop"
-APPLY = "Spark applyInPandasWithState (RocksDB, changelog)"
-APPLY_UNCHANGED = "statekeeper ApplyInPandasWithState, the same function unchanged, sync"
-SCALE_FULL = [(100_000, 500_000, 10), (1_000_000, 500_000, 10)]
-"""(keys, rows per batch, batches): 10x the rows per batch, then 10x the state too."""
-SCALE_QUICK = [(2_000, 20_000, 3), (20_000, 20_000, 3)]
-SCALE_COLUMNS = [
-    "keys",
-    "rows / batch",
-    "per-key rows p50",
-    "vectorized p50",
-    "Spark native p50",
-    "floor p50",
-    "rows / native",
-    "vectorized / native",
-    "rows p99/p50",
-    "vectorized p99/p50",
-]
 OUTPUT = "key string, count long, total long"
 STATE = "count long, total long"
 
@@ -315,7 +312,8 @@ def run_statekeeper(
     async_checkpoint: bool,
     partitions: int,
     expected: dict[str, tuple[int, int]],
-) -> tuple[list[float], dict[str, float], list[Any]]:
+) -> tuple[list[float], dict[str, float], list[Any], list[Any]]:
+    """The query's steady batch durations, its phases' medians, its trace row and its steady BatchProgress."""
     from statekeeper.store.spark import StatefulOperator, read_state
 
     processor = _statekeeper_processors()[api]
@@ -351,7 +349,7 @@ def run_statekeeper(
         "warm": float(sum(p.stores_reused for p in progress)) / max(1, sum(p.num_partitions for p in progress)),
     }
     measured = progress[WARMUP_BATCHES:] or progress
-    return durations, phases, trace_row(name, measured, durations, jobs_per_batch)
+    return durations, phases, trace_row(name, measured, durations, jobs_per_batch), measured
 
 
 def _warm_up_jvm(
@@ -370,246 +368,126 @@ def _warm_up_jvm(
     FLOOR_JOBS.clear()
 
 
-def _scale_row(keys: int, rows: int, batches: int, results: dict[str, list[float]]) -> list[Any]:
-    p50 = {k: _pct(v, 50) for k, v in results.items()}
-    r, v = results["statekeeper per-key rows, sync"], results["statekeeper vectorized, sync"]
-    return [
-        keys,
-        rows,
-        round(p50["statekeeper per-key rows, sync"]),
-        round(p50["statekeeper vectorized, sync"]),
-        round(p50[NATIVE]),
-        round(p50[FLOOR]),
-        round(_pct(r, 50) / p50[NATIVE], 2),
-        round(_pct(v, 50) / p50[NATIVE], 2),
-        round(_pct(r, 99) / _pct(r, 50), 2),
-        round(_pct(v, 99) / _pct(v, 50), 2),
-    ]
-
-
-def _run_scale(
-    spark: Any, work: Path, keys: int, rows: int, batches: int, partitions: int, timeout: float
-) -> list[Any]:
-    """Per-key rows, vectorized, Spark native and the floor on a bigger workload."""
-    base = work / f"scale-{keys}-{rows}"
-    inputs = base / "inputs"
-    expected = write_inputs(inputs, batches, rows, keys, seed=keys + rows)
-    results: dict[str, list[float]] = {}
-    for name, api in (("statekeeper per-key rows, sync", "rows"), ("statekeeper vectorized, sync", "vectorized")):
-        results[name] = run_statekeeper(
-            spark,
-            inputs,
-            base / api,
-            timeout,
-            api=api,
-            async_checkpoint=False,
-            partitions=partitions,
-            expected=expected,
-        )[0]
-    results[NATIVE] = run_spark_native(spark, inputs, base / "native", timeout)
-    results[FLOOR] = run_floor(spark, inputs, base / "floor", timeout, partitions)
-    shutil.rmtree(base, ignore_errors=True)
-    return _scale_row(keys, rows, batches, results)
-
-
-def _targets(results: dict[str, list[float]]) -> str:
-    """The issue's targets, each with its measured figure and met / NOT met."""
-    p50 = {k: _pct(v, 50) for k, v in results.items()}
-    checks = [
-        ("per-key rows p50 <= 1.0x Spark native", p50["statekeeper per-key rows, sync"] / p50[NATIVE], 1.0),
-        ("vectorized p50 <= 0.8x Spark native", p50["statekeeper vectorized, sync"] / p50[NATIVE], 0.8),
-    ]
-    parts = [f"{what} ({got:.2f}x: {'met' if got <= limit else 'NOT met'})" for what, got, limit in checks]
-    tails = [_pct(v, 99) / p50[k] for k, v in results.items() if k.startswith("statekeeper")]
-    parts.append(
-        f"p99 <= 1.5x p50 for every statekeeper query (worst {max(tails):.2f}x: "
-        f"{'met' if max(tails) <= 1.5 else 'NOT met'})"
-    )
-    rows_speedup = p50[APPLY] / p50["statekeeper per-key rows, sync"]
-    pandas_speedup = p50[APPLY] / p50["statekeeper per-key pandas, sync"]
-    parts.append(
-        f">= 25x applyInPandasWithState, per-key rows ({rows_speedup:.1f}x: "
-        f"{'met' if rows_speedup >= 25 else 'NOT met'})"
-    )
-    parts.append(
-        f">= 10x applyInPandasWithState, per-key pandas ({pandas_speedup:.1f}x: "
-        f"{'met' if pandas_speedup >= 10 else 'NOT met'})"
-    )
-    return "Targets: " + "; ".join(parts) + "."
-
-
 def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
 def run(quick: bool) -> list[Table]:
-    size = QUICK if quick else FULL
+    all_sizes = sizes(quick)
+    keys, rows_per_batch, batches = all_sizes[0]
     load_start = os.getloadavg()[0]
-    baseline_batches = min(size["batches"], int(os.environ.get(BASELINE_BATCHES_ENV, size["baseline_batches"])))
     work = Path(tempfile.mkdtemp(prefix="statekeeper-bench-spark-"))
     try:
         inputs = work / "inputs"
-        expected = write_inputs(inputs, size["batches"], size["rows"], size["keys"])
-        base_inputs = inputs
-        if baseline_batches < size["batches"]:
-            base_inputs = work / "inputs-baseline"
-            base_inputs.mkdir()
-            for f in sorted(inputs.iterdir())[:baseline_batches]:
-                shutil.copy2(f, base_inputs / f.name)
+        expected = write_inputs(inputs, batches, rows_per_batch, keys)
         spark = bench_session(work / "local")
         timeout = 7200.0
-        _warm_up_jvm(spark, inputs, work / "warm-up", timeout, size["partitions"], expected)
-        rows: list[list[Any]] = []
-        notes: list[str] = []
-        results: dict[str, list[float]] = {}
-        variants: list[tuple[str, Any]] = [
-            ("statekeeper per-key rows, sync", dict(api="rows", async_checkpoint=False)),
-            ("statekeeper per-key rows, async", dict(api="rows", async_checkpoint=True)),
-            ("statekeeper vectorized, sync", dict(api="vectorized", async_checkpoint=False)),
-            ("statekeeper per-key pandas, sync", dict(api="pandas", async_checkpoint=False)),
-            (APPLY_UNCHANGED, dict(api="apply", async_checkpoint=False)),
-        ]
-        phases: dict[str, dict[str, float]] = {}
-        traces: list[list[Any]] = []
-        for name, kw in variants:
-            results[name], phases[name], trace = run_statekeeper(
-                spark,
-                inputs,
-                work / name.replace(" ", "_").replace(",", ""),
-                timeout,
-                partitions=size["partitions"],
-                expected=expected,
-                **kw,
-            )
-            traces.append([name, *trace[1:]])
-        results[NATIVE] = run_spark_native(spark, inputs, work / "spark-native", timeout)
-        results[FLOOR] = run_floor(spark, inputs, work / "floor", timeout, size["partitions"])
-        results[PLAN_FLOOR] = run_plan_floor(spark, inputs, work / "plan-floor", timeout, size["partitions"])
-        results[APPLY] = run_spark_apply_in_pandas(spark, base_inputs, work / "spark-apply", timeout)
-        results["Spark transformWithStateInPandas (RocksDB, changelog)"] = run_spark_tws_in_pandas(
-            spark, base_inputs, work / "spark-tws", timeout
-        )
-        scale = [_scale_row(size["keys"], size["rows"], size["batches"], results)]
-        for keys, rows_per_batch, batches in SCALE_QUICK if quick else SCALE_FULL:
-            scale.append(_run_scale(spark, work, keys, rows_per_batch, batches, size["partitions"], timeout))
+        _warm_up_jvm(spark, inputs, work / "warm-up", timeout, PARTITIONS, expected)
+        measured = run_sizes(spark, work, (inputs, expected), all_sizes, PARTITIONS, timeout)
         spark.stop()
-        native_p50, floor_p50, ref_p50 = (_pct(results[k], 50) for k in (NATIVE, FLOOR, APPLY))
-        for name, d in results.items():
-            p50, p99 = _pct(d, 50), _pct(d, 99)
-            rows.append(
-                [
-                    name,
-                    len(d),
-                    round(p50),
-                    round(p99),
-                    round(p99 / p50, 2),
-                    round(p50 / native_p50, 2),
-                    round(p50 / floor_p50, 2),
-                    round(ref_p50 / p50, 1),
-                ]
-            )
-        notes.append(_targets(results))
-        plan_floor_p50 = _pct(results[PLAN_FLOOR], 50)
-        notes.append(
-            f"The Python-task floor is {plan_floor_p50 / native_p50:.2f}x Spark native: what statekeeper's batch pays "
-            "before any state or user logic (routing by key group, a marker per partition, the sort, Arrow both ways, "
-            "the Python workers, the cached output and the sink's second job). Above it, per batch: per-key rows "
-            f"+{_pct(results['statekeeper per-key rows, sync'], 50) - plan_floor_p50:.0f} ms, vectorized "
-            f"+{_pct(results['statekeeper vectorized, sync'], 50) - plan_floor_p50:.0f} ms (state and user logic)."
-        )
-        notes.append(
-            f"{size['keys']:,} keys, {size['rows']:,} rows per batch, {size['batches']} batches, "
-            f"{size['partitions']} state partitions, local[2], parquet file source (1 file per trigger)."
-        )
-        if baseline_batches < size["batches"]:
-            notes.append(
-                f"Spark's own operators ran the first {baseline_batches} of the {size['batches']} batches "
-                f"(time budget; {BASELINE_BATCHES_ENV}={size['batches']} runs them all)."
-            )
-        notes.append(
-            "Batch duration = Spark's durationMs.triggerExecution of each batch after the first (warm-up); "
-            "before all of them an unmeasured round of the per-key rows, vectorized, Spark native and floor queries "
-            "over the same batches warms up the JVM (its JIT compiles for minutes; the first query would pay). "
-            "speedup = applyInPandasWithState p50 / p50."
-        )
-        notes.append(load_note(load_start))
-        tables = [
-            Table(
-                "Stateful streaming batch duration (ms): Spark state operators vs statekeeper",
-                [
-                    "query",
-                    "batches",
-                    "p50 ms",
-                    "p99 ms",
-                    "p99/p50",
-                    "p50 / Spark native",
-                    "p50 / floor",
-                    "speedup vs applyInPandasWithState",
-                ],
-                rows,
-                notes,
-            )
-        ]
-        prow = []
-        for name, ph in phases.items():
-            prow.append(
-                [
-                    name,
-                    round(ph["job_ms"]),
-                    round(ph["process_ms"]),
-                    round(ph["load_ms"], 1),
-                    round(ph["commit_ms"], 1),
-                    round(ph["upload_ms"], 1),
-                    round(ph["sink_ms"]),
-                    int(ph["changelog_bytes"]),
-                    f"{ph['warm']:.0%}",
-                ]
-            )
-        tables.append(
-            Table(
-                "statekeeper per-batch phases (median over the last 80% of batches)",
-                [
-                    "query",
-                    "tasks job ms",
-                    "slowest partition process ms",
-                    "load ms",
-                    "local commit ms",
-                    "upload ms",
-                    "sink ms",
-                    "changelog bytes",
-                    "loads warm",
-                ],
-                prow,
-                [
-                    "upload ms: sync = slowest task's upload inside its task; async = the driver's wait for the "
-                    "uploads after the tasks finished.",
-                    "loads warm: share of partition loads that reused a worker's open RocksDB (possibly catching up "
-                    "a few changelogs), the rest rebuilt from the checkpoint.",
-                ],
-            )
-        )
-        where = trace_table(traces)
-        if FLOOR_JOBS:
-            where.notes.append(
-                f"The floor ran {FLOOR_JOBS[0]:.1f} Spark jobs per batch (its shuffle's map stage and the noop write). "
-                "statekeeper's figure counts every batch's jobs, the first batch's one-off ones too; "
-                "a batch needs at least the tasks job and, after the commit record, the sink's read of the persisted "
-                "task output.",
-            )
-        tables.append(where)
-        tables.append(
-            Table(
-                "How p50 grows with rows per batch and with state size (ms)",
-                SCALE_COLUMNS,
-                scale,
-                [
-                    "Each row: its own input (uniform keys), queries run one after another in the same session; "
-                    f"the first row is the table above, the others run {', '.join(str(b) for *_, b in SCALE_FULL)} "
-                    "batches (the first of each query is warm-up) and check the final state like the table above.",
-                    "per-key rows and vectorized: sync checkpointing. Ratios: p50 / Spark native aggregation p50.",
-                ],
-            )
-        )
-        return tables
+        return [*_main_tables(measured[0], load_start), *size_tables(measured)]
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _main_tables(main: SizeResult, load_start: float) -> list[Table]:
+    """The first size in detail: every variant's batch durations, statekeeper's phases and trace."""
+    results = main.results
+    native_p50, floor_p50, ref_p50 = (_pct(results.get(k, []), 50) for k in (NATIVE, FLOOR, APPLY))
+    rows: list[list[Any]] = []
+    for name, d in results.items():
+        p50, p99 = _pct(d, 50), _pct(d, 99)
+        rows.append(
+            [
+                name,
+                len(d),
+                round(p50),
+                round(p99),
+                round(p99 / p50, 2),
+                round(p50 / native_p50, 2),
+                round(p50 / floor_p50, 2),
+                round(ref_p50 / p50, 1),
+            ]
+        )
+    plan_floor_p50 = _pct(results[PLAN_FLOOR], 50)
+    notes = [
+        "Targets: in the size table below (every size).",
+        f"The Python-task floor is {plan_floor_p50 / native_p50:.2f}x Spark native: what statekeeper's batch pays "
+        "before any state or user logic (routing by key group, a marker per partition, the sort, Arrow both ways, "
+        "the Python workers, the cached output and the sink's second job). Above it, per batch: per-key rows "
+        f"+{_pct(results[ROWS], 50) - plan_floor_p50:.0f} ms, vectorized "
+        f"+{_pct(results[VECTORIZED], 50) - plan_floor_p50:.0f} ms (state and user logic).",
+        f"{main.keys:,} keys, {main.rows:,} rows per batch, {main.batches} batches, {PARTITIONS} state partitions, "
+        "local[2], parquet file source (1 file per trigger). The per-key pandas paths, the pandas floor and Spark's "
+        "Python operators ran the first batches only (see the size table's notes).",
+        "Batch duration = Spark's durationMs.triggerExecution of each batch after the first (warm-up; the pandas "
+        "floor: each batch's loop, the first left out too); before all of them an unmeasured round of the per-key "
+        "rows, vectorized, Spark native and floor queries over the same batches warms up the JVM (its JIT compiles "
+        "for minutes; the first query would pay). speedup = applyInPandasWithState p50 / p50.",
+        *main.notes,
+        load_note(load_start),
+    ]
+    tables = [
+        Table(
+            "Stateful streaming batch duration (ms): Spark state operators vs statekeeper",
+            [
+                "query",
+                "batches",
+                "p50 ms",
+                "p99 ms",
+                "p99/p50",
+                "p50 / Spark native",
+                "p50 / floor",
+                "speedup vs applyInPandasWithState",
+            ],
+            rows,
+            notes,
+        )
+    ]
+    prow = [
+        [
+            name,
+            round(ph["job_ms"]),
+            round(ph["process_ms"]),
+            round(ph["load_ms"], 1),
+            round(ph["commit_ms"], 1),
+            round(ph["upload_ms"], 1),
+            round(ph["sink_ms"]),
+            int(ph["changelog_bytes"]),
+            f"{ph['warm']:.0%}",
+        ]
+        for name, ph in main.phases.items()
+    ]
+    tables.append(
+        Table(
+            "statekeeper per-batch phases (median over the last 80% of batches)",
+            [
+                "query",
+                "tasks job ms",
+                "slowest partition process ms",
+                "load ms",
+                "local commit ms",
+                "upload ms",
+                "sink ms",
+                "changelog bytes",
+                "loads warm",
+            ],
+            prow,
+            [
+                "upload ms: sync = slowest task's upload inside its task; async = the driver's wait for the "
+                "uploads after the tasks finished.",
+                "loads warm: share of partition loads that reused a worker's open RocksDB (possibly catching up "
+                "a few changelogs), the rest rebuilt from the checkpoint.",
+            ],
+        )
+    )
+    where = trace_table(list(main.traces.values()))
+    if FLOOR_JOBS:
+        where.notes.append(
+            f"The floor ran {FLOOR_JOBS[0]:.1f} Spark jobs per batch (its shuffle's map stage and the noop write). "
+            "statekeeper's figure counts every batch's jobs, the first batch's one-off ones too; "
+            "a batch needs at least the tasks job and, after the commit record, the sink's read of the persisted "
+            "task output.",
+        )
+    tables.append(where)
+    return tables

@@ -131,4 +131,79 @@ def trace_table(rows: list[list[Any]]) -> Table:
     )
 
 
-__all__ = ["COLUMNS", "TASK_PHASES", "trace_row", "trace_table"]
+PER_ROW_COLUMNS = [
+    "keys",
+    "rows / batch",
+    "query",
+    "trigger µs/row",
+    "Spark around foreachBatch µs/row",
+    "tasks job µs/row",
+    "task: load µs/row",
+    "task: input read µs/row",
+    "task: Arrow to Python + grouping µs/row",
+    "task: user logic + state µs/row",
+    "task: commit + upload µs/row",
+    "task: output build µs/row",
+    "task: output to Spark µs/row",
+    "job outside tasks µs/row",
+    "sink (second job) µs/row",
+    "worker peak RSS MB",
+]
+
+
+def per_row(keys: int, rows: int, name: str, progress: list[Any], trigger_ms: list[float]) -> list[Any]:
+    """One row of :data:`PER_ROW_COLUMNS`: where each input row's time goes (µs per row, medians over the steady
+    batches). Task phases are the slowest task's, divided by that task's own input rows; the batch's phases
+    (trigger, job, sink) by the batch's input rows."""
+    slowest = [max(p.partitions, key=lambda m: m.task_ms) for p in progress if p.partitions]
+
+    def task(of: Any) -> float:
+        return round(_med([of(m) * 1000 / m.input_rows for m in slowest if m.input_rows]), 2)
+
+    def batch(of: Any) -> float:
+        return round(_med([of(p) * 1000 / p.input_rows for p in progress if p.input_rows]), 2)
+
+    per_batch = _med([float(p.input_rows) for p in progress])
+    trigger = _med(trigger_ms) * 1000 / per_batch if per_batch else float("nan")
+    ours = batch(lambda p: p.duration_ms)
+    return [
+        keys,
+        rows,
+        name,
+        round(trigger, 2),
+        round(trigger - ours, 2),
+        batch(lambda p: p.job_ms),
+        task(lambda m: m.load_ms),
+        task(lambda m: m.phases.get("first_batch_ms", 0.0) + m.phases.get("input_wait_ms", 0.0)),
+        task(lambda m: m.phases.get("convert_ms", 0.0)),
+        task(lambda m: m.phases.get("user_state_ms", 0.0)),
+        task(lambda m: m.commit_ms + m.upload_ms),
+        task(lambda m: m.phases.get("output_build_ms", 0.0)),
+        task(lambda m: m.phases.get("output_emit_ms", 0.0)),
+        batch(lambda p: p.job_ms - max((m.task_ms for m in p.partitions), default=0.0)),
+        batch(lambda p: p.sink_ms),
+        round(max((m.phases.get("worker_peak_rss_mb", 0.0) for p in progress for m in p.partitions), default=0.0)),
+    ]
+
+
+def per_row_table(rows: list[list[Any]]) -> Table:
+    return Table(
+        "Where each input row's time goes (µs per row, median over the steady batches; task columns: the slowest "
+        "task, per row of its own input)",
+        PER_ROW_COLUMNS,
+        rows,
+        [
+            "The per-phase trace above divided by rows: task phases by the slowest task's input rows, the batch's "
+            "(trigger, Spark around it, tasks job, job outside tasks, sink) by the batch's input rows.",
+            "input read = to the first input batch + later waits on Spark's iterator (shuffle read, the JVM's Arrow). "
+            "Arrow to Python + grouping = converting each chunk to rows / per-key frames and cutting it by key "
+            "(one timer). user logic + state = the processor with its state reads, writes and their codec "
+            "(one timer). output build = the output rows / frames to Arrow. sink (second job) = the sink's job "
+            "reading the cached task output into noop.",
+            "worker peak RSS: the largest ru_maxrss of the query's workers; Python workers are reused across the "
+            "queries of the session (spark.python.worker.reuse), so it is the peak of the run so far.",
+        ],
+    )
+
+
+__all__ = ["COLUMNS", "PER_ROW_COLUMNS", "TASK_PHASES", "per_row", "per_row_table", "trace_row", "trace_table"]

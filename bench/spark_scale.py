@@ -1,0 +1,412 @@
+"""How the stateful batch grows with rows per batch and state size: the size table of ``bench spark``.
+
+Every variant of ``bench spark`` at each size of :data:`FULL_SIZES` (keys, rows per batch, batches), one
+after another in the same session, each query checking its final state against the batch-computed totals,
+plus the pandas floor: the same user function on the same per-key frames in a plain Python loop, no Spark
+and no state (:func:`pandas_floor`), so the pandas paths' own share is p50 - the pandas floor.
+
+The slow variants (the per-key pandas paths, Spark's two Python operators) run on the first few batches
+only, and are skipped at a size where a batch would take longer than a cap, estimated from what a touched
+key cost them at the size before (their cost goes by the keys a batch touches, one frame or call each).
+
+Knobs (environment):
+
+- ``BENCH_SPARK_BATCHES``: batches of the first size (the main table's workload; default 30).
+- ``BENCH_SPARK_SIZE_BATCHES``: batches of every other size (default: 8, 8 and 6).
+- ``BENCH_SPARK_PANDAS_BATCHES``: batches of statekeeper's per-key pandas and unchanged-function queries and of
+  the pandas floor (default 3: the first is warm-up).
+- ``BENCH_SPARK_BASELINE_BATCHES``: batches of Spark's applyInPandasWithState and transformWithStateInPandas
+  (default 3: they take 30-60 s a batch at 50k rows).
+- ``BENCH_SPARK_SLOW_BATCH_MAX_S``: a slow variant is skipped at a size where its batch is estimated to take
+  longer (default 120).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from bench.report import Table
+
+log = logging.getLogger(__name__)
+
+FULL_SIZES = [(100_000, 50_000, 30), (100_000, 500_000, 8), (1_000_000, 500_000, 8), (1_000_000, 2_000_000, 6)]
+"""(keys, rows per batch, batches): 10x the rows per batch, then 10x the state, then 4x the rows again."""
+QUICK_SIZES = [(2_000, 2_000, 4), (2_000, 20_000, 3), (20_000, 20_000, 3), (20_000, 50_000, 3)]
+BATCHES_ENV = "BENCH_SPARK_BATCHES"
+SIZE_BATCHES_ENV = "BENCH_SPARK_SIZE_BATCHES"
+PANDAS_BATCHES_ENV = "BENCH_SPARK_PANDAS_BATCHES"
+BASELINE_BATCHES_ENV = "BENCH_SPARK_BASELINE_BATCHES"
+SLOW_MAX_ENV = "BENCH_SPARK_SLOW_BATCH_MAX_S"
+
+ROWS = "statekeeper per-key rows, sync"
+ROWS_ASYNC = "statekeeper per-key rows, async"
+VECTORIZED = "statekeeper vectorized, sync"
+PANDAS = "statekeeper per-key pandas, sync"
+APPLY_UNCHANGED = "statekeeper ApplyInPandasWithState, the same function unchanged, sync"
+NATIVE = "Spark native aggregation (JVM, RocksDB, changelog)"
+FLOOR = "floor: stateless foreachBatch shuffle by key + noop"
+PLAN_FLOOR = "floor: statekeeper's batch with a Python task that hands its input back (no state) + noop"
+APPLY = "Spark applyInPandasWithState (RocksDB, changelog)"
+TWS = "Spark transformWithStateInPandas (RocksDB, changelog)"
+PANDAS_FLOOR = "floor: the same pandas function on per-key frames in a plain Python loop (no Spark, no state)"
+STATEKEEPER = {ROWS: "rows", ROWS_ASYNC: "rows", VECTORIZED: "vectorized", PANDAS: "pandas", APPLY_UNCHANGED: "apply"}
+"""statekeeper's variants and their processor (`bench.spark._statekeeper_processors`)."""
+PANDAS_PATHS = (PANDAS, APPLY_UNCHANGED)
+SPARK_PYTHON = (APPLY, TWS)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The batches each kind of variant runs at a size, and the slow variants' cap (see the module docstring)."""
+
+    pandas_batches: int
+    baseline_batches: int
+    slow_max_ms: float
+
+    @classmethod
+    def from_env(cls) -> Limits:
+        return cls(
+            int(os.environ.get(PANDAS_BATCHES_ENV, "3")),
+            int(os.environ.get(BASELINE_BATCHES_ENV, "3")),
+            float(os.environ.get(SLOW_MAX_ENV, "120")) * 1000,
+        )
+
+
+def sizes(quick: bool) -> list[tuple[int, int, int]]:
+    """The sizes of this run, the batch knobs applied."""
+    if quick:
+        return list(QUICK_SIZES)
+    first, *rest = FULL_SIZES
+    out = [(first[0], first[1], int(os.environ.get(BATCHES_ENV, first[2])))]
+    more = os.environ.get(SIZE_BATCHES_ENV)
+    return out + [(k, r, int(more) if more else b) for k, r, b in rest]
+
+
+@dataclass
+class SizeResult:
+    """One size's measurements: steady batch durations per variant, statekeeper's traces, what was skipped."""
+
+    keys: int
+    rows: int
+    batches: int
+    results: dict[str, list[float]] = field(default_factory=dict)
+    traces: dict[str, list[Any]] = field(default_factory=dict)
+    per_row: list[list[Any]] = field(default_factory=list)
+    phases: dict[str, dict[str, float]] = field(default_factory=dict)
+    ran: dict[str, int] = field(default_factory=dict)
+    """Batches each variant ran (its first one is warm-up)."""
+    notes: list[str] = field(default_factory=list)
+
+
+def touched_keys(keys: int, rows: int) -> float:
+    """Expected distinct keys of a batch of `rows` uniform over `keys`."""
+    return keys * (1 - math.exp(-rows / keys))
+
+
+# -- inputs ---------------------------------------------------------------------------------------
+def subset(inputs: Path, batches: int) -> Path:
+    """A directory of the first `batches` input files (hard links), for the variants that run fewer."""
+    files = sorted(inputs.iterdir())
+    if batches >= len(files):
+        return inputs
+    where = inputs.parent / f"{inputs.name}-first-{batches}"
+    if not where.exists():
+        where.mkdir()
+        for f in files[:batches]:
+            os.link(f, where / f.name)
+    return where
+
+
+def expected_of(inputs: Path) -> dict[str, tuple[int, int]]:
+    """The final (count, total) per key of the input files in `inputs`."""
+    table = pq.read_table(inputs).group_by("key").aggregate([("value", "count"), ("value", "sum")])
+    return {
+        k: (int(c), int(s))
+        for k, c, s in zip(
+            table.column("key").to_pylist(),
+            table.column("value_count").to_pylist(),
+            table.column("value_sum").to_pylist(),
+            strict=True,
+        )
+    }
+
+
+# -- the pandas floor -----------------------------------------------------------------------------
+class _NoState:
+    """A GroupState that holds nothing: the floor keeps no state."""
+
+    exists = False
+    get = None
+
+    def update(self, value: Any) -> None:
+        pass
+
+
+def pandas_floor(files: list[Path], function: Callable[..., Any], key: str = "key") -> list[float]:
+    """ms per input file: its rows sorted by key and cut into per-key pandas frames indexed from 0 (as PySpark
+    hands them to an applyInPandasWithState function), `function` called on each in a plain loop with a state
+    that holds nothing, its output frames kept. Reading the file is left out (the source's work)."""
+    durations = []
+    for f in files:
+        table = pq.read_table(f)
+        t = time.perf_counter()
+        pdf = table.sort_by(key).to_pandas()
+        column = pdf[key].to_numpy()
+        starts = np.flatnonzero(np.r_[True, column[1:] != column[:-1]]).tolist()
+        ends = [*starts[1:], len(column)]
+        out: list[Any] = []
+        for start, end in zip(starts, ends, strict=True):
+            frame = pdf.iloc[start:end].reset_index(drop=True)
+            out.extend(function((column[start],), iter([frame]), _NoState()))
+        durations.append((time.perf_counter() - t) * 1000)
+        if len(out) != len(starts):
+            raise RuntimeError(f"{PANDAS_FLOOR}: {len(out)} output frames for {len(starts)} keys")
+    return durations
+
+
+# -- one size -------------------------------------------------------------------------------------
+@dataclass
+class _Estimates:
+    """ms a touched key cost each slow variant at the last size it ran (to skip the next when too slow)."""
+
+    per_key_ms: dict[str, float] = field(default_factory=dict)
+
+    def too_slow(self, name: str, keys: int, rows: int, cap_ms: float) -> float | None:
+        """The estimated batch ms of `name` at this size when over `cap_ms`, else None."""
+        cost = self.per_key_ms.get(name)
+        estimate = cost * touched_keys(keys, rows) if cost is not None else 0.0
+        return estimate if estimate > cap_ms else None
+
+    def record(self, name: str, durations: list[float], keys: int, rows: int) -> None:
+        if durations:
+            self.per_key_ms[name] = float(np.median(durations)) / touched_keys(keys, rows)
+
+
+def measure_size(
+    spark: Any,
+    work: Path,
+    inputs: Path,
+    expected: dict[str, tuple[int, int]],
+    size: tuple[int, int, int],
+    partitions: int,
+    timeout: float,
+    limits: Limits,
+    estimates: _Estimates,
+    *,
+    main: bool,
+) -> SizeResult:
+    """Every variant at one size over the files in `inputs` (`expected`: their final state). `main`: the main
+    table's size, which also runs per-key rows with async checkpointing."""
+    from bench import spark as sp
+    from bench.spark_trace import per_row
+
+    keys, rows, batches = size
+    res = SizeResult(keys, rows, batches)
+    where = f"{keys:,} keys, {rows:,} rows a batch"
+    pandas_in = subset(inputs, limits.pandas_batches)
+    pandas_expected = expected if pandas_in == inputs else expected_of(pandas_in)
+    spark_in = subset(inputs, limits.baseline_batches)
+
+    def skipped(name: str) -> bool:
+        estimate = estimates.too_slow(name, keys, rows, limits.slow_max_ms)
+        if estimate is not None:
+            res.notes.append(
+                f"{name} skipped at {where}: a batch would take ~{estimate / 1000:.0f} s (its cost per touched key "
+                f"at the size before x {touched_keys(keys, rows):,.0f} keys a batch touches; "
+                f"{SLOW_MAX_ENV}={limits.slow_max_ms / 1000:.0f})."
+            )
+        return estimate is not None
+
+    variants = [ROWS, *([ROWS_ASYNC] if main else []), VECTORIZED, PANDAS, APPLY_UNCHANGED]
+    for name in variants:
+        slow = name in PANDAS_PATHS
+        if slow and skipped(name):
+            continue
+        durations, phases, trace, progress = sp.run_statekeeper(
+            spark,
+            pandas_in if slow else inputs,
+            work / name.replace(" ", "_").replace(",", ""),
+            timeout,
+            api=STATEKEEPER[name],
+            async_checkpoint=name == ROWS_ASYNC,
+            partitions=partitions,
+            expected=pandas_expected if slow else expected,
+        )
+        res.results[name], res.phases[name], res.traces[name] = durations, phases, [name, *trace[1:]]
+        res.per_row.append(per_row(keys, rows, name, progress, durations))
+        res.ran[name] = len(sorted((pandas_in if slow else inputs).iterdir()))
+        if slow:
+            estimates.record(name, durations, keys, rows)
+    if any(n in res.results for n in PANDAS_PATHS):
+        files = sorted(pandas_in.iterdir())
+        res.results[PANDAS_FLOOR] = pandas_floor(files[1:] or files, sp.apply_in_pandas_with_state_func)
+        res.ran[PANDAS_FLOOR] = len(files)
+        log.info("%s at %s: %s", PANDAS_FLOOR, where, [round(d) for d in res.results[PANDAS_FLOOR]])
+    res.results[NATIVE] = sp.run_spark_native(spark, inputs, work / "spark-native", timeout)
+    res.results[FLOOR] = sp.run_floor(spark, inputs, work / "floor", timeout, partitions)
+    res.results[PLAN_FLOOR] = sp.run_plan_floor(spark, inputs, work / "plan-floor", timeout, partitions)
+    for name in (NATIVE, FLOOR, PLAN_FLOOR):
+        res.ran[name] = batches
+    for name, runner in ((APPLY, sp.run_spark_apply_in_pandas), (TWS, sp.run_spark_tws_in_pandas)):
+        if skipped(name):
+            continue
+        res.results[name] = runner(spark, spark_in, work / name.split()[1], timeout)
+        res.ran[name] = len(sorted(spark_in.iterdir()))
+        estimates.record(name, res.results[name], keys, rows)
+    return res
+
+
+def run_sizes(
+    spark: Any,
+    work: Path,
+    first: tuple[Path, dict[str, tuple[int, int]]],
+    all_sizes: list[tuple[int, int, int]],
+    partitions: int,
+    timeout: float,
+) -> list[SizeResult]:
+    """Every size of `all_sizes` in order; the first's inputs are `first` (written before the JVM's warm-up)."""
+    from bench.spark import write_inputs
+
+    limits, estimates = Limits.from_env(), _Estimates()
+    out = []
+    for i, size in enumerate(all_sizes):
+        keys, rows, batches = size
+        base = work / f"size-{keys}-{rows}"
+        if i == 0:
+            inputs, expected = first
+        else:
+            inputs = base / "inputs"
+            expected = write_inputs(inputs, batches, rows, keys, seed=keys + rows)
+        t0 = time.time()
+        out.append(
+            measure_size(spark, base, inputs, expected, size, partitions, timeout, limits, estimates, main=i == 0)
+        )
+        log.info("size %s took %.0fs", size, time.time() - t0)
+        if i > 0:
+            shutil.rmtree(base, ignore_errors=True)
+    return out
+
+
+# -- the tables -----------------------------------------------------------------------------------
+def _p50(values: list[float] | None) -> float:
+    return float(np.percentile(values, 50)) if values else float("nan")
+
+
+def _share(res: SizeResult, name: str) -> float:
+    """The pandas path's own share of its batch: p50 - the pandas floor's p50 (ms)."""
+    return _p50(res.results.get(name)) - _p50(res.results.get(PANDAS_FLOOR))
+
+
+SIZE_COLUMNS = [
+    "keys",
+    "rows / batch",
+    "query",
+    "batches run",
+    "p50 ms",
+    "µs / row",
+    "p50 / Spark native",
+    "own share ms (p50 - pandas floor)",
+    "own share / pandas floor",
+    "applyInPandasWithState p50 / p50",
+    "worker peak RSS MB",
+]
+
+
+def size_rows(res: SizeResult) -> list[list[Any]]:
+    """One row per variant measured at this size (SIZE_COLUMNS)."""
+    native, floor, apply = (_p50(res.results.get(n)) for n in (NATIVE, PANDAS_FLOOR, APPLY))
+    out: list[list[Any]] = []
+    for name, durations in res.results.items():
+        p50 = _p50(durations)
+        pandas_path = name in PANDAS_PATHS
+        share = _share(res, name) if pandas_path else float("nan")
+        trace = res.traces.get(name)
+        out.append(
+            [
+                res.keys,
+                res.rows,
+                name,
+                res.ran.get(name, len(durations)),
+                round(p50),
+                round(p50 * 1000 / res.rows, 2),
+                round(p50 / native, 2),
+                round(share) if pandas_path else "",
+                round(share / floor, 2) if pandas_path else "",
+                round(apply / p50, 1) if name in (ROWS, VECTORIZED, *PANDAS_PATHS) else "",
+                trace[-1] if trace else "",
+            ]
+        )
+    return out
+
+
+def _share_ratio(name: str) -> Callable[[SizeResult], float]:
+    return lambda r: _share(r, name) / _p50(r.results.get(PANDAS_FLOOR))
+
+
+def targets(all_results: list[SizeResult]) -> str:
+    """Issue 65's targets over every size, each with its measured figure and met / NOT met."""
+
+    def worst(name: str, of: Callable[[SizeResult], float], limit: float, low: bool = True) -> str:
+        figures = [(of(r), r) for r in all_results]
+        figures = [(f, r) for f, r in figures if not math.isnan(f)]
+        if not figures:
+            return f"{name} (not measured)"
+        f, r = max(figures, key=lambda x: x[0]) if low else min(figures, key=lambda x: x[0])
+        ok = f <= limit if low else f >= limit
+        return f"{name} (worst {f:.2f}x at {r.keys:,} keys, {r.rows:,} rows: {'met' if ok else 'NOT met'})"
+
+    def ratio(a: str, b: str) -> Callable[[SizeResult], float]:
+        return lambda r: _p50(r.results.get(a)) / _p50(r.results.get(b))
+
+    parts = [
+        worst("per-key rows p50 <= 1.0x Spark native at every size", ratio(ROWS, NATIVE), 1.0),
+        worst("vectorized p50 <= 0.7x Spark native at every size", ratio(VECTORIZED, NATIVE), 0.7),
+    ]
+    for name, label in ((PANDAS, "per-key pandas"), (APPLY_UNCHANGED, "the unchanged function")):
+        parts.append(worst(f"{label}: own share <= 0.5x the pandas floor", _share_ratio(name), 0.5))
+        parts.append(worst(f"{label}: >= 10x applyInPandasWithState", ratio(APPLY, name), 10.0, low=False))
+    last = all_results[-1]
+    rss = max((t[-1] for t in last.traces.values() if isinstance(t[-1], (int, float))), default=float("nan"))
+    parts.append(
+        f"worker peak RSS <= 512 MB at {last.rows:,} rows a batch ({rss:.0f} MB: {'met' if rss <= 512 else 'NOT met'})"
+    )
+    return "Targets: " + "; ".join(parts) + "."
+
+
+def size_tables(all_results: list[SizeResult]) -> list[Table]:
+    """The size table (every variant at every size) and where each row's time goes."""
+    from bench.spark_trace import per_row_table
+
+    rows = [row for r in all_results for row in size_rows(r)]
+    notes = [
+        targets(all_results),
+        "Each size: its own input (uniform keys), its queries one after another in the same session, each "
+        "checking its final state (statekeeper's, against the batch-computed totals); the first size is the "
+        "table above. Batch duration: Spark's triggerExecution of each batch after the first (warm-up). "
+        "µs / row = p50 ms * 1000 / rows a batch.",
+        "The pandas floor: the same function as applyInPandasWithState's (and CountSumPandas's logic) called in "
+        "one plain Python loop on the per-key frames of the same batch files (sorted by key, cut, indexed from 0 "
+        "as PySpark hands them), a state that holds nothing, no Spark; one core, where the queries have 2. "
+        "own share = p50 - the pandas floor's p50: what the framework adds around the user function.",
+        f"The per-key pandas paths and the pandas floor run the first {PANDAS_BATCHES_ENV} batches, Spark's Python "
+        f"operators the first {BASELINE_BATCHES_ENV} (batches run, the first is warm-up); the others every batch.",
+        *[n for r in all_results for n in r.notes],
+    ]
+    return [
+        Table("How each variant grows with rows per batch and with state size (ms)", SIZE_COLUMNS, rows, notes),
+        per_row_table([row for r in all_results for row in r.per_row]),
+    ]
+
+
+__all__ = ["FULL_SIZES", "QUICK_SIZES", "SizeResult", "measure_size", "pandas_floor", "run_sizes", "size_tables"]
