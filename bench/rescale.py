@@ -9,10 +9,12 @@ Same state in every column: ``keys`` distinct keys of a ``count`` / ``sum`` aggr
   stops, then ``spark._streamingCheckpointManager.repartition(checkpoint, to)`` (Spark 4.2+,
   experimental) rewrites the state as a new batch. Bytes: the state directory's growth.
 - **statekeeper offline**: the same keys held by a statekeeper operator on ``from`` partitions (written
-  through the store directly, typed like the Spark integration's keys: key group + key) and snapshotted
-  as maintenance keeps them, then ``statekeeper.store.rescale`` (what ``statekeeper rescale`` runs) on 2
-  threads and, on a copy, as one Spark job (``--engine spark``). Bytes read: the source state files;
-  written: the new changelogs (a moved range is one SST file in them, ingested by the first load).
+  through the store directly, typed like the Spark integration's keys: key group + key), in two states:
+  written by one batch and snapshotted as maintenance keeps them, and written by three batches (a third
+  of the keys each) and never snapshotted (a rescale's sources then replay their changelogs); each is
+  rescaled by ``statekeeper.store.rescale`` (what ``statekeeper rescale`` runs) on 2 threads and, on a
+  copy, as one Spark job (``--engine spark``). Bytes read: the source state files; written: the new
+  changelogs (a moved range is one SST file in them, ingested by the first load).
 - **statekeeper online**: a `StatefulOperator` (CountSum) holding the keys, restarted with ``to``
   partitions; the first batch after the restart (whose tasks each build their new partition first) against
   a normal batch.
@@ -47,6 +49,8 @@ log = logging.getLogger(__name__)
 
 GROUPS = 1024
 SHAPES = [(4, 8), (8, 4)]
+STATES = [("snapshotted", 1, True), ("3 batches, no snapshot", 3, False)]
+"""The statekeeper source states each shape is rescaled from: (label, batches that write the keys, snapshotted)."""
 KEYS_ENV = "BENCH_RESCALE_KEYS"
 """Comma-separated state sizes of a full run (default 1M and 10M keys)."""
 REPEATS_ENV = "BENCH_RESCALE_REPEATS"
@@ -82,24 +86,31 @@ def _key_bytes(i: int) -> bytes:
     return group_prefix(zlib.crc32(k) % GROUPS) + k
 
 
-def build_statekeeper_state(root: Path, keys: int, partitions: int) -> None:
+def build_statekeeper_state(root: Path, keys: int, partitions: int, batches: int = 1) -> None:
+    """`keys` keys on `partitions` partitions, committed as `batches` versions (batch b writes every
+    key i with i % batches == b), with no snapshot."""
     layout = KeyGroupLayout(partitions, GROUPS)
-    stores = [StateStore(root.as_uri(), "agg", p).load(0) for p in range(partitions)]
+    commits = CommitLog(open_file_manager(root.as_uri()))
+    stores = [StateStore(root.as_uri(), "agg", p) for p in range(partitions)]
+    ids = [""] * partitions
     try:
-        chunk: list[list[tuple[bytes, bytes]]] = [[] for _ in range(partitions)]
-        for i in range(keys):
-            k = _key_bytes(i)
-            chunk[layout.owner(int.from_bytes(k[:2], "big"))].append((k, _VALUE.pack(1, i)))
-            if i % 100_000 == 99_999 or i == keys - 1:
-                for p, items in enumerate(chunk):
-                    if items:
-                        stores[p].put_batch([k for k, _ in items], [v for _, v in items], cf="totals")
-                chunk = [[] for _ in range(partitions)]
-        ids = [s.commit().checkpoint_id for s in stores]
+        for b in range(batches):
+            for p, s in enumerate(stores):
+                s.load(b, ids[p] or None)
+            chunk: list[list[tuple[bytes, bytes]]] = [[] for _ in range(partitions)]
+            for i in range(b, keys, batches):
+                k = _key_bytes(i)
+                chunk[layout.owner(int.from_bytes(k[:2], "big"))].append((k, _VALUE.pack(1, i)))
+                if i // batches % 100_000 == 99_999 or i + batches >= keys:
+                    for p, items in enumerate(chunk):
+                        if items:
+                            stores[p].put_batch([k for k, _ in items], [v for _, v in items], cf="totals")
+                    chunk = [[] for _ in range(partitions)]
+            ids = [s.commit().checkpoint_id for s in stores]
+            commits.commit(b + 1, {"agg": ids}, layouts={"agg": layout})
     finally:
         for s in stores:
             s.close()
-    CommitLog(open_file_manager(root.as_uri())).commit(1, {"agg": ids}, layouts={"agg": layout})
 
 
 def _snapshot_all(root: Path) -> None:
@@ -112,13 +123,17 @@ def _snapshot_all(root: Path) -> None:
         raise RuntimeError(f"snapshots of {root} failed: {report.errors}")
 
 
-def statekeeper_offline(spark: Any, work: Path, keys: int, src: int, dst: int) -> dict[str, Any]:
-    """The same snapshotted state rescaled twice: on 2 threads here, and as one Spark job (local[2])."""
+def statekeeper_offline(
+    spark: Any, work: Path, keys: int, src: int, dst: int, batches: int = 1, snapshot: bool = True
+) -> dict[str, Any]:
+    """The same state (written by `batches` batches, snapshotted or not) rescaled twice: on 2 threads here,
+    and as one Spark job (local[2])."""
     from statekeeper.store.spark.restart import on_executors
 
     root = work / f"sk-{keys}-{src}-{dst}"
-    build_statekeeper_state(root, keys, src)
-    _snapshot_all(root)
+    build_statekeeper_state(root, keys, src, batches)
+    if snapshot:
+        _snapshot_all(root)
     out: dict[str, Any] = {}
     for name, runner in (("threads", None), ("spark", on_executors(spark))):
 
@@ -229,39 +244,43 @@ def run(quick: bool) -> list[Table]:
         statekeeper_offline(spark, work, 1_000, 2, 4)  # not timed: Python workers started, modules imported
         for keys in sizes:
             for src, dst in SHAPES:
-                sk = statekeeper_offline(spark, work, keys, src, dst)
-                best = min(sk["threads"], sk["spark"])
+                sks = {label: statekeeper_offline(spark, work, keys, src, dst, n, snap) for label, n, snap in STATES}
                 try:
                     sp: dict[str, Any] | None = spark_offline(spark, work, keys, src, dst)
                 except Exception as e:  # the baseline API is experimental: report, go on
                     log.warning("Spark's offline repartition failed: %s", e)
                     sp = None
                 online = statekeeper_online(spark, work, keys, src, dst) if keys <= 1_000_000 else None
-                rows.append(
-                    [
-                        f"{keys:,}",
-                        f"{src}->{dst}",
-                        round(sp["seconds"], 2) if sp else "failed",
-                        round(sk["threads"], 2),
-                        round(sk["spark"], 2),
-                        round(sp["seconds"] / best, 1) if sp else "-",
-                        f"{online['first']:.2f} / {online['normal']:.2f} / {online['after']:.2f}" if online else "-",
-                        round(online["first"] / online["after"], 2) if online else "-",
-                        f"{sp['read'] / 1e6:.1f} / {sp['written'] / 1e6:.1f}" if sp else "-",
-                        f"{sk['read'] / 1e6:.1f} / {sk['written'] / 1e6:.1f}",
-                        sk["moved"],
-                    ]
-                )
-                timings.append(
-                    [
-                        f"{keys:,}",
-                        f"{src}->{dst}",
-                        _listed(sp["times"]) if sp else "failed",
-                        _listed(sk["threads_times"]),
-                        _listed(sk["spark_times"]),
-                        f"{_listed(online['firsts'])} / {_listed(online['afters'])}" if online else "-",
-                    ]
-                )
+                for label, _batches, snapshotted in STATES:
+                    sk, on = sks[label], online if snapshotted else None
+                    best = min(sk["threads"], sk["spark"])
+                    rows.append(
+                        [
+                            f"{keys:,}",
+                            f"{src}->{dst}",
+                            label,
+                            round(sp["seconds"], 2) if sp else "failed",
+                            round(sk["threads"], 2),
+                            round(sk["spark"], 2),
+                            round(sp["seconds"] / best, 1) if sp else "-",
+                            f"{on['first']:.2f} / {on['normal']:.2f} / {on['after']:.2f}" if on else "-",
+                            round(on["first"] / on["after"], 2) if on else "-",
+                            f"{sp['read'] / 1e6:.1f} / {sp['written'] / 1e6:.1f}" if sp else "-",
+                            f"{sk['read'] / 1e6:.1f} / {sk['written'] / 1e6:.1f}",
+                            sk["moved"],
+                        ]
+                    )
+                    timings.append(
+                        [
+                            f"{keys:,}",
+                            f"{src}->{dst}",
+                            label,
+                            _listed(sp["times"]) if sp else "failed",
+                            _listed(sk["threads_times"]),
+                            _listed(sk["spark_times"]),
+                            f"{_listed(on['firsts'])} / {_listed(on['afters'])}" if on else "-",
+                        ]
+                    )
     finally:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -271,6 +290,7 @@ def run(quick: bool) -> list[Table]:
             [
                 "keys",
                 "partitions",
+                "statekeeper source state",
                 "Spark offline s",
                 "statekeeper offline s, 2 threads",
                 "statekeeper offline s, Spark job",
@@ -287,7 +307,10 @@ def run(quick: bool) -> list[Table]:
                 "lists them all).",
                 "Spark offline: spark._streamingCheckpointManager.repartition on the RocksDB provider's state of "
                 "groupBy(key).agg(count, sum) (PySpark 4.3, experimental API).",
-                "statekeeper offline: the same state, snapshotted first as maintenance keeps it, rescaled on 2 "
+                "statekeeper offline: the same keys, in two source states: written by one batch and snapshotted as "
+                "maintenance keeps them, or written by three batches (a third of the keys each) and never "
+                "snapshotted (each source partition replays its three changelogs); Spark's side is the same "
+                "measurement in both rows. Rescaled on 2 "
                 "threads of one process (rocksdict holds the GIL for most of it) and as one Spark job of a task "
                 "per executor slot (each building a run of neighbouring new partitions, which load each old one once) "
                 "on the same local[2] session "
@@ -295,7 +318,8 @@ def run(quick: bool) -> list[Table]:
                 "statekeeper online: the first batch after a restart with the new num_partitions (each of its tasks "
                 "builds its new partition first, then runs the batch on it) against normal batches, each also the "
                 "first after a restart but without a rescale, on the old partition count before and on the new "
-                "one after; 1000 input rows each, the state snapshotted after its first batch; measured up to 1M keys.",
+                "one after; 1000 input rows each, the state snapshotted after its first batch; measured up to 1M keys "
+                "(on the snapshotted rows).",
                 "statekeeper writes only the key groups that change owner: a new partition that keeps groups in "
                 "place commits an ordinary changelog (puts of what it gains, deletes of what it loses), any other "
                 "a full-state changelog; each moved range is one SST file, logged in the changelog as it is and "
@@ -307,6 +331,7 @@ def run(quick: bool) -> list[Table]:
             [
                 "keys",
                 "partitions",
+                "statekeeper source state",
                 "Spark offline",
                 "statekeeper offline, 2 threads",
                 "statekeeper offline, Spark job",
