@@ -39,7 +39,7 @@ from statekeeper.store.rescale import PartitionBuild, RescalePlan, SourceStores,
 from statekeeper.store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor
 from statekeeper.store.spark.event_time import TaskTime
 from statekeeper.store.spark.handle import StatefulProcessorHandle
-from statekeeper.store.spark.pandas_frames import from_pandas
+from statekeeper.store.spark.pandas_frames import from_pandas, gather_columns
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
 from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from statekeeper.store.spark.state import TIMER_INDEX_CF, StateContext
@@ -134,6 +134,11 @@ class _Output:
     def drain(self) -> Iterator[pa.RecordBatch]:
         items = self.items.copy()  # emptied in place: the task loop holds the list
         self.items.clear()
+        if not items:
+            return
+        if all(issubclass(t, tuple) for t in set(map(type, items))):  # rows only (the usual): no check per item
+            yield self._from_rows(items)
+            return
         rows: list[Any] = []
         frames: list[Any] = []  # consecutive pandas frames are concatenated, then converted once
         for item in items:
@@ -159,11 +164,17 @@ class _Output:
             yield from self._from_frames(frames)
 
     def _from_frames(self, frames: list[Any]) -> Iterator[pa.RecordBatch]:
+        """Frames (often one small frame a key) converted to Arrow once: their output columns gathered end
+        to end where that is what concat gives (gather_columns), else concatenated by pandas."""
         if len(frames) == 1:
             yield from self._from_table(frames[0])
             return
         pandas: Any = importlib.import_module("pandas")
-        yield from self._from_table(pandas.concat(frames, ignore_index=True, copy=False))
+        columns = gather_columns(frames, self.names)
+        if columns is None:
+            yield from self._from_table(pandas.concat(frames, ignore_index=True, copy=False))
+        else:
+            yield from self._from_table(pandas.DataFrame(columns, copy=False))
 
     def _from_table(self, item: Any) -> Iterator[pa.RecordBatch]:
         if isinstance(item, pa.RecordBatch):
@@ -201,13 +212,16 @@ class _Output:
 
     def _from_rows(self, rows: list[Any]) -> pa.RecordBatch:
         if isinstance(rows[0], dict):
-            cols = [[r.get(n) for r in rows] for n in self.names]
+            cols: list[Any] = [[r.get(n) for r in rows] for n in self.names]
         else:
             width = len(self.names)
-            if any(len(r) != width for r in rows):
+            try:
+                cols = list(zip(*rows, strict=True)) if len(rows[0]) == width else []
+            except ValueError:
+                cols = []
+            if len(cols) != width:
                 bad = next(r for r in rows if len(r) != width)
                 raise StoreStateError(f"output row {bad!r} has {len(bad)} values; the output schema has {width}")
-            cols = [list(c) for c in zip(*rows, strict=True)]
         arrays = [pa.array(c, type=f.type) for c, f in zip(cols, self.user_fields, strict=True)]
         arrays.append(pa.nulls(len(rows), pa.string()))
         self.count += len(rows)

@@ -449,9 +449,18 @@ class ValueState(_State):
         """The value of each key (None where absent or expired), in the order given."""
         enc = self._ctx.encode_gk
         gks = [enc(k) for k in keys]
-        raws = self._cf.multi_get(gks)
+        raws = self._get_each(gks)
         self._seen_many = (list(keys), gks, raws)
-        return [None if v is _MISSING else v for v in map(self._live, raws)]
+        decode, now = self._decode, self._ctx.now_ms
+        values = [None if raw is None else decode(raw, now) for raw in raws]
+        if _MISSING in values:  # expired (TTL)
+            return [None if v is _MISSING else v for v in values]
+        return values
+
+    def _get_each(self, gks: list[bytes]) -> list[bytes | None]:
+        """The stored value of each key: a point get each (rocksdict's batched get costs ~1.6x as much per
+        key, in the memtable and in SSTs alike)."""
+        return list(map(self._cf.get, gks))
 
     def updateMany(self, keys: Sequence[tuple[Any, ...]], values: Sequence[Any]) -> None:
         if len(keys) != len(values):
@@ -465,7 +474,7 @@ class ValueState(_State):
         else:
             enc = self._ctx.encode_gk
             gks = [enc(k) for k in keys]
-            existed = self._cf.multi_get(gks)
+            existed = self._get_each(gks)
         ctx = self._ctx
         expiry = None if self._ttl is None else ctx.now_ms + self._ttl
         if not self._record.schema_id:
@@ -482,7 +491,7 @@ class ValueState(_State):
         self._seen_gk = self._seen_many = None
         enc = self._ctx.encode_gk
         gks = [enc(k) for k in keys]
-        present = [gk for gk, raw in zip(gks, self._cf.multi_get(gks), strict=True) if raw is not None]
+        present = [gk for gk, raw in zip(gks, self._get_each(gks), strict=True) if raw is not None]
         if present:
             self._cf.delete_batch(present)
         self._ctx.rows_removed += len(present)
