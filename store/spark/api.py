@@ -12,7 +12,7 @@ Arrow table, and bulk state access (``getMany`` / ``updateMany`` / ``clearMany``
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -116,29 +116,49 @@ def keys_of(table: pa.Table, columns: list[str]) -> list[tuple[Any, ...]]:
     return list(zip(*(pylist(table.column(c)) for c in columns), strict=True))
 
 
-class GroupState:
-    """The ``state`` argument of an ``applyInPandasWithState`` function, on a ValueState and timers."""
+_UNREAD: Any = object()
 
-    def __init__(self, value: Any, handle: StatefulProcessorHandle, timer_values: TimerValues, timed_out: bool) -> None:
+
+class GroupState:
+    """The ``state`` argument of an ``applyInPandasWithState`` function, on a ValueState and timers.
+
+    One per call: the value is read from the store once (``exists`` then ``get``, the usual pair, is
+    one read) and again only after ``update``. `on_timer` is told when a timeout is set."""
+
+    def __init__(
+        self,
+        value: Any,
+        handle: StatefulProcessorHandle,
+        timer_values: TimerValues,
+        timed_out: bool,
+        on_timer: Callable[[], None] | None = None,
+    ) -> None:
         self._value = value
         self._handle = handle
         self._timer_values = timer_values
         self._timed_out = timed_out
+        self._on_timer = on_timer
+        self._current = _UNREAD
+
+    def _read(self) -> Any:
+        if self._current is _UNREAD:
+            self._current = self._value.get()
+        return self._current
 
     @property
     def exists(self) -> bool:
-        return bool(self._value.exists())
+        return self._read() is not None
 
     @property
     def get(self) -> tuple[Any, ...]:
-        v = self._value.get()
+        v = self._read()
         if v is None:
             raise ValueError("state is not set: check state.exists first")
         return v  # type: ignore[no-any-return]
 
     @property
     def getOption(self) -> tuple[Any, ...] | None:
-        return self._value.get()  # type: ignore[no-any-return]
+        return self._read()  # type: ignore[no-any-return]
 
     @property
     def hasTimedOut(self) -> bool:
@@ -146,21 +166,26 @@ class GroupState:
 
     def update(self, newValue: tuple[Any, ...]) -> None:
         self._value.update(tuple(newValue))
+        self._current = _UNREAD  # read back as stored (its schema's types)
 
     def remove(self) -> None:
         self._value.clear()
+        self._current = None
+
+    def _set_timer(self, expiry_ms: int) -> None:
+        for t in list(self._handle.listTimers()):
+            self._handle.deleteTimer(t)
+        self._handle.registerTimer(expiry_ms)
+        if self._on_timer is not None:
+            self._on_timer()
 
     def setTimeoutDuration(self, durationMs: int) -> None:
         """Processing-time timeout: the function is called with no rows once it passes without data."""
-        for t in list(self._handle.listTimers()):
-            self._handle.deleteTimer(t)
-        self._handle.registerTimer(self._timer_values.getCurrentProcessingTimeInMs() + int(durationMs))
+        self._set_timer(self._timer_values.getCurrentProcessingTimeInMs() + int(durationMs))
 
     def setTimeoutTimestamp(self, timestampMs: int) -> None:
         """Event-time timeout (operator ``time_mode="EventTime"``): fires once the watermark reaches it."""
-        for t in list(self._handle.listTimers()):
-            self._handle.deleteTimer(t)
-        self._handle.registerTimer(int(timestampMs))
+        self._set_timer(int(timestampMs))
 
     def getCurrentProcessingTimeMs(self) -> int:
         return self._timer_values.getCurrentProcessingTimeInMs()
@@ -184,16 +209,27 @@ class ApplyInPandasWithState(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         self._handle = handle
         self._value = handle.getValueState(self.state_name)
+        self._timers: bool | None = None
+        """Whether a key may hold a timer: unknown until the first key; false while the partition holds
+        none (no timer lookup per key then), true once it held one or a timeout was set."""
+
+    def _timer_set(self) -> None:
+        self._timers = True
 
     def handleInputRows(self, key: tuple[Any, ...], rows: Iterator[Any], timerValues: TimerValues) -> Iterable[Any]:
-        for t in list(self._handle.listTimers()):  # data arrived: the pending timeout no longer applies
-            self._handle.deleteTimer(t)
-        return self.func(key, rows, GroupState(self._value, self._handle, timerValues, False))  # type: ignore[no-any-return]
+        if self._timers is None:
+            self._timers = self._handle.has_any_timer()
+        if self._timers:  # data arrived: the pending timeout no longer applies
+            for t in list(self._handle.listTimers()):
+                self._handle.deleteTimer(t)
+        state = GroupState(self._value, self._handle, timerValues, False, self._timer_set)
+        return self.func(key, rows, state)  # type: ignore[no-any-return]
 
     def handleExpiredTimer(
         self, key: tuple[Any, ...], timerValues: TimerValues, expiredTimerInfo: ExpiredTimerInfo
     ) -> Iterable[Any]:
-        return self.func(key, iter(()), GroupState(self._value, self._handle, timerValues, True))  # type: ignore[no-any-return]
+        state = GroupState(self._value, self._handle, timerValues, True, self._timer_set)
+        return self.func(key, iter(()), state)  # type: ignore[no-any-return]
 
 
 __all__ = [

@@ -15,6 +15,7 @@ from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.formats.typed_schema import to_schema
 from statekeeper.store.spark.deleted_state import retire
 from statekeeper.store.spark.state import (
+    TIMERS_CF,
     ListState,
     MapState,
     StateContext,
@@ -87,6 +88,14 @@ class StatefulProcessorHandle:
 
     def listTimers(self) -> Iterator[int]:
         return iter(list(self._timers().list_timers()))
+
+    def has_any_timer(self) -> bool:
+        """Whether any key of this partition holds a timer (one seek; statekeeper's, not PySpark's): lets a
+        wrapper that clears each key's timers skip the lookup per key when there are none."""
+        ctx = self._timers()
+        if TIMERS_CF not in ctx.store.column_families():
+            return False
+        return next(iter(ctx.timers_cf.items()), None) is not None
 
     def deleteIfExists(self, stateName: str) -> None:
         """Drop every row of a state variable (in every key of this partition) and its schema records.

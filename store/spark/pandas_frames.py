@@ -16,9 +16,11 @@ cast (a ``dict`` column meant as a ``MapType``: inferred as a struct) is convert
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import importlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 
@@ -34,11 +36,64 @@ def to_pandas(table: pa.Table, time_zone: str | None = "UTC") -> Any:
 
 def key_frames(pdf: Any, sizes: list[tuple[tuple[Any, ...], int]]) -> Iterator[tuple[tuple[Any, ...], Any]]:
     """(key, frame) per run of `sizes` rows of `pdf`: a positional slice, indexed from 0 as PySpark's are."""
+    cut = _slicer(pdf)
     start = 0
     for key, size in sizes:
         end = start + size
-        yield key, pdf.iloc[start:end].reset_index(drop=True)
+        yield key, cut(start, end)
         start = end
+
+
+def _slicer(pdf: Any) -> Callable[[int, int], Any]:
+    """``cut(start, end)``: rows [start, end) of `pdf` as a frame of its own, indexed from 0.
+
+    A view of `pdf`'s blocks with a fresh RangeIndex, built on pandas' block manager: the cost of a bare
+    ``iloc`` slice, where ``iloc[s:e].reset_index(drop=True)`` copied every block (~3x the time a key).
+    Like a frame PySpark hands over, it is no ``iloc`` slice (no SettingWithCopyWarning on writes); a
+    write into it reaches only its own rows of `pdf`, which no other frame holds (under pandas'
+    copy-on-write mode it copies instead). Without those internals: the copy.
+    """
+    try:
+        get_slice, from_mgr = pdf._mgr.get_slice, type(pdf)._from_mgr
+    except AttributeError:  # pragma: no cover - pandas outside the supported versions
+        return lambda s, e: pdf.iloc[s:e].reset_index(drop=True)
+
+    range_index = importlib.import_module("pandas").RangeIndex
+
+    def cut(start: int, end: int) -> Any:
+        mgr = get_slice(slice(start, end), axis=1)  # axis 1 of a frame's manager: the rows
+        mgr.set_axis(1, range_index(end - start))
+        return from_mgr(mgr, axes=mgr.axes)
+
+    return cut
+
+
+def gather_columns(frames: list[Any], names: list[str]) -> dict[str, np.ndarray] | None:
+    """Columns `names` of `frames`, each concatenated into one NumPy array, as ``pandas.concat`` gives them
+    when every frame holds the column as a plain NumPy array of one dtype (else None: concat's alignment
+    and type promotion are needed). ~5x cheaper than concat for many small frames (one per key)."""
+    parts: list[list[Any]] = [[] for _ in names]
+    labels: list[Any] | None = None
+    positions: list[int] = []
+    try:
+        for frame in frames:
+            mgr = frame._mgr
+            have = mgr.items._values.tolist()
+            if have != labels:  # the usual case: every frame has the same columns, in the same order
+                at = {label: i for i, label in enumerate(have)}
+                if len(at) != len(have) or any(n not in at for n in names):
+                    return None
+                labels, positions = have, [at[n] for n in names]
+            for part, i in zip(parts, positions, strict=True):
+                part.append(mgr.iget_values(i))
+    except AttributeError:  # pragma: no cover - pandas outside the supported versions
+        return None
+    out: dict[str, np.ndarray] = {}
+    for name, part in zip(names, parts, strict=True):
+        if set(map(type, part)) != {np.ndarray} or len({a.dtype for a in part}) != 1:
+            return None  # extension arrays (tz-aware, nullable, categorical) or mixed dtypes: concat's rules
+        out[name] = np.concatenate(part)
+    return out
 
 
 def _convert(column: Any, target: pa.DataType) -> pa.Array | pa.ChunkedArray:
@@ -64,4 +119,4 @@ def from_pandas(pdf: Any, fields: list[pa.Field]) -> list[pa.Array | pa.ChunkedA
     return out
 
 
-__all__ = ["from_pandas", "key_frames", "to_pandas"]
+__all__ = ["from_pandas", "gather_columns", "key_frames", "to_pandas"]

@@ -1,0 +1,114 @@
+"""Pandas frames in and out of a task: each key's frame is one of its own (indexed from 0, the chunk's dtypes,
+writable without warnings or effect on another key's), and many small output frames convert as their
+concatenation would."""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pandas as pd  # type: ignore[import-untyped]
+import pyarrow as pa
+import pytest
+
+from statekeeper.store.spark import ApplyInPandasWithState
+from statekeeper.store.spark.executor import META_COL, _Output
+from statekeeper.store.spark.pandas_frames import gather_columns, key_frames, to_pandas
+from statekeeper.store.spark.testing import TwsTester
+
+
+def _chunk() -> pa.Table:
+    return pa.table(
+        {
+            "k": pa.array(["a", "a", "b", "c", "c", "c"]),
+            "n": pa.array([1, 2, 3, 4, 5, 6], pa.int64()),
+            "x": pa.array([0.5, None, 1.5, 2.5, 3.5, 4.5]),
+            "ts": pa.array([datetime.datetime(2024, 1, 1, i) for i in range(6)], pa.timestamp("us", "UTC")),
+            "d": pa.array([datetime.date(2024, 1, i + 1) for i in range(6)]),
+            "dec": pa.array([decimal.Decimal(i) for i in range(6)], pa.decimal128(5, 0)),
+            "m": pa.array([[("p", i)] for i in range(6)], pa.map_(pa.string(), pa.int64())),
+        }
+    )
+
+
+def test_each_key_frame_is_its_own_indexed_from_0_with_the_chunk_dtypes() -> None:
+    pdf = to_pandas(_chunk(), "UTC")
+    frames = dict(key_frames(pdf, [(("a",), 2), (("b",), 1), (("c",), 3)]))
+    for (key,), size, start in (("a", 2, 0), ("b", 1, 2), ("c", 3, 3)):
+        frame = frames[(key,)]
+        assert isinstance(frame.index, pd.RangeIndex) and list(frame.index) == list(range(size))
+        assert frame.dtypes.equals(pdf.dtypes)
+        pd.testing.assert_frame_equal(frame, pdf.iloc[start : start + size].reset_index(drop=True))
+    assert frames[("c",)].at[0, "m"] == {"p": 3}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no SettingWithCopyWarning: a frame of its own, as PySpark's are
+        c = frames[("c",)]
+        c.loc[0, "n"] = -1
+        c.at[1, "x"] = -1.0
+        c["extra"] = 1
+    assert list(frames[("a",)]["n"]) == [1, 2] and list(frames[("b",)]["n"]) == [3]
+    assert "extra" not in frames[("b",)].columns
+    assert list(c["n"]) == [-1, 5, 6] and list(c.columns)[-1] == "extra"
+
+
+def test_output_columns_are_gathered_only_where_concat_gives_the_same() -> None:
+    names = ["k", "count"]
+    same = [pd.DataFrame({"k": [f"k{i}"], "count": [i], "other": [object()]}) for i in range(5)]
+    reordered = [*same, pd.DataFrame({"count": [9, 10], "k": ["x", "y"]})]
+    got = gather_columns(reordered, names)
+    assert got is not None
+    want = pd.concat(reordered, ignore_index=True)
+    assert got["k"].tolist() == want["k"].tolist() and got["count"].tolist() == want["count"].tolist()
+    assert got["count"].dtype == np.int64
+    assert gather_columns([*same, pd.DataFrame({"k": ["z"], "count": [1.5]})], names) is None  # promotion
+    assert gather_columns([*same, pd.DataFrame({"k": ["z"]})], names) is None  # alignment
+    nullable = pd.DataFrame({"k": ["z"], "count": pd.array([None], "Int64")})
+    assert gather_columns([*same, nullable], names) is None  # an extension array
+    dup = pd.DataFrame([["z", 1, 2]], columns=["k", "count", "count"])
+    assert gather_columns([*same, dup], names) is None
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [pd.DataFrame({"k": [f"k{i}"], "count": [i]}) for i in range(4)],
+        [pd.DataFrame({"k": ["a"], "count": [1]}), pd.DataFrame({"count": [np.nan], "k": ["b"]})],
+        [pd.DataFrame({"k": ["a"], "count": [1], "extra": [{"x": 1}]}), pd.DataFrame({"k": ["b"], "count": [2]})],
+        [pd.DataFrame({"k": [k], "count": pd.array([v], "Int64")}) for k, v in (("a", 1), ("b", None))],
+    ],
+)
+def test_many_frames_convert_as_their_concatenation(frames: list[Any]) -> None:
+    schema = pa.schema([("k", pa.string()), ("count", pa.int64()), (META_COL, pa.string())])
+    out = _Output(schema)
+    for f in frames:
+        out.add(f)
+    got = pa.Table.from_batches(list(out.drain())).drop_columns([META_COL])
+    one = _Output(schema)
+    one.add(pd.concat(frames, ignore_index=True))
+    want = pa.Table.from_batches(list(one.drain())).drop_columns([META_COL])
+    assert got.equals(want) and out.count == sum(len(f) for f in frames)
+
+
+def _group_state_calls(key: tuple[Any, ...], pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
+    seen = [state.exists, state.getOption]
+    n = sum(len(p) for p in pdfs)
+    if key[0] == "gone":
+        state.remove()
+        seen += [state.exists, state.getOption]
+    else:
+        state.update([np.int64((state.get[0] if state.exists else 0) + n)])  # read back as stored: a tuple of int
+        seen += [state.exists, state.get, type(state.get[0]).__name__]
+    yield pd.DataFrame({"key": [key[0]], "seen": [repr(seen)]})
+
+
+def test_group_state_reads_back_what_it_wrote_and_what_it_removed() -> None:
+    proc = ApplyInPandasWithState(_group_state_calls)
+    with TwsTester(proc, key="key", output_schema="key string, seen string", input_format="pandas") as t:
+        first = dict(t.run([{"key": "a", "v": 1}, {"key": "a", "v": 2}, {"key": "gone", "v": 0}]))
+        assert first == {"a": "[False, None, True, (2,), 'int']", "gone": "[False, None, False, None]"}
+        second = dict(t.run([{"key": "a", "v": 3}, {"key": "gone", "v": 0}]))
+        assert second == {"a": "[True, (2,), True, (3,), 'int']", "gone": "[False, None, False, None]"}
