@@ -178,6 +178,11 @@ def check_event_time_column(schema_names: list[str], types: dict[str, str], even
         )
 
 
+NEXT_WATERMARK_FIELD = "next_watermark_ms"
+"""An event-time record's optional floor for the next batch's watermark: an imported Spark batch's
+``nextBatchWatermarkMs`` (its max event time is not in Spark's checkpoint, only the watermark it gave)."""
+
+
 class WatermarkLog:
     """Per batch, the watermark it ran with and the max event time seen through it, in the checkpoint.
 
@@ -195,8 +200,12 @@ class WatermarkLog:
     def path(self, batch_id: int) -> str:
         return event_time_path(self.operator, batch_id)
 
+    def _data(self, batch_id: int) -> dict[str, Any] | None:
+        optional = ("max_event_ms", NEXT_WATERMARK_FIELD)
+        return read_json_record(self.fm, self.path(batch_id), "event-time record", ("watermark_ms",), optional)
+
     def read(self, batch_id: int) -> tuple[int, int | None] | None:
-        data = read_json_record(self.fm, self.path(batch_id), "event-time record", ("watermark_ms",), ("max_event_ms",))
+        data = self._data(batch_id)
         if data is None:
             return None
         m = data.get("max_event_ms")
@@ -206,13 +215,15 @@ class WatermarkLog:
         """(watermark of the batch, watermark for late rows, max event time before the batch)."""
         if batch_id == 0:
             return INITIAL_WATERMARK_MS, INITIAL_WATERMARK_MS, None
-        prev = self.read(batch_id - 1)
-        if prev is None:
+        data = self._data(batch_id - 1)
+        if data is None:
             if batch_id > 0 and self.read(batch_id - 2) is not None:
                 log.warning("event-time record of batch %d is missing: the watermark restarts", batch_id - 1)
             return INITIAL_WATERMARK_MS, INITIAL_WATERMARK_MS, None
-        prev_wm, prev_max = prev
-        return next_watermark(prev_wm, prev_max, self.delay_ms), prev_wm, prev_max
+        prev_wm, m, carried = int(data["watermark_ms"]), data.get("max_event_ms"), data.get(NEXT_WATERMARK_FIELD)
+        prev_max = None if m is None else int(m)
+        watermark = next_watermark(prev_wm, prev_max, self.delay_ms)
+        return (watermark if carried is None else max(watermark, int(carried))), prev_wm, prev_max
 
     def record(self, batch_id: int, watermark_ms: int, max_event: int | None) -> None:
         data = json.dumps({"batch_id": batch_id, "watermark_ms": watermark_ms, "max_event_ms": max_event})
@@ -246,6 +257,7 @@ def watermark_of(df: Any) -> EventTime | None:
 
 __all__ = [
     "INITIAL_WATERMARK_MS",
+    "NEXT_WATERMARK_FIELD",
     "EventTime",
     "TaskTime",
     "WatermarkLog",

@@ -8,8 +8,10 @@ id), and its operators' state under ``state/``. The state of the last committed 
 ``spark.read.format("statestore")`` at ``batchId = B``: one reader per state variable of a
 ``transformWithState`` operator (``stateVarName``, lists and maps unflattened), one for the group state
 of ``applyInPandasWithState`` / ``flatMapGroupsWithState`` and for the aggregation buffer of a
-``groupBy().agg()``, plus the registered timers. Everything is read by Spark tasks; the driver only lists
-``commits/`` and reads the operator's metadata row.
+``groupBy().agg()``, plus the registered timers; a TTL'd variable's values come with their expiries
+(``struct<value, ttlExpirationMs>``). Everything is read by Spark tasks; the driver only lists ``commits/``,
+reads the operator's metadata row and the watermarks of batch ``B`` (``offsets/B``'s ``batchWatermarkMs``,
+``commits/B``'s ``nextBatchWatermarkMs``), which the import records so that event time continues.
 
 The continuation copies everything but ``state/`` to a new checkpoint location: a query started there
 with the same sources sees batches ``0..B`` committed and runs batch ``B + 1`` with the same offsets the
@@ -43,6 +45,10 @@ COPIED = ("metadata", "offsets", "commits", "sources")
 TWS_OPERATORS = ("transformWithStateExec", "transformWithStateInPandasExec", "transformWithStateInPySparkExec")
 GROUP_STATE_OPERATORS = ("applyInPandasWithState", "flatMapGroupsWithState")
 AGGREGATION_OPERATORS = ("stateStoreSave",)
+TTL_FIELD = "ttlExpirationMs"
+"""The expiry beside each value of a TTL'd variable, as Spark's state data source reads it."""
+MAX_LOG_BYTES = 1 << 20
+"""The most of a Spark offset or commit log file the import reads (their metadata line comes second)."""
 NO_TIMEOUT = -1
 """Spark's timeout timestamp of a group state without a pending timeout."""
 
@@ -63,6 +69,9 @@ class SparkVariable:
     column: str
     """The column of Spark's state rows holding the value (``value``, ``list_value``, ``map_value``,
     ``value.groupState``)."""
+    ttl: bool = False
+    """Declared with a TTL: each value (list element, map entry) of the column is a struct of ``value`` and
+    ``ttlExpirationMs``, the expiry Spark set at its write."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,10 @@ class SparkOperatorState:
     timers: str
     """Where timers come from: ``registered`` (transformWithState with a time mode), ``group_timeout``
     (the group state's timeout) or ``""`` (none)."""
+    watermark_ms: int = 0
+    """The event-time watermark the imported batch ran with (rows at or before it are late in the next)."""
+    next_watermark_ms: int = 0
+    """The watermark Spark's next batch runs with: the statekeeper query's first batch starts from it."""
 
     def describe(self) -> str:
         names = ", ".join(f"{v.name} ({v.kind})" for v in self.variables)
@@ -89,6 +102,7 @@ class SparkOperatorState:
             f"{self.operator_name} (operator {self.operator_id}, {self.partitions} partitions, key "
             f"{list(self.key_columns)}) at batch {self.batch_id}: {names}"
             + (f"; timers: {self.timers}" if self.timers else "")
+            + (f"; next watermark: {self.next_watermark_ms} ms" if self.next_watermark_ms else "")
         )
 
 
@@ -136,6 +150,27 @@ class CheckpointFiles:
         path = self._path(name)
         return bool(path.getFileSystem(self._conf).exists(path))
 
+    def read_text(self, name: str, limit: int = MAX_LOG_BYTES) -> str | None:
+        """The first `limit` bytes of the checkpoint's file `name` as text (None when it does not exist)."""
+        if self._jvm is None:
+            path = self._local(name)
+            if not os.path.isfile(path):
+                return None
+            with open(path, "rb") as f:
+                return f.read(limit).decode("utf-8", "replace")
+        jpath = self._path(name)
+        fs = jpath.getFileSystem(self._conf)
+        if not fs.exists(jpath):
+            return None
+        stream = fs.open(jpath)
+        try:
+            data = self._jvm.org.apache.commons.io.IOUtils.toByteArray(
+                stream, min(limit, fs.getFileStatus(jpath).getLen())
+            )
+        finally:
+            stream.close()
+        return bytes(data).decode("utf-8", "replace")
+
     def copy_progress(self, target: CheckpointFiles) -> list[str]:
         """Copy `COPIED` (what exists of it) into `target`, which must be empty; returns what was copied."""
         if target.names(""):
@@ -154,6 +189,30 @@ class CheckpointFiles:
             src_fs, dst_fs = src_path.getFileSystem(self._conf), dst_path.getFileSystem(target._conf)
             self._jvm.org.apache.hadoop.fs.FileUtil.copy(src_fs, src_path, dst_fs, dst_path, False, self._conf)
         return copied
+
+
+def _log_entry(files: CheckpointFiles, name: str, field: str) -> int | None:
+    """`field` of the JSON line after the version line (``v1``) of Spark's log file `name`, when an integer."""
+    text = files.read_text(name)
+    lines = text.splitlines() if text else []
+    if len(lines) < 2:
+        return None
+    try:
+        value = json.loads(lines[1]).get(field)
+    except (ValueError, AttributeError):
+        return None
+    return value if type(value) is int else None
+
+
+def watermarks(files: CheckpointFiles, batch: int) -> tuple[int, int]:
+    """The event-time watermark batch `batch` ran with (``offsets/<batch>``'s ``batchWatermarkMs``) and the one
+    Spark's next batch runs with (``commits/<batch>``'s ``nextBatchWatermarkMs``, else the planned next batch's
+    ``batchWatermarkMs``); 0 (Spark's initial watermark) where the log has none."""
+    ran = _log_entry(files, f"offsets/{batch}", "batchWatermarkMs") or 0
+    following = _log_entry(files, f"commits/{batch}", "nextBatchWatermarkMs")
+    if following is None:
+        following = _log_entry(files, f"offsets/{batch + 1}", "batchWatermarkMs")
+    return ran, max(ran, following or 0)
 
 
 def batch_numbers(names: list[str]) -> list[int]:
@@ -224,7 +283,10 @@ def describe_operator(
     clash = [k for k in keys if k.startswith("__sk")]
     if clash:
         raise ConfigurationError(f"grouping key columns {clash} use statekeeper's reserved prefix '__sk'")
-    return SparkOperatorState(checkpoint, operator_id, name, flavour, batch, partitions, keys, tuple(variables), timers)
+    marks = watermarks(files, batch)
+    return SparkOperatorState(
+        checkpoint, operator_id, name, flavour, batch, partitions, keys, tuple(variables), timers, *marks
+    )
 
 
 def _tws_variables(
@@ -233,30 +295,41 @@ def _tws_variables(
     declared = props.get("stateVariables") or []
     if not declared:
         raise ConfigurationError(f"the transformWithState operator of {checkpoint!r} declares no state variables")
-    ttl = [v["stateName"] for v in declared if v.get("ttlEnabled") and not str(v["stateName"]).startswith("$")]
-    if ttl:
-        raise ConfigurationError(
-            f"state variables {ttl} of {checkpoint!r} have a TTL: importing TTL'd state is not supported yet"
-        )
     found = []
     for v in declared:
         name, kind = str(v["stateName"]), str(v["stateVariableType"])
         if kind == "TimerState" or name.startswith("$"):  # Spark's own: timers (read as registered timers)
             continue
+        ttl = bool(v.get("ttlEnabled"))
         schema = state_reader(spark, checkpoint, operator_id, batch, name).load().schema
         if kind == "ValueState":
-            found.append(SparkVariable(name, "value", _schema(schema["value"].dataType, name), None, name, "value"))
+            value = _ttl_inner(schema["value"].dataType, name, checkpoint) if ttl else schema["value"].dataType
+            found.append(SparkVariable(name, "value", _schema(value, name), None, name, "value", ttl))
         elif kind == "ListState":
             element = schema["list_value"].dataType.elementType
-            found.append(SparkVariable(name, "list", _schema(element, name), None, name, "list_value"))
+            element = _ttl_inner(element, name, checkpoint) if ttl else element
+            found.append(SparkVariable(name, "list", _schema(element, name), None, name, "list_value", ttl))
         elif kind == "MapState":
             m = schema["map_value"].dataType
             user_key = _schema(m.keyType, f"the map key of {name}")
-            found.append(SparkVariable(name, "map", _schema(m.valueType, name), user_key, name, "map_value"))
+            value = _ttl_inner(m.valueType, name, checkpoint) if ttl else m.valueType
+            found.append(SparkVariable(name, "map", _schema(value, name), user_key, name, "map_value", ttl))
         else:
             raise ConfigurationError(f"state variable {name!r} of {checkpoint!r} is a {kind}, which is not imported")
     time_mode = str(props.get("timeMode", "NoTime"))
     return found, "" if time_mode in ("NoTime", "None") else "registered"
+
+
+def _ttl_inner(spark_type: Any, name: str, checkpoint: str) -> Any:
+    """The user's value type inside Spark's TTL'd value ``struct<value, ttlExpirationMs>`` (PySpark 4.x)."""
+    fields: list[str] = getattr(spark_type, "fieldNames", list)()
+    if fields != ["value", TTL_FIELD]:
+        raise ConfigurationError(
+            f"state variable {name!r} of {checkpoint!r} has a TTL, but Spark's state data source reads its values as "
+            f"{spark_type.simpleString()}, not struct<value, {TTL_FIELD}>: this Spark version's TTL'd state is not "
+            "imported"
+        )
+    return spark_type["value"].dataType
 
 
 def _schema(spark_type: Any, what: str) -> DataType:
@@ -320,6 +393,7 @@ def state_rows(spark: SparkSession, source: SparkOperatorState) -> DataFrame:
 __all__ = [
     "COPIED",
     "TIMER_COL",
+    "TTL_FIELD",
     "VALUE_PREFIX",
     "VAR_COL",
     "CheckpointFiles",
@@ -328,4 +402,5 @@ __all__ = [
     "describe_operator",
     "last_committed_batch",
     "state_rows",
+    "watermarks",
 ]

@@ -34,21 +34,25 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from statekeeper.store.commit_log import CommitLog
-from statekeeper.store.errors import ConfigurationError, StatekeeperError
+from statekeeper.store.errors import CheckpointFileExistsError, ConfigurationError, StatekeeperError
 from statekeeper.store.files import open_file_manager
 from statekeeper.store.files.paths import validate_component
 from statekeeper.store.key_groups import KeyGroupLayout
+from statekeeper.store.layout import event_time_path
 from statekeeper.store.spark.api import BatchStatefulProcessor, TimerValues, keys_of
 from statekeeper.store.spark.batch_records import BatchRecords
+from statekeeper.store.spark.event_time import NEXT_WATERMARK_FIELD
 from statekeeper.store.spark.executor import META_COL, TaskSpec, run_task
 from statekeeper.store.spark.metrics import PartitionMetrics
 from statekeeper.store.spark.routing import owner_column, routable
 from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from statekeeper.store.spark.spark_checkpoint import (
     TIMER_COL,
+    TTL_FIELD,
     VALUE_PREFIX,
     VAR_COL,
     CheckpointFiles,
+    SparkOperatorState,
     SparkVariable,
     describe_operator,
     state_rows,
@@ -99,6 +103,8 @@ class ImportSummary:
     variables: dict[str, str]
     """Statekeeper variable name -> kind."""
     continuation_checkpoint: str | None
+    next_watermark_ms: int = 0
+    """The event-time watermark the statekeeper query's first batch runs with (Spark's next batch's)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -109,6 +115,8 @@ class ImportSummary:
             if self.continuation_checkpoint
             else ""
         )
+        if self.next_watermark_ms:
+            cont += f"; event-time watermark {self.next_watermark_ms} ms"
         return (
             f"imported {self.keys} keys ({self.rows} state rows, {self.timers} timers, {self.bytes} bytes) of "
             f"{self.spark_operator} at batch {self.batch_id} into {self.root} operator {self.operator!r} version "
@@ -145,7 +153,9 @@ class _StateWriter(BatchStatefulProcessor):
                 continue
             keys = keys_of(part, list(self.key_columns))
             values = part.column(f"{VALUE_PREFIX}{i}").to_pylist()
-            if var.kind == "value":
+            if var.ttl:
+                _write_expiring(var, state, keys, values)
+            elif var.kind == "value":
                 state.updateMany(keys, [_row(v) for v in values])
             elif var.kind == "list":
                 for key, items in zip(keys, values, strict=True):
@@ -168,6 +178,40 @@ class _StateWriter(BatchStatefulProcessor):
         return pa.table(
             {KEYS_COL: pa.array([keys_here], pa.int64()), TIMERS_COL: pa.array([timed.num_rows], pa.int64())}
         )
+
+
+def _write_expiring(var: SparkVariable, state: Any, keys: list[tuple[Any, ...]], values: list[Any]) -> None:
+    """A TTL'd variable's values with the expiries Spark gave them (a later write resets them by the TTL the
+    statekeeper query declares). A list keeps one expiry: its elements must share theirs."""
+    ctx = state._ctx
+    for key, value in zip(keys, values, strict=True):
+        ctx.set_key(key)
+        if var.kind == "value":
+            _put_expiring(state, ctx.require_gk(), _row(value["value"]), value[TTL_FIELD])
+        elif var.kind == "list":
+            items = value or ()
+            expiries = {e[TTL_FIELD] for e in items}
+            if len(expiries) > 1:
+                raise ConfigurationError(
+                    f"state variable {var.name!r}: the list of key {key!r} has elements with different TTL expiries "
+                    f"{sorted(expiries, key=str)[:4]}; a statekeeper ListState has one expiry per list, so this list "
+                    "cannot be imported as Spark expires it"
+                )
+            if items:
+                _put_expiring(state, ctx.require_gk(), [_row(e["value"]) for e in items], expiries.pop())
+        else:
+            for user_key, entry in value or ():
+                _put_expiring(state, state._skey(_row(user_key)), _row(entry["value"]), entry[TTL_FIELD])
+
+
+def _put_expiring(state: Any, storage_key: bytes, value: Any, expiry_ms: int | None) -> None:
+    """What a write under a TTL stores (the value with its expiry, the eviction index entry), at `expiry_ms`."""
+    ctx = state._ctx
+    state._cf.put(storage_key, state._value_bytes(value, expiry_ms))
+    if expiry_ms is not None:
+        ctx.index_ttl(state._name_b, storage_key, int(expiry_ms))
+    ctx.rows_updated += 1
+    ctx.rows_delta += 1
 
 
 def _row(value: Any) -> Any:
@@ -252,6 +296,7 @@ def import_spark_state(
                 f"partitions' files are uncommitted orphans) and the import can be run again: {str(e)[:2000]}"
             ) from e
     metas, keys, timers = _results(results, n)
+    _carry_watermark(fm, operator, source)
     BatchRecords(fm, commit_log, operator).commit(
         IMPORTED_VERSION, [m.checkpoint_id or "" for m in metas], source.batch_id, layout
     )
@@ -272,9 +317,32 @@ def import_spark_state(
         worker_peak_rss_mb=max(m.phases.get("worker_peak_rss_mb", 0.0) for m in metas),
         variables={v.name: v.kind for v in source.variables},
         continuation_checkpoint=copied,
+        next_watermark_ms=source.next_watermark_ms,
     )
     say(summary.summary())
     return summary
+
+
+def _carry_watermark(fm: Any, operator: str, source: SparkOperatorState) -> None:
+    """The imported batch's event-time record (before its commit record, as a batch writes it): a query with
+    event time continues from Spark's watermarks (late rows, event-time timers), whatever its delay."""
+    path = event_time_path(operator, source.batch_id)
+    record = {
+        "batch_id": source.batch_id,
+        "watermark_ms": source.watermark_ms,
+        "max_event_ms": None,
+        NEXT_WATERMARK_FIELD: source.next_watermark_ms,
+    }
+    data = json.dumps(record).encode()
+    try:
+        with fm.create(path, exclusive=True) as f:
+            f.write(data)
+    except CheckpointFileExistsError:  # an earlier attempt of this import
+        if fm.read_bytes(path) != data:
+            raise ConfigurationError(
+                f"{fm.root_uri} has an event-time record of batch {source.batch_id} of {operator!r} from another "
+                "import: import into a new state root"
+            ) from None
 
 
 def _partition_column(schema: Any, key: tuple[str, ...], n: int, layout: KeyGroupLayout | None) -> Any:
