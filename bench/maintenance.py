@@ -146,15 +146,16 @@ def recovery_and_snapshots(sizes: Sizes, base: str) -> list[Table]:
     )
     snapshot_rows: list[list[object]] = []
     rows: list[list[object]] = []
+    maint_fm = open_file_manager(maint_root)
     try:
         plain.bulk_load()
         maintained.bulk_load()
-        first = create_snapshots(maint_root, settings.with_(snapshot_threshold=1))
+        first = create_snapshots(maint_fm, settings.with_(snapshot_threshold=1))
         snapshot_rows.append(_snapshot_row("first snapshot (cold: replay from version 1)", first))
         for i in range(1, max(sizes.checkpoints) + 1):
             plain.batch()
             maintained.batch()
-            report = create_snapshots(maint_root, settings)
+            report = create_snapshots(maint_fm, settings)
             if report.snapshots and len(snapshot_rows) < 2:
                 label = f"next, {THRESHOLD} batches of updates spread over all keys later (replica)"
                 snapshot_rows.append(_snapshot_row(label, report))
@@ -163,10 +164,10 @@ def recovery_and_snapshots(sizes: Sizes, base: str) -> list[Table]:
                 m_s, m_n = _recover(maint_root, base, maintained.version)
                 rows.append([i, p_n, round(p_s, 3), m_n, round(m_s, 3), round(p_s / m_s, 1)])
                 log.info("recovery after %d batches: %.2fs (%d changelogs) vs %.2fs (%d)", i, p_s, p_n, m_s, m_n)
-        create_snapshots(maint_root, settings.with_(snapshot_threshold=1))
+        create_snapshots(maint_fm, settings.with_(snapshot_threshold=1))
         for _ in range(THRESHOLD):
             maintained.batch(hot=True)
-        report = create_snapshots(maint_root, settings)
+        report = create_snapshots(maint_fm, settings)
         label = f"next, {THRESHOLD} batches of updates to one contiguous 5% of the keys later (replica)"
         snapshot_rows.append(_snapshot_row(label, report))
     finally:

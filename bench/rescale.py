@@ -117,8 +117,9 @@ def _snapshot_all(root: Path) -> None:
     """Snapshot every store, as maintenance keeps a running operator's state (not timed)."""
     from statekeeper.maintenance.settings import MaintenanceSettings
     from statekeeper.maintenance.snapshot_builds import create_snapshots
+    from statekeeper.store.files import open_file_manager
 
-    report = create_snapshots(root.as_uri(), MaintenanceSettings(snapshot_threshold=1))
+    report = create_snapshots(open_file_manager(root.as_uri()), MaintenanceSettings(snapshot_threshold=1))
     if report.errors:
         raise RuntimeError(f"snapshots of {root} failed: {report.errors}")
 

@@ -45,7 +45,7 @@ from statekeeper.sql.models import (
     KIND_MANIFEST,
 )
 from statekeeper.store.errors import CheckpointError, ConfigurationError, StatekeeperError
-from statekeeper.store.files import CheckpointFileManager, FileInfo, normalize_root_uri, open_file_manager
+from statekeeper.store.files import CheckpointFileManager, FileInfo
 from statekeeper.store.formats.changelog import read_header
 from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.formats.snapshot import SnapshotManifest
@@ -443,18 +443,9 @@ def _full(catalog: Catalog, syncer: _Syncer, started: float, raise_on_error: boo
     return _finish(catalog, syncer, writer, started, raise_on_error)
 
 
-def _open(root: str | CheckpointFileManager) -> CheckpointFileManager:
-    return open_file_manager(root) if isinstance(root, str) else root
-
-
-def root_uri(root: str | CheckpointFileManager) -> str:
-    """The normalised URI under which the catalog knows `root` (the file manager's `root_uri`)."""
-    return root.root_uri if isinstance(root, CheckpointFileManager) else normalize_root_uri(root)
-
-
 def sync_catalog(
     catalog: Catalog,
-    root: str | CheckpointFileManager,
+    fm: CheckpointFileManager,
     *,
     full: bool = False,
     workers: int = 8,
@@ -464,7 +455,7 @@ def sync_catalog(
     stores: Iterable[StoreId] | None = None,
     view: InventoryView | None = None,
 ) -> CatalogSyncResult:
-    """Bring the catalog of `root` up to date (incremental, or with `full` a whole listing).
+    """Bring the catalog of `fm`'s root up to date (incremental, or with `full` a whole listing).
 
     `stores` (incremental only): list the directories of these stores alone, with every new commit record
     (none: the commit records alone); for a maintainer that just wrote their files (the snapshots it made),
@@ -472,7 +463,6 @@ def sync_catalog(
     `view` (incremental only): the caller's inventory, whose commit records and served stores are taken
     instead of listing and reading them again (`statekeeper.maintenance.sync_view`).
     """
-    fm = _open(root)
     mode = "full" if full else "incremental"
     if full and (stores is not None or view is not None):
         raise ValueError("a full sync lists every store: stores and view are for an incremental sync")
@@ -482,18 +472,17 @@ def sync_catalog(
 
 def rebuild_catalog(
     catalog: Catalog,
-    root: str | CheckpointFileManager,
+    fm: CheckpointFileManager,
     *,
     workers: int = 8,
     raise_on_error: bool = True,
     record_run: bool = False,
     orchestrator_run_id: str | None = None,
 ) -> CatalogSyncResult:
-    """Forget what the catalog derived from `root`, then a full sync: the catalog from the location alone.
+    """Forget what the catalog derived from `fm`'s root, then a full sync: the catalog from the location alone.
 
     Maintenance run history and leases (not derived from the location) are kept.
     """
-    fm = _open(root)
     catalog.reset_root(fm.root_uri)
     return _run(catalog, fm, "rebuild", workers, raise_on_error, record_run, orchestrator_run_id, None, None)
 
@@ -537,6 +526,5 @@ __all__ = [
     "Classified",
     "classify",
     "rebuild_catalog",
-    "root_uri",
     "sync_catalog",
 ]

@@ -44,6 +44,7 @@ from statekeeper.maintenance.cli_commands import (
     cmd_runs,
     cmd_snapshot,
     cmd_verify,
+    file_manager_of,
     maybe_catalog,
 )
 from statekeeper.maintenance.cli_output import (
@@ -265,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_maintain)
     from statekeeper.maintenance.offline_rescale import add_commands
 
-    add_commands(sub, [common, fan], _positive_int, emit, maybe_catalog)
+    add_commands(sub, [common, fan], _positive_int, emit, maybe_catalog, file_manager_of)
     from statekeeper.maintenance.cli_import import add_commands as add_import
 
     add_import(sub, [common], _positive_int, emit)

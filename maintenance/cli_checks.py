@@ -59,10 +59,10 @@ def check_roots(args: argparse.Namespace) -> None:
     """Refuse a folder above a checkpoint root, naming the root(s) found below it."""
     if args.command not in ROOT_COMMANDS and getattr(args, "catalog_command", None) not in ("sync", "rebuild"):
         return
-    from statekeeper.store.files import open_file_manager
+    from statekeeper.maintenance.cli_commands import file_manager_of
 
     for root in roots_of(args):
-        fm = open_file_manager(root)
+        fm = file_manager_of(args, root)
         below = nested_roots(fm)
         if below:
             shown = ", ".join(below[:5]) + (f" and {len(below) - 5} more" if len(below) > 5 else "")
@@ -99,9 +99,9 @@ def check_stores(args: argparse.Namespace) -> None:
     stores: list[StoreId] = list(getattr(args, "stores", None) or [])
     if not stores or args.command == "maintain" or not isinstance(getattr(args, "root", None), str):
         return
-    from statekeeper.store.files import open_file_manager
+    from statekeeper.maintenance.cli_commands import file_manager_of
 
-    fm = open_file_manager(args.root)
+    fm = file_manager_of(args)
     unknown = [s for s in stores if next(iter(fm.list(f"{s.prefix}/")), None) is None]
     if not unknown:
         return
@@ -120,9 +120,9 @@ def check_operator(args: argparse.Namespace) -> None:
     operator = getattr(args, "operator", None)
     if args.command not in ("rescale", "rollback") or not isinstance(operator, str):
         return
-    from statekeeper.store.files import open_file_manager
+    from statekeeper.maintenance.cli_commands import file_manager_of
 
-    fm = open_file_manager(args.root)
+    fm = file_manager_of(args)
     operators = latest_operators(fm)
     if operators and operator not in operators:
         raise UsageError(f"no operator {operator!r} in {fm.root_uri}; its operators: {', '.join(sorted(operators))}")

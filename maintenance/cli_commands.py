@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from statekeeper.maintenance.reports import Report
     from statekeeper.maintenance.settings import MaintenanceSettings
     from statekeeper.sql.catalog import Catalog
+    from statekeeper.store.files import CheckpointFileManager
 
 log = logging.getLogger("statekeeper")  # as the command's printed problems (cli_output), shown at every verbosity
 
@@ -69,6 +70,18 @@ def settings_of(args: argparse.Namespace) -> MaintenanceSettings:
     return settings
 
 
+def file_manager_of(args: argparse.Namespace, root: str | None = None) -> CheckpointFileManager:
+    """The file manager of `root` (default: the command's ``root``), opened once per command: the checks before
+    it and the command itself share it."""
+    from statekeeper.store.files import open_file_manager
+
+    opened: dict[str, CheckpointFileManager] = vars(args).setdefault("_file_managers", {})
+    name = args.root if root is None else root
+    if name not in opened:
+        opened[name] = open_file_manager(name)
+    return opened[name]
+
+
 def db_url(args: argparse.Namespace) -> str:
     """``--db``, else ``STATEKEEPER_DB_URL``, else the catalog the root's deployment recorded, else the embedded
     default (`statekeeper.maintenance.deployment.chosen_catalog`); unless given by ``--db``, one stderr line says
@@ -77,7 +90,7 @@ def db_url(args: argparse.Namespace) -> str:
     from statekeeper.sql.db import normalize_url
 
     roots = [args.root] if getattr(args, "root", None) else list(getattr(args, "roots", None) or [])
-    url, source = chosen_catalog(args.db, roots)
+    url, source = chosen_catalog(args.db, (file_manager_of(args, r) for r in roots))
     if not args.db:
         sys.stderr.write(f"statekeeper: catalog {normalize_url(url).render_as_string(hide_password=True)} ({source})\n")
     return url
@@ -129,7 +142,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from statekeeper.maintenance.plan import plan_root
 
     settings = settings_of(args)
-    inv = Inventory.scan(args.root, parallelism=settings.parallelism, progress=show_progress(args), stores=args.stores)
+    fm, progress = file_manager_of(args), show_progress(args)
+    inv = Inventory.scan(fm, parallelism=settings.parallelism, progress=progress, stores=args.stores)
     plan = plan_root(inv, settings, all_stores=args.stores is None)
     rows = []
     problems = list(plan.problems)
@@ -246,11 +260,9 @@ def _run_operation(
     args: argparse.Namespace, operation: Callable[..., Report], columns: Sequence[str] | None = None, **options: Any
 ) -> int:
     """Run a maintenance operation on the root with the command's settings, catalog, progress and stores."""
-    settings = settings_of(args)
+    settings, fm = settings_of(args), file_manager_of(args)
     with maybe_catalog(args) as catalog:
-        report = operation(
-            args.root, settings, catalog=catalog, progress=show_progress(args), stores=args.stores, **options
-        )
+        report = operation(fm, settings, catalog=catalog, progress=show_progress(args), stores=args.stores, **options)
     return report_out(args, report, columns)
 
 
@@ -289,9 +301,9 @@ def cmd_catalog_sync(args: argparse.Namespace, *, rebuild: bool = False) -> int:
 
     with open_catalog(args) as catalog:
         if rebuild:
-            result = rebuild_catalog(catalog, args.root, raise_on_error=False, record_run=True)
+            result = rebuild_catalog(catalog, file_manager_of(args), raise_on_error=False, record_run=True)
         else:
-            result = sync_catalog(catalog, args.root, full=args.full, raise_on_error=False, record_run=True)
+            result = sync_catalog(catalog, file_manager_of(args), full=args.full, raise_on_error=False, record_run=True)
     doc = result.to_json()
 
     def text() -> str:
@@ -439,7 +451,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
 
     with maybe_catalog(args) as catalog, _stopped_by_sigterm() as stop:
         maintain(
-            args.roots,
+            [file_manager_of(args, r) for r in args.roots],
             settings,
             every=args.every,
             catalog=catalog,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from statekeeper.store.errors import CheckpointFileExistsError, CorruptFileError, StatekeeperError
@@ -98,21 +99,19 @@ def record_catalog(fm: CheckpointFileManager, url: str | URL) -> None:
         log.warning("cannot record the catalog of %s: %s", fm.root_uri, e)
 
 
-def chosen_catalog(explicit: str | None, roots: list[str]) -> tuple[str, str]:
+def chosen_catalog(explicit: str | None, roots: Iterable[CheckpointFileManager]) -> tuple[str, str]:
     """The catalog a command uses, and where the choice came from: `explicit` (``--db``), else
     ``STATEKEEPER_DB_URL``, else the first of `roots` that records its deployment's catalog, else the embedded
-    SQLite default."""
+    SQLite default. `roots` is iterated only when it comes to that (the CLI opens them lazily)."""
     import os
 
     from statekeeper.sql.db import ENV_URL, default_url
-    from statekeeper.store.files import open_file_manager
 
     if explicit:
         return explicit, "--db"
     if os.environ.get(ENV_URL):
         return os.environ[ENV_URL], ENV_URL
-    for root in roots:
-        fm = open_file_manager(root)
+    for fm in roots:
         url = recorded_catalog(fm)
         if url is not None:
             return url, f"recorded in {fm.root_uri.rstrip('/')}/{DEPLOYMENT_FILE}"

@@ -34,7 +34,7 @@ from statekeeper.maintenance.plan import StorePlan, plan_store
 from statekeeper.maintenance.reports import ExpiryReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshot_checks import base_problem, proof_problem
-from statekeeper.store.files import CheckpointFileManager, open_file_manager
+from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import StoreId
 
@@ -49,7 +49,7 @@ _PRUNED_AT: dict[tuple[str, str], float] = {}
 
 
 def expire_versions(
-    root_uri: str | CheckpointFileManager,
+    fm: CheckpointFileManager,
     settings: MaintenanceSettings,
     *,
     catalog: Catalog | None = None,
@@ -67,7 +67,6 @@ def expire_versions(
     `inventory`: a listing of the root the caller took (the maintenance loop shares one per cycle);
     each store is listed again under its lease before anything is changed.
     """
-    fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
     wanted = None if stores is None else list(stores)
     report = ExpiryReport(root=fm.root_uri, dry_run=dry_run)
     with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
@@ -139,7 +138,7 @@ def prune_catalog_history(catalog: Catalog, root: str, settings: MaintenanceSett
 
 def _expire_store(deleter: Deleter, inv: Inventory, store: StoreId, catalog: Catalog | None) -> DeleteOutcome:
     fm, settings = deleter.fm, deleter.settings
-    with planned_store(fm.root_uri, inv, store, settings, catalog) as (plan, lease):
+    with planned_store(inv, store, settings, catalog) as (plan, lease):
         # Snapshot repair (invariant 10): never delete the changelogs below a base that cannot be restored.
         manifests = inv.files_of(store).manifest_data
         corrupt = base_problem(fm, plan, manifests, work_dir=settings.work_dir) if plan.expired else None

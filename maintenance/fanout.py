@@ -123,18 +123,18 @@ def _open_catalog(url: str | None) -> Catalog | None:
 
 
 def create_snapshots_on_spark(
-    root_uri: str | CheckpointFileManager, settings: MaintenanceSettings, engine: SparkEngine, **kwargs: Any
+    fm: CheckpointFileManager, settings: MaintenanceSettings, engine: SparkEngine, **kwargs: Any
 ) -> SnapshotReport:
     """:func:`statekeeper.maintenance.snapshot_builds.create_snapshots` with the stores' snapshots built on Spark
     executors (same keyword arguments; `progress` bars are not shown)."""
-    return create_snapshots(root_uri, settings, executor=engine, **kwargs)
+    return create_snapshots(fm, settings, executor=engine, **kwargs)
 
 
 def verify_root_on_spark(
-    root_uri: str | CheckpointFileManager, settings: MaintenanceSettings, engine: SparkEngine, **kwargs: Any
+    fm: CheckpointFileManager, settings: MaintenanceSettings, engine: SparkEngine, **kwargs: Any
 ) -> VerifyReport:
     """:func:`statekeeper.maintenance.verify.verify_root` with the stores verified on Spark executors; read-only."""
-    return verify_root(root_uri, settings, executor=engine, **kwargs)
+    return verify_root(fm, settings, executor=engine, **kwargs)
 
 
 def check_engine(name: str, master: str | None) -> SparkEngine | None:

@@ -40,7 +40,7 @@ from statekeeper.maintenance.file_kinds import (
 from statekeeper.maintenance.parsed_cache import CORRUPT_SSTS, SOUND_SSTS, ParsedFiles
 from statekeeper.maintenance.progress import bar as progress_bar
 from statekeeper.store.errors import CheckpointError, ConfigurationError
-from statekeeper.store.files import CheckpointFileManager, FileInfo, LocalFileManager, open_file_manager
+from statekeeper.store.files import CheckpointFileManager, FileInfo, LocalFileManager
 from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import (
@@ -193,7 +193,7 @@ class Inventory:
     @classmethod
     def scan(
         cls,
-        root: str | CheckpointFileManager,
+        fm: CheckpointFileManager,
         *,
         parallelism: int = 4,
         progress: bool = False,
@@ -201,7 +201,7 @@ class Inventory:
         use_cache: bool = True,
         leased: Iterable[StoreId] = (),
     ) -> Inventory:
-        """List `root` once and read every commit record and manifest not read before.
+        """List the root once and read every commit record and manifest not read before.
 
         With `stores`, only those stores' prefixes (and the commit records) are listed. Without
         `use_cache` every commit record and manifest is read again (verification). `leased`: stores
@@ -209,7 +209,6 @@ class Inventory:
         inventory (the maintenance loop's cycle leases): their listing is already one taken under
         the lease, so `rescan_store` does not list them again.
         """
-        fm = open_file_manager(root) if isinstance(root, str) else root
         inv = cls(fm, parallelism=parallelism, use_cache=use_cache)
         inv._current.update(leased)
         check_root(fm)

@@ -36,7 +36,7 @@ from statekeeper.maintenance.root_leases import (
     default_owner,
 )
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.store.files import CheckpointFileManager, normalize_root_uri, open_file_manager
+from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.layout import StoreId
 
 if TYPE_CHECKING:
@@ -71,10 +71,6 @@ class _Guard:
                 raise LeaseLostError(str(e)) from None
 
 
-def _file_manager(root: str | CheckpointFileManager) -> CheckpointFileManager:
-    return open_file_manager(root) if isinstance(root, str) else root
-
-
 def _poll(settings: MaintenanceSettings) -> float:
     return min(0.5, max(0.05, settings.lease_timeout_seconds / 20))
 
@@ -86,11 +82,9 @@ def _leases(fm: CheckpointFileManager, settings: MaintenanceSettings) -> RootLea
 class CycleLeases:
     """The leases a maintenance cycle holds on one root: taken on first use, released when the cycle ends."""
 
-    def __init__(
-        self, root: str | CheckpointFileManager, settings: MaintenanceSettings, catalog: Catalog | None
-    ) -> None:
-        self.fm = _file_manager(root)
-        self.root_uri = self.fm.root_uri
+    def __init__(self, fm: CheckpointFileManager, settings: MaintenanceSettings, catalog: Catalog | None) -> None:
+        self.fm = fm
+        self.root_uri = fm.root_uri
         self.settings = settings
         self.catalog = catalog
         self.leases = _leases(self.fm, settings)
@@ -201,19 +195,19 @@ which only serialises more."""
 
 @contextmanager
 def root_files_lease(
-    root: str | CheckpointFileManager, settings: MaintenanceSettings, catalog: Catalog | None
+    fm: CheckpointFileManager, settings: MaintenanceSettings, catalog: Catalog | None
 ) -> Iterator[LeaseGuard | None]:
     """Hold `ROOT_FILES` for the block (inside `cycle_leases` of the same root and catalog: until the cycle ends,
     one create a cycle), waiting up to the lease timeout; None when another maintainer holds it, which deletes
     them: this one deletes none. No catalog row: the root's lease is the authority, and a store's run keeps
     its one catalog transaction."""
     cycle = _cycle.get()
-    uri = _root_uri(root)
+    uri = fm.root_uri
     shared = cycle is not None and cycle.root_uri == uri and cycle.catalog is catalog
     if cycle is not None and shared:
         leases = cycle.leases
     else:
-        leases = _leases(cycle.fm if cycle is not None and cycle.root_uri == uri else _file_manager(root), settings)
+        leases = _leases(cycle.fm if cycle is not None and cycle.root_uri == uri else fm, settings)
     try:
         guard: LeaseGuard | None = None
         try:
@@ -229,22 +223,18 @@ def root_files_lease(
             leases.release_all()
 
 
-def _root_uri(root: str | CheckpointFileManager) -> str:
-    return root.root_uri if isinstance(root, CheckpointFileManager) else normalize_root_uri(root)
-
-
 @contextmanager
 def cycle_leases(
-    root: str | CheckpointFileManager,
+    fm: CheckpointFileManager,
     settings: MaintenanceSettings,
     catalog: Catalog | None,
     stores: Sequence[StoreId] = (),
 ) -> Iterator[CycleLeases]:
-    """Within the block, `store_lease` on `root` (with this `catalog`) keeps each store's lease until
+    """Within the block, `store_lease` on `fm`'s root (with this `catalog`) keeps each store's lease until
     the block ends: one acquisition and one release per store for all the operations run inside it.
     The free ones of `stores` are taken at once when the block starts (one listing of the root's leases);
     more with `CycleLeases.take_free`."""
-    cycle = CycleLeases(root, settings, catalog)
+    cycle = CycleLeases(fm, settings, catalog)
     token = _cycle.set(cycle)
     try:
         cycle.take_free(stores)
@@ -279,19 +269,18 @@ def scan_under_leases(
 
 @contextmanager
 def store_lease(
-    root: str | CheckpointFileManager, store: StoreId, settings: MaintenanceSettings, catalog: Catalog | None
+    fm: CheckpointFileManager, store: StoreId, settings: MaintenanceSettings, catalog: Catalog | None
 ) -> Iterator[LeaseGuard]:
     """Hold the maintenance lease of `store` for the block; `MaintenanceBusyError` if another has it.
 
     Inside `cycle_leases` of the same root and catalog, the lease stays held after the block (until the cycle ends).
-    `root`: its file manager (a URI opens one).
     """
     cycle = _cycle.get()
-    uri = _root_uri(root)
+    uri = fm.root_uri
     if cycle is not None and cycle.root_uri == uri and cycle.catalog is catalog:
         yield cycle.guard(uri, store)
         return
-    one = CycleLeases(cycle.fm if cycle is not None and cycle.root_uri == uri else root, settings, catalog)
+    one = CycleLeases(cycle.fm if cycle is not None and cycle.root_uri == uri else fm, settings, catalog)
     try:
         yield one.guard(uri, store)
     finally:
@@ -313,14 +302,14 @@ __all__ = [
 
 @contextmanager
 def planned_store(
-    root_uri: str, inv: Inventory, store: StoreId, settings: MaintenanceSettings, catalog: Catalog | None
+    inv: Inventory, store: StoreId, settings: MaintenanceSettings, catalog: Catalog | None
 ) -> Iterator[tuple[StorePlan, LeaseGuard]]:
     """Under the store's lease, re-list it and plan it; a plan with problems deletes nothing. The caller deletes
     through a `Deleter` that keeps `inv`'s view of the store true (a deletion that fails has the store listed
     again by the next operation)."""
     from statekeeper.maintenance.plan import plan_store
 
-    with store_lease(inv.fm if inv.fm.root_uri == root_uri else root_uri, store, settings, catalog) as lease:
+    with store_lease(inv.fm, store, settings, catalog) as lease:
         inv.rescan_store(store)
         plan = plan_store(inv, store, settings)
         if plan.blocked:

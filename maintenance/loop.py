@@ -42,7 +42,7 @@ from statekeeper.maintenance.reports import Report, SnapshotReport
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.store.errors import ConfigurationError
-from statekeeper.store.files import CheckpointFileManager, open_file_manager
+from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.layout import StoreId
 
 if TYPE_CHECKING:
@@ -74,8 +74,8 @@ class CycleResult:
         return f"cycle {self.cycle} ({self.seconds:.2f}s, listing {self.listing_seconds:.2f}s): " + "; ".join(parts)
 
 
-Roots = str | CheckpointFileManager | Sequence[str | CheckpointFileManager]
-"""One checkpoint root, or several (a path or URI, or a file manager, each)."""
+Roots = CheckpointFileManager | Sequence[CheckpointFileManager]
+"""One checkpoint root's file manager, or several (the CLI opens them)."""
 
 
 CYCLE = "cycle"
@@ -106,7 +106,7 @@ def maintain(
     leaves the rest to the next cycle, so the cycles, and the expiry each starts with, keep coming when a round
     is long. The results of every cycle are returned (only the last 100 are kept).
     """
-    fms = _open_roots(roots)
+    fms = _checked_roots(roots)
     wanted = None if stores is None else frozenset(stores)
     stop = stop or threading.Event()
     raise_open_file_limit()  # a replica of every store stays open across cycles
@@ -188,12 +188,11 @@ def release_free_heap() -> None:
         _TRIM(0)
 
 
-def _open_roots(roots: Roots) -> list[CheckpointFileManager]:
-    """The roots' file managers, each checked to be a checkpoint root (`check_root`), none given twice."""
-    given = list(roots) if isinstance(roots, Sequence) and not isinstance(roots, str) else [roots]
-    if not given:
+def _checked_roots(roots: Roots) -> list[CheckpointFileManager]:
+    """The roots, each checked to be a checkpoint root (`check_root`), none given twice."""
+    fms = [roots] if isinstance(roots, CheckpointFileManager) else list(roots)
+    if not fms:
         raise ConfigurationError("maintain needs at least one checkpoint root")
-    fms = [open_file_manager(r) if isinstance(r, str) else r for r in given]
     seen: set[str] = set()
     for fm in fms:
         if fm.root_uri in seen:

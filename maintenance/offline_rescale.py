@@ -25,7 +25,7 @@ from statekeeper.maintenance.leasing import store_lease
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.sql.layouts import LayoutSpan, layout_rows, layout_spans
 from statekeeper.store.commit_log import CommitLog
-from statekeeper.store.files import open_file_manager
+from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.layout import StoreId
 from statekeeper.store.rescale import (
@@ -64,10 +64,11 @@ class RescaleOptions(TypedDict, total=False):
     catalog: Catalog | None
 
 
-def check_writer_idle(root: str, operator: str, idle_seconds: float, *, now: float | None = None) -> None:
+def check_writer_idle(
+    fm: CheckpointFileManager, operator: str, idle_seconds: float, *, now: float | None = None
+) -> None:
     """Raise `RescaleError` while a writer of `operator` may be running: its driver's heartbeat
     (store/spark/heartbeat.py) or the newest commit record is younger than `idle_seconds`."""
-    fm = open_file_manager(root)
     now = time.time() if now is None else now
     beat = newest_heartbeat(fm, operator, now=now)
     if beat is not None and beat.age_seconds < idle_seconds:
@@ -84,13 +85,13 @@ def check_writer_idle(root: str, operator: str, idle_seconds: float, *, now: flo
     age = now - record.created_at
     if age < idle_seconds:
         raise RescaleError(
-            f"version {latest} of {root} was committed {age:.0f}s ago (< {idle_seconds:.0f}s): a query may still be "
-            "writing. Stop it first, or pass --force (--idle-seconds) if it is stopped"
+            f"version {latest} of {fm.root_uri} was committed {age:.0f}s ago (< {idle_seconds:.0f}s): a query may "
+            "still be writing. Stop it first, or pass --force (--idle-seconds) if it is stopped"
         )
 
 
 def execute_leased(
-    root: str,
+    fm: CheckpointFileManager,
     plan: RescalePlan,
     *,
     settings: MaintenanceSettings | None = None,
@@ -104,7 +105,6 @@ def execute_leased(
     if dry_run:
         return RescaleResult(plan)
     settings = settings or MaintenanceSettings.from_env()
-    fm = open_file_manager(root)
     partitions = max(len(plan.source_ids), plan.target_layout.partitions if plan.target_layout else 0)
     with ExitStack() as leases:
         for p in range(partitions):
@@ -113,13 +113,13 @@ def execute_leased(
         return execute_rescale(fm, plan, rules=TypedStateKeys(), workers=workers, runner=runner)
 
 
-def _guarded(root: str, plan: RescalePlan, options: RescaleOptions) -> RescaleResult:
+def _guarded(fm: CheckpointFileManager, plan: RescalePlan, options: RescaleOptions) -> RescaleResult:
     """Check that no writer runs (unless a dry run), then execute `plan` with `options`."""
     dry_run = options.get("dry_run", False)
     if not dry_run:
-        check_writer_idle(root, plan.operator, options.get("idle_seconds", DEFAULT_IDLE_SECONDS))
+        check_writer_idle(fm, plan.operator, options.get("idle_seconds", DEFAULT_IDLE_SECONDS))
     return execute_leased(
-        root,
+        fm,
         plan,
         settings=options.get("settings"),
         catalog=options.get("catalog"),
@@ -130,19 +130,25 @@ def _guarded(root: str, plan: RescalePlan, options: RescaleOptions) -> RescaleRe
 
 
 def rescale(
-    root: str, operator: str, partitions: int, *, max_key_groups: int | None = None, **options: Unpack[RescaleOptions]
+    fm: CheckpointFileManager,
+    operator: str,
+    partitions: int,
+    *,
+    max_key_groups: int | None = None,
+    **options: Unpack[RescaleOptions],
 ) -> RescaleResult:
     """Commit the head of `operator` re-laid out over `partitions` partitions (the query stopped)."""
-    fm = open_file_manager(root)
     plan = plan_rescale(fm, operator, partitions, max_key_groups=max_key_groups, rules=TypedStateKeys())
     if plan.source_layout == plan.target_layout:
         raise RescaleError(f"operator {operator!r} in {fm.root_uri} already has {partitions} partitions")
-    return _guarded(root, plan, options)
+    return _guarded(fm, plan, options)
 
 
-def rollback(root: str, operator: str, to_version: int, **options: Unpack[RescaleOptions]) -> RescaleResult:
+def rollback(
+    fm: CheckpointFileManager, operator: str, to_version: int, **options: Unpack[RescaleOptions]
+) -> RescaleResult:
     """Make retained `to_version` of `operator` the head again, as a new version (the query stopped)."""
-    return _guarded(root, plan_rollback(open_file_manager(root), operator, to_version), options)
+    return _guarded(fm, plan_rollback(fm, operator, to_version), options)
 
 
 def layout_history(records: Mapping[int, CommitRecord]) -> list[LayoutSpan]:
@@ -165,10 +171,15 @@ def describe_layouts(spans: list[LayoutSpan]) -> list[str]:
 
 
 def add_commands(
-    sub: Any, parents: list[argparse.ArgumentParser], positive_int: Any, emit: Any, maybe_catalog: Any
+    sub: Any,
+    parents: list[argparse.ArgumentParser],
+    positive_int: Any,
+    emit: Any,
+    maybe_catalog: Any,
+    file_manager_of: Any,
 ) -> None:
-    """Register ``rescale`` and ``rollback`` (`parents`: the CLI's common and ``--engine`` options); `emit` and
-    `maybe_catalog` are the CLI's output and catalog helpers."""
+    """Register ``rescale`` and ``rollback`` (`parents`: the CLI's common and ``--engine`` options); `emit`,
+    `maybe_catalog` and `file_manager_of` are the CLI's output, catalog and root helpers."""
     shared = argparse.ArgumentParser(add_help=False)
     shared.add_argument("root", help="checkpoint root: a local path, file:// or s3://bucket/prefix")
     shared.add_argument("--operator", required=True, help="the operator's name")
@@ -185,10 +196,11 @@ def add_commands(
     p = sub.add_parser("rescale", parents=[*parents, shared], help="change an operator's partition count (offline)")
     p.add_argument("--partitions", type=positive_int, required=True, help="the new partition count")
     p.add_argument("--max-key-groups", type=positive_int, help="key groups of a legacy operator without a layout")
-    p.set_defaults(func=cmd_rescale, emit=emit, maybe_catalog=maybe_catalog)
+    helpers = {"emit": emit, "maybe_catalog": maybe_catalog, "file_manager_of": file_manager_of}
+    p.set_defaults(func=cmd_rescale, **helpers)
     p = sub.add_parser("rollback", parents=[*parents, shared], help="make a retained version the head again")
     p.add_argument("--to-version", type=positive_int, required=True, help="the retained version to restart from")
-    p.set_defaults(func=cmd_rollback, emit=emit, maybe_catalog=maybe_catalog)
+    p.set_defaults(func=cmd_rollback, **helpers)
 
 
 def _run(args: argparse.Namespace, run: Callable[[RescaleOptions], RescaleResult]) -> int:
@@ -216,13 +228,13 @@ def cmd_rescale(args: argparse.Namespace) -> int:
     return _run(
         args,
         lambda options: rescale(
-            args.root, args.operator, args.partitions, max_key_groups=args.max_key_groups, **options
+            args.file_manager_of(args), args.operator, args.partitions, max_key_groups=args.max_key_groups, **options
         ),
     )
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    return _run(args, lambda options: rollback(args.root, args.operator, args.to_version, **options))
+    return _run(args, lambda options: rollback(args.file_manager_of(args), args.operator, args.to_version, **options))
 
 
 __all__ = [

@@ -22,7 +22,7 @@ from statekeeper.maintenance.inventory import Inventory
 from statekeeper.maintenance.leasing import planned_store, root_files_lease, scan_under_leases
 from statekeeper.maintenance.reports import OrphanReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.store.files import CheckpointFileManager, open_file_manager
+from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.layout import StoreId
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 
 def clean_orphans(
-    root_uri: str | CheckpointFileManager,
+    fm: CheckpointFileManager,
     settings: MaintenanceSettings,
     *,
     catalog: Catalog | None = None,
@@ -49,7 +49,6 @@ def clean_orphans(
     `inventory`: a listing of the root the caller took (the maintenance loop shares one per cycle);
     each store is listed again under its lease before anything is changed.
     """
-    fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
     wanted = None if stores is None else list(stores)
     report = OrphanReport(root=fm.root_uri, dry_run=dry_run)
     with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):
@@ -91,7 +90,7 @@ def clean_orphans(
 def _clean_store(
     deleter: Deleter, inv: Inventory, store: StoreId, catalog: Catalog | None
 ) -> tuple[DeleteOutcome, dict[FileEntry, str]]:
-    with planned_store(deleter.fm.root_uri, inv, store, deleter.settings, catalog) as (plan, lease):
+    with planned_store(inv, store, deleter.settings, catalog) as (plan, lease):
         entries = [e for e, _ in plan.orphans]
         out = deleter.delete_in_order(entries, lease.check)
         return out, dict(plan.orphans)

@@ -29,7 +29,7 @@ from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshot_checks import corrupt_ssts, mark_sound, newest_snapshot_problem
 from statekeeper.maintenance.snapshot_policy import crossing_version
 from statekeeper.store.errors import CheckpointFileExistsError
-from statekeeper.store.files import CheckpointFileManager, open_file_manager
+from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.layout import StoreId
 from statekeeper.store.snapshot import SnapshotResult
 
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 def create_snapshots(
-    root_uri: str | CheckpointFileManager,
+    fm: CheckpointFileManager,
     settings: MaintenanceSettings,
     *,
     catalog: Catalog | None = None,
@@ -68,7 +68,6 @@ def create_snapshots(
     started but left for the next run ("deferred"); a store at the threshold, requested, or needing a repair is
     always built.
     """
-    fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
     check_work_dir(fm, settings)
     wanted = None if stores is None else list(stores)
     report = SnapshotReport(root=fm.root_uri, dry_run=dry_run)

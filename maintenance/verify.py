@@ -35,7 +35,7 @@ from statekeeper.maintenance.reports import VerifyReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshot_checks import proof_problem
 from statekeeper.store.errors import CheckpointError, CorruptFileError, LineageError, StatekeeperError
-from statekeeper.store.files import CheckpointFileManager, open_file_manager
+from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.formats.changelog import ChangelogReader, Lineage
 from statekeeper.store.layout import StoreId
 from statekeeper.store.load_plan import fall_back, resolve_load_plan
@@ -72,7 +72,7 @@ class _StoreResult:
 
 
 def verify_root(
-    root_uri: str | CheckpointFileManager,
+    fm: CheckpointFileManager,
     settings: MaintenanceSettings,
     *,
     catalog: Catalog | None = None,
@@ -88,7 +88,6 @@ def verify_root(
     `executor`: where the stores are verified (default: a pool of `settings.parallelism` threads here;
     `statekeeper.maintenance.fanout` supplies Spark's executors).
     """
-    fm = open_file_manager(root_uri) if isinstance(root_uri, str) else root_uri
     wanted = None if stores is None else list(stores)
     report = VerifyReport(root=fm.root_uri)
     with recorded(catalog, report, orchestrator_run_id=orchestrator_run_id):

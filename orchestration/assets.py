@@ -162,7 +162,7 @@ def _fail_on_errors(what: str, root: str, errors: list[str], metadata: dict[str,
 def _run_leases(
     asset_name: str,
     cat: Catalog,
-    root: str,
+    fm: CheckpointFileManager,
     maintenance: MaintenanceConfig,
     settings: MaintenanceSettings,
     kwargs: dict[str, Any],
@@ -180,10 +180,10 @@ def _run_leases(
     stores = kwargs.get("stores")
     if stores is None:
         try:
-            stores = [StoreId(s.operator, s.partition) for s in cat.stores(root)]
+            stores = [StoreId(s.operator, s.partition) for s in cat.stores(fm.root_uri)]
         except NotInCatalogError:
             stores = []
-    return cycle_leases(root, settings, cat, stores)
+    return cycle_leases(fm, settings, cat, stores)
 
 
 FOUND_MAX = "max_chain_length_before"
@@ -235,24 +235,22 @@ class RootOutcome:
 
 
 def maintain_root(
-    root_key: str,
+    fm: CheckpointFileManager,
     run_id: str,
     asset_name: str,
     operation: Callable[..., Any],
-    storage: CheckpointStorage,
     catalog: CatalogDatabase,
     maintenance: MaintenanceConfig,
     *,
     health: bool = False,
     **kwargs: Any,
 ) -> RootOutcome:
-    """Run one maintenance operation on the root `root_key` (a partition key) for Dagster run `run_id`.
+    """Run one maintenance operation on `fm`'s root (opened by the run, once) for Dagster run `run_id`.
 
     The root's chains are read from the catalog before the operation (after syncing the new commit records) and
     after it (`run_chain_metadata`). With `health`, also the chain length and snapshot lag of every store after the
     run (`statekeeper.maintenance.health`, from the catalog), as numbers the UI plots per store.
     """
-    fm = storage.file_manager(root_key)
     root = fm.root_uri
     settings = maintenance.settings()
     t0 = time.perf_counter()
@@ -262,7 +260,7 @@ def maintain_root(
         # catalog is listed whole, once)
         sync_lineage(cat, fm, list_stores=False)
         before = chains_of(cat, root)
-        with _run_leases(asset_name, cat, root, maintenance, settings, kwargs):
+        with _run_leases(asset_name, cat, fm, maintenance, settings, kwargs):
             report = operation(fm, settings, catalog=cat, orchestrator_run_id=run_id, **kwargs)
         catalog_run = ensure_recorded(
             cat, root, KINDS[asset_name], run_id, since, report, dry_run=bool(kwargs.get("dry_run"))
@@ -296,9 +294,8 @@ def run_maintenance(
 ) -> MaterializeResult[None]:
     """`maintain_root` on the root of the asset's partition; a run whose operation reports errors fails."""
     root = context.partition_key
-    out = maintain_root(
-        root, context.run.run_id, asset_name, operation, storage, catalog, maintenance, health=health, **kwargs
-    )
+    fm = storage.file_manager(root)
+    out = maintain_root(fm, context.run.run_id, asset_name, operation, catalog, maintenance, health=health, **kwargs)
     _fail_on_errors(KINDS[asset_name], root, out.errors, out.metadata)
     context.log.info("%s of %s: %s", KINDS[asset_name], root, out.summary)
     context.log.info(

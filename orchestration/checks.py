@@ -35,6 +35,7 @@ from statekeeper.maintenance.health import chain_bound
 from statekeeper.orchestration.assets import FOUND_MAX, FRESH_SYNC_SECONDS, ORPHANS, RETAINED, SNAPSHOTS, sync_lineage
 from statekeeper.orchestration.metadata import chain_rows, chain_stats, numeric, report_errors, table
 from statekeeper.orchestration.resources import CatalogDatabase, CheckpointStorage, MaintenanceConfig
+from statekeeper.store.files import CheckpointFileManager
 
 LOADABLE = "retained_versions_loadable"
 CHAINS = "chain_lengths_within_threshold"
@@ -67,21 +68,19 @@ def found_in_run(context: AssetCheckExecutionContext, root_key: str) -> int | No
 
 def chain_check(
     name: str,
-    root: str,
-    storage: CheckpointStorage,
+    fm: CheckpointFileManager,
     catalog: CatalogDatabase,
     threshold: int,
     found: int | None = None,
 ) -> tuple[bool, dict[str, MetadataValue], AssetCheckSeverity]:
-    """The chain check `name` of `root`: whether every store replays at most the threshold (`CHAINS`, a warning,
+    """The chain check `name` of `fm`'s root: whether every store replays at most the threshold (`CHAINS`, a warning,
     on the chains now) or twice it (`CHAINS_BOUNDED`, an error, on the chains now and `found`, the longest the
     run found before it worked) changelogs; passed, the chain metadata, severity."""
     bounded = name == CHAINS_BOUNDED
     limit = chain_bound(threshold) if bounded else threshold
     with catalog.session() as cat:
-        fm = storage.file_manager(root)
         sync_lineage(cat, fm, fresh_within=FRESH_SYNC_SECONDS, list_stores=False)  # the asset's run's
-        chains = cat.chain_lengths(root)
+        chains = cat.chain_lengths(fm.root_uri)
     over = [c for c in chains if c.chain_length > limit]
     md = chain_stats(chains, threshold, "_after")
     md["stores_over_limit" if bounded else "stores_over_threshold"] = MetadataValue.int(len(over))
@@ -103,14 +102,14 @@ def chain_check(
 
 
 def chain_check_evaluations(
-    root: str, storage: CheckpointStorage, catalog: CatalogDatabase, threshold: int, found: int | None = None
+    fm: CheckpointFileManager, catalog: CatalogDatabase, threshold: int, found: int | None = None
 ) -> list[AssetCheckEvaluation]:
-    """Both chain checks of `root` as evaluations of its partition of ``state_snapshots``, for work reported outside
+    """Both chain checks of the root as evaluations of its partition of ``state_snapshots``, for work reported outside
     the asset's own run (the sensor's fleet runs, the external-maintenance sensor); `found`: the longest chain the
     work found before it snapshotted (`found_max`)."""
     out: list[AssetCheckEvaluation] = []
     for name in (CHAINS, CHAINS_BOUNDED):
-        passed, md, severity = chain_check(name, root, storage, catalog, threshold, found)
+        passed, md, severity = chain_check(name, fm, catalog, threshold, found)
         out.append(
             AssetCheckEvaluation(
                 asset_key=AssetKey(SNAPSHOTS),
@@ -118,7 +117,7 @@ def chain_check_evaluations(
                 passed=passed,
                 metadata=md,
                 severity=severity,
-                partition=root,
+                partition=fm.root_uri,
             )
         )
     return out
@@ -175,9 +174,9 @@ def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition
             catalog: CatalogDatabase,
             maintenance: MaintenanceConfig,
         ) -> AssetCheckResult:
-            root = _root(context, storage)
+            fm = storage.file_manager(context.partition_key)
             found = found_in_run(context, context.partition_key)
-            passed, md, severity = chain_check(CHAINS, root, storage, catalog, maintenance.snapshot_threshold, found)
+            passed, md, severity = chain_check(CHAINS, fm, catalog, maintenance.snapshot_threshold, found)
             return AssetCheckResult(passed=passed, metadata=md, severity=severity)
 
         @asset_check(
@@ -193,10 +192,10 @@ def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition
             catalog: CatalogDatabase,
             maintenance: MaintenanceConfig,
         ) -> AssetCheckResult:
-            root = _root(context, storage)
+            fm = storage.file_manager(context.partition_key)
             found = found_in_run(context, context.partition_key)
             threshold = maintenance.snapshot_threshold
-            passed, md, severity = chain_check(CHAINS_BOUNDED, root, storage, catalog, threshold, found)
+            passed, md, severity = chain_check(CHAINS_BOUNDED, fm, catalog, threshold, found)
             return AssetCheckResult(passed=passed, metadata=md, severity=severity)
 
         @asset_check(

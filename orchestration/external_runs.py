@@ -162,7 +162,7 @@ def root_events(
         else:
             events.append(AssetMaterialization(asset_key=asset_name, partition=root, metadata=md))
     if SNAPSHOTS in by_asset:
-        events += chain_check_evaluations(root, storage, catalog_db, threshold, found)
+        events += chain_check_evaluations(storage.file_manager(root), catalog_db, threshold, found)
     return events
 
 

@@ -136,6 +136,7 @@ def _maintain(
     from statekeeper.maintenance.expiry import expire_versions
 
     run_id = context.run.run_id
+    fm = storage.file_manager(root)  # once for the root's steps and checks
     steps: list[tuple[str, Any, dict[str, Any]]] = []
     if root in config.expire:
         steps.append((RETAINED, expire_versions, {}))
@@ -147,7 +148,7 @@ def _maintain(
     found: int | None = None
     for asset_name, operation, kwargs in steps:
         out = maintain_root(
-            root, run_id, asset_name, operation, storage, catalog, maintenance, health=asset_name == SNAPSHOTS, **kwargs
+            fm, run_id, asset_name, operation, catalog, maintenance, health=asset_name == SNAPSHOTS, **kwargs
         )
         if out.errors:
             return out.errors
@@ -155,7 +156,7 @@ def _maintain(
         found = found_max(out.metadata) if asset_name == SNAPSHOTS else found
         context.log.info("%s of %s: %s", asset_name, root, out.summary)
     if root in config.snapshots:
-        for evaluation in chain_check_evaluations(root, storage, catalog, maintenance.snapshot_threshold, found):
+        for evaluation in chain_check_evaluations(fm, catalog, maintenance.snapshot_threshold, found):
             context.log_event(evaluation)  # type: ignore[arg-type]  # its annotation omits the check evaluations it takes
     return []
 

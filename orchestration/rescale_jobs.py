@@ -11,6 +11,7 @@ from dagster import Config, JobDefinition, MetadataValue, OpExecutionContext, jo
 
 from statekeeper.maintenance.fanout import check_engine
 from statekeeper.maintenance.offline_rescale import DEFAULT_IDLE_SECONDS, RescaleOptions, rescale, rollback
+from statekeeper.store.files import open_file_manager
 from statekeeper.store.rescale import RescaleResult
 
 KIND_TAG = "statekeeper/kind"
@@ -66,16 +67,15 @@ def _report(context: OpExecutionContext, result: RescaleResult) -> dict[str, Any
 
 @op(description="Re-lay out an operator's head over a new partition count (the query stopped).")
 def rescale_op(context: OpExecutionContext, config: RescaleConfig) -> dict[str, Any]:
-    kwargs = config.options()
-    return _report(
-        context,
-        rescale(config.root, config.operator, config.partitions, max_key_groups=config.max_key_groups, **kwargs),
-    )
+    fm, kwargs = open_file_manager(config.root), config.options()
+    result = rescale(fm, config.operator, config.partitions, max_key_groups=config.max_key_groups, **kwargs)
+    return _report(context, result)
 
 
 @op(description="Make a retained version of an operator the head again (the query stopped).")
 def rollback_op(context: OpExecutionContext, config: RollbackConfig) -> dict[str, Any]:
-    return _report(context, rollback(config.root, config.operator, config.to_version, **config.options()))
+    fm = open_file_manager(config.root)
+    return _report(context, rollback(fm, config.operator, config.to_version, **config.options()))
 
 
 @job(tags={KIND_TAG: "rescale"}, description="statekeeper rescale ROOT --operator NAME --partitions N")

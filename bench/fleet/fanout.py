@@ -59,6 +59,7 @@ def run_fanout(p: FanoutParams) -> list[FanoutResult]:
     from statekeeper.maintenance.replica_pool import close_replicas
     from statekeeper.maintenance.settings import MaintenanceSettings
     from statekeeper.maintenance.snapshot_builds import create_snapshots
+    from statekeeper.store.files import open_file_manager
     from testkit.spark import StandaloneCluster, spark_env
 
     base = Path(tempfile.mkdtemp(prefix="statekeeper-fanout-"))
@@ -68,7 +69,7 @@ def run_fanout(p: FanoutParams) -> list[FanoutResult]:
         shutil.copytree(base / "one", base / "spark")
         settings = MaintenanceSettings(snapshot_threshold=1, parallelism=p.parallelism, work_dir=str(base / "work-one"))
         t0 = time.perf_counter()
-        report = create_snapshots((base / "one").as_uri(), settings)
+        report = create_snapshots(open_file_manager((base / "one").as_uri()), settings)
         results.append(FanoutResult("one process", p.stores, report.snapshots, time.perf_counter() - t0))
         close_replicas()
         cluster = StandaloneCluster(base / "cluster", workers=p.workers).start()
@@ -79,7 +80,8 @@ def run_fanout(p: FanoutParams) -> list[FanoutResult]:
             try:
                 spark_settings = MaintenanceSettings(snapshot_threshold=1, work_dir=str(base / "work-spark"))
                 t0 = time.perf_counter()
-                report = create_snapshots((base / "spark").as_uri(), spark_settings, executor=engine)
+                fm = open_file_manager((base / "spark").as_uri())
+                report = create_snapshots(fm, spark_settings, executor=engine)
                 seconds = time.perf_counter() - t0
                 engine_name = f"Spark standalone, {p.workers} x 1 core"
                 results.append(FanoutResult(engine_name, p.stores, report.snapshots, seconds))

@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
     from statekeeper.maintenance.loop import maintain
     from statekeeper.sql.catalog import Catalog
+    from statekeeper.store.files import open_file_manager
 
     settings = loop_settings(args, os.path.join(base, "replicas"))
     profiler = cProfile.Profile(time.thread_time) if args.profile else None
@@ -129,7 +130,8 @@ def _run(args: argparse.Namespace, uris: list[str], base: str) -> int:
         else:
             # One loop, as `statekeeper maintain` runs: what it keeps across cycles (leases taken before the
             # listing, warm replicas, parsed records) counts; the writers commit between its cycles.
-            maintain(uris, settings, every=0, cycles=cycles, catalog=catalog, on_cycle=between_cycles)
+            fms = [open_file_manager(u) for u in uris]
+            maintain(fms, settings, every=0, cycles=cycles, catalog=catalog, on_cycle=between_cycles)
     figures = {
         "stores": args.stores,
         "roots": len(uris),

@@ -31,6 +31,7 @@ def sample(roots: list[str], p: FleetParams, t: float) -> Sample:
     from statekeeper.maintenance.inventory import Inventory
     from statekeeper.maintenance.plan import plan_root
     from statekeeper.maintenance.settings import MaintenanceSettings
+    from statekeeper.store.files import open_file_manager
 
     settings = MaintenanceSettings(
         snapshot_threshold=p.threshold,
@@ -44,7 +45,7 @@ def sample(roots: list[str], p: FleetParams, t: float) -> Sample:
     latest: list[int] = []
     live = needed = files = size = 0
     for root in roots:
-        inv = Inventory.scan(root)
+        inv = Inventory.scan(open_file_manager(root))
         health += store_health(inv, settings)
         latest.append(inv.latest)
         for store in inv.store_ids():

@@ -140,6 +140,7 @@ def versions_needed(threshold: int, per_store: float, seconds: float) -> int:
 def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: float, work: Path) -> int:
     from statekeeper.maintenance.loop import maintain
     from statekeeper.sql.catalog import Catalog
+    from statekeeper.store.files import open_file_manager
 
     settings = loop_settings(args, str(work))
     move_tree(held[0], root, link=True)  # the bulk load (version 1): there before the maintainer starts
@@ -245,7 +246,7 @@ def _run(args: argparse.Namespace, root: Path, held: list[Path], per_store: floa
             if beside is not None:
                 beside.start()
             maintain(
-                root.as_uri(),
+                open_file_manager(root.as_uri()),
                 settings,
                 every=args.every,
                 stop=stop,

@@ -155,9 +155,9 @@ def snapshotted_history(make_history: Callable[..., History], settings: Maintena
     """Two stores with expirable history, losing attempts (orphans) and snapshots at versions 5 and 9."""
     h = make_history()
     h.batches(5, losing=1)
-    create_snapshots(h.root, settings)
+    create_snapshots(h.fm, settings)
     h.batches(4)
-    create_snapshots(h.root, settings)
+    create_snapshots(h.fm, settings)
     h.batches(2)
     return h
 

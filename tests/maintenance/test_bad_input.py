@@ -17,6 +17,7 @@ from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.maintenance.verify import verify_root
 from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.files import open_file_manager
 from statekeeper.store.files.s3.capabilities import PROBE_PREFIX
 from statekeeper.store.layout import StoreId, commit_path
 from tests.maintenance.helpers import History, all_files, clobber, snapshotted_history
@@ -30,7 +31,7 @@ def _maintain(h: History, settings: MaintenanceSettings) -> list[str]:
     """Expiry and orphan cleanup; their errors."""
     errors: list[str] = []
     for op in (expire_versions, clean_orphans):
-        errors += op(h.root, settings).errors
+        errors += op(h.fm, settings).errors
     return errors
 
 
@@ -76,11 +77,11 @@ def _broken_snapshot(make: Callable[..., History], settings: MaintenanceSettings
     assert commit_path(1) in all_files(h.root), "commit records stay while a store cannot be planned"
     h.check_loadable(h.retained(settings), [good])  # the healthy store was maintained as usual
     assert len(_store_files(h, good)) < len(before)
-    report = verify_root(h.root, settings)
+    report = verify_root(h.fm, settings)
     assert not report.ok and any(named in e for e in report.errors)
     assert report.stores_failed == 1 and report.stores_ok == 1
     # Snapshot creation deletes nothing either; it builds from an intact base (which may heal the store).
-    create_snapshots(h.root, settings)
+    create_snapshots(h.fm, settings)
     assert before.items() <= _store_files(h, bad).items()
 
 
@@ -99,8 +100,8 @@ def test_foreign_files_are_reported_never_deleted(
     for path, data in foreign.items():
         clobber(h.root, path, data)
     before = _store_files(h, bad)
-    expired = expire_versions(h.root, settings)
-    orphans = clean_orphans(h.root, settings)
+    expired = expire_versions(h.fm, settings)
+    orphans = clean_orphans(h.fm, settings)
     for path in foreign:
         assert path in all_files(h.root)
         # inside a store's own prefix: an error (the store is left alone); elsewhere: a warning only
@@ -181,7 +182,7 @@ def test_symlinks_out_of_the_root_are_not_followed(tmp_path, settings: Maintenan
     try:
         h.batches(3, losing=1)
         os.symlink(outside, tmp_path / "root" / "state" / "agg" / "00007")
-        report = clean_orphans(h.root, settings)
+        report = clean_orphans(h.fm, settings)
         assert precious.read_bytes() == b"someone else's data"
         assert any("state/agg/00007" in e for e in report.errors)
         assert report.changelogs == 6
@@ -195,14 +196,14 @@ def test_roots_that_are_not_checkpoint_roots_are_refused(tmp_path, settings: Mai
     (home / "documents" / "thesis.tex").write_text("do not delete")
     for op in (create_snapshots, expire_versions, clean_orphans, verify_root):
         with pytest.raises(ConfigurationError, match="does not look like a statekeeper checkpoint root"):
-            op(home.as_uri(), settings)
+            op(open_file_manager(home.as_uri()), settings)
         with pytest.raises(ConfigurationError, match="does not exist"):
-            op(str(tmp_path / "typo"), settings)
+            op(open_file_manager(str(tmp_path / "typo")), settings)
     assert (home / "documents" / "thesis.tex").read_text() == "do not delete"
     with pytest.raises(ConfigurationError, match="file system root"):
-        expire_versions("/", settings)
+        expire_versions(open_file_manager("/"), settings)
     with pytest.raises(ConfigurationError, match="unsupported checkpoint root scheme"):
-        expire_versions("ftp://host/x", settings)
+        expire_versions(open_file_manager("ftp://host/x"), settings)
 
 
 def test_a_root_holding_only_a_starting_jobs_capability_probe_is_ours(tmp_path, settings: MaintenanceSettings) -> None:
@@ -212,11 +213,12 @@ def test_a_root_holding_only_a_starting_jobs_capability_probe_is_ours(tmp_path, 
     root = tmp_path / "root"
     root.mkdir()
     (root / f"{PROBE_PREFIX}{'a' * 32}").write_bytes(b"1")
+    fm = open_file_manager(root.as_uri())
     for op in (create_snapshots, expire_versions, clean_orphans, verify_root):
-        assert op(root.as_uri(), settings).ok
+        assert op(fm, settings).ok
     (root / "notes.txt").write_text("someone else's")
     with pytest.raises(ConfigurationError, match=r"notes\.txt"):
-        verify_root(root.as_uri(), settings)
+        verify_root(fm, settings)
 
 
 def test_a_work_dir_inside_the_root_is_refused(tmp_path, settings: MaintenanceSettings) -> None:
@@ -225,7 +227,7 @@ def test_a_work_dir_inside_the_root_is_refused(tmp_path, settings: MaintenanceSe
         h.batches(5)
         inside = MaintenanceSettings(**{**settings.to_json(), "work_dir": str(tmp_path / "root" / "work")})
         with pytest.raises(ConfigurationError, match=r"work_dir .* is inside the checkpoint root"):
-            create_snapshots(h.root, inside)
+            create_snapshots(h.fm, inside)
         assert not (tmp_path / "root" / "work").exists()
     finally:
         h.close()

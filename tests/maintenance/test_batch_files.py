@@ -46,12 +46,12 @@ def test_batch_files_expire_with_their_commit_records(
         _write_batch_file(h, h.latest)
         h.batch()
         if h.latest in (5, 9):
-            assert create_snapshots(h.root, settings).ok
+            assert create_snapshots(h.fm, settings).ok
     in_flight = _write_batch_file(h, h.latest)  # batch 12 (version 13) is running
-    inv = Inventory.scan(h.root)
+    inv = Inventory.scan(h.fm)
     assert len(inv.batch_files) == 13 and not inv.foreign
 
-    report = expire_versions(h.root, settings)  # retained 10..12 load from the snapshot at 9: the floor
+    report = expire_versions(h.fm, settings)  # retained 10..12 load from the snapshot at 9: the floor
     assert report.ok and not report.warnings, (report.errors, report.warnings)
     assert report.batch_files == 8 and report.commit_records == 8
     left = set(all_files(h.root))
@@ -62,14 +62,14 @@ def test_batch_files_expire_with_their_commit_records(
     # A batch file left below the oldest commit record (an expiry killed between the two deletes): a rerun
     # of expiry takes it; with a store blocked (no floor), orphan cleanup does once past the grace period.
     stray = _write_batch_file(h, 3)
-    again = expire_versions(h.root, settings)
+    again = expire_versions(h.fm, settings)
     assert again.ok and again.batch_files == 1 and stray not in all_files(h.root)
     stray = _write_batch_file(h, 3)
     h.fm.create("state/agg/00001/notes.txt").close()  # someone else's file blocks store agg/1
     patient = MaintenanceSettings(**{**settings.to_json(), "orphan_grace_seconds": 3600})
-    kept = clean_orphans(h.root, patient)
+    kept = clean_orphans(h.fm, patient)
     assert kept.batch_files == 0 and stray in all_files(h.root)
-    gone = clean_orphans(h.root, settings)
+    gone = clean_orphans(h.fm, settings)
     assert gone.batch_files == 1 and stray not in all_files(h.root)
     assert in_flight in all_files(h.root), "the running batch's file is never touched"
 

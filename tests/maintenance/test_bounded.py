@@ -32,6 +32,7 @@ from statekeeper.maintenance.replica_pool import close_replicas
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.maintenance.verify import verify_root
+from statekeeper.store.files import open_file_manager
 from tests.maintenance import writer_proc
 
 N, T, GRACE = 3, 4, 1.0
@@ -68,7 +69,7 @@ class Bounds:
 
     def sample(self) -> Sample:
         now = time.monotonic()
-        inv = Inventory.scan(self.root)
+        inv = Inventory.scan(open_file_manager(self.root))
         self.history.append((now, inv.latest))
         window = 2 * self.round_seconds + GRACE
         margin = inv.latest - self.latest_at(now - window)
@@ -111,16 +112,17 @@ def test_a_checkpoint_stays_bounded_while_maintenance_runs_beside_the_writer(tmp
         work_dir=str(tmp_path / "work"),
     )
     bounds = Bounds(root)
+    fm = open_file_manager(root)
     try:
         while writer.poll() is None:
             if not (tmp_path / "ckpt" / root.rsplit("/", 1)[1] / "commits").exists():
                 time.sleep(0.1)  # the job has not committed its first batch yet
                 continue
             t0 = time.monotonic()
-            for report in (create_snapshots(root, settings), expire_versions(root, settings)):
+            for report in (create_snapshots(fm, settings), expire_versions(fm, settings)):
                 assert report.ok, report.errors
             bounds.sample()  # mid-round: snapshots and expiry done, orphans not yet
-            assert clean_orphans(root, settings).ok
+            assert clean_orphans(fm, settings).ok
             bounds.round_seconds = max(bounds.round_seconds, time.monotonic() - t0)
             bounds.sample()
             time.sleep(0.1)  # a maintainer polls; it does not spin
@@ -134,8 +136,8 @@ def test_a_checkpoint_stays_bounded_while_maintenance_runs_beside_the_writer(tmp
     assert len(bounds.samples) >= 6, bounds.samples
     # Settled (no writer, no grace left): exactly the retained versions' chains and the commit records they need.
     time.sleep(GRACE)
-    assert create_snapshots(root, settings).ok and expire_versions(root, settings).ok
-    assert clean_orphans(root, settings).ok and verify_root(root, settings).ok
+    assert create_snapshots(fm, settings).ok and expire_versions(fm, settings).ok
+    assert clean_orphans(fm, settings).ok and verify_root(fm, settings).ok
     final = bounds.sample()
     assert final.latest == batches and final.max_changelogs <= N - 1 + T, final
     print(

@@ -33,6 +33,7 @@ from statekeeper.maintenance.root_leases import MaintenanceBusyError
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshot_builds import build_request, create_snapshots
 from statekeeper.maintenance.verify import verify_root
+from statekeeper.store.files import open_file_manager
 from statekeeper.store.layout import StoreId
 from tests.maintenance.helpers import History, all_files
 
@@ -57,18 +58,18 @@ def test_build_processes_write_the_snapshots_the_threads_would(
         h.batches(settings.snapshot_threshold)
 
     h.batches(settings.snapshot_threshold)
-    maintain(h.root, by_processes, every=0, cycles=4, on_cycle=after)
+    maintain(h.fm, by_processes, every=0, cycles=4, on_cycle=after)
     assert snapshots == [len(h.stores)] * 4
     assert len(running_build_processes()) == 2  # the stores spread over both
     assert not any(s.replica for s in replica_pool._slots.values()), "a replica was opened in the maintainer"
     manifests = [p for p in all_files(h.root) if p.endswith(".manifest")]
     assert len(manifests) >= len(h.stores)
-    assert verify_root(h.root, settings).ok
+    assert verify_root(h.fm, settings).ok
     h.check_loadable(h.retained(settings))
     # new workers without their copies build cold, from the snapshots they read (only then) from the root
     close_build_processes()
     shutil.rmtree(replica_pool.work_root(settings))
-    (result,) = maintain(h.root, by_processes, every=0, cycles=1)
+    (result,) = maintain(h.fm, by_processes, every=0, cycles=1)
     (report,) = [r for r in result.reports if isinstance(r, SnapshotReport)]
     assert result.ok and report.cold_builds == len(h.stores), report
     assert all(row["base_version"] for row in report.items), report.items
@@ -151,7 +152,7 @@ def test_a_lost_lease_stops_the_write_of_a_build_on_a_thread(
 
 def _snapshots_in_a_run_process(root: str, settings: dict[str, Any], out: Any) -> None:
     """A maintenance run in a process of its own, as Dagster's code server starts each run (multiprocessing)."""
-    report = create_snapshots(root, MaintenanceSettings(**settings))
+    report = create_snapshots(open_file_manager(root), MaintenanceSettings(**settings))
     out.put((report.snapshots, report.warm_builds, report.errors, running_build_processes()))
 
 

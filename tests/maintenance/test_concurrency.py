@@ -51,12 +51,13 @@ def test_maintenance_while_a_writer_commits(
         work_dir=str(tmp_path / "work"),
     )
     rounds = snapshots = deleted = expired = 0
+    fm = open_file_manager(root)
     try:
         while writer.poll() is None:
             try:
-                s = create_snapshots(root, settings)
-                e = expire_versions(root, settings)
-                o = clean_orphans(root, settings)
+                s = create_snapshots(fm, settings)
+                e = expire_versions(fm, settings)
+                o = clean_orphans(fm, settings)
             except ConfigurationError as err:
                 if "does not exist" in str(err) or "does not look like" in str(err):
                     time.sleep(0.2)  # the job has not written its first file yet
@@ -79,9 +80,8 @@ def test_maintenance_while_a_writer_commits(
     ids = json.loads(out.read_text())["ids"]
 
     settle = MaintenanceSettings(**{**settings.to_json(), "orphan_grace_seconds": 0, "load_grace_seconds": 0})
-    assert expire_versions(root, settle).ok and clean_orphans(root, settle).ok
-    assert verify_root(root, settle, rebuild=True).ok
-    fm = open_file_manager(root)
+    assert expire_versions(fm, settle).ok and clean_orphans(fm, settle).ok
+    assert verify_root(fm, settle, rebuild=True).ok
     latest = len(ids) - 1
     for p in range(2):
         probe = StateStore(fm, "agg", p, config=StoreConfig(local_dir=str(tmp_path / f"probe{p}")))

@@ -78,7 +78,7 @@ def crash_loop(h: History, tmp: Path, rounds: int, seed: int, max_kills: int = 2
     synced = Catalog.open(db)
     fresh = Catalog.open(f"sqlite:///{tmp / 'fresh.db'}", upgrade=True)
     try:
-        rebuild_catalog(fresh, h.root)
+        rebuild_catalog(fresh, h.fm)
         assert _normalised(catalog_export(synced, h.fm.root_uri)) == _normalised(catalog_export(fresh, h.fm.root_uri))
     finally:
         synced.close()

@@ -32,12 +32,12 @@ def test_expiry_keeps_retained_versions_and_deletes_the_rest(
 ) -> None:
     h = make_history()
     h.batches(5)  # versions 1..5
-    assert create_snapshots(h.root, settings).snapshots == 2  # snapshot at 5
+    assert create_snapshots(h.fm, settings).snapshots == 2  # snapshot at 5
     h.batches(4)  # 6..9
-    assert create_snapshots(h.root, settings).snapshots == 2  # snapshot at 9
+    assert create_snapshots(h.fm, settings).snapshots == 2  # snapshot at 9
     h.batches(3)  # 10..12: retained 10..12 load from the snapshot at 9
     before = all_files(h.root)
-    report = expire_versions(h.root, settings)
+    report = expire_versions(h.fm, settings)
     assert report.ok, report.errors
     # the maintainers' own lease epochs come and go with every run (root_leases.py); expiry deleted the rest:
     gone = {p for p in set(before) - set(all_files(h.root)) if not p.startswith(f"{LEASES_DIR}/")}
@@ -54,7 +54,7 @@ def test_expiry_keeps_retained_versions_and_deletes_the_rest(
     with pytest.raises((LineageError, FileNotFoundError)):
         probe.load(4, h.committed[4][h.stores[0]][0])  # expired for good
     probe.close()
-    again = expire_versions(h.root, settings)
+    again = expire_versions(h.fm, settings)
     assert again.ok and again.files == 0
 
 
@@ -65,13 +65,13 @@ def test_expired_ssts_go_only_when_no_surviving_snapshot_references_them(
     s = MaintenanceSettings(**{**settings.to_json(), "min_versions_to_retain": 1})
     for _ in range(3):
         h.batches(4)
-        create_snapshots(h.root, s)
+        create_snapshots(h.fm, s)
     inv = Inventory.scan(h.fm)
     refs = {
         st: [{x.remote_name for x in m.sst_files} for _, m in sorted(inv.files_of(st).manifest_data.items())]
         for st in h.stores
     }
-    report = expire_versions(h.root, s)
+    report = expire_versions(h.fm, s)
     assert report.ok and report.manifests == 4
     after = Inventory.scan(h.fm)
     for st in h.stores:
@@ -87,7 +87,7 @@ def test_no_snapshot_means_nothing_expires(
     h = make_local_history()
     h.batches(8)
     before = all_files(h.root)
-    report = expire_versions(h.root, settings)
+    report = expire_versions(h.fm, settings)
     assert report.ok and report.files == 0
     assert all_files(h.root) == before
     h.check_loadable([1, h.latest])
@@ -98,14 +98,14 @@ def test_dry_run_reports_exactly_what_a_real_run_deletes(
 ) -> None:
     h = make_local_history()
     h.batches(5)
-    create_snapshots(h.root, settings)
+    create_snapshots(h.fm, settings)
     h.batches(4)
     before = all_files(h.root)
-    dry = expire_versions(h.root, settings, dry_run=True)
+    dry = expire_versions(h.fm, settings, dry_run=True)
     assert all_files(h.root) == before, "a dry run deletes nothing"
     assert dry.ok and dry.files > 0
     assert {r["action"] for r in dry.rows()} == {"would delete"}
-    real = expire_versions(h.root, settings)
+    real = expire_versions(h.fm, settings)
     assert {r["path"] for r in real.rows()} == {r["path"] for r in dry.rows()}
     assert (real.files, real.bytes) == (dry.files, dry.bytes)
 
@@ -115,12 +115,12 @@ def test_in_flight_changelogs_are_never_touched(
 ) -> None:
     h = make_history()
     h.batches(5)
-    create_snapshots(h.root, settings)
+    create_snapshots(h.fm, settings)
     h.batches(3)
     h.batch(commit=False)  # a batch whose commit record is not written yet
     pending = {s.changelog(v, c) for s, v, c in h.pending}
     s = MaintenanceSettings(**{**settings.to_json(), "min_versions_to_retain": 1})
-    expire_versions(h.root, s, dry_run=False)
+    expire_versions(h.fm, s, dry_run=False)
     assert pending <= set(all_files(h.root))
     h.commit_log.commit(h.latest + 1, {"agg": [c for _, _, c in h.pending]})  # the driver catches up
 
@@ -132,12 +132,12 @@ def test_small_batches_in_parallel_and_catalog_bookkeeping(
 
     h = make_local_history(operators={"agg": 3})
     h.batches(5)
-    create_snapshots(h.root, settings)
+    create_snapshots(h.fm, settings)
     h.batches(4)
-    sync_catalog(catalog, h.root)
+    sync_catalog(catalog, h.fm)
     plan = catalog.retention_plan(h.fm.root_uri, settings.min_versions_to_retain, commit_records=True)
     s = MaintenanceSettings(**{**settings.to_json(), "delete_batch_size": 2, "parallelism": 3})
-    report = expire_versions(h.root, s, catalog=catalog, orchestrator_run_id="run-7")
+    report = expire_versions(h.fm, s, catalog=catalog, orchestrator_run_id="run-7")
     assert report.ok, report.errors
     deleted = {r["path"] for r in report.rows()}
     state_files = {p for p in deleted if not p.startswith("commits/")}
@@ -170,17 +170,17 @@ def test_a_snapshot_becomes_the_base_once_older_than_the_load_grace(
     for as long as a load takes (`load_grace_seconds`), whatever the orphan grace."""
     h = make_local_history()
     h.batches(5)
-    create_snapshots(h.root, settings)
+    create_snapshots(h.fm, settings)
     h.batches(4)
     s = MaintenanceSettings(
         **{**settings.to_json(), "load_grace_seconds": load_grace, "orphan_grace_seconds": orphan_grace}
     )
     before = all_files(h.root)
-    report = expire_versions(h.root, s)
+    report = expire_versions(h.fm, s)
     assert report.ok and report.changelogs == expired
     if not expired:
         assert report.files == 0 and all_files(h.root) == before
-        assert expire_versions(h.root, settings).changelogs == 2 * 5
+        assert expire_versions(h.fm, settings).changelogs == 2 * 5
 
 
 def test_raising_the_retention_after_an_expiry_is_not_an_error(
@@ -191,16 +191,16 @@ def test_raising_the_retention_after_an_expiry_is_not_an_error(
 
     h = make_local_history()
     h.batches(5, losing=1)
-    create_snapshots(h.root, settings)
+    create_snapshots(h.fm, settings)
     h.batches(2)
     short = MaintenanceSettings(**{**settings.to_json(), "min_versions_to_retain": 1})
-    assert expire_versions(h.root, short).ok
+    assert expire_versions(h.fm, short).ok
     long = MaintenanceSettings(**{**settings.to_json(), "min_versions_to_retain": 5})
     inv = Inventory.scan(h.fm)
     plan = plan_store(inv, h.stores[0], long)
     assert not plan.blocked and plan.retain_from == 5 and plan.notes  # versions 3 and 4 are gone for good
     for op in (expire_versions, clean_orphans):
-        report = op(h.root, long)
+        report = op(h.fm, long)
         assert report.ok, report.errors
     h.check_loadable(range(5, h.latest + 1))
 
@@ -214,11 +214,11 @@ def test_the_catalog_hears_of_a_run_in_few_statements(
 
     h = make_local_history(operators={"agg": 3})
     h.batches(5)
-    create_snapshots(h.root, settings)
+    create_snapshots(h.fm, settings)
     h.batches(4)
-    create_snapshots(h.root, settings)
+    create_snapshots(h.fm, settings)
     h.batches(4)
-    sync_catalog(catalog, h.root)
+    sync_catalog(catalog, h.fm)
     calls: dict[str, list[list[str]]] = {"mark_expired": [], "mark_deleted": []}
     for name, paths_seen in calls.items():
         real = getattr(catalog, name)
@@ -229,7 +229,7 @@ def test_the_catalog_hears_of_a_run_in_few_statements(
 
         setattr(catalog, name, spy)
     s = MaintenanceSettings(**{**settings.to_json(), "delete_batch_size": 2, "parallelism": 3})
-    report = expire_versions(h.root, s, catalog=catalog)
+    report = expire_versions(h.fm, s, catalog=catalog)
     assert report.ok, report.errors
     deleted = {r["path"] for r in report.rows()}
     state_files = {p for p in deleted if not p.startswith("commits/")}
@@ -252,9 +252,9 @@ def test_a_shared_listing_drops_what_expiry_deleted_and_a_failed_deletion_lists_
     from the plan made before the deletions); a store whose deletion failed is listed again."""
     h = make_history()
     h.batches(5)
-    assert create_snapshots(h.root, settings).snapshots == 2  # at 5
+    assert create_snapshots(h.fm, settings).snapshots == 2  # at 5
     h.batches(4)
-    assert create_snapshots(h.root, settings).snapshots == 2  # at 9
+    assert create_snapshots(h.fm, settings).snapshots == 2  # at 9
     h.batches(4)  # 10..13: expiry deletes the snapshot at 5; a snapshot at 13 is due
     failing, clean = h.stores
     real_delete = h.fm.delete_many

@@ -44,8 +44,8 @@ def open_probe() -> Iterator[Callable[[History, StoreId], StateStore]]:
 
 
 def _snapshot_and_expire(h: History, settings: MaintenanceSettings) -> None:
-    assert create_snapshots(h.root, settings).snapshots > 0
-    report = expire_versions(h.root, settings)
+    assert create_snapshots(h.fm, settings).snapshots > 0
+    report = expire_versions(h.fm, settings)
     assert report.ok and report.changelogs > 0, report.errors
 
 
@@ -62,7 +62,7 @@ def test_a_cold_load_whose_snapshot_expires_after_it_listed_starts_over_from_the
     (the snapshot and changelogs it names are gone), or within it (the changelog headers it walks)."""
     h = make_history()
     h.batches(5)
-    assert create_snapshots(h.root, head_only).snapshots > 0
+    assert create_snapshots(h.fm, head_only).snapshots > 0
     h.batches(6)
     store, latest = h.stores[0], h.latest
     probe = open_probe(h, store)
@@ -115,7 +115,7 @@ def test_a_load_of_a_version_that_leaves_retention_while_it_loads_says_so(
     repair is logged."""
     h = make_history()
     h.batches(5)
-    assert create_snapshots(h.root, head_only).snapshots > 0
+    assert create_snapshots(h.fm, head_only).snapshots > 0
     h.batches(6)
     store, version = h.stores[0], 7
     probe = open_probe(h, store)
@@ -152,7 +152,7 @@ def test_a_manifest_deleted_by_hand_with_an_older_path_left_is_still_a_repair(
     changelog since version 1 is there), so the load falls back and repairs instead of saying expired."""
     h = make_history()
     h.batches(5)
-    assert create_snapshots(h.root, head_only).snapshots > 0
+    assert create_snapshots(h.fm, head_only).snapshots > 0
     h.batches(2)
     store, version = h.stores[0], 7
     probe = open_probe(h, store)
@@ -191,10 +191,10 @@ def test_a_catch_up_whose_changelogs_expired_loads_the_newer_snapshot(
     probe.load(3, h.committed[3][store][0])
     probe.abort()
     h.batches(6)
-    assert create_snapshots(h.root, head_only).snapshots > 0
+    assert create_snapshots(h.fm, head_only).snapshots > 0
     h.batches(1)
     keep_two = replace(head_only, min_versions_to_retain=2)  # the head's changelog stays
-    assert expire_versions(h.root, keep_two).changelogs > 0
+    assert expire_versions(h.fm, keep_two).changelogs > 0
     assert probe.plan_load(h.latest).source is LoadSource.SNAPSHOT, "it would replay the expired changelogs"
     ckpt, state = h.committed[h.latest][store]
     probe.load(h.latest, ckpt)

@@ -29,6 +29,7 @@ from statekeeper.sql import Catalog
 from statekeeper.sql.leases import Lease
 from statekeeper.store import faults
 from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.layout import StoreId
 from tests.cli_support import run_cli
 from tests.maintenance.helpers import History, all_files
@@ -37,10 +38,10 @@ from tests.maintenance.helpers import History, all_files
 def test_cycles_snapshot_expire_and_clean(make_history: Callable[..., History], settings: MaintenanceSettings) -> None:
     h = make_history()
     h.batches(9, losing=1)
-    assert maintain(h.root, settings, every=0, cycles=1)[0].reports[1].files > 0  # snapshots at 9
+    assert maintain(h.fm, settings, every=0, cycles=1)[0].reports[1].files > 0  # snapshots at 9
     h.batches(4, losing=1)
     seen: list[CycleResult] = []
-    results = maintain(h.root, settings, every=0, cycles=2, on_cycle=seen.append)
+    results = maintain(h.fm, settings, every=0, cycles=2, on_cycle=seen.append)
     assert [r.cycle for r in results] == [1, 2] and seen == results and all(r.ok for r in results)
     first = {r.kind: r for r in results[0].reports}
     assert f"listing {results[0].listing_seconds:.2f}s" in results[0].summary()
@@ -50,7 +51,7 @@ def test_cycles_snapshot_expire_and_clean(make_history: Callable[..., History], 
     h.check_loadable(h.retained(settings))
     stop = threading.Event()
     stop.set()
-    assert maintain(h.root, settings, every=60, stop=stop) == []
+    assert maintain(h.fm, settings, every=60, stop=stop) == []
 
 
 def test_the_maintain_command(make_local_history: Callable[..., History], tmp_path: Path) -> None:
@@ -133,7 +134,7 @@ def test_one_maintainer_keeps_several_roots_and_outlives_what_fails_at_run_time(
             faults.arm(None)
 
     try:
-        results = maintain([a.root, b.root], settings, every=0, cycles=4, catalog=catalog, on_cycle=between)
+        results = maintain([a.fm, b.fm], settings, every=0, cycles=4, catalog=catalog, on_cycle=between)
     finally:
         faults.arm(None)
     assert [r.ok for r in results] == [True, False, False, True]
@@ -149,10 +150,10 @@ def test_one_maintainer_keeps_several_roots_and_outlives_what_fails_at_run_time(
     assert snapshots[3][a.fm.root_uri] > 0, "the root that came back is maintained again"
     for h in (a, b):
         h.check_loadable(h.retained(settings))
-    with pytest.raises(ConfigurationError, match="does not exist"):
-        maintain([b.root, f"{a.root}-typo"], settings, every=0, cycles=1)  # wrong at start: stops at once
+    with pytest.raises(ConfigurationError, match="does not exist"):  # wrong at start: stops at once
+        maintain([b.fm, open_file_manager(f"{a.root}-typo")], settings, every=0, cycles=1)
     with pytest.raises(ConfigurationError, match="given twice"):
-        maintain([a.root, a.fm], settings, every=0, cycles=1)
+        maintain([a.fm, open_file_manager(a.root)], settings, every=0, cycles=1)
 
 
 def test_maintain_only_the_named_stores(
@@ -161,7 +162,7 @@ def test_maintain_only_the_named_stores(
     h = make_local_history()
     h.batches(9)
     first, second = h.stores
-    (result,) = maintain(h.root, settings, every=0, cycles=1, stores=[first])
+    (result,) = maintain(h.fm, settings, every=0, cycles=1, stores=[first])
     assert result.ok
     manifests = [p for p in all_files(h.root) if p.endswith(".manifest")]
     assert manifests and all(p.startswith(first.prefix + "/") for p in manifests)
@@ -195,11 +196,11 @@ def test_one_lease_per_store_per_cycle_and_refused_when_held_elsewhere(
     h = make_local_history()
     h.batches(9, losing=1)
     with _CountingCatalog.open(f"sqlite:///{tmp_path / 'counting.db'}", upgrade=True) as catalog:
-        maintain(h.root, settings, every=0, cycles=1, catalog=catalog)  # snapshots at 9
+        maintain(h.fm, settings, every=0, cycles=1, catalog=catalog)  # snapshots at 9
         h.batches(4, losing=1)
         catalog.acquired = Counter()
         catalog.transactions = 0
-        (first,) = maintain(h.root, settings, every=0, cycles=1, catalog=catalog)
+        (first,) = maintain(h.fm, settings, every=0, cycles=1, catalog=catalog)
         assert first.ok and all(r.files > 0 for r in first.reports), "all three operations changed the stores"
         assert set(catalog.acquired.values()) == {1}, f"one acquisition per store and cycle: {catalog.acquired}"
         assert len(catalog.acquired) == len(h.stores)
@@ -211,7 +212,7 @@ def test_one_lease_per_store_per_cycle_and_refused_when_held_elsewhere(
         catalog.acquired = Counter()
         before = {p: s for p, s in all_files(h.root).items() if p.startswith(a.prefix)}
         with catalog.acquire_lease(h.fm.root_uri, (a.operator, a.partition), owner="other-host:4242", ttl=60):
-            (second,) = maintain(h.root, settings, every=0, cycles=1, catalog=catalog)
+            (second,) = maintain(h.fm, settings, every=0, cycles=1, catalog=catalog)
         assert not second.ok
         assert any("other-host:4242" in e for r in second.reports for e in r.errors)
         assert {p: s for p, s in all_files(h.root).items() if p.startswith(a.prefix)} == before, (
@@ -232,17 +233,17 @@ def test_cycle_leases_are_shared_only_by_the_cycles_own_work(
 
     def other_caller() -> None:  # a thread of its own: not in the cycle's context
         try:
-            with store_lease(uri, a, settings, catalog):
+            with store_lease(h.fm, a, settings, catalog):
                 pass
         except BaseException as e:
             outside.append(e)
 
-    with cycle_leases(uri, settings, catalog):
-        with store_lease(uri, a, settings, catalog) as first:
+    with cycle_leases(h.fm, settings, catalog):
+        with store_lease(h.fm, a, settings, catalog) as first:
             pass
         (held,) = catalog.leases(uri)
         assert held.scope == f"{a.operator}/{a.partition}", "still held after the operation's block"
-        shared = run_each([a, a], lambda s: _guard_of(uri, s, settings, catalog), parallelism=2)
+        shared = run_each([a, a], lambda s: _guard_of(h.fm, s, settings, catalog), parallelism=2)
         assert shared == [first, first], "the cycle's pool threads share its lease"
         t = threading.Thread(target=other_caller)
         t.start()
@@ -251,8 +252,8 @@ def test_cycle_leases_are_shared_only_by_the_cycles_own_work(
     assert catalog.leases(uri) == [], "released when the cycle ends"
 
 
-def _guard_of(uri: str, store: StoreId, settings: MaintenanceSettings, catalog: Catalog) -> LeaseGuard:
-    with store_lease(uri, store, settings, catalog) as guard:
+def _guard_of(fm: CheckpointFileManager, store: StoreId, settings: MaintenanceSettings, catalog: Catalog) -> LeaseGuard:
+    with store_lease(fm, store, settings, catalog) as guard:
         return guard
 
 
@@ -420,7 +421,7 @@ def test_a_long_running_maintainer_holds_what_its_root_holds(
 
     count()
 
-    maintain(h.root, settings, every=0, cycles=90, on_cycle=after)
+    maintain(h.fm, settings, every=0, cycles=90, on_cycle=after)
     # ~240 bytes of MANIFEST edits (x 4/3 in base64) per snapshot: without a new MANIFEST past
     # `rocks.MAX_MANIFEST_BYTES` (8 KiB), 90 snapshots would have grown it by ~35 KB
     assert max(manifest_sizes) - min(manifest_sizes) < 16 << 10, manifest_sizes
@@ -452,7 +453,7 @@ def test_a_long_running_maintainer_keeps_its_catalog_bounded(
 
         tables = Base.metadata.sorted_tables
         h.batches(settings.snapshot_threshold)
-        maintain(h.root, no_history, every=0, cycles=30, on_cycle=after, catalog=catalog)
+        maintain(h.fm, no_history, every=0, cycles=30, on_cycle=after, catalog=catalog)
     assert h.latest >= 30 * settings.snapshot_threshold
     assert max(rows[10:]) <= 1.5 * min(rows[10:]), rows  # level, not growing with the versions committed
     h.check_loadable(h.retained(settings))
@@ -472,7 +473,7 @@ def test_the_loop_says_when_it_falls_behind_and_when_it_is_back_within(
             h.batches(bound + 2)
 
     with caplog.at_level(logging.WARNING, logger="statekeeper.maintenance.loop"):
-        maintain(h.root, settings, every=0, cycles=3, on_cycle=outpaced)
+        maintain(h.fm, settings, every=0, cycles=3, on_cycle=outpaced)
     said = [r.getMessage() for r in caplog.records if h.fm.root_uri in r.getMessage()]
     assert len(said) == 2, said
     assert "falling behind" in said[0] and f"chain reached {bound + 1} changelogs" in said[0]

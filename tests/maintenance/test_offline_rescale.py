@@ -200,13 +200,13 @@ def test_a_running_drivers_heartbeat_stops_an_offline_rescale(
     killed.beat()  # a driver killed right after a beat leaves it behind
     stale = next(iter(fm.list(heartbeat_dir(OP)))).path
     with pytest.raises(RescaleError, match=r"heartbeat .*/spark/agg/heartbeat/"):
-        check_writer_idle(root, OP, 60)
-    check_writer_idle(root, OP, 60, now=time.time() + 120)  # two minutes later the writer is surely gone
+        check_writer_idle(fm, OP, 60)
+    check_writer_idle(fm, OP, 60, now=time.time() + 120)  # two minutes later the writer is surely gone
     local = Path(tmp_path / "ckpt" / stale)
     old = time.time() - 600
     os.utime(local, (old, old))
     clear_caches()
-    assert Inventory.scan(root).heartbeats and not Inventory.scan(root).foreign
+    assert Inventory.scan(fm).heartbeats and not Inventory.scan(fm).foreign
     code, doc = _cli(capsys, "clean-orphans", root, "--grace", "0")
     assert code == 0 and doc["heartbeats"] == 1 and not local.exists()
 
@@ -227,6 +227,7 @@ def test_layouts_in_the_catalog_and_in_inspect(
     ]
     code, doc = _cli(capsys, "inspect", root)
     assert code == 0 and doc["layouts"] == [s.to_json() for s in expected]
-    assert not sync_catalog(catalog, root).errors
-    assert catalog.layouts(open_file_manager(root).root_uri) == expected
-    assert catalog.layouts(open_file_manager(root).root_uri, operator="other") == []
+    fm = open_file_manager(root)
+    assert not sync_catalog(catalog, fm).errors
+    assert catalog.layouts(fm.root_uri) == expected
+    assert catalog.layouts(fm.root_uri, operator="other") == []

@@ -73,7 +73,7 @@ def test_orphans_go_after_the_grace_period_and_in_flight_files_stay(
 ) -> None:
     h = make_history()
     h.batches(5, losing=1)
-    create_snapshots(h.root, settings)
+    create_snapshots(h.fm, settings)
     h.batches(2, losing=1)
     h.fm.create(h.stores[1].sst(JUNK_SST)).close()  # an SST whose snapshot crashed before its manifest
     zombie_manifest = losing_snapshot(h, str(tmp_path))
@@ -83,7 +83,7 @@ def test_orphans_go_after_the_grace_period_and_in_flight_files_stay(
 
     patient = MaintenanceSettings(**{**settings.to_json(), "orphan_grace_seconds": 3600})
     before = all_files(h.root)
-    kept = clean_orphans(h.root, patient)
+    kept = clean_orphans(h.fm, patient)
     assert kept.ok, kept.errors
     local = isinstance(h.fm, LocalFileManager)
     # moto dates every multipart upload in 2010: already past grace; s3rver lists none (docs/s3.md)
@@ -92,7 +92,7 @@ def test_orphans_go_after_the_grace_period_and_in_flight_files_stay(
     # losing changelogs, the junk SST, the zombie manifest (its SSTs are still referenced), pending, temp
     assert kept.kept_in_flight == 2 * 7 + 2 + len(pending) + (1 if local else 0)
 
-    report = clean_orphans(h.root, settings)
+    report = clean_orphans(h.fm, settings)
     assert report.ok, report.errors
     after = all_files(h.root)
     assert pending <= set(after), "changelogs of a version newer than the newest commit are never touched"
@@ -103,7 +103,7 @@ def test_orphans_go_after_the_grace_period_and_in_flight_files_stay(
     inv = Inventory.scan(h.fm)
     assert not any(f.temps for f in inv.stores.values())
     h.check_loadable(range(1, h.latest + 1))  # orphan cleanup never makes a committed version unloadable
-    assert expire_versions(h.root, settings).ok
+    assert expire_versions(h.fm, settings).ok
     assert leftovers(h.root, settings) == [], "nothing is left that is neither retained nor possibly in flight"
     if out is not None:
         out.cancel()
@@ -115,7 +115,7 @@ def test_dry_run_reports_files_and_bytes_and_deletes_nothing(
     h = make_history()
     h.batches(4, losing=2)
     before = all_files(h.root)
-    dry = clean_orphans(h.root, settings, dry_run=True)
+    dry = clean_orphans(h.fm, settings, dry_run=True)
     assert all_files(h.root) == before
     losers = {p for p in before if p.endswith(".changelog")} - {
         s.changelog(v, h.committed[v][s][0]) for v in range(1, h.latest + 1) for s in h.stores
@@ -123,7 +123,7 @@ def test_dry_run_reports_files_and_bytes_and_deletes_nothing(
     assert dry.ok and dry.files == len(losers) == 2 * 4 * 2
     assert dry.bytes == sum(before[p] for p in losers)
     assert {r["path"] for r in dry.rows()} == losers and {r["action"] for r in dry.rows()} == {"would delete"}
-    real = clean_orphans(h.root, settings)
+    real = clean_orphans(h.fm, settings)
     assert (real.files, real.bytes) == (dry.files, dry.bytes)
     assert set(before) - set(all_files(h.root)) == losers
 
@@ -135,9 +135,9 @@ def test_orphan_run_is_recorded_and_marks_files_deleted(
 
     h = make_local_history()
     h.batches(3, losing=1)
-    sync_catalog(catalog, h.root, full=True)
+    sync_catalog(catalog, h.fm, full=True)
     assert len(catalog.losing_attempts(h.fm.root_uri)) == 6
-    report = clean_orphans(h.root, settings, catalog=catalog)
+    report = clean_orphans(h.fm, settings, catalog=catalog)
     assert report.ok and report.files == 6
     deleted = {f.path for f in catalog.files(h.fm.root_uri, states=["deleted"])}
     assert {r["path"] for r in report.rows()} <= deleted
@@ -155,10 +155,10 @@ def test_old_temp_file_of_a_commit_record_is_removed_but_a_young_one_stays(tmp_p
         out.write(b"partial")
         temp = next(fm.list_temp_files("commits/"))
         patient = MaintenanceSettings(**{**settings.to_json(), "orphan_grace_seconds": 60})
-        assert clean_orphans(h.root, patient).kept_in_flight == 1
+        assert clean_orphans(h.fm, patient).kept_in_flight == 1
         old = os.path.getmtime(os.path.join(fm.root_path, temp.path)) - 120
         os.utime(os.path.join(fm.root_path, temp.path), (old, old))
-        report = clean_orphans(h.root, patient)
+        report = clean_orphans(h.fm, patient)
         assert report.temp_files == 1 and report.ok
         assert list(fm.list_temp_files("")) == []
         out.cancel()
@@ -178,10 +178,10 @@ def test_a_capability_probe_left_by_a_killed_process_is_an_unfinished_write(tmp_
         with open(path, "wb") as f:  # as the probe's PUT would leave it
             f.write(b"1")
         patient = MaintenanceSettings(**{**settings.to_json(), "orphan_grace_seconds": 60})
-        young = clean_orphans(h.root, patient)
+        young = clean_orphans(h.fm, patient)
         assert young.ok and young.kept_in_flight == 1 and young.foreign_files == 0 and not young.warnings
         os.utime(path, (os.path.getmtime(path) - 120,) * 2)
-        report = clean_orphans(h.root, patient)
+        report = clean_orphans(h.fm, patient)
         assert report.ok and report.temp_files == 1
         assert not os.path.exists(path)
     finally:

@@ -84,14 +84,14 @@ class MaintenanceMachine(CountedSteps, RuleBasedStateMachine):
     # -- maintenance ------------------------------------------------------------------------------
     @rule(threshold=st.integers(1, 5))
     def snapshot(self, threshold: int) -> None:
-        report = create_snapshots(self.h.root, self.settings(snapshot_threshold=threshold))
+        report = create_snapshots(self.h.fm, self.settings(snapshot_threshold=threshold))
         assert report.ok, report.errors
         STATS["snapshots"] += report.snapshots
         self.check([self.h.latest])
 
     @rule(retain=st.integers(1, 5))
     def expire(self, retain: int) -> None:
-        report = expire_versions(self.h.root, self.settings(min_versions_to_retain=retain))
+        report = expire_versions(self.h.fm, self.settings(min_versions_to_retain=retain))
         assert report.ok, report.errors
         STATS["expired"] += report.files
         self.loadable_from = max(self.loadable_from, self.h.latest - retain + 1)
@@ -100,7 +100,7 @@ class MaintenanceMachine(CountedSteps, RuleBasedStateMachine):
     @rule(retain=st.integers(1, 5))
     def clean_orphans(self, retain: int) -> None:
         pending = {s.changelog(v, c) for s, v, c in self.h.pending}
-        report = clean_orphans(self.h.root, self.settings(min_versions_to_retain=retain))
+        report = clean_orphans(self.h.fm, self.settings(min_versions_to_retain=retain))
         assert report.ok, report.errors
         STATS["orphans"] += report.files
         assert pending <= {i.path for i in self.h.fm.list("")}, "a changelog in flight was deleted"
@@ -110,8 +110,8 @@ class MaintenanceMachine(CountedSteps, RuleBasedStateMachine):
     def full_maintenance(self, retain: int) -> None:
         """Expiry then orphan cleanup with one retention: nothing unneeded is left."""
         s = self.settings(min_versions_to_retain=retain)
-        expired = expire_versions(self.h.root, s)
-        orphans = clean_orphans(self.h.root, s)
+        expired = expire_versions(self.h.fm, s)
+        orphans = clean_orphans(self.h.fm, s)
         assert expired.ok and orphans.ok, expired.errors + orphans.errors
         STATS["expired"] += expired.files
         STATS["orphans"] += orphans.files

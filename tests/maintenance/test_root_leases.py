@@ -52,15 +52,15 @@ def test_maintainers_on_different_catalogs_or_none_exclude_each_other(
     first, second = (Catalog.open(f"sqlite:///{tmp_path / name}", upgrade=True) for name in ("a.db", "b.db"))
     try:
         held_before = {p: n for p, n in all_files(h.root).items() if p.startswith(f"{a.prefix}/")}
-        with store_lease(h.fm.root_uri, a, settings, first):
-            other_catalog = expire_versions(h.root, settings, catalog=second)
-            no_catalog = clean_orphans(h.root, settings)
+        with store_lease(h.fm, a, settings, first):
+            other_catalog = expire_versions(h.fm, settings, catalog=second)
+            no_catalog = clean_orphans(h.fm, settings)
             held_after = {p: n for p, n in all_files(h.root).items() if p.startswith(f"{a.prefix}/")}
         assert _busy_for(other_catalog.errors, a) and _busy_for(no_catalog.errors, a), (other_catalog.errors,)
         assert held_after == held_before, "the held store's files are untouched"
         assert other_catalog.changelogs > 0, "the free store was expired"
         assert [lease.scope for lease in first.leases(h.fm.root_uri)] == [], "released in the catalog too"
-        assert expire_versions(h.root, settings).ok  # once released, anyone maintains it
+        assert expire_versions(h.fm, settings).ok  # once released, anyone maintains it
     finally:
         first.close()
         second.close()
@@ -80,7 +80,7 @@ def _race(root: str, work: str, stores: list[tuple[str, int]], start: object, se
         rng.shuffle(order)
         for op, p in order:
             try:
-                with store_lease(root if rng.random() < 0.5 else fm, StoreId(op, p), settings, None):
+                with store_lease(open_file_manager(root) if rng.random() < 0.5 else fm, StoreId(op, p), settings, None):
                     t0 = time.time()
                     time.sleep(0.003)
                     held.append((op, p, t0, time.time()))
@@ -174,10 +174,10 @@ def test_lease_files_and_the_deployment_record_are_neither_foreign_nor_catalogue
     from statekeeper.maintenance.catalog_sync import sync_catalog
 
     h = snapshotted_history(make_local_history, settings)
-    assert expire_versions(h.root, settings, catalog=catalog).ok  # records the catalog, leaves released epochs
+    assert expire_versions(h.fm, settings, catalog=catalog).ok  # records the catalog, leaves released epochs
     kinds = {classify(p).kind for p in all_files(h.root) if p.startswith(("_leases/", "_deployment"))}
     assert kinds == {LEASE, DEPLOYMENT}
-    report = clean_orphans(h.root, settings)
+    report = clean_orphans(h.fm, settings)
     assert report.ok and not report.warnings and report.foreign_files == 0, (report.errors, report.warnings)
     assert kinds == {classify(p).kind for p in all_files(h.root) if p.startswith(("_leases/", "_deployment"))}
     assert sync_catalog(catalog, h.fm, full=True).errors == []
@@ -197,7 +197,7 @@ def test_the_cli_finds_the_catalog_the_roots_deployment_uses(
     monkeypatch.setenv("STATEKEEPER_HOME", str(tmp_path / "home"))  # the CLI's default catalog: another file
     deployment = Catalog.open(f"sqlite:///{tmp_path / 'run' / 'catalog.db'}", upgrade=True)
     try:
-        assert expire_versions(h.root, settings, catalog=deployment).ok
+        assert expire_versions(h.fm, settings, catalog=deployment).ok
     finally:
         deployment.close()
     assert recorded_catalog(h.fm) == f"sqlite:///{tmp_path / 'run' / 'catalog.db'}"
@@ -224,11 +224,11 @@ def test_root_files_are_deleted_by_one_maintainer_at_a_time(
     commits = {p for p in all_files(h.root) if p.startswith("commits/")}
     other = RootLeases(h.fm, ttl=60, owner="the-other-maintainer")
     other.take(ROOT_FILES, timeout=0)
-    held = expire_versions(h.root, settings)
+    held = expire_versions(h.fm, settings)
     assert held.errors == [] and held.changelogs > 0, "the stores are expired as before"
     assert {p for p in all_files(h.root) if p.startswith("commits/")} == commits, "no commit record deleted"
     other.release_all()
-    free = expire_versions(h.root, settings)
+    free = expire_versions(h.fm, settings)
     assert free.errors == []
     kept = {p for p in all_files(h.root) if p.startswith("commits/")}
     assert kept < commits, "the expired commit records go once the root lease is free"

@@ -44,7 +44,7 @@ def test_snapshots_load_to_the_replayed_state(
 ) -> None:
     h = make_history(operators={"agg": 2, "dedup": 1})
     h.batches(6, losing=1)
-    report = create_snapshots(h.root, settings)
+    report = create_snapshots(h.fm, settings)
     assert report.ok, report.errors
     assert (report.candidates, report.snapshots, report.cold_builds) == (3, 3, 0 + 3)
     assert report.files == report.ssts_uploaded + 3 and report.bytes > 0
@@ -52,7 +52,7 @@ def test_snapshots_load_to_the_replayed_state(
     assert _load_latest(h, str(tmp_path / "a")) == [6, 6, 6]  # the loader starts from the new snapshots
     h.check_loadable(range(h.latest + 1))  # every version, snapshot or not, is still the model's
 
-    again = create_snapshots(h.root, settings)
+    again = create_snapshots(h.fm, settings)
     assert again.ok and again.candidates == 0 and again.snapshots == 0 and again.files == 0
 
 
@@ -61,10 +61,10 @@ def test_second_snapshot_is_warm_and_uploads_only_new_ssts(
 ) -> None:
     h = make_history(keys=400)
     h.batches(5)
-    first = create_snapshots(h.root, settings)
+    first = create_snapshots(h.fm, settings)
     assert first.snapshots == 2 and first.cold_builds == 2
     h.batches(4)
-    second = create_snapshots(h.root, settings)
+    second = create_snapshots(h.fm, settings)
     assert second.ok, second.errors
     assert second.snapshots == 2 and second.warm_builds == 2 and second.cold_builds == 0
     assert second.changelogs_replayed == 2 * 4, "a replica replays only the changelogs after it"
@@ -80,17 +80,17 @@ def test_replica_is_reused_by_a_later_process_and_dropped_after_a_crash(
 ) -> None:
     h = make_history()
     h.batches(4)
-    assert create_snapshots(h.root, settings).cold_builds == 2
+    assert create_snapshots(h.fm, settings).cold_builds == 2
     close_replicas()  # what a new process sees: only the directories and their markers
     h.batches(4)
-    report = create_snapshots(h.root, settings)
+    report = create_snapshots(h.fm, settings)
     assert report.warm_builds == 2 and report.changelogs_replayed == 8
     close_replicas()
     # A crash in the middle of a replay leaves no marker: the next run rebuilds from the checkpoint.
     crashed = replica_dir(work_root(settings), h.fm.root_uri, h.stores[0])
     os.unlink(os.path.join(crashed, MARKER))
     h.batches(4)
-    report = create_snapshots(h.root, settings)
+    report = create_snapshots(h.fm, settings)
     assert report.ok and (report.warm_builds, report.cold_builds) == (1, 1)
     assert [r["base_version"] for r in report.rows() if r["build"] == "cold"] == [8]
     h.check_loadable([h.latest])
@@ -105,7 +105,7 @@ def test_replica_is_reused_by_a_later_process_and_dropped_after_a_crash(
         with open(marker, "w") as f:
             json.dump({**data, "boot_id": "a-previous-boot"}, f)
     h.batches(4)
-    report = create_snapshots(h.root, settings)
+    report = create_snapshots(h.fm, settings)
     assert report.ok and (report.warm_builds, report.cold_builds) == (0, 2)
     h.check_loadable([h.latest])
 
@@ -116,12 +116,12 @@ def test_below_the_threshold_and_dry_run_write_nothing(
     h = make_local_history()
     h.batches(3)
     before = all_files(h.root)
-    report = create_snapshots(h.root, settings)
+    report = create_snapshots(h.fm, settings)
     assert report.ok and report.candidates == 0 and report.max_chain_length == 3
     assert all_files(h.root) == before
     h.batch()
     before = all_files(h.root)
-    dry = create_snapshots(h.root, settings, dry_run=True)
+    dry = create_snapshots(h.fm, settings, dry_run=True)
     assert dry.candidates == 2 and dry.snapshots == 0
     assert [r["action"] for r in dry.rows()] == ["would snapshot"] * 2
     assert all_files(h.root) == before
@@ -135,10 +135,10 @@ def test_a_store_requested_at_a_version_is_snapshotted_below_the_threshold(
     h = make_local_history()
     h.batches(2)
     first, second = h.stores
-    report = create_snapshots(h.root, settings, stores=h.stores, due_at={first: 2, second: 3})
+    report = create_snapshots(h.fm, settings, stores=h.stores, due_at={first: 2, second: 3})
     assert report.ok and report.snapshots == 1
     assert [(r["store"], r["action"]) for r in report.rows()] == [(str(first), "snapshot")]
-    again = create_snapshots(h.root, settings, stores=h.stores, due_at={first: 2, second: 3})
+    again = create_snapshots(h.fm, settings, stores=h.stores, due_at={first: 2, second: 3})
     assert again.ok and again.candidates == 0
     assert _load_latest(h, str(tmp_path)) == [2, None]
 
@@ -149,9 +149,9 @@ def test_without_a_work_dir_copies_are_warm_within_the_process(
     h = make_local_history()
     s = MaintenanceSettings(**{**settings.to_json(), "work_dir": None})
     h.batches(4)
-    assert create_snapshots(h.root, s).cold_builds == 2
+    assert create_snapshots(h.fm, s).cold_builds == 2
     h.batches(4)
-    assert create_snapshots(h.root, s).warm_builds == 2
+    assert create_snapshots(h.fm, s).warm_builds == 2
     shutil.rmtree(work_root(s), ignore_errors=True)
     close_replicas()
 
@@ -161,7 +161,7 @@ def test_snapshot_run_is_recorded_and_cataloged(
 ) -> None:
     h = make_local_history()
     h.batches(5)
-    report = create_snapshots(h.root, settings, catalog=catalog, orchestrator_run_id="dagster-123")
+    report = create_snapshots(h.fm, settings, catalog=catalog, orchestrator_run_id="dagster-123")
     assert report.ok and report.run_id is not None
     (run,) = catalog.runs(h.fm.root_uri)
     assert (run.kind, run.status, run.orchestrator_run_id, run.file_count, run.byte_count) == (

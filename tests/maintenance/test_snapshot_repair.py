@@ -77,7 +77,7 @@ def test_a_bad_snapshot_is_repaired_reported_and_replaced(
 ) -> None:
     h = make_history(operators={"agg": 1}, keys=200)
     h.batches(5)
-    assert create_snapshots(h.root, settings).snapshots == 1  # at version 5
+    assert create_snapshots(h.fm, settings).snapshots == 1  # at version 5
     h.batches(3)  # latest 8; retained 6..8 load from the snapshot at 5
     bad = _damage(h, damage)
     forget()  # what this process knew of the SSTs it uploaded: maintenance runs in another process
@@ -88,17 +88,17 @@ def test_a_bad_snapshot_is_repaired_reported_and_replaced(
     h.check_loadable(h.retained(settings))
 
     # Verify reports the bad snapshot.
-    report = verify_root(h.root, settings)
+    report = verify_root(h.fm, settings)
     assert not report.ok and any(bad.rpartition("/")[2] in e for e in report.errors), report.errors
 
     # Expiry keeps every changelog the repair replays (from version 1: there is no older snapshot).
-    expiry = expire_versions(h.root, settings)
+    expiry = expire_versions(h.fm, settings)
     assert not expiry.ok and expiry.files == 0
     assert changelogs_before <= set(all_files(h.root))
     h.check_loadable(h.retained(settings))
 
     # The next snapshot run writes a fresh snapshot although the chain (3) is below the threshold (4).
-    snap = create_snapshots(h.root, settings)
+    snap = create_snapshots(h.fm, settings)
     assert snap.ok and snap.snapshots == 1, (snap.errors, snap.rows())
     store = h.stores[0]
     probe = StateStore(h.fm, store.operator, store.partition, config=StoreConfig(local_dir=str(tmp_path) + "/p2"))
@@ -111,15 +111,15 @@ def test_a_bad_snapshot_is_repaired_reported_and_replaced(
 
     # Retention moves past the bad snapshot: expiry and orphan cleanup remove it; verify is clean.
     h.batches(settings.min_versions_to_retain - 1)
-    expiry = expire_versions(h.root, settings)
+    expiry = expire_versions(h.fm, settings)
     assert expiry.ok, expiry.errors
-    orphans = clean_orphans(h.root, settings)
+    orphans = clean_orphans(h.fm, settings)
     assert orphans.ok, orphans.errors
-    expire_versions(h.root, settings)
-    clean_orphans(h.root, settings)
+    expire_versions(h.fm, settings)
+    clean_orphans(h.fm, settings)
     assert bad not in all_files(h.root) or damage == "missing sst"
     assert leftovers(h.root, settings) == []
-    verified = verify_root(h.root, settings, rebuild=True)
+    verified = verify_root(h.fm, settings, rebuild=True)
     assert verified.ok, verified.errors
     h.check_loadable(h.retained(settings))
 
@@ -131,11 +131,11 @@ def test_a_repair_is_not_deferred_past_a_rounds_deadline(
     rebuilt although its chain is far under the threshold and the round's time is up."""
     h = make_local_history(operators={"agg": 1}, keys=200)
     h.batches(5)
-    assert create_snapshots(h.root, settings).snapshots == 1
+    assert create_snapshots(h.fm, settings).snapshots == 1
     h.batches(1)
     _damage(h, "missing sst")
     forget()
     spread = settings.with_(snapshot_threshold=8, snapshot_spread=0.5, snapshot_round_seconds=1e-9)
-    report = create_snapshots(h.root, spread)
+    report = create_snapshots(h.fm, spread)
     assert [row["action"] for row in report.items] == ["snapshot"], report.items
     h.check_loadable(h.retained(settings))

@@ -78,7 +78,7 @@ def test_a_store_is_snapshotted_at_its_point(
     assert len(set(due_at.values())) > 1
     for chain in range(1, 9):
         h.batches(1)
-        report = create_snapshots(h.root, settings)
+        report = create_snapshots(h.fm, settings)
         built = {row["store"] for row in report.items if row.get("action") == "snapshot"}
         assert built == {str(s) for s, at in due_at.items() if at == chain}, f"chain {chain}"
     h.check_loadable(h.retained(settings))
@@ -100,9 +100,9 @@ def test_a_lock_step_fleet_spreads_its_rounds_over_the_cycles(
             h.batches(1)
 
         s = settings.with_(snapshot_threshold=8, snapshot_spread=spread)
-        results = maintain(h.root, s, every=0, cycles=24, on_cycle=between)
+        results = maintain(h.fm, s, every=0, cycles=24, on_cycle=between)
         assert all(r.ok for r in results)
-        assert create_snapshots(h.root, s, dry_run=True).max_chain_length <= 8
+        assert create_snapshots(h.fm, s, dry_run=True).max_chain_length <= 8
         h.check_loadable(h.retained(s))
         return built
 
@@ -122,7 +122,7 @@ def test_after_a_lumped_round_the_phase_schedule_builds_a_steady_share_a_cycle(
         h = make_local_history(operators={"agg": 16}, keys=8)
         h.batches(10)
         s = settings.with_(snapshot_threshold=8, **schedule)
-        assert create_snapshots(h.root, s.with_(snapshot_threshold=1)).snapshots == 16, "the lumped round"
+        assert create_snapshots(h.fm, s.with_(snapshot_threshold=1)).snapshots == 16, "the lumped round"
         h.batches(1)
         if schedule.get("snapshot_schedule") == "phase":  # the command line's flag draws the same phases
             flags = ["--threshold", "8", "--snapshot-schedule", "phase", "--dry-run", "--no-catalog", "--json"]
@@ -136,9 +136,9 @@ def test_after_a_lumped_round_the_phase_schedule_builds_a_steady_share_a_cycle(
             built.append(sum(getattr(r, "snapshots", 0) for r in result.reports))
             h.batches(1)
 
-        results = maintain(h.root, s, every=0, cycles=24, on_cycle=between)
+        results = maintain(h.fm, s, every=0, cycles=24, on_cycle=between)
         assert all(r.ok for r in results)
-        assert create_snapshots(h.root, s, dry_run=True).max_chain_length <= 8
+        assert create_snapshots(h.fm, s, dry_run=True).max_chain_length <= 8
         h.check_loadable(h.retained(s))
         return built
 
@@ -156,11 +156,11 @@ def test_a_cycle_builds_the_longest_chains_first(
     h = make_history(operators={"agg": 3})
     a0, a1, a2 = h.stores
     h.batches(4)
-    create_snapshots(h.root, settings, stores=[a0, a1])
+    create_snapshots(h.fm, settings, stores=[a0, a1])
     h.batches(3)
-    create_snapshots(h.root, settings, stores=[a1])
+    create_snapshots(h.fm, settings, stores=[a1])
     h.batches(3)
-    report = create_snapshots(h.root, settings)
+    report = create_snapshots(h.fm, settings)
     rows = [row for row in report.items if row.get("action") == "snapshot"]
     assert [(row["store"], row["chain_length"]) for row in rows] == [(str(a2), 10), (str(a0), 6), (str(a1), 3)]
     assert [row["written_at"] for row in rows] == sorted(row["written_at"] for row in rows), "built in that order"
@@ -175,7 +175,7 @@ def test_past_its_time_a_round_leaves_the_stores_due_early_for_the_next(
     h = make_history(operators={"agg": 8})
     late, *others = h.stores
     h.batches(2)
-    create_snapshots(h.root, settings.with_(snapshot_threshold=1), stores=others)  # their chains restart at 2
+    create_snapshots(h.fm, settings.with_(snapshot_threshold=1), stores=others)  # their chains restart at 2
     h.batches(6)  # `late`: a chain of 8, the others 6
     early = {str(s) for s in others if settings.snapshot_due_at(s.operator, s.partition, 2) <= 6}
     assert early, "some store is due early at a chain of 6"
@@ -185,9 +185,9 @@ def test_past_its_time_a_round_leaves_the_stores_due_early_for_the_next(
     report = json.loads(run_cli("snapshot", h.root, *flags, "--no-catalog", "--json", home=tmp_path).stdout)
     actions = {row["store"]: (row["action"], row.get("reason")) for row in report["rows"]}
     assert actions == {str(late): ("snapshot", None), **dict.fromkeys(early, ("skipped", "deferred"))}
-    assert create_snapshots(h.root, settings, dry_run=True).max_chain_length == 6, "the deferred ones wait"
+    assert create_snapshots(h.fm, settings, dry_run=True).max_chain_length == 6, "the deferred ones wait"
 
-    results = maintain(h.root, settings.with_(snapshot_round_seconds=60), every=0, cycles=1)
+    results = maintain(h.fm, settings.with_(snapshot_round_seconds=60), every=0, cycles=1)
     built = {row["store"] for r in results[0].reports for row in getattr(r, "items", []) if row["action"] == "snapshot"}
     assert built == early, "the next round builds them, within its time"
     h.check_loadable(h.retained(settings))

@@ -83,7 +83,7 @@ def test_an_unopenable_snapshot_is_repaired_reported_kept_out_of_expiry_and_rebu
         pytest.skip("on S3 two of the damages suffice (the others run on local disk)")
     h = make_history(operators={"agg": 1}, keys=200)
     h.batches(5)
-    assert create_snapshots(h.root, settings).snapshots == 1  # at version 5
+    assert create_snapshots(h.fm, settings).snapshots == 1  # at version 5
     h.batches(3)  # latest 8; retained 6..8 load from the snapshot at 5
     bad = _unopenable(h, damage)
     forget()  # maintenance runs in another process: it knows nothing of the snapshot it wrote
@@ -104,7 +104,7 @@ def test_an_unopenable_snapshot_is_repaired_reported_kept_out_of_expiry_and_rebu
     h.check_loadable(h.retained(settings))
 
     # Verify exits non-zero naming the manifest.
-    report = verify_root(h.root, settings)
+    report = verify_root(h.fm, settings)
     assert not report.ok and any(bad.rpartition("/")[2] in e for e in report.errors), report.errors
     from statekeeper.maintenance.cli import main as cli_main
 
@@ -113,13 +113,13 @@ def test_an_unopenable_snapshot_is_repaired_reported_kept_out_of_expiry_and_rebu
     forget()
 
     # Expiry keeps every changelog and commit record a load replays around it.
-    expire_versions(h.root, settings)
+    expire_versions(h.fm, settings)
     assert before <= set(all_files(h.root)), sorted(before - set(all_files(h.root)))
     h.check_loadable(h.retained(settings))
 
     # `statekeeper snapshot` writes a fresh one though the chain (3) is below the threshold (4).
     forget()
-    snap = create_snapshots(h.root, settings)
+    snap = create_snapshots(h.fm, settings)
     assert snap.ok and snap.snapshots == 1, (snap.errors, snap.rows())
     probe = _load(h, h.latest, str(tmp_path / "p2"))
     try:
@@ -131,10 +131,10 @@ def test_an_unopenable_snapshot_is_repaired_reported_kept_out_of_expiry_and_rebu
     # Retention moves on: every retained version loads exactly, before and after expiry.
     h.batches(settings.min_versions_to_retain - 1)
     forget()
-    expiry = expire_versions(h.root, settings)
+    expiry = expire_versions(h.fm, settings)
     assert expiry.ok, expiry.errors
     h.check_loadable(h.retained(settings))
-    assert verify_root(h.root, settings).ok
+    assert verify_root(h.fm, settings).ok
 
 
 def test_expiry_proves_a_new_base_before_deleting_below_it(
@@ -143,10 +143,10 @@ def test_expiry_proves_a_new_base_before_deleting_below_it(
     """A snapshot this process did not write becomes the base only once expiry has opened and checked it."""
     h = make_local_history(operators={"agg": 1}, keys=50)
     h.batches(5)
-    assert create_snapshots(h.root, settings).snapshots == 1
+    assert create_snapshots(h.fm, settings).snapshots == 1
     h.batches(3)
     forget()
-    expiry = expire_versions(h.root, settings)
+    expiry = expire_versions(h.fm, settings)
     assert expiry.ok and expiry.files > 0, expiry.errors  # proven by opening it: the changelogs below go
     h.check_loadable(h.retained(settings))
 
@@ -157,7 +157,7 @@ def test_a_manifest_records_what_its_snapshot_holds(
     """The manifest records what its snapshot holds; a snapshot that opens to other content is no base."""
     h = make_local_history(operators={"agg": 1}, keys=50)
     h.batches(5)
-    assert create_snapshots(h.root, settings).snapshots == 1
+    assert create_snapshots(h.fm, settings).snapshots == 1
     files = Inventory.scan(h.fm, use_cache=False).files_of(h.stores[0])
     path = files.manifests[max(files.manifests)].path
     m = SnapshotManifest.from_bytes(h.fm.read_bytes(path), path)

@@ -29,9 +29,10 @@ import json, sys
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.maintenance.snapshot_checks import ssts_hashed
+from statekeeper.store.files import open_file_manager
 
 root, settings = sys.argv[1], MaintenanceSettings(**json.loads(sys.argv[2]))
-report = create_snapshots(root, settings)
+report = create_snapshots(open_file_manager(root), settings)
 print(json.dumps({"hashed": ssts_hashed(), "snapshots": report.snapshots, "errors": report.errors}))
 """
 
@@ -62,7 +63,7 @@ def test_a_second_process_hashes_no_sst_and_a_rewritten_one_is_checked_again(
 ) -> None:
     h = make_local_history(operators={"agg": 1}, keys=300)
     h.batches(5)
-    assert create_snapshots(h.root, settings).snapshots == 1  # at version 5, written by this process
+    assert create_snapshots(h.fm, settings).snapshots == 1  # at version 5, written by this process
     h.batches(2)  # chain 2: below the threshold, so only a bad snapshot makes a run write one
 
     first = _maintainer_process(h.root, settings)
@@ -92,7 +93,7 @@ def test_the_verified_file_keeps_only_the_ssts_of_listed_snapshots(
     saves it: the file stays as large as the store's snapshots, not as every SST the store ever had."""
     h = make_local_history(operators={"agg": 1}, keys=300)
     h.batches(settings.snapshot_threshold + 1)
-    assert create_snapshots(h.root, settings).snapshots == 1
+    assert create_snapshots(h.fm, settings).snapshots == 1
     assert _maintainer_process(h.root, settings)["errors"] == []  # another process verified its SSTs
     store = h.stores[0]
     manifest = next(iter(Inventory.scan(h.fm, use_cache=False).files_of(store).manifest_data.values()))

@@ -21,13 +21,13 @@ def test_a_healthy_root_verifies_with_rebuilds(
     make_history: Callable[..., History], settings: MaintenanceSettings, catalog: Catalog
 ) -> None:
     h = snapshotted_history(make_history, settings)
-    report = verify_root(h.root, settings, rebuild=True, catalog=catalog)
+    report = verify_root(h.fm, settings, rebuild=True, catalog=catalog)
     assert report.ok, report.errors
     assert report.versions == 2 * 3 and report.stores_ok == 2
     assert report.rebuilt >= 2 * 2  # latest loaded + the snapshot at 9 replayed from 5, per store
     assert report.ssts > 0 and report.changelogs > 0
-    expire_versions(h.root, settings)
-    after = verify_root(h.root, settings, rebuild=True)
+    expire_versions(h.fm, settings)
+    after = verify_root(h.fm, settings, rebuild=True)
     assert after.ok, after.errors
     (run,) = catalog.runs(h.fm.root_uri)
     assert (run.kind, run.status) == ("verify", "succeeded")
@@ -45,7 +45,7 @@ def test_verify_names_damaged_and_missing_files(
     clobber(h.root, changelog, bytes(data))
     missing = b.changelog(v - 1, h.committed[v - 1][b][0])
     clobber(h.root, missing, None)
-    report = verify_root(h.root, settings, rebuild=True)
+    report = verify_root(h.fm, settings, rebuild=True)
     assert not report.ok and report.stores_failed == 2
     assert any(changelog in e and "checksum" in e for e in report.errors), report.errors
     assert any(missing in e and "missing" in e for e in report.errors), report.errors
@@ -62,8 +62,8 @@ def test_sst_checksums_and_a_snapshot_that_differs_from_its_changelogs(
     data = bytearray(h.fm.read_bytes(a.sst(sst.remote_name)))
     data[len(data) // 2] ^= 0x01
     clobber(h.root, a.sst(sst.remote_name), bytes(data))  # same size, other content
-    assert verify_root(h.root, settings, checksums=False).stores_failed == 0
-    report = verify_root(h.root, settings)
+    assert verify_root(h.fm, settings, checksums=False).stores_failed == 0
+    report = verify_root(h.fm, settings)
     assert any(sst.remote_name in e and "checksum" in e for e in report.errors), report.errors
 
     # A snapshot of b's committed version 11 whose content is not what its changelogs give.
@@ -75,7 +75,7 @@ def test_sst_checksums_and_a_snapshot_that_differs_from_its_changelogs(
         forged = r.snapshot(set()).manifest_path
     finally:
         r.destroy()
-    report = verify_root(h.root, settings, rebuild=True, stores=[b])
+    report = verify_root(h.fm, settings, rebuild=True, stores=[b])
     assert any(forged in e and "differs from the replay" in e for e in report.errors), report.errors
 
 
@@ -87,7 +87,7 @@ def test_a_store_leased_by_another_maintainer_is_skipped_with_a_clear_error(
     uri = h.fm.root_uri
     with catalog.acquire_lease(uri, (a.operator, a.partition), owner="other-host:4242", ttl=60):
         before = {p: s for p, s in all_files(h.root).items() if p.startswith(a.prefix)}
-        report = expire_versions(h.root, settings, catalog=catalog)
+        report = expire_versions(h.fm, settings, catalog=catalog)
         assert any("other-host:4242" in e and f"store {a}" in e for e in report.errors), report.errors
         assert {p: s for p, s in all_files(h.root).items() if p.startswith(a.prefix)} == before
         assert report.changelogs > 0, "the other store was expired as usual"
@@ -104,7 +104,7 @@ def test_the_second_maintainer_waits_for_the_lease(
     threading.Timer(1.0, lease.release).start()
     patient = MaintenanceSettings(**{**settings.to_json(), "lease_timeout_seconds": 20})
     t0 = time.monotonic()
-    report = expire_versions(h.root, patient, catalog=catalog)
+    report = expire_versions(h.fm, patient, catalog=catalog)
     assert report.ok, report.errors
     assert time.monotonic() - t0 >= 0.9
     assert catalog.leases(h.fm.root_uri) == []
@@ -116,13 +116,13 @@ def test_without_a_catalog_the_roots_lease_keeps_maintainers_apart(
     h = snapshotted_history(make_local_history, settings)
     h.batches(2)
     a = h.stores[0]
-    with store_lease(h.fm.root_uri, a, settings, None):
-        report = create_snapshots(h.root, settings)
-        report2 = expire_versions(h.root, settings)
+    with store_lease(h.fm, a, settings, None):
+        report = create_snapshots(h.fm, settings)
+        report2 = expire_versions(h.fm, settings)
     for r in (report, report2):
         assert any(f"store {a}" in e and "holds its lease" in e and "_leases/" in e for e in r.errors), r.errors
     assert report.snapshots == 1 and report2.changelogs > 0  # the other store went ahead
-    assert expire_versions(h.root, settings).ok
+    assert expire_versions(h.fm, settings).ok
 
 
 def test_verify_beside_a_maintainer_reports_only_what_is_really_broken(
@@ -144,15 +144,15 @@ def test_verify_beside_a_maintainer_reports_only_what_is_really_broken(
         listings.append(inv)
         if len(listings) == 1:  # the writers and a maintainer move on after the first listing
             h.batches(6)
-            create_snapshots(h.root, settings)
+            create_snapshots(h.fm, settings)
             h.batches(2)
-            assert expire_versions(h.root, settings).files > 0
+            assert expire_versions(h.fm, settings).files > 0
             for path in lost:
                 clobber(h.root, path, None)
         return inv
 
     monkeypatch.setattr(Inventory, "scan", staticmethod(listing_then_maintenance))
-    report = verify_root(h.root, settings)
+    report = verify_root(h.fm, settings)
     assert {e.path for e in listings[0].all_entries()} - set(all_files(h.root)), "nothing listed was expired"
     assert len(listings) == 2, "the stores that failed on the stale listing were not verified again"
     assert report.ok, report.errors
@@ -169,6 +169,6 @@ def test_verify_beside_a_maintainer_reports_only_what_is_really_broken(
         return version
 
     monkeypatch.setattr(h, "batch", batch_losing_the_newest)
-    report = verify_root(h.root, settings)
+    report = verify_root(h.fm, settings)
     assert lost and not report.ok and report.stores_failed == 1
     assert any(lost[0] in e and "missing" in e for e in report.errors), report.errors

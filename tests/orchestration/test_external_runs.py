@@ -18,6 +18,7 @@ from statekeeper.maintenance.loop import maintain
 from statekeeper.orchestration.assets import ORPHANS, RETAINED, SNAPSHOTS
 from statekeeper.orchestration.checks import CHAINS, CHAINS_BOUNDED
 from statekeeper.orchestration.external_runs import SENSOR_NAME, ExternalCursor
+from statekeeper.store.files import open_file_manager
 from statekeeper.store.layout import StoreId
 from tests.orchestration.conftest import THRESHOLD, Orch
 
@@ -47,7 +48,7 @@ def value(event: Any, key: str) -> Any:
 
 def loop_cycle(orch: Orch, stores: list[StoreId] | None = None) -> None:
     settings = orch.resources["maintenance"].settings()
-    maintain(orch.root, settings, every=0.0, catalog=orch.catalog, cycles=1, stores=stores)
+    maintain(open_file_manager(orch.root), settings, every=0.0, catalog=orch.catalog, cycles=1, stores=stores)
 
 
 def test_the_loops_runs_are_reported_once_as_the_roots_materializations_and_checks(orch: Orch) -> None:

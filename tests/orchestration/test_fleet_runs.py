@@ -13,6 +13,7 @@ from statekeeper.orchestration.checks import CHAINS, CHAINS_BOUNDED
 from statekeeper.orchestration.fleet import FLEET_JOB, FLEET_OP, FLEET_TAG, fleet_request
 from statekeeper.orchestration.jobs import JOB_NAMES, requested_job
 from statekeeper.orchestration.sensors import SensorCursor
+from statekeeper.store.files import open_file_manager
 from tests.orchestration.conftest import RETAIN, THRESHOLD, Orch
 from tests.orchestration.helpers import CheckpointWriter
 from tests.orchestration.test_failure_sensor import sense_failure
@@ -199,7 +200,7 @@ def test_a_fleet_run_and_a_root_run_on_the_same_store_at_once_keep_to_its_lease(
         fleet.commit(THRESHOLD, fleet.a, fleet.b)
         (req,) = fleet.tick()
         settings = orch.resources["maintenance"].settings()
-        with store_lease(fleet.a, StoreId("agg", 0), settings, orch.catalog):
+        with store_lease(open_file_manager(fleet.a), StoreId("agg", 0), settings, orch.catalog):
             result = fleet.run(req, raise_on_error=False)
         assert not result.success
         failure = next(e for e in result.all_events if e.event_type == DagsterEventType.STEP_FAILURE)
@@ -218,6 +219,4 @@ def test_a_fleet_run_and_a_root_run_on_the_same_store_at_once_keep_to_its_lease(
 
 
 def _files(root: str) -> list[str]:
-    from statekeeper.store.files import open_file_manager
-
     return [i.path for i in open_file_manager(root).list("")]

@@ -26,7 +26,7 @@ def test_a_snapshot_run_refuses_a_store_a_command_holds_with_another_catalog(orc
     fresh = held.sst("000009-fresh-from-the-command.sst")
     with (
         Catalog.open(f"sqlite:///{tmp_path / 'the-commands-catalog.db'}", upgrade=True) as theirs,
-        store_lease(orch.root, held, settings, theirs),
+        store_lease(fm, held, settings, theirs),
     ):
         with fm.create(fresh) as out:
             out.write(b"an SST the command's snapshot is uploading")

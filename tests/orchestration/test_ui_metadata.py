@@ -25,6 +25,7 @@ from statekeeper.orchestration.checks import CHAINS, CHAINS_BOUNDED, chain_check
 from statekeeper.orchestration.external_runs import SENSOR_NAME as EXTERNAL_SENSOR
 from statekeeper.orchestration.jobs import JOB_NAMES
 from statekeeper.orchestration.sensors import SENSOR_NAME
+from statekeeper.store.files import open_file_manager
 from tests.orchestration.conftest import THRESHOLD, Orch
 
 BOUND = 2 * THRESHOLD
@@ -111,10 +112,11 @@ def test_a_check_without_a_run_sees_the_chains_now(local: Orch) -> None:
     """Without a materialization in its run (the Checks tab), the bounded check reads the catalog's chains."""
     local.writer.commit(BOUND + 1)
     r = local.resources
-    passed, md, severity = chain_check(CHAINS_BOUNDED, local.root, r["storage"], r["catalog"], THRESHOLD)
+    fm = r["storage"].file_manager(local.root)
+    passed, md, severity = chain_check(CHAINS_BOUNDED, fm, r["catalog"], THRESHOLD)
     assert not passed and severity == AssetCheckSeverity.ERROR
     assert md["max_chain_length_after"].value == BOUND + 1 and "max_chain_length_before" not in md
-    assert chain_check(CHAINS_BOUNDED, local.root, r["storage"], r["catalog"], THRESHOLD + 1)[0]
+    assert chain_check(CHAINS_BOUNDED, fm, r["catalog"], THRESHOLD + 1)[0]
 
 
 def test_the_sensors_catalog_sync_is_a_materialization_of_the_lineage_catalog(local: Orch) -> None:
@@ -150,7 +152,8 @@ def test_the_sensors_catalog_sync_is_a_materialization_of_the_lineage_catalog(lo
 def test_a_loop_run_that_found_chains_past_the_bound_fails_the_check_though_it_reset_them(local: Orch) -> None:
     local.writer.commit(BOUND + 2)
     settings = local.resources["maintenance"].settings()
-    maintain(local.root, settings, every=0.0, catalog=local.catalog, cycles=1)  # snapshots every store
+    # snapshots every store
+    maintain(open_file_manager(local.root), settings, every=0.0, catalog=local.catalog, cycles=1)
     result = run_sensor(local, EXTERNAL_SENSOR, None)
     (snap,) = [
         e for e in result.asset_events if isinstance(e, AssetMaterialization) and e.asset_key == AssetKey(SNAPSHOTS)

@@ -144,6 +144,7 @@ def _writer(roots: list[str], work: Path, stop: threading.Event) -> dict[str, in
 def _maintain(roots: list[str], work: Path, stop: threading.Event) -> dict[str, int]:
     from statekeeper.maintenance.loop import CycleResult, maintain
     from statekeeper.sql import Catalog
+    from statekeeper.store.files import open_file_manager
 
     errors: list[str] = []
     cycles = 0
@@ -156,7 +157,14 @@ def _maintain(roots: list[str], work: Path, stop: threading.Event) -> dict[str, 
 
     _wait_for_commits(roots, stop)
     with closing(Catalog.open(f"sqlite:///{work / 'catalog.db'}", upgrade=True)) as catalog:
-        maintain(roots, _settings(work), every=EVERY, catalog=catalog, stop=stop, on_cycle=cycled)
+        maintain(
+            [open_file_manager(r) for r in roots],
+            _settings(work),
+            every=EVERY,
+            catalog=catalog,
+            stop=stop,
+            on_cycle=cycled,
+        )
     return {"cycles": cycles, "errors": len(errors), "first errors": errors[:5]}  # type: ignore[dict-item]
 
 

@@ -202,7 +202,7 @@ def _prepare_history(root: str, work: str) -> None:
 
 def _prepare_snapshotted(root: str, work: str) -> None:
     write_batches(root, work, TEMPLATE_VERSIONS, losing=True)
-    create_snapshots(root, settings(work))
+    create_snapshots(open_file_manager(root), settings(work))
     write_batches(root, work, 2)
 
 
@@ -254,7 +254,7 @@ def _repair_check(root: str, work: str, committed_before: int) -> list[str]:
 
 def _sync(root: str, work: str) -> None:
     with closing(_catalog(work)) as catalog:
-        sync_catalog(catalog, root, workers=1)
+        sync_catalog(catalog, open_file_manager(root), workers=1)
 
 
 def _rebuild(root: str, work: str) -> None:
@@ -262,7 +262,7 @@ def _rebuild(root: str, work: str) -> None:
     if os.path.exists(path):
         os.unlink(path)  # the catalog is lost: rebuilt from the checkpoint location alone
     with closing(_catalog(work)) as catalog:
-        rebuild_catalog(catalog, root, workers=1)
+        rebuild_catalog(catalog, open_file_manager(root), workers=1)
 
 
 Operation = Callable[..., MaintenanceReport]
@@ -273,7 +273,7 @@ def _maintain(operation: Operation, *, with_catalog: bool = False) -> Callable[[
 
     def run(root: str, work: str) -> None:
         with closing(_catalog(work)) if with_catalog else nullcontext() as catalog:
-            report = operation(root, settings(work), catalog=catalog)
+            report = operation(open_file_manager(root), settings(work), catalog=catalog)
         assert report.ok, report.errors
 
     return run
@@ -390,9 +390,10 @@ def _catalog_problems(root: str, work: str) -> list[str]:
     synced = _catalog(work)
     fresh = _catalog(work, f"fresh-{os.urandom(4).hex()}.db")
     try:
-        sync_catalog(synced, root, full=True, workers=1)
-        rebuild_catalog(fresh, root, workers=1)
-        uri = open_file_manager(root).root_uri
+        fm = open_file_manager(root)
+        sync_catalog(synced, fm, full=True, workers=1)
+        rebuild_catalog(fresh, fm, workers=1)
+        uri = fm.root_uri
         if _normalised(catalog_export(synced, uri)) != _normalised(catalog_export(fresh, uri)):
             return ["the catalog after a sync differs from a rebuild from the checkpoint location"]
         return []

@@ -64,11 +64,11 @@ class Run:
 
 
 def _sync(catalog: Catalog, root: str, work: str) -> Any:
-    return sync_catalog(catalog, root, workers=1, record_run=True)
+    return sync_catalog(catalog, open_file_manager(root), workers=1, record_run=True)
 
 
 def _operation(op: Callable[..., Any]) -> Callable[[Catalog, str, str], Any]:
-    return lambda catalog, root, work: op(root, settings(work), catalog=catalog)
+    return lambda catalog, root, work: op(open_file_manager(root), settings(work), catalog=catalog)
 
 
 RUNS = [
@@ -92,9 +92,10 @@ def _history(root: str, work: str, catalog: Catalog) -> None:
     """Versions 1-8 of two stores with losing attempts (orphans), a snapshot at 5 and a catalog that
     saw the first five: every run below has work to do."""
     write_batches(root, work, 5, losing=True)
-    report = create_snapshots(root, settings(work), catalog=catalog)
+    fm = open_file_manager(root)
+    report = create_snapshots(fm, settings(work), catalog=catalog)
     assert report.ok, report.errors
-    sync_catalog(catalog, root, workers=1)
+    sync_catalog(catalog, fm, workers=1)
     write_batches(root, work, 3, losing=True)
 
 
@@ -143,10 +144,11 @@ def _assert_recovered(run: Run, catalog: Catalog, url: str, root: str, work: str
     outcome = run.go(catalog, root, work)
     assert _ok(outcome), outcome.errors
     assert cli.main(["catalog", "rebuild", root, "--db", url]) == 0
-    sync_catalog(catalog, root, full=True, workers=1)
+    fm = open_file_manager(root)
+    sync_catalog(catalog, fm, full=True, workers=1)
     with closing(Catalog.open(fresh_url)) as fresh:
-        rebuild_catalog(fresh, root, workers=1)
-        uri = open_file_manager(root).root_uri
+        rebuild_catalog(fresh, fm, workers=1)
+        uri = fm.root_uri
         assert _normalised(catalog_export(catalog, uri)) == _normalised(catalog_export(fresh, uri))
     problems = check(root, work, SCENARIOS["expiry" if run.expires else "commit"], committed_before=8)
     assert problems == []

@@ -22,7 +22,7 @@ from statekeeper.maintenance.replica_pool import close_replicas
 from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.store import CommitLog, StateStore, faults
 from statekeeper.store.errors import CheckpointWriteError
-from statekeeper.store.files import LocalFileManager
+from statekeeper.store.files import LocalFileManager, open_file_manager
 from tests.model_steps import INJECTED
 from tests.reliability.scenarios import (
     OPERATOR,
@@ -92,12 +92,13 @@ def test_snapshot_on_a_failing_disk_leaves_nothing_partial(tmp_path: Path, point
     before = listing(root)
     try:
         with disk_fails(point, code) as failed:
-            report = create_snapshots(str(root), settings(work))
+            report = create_snapshots(open_file_manager(str(root)), settings(work))
         assert failed, f"the snapshot never reached {point}"
         assert not report.ok and any(failed[0] in e for e in report.errors), report.errors
         assert not [p for p in listing(root) if p not in before and p.endswith(".manifest")], "a manifest published"
         assert check(str(root), work, SCENARIOS["snapshot"], 4) == []
-        assert create_snapshots(str(root), settings(work)).ok  # healthy again: the snapshot is written
+        # healthy again: the snapshot is written
+        assert create_snapshots(open_file_manager(str(root)), settings(work)).ok
         assert check(str(root), work, SCENARIOS["snapshot"], 4) == []
     finally:
         close_replicas()

@@ -151,7 +151,7 @@ class Soak:
         url = f"sqlite:///{self.work / 'catalog.db'}"
         with closing(Catalog.open(url, upgrade=True)) as catalog:
             maintain(
-                self.root,
+                open_file_manager(self.root),
                 maintenance_settings(self.work),
                 every=EVERY,
                 catalog=catalog,

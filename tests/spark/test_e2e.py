@@ -164,8 +164,9 @@ def test_restart_of_an_already_committed_batch_redelivers_without_reapplying(spa
     # changelogs and commit record): the batch is skipped (its state is committed)
     forget_spark_commit(1)
     expire = MaintenanceSettings(snapshot_threshold=1, min_versions_to_retain=1, orphan_grace_seconds=0)
-    assert create_snapshots(root, expire).snapshots == 2 and expire_versions(root, expire).commit_records == 1
-    assert not open_file_manager(root).exists(f"commits/{1:020d}.commit")
+    fm = open_file_manager(root)
+    assert create_snapshots(fm, expire).snapshots == 2 and expire_versions(fm, expire).commit_records == 1
+    assert not fm.exists(f"commits/{1:020d}.commit")
     op = StatefulOperator(root, "counts", "user", CountSum(), OUT, num_partitions=2, sink=CollectingSink())
     run_query(spark, op, tmp_path / "in", ckpt)
     assert [p.mode for p in op.recent_progress] == ["skipped"]

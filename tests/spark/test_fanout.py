@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.files import open_file_manager
 from testkit.spark import StandaloneCluster, spark_env
 from tests.cli_support import run_cli
 from tests.orchestration.helpers import CheckpointWriter
@@ -79,10 +80,11 @@ def test_fan_out_on_the_active_session_snapshots_and_verifies(spark: Any, tmp_pa
     with CheckpointWriter(root, partitions=4) as writer:
         writer.commit(5)
     settings = MaintenanceSettings(snapshot_threshold=3, work_dir=str(tmp_path / "work"))
-    report = create_snapshots_on_spark(root, settings, SparkEngine(tasks=2))
+    fm = open_file_manager(root)
+    report = create_snapshots_on_spark(fm, settings, SparkEngine(tasks=2))
     assert report.ok and report.snapshots == 4 and report.stores == 4, report.errors
     assert sorted((r["store"], r["version"]) for r in report.items) == [(f"agg/{p}", 5) for p in range(4)]
-    verify = verify_root_on_spark(root, settings, SparkEngine())
+    verify = verify_root_on_spark(fm, settings, SparkEngine())
     assert verify.ok and verify.stores_ok == 4 and verify.snapshots == 4, verify.errors
 
 
@@ -163,13 +165,18 @@ def test_two_maintainers_one_on_spark_never_hold_a_store_at_once(spark: Any, tmp
         threads = [
             threading.Thread(
                 target=run,
-                args=("local", lambda c: maintain(root, local_settings, every=0, cycles=1, catalog=c)[-1].reports),
+                args=(
+                    "local",
+                    lambda c: (
+                        maintain(open_file_manager(root), local_settings, every=0, cycles=1, catalog=c)[-1].reports
+                    ),
+                ),
             ),
             threading.Thread(
                 target=run,
                 args=(
                     "spark",
-                    lambda c: create_snapshots_on_spark(root, spark_settings, engine, catalog=c),
+                    lambda c: create_snapshots_on_spark(open_file_manager(root), spark_settings, engine, catalog=c),
                 ),
             ),
         ]
@@ -202,7 +209,8 @@ def test_two_maintainers_one_on_spark_never_hold_a_store_at_once(spark: Any, tmp
         contended += len({who for _, _, who, _ in holds}) > 1
     assert contended >= 1, f"no store was reached by both maintainers: {by_store}"
     # nothing a retained version needs was deleted (the local cycle expired and cleaned while Spark snapshotted)
-    check = verify_root(root, local_settings, rebuild=True)
+    fm = open_file_manager(root)
+    check = verify_root(fm, local_settings, rebuild=True)
     assert check.ok and check.stores_ok == PARTITIONS, check.errors
-    on_spark = verify_root_on_spark(root, spark_settings, SparkEngine())
+    on_spark = verify_root_on_spark(fm, spark_settings, SparkEngine())
     assert on_spark.ok and on_spark.stores_ok == PARTITIONS, on_spark.errors

@@ -82,7 +82,9 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
         bulk.put_sorted((b"a%04d" % i, b"v" * 20) for i in range(500))
         bulk.put(b"z", b"after")
         bulk.commit()
-    create_snapshots(root, MaintenanceSettings(snapshot_threshold=2, work_dir=str(base / "maintenance")))
+    create_snapshots(
+        open_file_manager(root), MaintenanceSettings(snapshot_threshold=2, work_dir=str(base / "maintenance"))
+    )
     return base / "root"
 
 
