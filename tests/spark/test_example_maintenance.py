@@ -24,6 +24,7 @@ from statekeeper.orchestration.assets import LINEAGE, ORPHANS, RETAINED, SNAPSHO
 from statekeeper.orchestration.config import OrchestrationConfig, parse_roots
 from statekeeper.orchestration.definitions import build_definitions
 from statekeeper.orchestration.jobs import JOB_NAMES
+from statekeeper.store.files import open_file_manager
 from tests.cli_support import run_cli
 from tests.orchestration.conftest import make_resources
 from tests.spark.example_runner import run_example
@@ -71,7 +72,7 @@ def _dagster(root: str, tmp_path: Path) -> None:
 
 def _only_what_retained_versions_need(root: str) -> None:
     clear_caches()
-    inv = Inventory.scan(root)
+    inv = Inventory.scan(open_file_manager(root))
     settings = MaintenanceSettings(
         snapshot_threshold=THRESHOLD, min_versions_to_retain=RETAIN, orphan_grace_seconds=0, load_grace_seconds=0
     )
