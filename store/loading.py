@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, Protocol
@@ -267,7 +267,8 @@ class PlanExecution:
     def _replay_all(self, plan: LoadPlan) -> int:
         """Replay the plan's changelogs onto the open DB as one (`ChangelogReplay`); returns the record count."""
         assert self._db is not None
-        replay = ChangelogReplay(self._db, self._handle_of, self._work, self.config.replay_batch_bytes)
+        bulk = self.config.bulk_replay
+        replay = ChangelogReplay(self._db, self._handle_of, self._work, self.config.replay_batch_bytes, merge=not bulk)
         paths = [self.store_id.changelog(v, c) for v, c in plan.replay]
         records = 0
         with ReadAhead(self.fm, paths, self._work, self.config.read_ahead) as files:
@@ -279,7 +280,7 @@ class PlanExecution:
                     reader.check_footer()
                     records += replay.add(reader)
         replay.write()
-        if self.config.bulk_replay and records:
+        if bulk and records:
             flush_all(self._db, self._cfs)  # sorts the vector memtables now, outside the GIL, not at each read
         return records
 
@@ -298,14 +299,25 @@ class ChangelogReplay:
     20 changelogs, each updating a tenth of the keys: its flush ~40% less CPU, the whole build 13-16% less).
     An SST block or a range delete writes what is buffered first (it must apply after it). `handle_of` maps a
     column family name to its handle (creating it if need be); SST blocks are copied into `work_dir` and
-    ingested."""
+    ingested.
+
+    Without `merge` (vector memtables: `StoreConfig.bulk_replay`) the blocks are written as they are: a vector
+    memtable appends an update as cheaply as the merge would, and its flush keeps each key's newest."""
 
     def __init__(
-        self, db: rd.Rdict, handle_of: Callable[[str], Any], work_dir: str, batch_bytes: int = MERGE_BYTES
+        self,
+        db: rd.Rdict,
+        handle_of: Callable[[str], Any],
+        work_dir: str,
+        batch_bytes: int = MERGE_BYTES,
+        *,
+        merge: bool = True,
     ) -> None:
         self._db, self._handle_of, self._work = db, handle_of, work_dir
         self._limit = min(batch_bytes, MERGE_BYTES)
+        self._merge = merge
         self._pending: dict[str, dict[bytes, bytes | None]] = {}
+        self._blocks: list[tuple[str, Sequence[bytes], Sequence[bytes | None]]] = []
         self._bytes = 0
 
     def add(self, reader: ChangelogReader) -> int:
@@ -329,10 +341,12 @@ class ChangelogReplay:
                 records += 1
             else:
                 cf_name, keys, values = entry
-                pending = self._pending.get(cf_name)
-                if pending is None:
-                    pending = self._pending[cf_name] = {}
-                pending.update(zip(keys, values, strict=True))  # `decode_block_payload` checked their counts
+                if not self._merge:
+                    self._blocks.append((cf_name, keys, values))
+                elif (pending := self._pending.get(cf_name)) is not None:
+                    pending.update(zip(keys, values, strict=True))  # `decode_block_payload` checked their counts
+                else:
+                    self._pending[cf_name] = dict(zip(keys, values, strict=True))
                 records += len(keys)
                 self._bytes += reader.block_bytes
                 if self._bytes >= self._limit:
@@ -341,29 +355,38 @@ class ChangelogReplay:
 
     def write(self) -> None:
         """Write what is buffered (call once after the last `add`)."""
-        if not self._pending:
+        if not self._pending and not self._blocks:
             return
         wb = rd.WriteBatch(raw_mode=True)
         try:
-            for cf_name, pending in self._pending.items():
-                handle = self._handle_of(cf_name)
-                if None in pending.values():  # once per merged key, not per update
-                    put, delete = wb.put, wb.delete
-                    for k, val in pending.items():
-                        if val is None:
-                            delete(k, handle)
-                        else:
-                            put(k, val, handle)
-                else:  # puts only: the loop in C
-                    deque(map(wb.put, pending.keys(), pending.values(), repeat(handle, len(pending))), maxlen=0)
+            for cf_name, pending in self._pending.items():  # once per merged key, not per update
+                _batch_updates(wb, self._handle_of(cf_name), pending.keys(), pending.values())
+            for cf_name, keys, values in self._blocks:
+                _batch_updates(wb, self._handle_of(cf_name), keys, values)
             self._db.write(wb)
         finally:
-            # A traceback keeps this frame alive: drop its references into the DB (column family handle,
-            # write batch), or closing the DB after a failed replay leaves it locked and the next load of
-            # the store fails with "lock hold by current process".
-            wb = handle = put = delete = None  # type: ignore[assignment]
-            self._pending, self._bytes = {}, 0
+            # A traceback keeps this frame alive: drop its reference into the DB (the write batch), or closing
+            # the DB after a failed replay leaves it locked and the next load of the store fails with "lock hold
+            # by current process".
+            wb = None  # type: ignore[assignment]
+            self._pending, self._blocks, self._bytes = {}, [], 0
         relieve_memory_pressure()
+
+
+def _batch_updates(wb: rd.WriteBatch, handle: Any, keys: Iterable[bytes], values: Collection[bytes | None]) -> None:
+    """Add puts (and deletes: a None value) of `keys` to `wb` in column family `handle`."""
+    put, delete = wb.put, wb.delete
+    try:
+        if None in values:
+            for k, val in zip(keys, values, strict=True):
+                if val is None:
+                    delete(k, handle)
+                else:
+                    put(k, val, handle)
+        else:  # puts only: the loop in C
+            deque(map(put, keys, values, repeat(handle, len(values))), maxlen=0)
+    finally:
+        del wb, handle, put, delete  # as in `ChangelogReplay.write`: a traceback holds this frame
 
 
 def _no_intact_path(plan: LoadPlan, why: BaseException) -> CorruptFileError:

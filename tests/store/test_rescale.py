@@ -188,6 +188,29 @@ def test_rollback_refuses_the_head_and_missing_versions(tmp_path_factory: pytest
         plan_rollback(fm, OP, 1)
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_unsnapshotted_sources_are_each_read_once(tmp_path_factory: pytest.TempPathFactory, workers: int) -> None:
+    """Sources that replay their changelogs (no snapshot; puts and deletes over three batches) are each loaded
+    once, also the one a partition kept in place extends: the bytes read are the source changelogs once each,
+    and the new layout holds exactly the model."""
+    root = tmp_path_factory.mktemp("once").as_uri()
+    fm = open_file_manager(root)
+    rng = random.Random(5)
+    model: dict[str, dict[bytes, bytes]] = {}
+    layout = KeyGroupLayout(4, GROUPS)
+    for version in range(3):
+        run_batch(root, version, layout, random_updates(rng, model))
+    plan = plan_rescale(fm, OP, 8)
+    assert plan.kept_in_place(), "partition 0 keeps key groups in place: its old store is also a source"
+    commits = CommitLog(fm)
+    changelogs = sum(
+        fm.info(StoreId(OP, p).changelog(v, commits.committed_id(v, OP, p))).size for v in (1, 2, 3) for p in range(4)
+    )
+    result = execute_rescale(fm, plan, workers=workers)
+    assert result.bytes_read == changelogs, "each source partition's changelogs are read exactly once"
+    assert read_all(root, plan.new_version, KeyGroupLayout(8, GROUPS)) == clean(model)
+
+
 def test_bytes_written_scale_with_the_moved_key_groups(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The same state rescaled 4 -> n for several n: the records copied are exactly those of the key groups
     that change owner, the records deleted in place exactly those a kept partition gave away, and the bytes
