@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 FULL_SIZES = [(100_000, 50_000, 30), (100_000, 500_000, 8), (1_000_000, 500_000, 8), (1_000_000, 2_000_000, 6)]
 """(keys, rows per batch, batches): 10x the rows per batch, then 10x the state, then 4x the rows again."""
-QUICK_SIZES = [(2_000, 2_000, 4), (2_000, 20_000, 3), (20_000, 20_000, 3), (20_000, 50_000, 3)]
+QUICK_SIZES = [(2_000, 2_000, 4), (2_000, 5_000, 3), (5_000, 5_000, 3), (5_000, 10_000, 3)]
 BATCHES_ENV = "BENCH_SPARK_BATCHES"
 SIZE_BATCHES_ENV = "BENCH_SPARK_SIZE_BATCHES"
 PANDAS_BATCHES_ENV = "BENCH_SPARK_PANDAS_BATCHES"

@@ -200,8 +200,10 @@ def per_row_table(rows: list[list[Any]]) -> Table:
             "(one timer). user logic + state = the processor with its state reads, writes and their codec "
             "(one timer). output build = the output rows / frames to Arrow. sink (second job) = the sink's job "
             "reading the cached task output into noop.",
-            "worker peak RSS: the largest ru_maxrss of the query's workers; Python workers are reused across the "
-            "queries of the session (spark.python.worker.reuse), so it is the peak of the run so far.",
+            "Task columns are one core's cost per row (each task runs on one of the 2 cores); the batch's columns "
+            "are wall clock per row of the batch.",
+            "worker peak RSS: the largest ru_maxrss of the query's workers; a Python worker reused across the "
+            "session's queries (spark.python.worker.reuse) carries the peak of the earlier queries it ran.",
         ],
     )
 
