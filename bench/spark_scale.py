@@ -343,7 +343,7 @@ def size_rows(res: SizeResult) -> list[list[Any]]:
                 round(p50 / native, 2),
                 round(share) if pandas_path else "",
                 round(share / floor, 2) if pandas_path else "",
-                round(apply / p50, 1) if name in (ROWS, VECTORIZED, *PANDAS_PATHS) and apply == apply else "",
+                round(apply / p50, 1) if name in (ROWS, VECTORIZED, *PANDAS_PATHS) and not math.isnan(apply) else "",
                 trace[-1] if trace else "",
             ]
         )
