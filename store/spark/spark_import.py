@@ -4,7 +4,8 @@ A job that ran for months on Spark's own state store moves over without replayin
 
 1. Spark's state data source reads the state of the checkpoint's last committed batch ``B``
    (store/spark/spark_checkpoint.py): every variable of a ``transformWithState`` operator, the group state
-   of ``applyInPandasWithState``, or an aggregation's buffer, with the timers.
+   of ``applyInPandasWithState``, or an aggregation's buffer, with the timers (a TTL'd value with the
+   expiry Spark gave it).
 2. The rows go through the same tasks job as a batch of `StatefulOperator` (`TasksPlan`, `run_task`): routed
    to the partition that owns their key group, sorted by key, streamed per partition within
    ``task_input_budget_bytes``, written by `_StateWriter` through the typed state variables (schemas
@@ -12,7 +13,9 @@ A job that ran for months on Spark's own state store moves over without replayin
    checkpoint id. Nothing but one result row per partition reaches the driver.
 3. The driver then writes ONE commit record naming every partition's id and the layout, with batch id
    ``B``: the import is committed only if every partition committed, and a failed import leaves only
-   uncommitted files (orphans for maintenance) and can be run again.
+   uncommitted files (orphans for maintenance) and can be run again. Before it, the event-time record of
+   batch ``B`` (Spark's watermarks of ``B`` and ``B + 1``) is written as a batch writes its own, so a
+   query with event time continues from Spark's watermark.
 
 The statekeeper query continues at batch ``B + 1`` from a copy of the Spark checkpoint's progress
 (``continuation_checkpoint``): batch ``B + 1`` loads version 1 (store/spark/restart.py maps batch ids to
@@ -291,9 +294,13 @@ def import_spark_state(
         try:
             results = plan.mapInArrow(functools.partial(run_task, spec), out_struct).collect()
         except Exception as e:
+            detail = str(e)
+            refused = next((ln.strip() for ln in detail.splitlines() if "ConfigurationError:" in ln), "")
             raise SparkImportError(
                 f"importing {spark_checkpoint} into {root} operator {operator!r} failed; nothing was committed (the "
-                f"partitions' files are uncommitted orphans) and the import can be run again: {str(e)[:2000]}"
+                f"partitions' files are uncommitted orphans) and the import can be run again: "
+                + (f"{refused}; " if refused else "")
+                + detail[:2000]
             ) from e
     metas, keys, timers = _results(results, n)
     _carry_watermark(fm, operator, source)
