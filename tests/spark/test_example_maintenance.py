@@ -1,10 +1,11 @@
-"""Maintenance on the product's own job: the example's checkpoint, every operation, no problem reported.
+"""The example `make run` runs, and maintenance on its checkpoint: every operation, no problem reported.
 
-The example (examples/session_count.py) runs briefly; then every maintenance operation runs on its
-checkpoint through the `statekeeper` command line and through Dagster (the jobs and their asset checks
+The example (examples/session_count.py) runs briefly from batch 0, as a user would run it; then every
+maintenance operation runs on its checkpoint through the `statekeeper` command line and through Dagster (the jobs and their asset checks
 materialised in process for that root). Each succeeds and reports neither an error nor a warning
 (nothing of ours is "foreign"); after expiry and orphan cleanup with no grace the root holds only what
-the retained versions need; the job then resumes from it and its exactly-once check still passes.
+the retained versions need; the job then resumes from it where it stopped and its exactly-once check (over
+both runs) still passes.
 """
 
 from __future__ import annotations
@@ -97,12 +98,13 @@ def _only_what_retained_versions_need(root: str) -> None:
 
 def test_maintenance_on_the_example_job_reports_nothing_and_keeps_it_bounded(tmp_path: Path) -> None:
     work = tmp_path / "sessions"
-    _, first = run_example(work, 20)
+    out, first = run_example(work, 20)
+    assert "Exception" not in out, out[-3000:]
     for _ in range(2):  # a loaded machine starts Spark slowly: resume until a few batches are committed
         if len(first) >= 3:
             break
         first += run_example(work, 12)[1]
-    assert len(first) >= 2, first
+    assert len(first) >= 2 and first[0] == 0, first
     root = (work / "state").as_uri()
     home = tmp_path / "home"
     try:
@@ -122,5 +124,8 @@ def test_maintenance_on_the_example_job_reports_nothing_and_keeps_it_bounded(tmp
         _only_what_retained_versions_need(root)
     finally:
         close_replicas()
-    _, second = run_example(work, 8)  # resumes from the maintained checkpoint; exactly-once still holds
-    assert second and first[-1] < second[0] <= first[-1] + 2, (first[-1], second[:1])
+    out, second = run_example(work, 8)  # resumes from the maintained checkpoint; exactly-once still holds
+    # the next batch; or the one after, if the stop came after a commit record but before Spark's own
+    # commit (then the resumed run re-delivers that batch to the sink as a [replay] first)
+    assert second and first[-1] < second[0] <= first[-1] + 2, f"resumed at batch {second[:1]} after {first[-1]}"
+    assert "Exception" not in out, out[-3000:]
