@@ -1,11 +1,11 @@
 """The example `make run` runs, and maintenance on its checkpoint: every operation, no problem reported.
 
 The example (examples/session_count.py) runs briefly from batch 0, as a user would run it; then every
-maintenance operation runs on its checkpoint through the `statekeeper` command line and through Dagster (the jobs and their asset checks
-materialised in process for that root). Each succeeds and reports neither an error nor a warning
-(nothing of ours is "foreign"); after expiry and orphan cleanup with no grace the root holds only what
-the retained versions need; the job then resumes from it where it stopped and its exactly-once check (over
-both runs) still passes.
+maintenance operation runs on its checkpoint through the `statekeeper` command line and through Dagster
+(the jobs and their asset checks materialised in process for that root). Each succeeds and reports
+neither an error nor a warning (nothing of ours is "foreign"); after expiry and orphan cleanup with no
+grace the root holds only what the retained versions need; the job then resumes from it where it
+stopped and its exactly-once check (over both runs) still passes.
 """
 
 from __future__ import annotations
