@@ -40,15 +40,18 @@ run: check-prereqs-run $(STAMP)
 	STATEKEEPER_CHECKPOINT_ROOTS=$(CURDIR)/run/sessions/state $(PY) -m statekeeper.orchestration.run_local -- \
 		env RUN_SECONDS=$(JOB_SECONDS) WORK_DIR=$(CURDIR)/run/sessions $(PY) examples/session_count.py
 
-# The default suite on both cores: TEST_WORKERS pytest-xdist workers, a test file to a worker at a time (a file's
-# module fixtures start once); each worker starts its own session servers (Spark, S3, PostgreSQL) on free ports.
-# Files are handed out in collection order, the longest first (tests/conftest.py LONG_SUITES), not xdist's
-# default of the most tests first (which left the single-test suites of minutes for the end).
-TEST_WORKERS ?= 2
+# The default suite on both cores: TEST_WORKERS pytest-xdist workers (more than the cores: the tests wait on
+# servers, Spark and subprocesses often enough), a test file to a worker at a time (a file's module fixtures start
+# once); each worker starts its own session servers (Spark, S3, PostgreSQL) on free ports. xdist hands out the
+# files with the most tests first (handing out the longest first ran the Spark-heavy suites all at once and took
+# longer). mypy (a minute from a clean clone) checks beside the tests; either failing fails the target.
+TEST_WORKERS ?= 3
 test: $(STAMP) $(S3RVER_STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy
-	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	@$(VENV)/bin/mypy > .mypy.out 2>&1 & mypy=$$!; \
+	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile; tests=$$?; \
+	wait $$mypy; typed=$$?; echo "mypy:"; cat .mypy.out; rm -f .mypy.out; \
+	test $$typed -eq 0 && exit $$tests || exit $$typed
 
 test-all: $(STAMP) $(S3RVER_STAMP)
 	$(PY) -m pytest

@@ -57,8 +57,9 @@ LONG_SUITES = (
     "tests/maintenance/test_properties.py",
     "tests/store/test_crash.py",
 )
-"""Suites of a minute or more a file, longest first (`--durations` of a default run on 2 cores): they are handed
-out first, so that under pytest-xdist the short files fill the end on every worker."""
+"""Suites of a minute or more a file, longest first (`--durations` of a default run on 2 cores): collected first
+(a run without xdist meets a failure of theirs early; xdist hands files out by their number of tests, these
+first among equals)."""
 
 S3_TEST_PAGE_SIZE = 7
 
@@ -144,7 +145,7 @@ def file_manager(checkpoint_root: str) -> CheckpointFileManager:
 @pytest.hookimpl(tryfirst=True)  # before `-m "not slow"` deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The s3rver variants outside `S3RVER_DEFAULT_SUITES` run only with the slow suites; the suites that take
-    minutes (`LONG_SUITES`) run first, so that under pytest-xdist the short ones fill the end on both workers."""
+    minutes (`LONG_SUITES`) are collected first."""
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is None or callspec.params.get("checkpoint_root") != "s3rver":
