@@ -43,16 +43,19 @@ def count_sum(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: Any) ->
     yield pd.DataFrame({"user": [key[0]], "n": [n], "s": [s]})
 
 
-def _tws_processor() -> Any:
+def _tws_processor(ttl_ms: int | None = None) -> Any:
+    """`ttl_ms`: every variable with that TTL (the list rewritten whole: one expiry per list)."""
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor as PySparkProcessor
+
+    ttl = () if ttl_ms is None else (ttl_ms,)
 
     class Recent(PySparkProcessor):
         """PySpark's own processor, run unchanged by both: a total, the last 3 values and counts by value % 3."""
 
         def init(self, handle: Any) -> None:
-            self.total = handle.getValueState("total", "n long, s long")
-            self.recent = handle.getListState("recent", "v long")
-            self.buckets = handle.getMapState("buckets", "b int", "c long")
+            self.total = handle.getValueState("total", "n long, s long", *ttl)
+            self.recent = handle.getListState("recent", "v long", *ttl)
+            self.buckets = handle.getMapState("buckets", "b int", "c long", *ttl)
 
         def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[pd.DataFrame]:
             n, s = self.total.get() or (0, 0)

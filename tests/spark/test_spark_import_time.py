@@ -27,6 +27,7 @@ from tests.spark.test_spark_import import (
     _await,
     _plain,
     _stream,
+    _tws_processor,
     move_over,
     rocksdb_provider,
     spark_state,
@@ -203,34 +204,7 @@ TTL_MS = 3_600_000
 
 
 def _ttl_processor() -> Any:
-    from pyspark.sql.streaming.stateful_processor import StatefulProcessor as PySparkProcessor
-
-    class Expiring(PySparkProcessor):
-        """`Recent`'s state, every variable with a TTL (the list rewritten whole: one expiry per list)."""
-
-        def init(self, handle: Any) -> None:
-            self.total = handle.getValueState("total", "n long, s long", TTL_MS)
-            self.recent = handle.getListState("recent", "v long", TTL_MS)
-            self.buckets = handle.getMapState("buckets", "b int", "c long", TTL_MS)
-
-        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[pd.DataFrame]:
-            n, s = self.total.get() or (0, 0)
-            recent = [r[0] for r in self.recent.get()]
-            for pdf in rows:
-                for v in pdf["value"]:
-                    n, s = n + 1, s + int(v)
-                    recent = [*recent, int(v)][-3:]
-                    b = int(v) % 3
-                    c = self.buckets.getValue((b,)) if self.buckets.containsKey((b,)) else (0,)
-                    self.buckets.updateValue((b,), (c[0] + 1,))
-            self.total.update((n, s))
-            self.recent.put([(v,) for v in recent])
-            yield pd.DataFrame({"user": [key[0]], "n": [n], "s": [s]})
-
-        def close(self) -> None:
-            pass
-
-    return Expiring()
+    return _tws_processor(TTL_MS)
 
 
 def _expiring(df: Any, value: str, expiry: Any) -> list[tuple[Any, ...]]:
