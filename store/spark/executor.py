@@ -39,7 +39,7 @@ from statekeeper.store.rescale import PartitionBuild, RescalePlan, SourceStores,
 from statekeeper.store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor
 from statekeeper.store.spark.event_time import TaskTime
 from statekeeper.store.spark.handle import StatefulProcessorHandle
-from statekeeper.store.spark.pandas_frames import from_pandas, gather_columns
+from statekeeper.store.spark.pandas_frames import FrameLimits, from_pandas, gather_columns
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
 from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from statekeeper.store.spark.state import TIMER_INDEX_CF, StateContext
@@ -90,9 +90,11 @@ class TaskSpec:
     input_budget_bytes: int = DEFAULT_INPUT_BUDGET_BYTES
     """Arrow bytes of input the task converts at once (whole key groups): bounds its memory."""
     time: TaskTime = field(default_factory=TaskTime)
+    """Time mode, watermarks and event-time column of the batch (store/spark/event_time.py)."""
     session_time_zone: str = "UTC"
     """Spark's ``spark.sql.session.timeZone``: pandas frames hold timestamps in it, as PySpark's do."""
-    """Time mode, watermarks and event-time column of the batch (store/spark/event_time.py)."""
+    frame_limits: FrameLimits = field(default_factory=FrameLimits)
+    """The session's Arrow batch limits: a key's input rows reach a pandas processor in frames cut at them."""
     initial_state: pa.Table | None = None
     """First batch only: the initial state rows, with the state partition of each in PID_COL."""
     rescale: RescalePlan | None = None
@@ -341,7 +343,7 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
                     for one in states:
                         processor.handleInitialState(key, one, timer_values)
             set_key, add, handle, buffered = ctx.set_key, out.add, processor.handleInputRows, out.items
-            for key, rows in data.groups(spec.input_format, spec.session_time_zone):
+            for key, rows in data.groups(spec.input_format, spec.session_time_zone, spec.frame_limits):
                 keys += 1
                 set_key(key)
                 add(handle(key, rows, timer_values))

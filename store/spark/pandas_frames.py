@@ -8,7 +8,9 @@ A processor written for PySpark computes on the frames it is given (``ts.astype(
   PySpark's ``_check_series_localize_timestamps`` does; ``TIMESTAMP_NTZ`` stays naive;
 - dates are ``datetime.date`` objects, decimals ``decimal.Decimal``, binaries ``bytes``;
 - maps are ``dict`` (nested ones too), structs ``dict``, arrays NumPy arrays;
-- every frame is indexed from 0 (one key's slice of a chunk is re-indexed).
+- every frame is indexed from 0 (one key's slice of a chunk is re-indexed);
+- a key's rows come in frames of at most ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows and about
+  ``maxBytesPerBatch`` bytes (`FrameLimits`), as PySpark cuts its Arrow batches.
 
 Output frames go back through the output schema's Arrow types; a column that pandas' inference cannot
 cast (a ``dict`` column meant as a ``MapType``: inferred as a struct) is converted with the target type.
@@ -17,7 +19,9 @@ cast (a ``dict`` column meant as a ``MapType``: inferred as a struct) is convert
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,13 +38,59 @@ def to_pandas(table: pa.Table, time_zone: str | None = "UTC") -> Any:
     return pdf
 
 
-def key_frames(pdf: Any, sizes: list[tuple[tuple[Any, ...], int]]) -> Iterator[tuple[tuple[Any, ...], Any]]:
-    """(key, frame) per run of `sizes` rows of `pdf`: a positional slice, indexed from 0 as PySpark's are."""
+@dataclass(frozen=True)
+class FrameLimits:
+    """Spark's ``spark.sql.execution.arrow.maxRecordsPerBatch`` / ``maxBytesPerBatch`` (its defaults): PySpark hands
+    a key's rows to a pandas processor in frames cut at these limits, and processors may count the frames."""
+
+    max_records: int = 10_000
+    """<= 0: no limit."""
+    max_bytes: int = 2**31 - 1
+
+    RECORDS_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    BYTES_CONF = "spark.sql.execution.arrow.maxBytesPerBatch"
+
+    @classmethod
+    def of(cls, conf: Any) -> FrameLimits:
+        """The limits a Spark session's `conf` sets (read before a job overrides them for its own batches)."""
+        records, size = conf.get(cls.RECORDS_CONF, None), conf.get(cls.BYTES_CONF, None)
+        return cls(
+            cls.max_records if records is None else int(records), cls.max_bytes if size is None else _bytes(size)
+        )
+
+    def rows(self, table: pa.Table) -> int:
+        """Rows per frame for `table` (its mean row size against `max_bytes`, at least 1); 0: no limit."""
+        rows = max(self.max_records, 0)
+        if table.num_rows and 0 < self.max_bytes < table.nbytes:
+            by_size = max(1, self.max_bytes * table.num_rows // table.nbytes)
+            rows = min(rows, by_size) if rows else by_size
+        return rows
+
+
+_BYTES = re.compile(r"\s*(\d+)\s*([kmgtp]?)b?\s*", re.IGNORECASE)
+
+
+def _bytes(text: str) -> int:
+    """A Spark byte size (``"2"``, ``"256m"``, ``"1g"``) in bytes."""
+    m = _BYTES.fullmatch(text)
+    if m is None:
+        raise ValueError(f"{FrameLimits.BYTES_CONF}={text!r} is not a byte size")
+    return int(m.group(1)) << (10 * "_kmgtp".index(m.group(2).lower() or "_"))
+
+
+def key_frames(
+    pdf: Any, sizes: list[tuple[tuple[Any, ...], int]], rows_per_frame: int = 0
+) -> Iterator[tuple[tuple[Any, ...], list[Any]]]:
+    """(key, frames) per run of `sizes` rows of `pdf`: positional slices of at most `rows_per_frame` rows
+    (0: one), each indexed from 0 as PySpark's are."""
     cut = _slicer(pdf)
     start = 0
     for key, size in sizes:
         end = start + size
-        yield key, cut(start, end)
+        if rows_per_frame <= 0 or size <= rows_per_frame:
+            yield key, [cut(start, end)]
+        else:
+            yield key, [cut(s, min(s + rows_per_frame, end)) for s in range(start, end, rows_per_frame)]
         start = end
 
 
@@ -119,4 +169,4 @@ def from_pandas(pdf: Any, fields: list[pa.Field]) -> list[pa.Array | pa.ChunkedA
     return out
 
 
-__all__ = ["from_pandas", "gather_columns", "key_frames", "to_pandas"]
+__all__ = ["FrameLimits", "from_pandas", "gather_columns", "key_frames", "to_pandas"]

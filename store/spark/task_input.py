@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from statekeeper.store.errors import StoreStateError
-from statekeeper.store.spark.pandas_frames import key_frames, to_pandas
+from statekeeper.store.spark.pandas_frames import FrameLimits, key_frames, to_pandas
 
 INTERNAL_COL_PREFIX = "__sk_"
 PID_COL = "__sk_partition"
@@ -168,11 +168,14 @@ class TaskInput:
         return self.schema.empty_table()
 
     # -- groups ---------------------------------------------------------------------------------
-    def groups(self, input_format: str, time_zone: str | None = "UTC") -> Iterator[tuple[tuple[Any, ...], Any]]:
-        """(key tuple, rows iterator) per grouping key, chunk by chunk (`time_zone`: the session's, for frames)."""
+    def groups(
+        self, input_format: str, time_zone: str | None = "UTC", frames: FrameLimits | None = None
+    ) -> Iterator[tuple[tuple[Any, ...], Any]]:
+        """(key tuple, rows iterator) per grouping key, chunk by chunk (`time_zone`: the session's, and `frames`
+        how a key's rows are cut, for pandas frames)."""
         for chunk in self.chunks():
             t = time.perf_counter()
-            groups = list(groups_of(chunk, self.key_columns, input_format, self._unsorted, time_zone))
+            groups = list(groups_of(chunk, self.key_columns, input_format, self._unsorted, time_zone, frames))
             self.phases.convert_ms += (time.perf_counter() - t) * 1000
             yield from groups
             del groups
@@ -192,6 +195,7 @@ def groups_of(
     input_format: str,
     on_unsorted: Callable[[], None] = lambda: None,
     time_zone: str | None = "UTC",
+    frames: FrameLimits | None = None,
 ) -> Iterator[tuple[tuple[Any, ...], Any]]:
     """(key tuple, rows iterator) per key of a whole table; `on_unsorted` is called when its keys are not
     contiguous. Pandas frames are PySpark's (store/spark/pandas_frames.py), timestamps in `time_zone`."""
@@ -199,15 +203,16 @@ def groups_of(
     names = data.column_names
     key_idx = [names.index(k) for k in key_columns]
     if input_format == "pandas":
+        frame_rows = (frames or FrameLimits()).rows(data)
         at = pa.array(starts, pa.int64())
         keys = list(zip(*(pylist(data.column(i).take(at)) for i in key_idx), strict=True))
         if len(set(keys)) != len(keys):
             on_unsorted()
             order = _group_order(data, key_idx)
-            yield from _pandas_groups(data.take(pa.array(order[0], pa.int64())), order[1], time_zone)
+            yield from _pandas_groups(data.take(pa.array(order[0], pa.int64())), order[1], time_zone, frame_rows)
             return
         bounds = [*starts.tolist(), data.num_rows]
-        yield from _pandas_groups(data, list(zip(keys, np.diff(bounds).tolist(), strict=True)), time_zone)
+        yield from _pandas_groups(data, list(zip(keys, np.diff(bounds).tolist(), strict=True)), time_zone, frame_rows)
         return
     columns = [pylist(data.column(n)) for n in names]
     make = functools.partial(tuple.__new__, _row_class(tuple(names)))
@@ -273,11 +278,11 @@ def _group_order(data: pa.Table, key_idx: list[int]) -> tuple[list[int], list[tu
 
 
 def _pandas_groups(
-    data: pa.Table, sizes: list[tuple[tuple[Any, ...], int]], time_zone: str | None
+    data: pa.Table, sizes: list[tuple[tuple[Any, ...], int]], time_zone: str | None, rows_per_frame: int
 ) -> Iterator[tuple[tuple[Any, ...], Any]]:
-    """One frame for the chunk, then a positional slice per key (indexed from 0, as PySpark's frames are)."""
-    for k, frame in key_frames(to_pandas(data, time_zone), sizes):
-        yield k, iter((frame,))
+    """One frame for the chunk, then positional slices per key (each indexed from 0, as PySpark's frames are)."""
+    for k, frames in key_frames(to_pandas(data, time_zone), sizes, rows_per_frame):
+        yield k, iter(frames)
 
 
 @functools.lru_cache(maxsize=64)

@@ -17,7 +17,8 @@ import pytest
 
 from statekeeper.store.spark import ApplyInPandasWithState
 from statekeeper.store.spark.executor import META_COL, _Output
-from statekeeper.store.spark.pandas_frames import gather_columns, key_frames, to_pandas
+from statekeeper.store.spark.pandas_frames import FrameLimits, gather_columns, key_frames, to_pandas
+from statekeeper.store.spark.task_input import groups_of
 from statekeeper.store.spark.testing import TwsTester
 
 
@@ -37,7 +38,7 @@ def _chunk() -> pa.Table:
 
 def test_each_key_frame_is_its_own_indexed_from_0_with_the_chunk_dtypes() -> None:
     pdf = to_pandas(_chunk(), "UTC")
-    frames = dict(key_frames(pdf, [(("a",), 2), (("b",), 1), (("c",), 3)]))
+    frames = {k: f for k, (f,) in key_frames(pdf, [(("a",), 2), (("b",), 1), (("c",), 3)])}
     for (key,), size, start in (("a", 2, 0), ("b", 1, 2), ("c", 3, 3)):
         frame = frames[(key,)]
         assert isinstance(frame.index, pd.RangeIndex) and list(frame.index) == list(range(size))
@@ -112,3 +113,25 @@ def test_group_state_reads_back_what_it_wrote_and_what_it_removed() -> None:
         assert first == {"a": "[False, None, True, (2,), 'int']", "gone": "[False, None, False, None]"}
         second = dict(t.run([{"key": "a", "v": 3}, {"key": "gone", "v": 0}]))
         assert second == {"a": "[True, (2,), True, (3,), 'int']", "gone": "[False, None, False, None]"}
+
+
+def test_a_keys_rows_come_in_frames_cut_at_sparks_arrow_batch_limits() -> None:
+    """PySpark cuts a key's rows into frames at ``arrow.maxRecordsPerBatch`` / ``maxBytesPerBatch`` (its own
+    suite's ChunkCount processors count them): so does the task, each frame indexed from 0."""
+    table = pa.table({"k": ["a"] * 5 + ["b"], "n": list(range(6))})
+
+    def cut(limits: FrameLimits) -> dict[str, list[list[int]]]:
+        out = {}
+        for (key,), frames in groups_of(table, ("k",), "pandas", frames=limits):
+            listed = list(frames)
+            assert all(list(f.index) == list(range(len(f))) for f in listed)
+            out[key] = [list(f["n"]) for f in listed]
+        return out
+
+    assert cut(FrameLimits()) == {"a": [[0, 1, 2, 3, 4]], "b": [[5]]}
+    assert cut(FrameLimits(max_records=2)) == {"a": [[0, 1], [2, 3], [4]], "b": [[5]]}
+    assert cut(FrameLimits(max_records=-1)) == {"a": [[0, 1, 2, 3, 4]], "b": [[5]]}
+    assert cut(FrameLimits(max_bytes=2)) == {"a": [[0], [1], [2], [3], [4]], "b": [[5]]}
+    conf = {FrameLimits.RECORDS_CONF: "1", FrameLimits.BYTES_CONF: "64m"}
+    assert FrameLimits.of(conf) == FrameLimits(1, 64 << 20)
+    assert FrameLimits.of({}) == FrameLimits()
