@@ -28,7 +28,8 @@ import shutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.errors import ConfigurationError, CorruptFileError
+from statekeeper.store.formats.framing import parse_json
 from statekeeper.store.formats.typed_schema import DataType, to_schema
 
 if TYPE_CHECKING:
@@ -197,9 +198,9 @@ def _log_entry(files: CheckpointFiles, name: str, field: str) -> int | None:
     lines = text.splitlines() if text else []
     if len(lines) < 2:
         return None
-    try:
-        value = json.loads(lines[1]).get(field)
-    except (ValueError, AttributeError):
+    try:  # nesting capped before parsing: the checkpoint is untrusted input
+        value = parse_json(lines[1].encode(), name, "log entry").get(field)
+    except (CorruptFileError, AttributeError):
         return None
     return value if type(value) is int else None
 

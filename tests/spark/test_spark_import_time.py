@@ -306,3 +306,19 @@ def test_the_writer_keeps_spark_expiries_and_refuses_a_list_expiring_apart(tmp_p
     ctx.set_key(("a",))
     assert not recent.exists()
     store.close()
+
+
+def test_a_watermark_log_entry_nested_past_the_cap_counts_as_none_without_recursing() -> None:
+    """Spark's offsets/commits logs are checkpoint content: a hostile entry gives no watermark, not a RecursionError."""
+    from statekeeper.store.spark.spark_checkpoint import _log_entry
+
+    class Files:
+        def __init__(self, text: str) -> None:
+            self.text = text
+
+        def read_text(self, name: str) -> str:
+            return self.text
+
+    deep = "v1\n" + '{"a":' * 100_000 + "1" + "}" * 100_000
+    assert _log_entry(Files(deep), "offsets/3", "batchWatermarkMs") is None  # type: ignore[arg-type]
+    assert _log_entry(Files('v1\n{"batchWatermarkMs": 7}'), "offsets/3", "batchWatermarkMs") == 7  # type: ignore[arg-type]
