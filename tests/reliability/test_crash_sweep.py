@@ -24,8 +24,8 @@ from tests.reliability.scenarios import SCENARIOS
 REPO = Path(__file__).resolve().parents[2]
 SWEEP_TIMEOUT_SECONDS = 4 * 3600
 """The whole sweep (>= 1,000 kills) takes 1-2 hours on 2 cores."""
-SAMPLE = 14
-"""Kill points per scenario in the default run (spread evenly over each trace): 9 scenarios, >= 100 kills."""
+SAMPLE = 10
+"""Kill points per scenario in the default run (spread evenly over each trace): 11 scenarios, >= 100 kills."""
 
 
 def run_sweep(tmp_path: Path, *args: str) -> dict[str, Any]:
