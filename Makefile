@@ -41,11 +41,12 @@ run: check-prereqs-run $(STAMP)
 		env RUN_SECONDS=$(JOB_SECONDS) WORK_DIR=$(CURDIR)/run/sessions $(PY) examples/session_count.py
 
 # The default suite on both cores: TEST_WORKERS pytest-xdist workers (more than the cores: the tests wait on
-# servers, Spark and subprocesses often enough), a test file to a worker at a time (a file's module fixtures start
-# once); each worker starts its own session servers (Spark, S3, PostgreSQL) on free ports. xdist hands out the
-# files with the most tests first (handing out the longest first ran the Spark-heavy suites all at once and took
-# longer). mypy (a minute from a clean clone) checks beside the tests; either failing fails the target.
-TEST_WORKERS ?= 3
+# servers, Spark, subprocesses and timers often enough; 4 kept both cores busy to the end, 3 left them 5% idle),
+# a test file to a worker at a time (a file's module fixtures start once); each worker starts its own session
+# servers (Spark, S3, PostgreSQL) on free ports. The few files of one long test go out first
+# (tests/conftest.py HANDED_OUT_FIRST), then xdist's order (most tests first). mypy (a minute from a clean
+# clone) checks beside the tests; either failing fails the target.
+TEST_WORKERS ?= 4
 test: $(STAMP) $(S3RVER_STAMP)
 	$(VENV)/bin/ruff check .
 	@$(VENV)/bin/mypy > .mypy.out 2>&1 & mypy=$$!; \

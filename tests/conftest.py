@@ -64,6 +64,17 @@ first among equals)."""
 
 S3_TEST_PAGE_SIZE = 7
 
+HANDED_OUT_FIRST = (
+    "tests/reliability/test_crash_sweep.py",
+    "tests/reliability/test_soak.py",
+    "tests/spark/test_example_maintenance.py",
+    "tests/spark/test_connect.py",
+)
+"""Files of one or two tests that each take a minute or more: under `--dist loadfile` the workers get these first,
+then the rest in xdist's order (most tests first). xdist alone hands them out last, so the run ended with one of
+them on one core and the other core idle."""
+
+
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 """Java options of every JVM a test starts (Spark sessions, the standalone cluster and its executors, the Connect
 server, Spark jobs run as subprocesses): they live seconds to minutes, so the C1 compiler alone and the serial
@@ -73,8 +84,6 @@ Benchmarks do not set them."""
 
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("JDK_JAVA_OPTIONS", TEST_JVM_OPTIONS)
-
-
 
 
 @pytest.fixture(scope="session")
@@ -179,6 +188,24 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         from tests.model_steps import figures
 
         workeroutput["model_figures"] = json.dumps(figures())
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: the controller picks how files reach the workers
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling  # type: ignore[import-untyped]
+
+    class LongFilesFirst(LoadFileScheduling):  # type: ignore[misc]
+        """xdist's file scheduling with `HANDED_OUT_FIRST` moved to the front of its queue."""
+
+        def _assign_work_unit(self, node: Any) -> None:
+            for scope in reversed(HANDED_OUT_FIRST):
+                if scope in self.workqueue:
+                    self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
+    return LongFilesFirst(config, log)
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: the controller hears of a worker's end
