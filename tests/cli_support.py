@@ -49,7 +49,7 @@ def _child(request):
     sys.argv = ["statekeeper", *request["args"]]
     code = 0
     try:
-        runpy.run_module("statekeeper.maintenance", run_name="__main__", alter_sys=True)
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 0 if e.code is None else (print(e.code, file=sys.stderr), 1)[1]
     except BaseException:
@@ -111,12 +111,16 @@ class _Zygote:
         answer: dict[str, int] = json.loads(line)
         return answer
 
-    def run(self, args: tuple[str, ...], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, args: tuple[str, ...], env: dict[str, str], timeout: float, module: str = "statekeeper.maintenance"
+    ) -> subprocess.CompletedProcess[str]:
+        """``python -m MODULE ARGS`` forked from the zygote (a module of this repository: the zygote imported the
+        command line's modules, and the child imports whatever else `module` needs)."""
         with self.lock, tempfile.TemporaryDirectory(prefix="statekeeper-cli-") as tmp:
             out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
             proc = self._started()
             assert proc.stdin is not None and proc.stdout is not None
-            request = {"args": list(args), "env": env, "cwd": str(ROOT), "stdout": out, "stderr": err}
+            request = {"module": module, "args": list(args), "env": env, "cwd": str(ROOT), "stdout": out, "stderr": err}
             proc.stdin.write(json.dumps(request).encode() + b"\n")
             fd = proc.stdout.fileno()
             started = self._answer(fd)
@@ -133,6 +137,12 @@ class _Zygote:
 
 
 _zygote = _Zygote()
+
+
+def run_module(module: str, *args: str, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """``python -m MODULE ARGS`` in a fresh process forked from the zygote, with exactly `env` (no check of
+    its exit: a test that kills its child expects -SIGKILL)."""
+    return _zygote.run(args, env, timeout, module=module)
 
 
 def run_cli(

@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,9 +15,9 @@ import pytest
 from statekeeper.maintenance.catalog_sync import rebuild_catalog
 from statekeeper.sql import Catalog
 from tests.catalog_export import catalog_export
+from tests.cli_support import run_module
 from tests.maintenance.helpers import History, leftovers
 
-ROOT = Path(__file__).resolve().parents[2]
 OPS = {
     "snapshot": ["--threshold", "3"],
     "expire": ["--retain", "3", "--grace", "0", "--load-grace", "0"],
@@ -28,12 +26,13 @@ OPS = {
 
 
 def run(args: list[str], env: dict[str, str], kill_at: int | None = None, mid: bool = False) -> int:
+    """The CLI (or, with `kill_at`, `tests.maintenance.crash_runner`) in a fresh process forked from the CLI zygote."""
     if kill_at is None:
-        cmd = [sys.executable, "-m", "statekeeper.maintenance", *args]
+        proc = run_module("statekeeper.maintenance", *args, env=env)
     else:
-        cmd = [sys.executable, "-m", "tests.maintenance.crash_runner", str(kill_at), *(["--mid"] if mid else []), "--"]
-        cmd += args
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
+        proc = run_module(
+            "tests.maintenance.crash_runner", str(kill_at), *(["--mid"] if mid else []), "--", *args, env=env
+        )
     assert proc.returncode in (0, -signal.SIGKILL), f"{args}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc.returncode
 

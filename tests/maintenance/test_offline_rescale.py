@@ -10,8 +10,6 @@ import functools
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -29,6 +27,7 @@ from statekeeper.store.layout import heartbeat_dir
 from statekeeper.store.rescale import RescaleError
 from statekeeper.store.spark.driver import _streams_active
 from statekeeper.store.spark.heartbeat import Heartbeat
+from tests.cli_support import run_module
 from tests.store.test_rescale import GROUPS, OP, clean, read_all, run_batch, stored
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,10 +74,9 @@ def test_rescale_and_rollback_through_the_cli(tmp_path: Path, capsys: pytest.Cap
 def _run_killed(root: str, kill_at: int | None, env: dict[str, str]) -> int:
     args = ["rescale", root, "--operator", OP, "--partitions", "4", "--no-catalog", "--force", "--workers", "2"]
     if kill_at is None:
-        cmd = [sys.executable, "-m", "statekeeper.maintenance", *args]
+        proc = run_module("statekeeper.maintenance", *args, env=env)
     else:
-        cmd = [sys.executable, "-m", "tests.maintenance.crash_runner", str(kill_at), "--", *args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False)
+        proc = run_module("tests.maintenance.crash_runner", str(kill_at), "--", *args, env=env)
     assert proc.returncode in (0, -signal.SIGKILL), f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc.returncode
 
