@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from statekeeper.store.errors import ConfigurationError
+
 
 def to_pandas(table: pa.Table, time_zone: str | None = "UTC") -> Any:
     """`table` as PySpark hands it to a pandas processor (see the module docstring)."""
@@ -55,7 +57,8 @@ class FrameLimits:
         """The limits a Spark session's `conf` sets (read before a job overrides them for its own batches)."""
         records, size = conf.get(cls.RECORDS_CONF, None), conf.get(cls.BYTES_CONF, None)
         return cls(
-            cls.max_records if records is None else int(records), cls.max_bytes if size is None else _bytes(size)
+            cls.max_records if records is None else _setting(cls.RECORDS_CONF, records, _RECORDS),
+            cls.max_bytes if size is None else _setting(cls.BYTES_CONF, size, _BYTES),
         )
 
     def rows(self, table: pa.Table) -> int:
@@ -67,14 +70,15 @@ class FrameLimits:
         return rows
 
 
+_RECORDS = re.compile(r"\s*(-?\d+)\s*()")
 _BYTES = re.compile(r"\s*(\d+)\s*([kmgtp]?)b?\s*", re.IGNORECASE)
 
 
-def _bytes(text: str) -> int:
-    """A Spark byte size (``"2"``, ``"256m"``, ``"1g"``) in bytes."""
-    m = _BYTES.fullmatch(text)
+def _setting(name: str, text: str, shape: re.Pattern[str]) -> int:
+    """A Spark count or byte size (``"2"``, ``"256m"``, ``"1g"``); ConfigurationError naming the setting."""
+    m = shape.fullmatch(text)
     if m is None:
-        raise ValueError(f"{FrameLimits.BYTES_CONF}={text!r} is not a byte size")
+        raise ConfigurationError(f"{name}={text!r} is not a {'byte size' if shape is _BYTES else 'whole number'}")
     return int(m.group(1)) << (10 * "_kmgtp".index(m.group(2).lower() or "_"))
 
 

@@ -15,6 +15,7 @@ import pandas as pd  # type: ignore[import-untyped]
 import pyarrow as pa
 import pytest
 
+from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.spark import ApplyInPandasWithState
 from statekeeper.store.spark.executor import META_COL, _Output
 from statekeeper.store.spark.pandas_frames import FrameLimits, gather_columns, key_frames, to_pandas
@@ -135,3 +136,6 @@ def test_a_keys_rows_come_in_frames_cut_at_sparks_arrow_batch_limits() -> None:
     conf = {FrameLimits.RECORDS_CONF: "1", FrameLimits.BYTES_CONF: "64m"}
     assert FrameLimits.of(conf) == FrameLimits(1, 64 << 20)
     assert FrameLimits.of({}) == FrameLimits()
+    for name, bad in ((FrameLimits.RECORDS_CONF, "ten"), (FrameLimits.BYTES_CONF, "64 parsecs")):
+        with pytest.raises(ConfigurationError, match=name.replace(".", r"\.")):
+            FrameLimits.of({name: bad})
