@@ -30,7 +30,13 @@ $(S3RVER_STAMP): $(S3RVER_DIR)/package.json $(S3RVER_DIR)/package-lock.json | ch
 	cd $(S3RVER_DIR) && npm ci --no-audit --no-fund --loglevel=error
 	@touch $(S3RVER_STAMP)
 
-setup: $(STAMP) $(S3RVER_STAMP)
+# The classes a Spark job loads, archived once for the test JVMs to map instead of load (testkit/jvm_classes.py).
+JVM_CLASSES := $(VENV)/spark-classes.jsa
+$(JVM_CLASSES): $(STAMP) examples/session_count.py
+	@echo "==> archiving the classes a Spark job loads, for the test JVMs (a minute)"
+	$(PY) -m testkit.jvm_classes $@
+
+setup: $(STAMP) $(S3RVER_STAMP) $(JVM_CLASSES)
 
 # The main job (a Spark streaming query on the store, JOB_SECONDS long) with the Dagster webserver and
 # daemon maintaining its checkpoint beside it on 127.0.0.1. Ctrl-C stops everything; RUN_SECONDS=N
@@ -47,14 +53,14 @@ run: check-prereqs-run $(STAMP)
 # (tests/conftest.py HANDED_OUT_FIRST), then xdist's order (most tests first). mypy (a minute from a clean
 # clone) checks beside the tests; either failing fails the target.
 TEST_WORKERS ?= 4
-test: $(STAMP) $(S3RVER_STAMP)
+test: $(STAMP) $(S3RVER_STAMP) $(JVM_CLASSES)
 	$(VENV)/bin/ruff check .
 	@$(VENV)/bin/mypy > .mypy.out 2>&1 & mypy=$$!; \
 	$(PY) -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile; tests=$$?; \
 	wait $$mypy; typed=$$?; echo "mypy:"; cat .mypy.out; rm -f .mypy.out; \
 	test $$typed -eq 0 && exit $$tests || exit $$typed
 
-test-all: $(STAMP) $(S3RVER_STAMP)
+test-all: $(STAMP) $(S3RVER_STAMP) $(JVM_CLASSES)
 	$(PY) -m pytest
 
 # The hypothesis state machines at 10x their default examples (>= 100,000 steps, counted at the end).
@@ -67,7 +73,7 @@ reliability: $(STAMP) $(S3RVER_STAMP)
 	$(PY) -m bench reliability
 
 # The 10-minute soak and every catalog fault case (both also run in test-all).
-soak: $(STAMP) $(S3RVER_STAMP)
+soak: $(STAMP) $(S3RVER_STAMP) $(JVM_CLASSES)
 	$(PY) -m pytest -m slow tests/reliability/test_soak.py tests/reliability/test_catalog_faults.py
 
 # Memory that levels off (docs/reliability.md): the maintain loop, a writer and the Dagster runs, each in its own

@@ -167,9 +167,7 @@ def graphql(url: str, query: str) -> Any:
         return json.load(resp)["data"]
 
 
-LOGS_QUERY = (
-    '{ logsForRun(runId: "%s") { ... on EventConnection { events { ... on MessageEvent { message } } } } }'
-)
+LOGS_QUERY = '{ logsForRun(runId: "%s") { ... on EventConnection { events { ... on MessageEvent { message } } } } }'
 
 
 def sensor_run(url: str, timeout: float) -> dict[str, Any]:
@@ -242,9 +240,7 @@ def test_the_asset_pages_show_the_runs_own_numbers(launched: tuple[Launcher, Pat
 
             page.goto(f"{url}/assets/state_snapshots?view=checks", wait_until="domcontentloaded")
             # the check list shows the bounded check failed; its latest evaluation names what the run found
-            page.wait_for_function(
-                "() => /chains_within_twice_threshold\\s*Failed/.test(document.body.innerText)"
-            )
+            page.wait_for_function("() => /chains_within_twice_threshold\\s*Failed/.test(document.body.innerText)")
             page.get_by_text("chains_within_twice_threshold", exact=True).first.click()
             page.wait_for_function("() => /Evaluation result\\s*Failed/.test(document.body.innerText)")
             found = metadata_row(page, "max_chain_length_before")

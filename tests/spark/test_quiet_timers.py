@@ -144,7 +144,8 @@ def test_processing_time_timer_fires_without_input_and_nothing_else_runs(spark: 
     df = spark.readStream.schema(REMINDER_INPUT).json(str(inputs))
     query = op.start(df, str(tmp_path / "ckpt"), trigger=TRIGGER)
     try:
-        _wait(lambda: bool(sink.rows("timer")), query, "the timer's output")
+        # the sink sees a batch's output before its progress is reported: wait for both
+        _wait(lambda: bool(sink.rows("timer")) and len(op.recent_progress) >= 2, query, "the tick batch's progress")
         [(tick_batch, (user, _, expiry))] = sink.rows("timer")
         assert (tick_batch, user) == (1, "u1")
         progress = {p.batch_id: p for p in op.recent_progress}
