@@ -80,8 +80,10 @@ def _only_what_retained_versions_need(root: str) -> None:
     plan = plan_root(inv, settings)
     assert not plan.problems and not plan.warnings and not plan.foreign, (plan.problems, plan.warnings)
     assert not plan.expired_commits and not plan.expired_batches and not plan.orphans
-    kept_in_flight = {e.path for e, _ in plan.in_flight}
-    for e, why in plan.in_flight:  # only a batch the stop interrupted (Spark re-runs it on restart)
+    # the root's in-flight files and each store's (a changelog of the batch the stop interrupted)
+    in_flight = plan.in_flight + [f for p in plan.stores.values() for f in p.in_flight]
+    kept_in_flight = {e.path for e, _ in in_flight}
+    for e, why in in_flight:  # only a batch the stop interrupted (Spark re-runs it on restart)
         assert e.kind == HEARTBEAT or (e.version == inv.latest + 1 and e.kind in (BATCH, CHANGELOG)), (e.path, why)
     needed = {e.path for p in plan.stores.values() for e in p.needed}
     for p in plan.stores.values():
