@@ -33,11 +33,12 @@ import zstandard
 
 from bench.baselines import KEY_BYTES, VALUE_BYTES, RawRocks, random_keys, random_values, sequential_keys
 from bench.report import Table, load_note
+from statekeeper.store.column_family import ColumnFamily
 from statekeeper.store.formats.changelog import encode_block_parts
 from statekeeper.store.formats.typed_keys import KeyCodec, stored_key_encoder
 from statekeeper.store.formats.typed_schema import parse_ddl
 from statekeeper.store.spark.schemas import ValueFormat
-from statekeeper.store.state_store import ColumnFamily, StateStore, StoreConfig
+from statekeeper.store.state_store import StateStore, StoreConfig
 
 log = logging.getLogger("bench.store")
 

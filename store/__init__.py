@@ -9,7 +9,9 @@ CommitLog(s.fm).commit(1, {"agg": [result.checkpoint_id]})   # the driver's comm
 if __name__ != "statekeeper.store":  # one path per module: a bare `store` would be a second copy
     raise ImportError(f"import statekeeper.store, not {__name__}: the folders import only as statekeeper.*")
 
+from statekeeper.store.column_family import ColumnFamily
 from statekeeper.store.commit_log import CommitLog
+from statekeeper.store.config import StoreConfig
 from statekeeper.store.errors import (
     CheckpointError,
     CheckpointFileExistsError,
@@ -24,15 +26,9 @@ from statekeeper.store.errors import (
 )
 from statekeeper.store.files import CheckpointFileManager, FileInfo, open_file_manager
 from statekeeper.store.layout import StoreId
+from statekeeper.store.loading import LoadMetrics
 from statekeeper.store.rocks import MemoryLimits, configure_memory
-from statekeeper.store.state_store import (
-    ColumnFamily,
-    CommitMetrics,
-    CommitResult,
-    LoadMetrics,
-    StateStore,
-    StoreConfig,
-)
+from statekeeper.store.state_store import CommitMetrics, CommitResult, StateStore
 
 __all__ = [
     "CheckpointError",

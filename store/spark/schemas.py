@@ -23,12 +23,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from statekeeper.store.column_family import ColumnFamily
 from statekeeper.store.errors import CorruptFileError
 from statekeeper.store.formats.framing import parse_json
 from statekeeper.store.formats.typed_codec import ListCodec, RowFactory, ValueCodec
 from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import DataType, SchemaError, from_json, from_json_value, projector
-from statekeeper.store.state_store import ColumnFamily
 
 META_CF = "__meta"
 GROUPING_KEY = b"grouping_key"

@@ -23,6 +23,7 @@ import struct
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from statekeeper.store.column_family import ColumnFamily
 from statekeeper.store.errors import ConfigurationError, StoreStateError
 from statekeeper.store.formats.typed_keys import MAX_KEY_GROUPS as KEY_GROUP_LIMIT
 from statekeeper.store.formats.typed_keys import KeyCodec, stored_key_encoder
@@ -48,7 +49,7 @@ from statekeeper.store.spark.schemas import (
     read_record,
     write_record,
 )
-from statekeeper.store.state_store import ColumnFamily, StateStore
+from statekeeper.store.state_store import StateStore
 
 TTL_CF = "__ttl"
 TIMERS_CF = "__timers"
