@@ -76,7 +76,7 @@ if TYPE_CHECKING:
     from statekeeper.store.spark.metrics import BatchProgress, PartitionMetrics
     from statekeeper.store.spark.reader import StateDataSource, read_state
     from statekeeper.store.spark.spark_import import ImportSummary, import_spark_state
-    from statekeeper.store.spark.state import ListState, MapState, ValueState
+    from statekeeper.store.spark.state_variables import ListState, MapState, ValueState
     from statekeeper.store.spark.time_mode import TimeMode
 
 _EXPORTS = {
@@ -96,9 +96,9 @@ _EXPORTS = {
     "read_state": "reader",
     "ImportSummary": "spark_import",
     "import_spark_state": "spark_import",
-    "ListState": "state",
-    "MapState": "state",
-    "ValueState": "state",
+    "ListState": "state_variables",
+    "MapState": "state_variables",
+    "ValueState": "state_variables",
     "TimeMode": "time_mode",
 }
 

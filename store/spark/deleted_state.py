@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from statekeeper.store.errors import StoreStateError
-from statekeeper.store.spark.state import _State
+from statekeeper.store.spark.state_variables import _State
 
 try:
     from pyspark.errors import PySparkRuntimeError as _PySparkRuntimeError

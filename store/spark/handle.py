@@ -14,15 +14,8 @@ from typing import Any
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.formats.typed_schema import to_schema
 from statekeeper.store.spark.deleted_state import retire
-from statekeeper.store.spark.state import (
-    TIMERS_CF,
-    ListState,
-    MapState,
-    StateContext,
-    ValueState,
-    _State,
-    validate_state_name,
-)
+from statekeeper.store.spark.state import TIMERS_CF, StateContext, validate_state_name
+from statekeeper.store.spark.state_variables import ListState, MapState, ValueState, _State
 from statekeeper.store.spark.time_mode import TimeMode
 
 
@@ -104,7 +97,7 @@ class StatefulProcessorHandle:
         on any use, as in PySpark; declaring it again gives a new, empty variable."""
         validate_state_name(stateName)
         declared = self._ctx.states.pop(stateName, None)
-        if declared is not None:
+        if isinstance(declared, _State):  # every declared variable is one
             retire(declared)
         if stateName not in self._ctx.store.column_families():
             return
