@@ -255,8 +255,10 @@ def hostile_table(outcomes: dict[str, dict[str, dict[str, str]]], passed: bool =
             "never lists a FIFO, so the load used the older snapshot; `exit 1, file named`: reported as a problem "
             "naming the file; a bare `exit 0`: the reader reads no such file, or worked around it (snapshot writes a "
             "fresh one)",
-            "not covered: the change feed (Spark's data source; tests/spark) and a crafted MANIFEST that opens to "
-            "other content, which only maintenance's count and digest check catches (docs/design.md, threat model)",
+            "not in the matrix: the change feed (its stores are typed; a changelog whose header names another "
+            "attempt or extends a losing one is refused naming it, tests/spark/test_change_feed_reads.py) and a "
+            "crafted MANIFEST that opens to other content, which only maintenance's count and digest check catches "
+            "(docs/design.md, threat model)",
             "every cell as expected (`testkit.hostile.EXPECTED`)"
             if passed and outcomes == EXPECTED
             else "A CELL DIFFERED FROM testkit.hostile.EXPECTED: see the pytest output",

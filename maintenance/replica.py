@@ -39,6 +39,7 @@ from statekeeper.store.files.read_ahead import ReadAhead
 from statekeeper.store.formats.changelog import ChangelogReader
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import StoreId
+from statekeeper.store.load_plan import check_header, check_parent
 from statekeeper.store.loading import ChangelogReplay
 from statekeeper.store.rocks import DEFAULT_CF, db_options, open_db, track_memtable, untrack_memtables
 from statekeeper.store.snapshot import SnapshotResult, restore_snapshot, write_snapshot
@@ -313,19 +314,9 @@ class Replica:
     ) -> int:
         name = f"{self.fm.root_uri}/{path}"
         reader = ChangelogReader(f, name)
-        h = reader.header
-        if (h.operator, h.partition, h.version, h.checkpoint_id) != (
-            self.store.operator,
-            self.store.partition,
-            version,
-            checkpoint_id,
-        ):
-            raise CorruptFileError("changelog header does not match its name", name)
-        if version > 1 and parent_id is not None and (not h.lineage or h.lineage[0] != (version - 1, parent_id)):
-            raise LineageError(
-                f"the changelog of committed version {version} of store {self.store} extends "
-                f"{h.lineage[0] if h.lineage else 'nothing'}, not committed ({version - 1}, {parent_id}): {name}"
-            )
+        check_header(self.store, reader.header, version, checkpoint_id, name)
+        if parent_id is not None:
+            check_parent(self.store, reader.header, parent_id, name)
         reader.check_footer()
         return replay.add(reader)
 

@@ -34,11 +34,11 @@ from statekeeper.maintenance.replica import Replica, content_digest
 from statekeeper.maintenance.reports import VerifyReport, recorded
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshot_checks import proof_problem
-from statekeeper.store.errors import CheckpointError, CorruptFileError, LineageError, StatekeeperError
+from statekeeper.store.errors import CheckpointError, LineageError, StatekeeperError
 from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.formats.changelog import ChangelogReader, Lineage
 from statekeeper.store.layout import StoreId
-from statekeeper.store.load_plan import fall_back, resolve_load_plan
+from statekeeper.store.load_plan import check_header, fall_back, resolve_load_plan
 from statekeeper.store.snapshot import file_sha256
 from statekeeper.store.state_store import StateStore, StoreConfig
 
@@ -315,8 +315,7 @@ def _verify_changelog(
     with open(tmp, "rb") as f:
         reader = ChangelogReader(f, name)
         h = reader.header
-        if (h.operator, h.partition, h.version, h.checkpoint_id) != (store.operator, store.partition, version, cid):
-            raise CorruptFileError("changelog header does not match its name", name)
+        check_header(store, h, version, cid, name)
         if version > 1 and h.lineage and h.lineage[0][0] != version - 1:
             raise LineageError(f"changelog lineage does not start at version {version - 1}: {name}")
         for u, uid in h.lineage:

@@ -490,6 +490,18 @@ def check_header(store: StoreId, header: ChangelogHeader, version: int, checkpoi
         raise CorruptFileError(f"changelog header says {got}, its name says {expected}", name)
 
 
+def check_parent(store: StoreId, header: ChangelogHeader, parent_id: str, name: str) -> None:
+    """Raise `LineageError` unless the changelog of a committed version extends `parent_id`, the committed
+    attempt of the version before it (a well-framed changelog built on a losing attempt holds the wrong
+    changes)."""
+    version = header.version
+    if version > 1 and (not header.lineage or header.lineage[0] != (version - 1, parent_id)):
+        raise LineageError(
+            f"the changelog of committed version {version} of store {store} extends "
+            f"{header.lineage[0] if header.lineage else 'nothing'}, not committed ({version - 1}, {parent_id}): {name}"
+        )
+
+
 __all__ = [
     "CheckpointPlanSource",
     "LoadPlan",
@@ -498,6 +510,7 @@ __all__ = [
     "Ref",
     "SkippedSnapshot",
     "check_header",
+    "check_parent",
     "committed_range",
     "fall_back",
     "resolve_load_plan",

@@ -5,8 +5,13 @@ table, `rows`)."""
 
 from __future__ import annotations
 
+import json
 import os
+import zlib
 from pathlib import Path
+
+from statekeeper.store.formats import changelog as cl
+from statekeeper.store.formats.framing import CRC, FRAME_HEAD
 
 CLASSES = {
     "path names": "a manifest naming an SST `<outside>/evil.sst` and a file `../../../evil`",
@@ -103,7 +108,22 @@ def rows(outcomes: dict[str, dict[str, dict[str, str]]]) -> list[list[str]]:
     ]
 
 
-__all__ = ["BACKENDS", "CLASSES", "EXPECTED", "READERS", "rows"]
+def framed(payload: bytes, magic: bytes, version: int) -> bytes:
+    """`payload` in a frame of the format `magic` / `version`, its checksum right."""
+    head = FRAME_HEAD.pack(magic, version, 0, len(payload))
+    return head + payload + CRC.pack(zlib.crc32(payload, zlib.crc32(head)))
+
+
+def reframed_changelog(header: cl.ChangelogHeader, original: bytes) -> bytes:
+    """`original`'s blocks behind a new header frame (the blocks' own framing untouched): a changelog, every
+    checksum right, that claims what `header` says."""
+    old_len = FRAME_HEAD.unpack_from(original)[3]
+    blocks = original[FRAME_HEAD.size + old_len + CRC.size :]
+    payload = json.dumps(header.to_payload(), separators=(",", ":"), sort_keys=True).encode()
+    return framed(payload, cl.MAGIC, cl.FORMAT_VERSION) + blocks
+
+
+__all__ = ["BACKENDS", "CLASSES", "EXPECTED", "READERS", "framed", "reframed_changelog", "rows", "tree_contents"]
 
 
 def tree_contents(top: Path, skip: tuple[Path, ...]) -> dict[str, bytes]:

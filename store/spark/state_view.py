@@ -20,6 +20,7 @@ from statekeeper.store.formats.typed_keys import KeyCodec
 from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import DataType, SchemaError, from_json
 from statekeeper.store.layout import StoreId
+from statekeeper.store.load_plan import check_header, check_parent
 from statekeeper.store.spark.schemas import (
     META_CF,
     ValueFormat,
@@ -101,11 +102,17 @@ class TypedSchemas:
         batch id), in order); each change carries its ref's batch id."""
         fmt = self.value_format(name)
         uk_codec = self._user_key_codec(name) if self._record(name).kind == "map" else None
+        before: tuple[int, str] | None = None
         for version, ckpt, batch in refs:
             path = store.changelog(version, ckpt)
             where = f"{fm.root_uri}/{path}"
             with open_seekable(fm, path) as f:
                 reader = ChangelogReader(f, where)
+                # the file is the committed attempt's, and it extends the committed attempt before it
+                check_header(store, reader.header, version, ckpt, where)
+                if before is not None and before[0] == version - 1:
+                    check_parent(store, reader.header, before[1], where)
+                before = (version, ckpt)
                 reader.check_footer()
                 for cf, keys, values in reader.blocks():
                     if cf == META_CF:

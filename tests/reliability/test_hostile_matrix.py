@@ -20,7 +20,6 @@ import os
 import resource
 import time
 import uuid
-import zlib
 from pathlib import Path
 
 import pytest
@@ -36,9 +35,9 @@ from statekeeper.store.files import LocalFileManager
 from statekeeper.store.files.s3 import download
 from statekeeper.store.formats import changelog as cl
 from statekeeper.store.formats import snapshot as snap
-from statekeeper.store.formats.framing import CRC, FRAME_HEAD, decode_whole_frame, encode_frame
+from statekeeper.store.formats.framing import decode_whole_frame, encode_frame
 from statekeeper.store.formats.snapshot import SnapshotManifest
-from testkit.hostile import CLASSES, EXPECTED, READERS, tree_contents
+from testkit.hostile import CLASSES, EXPECTED, READERS, framed, reframed_changelog, tree_contents
 from tests.maintenance.helpers import History, clobber, small_settings, snapshotted_history
 
 RESULT_ENV = "STATEKEEPER_HOSTILE_RESULT"
@@ -69,11 +68,6 @@ def _newest(h: History, kind: str) -> str:
     return entries[max(entries)].path
 
 
-def _framed(payload: bytes, magic: bytes, version: int) -> bytes:
-    head = FRAME_HEAD.pack(magic, version, 0, len(payload))
-    return head + payload + CRC.pack(zlib.crc32(payload, zlib.crc32(head)))
-
-
 def plant(h: History, cls: str, outside: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """Make one file of the first store hostile (class `cls`); returns its path under the root."""
     if cls in ("lineage", "malformed frame"):
@@ -81,13 +75,13 @@ def plant(h: History, cls: str, outside: Path, monkeypatch: pytest.MonkeyPatch) 
         data = h.fm.read_bytes(path)
         if cls == "malformed frame":
             deep = b'{"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-            clobber(h.root, path, _framed(deep, cl.MAGIC, cl.FORMAT_VERSION))
+            clobber(h.root, path, framed(deep, cl.MAGIC, cl.FORMAT_VERSION))
         else:
             store = h.stores[0]
             version = h.latest
             cid = h.committed[version][store][0]
             header = cl.ChangelogHeader(store.operator, store.partition, version, cid, ((version - 1, "f" * 32),))
-            clobber(h.root, path, _framed_changelog(header, data))
+            clobber(h.root, path, reframed_changelog(header, data))
         return path
     path = _newest(h, "manifest")
     m = SnapshotManifest.from_bytes(h.fm.read_bytes(path), path)
@@ -111,18 +105,6 @@ def plant(h: History, cls: str, outside: Path, monkeypatch: pytest.MonkeyPatch) 
         assert SnapshotManifest.from_bytes(padded, path) == m, "a valid manifest but for its size"
         clobber(h.root, path, padded)
     return path
-
-
-def _framed_changelog(header: cl.ChangelogHeader, original: bytes) -> bytes:
-    """`original`'s blocks behind a new header frame (the blocks' own framing untouched)."""
-    old_len = FRAME_HEAD.unpack_from(original)[3]
-    blocks = original[FRAME_HEAD.size + old_len + CRC.size :]
-    return (
-        _framed(
-            json.dumps(header.to_payload(), separators=(",", ":"), sort_keys=True).encode(), cl.MAGIC, cl.FORMAT_VERSION
-        )
-        + blocks
-    )
 
 
 def _load_outcome(h: History, path: str, work: Path) -> str:

@@ -6,6 +6,8 @@ the changelogs a real processor committed through the partition task code).
 
 from __future__ import annotations
 
+import re
+import shutil
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
@@ -15,15 +17,18 @@ from typing import Any, BinaryIO
 import pytest
 
 from statekeeper.store import CommitLog, StateStore, StoreConfig, open_file_manager
-from statekeeper.store.errors import LineageError
+from statekeeper.store.errors import CorruptFileError, LineageError
 from statekeeper.store.files.base import CheckpointFileManager, FileInfo
+from statekeeper.store.formats.changelog import ChangelogHeader
 from statekeeper.store.formats.typed_scalars import CorruptStateError
-from statekeeper.store.layout import CHANGELOG_DIR, COMMITS_DIR, SNAPSHOT_DIR
+from statekeeper.store.layout import CHANGELOG_DIR, COMMITS_DIR, SNAPSHOT_DIR, StoreId
 from statekeeper.store.load_plan import committed_range
 from statekeeper.store.spark.reader import change_feed
 from statekeeper.store.spark.state_view import StateView, TypedSchemas
 from statekeeper.store.spark.testing import OPERATOR, TwsTester
+from testkit.hostile import reframed_changelog
 from testkit.processors import TypedAll
+from tests.maintenance.helpers import clobber
 
 BATCHES = 12
 
@@ -141,5 +146,37 @@ def test_a_changelog_numbering_a_schema_differently_is_refused(tester: TwsTester
         records = {**view.records, "totals": replace(view.records["totals"], schemas=dict(other))}
         with pytest.raises(CorruptStateError, match="records schema 1 of state variable 'totals' unlike"):
             list(TypedSchemas(view.key_schema, records, "").changes_of(fm, store.store_id, "totals", first))
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("hostile", ["another version's changelog", "built on a losing attempt"])
+def test_a_well_framed_changelog_that_is_not_the_committed_attempts_is_refused_naming_it(
+    tester: TwsTester, tmp_path: Path, hostile: str
+) -> None:
+    """The reader's feed decodes the changelogs the commit records name, without a load: a file at a committed
+    name whose header, every checksum right, names another version, or which extends an attempt that lost its
+    version, holds the wrong changes and is refused naming it (not read as that batch's changes)."""
+    src = Path(open_file_manager(tester.root).root_path)
+    shutil.copytree(src, tmp_path / "root")
+    root = (tmp_path / "root").as_uri()
+    fm = open_file_manager(root)
+    log, store_id = CommitLog(fm), StoreId(OPERATOR, 0)
+    refs = [(v, log.committed_id(v, OPERATOR, 0), v - 1) for v in range(1, BATCHES + 1)]
+    path = store_id.changelog(*refs[4][:2])
+    if hostile == "another version's changelog":
+        clobber(root, path, fm.read_bytes(store_id.changelog(*refs[2][:2])))
+        error: type[Exception] = CorruptFileError
+    else:
+        header = ChangelogHeader(OPERATOR, 0, 5, refs[4][1], ((4, "f" * 32),))
+        clobber(root, path, reframed_changelog(header, fm.read_bytes(path)))
+        error = LineageError
+    store = StateStore(fm, OPERATOR, 0, config=StoreConfig(local_dir=str(tmp_path / "work")))
+    try:
+        store.load(3)  # below the planted file: the schemas, as the reader's driver reads them
+        view = StateView(store)
+        feed = TypedSchemas(view.key_schema, view.records, "").changes_of(fm, store_id, "totals", refs)
+        with pytest.raises(error, match=re.escape(path)):
+            list(feed)
     finally:
         store.close()
