@@ -223,9 +223,9 @@ def _snapshot_row(label: str, report: object) -> list[object]:
     assert isinstance(report, SnapshotReport) and report.snapshots == 1, report
     (row,) = [r for r in report.rows() if r["action"] == "snapshot"]
     fm = open_file_manager(report.root)
-    from statekeeper.store.snapshot import read_manifest
+    from statekeeper.store.formats.snapshot import SnapshotManifest
 
-    total = read_manifest(fm, row["manifest"]).total_sst_bytes
+    total = SnapshotManifest.from_bytes(fm.read_bytes(row["manifest"]), row["manifest"]).total_sst_bytes
     return [
         label,
         round(row["seconds"], 2),

@@ -328,7 +328,7 @@ class _ManifestsOnDemand(Mapping[int, SnapshotManifest]):
     def __getitem__(self, version: int) -> SnapshotManifest:
         manifest = self._read.get(version)
         if manifest is None:
-            manifest = self._read[version] = read_manifest(self._fm, self._store.manifest(version, self._ids[version]))
+            manifest = self._read[version] = read_manifest(self._fm, self._store, version, self._ids[version])
         return manifest
 
     def __iter__(self) -> Iterator[int]:

@@ -55,7 +55,7 @@ from statekeeper.store.layout import (
     StoreId,
     parse_commit_name,
 )
-from statekeeper.store.snapshot import read_manifest
+from statekeeper.store.snapshot import check_manifest, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -227,19 +227,14 @@ class _Syncer:
         path, m = held
         c = classify(path)
         assert c.operator is not None and c.partition is not None and c.version is not None and c.checkpoint_id
+        store = StoreId(c.operator, c.partition)
         try:
             if m is None:
-                m = read_manifest(self.fm, path)
+                m = read_manifest(self.fm, store, c.version, c.checkpoint_id)
+            else:
+                check_manifest(store, m, c.version, c.checkpoint_id, f"{self.fm.root_uri}/{path}")
         except (CheckpointError, OSError) as e:
             return f"{path}: {e}"
-        if (m.operator, m.partition, m.version, m.checkpoint_id) != (
-            c.operator,
-            c.partition,
-            c.version,
-            c.checkpoint_id,
-        ):
-            return f"{path}: manifest says {(m.operator, m.partition, m.version, m.checkpoint_id)}, its name differs"
-        store = StoreId(c.operator, c.partition)
         try:
             ssts = [(store.sst(f.remote_name), f.size) for f in m.sst_files]
         except ConfigurationError as e:

@@ -413,15 +413,11 @@ class Inventory:
             (version, ckpt), e = item
             name = f"{self.root_uri}/{e.path}"
             try:
-                m = read_manifest(self.fm, e.path)
+                m = read_manifest(self.fm, files.store, version, ckpt)
             except FileNotFoundError:
                 return None
             except (CheckpointError, OSError) as err:
                 return str(err)
-            got = (m.operator, m.partition, m.version, m.checkpoint_id)
-            want = (files.store.operator, files.store.partition, version, ckpt)
-            if got != want:
-                return f"snapshot manifest says {got}, its name says {want}: {name}"
             for sst in m.sst_files:
                 if not SST_NAME.match(sst.remote_name):
                     return f"snapshot manifest names an invalid SST file {sst.remote_name!r}: {name}"

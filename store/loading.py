@@ -210,10 +210,10 @@ class PlanExecution:
         while True:
             self._discard_local()
             manifest_path = plan.manifest_path()
-            if manifest_path is None:
+            if manifest_path is None or plan.base is None:
                 break
             try:
-                manifest = read_manifest(self.fm, manifest_path)
+                manifest = read_manifest(self.fm, self.store_id, *plan.base)
                 restore_snapshot(self.fm, self.store_id, manifest, self._db_dir, manifest_path=manifest_path)
                 self._open_restored(f"{self.fm.root_uri}/{manifest_path}")
                 return plan

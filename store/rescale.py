@@ -284,8 +284,8 @@ def load_bytes(fm: CheckpointFileManager, plan: LoadPlan | None) -> int:
         return 0
     total = 0
     manifest = plan.manifest_path()
-    if manifest is not None:
-        total += fm.info(manifest).size + read_manifest(fm, manifest).total_sst_bytes
+    if manifest is not None and plan.base is not None:
+        total += fm.info(manifest).size + read_manifest(fm, plan.store, *plan.base).total_sst_bytes
     return total + sum(fm.info(plan.store.changelog(v, c)).size for v, c in plan.replay)
 
 

@@ -140,8 +140,23 @@ def sst_name(digest: str, existing: set[str], corrupt: frozenset[str] = frozense
     return full if full in existing or short in corrupt else short
 
 
-def read_manifest(fm: CheckpointFileManager, path: str) -> SnapshotManifest:
-    return SnapshotManifest.from_bytes(fm.read_bytes(path), manifest_uri(fm, path))
+def read_manifest(fm: CheckpointFileManager, store: StoreId, version: int, checkpoint_id: str) -> SnapshotManifest:
+    """The manifest of snapshot (`version`, `checkpoint_id`) of `store`, refused unless it says it is that one."""
+    path = store.manifest(version, checkpoint_id)
+    name = manifest_uri(fm, path)
+    return check_manifest(store, SnapshotManifest.from_bytes(fm.read_bytes(path), name), version, checkpoint_id, name)
+
+
+def check_manifest(
+    store: StoreId, manifest: SnapshotManifest, version: int, checkpoint_id: str, name: str
+) -> SnapshotManifest:
+    """`manifest` if it names the snapshot its file name does, else `CorruptFileError` naming it: a well-framed
+    manifest of another version or store under this name would restore other state as this version's."""
+    expected = (store.operator, store.partition, version, checkpoint_id)
+    got = (manifest.operator, manifest.partition, manifest.version, manifest.checkpoint_id)
+    if got != expected:
+        raise CorruptFileError(f"snapshot manifest says {got}, its name says {expected}", name)
+    return manifest
 
 
 def manifest_uri(fm: CheckpointFileManager, path: str) -> str:

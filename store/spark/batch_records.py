@@ -38,11 +38,18 @@ content is untrusted, DESIGN invariant 12)."""
 
 
 def read_json_record(
-    fm: CheckpointFileManager, path: str, what: str, ints: tuple[str, ...], optional: tuple[str, ...] = ()
+    fm: CheckpointFileManager,
+    path: str,
+    what: str,
+    batch_id: int,
+    ints: tuple[str, ...],
+    optional: tuple[str, ...] = (),
 ) -> dict[str, Any] | None:
-    """The JSON object at `path` (None: no such file), its `ints` fields present and integers (`optional` ones
-    integers or null); anything else (too long, not JSON, too deep, wrong shape) is a `CorruptFileError`
-    naming the file, never a raw decoding error (the driver's small records are checkpoint content too)."""
+    """The JSON object at `path` (None: no such file), the record of batch `batch_id` (its ``batch_id`` field
+    says so: another batch's record under this name would give that batch's time), its `ints` fields present
+    and integers (`optional` ones integers or null); anything else (too long, not JSON, too deep, wrong shape)
+    is a `CorruptFileError` naming the file, never a raw decoding error (the driver's small records are
+    checkpoint content too)."""
     try:
         data = fm.read_bytes(path)
     except (FileNotFoundError, CheckpointFileNotFoundError):
@@ -53,11 +60,13 @@ def read_json_record(
     doc = parse_json(data, uri, what)
     if not isinstance(doc, dict):
         raise CorruptFileError(f"{what} is not a JSON object", uri)
-    for key in (*ints, *optional):
+    for key in ("batch_id", *ints, *optional):
         value = doc.get(key)
         if (value is None and key in optional) or (type(value) is int and -(1 << 63) <= value < 1 << 63):
             continue
         raise CorruptFileError(f"{what}: field {key!r} is missing or not a 64-bit integer", uri)
+    if doc["batch_id"] != batch_id:
+        raise CorruptFileError(f"{what} says batch {doc['batch_id']}, its name says batch {batch_id}", uri)
     return doc
 
 
@@ -76,7 +85,7 @@ class BatchRecords:
     def _batch_file(self, batch_id: int) -> dict[str, Any] | None:
         # owned by the version the batch commits: maintenance expires it with that commit record
         path = batch_path(self.operator, batch_id)
-        return read_json_record(self.fm, path, "batch file", ("timestamp_ms", "num_partitions"))
+        return read_json_record(self.fm, path, "batch file", batch_id, ("timestamp_ms", "num_partitions"))
 
     def intent_partitions(self, batch_id: int) -> int | None:
         """The partition count the batch's first attempt ran with (None before its first attempt)."""

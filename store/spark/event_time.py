@@ -202,7 +202,9 @@ class WatermarkLog:
 
     def _data(self, batch_id: int) -> dict[str, Any] | None:
         optional = ("max_event_ms", NEXT_WATERMARK_FIELD)
-        return read_json_record(self.fm, self.path(batch_id), "event-time record", ("watermark_ms",), optional)
+        return read_json_record(
+            self.fm, self.path(batch_id), "event-time record", batch_id, ("watermark_ms",), optional
+        )
 
     def read(self, batch_id: int) -> tuple[int, int | None] | None:
         data = self._data(batch_id)

@@ -37,9 +37,9 @@ def plant(h: History, kind: str, outside: Path) -> str:
     """Make one file of the first store hostile; returns its path under the root."""
     bad = h.stores[0]
     files = Inventory.scan(h.fm).files_of(bad)
-    (_key, entry) = max(files.manifests.items())
+    (key, entry) = max(files.manifests.items())
     if kind == "manifest names paths":
-        m = read_manifest(h.fm, entry.path)
+        m = read_manifest(h.fm, bad, *key)
         first = replace(m.sst_files[0], local_name=f"{outside}/evil.sst")
         hostile = replace(m, sst_files=(first, *m.sst_files[1:]), db_files={**m.db_files, "../../../evil": b"x"})
         clobber(h.root, entry.path, hostile.to_bytes())

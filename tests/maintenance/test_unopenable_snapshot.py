@@ -164,3 +164,33 @@ def test_a_manifest_records_what_its_snapshot_holds(
     assert m.key_count is not None and m.content_sha256 is not None
     # Recorded as what the snapshot holds, not an estimate: the model's keys.
     assert m.key_count == sum(len(kv) for kv in h.committed[5][h.stores[0]][1].values())
+
+
+def test_a_manifest_of_another_version_under_a_snapshots_name_is_not_restored(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings, tmp_path: Path
+) -> None:
+    """The older snapshot's manifest, every checksum and SST right, copied under the newer snapshot's name: a load
+    restoring it would start from the older state and replay only the changelogs above the newer base, so it
+    returned other state without an error. The manifest's identity is checked against its name: the load repairs
+    around it (counted) and verify names it."""
+    h = make_local_history()
+    h.batches(5)
+    create_snapshots(h.fm, settings)
+    h.batches(4)
+    create_snapshots(h.fm, settings)
+    store = h.stores[0]
+    manifests = Inventory.scan(h.fm, use_cache=False).files_of(store).manifests
+    assert len(manifests) == 2
+    older, newer = (manifests[k].path for k in sorted(manifests))
+    clobber(h.root, newer, h.fm.read_bytes(older))
+    forget()
+    cid, state = h.committed[h.latest][store]
+    probe = StateStore(h.fm, store.operator, store.partition, config=StoreConfig(local_dir=str(tmp_path / "load")))
+    try:
+        probe.load(h.latest, cid)
+        assert content(probe) == state, "the load returned the older snapshot's state"
+        assert probe.last_load is not None and probe.last_load.repaired_snapshots == 1
+    finally:
+        probe.close()
+    report = verify_root(h.fm, settings)
+    assert any(newer in e and "its name says" in e for e in report.errors), report.errors

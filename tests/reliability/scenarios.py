@@ -222,7 +222,7 @@ def _damaged_snapshot(root: str) -> tuple[str, list[str]]:
     store = StoreId(OPERATOR, 0)
     ckpt = CommitLog(fm).committed_id(REPAIRED_VERSION, OPERATOR, 0)
     manifest = store.manifest(REPAIRED_VERSION, ckpt)
-    return manifest, [store.sst(f.remote_name) for f in read_manifest(fm, manifest).sst_files]
+    return manifest, [store.sst(f.remote_name) for f in read_manifest(fm, store, REPAIRED_VERSION, ckpt).sst_files]
 
 
 def _prepare_damaged(root: str, work: str) -> None:

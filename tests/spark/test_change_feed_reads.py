@@ -18,6 +18,7 @@ import pytest
 
 from statekeeper.store import CommitLog, StateStore, StoreConfig, open_file_manager
 from statekeeper.store.errors import CorruptFileError, LineageError
+from statekeeper.store.files import LocalFileManager
 from statekeeper.store.files.base import CheckpointFileManager, FileInfo
 from statekeeper.store.formats.changelog import ChangelogHeader
 from statekeeper.store.formats.typed_scalars import CorruptStateError
@@ -157,7 +158,7 @@ def test_a_well_framed_changelog_that_is_not_the_committed_attempts_is_refused_n
     """The reader's feed decodes the changelogs the commit records name, without a load: a file at a committed
     name whose header, every checksum right, names another version, or which extends an attempt that lost its
     version, holds the wrong changes and is refused naming it (not read as that batch's changes)."""
-    src = Path(open_file_manager(tester.root).root_path)
+    src = Path(LocalFileManager(tester.root).root_path)
     shutil.copytree(src, tmp_path / "root")
     root = (tmp_path / "root").as_uri()
     fm = open_file_manager(root)

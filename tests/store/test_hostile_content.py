@@ -33,7 +33,7 @@ from statekeeper.store.formats.framing import encode_frame, json_depth
 from statekeeper.store.formats.limits import MAX_JSON_DEPTH, MAX_VALUE_BYTES
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import StoreId, commit_path
-from statekeeper.store.snapshot import read_manifest, write_snapshot
+from statekeeper.store.snapshot import write_snapshot
 from statekeeper.store.state_store import StateStore
 from testkit.hostile import tree_contents
 
@@ -130,7 +130,7 @@ class TestHostileManifestNames:
         field = data.draw(st.sampled_from(["sst local", "db file", "sst remote"]))
         fm = open_file_manager(str(site["root"]))
         path = str(site["manifest"])
-        m = read_manifest(fm, path)
+        m = SnapshotManifest.from_bytes(fm.read_bytes(path), path)
         if field == "sst local":
             hostile = replace(m, sst_files=(replace(m.sst_files[0], local_name=bad), *m.sst_files[1:]))
         elif field == "sst remote":
@@ -140,7 +140,7 @@ class TestHostileManifestNames:
         plant(str(site["root"]), path, hostile.to_bytes())
         before = tree_contents(tmp, (Path(str(site["work"])),))
         with pytest.raises(CorruptFileError) as ei:
-            read_manifest(fm, path)
+            SnapshotManifest.from_bytes(fm.read_bytes(path), path)
         assert path in str(ei.value) and "field" in str(ei.value)
         with load(site, VERSIONS, f"w{data.draw(st.integers(0, 10**9))}") as s:  # repaired from the changelogs
             assert {cf: dict(s.items(cf=cf)) for cf in s.column_families()} == site["state"]
@@ -152,11 +152,11 @@ class TestHostileManifestNames:
     def test_two_files_under_one_local_name_are_refused(self, site: dict[str, object]) -> None:
         fm = open_file_manager(str(site["root"]))
         path = str(site["manifest"])
-        m = read_manifest(fm, path)
+        m = SnapshotManifest.from_bytes(fm.read_bytes(path), path)
         twice = replace(m, sst_files=(*m.sst_files, m.sst_files[0]))
         plant(str(site["root"]), path, twice.to_bytes())
         with pytest.raises(CorruptFileError, match="share a local name"):
-            read_manifest(fm, path)
+            SnapshotManifest.from_bytes(fm.read_bytes(path), path)
 
 
 class TestHostileIdsAndOperators:

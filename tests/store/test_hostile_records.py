@@ -76,7 +76,14 @@ def test_a_hostile_batch_file_is_refused_naming_it(tmp_path_factory: pytest.Temp
 
 @pytest.mark.parametrize(
     "body",
-    [b"[" * 100_000, b'{"timestamp_ms": 1, "num_partitions": 1000000000000}', b'{"timestamp_ms": 1}', b"[1]"],
+    [
+        b"[" * 100_000,
+        b'{"batch_id": 7, "timestamp_ms": 1, "num_partitions": 1000000000000}',
+        b'{"batch_id": 7, "timestamp_ms": 1}',
+        b"[1]",
+        b'{"timestamp_ms": 1, "num_partitions": 2}',  # no batch id
+        b'{"batch_id": 6, "timestamp_ms": 1, "num_partitions": 2}',  # batch 6's record under batch 7's name
+    ],
 )
 def test_each_batch_file_class_is_refused(root: str, body: bytes) -> None:
     plant(root, batch_path(OP, 7), body)
@@ -99,7 +106,16 @@ def test_a_hostile_event_time_record_is_refused_naming_it(
         assert event_time_path(OP, 3) in str(e)
 
 
-@pytest.mark.parametrize("body", [b"[" * 100_000, b'{"watermark_ms": "1"}', b"{}", b"7"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 100_000,
+        b'{"batch_id": 3, "watermark_ms": "1"}',
+        b"{}",
+        b"7",
+        b'{"batch_id": 2, "watermark_ms": 1}',  # batch 2's record under batch 3's name
+    ],
+)
 def test_each_event_time_class_is_refused(root: str, body: bytes) -> None:
     plant(root, event_time_path(OP, 3), body)
     with pytest.raises(CorruptFileError, match=event_time_path(OP, 3)):
