@@ -77,7 +77,6 @@ class _LocalOutput(PublishOnExit):
         self._final = final
         self._exclusive = exclusive
         self._dir = os.path.dirname(final)
-        makedirs_durable(self._dir)
         self._tmp = os.path.join(self._dir, temp_name_for(os.path.basename(final)))
         self._file: BinaryIO | None = open(self._tmp, "xb")  # noqa: SIM115 - closed in close/cancel
         self._manager = manager
@@ -228,7 +227,19 @@ class LocalFileManager:
         return os.path.join(self._root, validate_relative_path(path))
 
     def create(self, path: str, *, exclusive: bool = True) -> _LocalOutput:
-        return _LocalOutput(self, path, self._abs(path), exclusive)
+        return _LocalOutput(self, path, self._writable(path), exclusive)
+
+    def _writable(self, path: str) -> str:
+        """`path`'s absolute name, its directory created (durably) if it is inside the root with symlinks
+        resolved; a directory of the root that is a symlink out of it is refused naming the file: nothing is
+        written outside the root (DESIGN invariant 12)."""
+        full = self._abs(path)
+        if not self._inside_root(full):
+            raise CorruptFileError(
+                "reached through a symlink out of the checkpoint root: not written", self.uri_of(path)
+            )
+        makedirs_durable(os.path.dirname(full))
+        return full
 
     def put_file(self, local_path: str, path: str, *, exclusive: bool = True) -> int:
         """Publish by hard link when `local_path` is on the same file system (no second copy and
@@ -237,9 +248,8 @@ class LocalFileManager:
         After a link the published file shares `local_path`'s inode: callers publish only files they
         never modify again (sealed changelogs, RocksDB's immutable SSTs) and may unlink them.
         """
-        final = self._abs(path)
+        final = self._writable(path)
         directory = os.path.dirname(final)
-        makedirs_durable(directory)
         fd = os.open(local_path, os.O_RDONLY)
         try:
             # Only the bytes and size must be durable before the link (the directory fsync below makes the
@@ -315,16 +325,20 @@ class LocalFileManager:
         directory = os.path.dirname(full)
         if directory in self._dirs_inside:
             return True
-        real_root = self._real_root
-        if real_root is None:
-            real_root = self._real_root = os.path.realpath(self._root)
-        real_dir = os.path.realpath(directory)
-        inside = real_dir == real_root or real_dir.startswith(real_root.rstrip("/") + "/")
+        inside = self._resolves_inside(directory)
         if inside:
             if len(self._dirs_inside) >= _DIRS_REMEMBERED:
                 self._dirs_inside.clear()
             self._dirs_inside.add(directory)
         return inside
+
+    def _resolves_inside(self, directory: str) -> bool:
+        """Whether `directory`, symlinks resolved now, is the root's or under it."""
+        real_root = self._real_root
+        if real_root is None:
+            real_root = self._real_root = os.path.realpath(self._root)
+        real_dir = os.path.realpath(directory)
+        return real_dir == real_root or real_dir.startswith(real_root.rstrip("/") + "/")
 
     def open(self, path: str) -> BinaryIO:
         fd, _size = self._open_regular(path)
@@ -426,9 +440,17 @@ class LocalFileManager:
     def delete_many(self, paths: Iterable[str]) -> DeleteResult:
         result = DeleteResult()
         touched: set[str] = set()
+        inside: dict[str, bool] = {}  # resolved afresh per call, not remembered: a deletion is never followed out
         for path in validate_paths_to_delete(paths, allow_temp=True):
             full = os.path.join(self._root, path)
             fault_point("local.delete", path)
+            directory = os.path.dirname(full)
+            ok = inside.get(directory)
+            if ok is None:
+                ok = inside[directory] = self._resolves_inside(directory)
+            if not ok:  # a directory of the root symlinked out of it: nothing outside goes
+                result.errors[path] = "reached through a symlink out of the checkpoint root: not deleted"
+                continue
             try:
                 os.unlink(full)
             except FileNotFoundError:

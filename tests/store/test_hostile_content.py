@@ -371,6 +371,32 @@ class TestSpecialFiles:
         with pytest.raises(CorruptFileError, match="out of the checkpoint root"):
             open_file_manager(str(root)).read_bytes(commit_path(1))
 
+    def test_nothing_is_written_or_deleted_through_a_directory_symlinked_out_of_the_root(self, tmp_path: Path) -> None:
+        """A directory of the root replaced by a symlink out of it: a commit writes nothing there and a deletion
+        (maintenance's) removes nothing there, each naming the file."""
+        root, outside = tmp_path / "root", tmp_path / "outside"
+        with StateStore(str(root), OP, 0, config=StoreConfig(local_dir=str(tmp_path / "w"))) as s:
+            s.load(0)
+            s.put(b"k", b"v")
+            s.commit()
+        changelogs = root / StoreId(OP, 0).changelog(1, "0" * 32).rsplit("/", 1)[0]
+        outside.mkdir()
+        for f in changelogs.iterdir():
+            f.rename(outside / f.name)
+        changelogs.rmdir()
+        changelogs.symlink_to(outside)
+        before = tree_contents(outside, ())
+        fm = open_file_manager(str(root))
+        with StateStore(fm, OP, 0, config=StoreConfig(local_dir=str(tmp_path / "w2"))) as s:
+            s.load(0)  # version 0: nothing read through the link
+            s.put(b"k", b"w")
+            with pytest.raises(CorruptFileError, match="out of the checkpoint root: not written"):
+                s.commit()
+        victim = f"{changelogs.relative_to(root)}/{next(iter(before)).rsplit('/', 1)[1]}"
+        result = fm.delete_many([victim])
+        assert result.deleted == [] and "out of the checkpoint root" in result.errors[victim]
+        assert tree_contents(outside, ()) == before, "a file outside the root was written or deleted"
+
 
 class TestApiLimits:
     """Values and names the formats cannot hold are refused at the API, naming them."""
