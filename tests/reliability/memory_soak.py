@@ -353,7 +353,8 @@ BEGIN, END = "<!-- memory-soak -->", "<!-- /memory-soak -->"
 
 FINDINGS = [
     "measured here (2026-12-02, `make soak-hour`, 60 minutes on the 2-core machine with other test work beside "
-    "it part of the time, commit 9bab7f9; processes it started later ran the later commits of that day): 3,370 versions written, 1,473 maintenance cycles and 853 Dagster runs, "
+    "it part of the time, commit 9bab7f9; processes it started later ran that day's later commits): "
+    "3,370 versions written, 1,473 maintenance cycles and 853 Dagster runs, "
     "no error and no failed run. Every process stayed under its 256 MiB memory limit (RSS max 166, 167 and 244 "
     "MiB). RSS outside the block cache, median of each 10-minute window: writer 86, 87, 89, 90, 90, 91 (level "
     "from the half hour); maintainer 114, 118, 122, 125, 126, 127 (+1 MiB per 10 minutes at the end: levelling "
