@@ -17,7 +17,7 @@ from typing import Any, Protocol, cast
 import rocksdict as rd
 
 from statekeeper.store.errors import ConfigurationError, StatekeeperError, StoreStateError
-from statekeeper.store.formats.changelog import ChangelogWriter
+from statekeeper.store.formats.changelog import ChangelogWriter, encode_block_parts
 from statekeeper.store.formats.limits import MAX_KEY_BYTES, MAX_VALUE_BYTES
 from statekeeper.store.formats.names import shown
 from statekeeper.store.layout import StoreId
@@ -34,7 +34,9 @@ class Owner(Protocol):
 
     def _changelog(self) -> ChangelogWriter: ...
 
-    def _log_block(self, cf: str, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None: ...
+    def _log_block(
+        self, cf: str, keys: Sequence[bytes], values: Sequence[bytes | None], parts: tuple[bytes, ...] | None = None
+    ) -> None: ...
 
 
 def _arrow_to_list(values: Any) -> Sequence[Any]:
@@ -147,12 +149,13 @@ class ColumnFamily:
             )
 
     def delete(self, key: bytes) -> None:
-        if len(key) > MAX_KEY_BYTES:
+        size = len(key)
+        if size > MAX_KEY_BYTES:
             self._check_record(key, None)
         self._db_delete(key)
         self._keys.append(key)
         self._vals.append(None)
-        self._pending += len(key)
+        self._pending += size
         if self._pending >= self._limit:
             self._flush()
 
@@ -227,9 +230,19 @@ class ColumnFamily:
     def _write_batch(self, ks: Sequence[bytes], vs: Sequence[bytes | None]) -> None:
         if self._db_put is _closed:
             _closed()
-        if None in ks:
-            raise ConfigurationError(f"a key is None in a batch for column family {self.name!r}")
-        if max(map(len, ks), default=0) > MAX_KEY_BYTES or max(map(len, filter(None, vs)), default=0) > MAX_VALUE_BYTES:
+        # The changelog block first: it measures every record anyway, and its totals bound each record's size,
+        # so only a batch of that much data is looked at record by record, before anything reaches RocksDB.
+        parts: tuple[bytes, ...] | None = None
+        try:
+            parts = encode_block_parts(ks, vs)
+        except OverflowError:
+            pass  # a length past the format's 32-bit field: the record check below names it
+        except TypeError:
+            raise ConfigurationError(
+                f"a key or value of a batch for column family {self.name!r} is not bytes (None is a delete "
+                "only as a value)"
+            ) from None
+        if parts is None or len(parts[2]) > MAX_KEY_BYTES or len(parts[3]) > MAX_VALUE_BYTES:
             for k, v in zip(ks, vs, strict=True):
                 self._check_record(k, v)
         wb = rd.WriteBatch(raw_mode=True)
@@ -245,7 +258,7 @@ class ColumnFamily:
             deque(map(put, ks, vs), maxlen=0)
         self._db.write(wb)
         self._flush()
-        self._store._log_block(self.name, ks, vs)
+        self._store._log_block(self.name, ks, vs, parts)
 
     def _flush(self) -> None:
         if self._keys:

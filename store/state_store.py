@@ -309,9 +309,11 @@ class StateStore(PlanExecution):
     def _handle_of(self, cf_name: str) -> Any:
         return (self._cfs.get(cf_name) or self.column_family(cf_name))._handle
 
-    def _log_block(self, cf: str, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
+    def _log_block(
+        self, cf: str, keys: Sequence[bytes], values: Sequence[bytes | None], parts: tuple[bytes, ...] | None = None
+    ) -> None:
         assert self._writer is not None
-        self._writer.append_block(cf, keys, values)
+        self._writer.append_block(cf, keys, values, parts)
         relieve_memory_pressure()
 
     def _changelog(self) -> ChangelogWriter:

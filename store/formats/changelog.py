@@ -212,12 +212,17 @@ class ChangelogWriter:
         self.blocks = 0
         self.records = 0
 
-    def append_block(self, cf: str, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
+    def append_block(
+        self, cf: str, keys: Sequence[bytes], values: Sequence[bytes | None], parts: tuple[bytes, ...] | None = None
+    ) -> None:
+        """Append one block of `keys` / `values` (None: a delete); `parts`: their `encode_block_parts`, if the
+        caller has it already."""
         n = len(keys)
         if n == 0:
             return
         f = self._open_file()
-        parts = encode_block_parts(keys, values)
+        if parts is None:
+            parts = encode_block_parts(keys, values)
         raw_len = sum(map(len, parts))
         if raw_len > MAX_BLOCK_BYTES and n > 1:  # rare (one huge put_batch): blocks a reader may hold
             half = n // 2
