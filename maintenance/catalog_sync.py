@@ -55,7 +55,7 @@ from statekeeper.store.layout import (
     StoreId,
     parse_commit_name,
 )
-from statekeeper.store.snapshot import check_manifest, read_manifest
+from statekeeper.store.snapshot import read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -229,10 +229,8 @@ class _Syncer:
         assert c.operator is not None and c.partition is not None and c.version is not None and c.checkpoint_id
         store = StoreId(c.operator, c.partition)
         try:
-            if m is None:
+            if m is None:  # one the inventory parsed was checked by the same `read_manifest`
                 m = read_manifest(self.fm, store, c.version, c.checkpoint_id)
-            else:
-                check_manifest(store, m, c.version, c.checkpoint_id, f"{self.fm.root_uri}/{path}")
         except (CheckpointError, OSError) as e:
             return f"{path}: {e}"
         try:

@@ -233,8 +233,9 @@ class ColumnFamily:
         # The changelog block first: it measures every record anyway, and its totals bound each record's size,
         # so only a batch of that much data is looked at record by record, before anything reaches RocksDB.
         parts: tuple[bytes, ...] | None = None
+        deletes = None in vs
         try:
-            parts = encode_block_parts(ks, vs)
+            parts = encode_block_parts(ks, vs, deletes)
         except OverflowError:
             pass  # a length past the format's 32-bit field: the record check below names it
         except TypeError:
@@ -248,7 +249,7 @@ class ColumnFamily:
         wb = rd.WriteBatch(raw_mode=True)
         wb.set_default_column_family(self._handle)
         put, delete = wb.put, wb.delete
-        if None in vs:
+        if deletes:
             for k, v in zip(ks, vs, strict=True):
                 if v is None:
                     delete(k)

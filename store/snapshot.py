@@ -141,17 +141,12 @@ def sst_name(digest: str, existing: set[str], corrupt: frozenset[str] = frozense
 
 
 def read_manifest(fm: CheckpointFileManager, store: StoreId, version: int, checkpoint_id: str) -> SnapshotManifest:
-    """The manifest of snapshot (`version`, `checkpoint_id`) of `store`, refused unless it says it is that one."""
+    """The manifest of snapshot (`version`, `checkpoint_id`) of `store`; `CorruptFileError` naming it unless it says
+    it is that snapshot: a well-framed manifest of another version or store under this name would restore other
+    state as this version's."""
     path = store.manifest(version, checkpoint_id)
     name = manifest_uri(fm, path)
-    return check_manifest(store, SnapshotManifest.from_bytes(fm.read_bytes(path), name), version, checkpoint_id, name)
-
-
-def check_manifest(
-    store: StoreId, manifest: SnapshotManifest, version: int, checkpoint_id: str, name: str
-) -> SnapshotManifest:
-    """`manifest` if it names the snapshot its file name does, else `CorruptFileError` naming it: a well-framed
-    manifest of another version or store under this name would restore other state as this version's."""
+    manifest = SnapshotManifest.from_bytes(fm.read_bytes(path), name)
     expected = (store.operator, store.partition, version, checkpoint_id)
     got = (manifest.operator, manifest.partition, manifest.version, manifest.checkpoint_id)
     if got != expected:

@@ -109,13 +109,16 @@ def _u32(values: Sequence[int], typecode: str) -> bytes:
     return arr.tobytes()
 
 
-def encode_block_parts(keys: Sequence[bytes], values: Sequence[bytes | None]) -> tuple[bytes, ...]:
-    """The columnar payload as its four parts; `None` values are deletes.
+def encode_block_parts(
+    keys: Sequence[bytes], values: Sequence[bytes | None], deletes: bool | None = None
+) -> tuple[bytes, ...]:
+    """The columnar payload as its four parts; `None` values are deletes (`deletes`: whether there are any,
+    if the caller knows).
 
     Kept as parts (not joined) so the compressor and the file take them one by one: joining them
     into one fresh megabyte per block costs more than the rest of the encoding (page faults).
     """
-    if None in values:
+    if None in values if deletes is None else deletes:
         vlens = _u32([DELETED if v is None else len(v) for v in values], "i")
         vdata = b"".join([v for v in values if v is not None])
     else:

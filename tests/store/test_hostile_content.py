@@ -17,6 +17,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zstandard
@@ -33,7 +34,7 @@ from statekeeper.store.formats.framing import encode_frame, json_depth
 from statekeeper.store.formats.limits import MAX_JSON_DEPTH, MAX_VALUE_BYTES
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import StoreId, commit_path
-from statekeeper.store.snapshot import write_snapshot
+from statekeeper.store.snapshot import read_manifest, write_snapshot
 from statekeeper.store.state_store import StateStore
 from testkit.hostile import tree_contents
 
@@ -148,6 +149,37 @@ class TestHostileManifestNames:
         assert tree_contents(tmp, (Path(str(site["work"])),)) == before, "a file changed outside the work dir"
         assert (outside / "canary.txt").read_text() == "precious"
         plant(str(site["root"]), path, m.to_bytes())
+
+    @given(data=st.data())
+    @HYPO
+    def test_a_manifest_naming_another_snapshot_is_never_restored(
+        self, site: dict[str, object], data: st.DataObject
+    ) -> None:
+        """Every checksum right, only the identity it claims differs from its name (another operator, partition,
+        version or attempt): the load repairs around it from the changelogs, exactly, naming nothing outside."""
+        fm = open_file_manager(str(site["root"]))
+        path = str(site["manifest"])
+        m = SnapshotManifest.from_bytes(fm.read_bytes(path), path)
+        field = data.draw(st.sampled_from(["operator", "partition", "version", "checkpoint_id"]))
+        other: st.SearchStrategy[Any] = {
+            "operator": st.sampled_from(["agg2", "Agg", "x"]),
+            "partition": st.integers(1, 10_000),
+            "version": st.integers(0, 2**40).filter(lambda v: v != m.version),
+            "checkpoint_id": st.text("0123456789abcdef", min_size=32, max_size=32).filter(
+                lambda c: c != m.checkpoint_id
+            ),
+        }[field]
+        claimed: dict[str, Any] = {field: data.draw(other)}
+        plant(str(site["root"]), path, replace(m, **claimed).to_bytes())
+        try:
+            with pytest.raises(CorruptFileError, match="its name says") as ei:
+                read_manifest(fm, StoreId(OP, 0), m.version, m.checkpoint_id)
+            assert path in str(ei.value)
+            with load(site, VERSIONS, f"i{data.draw(st.integers(0, 10**9))}") as s:
+                assert {cf: dict(s.items(cf=cf)) for cf in s.column_families()} == site["state"]
+                assert s.last_load is not None and s.last_load.repaired_snapshots == 1
+        finally:
+            plant(str(site["root"]), path, m.to_bytes())
 
     def test_two_files_under_one_local_name_are_refused(self, site: dict[str, object]) -> None:
         fm = open_file_manager(str(site["root"]))

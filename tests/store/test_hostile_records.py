@@ -59,7 +59,7 @@ def plant(root: str, path: str, data: bytes) -> None:
     full.write_bytes(data)
 
 
-@given(body=hostile_bodies(("timestamp_ms", "num_partitions")))
+@given(body=hostile_bodies(("batch_id", "timestamp_ms", "num_partitions")))
 @HYPO
 def test_a_hostile_batch_file_is_refused_naming_it(tmp_path_factory: pytest.TempPathFactory, body: bytes) -> None:
     root = str(tmp_path_factory.mktemp("b") / "root")
@@ -92,7 +92,7 @@ def test_each_batch_file_class_is_refused(root: str, body: bytes) -> None:
         BatchRecords(fm, CommitLog(fm), OP).intent_partitions(7)
 
 
-@given(body=hostile_bodies(("watermark_ms", "max_event_ms")))
+@given(body=hostile_bodies(("batch_id", "watermark_ms", "max_event_ms")))
 @HYPO
 def test_a_hostile_event_time_record_is_refused_naming_it(
     tmp_path_factory: pytest.TempPathFactory, body: bytes
