@@ -353,7 +353,6 @@ def _local(base: str) -> Iterator[str]:
 def run(quick: bool) -> list[Table]:
     logging.getLogger("statekeeper.store.files.s3").setLevel(logging.WARNING)  # one line per delete request otherwise
     logging.getLogger("statekeeper.maintenance").setLevel(logging.WARNING)  # one line per run otherwise
-    logging.getLogger("werkzeug").setLevel(logging.CRITICAL)  # moto's server
     sizes = QUICK if quick else FULL
     base = tempfile.mkdtemp(prefix="bench-maintenance-")
     try:

@@ -172,7 +172,7 @@ def merge_sweeps(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 S3_SUITES_QUICK = ["tests/store/test_file_manager.py"]
 S3_SUITES = [*S3_SUITES_QUICK, "tests/store/test_model.py", "tests/store/test_async_commit.py", "tests/maintenance"]
-S3_IMPLEMENTATIONS = {"s3": "moto (ThreadedMotoServer)", "s3rver": "s3rver (Node.js, tests/s3rver)"}
+S3_IMPLEMENTATIONS = {"s3": "moto (served by waitress)", "s3rver": "s3rver (Node.js, tests/s3rver)"}
 """`checkpoint_root` parameter ids of the S3 backends (tests/conftest.py), and what each one is."""
 
 

@@ -15,12 +15,17 @@ maintainer wins each epoch.
   written; it raises `LeaseLostError` unless the holder's expiry is more than `safety_margin` away (else it
   renews first) and the successor of its epoch does not exist. A holder paused past its expiry thus finds
   its successor (a taker's) and deletes nothing.
+- **No epoch is taken twice.** A maintainer acts on a listing that may be stale by the time it creates the next
+  epoch; were that epoch's file already gone (deleted by a later release), its create would succeed and two would
+  hold the store. So an epoch file is deleted only `SUPERSEDED_KEEP_SECONDS` after its successor was created,
+  and a take whose listing is older than that (less the clock skew) lists again after its create and gives the
+  epoch up if a newer one exists.
 - Times are wall-clock seconds (`clock`, replaceable in tests); hosts' clocks must agree within
   `MAX_CLOCK_SKEW_SECONDS`.
 
 Cost: one create per store to take it and one to give it back; a cycle lists ``_leases/`` once for all its
 stores (`RootLeases.take_free`); a hold is read only when the newest epoch of a store is someone else's; the
-files before the newest are deleted by the next release, in one batch for all the stores released together.
+files superseded long enough are deleted by a release, in one batch for all the stores released together.
 """
 
 from __future__ import annotations
@@ -45,6 +50,11 @@ log = logging.getLogger(__name__)
 MAX_CLOCK_SKEW_SECONDS = 5.0
 """How far the wall clocks of two maintainers' hosts may disagree: a hold is taken over only this long after
 its expiry by the taker's clock."""
+SUPERSEDED_KEEP_SECONDS = 3 * MAX_CLOCK_SKEW_SECONDS
+"""An epoch file stays this long after its successor's create, so that a create acting on a listing that still
+showed it as the newest finds that successor (and fails) instead of a free name. A take whose listing started
+more than this less twice the skew before its create (5 s) lists once more (`RootLeases.try_take`). Each store
+keeps the epochs of about this long: two files a take."""
 MAX_RECORD_BYTES = 4096
 """A hold record is a few hundred bytes; a longer file is refused (checkpoint content is untrusted)."""
 
@@ -122,8 +132,9 @@ class Hold:
     store: StoreId
     epoch: int
     expires_at: float
-    stale: list[str] = field(default_factory=list)
-    """Older epoch files of the store, deleted when it is released."""
+    stale: list[tuple[str, float]] = field(default_factory=list)
+    """Older epoch files of the store, each with when its successor was created: deleted at the release once that
+    is `SUPERSEDED_KEEP_SECONDS` ago (else by a later holder's release)."""
     lost: LeaseLostError | None = None
     released: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -195,8 +206,9 @@ class RootLeases:
                 found.setdefault(store, []).append(info)
         return found
 
-    def try_take(self, store: StoreId, files: Sequence[FileInfo]) -> Hold | Busy:
-        """Take `store` given its epoch files (from `listing`): the hold, or who has it."""
+    def try_take(self, store: StoreId, files: Sequence[FileInfo], listed_at: float | None = None) -> Hold | Busy:
+        """Take `store` given its epoch files (from `listing`, started at `listed_at` on `time.monotonic`'s clock;
+        None: unknown): the hold, or who has it."""
         with self._lock:
             held = self.holds.get(store)
         if held is not None and not held.released and held.lost is None:
@@ -218,7 +230,12 @@ class RootLeases:
             self._create(lease_path(store, epoch), HoldRecord(self.owner, self.token, epoch, expires).to_bytes())
         except CheckpointFileExistsError:
             return Busy(store, "another maintainer (it took the same epoch first)", None)
-        hold = Hold(store, epoch, expires, stale=[f.path for _, f in epochs])
+        old_listing = listed_at is None or time.monotonic() - listed_at > SUPERSEDED_KEEP_SECONDS - 2 * self.max_skew
+        if old_listing and self._newer_than(store, epoch):  # its successors may have been deleted since
+            return Busy(store, "a maintainer with a newer epoch (this maintainer's listing was old)", None)
+        files_ = [f for _, f in epochs]
+        superseded = [f.mtime for f in files_[1:]] + [expires - self.ttl]  # by the next listed epoch, the last by ours
+        hold = Hold(store, epoch, expires, stale=[(f.path, at) for f, at in zip(files_, superseded, strict=False)])
         with self._lock:
             self.holds[store] = hold
         return hold
@@ -227,7 +244,8 @@ class RootLeases:
         """Take `store`, waiting up to `timeout` seconds for its holder; `MaintenanceBusyError` naming it."""
         t0 = time.monotonic()
         while True:
-            got = self.try_take(store, self.listing([store]).get(store, []))
+            listed_at = time.monotonic()
+            got = self.try_take(store, self.listing([store]).get(store, []), listed_at)
             if isinstance(got, Hold):
                 return got
             waited = time.monotonic() - t0
@@ -239,8 +257,9 @@ class RootLeases:
         """Try every store of `stores` once, after one listing of ``_leases/``."""
         if not stores:
             return {}
+        listed_at = time.monotonic()
         listed = self.listing()
-        return {s: self.try_take(s, listed.get(s, [])) for s in stores}
+        return {s: self.try_take(s, listed.get(s, []), listed_at) for s in stores}
 
     # -- holding -----------------------------------------------------------------------------------
     def holding(self, store: StoreId) -> bool:
@@ -297,7 +316,7 @@ class RootLeases:
         except CheckpointFileExistsError:
             hold.lost = self._lost(hold.store, "it expired and another maintainer took it over")
             raise hold.lost from None
-        hold.stale.append(lease_path(hold.store, hold.epoch))
+        hold.stale.append((lease_path(hold.store, hold.epoch), expires - self.ttl))
         hold.epoch, hold.expires_at = epoch, expires
         if self.fm.exists(lease_path(hold.store, epoch + 1)):  # our old epoch was cleaned up by a later holder
             hold.lost = self._lost(hold.store, "a later maintainer holds a newer epoch")
@@ -306,7 +325,8 @@ class RootLeases:
     # -- giving back -------------------------------------------------------------------------------
     def release(self, stores: Iterable[StoreId] | None = None) -> None:
         """Release `stores` (default: every hold): an empty next epoch each, then one deletion of the older
-        epoch files of them all. A hold already lost is left to its taker."""
+        epoch files of them all that were superseded `SUPERSEDED_KEEP_SECONDS` ago. A hold already lost is left to
+        its taker."""
         with self._lock:
             chosen = list(self.holds) if stores is None else [s for s in stores if s in self.holds]
             holds = [self.holds.pop(s) for s in chosen]
@@ -327,7 +347,8 @@ class RootLeases:
                 except Exception:
                     log.warning("cannot release the lease of store %s of %s", hold.store, self.fm.root_uri)
                     continue
-                old.extend([*hold.stale, lease_path(hold.store, hold.epoch)])
+                cutoff = self.clock() - SUPERSEDED_KEEP_SECONDS
+                old.extend(path for path, superseded_at in hold.stale if superseded_at <= cutoff)
         if old:
             result = self.fm.delete_many(old)
             for path, why in result.errors.items():
@@ -363,6 +384,9 @@ class RootLeases:
             f"lost the maintenance lease on store {store} of {self.fm.root_uri} ({why}); stop and rerun"
         )
 
+    def _newer_than(self, store: StoreId, epoch: int) -> bool:
+        return any((n or 0) > epoch for f in self.fm.list(lease_dir(store)) if (n := parse_lease_name(f.path)))
+
     def _uri(self, path: str) -> str:
         return f"{self.fm.root_uri.rstrip('/')}/{path}"
 
@@ -388,6 +412,7 @@ class StoreLease:
 
 __all__ = [
     "MAX_CLOCK_SKEW_SECONDS",
+    "SUPERSEDED_KEEP_SECONDS",
     "Busy",
     "Hold",
     "HoldRecord",

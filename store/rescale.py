@@ -600,25 +600,3 @@ def commit_rescale(
         result.slowest_build_seconds,
     )
     return result
-
-
-__all__ = [
-    "BuildRun",
-    "CfRule",
-    "GroupLedKeys",
-    "KeyGroupRules",
-    "PartitionBuild",
-    "PartitionRunner",
-    "RescaleError",
-    "RescalePlan",
-    "RescaleResult",
-    "SourceStores",
-    "build_partition",
-    "build_partitions",
-    "commit_rescale",
-    "contiguous_runs",
-    "execute_rescale",
-    "in_threads",
-    "plan_rescale",
-    "plan_rollback",
-]

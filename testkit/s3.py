@@ -1,6 +1,6 @@
-"""Local S3 for tests and benchmarks: moto's server (in a thread, or a child process with its own GIL), the
-environment that points statekeeper at it with fake credentials, bucket helpers, and a fault-injecting
-HTTP proxy in front of it.
+"""Local S3 for tests and benchmarks: moto's S3 served by waitress (in a thread, or a child process with its
+own GIL), the environment that points statekeeper at it with fake credentials, bucket helpers, and a
+fault-injecting HTTP proxy in front of it.
 
 The proxy speaks plain HTTP/1.1 to the client (botocore) and forwards each request to moto. It
 injects the failures S3 really produces (503 SlowDown, 500, connection resets before and after the
@@ -29,13 +29,18 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any, cast
 from urllib.parse import parse_qs, urlsplit
 
 import boto3
 from botocore.config import Config
+from waitress.channel import HTTPChannel
+from waitress.server import TcpWSGIServer
 
 log = logging.getLogger(__name__)
+
+REPOSITORY = Path(__file__).resolve().parent.parent
 
 S3_NS = "http://s3.amazonaws.com/doc/2006-03-01/"
 ET.register_namespace("", S3_NS)  # rewritten XML keeps S3's default namespace (no ns0: prefixes)
@@ -469,35 +474,76 @@ class FaultProxy:
             pass
 
 
+def moto_s3_app() -> Callable[..., Any]:
+    """moto's S3 as a WSGI application. S3 requests go straight to moto's S3 app: moto's own dispatcher
+    works out the service of every request anew (matching the URL patterns of every service it emulates),
+    over half of a small request's CPU; its /moto-api paths still reach the dispatcher."""
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+
+    dispatcher = DomainDispatcherApplication(create_backend_app)
+    s3 = create_backend_app("s3")
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        if environ.get("PATH_INFO", "").startswith("/moto-api"):
+            return dispatcher(environ, start_response)
+        return s3(environ, start_response)
+
+    return app
+
+
+class _Channel(HTTPChannel):
+    def send_continue(self) -> None:
+        # waitress 3.0 marks the request incomplete after its "100 Continue", so one whose body is empty
+        # (botocore's PUT of an empty object) was never served
+        request = self.request
+        assert request is not None
+        completed = request.completed
+        super().send_continue()
+        request.completed = completed
+
+
+class _MotoServer(TcpWSGIServer):
+    channel_class = _Channel
+
+
+def serve_moto(host: str, port: int) -> TcpWSGIServer:
+    """A waitress server of `moto_s3_app` on host:port (0: a free port), not yet running (`.run()`). Waitress
+    keeps connections alive between requests as S3 does (werkzeug's development server, moto's own, closes
+    every connection: a TCP connection and a thread per request)."""
+    logging.getLogger("waitress").setLevel(logging.ERROR)  # the serving banner; a busy queue is not news here
+    return _MotoServer(moto_s3_app(), host=host, port=port, threads=8, ident="moto")
+
+
 class MotoServer:
-    """moto's ThreadedMotoServer on 127.0.0.1 with a free port, quiet."""
+    """moto's S3 on 127.0.0.1 with a free port, in a thread of this process (`serve_moto`)."""
 
     def __init__(self) -> None:
-        from moto.server import ThreadedMotoServer
-
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)  # 0: a free port
+        self._server = serve_moto("127.0.0.1", 0)
+        self._thread = threading.Thread(target=self._server.run, name="moto", daemon=True)
 
     def start(self) -> MotoServer:
-        self._server.start()
+        self._thread.start()
         return self
 
     @property
     def endpoint_url(self) -> str:
-        host, port = self._server.get_host_and_port()
-        return f"http://{host}:{port}"
+        sock = self._server.socket
+        assert sock is not None
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
 
     def stop(self) -> None:
-        self._server.stop()
+        self._server.close()
+        self._thread.join(10)
 
 
 @contextmanager
 def moto_server() -> Iterator[str]:
-    """moto's server in a child process on 127.0.0.1 (its own GIL, like a real endpoint); its URL. For a
+    """moto's S3 in a child process on 127.0.0.1 (its own GIL, like a real endpoint); its URL. For a
     benchmark, or a test measuring its own process (the soak's RSS); `MotoServer` runs in a thread."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        [sys.executable, "-m", "testkit.s3", str(port)],
+        cwd=REPOSITORY,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -518,3 +564,7 @@ def moto_server() -> Iterator[str]:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+if __name__ == "__main__":  # `python -m testkit.s3 PORT`: moto's S3 on 127.0.0.1:PORT (`moto_server`)
+    serve_moto("127.0.0.1", int(sys.argv[1])).run()

@@ -25,6 +25,7 @@ from statekeeper.maintenance.orphans import clean_orphans
 from statekeeper.maintenance.plan import plan_store
 from statekeeper.maintenance.root_leases import (
     MAX_CLOCK_SKEW_SECONDS,
+    SUPERSEDED_KEEP_SECONDS,
     Hold,
     LeaseLostError,
     MaintenanceBusyError,
@@ -34,7 +35,7 @@ from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.sql import Catalog
 from statekeeper.store.errors import StatekeeperError
 from statekeeper.store.files import open_file_manager
-from statekeeper.store.layout import StoreId, lease_dir
+from statekeeper.store.layout import StoreId, lease_dir, lease_path
 from tests.maintenance.helpers import History, all_files, snapshotted_history
 
 
@@ -108,15 +109,51 @@ def _race_two_hosts(root: str, tmp_path: Path, seconds: float) -> None:
     for op, p, start, end in one:
         clash = [h for h in two if (h[0], h[1]) == (op, p) and h[2] < end and start < h[3]]
         assert not clash, f"store {op}/{p} held by both hosts at once: {(start, end)} and {clash[0][2:]}"
-    leftovers = [i.path for i in open_file_manager(root).list("_leases/")]
-    assert all(classify(path).kind == LEASE for path in leftovers)
-    assert len(leftovers) <= len(stores), f"each store keeps only its newest (released) epoch: {leftovers}"
+    fm = open_file_manager(root)
+    assert all(classify(i.path).kind == LEASE for i in fm.list("_leases/"))
+    # epochs stay a while after they are superseded; a take and release after that leave each store three: the
+    # release it found (superseded by its take just now), its hold and its release
+    later = RootLeases(fm, ttl=30, clock=lambda: time.time() + SUPERSEDED_KEEP_SECONDS + 1)
+    assert all(isinstance(got, Hold) for got in later.take_free([StoreId(op, p) for op, p in stores]).values())
+    later.release()
+    leftovers = [i.path for i in fm.list("_leases/")]
+    assert len(leftovers) == 3 * len(stores), f"older epochs are deleted: {leftovers}"
 
 
 def test_two_hosts_racing_for_the_same_stores_never_hold_one_at_once_local(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     root.mkdir()
     _race_two_hosts(root.as_uri(), tmp_path, seconds=2.0)
+
+
+def test_an_epoch_is_never_taken_twice_even_from_an_old_listing(tmp_path: Path) -> None:
+    """The race the two-host test once caught: a maintainer acts on a listing that still shows epoch 2 (a release)
+    as the newest, while others went on to epochs 3 and 4 and a cleanup deleted 3. Its create of 3 then finds a free
+    name. Superseded epochs stay `SUPERSEDED_KEEP_SECONDS` (a release within that deletes nothing of them), and a
+    take from a listing older than that lists again and gives the epoch up."""
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    fm = open_file_manager(root.as_uri())
+    store = StoreId("agg", 0)
+    now = [time.time()]  # compared with the files' times
+    a, b = (RootLeases(fm, ttl=30, owner=o, clock=lambda: now[0]) for o in ("a", "b"))
+    assert isinstance(a.take(store, timeout=0), Hold)
+    a.release()  # epochs 1 (hold), 2 (release)
+    old_listing = a.listing([store])[store]
+    assert isinstance(b.take(store, timeout=0), Hold)  # 3
+    b.release()  # 4; the superseded 1, 2 and 3 stay
+    assert len(list(fm.list(lease_dir(store)))) == 4
+
+    now[0] += SUPERSEDED_KEEP_SECONDS + 1  # long enough: the next release deletes what was superseded before
+    assert isinstance(b.take(store, timeout=0), Hold)  # 5
+    b.release()  # 6; 1..3 deleted; 4 and 5 (superseded just now) stay
+    assert len(list(fm.list(lease_dir(store)))) == 3
+    assert not fm.exists(lease_path(store, 3)), "epoch 3 is a free name again"
+
+    late = RootLeases(fm, ttl=30, owner="late", clock=lambda: now[0])
+    got = late.try_take(store, old_listing, listed_at=time.monotonic() - SUPERSEDED_KEEP_SECONDS)
+    assert not isinstance(got, Hold), "a take from an old listing must not hold the store beside epoch 6"
+    assert isinstance(late.take(store, timeout=0), Hold), "from a fresh listing it takes epoch 7"
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ from statekeeper.store.errors import (
     ConfigurationError,
 )
 from statekeeper.store.files import open_file_manager
-from statekeeper.store.files.s3 import MIN_PART_SIZE, WRITE_ID_META, S3FileManager
+from statekeeper.store.files.s3 import MIN_PART_SIZE, S3FileManager, write_id_of
 from testkit.s3 import FaultProxy, Request, all_keys, incomplete_uploads, s3_client
 
 MiB = 1 << 20
@@ -81,7 +81,7 @@ def test_small_create_is_one_put_published_on_close(fm: S3FileManager, raw: Any,
     out.close()
     assert fm.read_bytes("a/small.bin") == b"hello world"
     head = raw.head_object(Bucket=s3_bucket, Key="root/a/small.bin")
-    assert WRITE_ID_META in head["Metadata"]
+    assert write_id_of(head)
     assert incomplete_uploads(raw, s3_bucket) == []
 
 
@@ -408,3 +408,12 @@ def test_a_load_fetches_each_changelog_once(
     changelog_gets = [k for k in gets if "/changelogs/" in k]
     # once each for the replay, and the newest once more: the load plan reads its lineage first
     assert len(set(changelog_gets)) == 5 and len(changelog_gets) == 6, gets
+
+
+def test_the_write_id_is_found_however_the_store_spells_its_metadata_name() -> None:
+    """S3 returns metadata names in lower case; a server that canonicalises header names (Go's, and the waitress
+    that serves moto to these tests) capitalises them. A published object must be recognised either way."""
+    assert write_id_of({"Metadata": {"statekeeper-write-id": "a1"}}) == "a1"
+    assert write_id_of({"Metadata": {"Statekeeper-Write-Id": "a1"}}) == "a1"
+    assert write_id_of({"Metadata": {"other": "a1"}}) is None
+    assert write_id_of({}) is None

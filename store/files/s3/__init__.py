@@ -24,7 +24,7 @@ from __future__ import annotations
 from statekeeper.store.files.s3.listing import IncompleteUpload
 from statekeeper.store.files.s3.manager import S3FileManager
 from statekeeper.store.files.s3.options import MAX_DELETE_BATCH, MAX_PART_SIZE, MAX_PARTS, MIN_PART_SIZE, MiB, S3Options
-from statekeeper.store.files.s3.root import WRITE_ID_META
+from statekeeper.store.files.s3.root import WRITE_ID_META, write_id_of
 from statekeeper.store.files.s3.uri import parse_s3_uri
 
 __all__ = [
@@ -38,4 +38,5 @@ __all__ = [
     "S3FileManager",
     "S3Options",
     "parse_s3_uri",
+    "write_id_of",
 ]

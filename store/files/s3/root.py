@@ -33,6 +33,15 @@ WRITE_ID_META = "statekeeper-write-id"
 """Object metadata holding the random id of the write that published it (see `upload.py`)."""
 
 
+def write_id_of(answer: Mapping[str, Any]) -> str | None:
+    """The write id in a HEAD/GET answer's metadata. Its name comes back spelled as the store sends the header
+    (S3 in lower case; servers that canonicalise header names, as Go's does, capitalised): compared without case."""
+    for name, value in answer.get("Metadata", {}).items():
+        if name.lower() == WRITE_ID_META:
+            return cast(str, value)
+    return None
+
+
 class S3Root:
     """`s3://bucket/prefix` with its settings; the client is looked up on first use."""
 
@@ -124,7 +133,7 @@ class S3Root:
         """Whether a HEAD/GET answer shows a finished publish: always on S3; with `verify_published`
         (a store that shows objects while they upload) only when the write-id metadata, which such a
         store writes last, is there."""
-        return not self.options.verify_published or WRITE_ID_META in answer.get("Metadata", {})
+        return not self.options.verify_published or write_id_of(answer) is not None
 
     def head(self, key: str, path: str) -> dict[str, Any] | None:
         """HeadObject, or None when absent (or not yet published). A HEAD 404 does not say whether the
@@ -145,7 +154,7 @@ class S3Root:
     def written_by(self, key: str, write_id: str) -> bool:
         """Whether the object at `key` was published by the write with id `write_id`."""
         head = self.head(key, key[len(self.key_prefix) :])
-        return head is not None and head.get("Metadata", {}).get(WRITE_ID_META) == write_id
+        return head is not None and write_id_of(head) == write_id
 
     def verify_bucket(self) -> None:
         """HeadBucket: a missing bucket is a configuration error naming it and the endpoint."""
