@@ -54,10 +54,20 @@ class Segment:
 
     records: tuple[CommitRecord, ...]
     operator: str
+    before: CommitRecord | None = None
+    """The committed record of the version before the first, when the history holds it."""
 
     @property
     def partitions(self) -> int:
         return len(self.records[0].checkpoint_ids[self.operator])
+
+    def parent(self, partition: int) -> str | None:
+        """The checkpoint id the first changelog of partition `partition` extends, when known."""
+        before = self.before
+        if before is None or before.version != self.records[0].version - 1:
+            return None
+        ids = before.checkpoint_ids.get(self.operator)
+        return ids[partition] if ids is not None and len(ids) == self.partitions else None
 
     def refs(self, partition: int) -> list[ChangeRef]:
         """The changelogs partition `partition` wrote in this segment, oldest first."""
@@ -204,18 +214,20 @@ class BatchHistory:
         reached = oldest.batch < first or (self._complete and self._expired is None)
         if not reached and (oldest.batch > first or self.operator in oldest.change):
             raise self._gone(first)
-        in_range = [r for r in reversed(self._path) if first <= r.batch and r.version <= end]
         segments: list[Segment] = []
         run: list[CommitRecord] = []
-        for record in in_range:
-            if self.operator in record.change:  # a rescale or rollback copies state: not a change
+        before: CommitRecord | None = None  # the record before the run
+        for record in reversed(self._path):  # oldest first
+            if record.version > end:
+                break
+            if record.batch < first or self.operator in record.change:  # a rescale or rollback copies state
                 if run:
-                    segments.append(Segment(tuple(run), self.operator))
-                run = []
+                    segments.append(Segment(tuple(run), self.operator, before))
+                run, before = [], record
                 continue
             run.append(record)
         if run:
-            segments.append(Segment(tuple(run), self.operator))
+            segments.append(Segment(tuple(run), self.operator, before))
         return segments
 
 

@@ -244,19 +244,19 @@ class _StateReader(DataSourceReader):
         if not self.opts.change_feed:
             return [InputPartition((p, ckpt)) for p, ckpt in enumerate(self.opts.ids)]
         parts = [
-            InputPartition((p, tuple((r.version, r.checkpoint_id, r.batch_id) for r in seg.refs(p))))
+            InputPartition((p, seg.parent(p), tuple((r.version, r.checkpoint_id, r.batch_id) for r in seg.refs(p))))
             for seg in self.opts.segments
             for p in range(seg.partitions)
         ]
-        return parts or [InputPartition((0, ()))]
+        return parts or [InputPartition((0, None, ()))]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         opts = self.opts
         if self.feed_schemas is not None:
-            p, refs = partition.value
+            p, parent, refs = partition.value
             key_schema, records = self.feed_schemas
             where = f" (operator {opts.operator}, change feed of partition {p})"
-            yield from _change_rows(opts, TypedSchemas(key_schema, records, where), p, refs)
+            yield from _change_rows(opts, TypedSchemas(key_schema, records, where), p, parent, refs)
             return
         p, ckpt = partition.value
         work = tempfile.mkdtemp(prefix="statekeeper-reader-")
@@ -325,15 +325,16 @@ def change_feed(view: StateView, name: str, first_batch: int) -> Iterator[Change
 
 
 def _change_rows(
-    opts: _Options, schemas: TypedSchemas, p: int, refs: tuple[tuple[int, str, int], ...]
+    opts: _Options, schemas: TypedSchemas, p: int, parent: str | None, refs: tuple[tuple[int, str, int], ...]
 ) -> Iterator[tuple[Any, ...]]:
-    """The change feed rows partition `p` wrote at `refs` ((version, checkpoint id, batch id))."""
+    """The change feed rows partition `p` wrote at `refs` ((version, checkpoint id, batch id)), the first
+    extending the committed checkpoint id `parent` (None: not known)."""
     assert opts.var is not None
     record = schemas.records.get(opts.var)
     if record is None or not refs:
         return
     fm = open_file_manager(opts.root)
-    for c in schemas.changes_of(fm, StoreId(opts.operator, p), opts.var, refs):
+    for c in schemas.changes_of(fm, StoreId(opts.operator, p), opts.var, refs, parent):
         if record.kind == "map":
             yield c.batch_id, c.change_type, c.key, c.user_key, c.value, p
         else:

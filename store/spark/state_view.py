@@ -96,16 +96,24 @@ class TypedSchemas:
         return key, uk_codec.decode(storage_key, end)
 
     def changes_of(
-        self, fm: CheckpointFileManager, store: StoreId, name: str, refs: Iterable[tuple[int, str, int]]
+        self,
+        fm: CheckpointFileManager,
+        store: StoreId,
+        name: str,
+        refs: Iterable[tuple[int, str, int]],
+        parent: str | None = None,
     ) -> Iterator[Change]:
         """The committed changes of `name` in the changelogs of `store` at `refs` ((version, checkpoint id,
-        batch id), in order); each change carries its ref's batch id."""
+        batch id), in order); each change carries its ref's batch id. `parent`: the committed checkpoint id of
+        the version before the first ref, when it is known (the first changelog must extend it)."""
         fmt = self.value_format(name)
         uk_codec = self._user_key_codec(name) if self._record(name).kind == "map" else None
         before: tuple[int, str] | None = None
         for version, ckpt, batch in refs:
             path = store.changelog(version, ckpt)
             where = f"{fm.root_uri}/{path}"
+            if before is None and parent is not None:
+                before = (version - 1, parent)
             with open_seekable(fm, path) as f:
                 reader = ChangelogReader(f, where)
                 # the file is the committed attempt's, and it extends the committed attempt before it

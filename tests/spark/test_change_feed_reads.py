@@ -151,13 +151,16 @@ def test_a_changelog_numbering_a_schema_differently_is_refused(tester: TwsTester
         store.close()
 
 
-@pytest.mark.parametrize("hostile", ["another version's changelog", "built on a losing attempt"])
+@pytest.mark.parametrize(
+    "hostile", ["another version's changelog", "built on a losing attempt", "the range's first, on a losing attempt"]
+)
 def test_a_well_framed_changelog_that_is_not_the_committed_attempts_is_refused_naming_it(
     tester: TwsTester, tmp_path: Path, hostile: str
 ) -> None:
     """The reader's feed decodes the changelogs the commit records name, without a load: a file at a committed
     name whose header, every checksum right, names another version, or which extends an attempt that lost its
-    version, holds the wrong changes and is refused naming it (not read as that batch's changes)."""
+    version (also as the first of the range read: it is checked against the committed record before the range),
+    holds the wrong changes and is refused naming it (not read as that batch's changes)."""
     src = Path(LocalFileManager(tester.root).root_path)
     shutil.copytree(src, tmp_path / "root")
     root = (tmp_path / "root").as_uri()
@@ -176,7 +179,11 @@ def test_a_well_framed_changelog_that_is_not_the_committed_attempts_is_refused_n
     try:
         store.load(3)  # below the planted file: the schemas, as the reader's driver reads them
         view = StateView(store)
-        feed = TypedSchemas(view.key_schema, view.records, "").changes_of(fm, store_id, "totals", refs)
+        schemas = TypedSchemas(view.key_schema, view.records, "")
+        if hostile == "the range's first, on a losing attempt":
+            feed = schemas.changes_of(fm, store_id, "totals", refs[4:], parent=refs[3][1])
+        else:
+            feed = schemas.changes_of(fm, store_id, "totals", refs)
         with pytest.raises(error, match=re.escape(path)):
             list(feed)
     finally:

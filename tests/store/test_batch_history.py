@@ -134,6 +134,11 @@ def test_batch_history_matches_the_model(steps: list[tuple[str, int]], expire: i
                 assert [(r.version, r.batch_id) for r in s.refs(p)] == [
                     (v.version, model.batch[v.version]) for v in s.records
                 ]
+                # the first changelog's parent: the committed id of the version before, when the chain holds it
+                before = s.records[0].version - 1
+                if before in history and before > floor:
+                    record = log.get(before)
+                    assert record is not None and s.parent(p) == record.checkpoint_ids[OP][p]
 
 
 def test_a_rollback_record_without_its_source_falls_back_to_the_newest_version_of_its_batch(tmp_path: Path) -> None:
