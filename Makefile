@@ -6,6 +6,9 @@ STAMP  := $(VENV)/.installed
 # s3rver, the second S3 implementation the tests run against (beside moto), from the npm registry
 S3RVER_DIR   := tests/s3rver
 S3RVER_STAMP := $(S3RVER_DIR)/node_modules/.installed
+# Python caches compiled modules (__pycache__/, ignored by git) even where the shell says not to: the tests start
+# hundreds of Python processes, which would otherwise compile the same modules again each time.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup run test test-all test-model-long reliability soak soak-hour lint typecheck bench check-prereqs check-prereqs-run clean
 

@@ -1,7 +1,8 @@
 """The process-wide boto3 S3 clients and part-upload threads every S3 checkpoint root shares.
 
-Making a boto3 client costs ~0.1-0.5 s of CPU and a Spark executor opens a manager per partition,
-so there is one client per process and distinct client settings. Its botocore `Config` carries the
+Making a boto3 client costs ~0.1-0.5 s of CPU, most of it reading the service models (read once per process
+here), and a Spark executor opens a manager per partition, so there is one client per process and distinct
+client settings. Its botocore `Config` carries the
 retry mode (`standard`, or `adaptive` for client-side rate limiting) and the attempt budget: every
 request statekeeper sends is retried by botocore, never by a loop of ours.
 
@@ -21,6 +22,7 @@ from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, cast
 
 import boto3
+import botocore.loaders
 import botocore.session
 import botocore.utils
 from botocore.config import Config
@@ -34,6 +36,8 @@ log = logging.getLogger(__name__)
 
 _shared_lock = threading.Lock()
 _clients: dict[tuple[Any, ...], S3Client] = {}
+_loader = botocore.loaders.create_loader()
+"""The service models every client of the process reads: loaded once, they are most of a client's making."""
 _upload_pool: tuple[int, ThreadPoolExecutor] | None = None
 UPLOAD_THREADS = 32
 """Part uploads in flight per process; each open output has at most one (memory stays bounded)."""
@@ -79,9 +83,11 @@ def shared_client(options: S3Options) -> S3Client:
             max_pool_connections=options.max_pool_connections,
             s3=cast(Any, {"addressing_style": style}),
         )
-        core = botocore.session.get_session()
+        core = botocore.session.get_session()  # not shared: each client resolves the credentials when made
+        core.register_component("data_loader", _loader)
         core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
         session = boto3.session.Session(botocore_session=core)
+        _loader.search_paths[:] = dict.fromkeys(_loader.search_paths)  # boto3 adds its own on every session
         region = options.region_name or session.region_name or "us-east-1"
         client = session.client("s3", endpoint_url=options.endpoint_url, region_name=region, config=config)
         _clients[key] = client
