@@ -53,7 +53,8 @@ run: check-prereqs-run $(STAMP)
 # servers, Spark, subprocesses and timers often enough; 4 kept both cores busy to the end, 3 left them 5% idle),
 # a test file to a worker at a time (a file's module fixtures start once); each worker starts its own session
 # servers (Spark, S3, PostgreSQL) on free ports. The few files of one long test go out first
-# (tests/conftest.py HANDED_OUT_FIRST), then xdist's order (most tests first). mypy (a minute from a clean
+# (tests/conftest.py HANDED_OUT_FIRST), then xdist's order (most tests first); tests/spark/ goes to two of the
+# workers while other files are left (SPARK_WORKERS: a Spark session per worker). mypy (a minute from a clean
 # clone) checks beside the tests; either failing fails the target.
 TEST_WORKERS ?= 4
 test: $(STAMP) $(S3RVER_STAMP) $(JVM_CLASSES)

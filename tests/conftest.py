@@ -76,6 +76,11 @@ HANDED_OUT_FIRST = (
 then the rest in xdist's order (most tests first). xdist alone hands them out last, so the run ended with one of
 them on one core and the other core idle."""
 
+SPARK_SUITE = "tests/spark/"
+SPARK_WORKERS = ("gw0", "gw1")
+"""The workers that take the files of `SPARK_SUITE` while any other file is left: each worker running one starts a
+Spark session and a JVM warmed by its first streaming query (~15 CPU-s), kept to the end of the run."""
+
 
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 """Java options of every JVM a test starts (Spark sessions, the standalone cluster and its executors, the Connect
@@ -202,12 +207,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadFileScheduling  # type: ignore[import-untyped]
 
     class LongFilesFirst(LoadFileScheduling):  # type: ignore[misc]
-        """xdist's file scheduling with `HANDED_OUT_FIRST` moved to the front of its queue."""
+        """xdist's file scheduling with `HANDED_OUT_FIRST` moved to the front of its queue, and each worker
+        taking the first file on its side of `SPARK_WORKERS` (any file when its side has none left)."""
 
         def _assign_work_unit(self, node: Any) -> None:
             for scope in reversed(HANDED_OUT_FIRST):
                 if scope in self.workqueue:
                     self.workqueue.move_to_end(scope, last=False)
+            spark_side = node.gateway.id in SPARK_WORKERS
+            mine = next((s for s in self.workqueue if s.startswith(SPARK_SUITE) == spark_side), None)
+            if mine is not None:
+                self.workqueue.move_to_end(mine, last=False)
             super()._assign_work_unit(node)
 
     return LongFilesFirst(config, log)
