@@ -7,7 +7,9 @@ A processor written for PySpark computes on the frames it is given (``ts.astype(
   with a zone (Spark's ``TIMESTAMP``) they are converted to the session time zone and made naive, as
   PySpark's ``_check_series_localize_timestamps`` does; ``TIMESTAMP_NTZ`` stays naive;
 - dates are ``datetime.date`` objects, decimals ``decimal.Decimal``, binaries ``bytes``;
-- maps are ``dict`` (nested ones too), structs ``dict``, arrays NumPy arrays;
+- maps are ``dict`` (nested ones too), structs ``dict``, arrays NumPy arrays; integers inside them stay ``int``
+  beside nulls (a top-level integer column with nulls is ``float64``, as in PySpark), timestamps inside them are
+  naive ``pandas.Timestamp`` (a ``TIMESTAMP`` in the session time zone);
 - every frame is indexed from 0 (one key's slice of a chunk is re-indexed);
 - a key's rows come in frames of at most ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows and about
   ``maxBytesPerBatch`` bytes (`FrameLimits`), as PySpark cuts its Arrow batches.
@@ -32,12 +34,56 @@ from statekeeper.store.errors import ConfigurationError
 
 def to_pandas(table: pa.Table, time_zone: str | None = "UTC") -> Any:
     """`table` as PySpark hands it to a pandas processor (see the module docstring)."""
-    pdf = table.to_pandas(date_as_object=True, coerce_temporal_nanoseconds=True, maps_as_pydicts="strict")
+    options: dict[str, Any] = {"date_as_object": True, "coerce_temporal_nanoseconds": True, "maps_as_pydicts": "strict"}
+    nested = [i for i, field in enumerate(table.schema) if pa.types.is_nested(field.type)]
+    if not nested:
+        pdf = table.to_pandas(**options)
+    else:  # integers inside structs, arrays and maps stay ints beside nulls (PySpark's integer_object_nulls)
+        flat = [i for i in range(table.num_columns) if i not in set(nested)]
+        pdf = table.select(flat).to_pandas(**options)
+        for i in nested:
+            column = table.column(i).to_pandas(integer_object_nulls=True, **options)
+            convert = _nested_timestamps(table.schema.field(i).type, time_zone or "UTC")
+            if convert is not None:
+                column = column.map(convert, na_action="ignore")
+            pdf.insert(i, table.schema.field(i).name, column, allow_duplicates=True)
     for field in table.schema:
         if pa.types.is_timestamp(field.type) and field.type.tz is not None:
             column = pdf[field.name]
             pdf[field.name] = column.dt.tz_convert(time_zone or "UTC").dt.tz_localize(None)
     return pdf
+
+
+def _nested_timestamps(t: pa.DataType, zone: str) -> Callable[[Any], Any] | None:
+    """The conversion of a nested value of type `t` whose timestamps PySpark makes ``pandas.Timestamp`` (naive, in
+    the session time zone for Spark's ``TIMESTAMP``), as its ``_create_converter_to_pandas`` does; None: none in it."""
+    if pa.types.is_timestamp(t):
+        timestamp: Callable[[Any], Any] = importlib.import_module("pandas").Timestamp
+        if t.tz is None:
+            return timestamp
+
+        def zoned(v: Any) -> Any:
+            ts = timestamp(v)
+            return (ts if ts.tzinfo is not None else ts.tz_localize("UTC")).tz_convert(zone).tz_localize(None)
+
+        return zoned
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        element = _nested_timestamps(t.value_type, zone)
+        if element is None:
+            return None
+        return lambda v: np.array([None if x is None else element(x) for x in v])
+    if pa.types.is_map(t):
+        key, item = _nested_timestamps(t.key_type, zone), _nested_timestamps(t.item_type, zone)
+        if key is None and item is None:
+            return None
+        k, i = key or (lambda x: x), item or (lambda x: x)
+        return lambda v: {k(a): None if b is None else i(b) for a, b in v.items()}
+    if pa.types.is_struct(t):
+        fields = [(f.name, _nested_timestamps(f.type, zone)) for f in t]
+        if all(c is None for _, c in fields):
+            return None
+        return lambda v: {n: v.get(n) if c is None or v.get(n) is None else c(v[n]) for n, c in fields}
+    return None
 
 
 @dataclass(frozen=True)

@@ -248,8 +248,8 @@ def pylist(column: pa.Array | pa.ChunkedArray) -> list[Any]:
         fast = pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
     if fast:
         values: list[Any] = column.to_numpy(zero_copy_only=False).tolist()
-    else:  # maps as dicts, as PySpark's Rows have them (pyarrow's default is a list of pairs)
-        values = column.to_pylist(maps_as_pydicts="strict")
+    else:  # structs as dicts and maps as lists of (key, value) pairs: PySpark's row flavour hands over as_py()
+        values = column.to_pylist()
     return values
 
 
