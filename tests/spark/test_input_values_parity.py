@@ -123,10 +123,11 @@ def test_the_values_a_processor_is_handed_are_pysparks(spark: Any, tmp_path: Pat
     def stream() -> Any:
         return spark.readStream.schema(INPUT).parquet(str(tmp_path / "in"))
 
-    conf = {**CONF, "spark.sql.shuffle.partitions": "1"}  # both keys in one task on each side, as pandas
-    # converts a task's Arrow batch at once (a key's nullable integers are floats if another key has a null)
-    before = spark.conf.get("spark.sql.shuffle.partitions")
-    for key, value in conf.items():
+    # both keys in one task on each side, as pandas converts a task's Arrow batch at once (a key's nullable
+    # integers are floats if another key has a null); timestamps in a session time zone other than UTC
+    changed = {"spark.sql.shuffle.partitions": "1", "spark.sql.session.timeZone": "America/Los_Angeles"}
+    before = {key: spark.conf.get(key) for key in changed}
+    for key, value in {**CONF, **changed}.items():
         spark.conf.set(key, value)
     try:
         expected = _Collect()
@@ -154,7 +155,8 @@ def test_the_values_a_processor_is_handed_are_pysparks(spark: Any, tmp_path: Pat
     finally:
         for key in CONF:
             spark.conf.unset(key)
-        spark.conf.set("spark.sql.shuffle.partitions", before)
+        for key, value in before.items():
+            spark.conf.set(key, value)
     assert list(expected.batches) == [0]
     ours, theirs = set(got.batches[0]), set(expected.batches[0])
     assert ours == theirs, f"ours only: {sorted(ours - theirs)}\nPySpark's only: {sorted(theirs - ours)}"
