@@ -34,7 +34,13 @@ log = logging.getLogger(__name__)
 TEMP_SUFFIX = ".tmp"
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 """A reader never follows a symlink at the file's own name and never blocks opening it (a FIFO)."""
-_DIRS_REMEMBERED = 4096
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+"""Each directory below the root is opened from its parent's descriptor without following a symlink, so a file is
+read, written or deleted in the directory it was named in, whatever is renamed or linked meanwhile."""
+_DIRS_OPEN = 256
+"""Directory descriptors a deletion keeps open at once (each synced once its deletions are done)."""
+THROUGH_A_LINK = "reached through a symlink or non-directory, perhaps out of the checkpoint root"
 FileInfos = list[FileInfo]  # spelled here: inside `LocalFileManager`, `list` is its method
 Paths = list[str]
 
@@ -72,13 +78,21 @@ def makedirs_durable(path: str) -> None:
 
 
 class _LocalOutput(PublishOnExit):
-    def __init__(self, manager: LocalFileManager, path: str, final: str, exclusive: bool) -> None:
+    """A temp file beside `name` in the open `directory` (a descriptor this output owns), published under `name`."""
+
+    def __init__(self, manager: LocalFileManager, path: str, directory: int, name: str, exclusive: bool) -> None:
         self.path = path
-        self._final = final
+        self._final = name
         self._exclusive = exclusive
-        self._dir = os.path.dirname(final)
-        self._tmp = os.path.join(self._dir, temp_name_for(os.path.basename(final)))
-        self._file: BinaryIO | None = open(self._tmp, "xb")  # noqa: SIM115 - closed in close/cancel
+        self._dir = directory
+        self._tmp = temp_name_for(name)
+        self._tmp_left = True  # until it is published or removed
+        try:
+            fd = os.open(self._tmp, _CREATE_FLAGS, 0o666, dir_fd=directory)
+        except BaseException:
+            os.close(directory)
+            raise
+        self._file: BinaryIO | None = os.fdopen(fd, "wb")
         self._manager = manager
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
@@ -111,20 +125,22 @@ class _LocalOutput(PublishOnExit):
             finally:
                 f.close()
             fault_point("local.publish", self.path)
+            d = self._dir
             if self._exclusive:
                 try:
-                    os.link(self._tmp, self._final)
+                    os.link(self._tmp, self._final, src_dir_fd=d, dst_dir_fd=d)
                 except FileExistsError:
                     raise overwrite_refused(self._manager.uri_of(self.path)) from None
                 fault_point("local.published", self.path)
-                os.unlink(self._tmp)
+                os.unlink(self._tmp, dir_fd=d)
+                self._tmp_left = False
             else:
-                os.replace(self._tmp, self._final)
+                os.replace(self._tmp, self._final, src_dir_fd=d, dst_dir_fd=d)
+                self._tmp_left = False
                 fault_point("local.published", self.path)
-            fsync_dir(self._dir)
+            os.fsync(d)
         finally:  # a failed flush or fsync (ENOSPC, EIO) leaves no temp file behind either
-            if os.path.lexists(self._tmp):
-                os.unlink(self._tmp)
+            self._remove_temp()
 
     def cancel(self) -> None:
         f = self._file
@@ -132,8 +148,17 @@ class _LocalOutput(PublishOnExit):
         if f is not None:
             with contextlib.suppress(OSError):  # its buffer may not flush (ENOSPC): it goes anyway
                 f.close()
-        if os.path.lexists(self._tmp):
-            os.unlink(self._tmp)
+        if self._dir >= 0:
+            self._remove_temp()
+
+    def _remove_temp(self) -> None:
+        try:
+            if self._tmp_left:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self._tmp, dir_fd=self._dir)
+        finally:
+            os.close(self._dir)
+            self._dir = -1
 
 
 def _sorted_entries(
@@ -209,8 +234,6 @@ class LocalFileManager:
         if os.path.exists(self._root) and not os.path.isdir(self._root):
             raise ConfigurationError(f"checkpoint root {self._root!r} exists and is not a directory")
         self._root_uri = Path(self._root).as_uri()  # once: every file's name and cache key starts with it
-        self._real_root: str | None = None
-        self._dirs_inside: set[str] = set()
 
     @property
     def root_uri(self) -> str:
@@ -223,23 +246,55 @@ class LocalFileManager:
     def uri_of(self, path: str) -> str:
         return f"{self.root_uri}/{path}"
 
-    def _abs(self, path: str) -> str:
-        return os.path.join(self._root, validate_relative_path(path))
+    def _directory(self, rel_dir: str, path: str, *, create: bool = False) -> int:
+        """A descriptor of the root's directory `rel_dir` ("": the root), each directory on the way opened from
+        its parent's descriptor without following a symlink (created, durably, if `create`). A symlink or a
+        file on the way is a `CorruptFileError` naming `path`: nothing is read, written or deleted outside the
+        root, even through a directory replaced by a symlink after a check (DESIGN invariant 12)."""
+        if create and not os.path.isdir(self._root):
+            makedirs_durable(self._root)
+        fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+        for name in rel_dir.split("/") if rel_dir else ():
+            try:
+                child = self._child(fd, name, path, create)
+            finally:
+                os.close(fd)
+            fd = child
+        return fd
+
+    def _child(self, parent: int, name: str, path: str, create: bool) -> int:
+        try:
+            try:
+                return os.open(name, _DIR_FLAGS, dir_fd=parent)
+            except FileNotFoundError:
+                if not create:
+                    raise
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, dir_fd=parent)
+                os.fsync(parent)
+            return os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise CorruptFileError(
+                    THROUGH_A_LINK + (": not written" if create else ""), self.uri_of(path)
+                ) from None
+            raise
+
+    def _entry(self, path: str) -> tuple[int, str]:
+        """(descriptor of `path`'s directory, its name there); FileNotFoundError naming it if a directory is missing."""
+        rel_dir, _, name = validate_relative_path(path).rpartition("/")
+        try:
+            return self._directory(rel_dir, path), name
+        except FileNotFoundError:
+            raise file_not_found(self.uri_of(path)) from None
 
     def create(self, path: str, *, exclusive: bool = True) -> _LocalOutput:
-        return _LocalOutput(self, path, self._writable(path), exclusive)
+        return _LocalOutput(self, path, *self._writable(path), exclusive)
 
-    def _writable(self, path: str) -> str:
-        """`path`'s absolute name, its directory created (durably) if it is inside the root with symlinks
-        resolved; a directory of the root that is a symlink out of it is refused naming the file: nothing is
-        written outside the root (DESIGN invariant 12)."""
-        full = self._abs(path)
-        if not self._inside_root(full):
-            raise CorruptFileError(
-                "reached through a symlink out of the checkpoint root: not written", self.uri_of(path)
-            )
-        makedirs_durable(os.path.dirname(full))
-        return full
+    def _writable(self, path: str) -> tuple[int, str]:
+        """(descriptor of `path`'s directory, created if missing, durably; its name there)."""
+        rel_dir, _, name = validate_relative_path(path).rpartition("/")
+        return self._directory(rel_dir, path, create=True), name
 
     def put_file(self, local_path: str, path: str, *, exclusive: bool = True) -> int:
         """Publish by hard link when `local_path` is on the same file system (no second copy and
@@ -248,8 +303,13 @@ class LocalFileManager:
         After a link the published file shares `local_path`'s inode: callers publish only files they
         never modify again (sealed changelogs, RocksDB's immutable SSTs) and may unlink them.
         """
-        final = self._writable(path)
-        directory = os.path.dirname(final)
+        directory, name = self._writable(path)
+        try:
+            return self._link_or_copy(local_path, path, directory, name, exclusive)
+        finally:
+            os.close(directory)
+
+    def _link_or_copy(self, local_path: str, path: str, directory: int, name: str, exclusive: bool) -> int:
         fd = os.open(local_path, os.O_RDONLY)
         try:
             # Only the bytes and size must be durable before the link (the directory fsync below makes the
@@ -265,22 +325,23 @@ class LocalFileManager:
         try:
             fault_point("local.put_file", path)
             if exclusive:
-                os.link(local_path, final)
+                os.link(local_path, name, dst_dir_fd=directory)
             else:
-                tmp = os.path.join(directory, temp_name_for(os.path.basename(final)))
-                os.link(local_path, tmp)
+                tmp = temp_name_for(name)
+                os.link(local_path, tmp, dst_dir_fd=directory)
                 try:
-                    os.replace(tmp, final)
-                finally:
-                    if os.path.lexists(tmp):
-                        os.unlink(tmp)
+                    os.replace(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
+                except BaseException:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(tmp, dir_fd=directory)
+                    raise
         except FileExistsError:
             raise overwrite_refused(self.uri_of(path)) from None
         except OSError as e:
             if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
                 raise CheckpointWriteError(self.uri_of(path), e) from e
             return self._copy_file(local_path, path, exclusive)
-        fsync_dir(directory)
+        os.fsync(directory)
         return size
 
     def _copy_file(self, local_path: str, path: str, exclusive: bool) -> int:
@@ -292,14 +353,14 @@ class LocalFileManager:
     def _open_regular(self, path: str) -> tuple[int, int]:
         """(descriptor, size) of `path` opened for reading, if it is a regular file inside the root.
 
-        Opened without blocking and without following a symlink at its name, then checked on the open
-        descriptor (no race with a rename): a FIFO, device, socket or symlink named like a checkpoint file, or
-        one reached through a symlinked directory out of the root, is a `CorruptFileError` naming it, never
-        read (DESIGN invariant 12).
+        Opened in its directory's descriptor (`_directory`), without blocking and without following a symlink
+        at its name, then checked on the open descriptor (no race with a rename): a FIFO, device, socket or
+        symlink named like a checkpoint file, or one reached through a symlinked directory, is a
+        `CorruptFileError` naming it, never read (DESIGN invariant 12).
         """
-        full = self._abs(path)
+        directory, name = self._entry(path)
         try:
-            fd = os.open(full, _READ_FLAGS)
+            fd = os.open(name, _READ_FLAGS, dir_fd=directory)
         except FileNotFoundError:
             raise file_not_found(self.uri_of(path)) from None
         except OSError as e:
@@ -308,37 +369,25 @@ class LocalFileManager:
                     "not a regular file (a symlink, socket or directory)", self.uri_of(path)
                 ) from None
             raise
+        finally:
+            os.close(directory)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise CorruptFileError("not a regular file (a FIFO, device or directory)", self.uri_of(path))
-            if not self._inside_root(full):
-                raise CorruptFileError("reached through a symlink out of the checkpoint root", self.uri_of(path))
         except BaseException:
             os.close(fd)
             raise
         return fd, st.st_size
 
-    def _inside_root(self, full: str) -> bool:
-        """Whether `full`'s directory, symlinks resolved, is under the root's (resolved once). Directories
-        found inside are remembered (a few thousand at most), so opening is not a path walk per file."""
-        directory = os.path.dirname(full)
-        if directory in self._dirs_inside:
-            return True
-        inside = self._resolves_inside(directory)
-        if inside:
-            if len(self._dirs_inside) >= _DIRS_REMEMBERED:
-                self._dirs_inside.clear()
-            self._dirs_inside.add(directory)
-        return inside
-
-    def _resolves_inside(self, directory: str) -> bool:
-        """Whether `directory`, symlinks resolved now, is the root's or under it."""
-        real_root = self._real_root
-        if real_root is None:
-            real_root = self._real_root = os.path.realpath(self._root)
-        real_dir = os.path.realpath(directory)
-        return real_dir == real_root or real_dir.startswith(real_root.rstrip("/") + "/")
+    def _lstat(self, path: str) -> os.stat_result:
+        directory, name = self._entry(path)
+        try:
+            return os.stat(name, dir_fd=directory, follow_symlinks=False)
+        except FileNotFoundError:
+            raise file_not_found(self.uri_of(path)) from None
+        finally:
+            os.close(directory)
 
     def open(self, path: str) -> BinaryIO:
         fd, _size = self._open_regular(path)
@@ -371,13 +420,16 @@ class LocalFileManager:
         return copied
 
     def exists(self, path: str) -> bool:
-        return os.path.isfile(self._abs(path))
+        """Whether `path` is a regular file (one reached through a symlink is not)."""
+        try:
+            return stat.S_ISREG(self._lstat(path).st_mode)
+        except (FileNotFoundError, CorruptFileError):
+            return False
 
     def info(self, path: str) -> FileInfo:
-        try:
-            st = os.stat(self._abs(path))
-        except FileNotFoundError:
-            raise file_not_found(self.uri_of(path)) from None
+        st = self._lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise CorruptFileError("not a regular file (a symlink, FIFO, device or directory)", self.uri_of(path))
         return FileInfo(path, st.st_size, st.st_mtime)
 
     def list(self, prefix: str = "", *, start_after: str | None = None) -> Iterator[FileInfo]:
@@ -438,29 +490,67 @@ class LocalFileManager:
         return iter(self.list_with_temp_files(prefix)[1])
 
     def delete_many(self, paths: Iterable[str]) -> DeleteResult:
+        """Each file unlinked in its directory's descriptor (`_directory`: nothing outside the root goes, even
+        through a directory replaced by a symlink meanwhile); each directory synced once its deletions are done."""
         result = DeleteResult()
+        dirs: dict[str, int | str | None] = {}  # directory -> descriptor, why it is refused, or None: missing
         touched: set[str] = set()
-        inside: dict[str, bool] = {}  # resolved afresh per call, not remembered: a deletion is never followed out
-        for path in validate_paths_to_delete(paths, allow_temp=True):
-            full = os.path.join(self._root, path)
-            fault_point("local.delete", path)
-            directory = os.path.dirname(full)
-            ok = inside.get(directory)
-            if ok is None:
-                ok = inside[directory] = self._resolves_inside(directory)
-            if not ok:  # a directory of the root symlinked out of it: nothing outside goes
-                result.errors[path] = "reached through a symlink out of the checkpoint root: not deleted"
-                continue
-            try:
-                os.unlink(full)
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                result.errors[path] = f"{errno.errorcode.get(e.errno or 0, 'OSError')}: {e.strerror}"
-                continue
-            result.deleted.append(path)
-            touched.add(os.path.dirname(full))
-        for d in touched:
-            if os.path.isdir(d):
-                fsync_dir(d)
+        try:
+            for path in validate_paths_to_delete(paths, allow_temp=True):
+                fault_point("local.delete", path)
+                rel_dir, _, name = path.rpartition("/")
+                if rel_dir not in dirs:
+                    if len(dirs) >= _DIRS_OPEN:
+                        _sync_and_close(dirs, touched)
+                    dirs[rel_dir] = self._deletable(rel_dir, path)
+                directory = dirs[rel_dir]
+                if isinstance(directory, str):
+                    result.errors[path] = directory
+                    continue
+                if directory is not None:
+                    try:
+                        os.unlink(name, dir_fd=directory)
+                    except FileNotFoundError:
+                        pass
+                    except OSError as e:
+                        result.errors[path] = _os_error(e)
+                        continue
+                    touched.add(rel_dir)
+                result.deleted.append(path)
+        finally:
+            _sync_and_close(dirs, touched)
         return result
+
+    def _deletable(self, rel_dir: str, path: str) -> int | str | None:
+        """`_directory(rel_dir)`, or why nothing in it can be deleted, or None if it does not exist."""
+        try:
+            return self._directory(rel_dir, path)
+        except FileNotFoundError:
+            return None
+        except CorruptFileError:
+            return f"{THROUGH_A_LINK}: not deleted"
+        except OSError as e:
+            return _os_error(e)
+
+
+def _os_error(e: OSError) -> str:
+    return f"{errno.errorcode.get(e.errno or 0, 'OSError')}: {e.strerror}"
+
+
+def _sync_and_close(dirs: dict[str, int | str | None], touched: set[str]) -> None:
+    """fsync the directories deletions changed and close every descriptor (all of them, whatever fails), then
+    forget them; the first failed fsync is raised."""
+    failed: list[OSError] = []
+    for rel_dir, directory in dirs.items():
+        if isinstance(directory, int):
+            try:
+                if rel_dir in touched:
+                    os.fsync(directory)
+            except OSError as e:
+                failed.append(e)
+            finally:
+                os.close(directory)
+    dirs.clear()
+    touched.clear()
+    if failed:
+        raise failed[0]

@@ -24,6 +24,7 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from statekeeper.store import faults
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.config import StoreConfig
 from statekeeper.store.errors import ConfigurationError, CorruptFileError, StatekeeperError
@@ -428,6 +429,42 @@ class TestSpecialFiles:
         result = fm.delete_many([victim])
         assert result.deleted == [] and "out of the checkpoint root" in result.errors[victim]
         assert tree_contents(outside, ()) == before, "a file outside the root was written or deleted"
+
+    @pytest.mark.parametrize("step", ["publish", "delete"])
+    def test_a_directory_swapped_for_a_symlink_mid_operation_is_not_followed(self, tmp_path: Path, step: str) -> None:
+        """The directory of a file being published (or deleted) is renamed away and replaced by a symlink out of
+        the root after the manager opened it: the publish lands in (the deletion removes from) the directory it
+        opened, never the link's target (no check-then-use race: DESIGN invariant 12)."""
+        root, outside = tmp_path / "root", tmp_path / "outside"
+        blobs = root / "blobs"
+        outside.mkdir()
+        (outside / "b1").write_bytes(b"someone else's")
+        (outside / "b2").write_bytes(b"someone else's")
+        fm = open_file_manager(str(root))
+        for name in ("b1", "b2"):
+            with fm.create(f"blobs/{name}") as out:
+                out.write(b"ours")
+        before = tree_contents(outside, ())
+
+        def swap(point: str, subject: str) -> None:
+            if point == f"local.{step}" and subject.endswith("b2") and not blobs.is_symlink():
+                blobs.rename(root / "moved")
+                blobs.symlink_to(outside)
+
+        previous = faults.arm(swap)
+        try:
+            if step == "publish":
+                with fm.create("blobs/b2", exclusive=False) as out:
+                    out.write(b"new")
+                assert (root / "moved" / "b2").read_bytes() == b"new"
+            else:
+                result = fm.delete_many(["blobs/b1", "blobs/b2"])
+                assert result.deleted == ["blobs/b1", "blobs/b2"] and not (root / "moved" / "b2").exists()
+        finally:
+            faults.arm(previous)
+        assert tree_contents(outside, ()) == before, "a file outside the root was written or deleted"
+        with pytest.raises(CorruptFileError, match="out of the checkpoint root"):
+            fm.read_bytes("blobs/b1")
 
 
 class TestApiLimits:
