@@ -12,6 +12,7 @@ instead of failing on a lock upgrade. Read-only work uses ``read_only(engine)`` 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from collections.abc import Callable
@@ -165,6 +166,7 @@ def current_revision(url: str | URL | Engine | None = None) -> str | None:
             engine.dispose()
 
 
+@functools.cache  # alembic parses every migration script to find it: once a process
 def head_revision() -> str:
     """The newest revision this release ships."""
     from alembic.script import ScriptDirectory
