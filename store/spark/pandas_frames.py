@@ -39,7 +39,7 @@ def to_pandas(table: pa.Table, time_zone: str | None = "UTC") -> Any:
     if not nested:
         pdf = table.to_pandas(**options)
     else:  # integers inside structs, arrays and maps stay ints beside nulls (PySpark's integer_object_nulls)
-        flat = [i for i in range(table.num_columns) if i not in set(nested)]
+        flat = sorted(set(range(table.num_columns)) - set(nested))
         pdf = table.select(flat).to_pandas(**options)
         for i in nested:
             column = table.column(i).to_pandas(integer_object_nulls=True, **options)
