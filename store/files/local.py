@@ -161,17 +161,21 @@ class _LocalOutput(PublishOnExit):
             self._dir = -1
 
 
+def _special(rel_path: str, specials: list[str] | None) -> None:
+    if specials is not None:
+        specials.append(rel_path)
+    else:
+        log.warning("skipping %s: not a regular file or directory (a symlink, FIFO or device)", rel_path)
+
+
 def _sorted_entries(
-    directory: str, rel: str, name_prefix: str, temps: FileInfos | None = None, specials: list[str] | None = None
+    directory: int, rel: str, name_prefix: str, temps: FileInfos | None = None, specials: list[str] | None = None
 ) -> list[tuple[str, os.DirEntry[str], bool]]:
-    """(path relative to the root, entry, is a directory) of `directory`'s published entries whose name
+    """(path relative to the root, entry, is a directory) of the open `directory`'s published entries whose name
     starts with `name_prefix`, in key order (a directory sorts as its name + "/", as S3 lists keys); the
     temp files among them are appended to `temps` if given, the special entries (never listed nor opened) to
-    `specials` if given, else logged."""
-    try:
-        entries = list(os.scandir(directory))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
+    `specials` if given, else logged. The entries stat through `directory`: it stays open while they are used."""
+    entries = list(os.scandir(directory))
     keyed = []
     for e in entries:
         if not e.name.startswith(name_prefix):
@@ -185,15 +189,23 @@ def _sorted_entries(
             continue
         is_dir = e.is_dir(follow_symlinks=False)
         if not is_dir and not e.is_file(follow_symlinks=False):  # d_type: no system call
-            if specials is not None:
-                specials.append(f"{rel}/{e.name}" if rel else e.name)
-            else:
-                log.warning("skipping %s: not a regular file or directory (a symlink, FIFO or device)", e.path)
+            _special(f"{rel}/{e.name}" if rel else e.name, specials)
             continue
         sort_name = e.name + "/" if is_dir else e.name
         keyed.append((f"{rel}/{sort_name}" if rel else sort_name, e, is_dir))
     keyed.sort(key=lambda t: t[0])
     return keyed
+
+
+def _entries_of(
+    directory: int, rel: str, name_prefix: str, temps: FileInfos | None, specials: list[str] | None
+) -> Iterator[tuple[str, os.DirEntry[str], bool]]:
+    """`_sorted_entries`, `directory` closed if they fail (else the walk closes it once they are used)."""
+    try:
+        return iter(_sorted_entries(directory, rel, name_prefix, temps, specials))
+    except BaseException:
+        os.close(directory)
+        raise
 
 
 def _copy_at_most(src: int, dst: int, size: int) -> int:
@@ -439,8 +451,7 @@ class LocalFileManager:
             base_rel, _, name_prefix = prefix.rpartition("/")
         else:
             base_rel, name_prefix = "", prefix
-        base = os.path.join(self._root, base_rel) if base_rel else self._root
-        yield from self._walk(base, base_rel, name_prefix, start_after)
+        yield from self._walk(base_rel, name_prefix, start_after)
 
     def list_with_temp_files(self, prefix: str = "", specials: Paths | None = None) -> tuple[FileInfos, FileInfos]:
         """What `list(prefix)` lists, and the temp files under `prefix` (`list_temp_files`), from one walk; the
@@ -448,42 +459,63 @@ class LocalFileManager:
         validate_prefix(prefix)
         fault_point("local.list", prefix)
         base_rel, _, name_prefix = prefix.rpartition("/")
-        base = os.path.join(self._root, base_rel) if base_rel else self._root
         temps: FileInfos = []
-        published = [*self._walk(base, base_rel, name_prefix, None, temps, specials)]
+        published = [*self._walk(base_rel, name_prefix, None, temps, specials)]
         return published, temps
 
     def _walk(
         self,
-        directory: str,
         rel: str,
         name_prefix: str,
         start_after: str | None,
         temps: FileInfos | None = None,
         specials: Paths | None = None,
     ) -> Iterator[FileInfo]:
-        """Files under `directory` in key order (temp files met on the way appended to `temps` if given);
-        iterative (a stack of directories), so a file is not passed up through one generator per level."""
-        stack = [iter(_sorted_entries(directory, rel, name_prefix, temps, specials))]
-        while stack:
-            item = next(stack[-1], None)
-            if item is None:
-                stack.pop()
-                continue
-            rel_path, entry, is_dir = item
-            if is_dir:
-                # Prune subtrees that lie entirely at or before `start_after`.
-                if start_after is not None and rel_path < start_after and not start_after.startswith(rel_path):
+        """Files under the root's directory `rel` in key order (temp files met on the way appended to `temps` if
+        given); iterative (a stack of open directories, each opened from its parent's descriptor without following
+        a symlink, as `_directory` does), so a file is not passed up through one generator per level."""
+        try:
+            top = self._directory(rel, rel)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except CorruptFileError:  # reached through a symlink: nothing under it is listed
+            _special(rel, specials)
+            return
+        stack = [(_entries_of(top, rel, name_prefix, temps, specials), top)]
+        try:
+            while stack:
+                entries, directory = stack[-1]
+                item = next(entries, None)
+                if item is None:
+                    stack.pop()
+                    os.close(directory)
                     continue
-                stack.append(iter(_sorted_entries(entry.path, rel_path.rstrip("/"), "", temps, specials)))
-                continue
-            if start_after is not None and rel_path <= start_after:
-                continue
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            yield FileInfo(rel_path, st.st_size, st.st_mtime)
+                rel_path, entry, is_dir = item
+                if is_dir:
+                    # Prune subtrees that lie entirely at or before `start_after`.
+                    if start_after is not None and rel_path < start_after and not start_after.startswith(rel_path):
+                        continue
+                    try:
+                        child = os.open(entry.name, _DIR_FLAGS, dir_fd=directory)
+                    except FileNotFoundError:
+                        continue
+                    except OSError as e:  # replaced by a symlink or a file since it was listed
+                        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                            raise
+                        _special(rel_path.rstrip("/"), specials)
+                        continue
+                    stack.append((_entries_of(child, rel_path.rstrip("/"), "", temps, specials), child))
+                    continue
+                if start_after is not None and rel_path <= start_after:
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                yield FileInfo(rel_path, st.st_size, st.st_mtime)
+        finally:
+            for _, directory in stack:
+                os.close(directory)
 
     def list_temp_files(self, prefix: str = "") -> Iterator[FileInfo]:
         """Leftovers of writes that never published (crashed or still running) under `prefix`."""

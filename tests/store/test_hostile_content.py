@@ -28,7 +28,7 @@ from statekeeper.store import faults
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.config import StoreConfig
 from statekeeper.store.errors import ConfigurationError, CorruptFileError, StatekeeperError
-from statekeeper.store.files import open_file_manager
+from statekeeper.store.files import LocalFileManager, open_file_manager
 from statekeeper.store.formats import changelog as cl
 from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.formats.framing import encode_frame, json_depth
@@ -465,6 +465,26 @@ class TestSpecialFiles:
         assert tree_contents(outside, ()) == before, "a file outside the root was written or deleted"
         with pytest.raises(CorruptFileError, match="out of the checkpoint root"):
             fm.read_bytes("blobs/b1")
+
+    def test_a_listing_does_not_follow_a_directory_swapped_for_a_symlink(self, tmp_path: Path) -> None:
+        """A directory of the root replaced by a symlink out of it while a listing walks the root (after its parent
+        was read): nothing under the link is listed, and a listing of a prefix through a symlink is empty, each
+        naming the link as a special entry."""
+        root, outside = tmp_path / "root", tmp_path / "outside"
+        outside.mkdir()
+        (outside / "evil").write_bytes(b"someone else's")
+        fm = LocalFileManager(str(root))
+        for name in ("a/1", "b/2"):
+            with fm.create(name) as out:
+                out.write(b"ours")
+        walk = fm.list("")
+        assert next(walk).path == "a/1"
+        (root / "b").rename(root / "moved")
+        (root / "b").symlink_to(outside)
+        assert [f.path for f in walk] == []
+        specials: list[str] = []
+        assert fm.list_with_temp_files("b/", specials) == ([], []) and specials == ["b"]
+        assert [f.path for f in fm.list("")] == ["a/1", "moved/2"]
 
 
 class TestApiLimits:
