@@ -33,12 +33,11 @@ from pathlib import Path
 from typing import IO, Any, cast
 from urllib.parse import parse_qs, urlsplit
 
-import boto3
-import botocore.loaders
-import botocore.session
 from botocore.config import Config
 from waitress.channel import HTTPChannel
 from waitress.server import TcpWSGIServer
+
+from statekeeper.store.files.s3.client import new_session
 
 log = logging.getLogger(__name__)
 
@@ -106,20 +105,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-_LOADER = botocore.loaders.create_loader()
-_LOADER_LOCK = threading.Lock()
-
-
 def s3_client(endpoint_url: str, **config: Any) -> Any:
     """A plain boto3 client for setup and inspection (no statekeeper code in the way); `config` adds to or
     replaces botocore `Config` settings."""
     cfg = Config(**{"s3": {"addressing_style": "path"}, "retries": {"mode": "standard", "max_attempts": 3}, **config})
-    core = botocore.session.get_session()
-    core.register_component("data_loader", _LOADER)  # the service models, read once: most of a client's cost
-    with _LOADER_LOCK:
-        session = boto3.session.Session(botocore_session=core)
-        _LOADER.search_paths[:] = dict.fromkeys(_LOADER.search_paths)  # boto3 adds its own on every session
-    return session.client("s3", endpoint_url=endpoint_url, region_name="us-east-1", config=cfg)
+    return new_session().client("s3", endpoint_url=endpoint_url, region_name="us-east-1", config=cfg)
 
 
 def new_bucket_name() -> str:

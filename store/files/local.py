@@ -263,9 +263,14 @@ class LocalFileManager:
         its parent's descriptor without following a symlink (created, durably, if `create`). A symlink or a
         file on the way is a `CorruptFileError` naming `path`: nothing is read, written or deleted outside the
         root, even through a directory replaced by a symlink after a check (DESIGN invariant 12)."""
-        if create and not os.path.isdir(self._root):
+        flags = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)  # the root itself may be a symlink
+        try:
+            fd = os.open(self._root, flags)
+        except FileNotFoundError:
+            if not create:
+                raise
             makedirs_durable(self._root)
-        fd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+            fd = os.open(self._root, flags)
         for name in rel_dir.split("/") if rel_dir else ():
             try:
                 child = self._child(fd, name, path, create)
@@ -496,12 +501,10 @@ class LocalFileManager:
                     if start_after is not None and rel_path < start_after and not start_after.startswith(rel_path):
                         continue
                     try:
-                        child = os.open(entry.name, _DIR_FLAGS, dir_fd=directory)
+                        child = self._child(directory, entry.name, rel_path, False)
                     except FileNotFoundError:
                         continue
-                    except OSError as e:  # replaced by a symlink or a file since it was listed
-                        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
-                            raise
+                    except CorruptFileError:  # replaced by a symlink or a file since it was listed
                         _special(rel_path.rstrip("/"), specials)
                         continue
                     stack.append((_entries_of(child, rel_path.rstrip("/"), "", temps, specials), child))

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 _shared_lock = threading.Lock()
 _clients: dict[tuple[Any, ...], S3Client] = {}
 _loader = botocore.loaders.create_loader()
+_loader_lock = threading.Lock()  # apart from _shared_lock, which is held around new_session
 """The service models every client of the process reads: loaded once, they are most of a client's making."""
 _upload_pool: tuple[int, ThreadPoolExecutor] | None = None
 UPLOAD_THREADS = 32
@@ -54,6 +55,18 @@ def parse_timestamp(value: str) -> dt.datetime:
     except (TypeError, ValueError):
         pass
     return botocore.utils.parse_timestamp(value)  # anything else: botocore's own
+
+
+def new_session(core: botocore.session.Session | None = None) -> boto3.session.Session:
+    """A boto3 session over `core` (default: a new botocore session) reading the process's one copy of the service
+    models: most of what making a client costs. Sessions are not shared, so each client resolves the credentials
+    (the boto3 chain) when it is made."""
+    core = core or botocore.session.get_session()
+    core.register_component("data_loader", _loader)
+    with _loader_lock:
+        session = boto3.session.Session(botocore_session=core)
+        _loader.search_paths[:] = dict.fromkeys(_loader.search_paths)  # boto3 adds its own on every session
+    return session
 
 
 def shared_client(options: S3Options) -> S3Client:
@@ -83,11 +96,9 @@ def shared_client(options: S3Options) -> S3Client:
             max_pool_connections=options.max_pool_connections,
             s3=cast(Any, {"addressing_style": style}),
         )
-        core = botocore.session.get_session()  # not shared: each client resolves the credentials when made
-        core.register_component("data_loader", _loader)
+        core = botocore.session.get_session()
         core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
-        session = boto3.session.Session(botocore_session=core)
-        _loader.search_paths[:] = dict.fromkeys(_loader.search_paths)  # boto3 adds its own on every session
+        session = new_session(core)
         region = options.region_name or session.region_name or "us-east-1"
         client = session.client("s3", endpoint_url=options.endpoint_url, region_name=region, config=config)
         _clients[key] = client
