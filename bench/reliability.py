@@ -251,14 +251,16 @@ def hostile_table(outcomes: dict[str, dict[str, dict[str, str]]], passed: bool =
             "root intact, each reader done within a minute (none blocked on the FIFO), peak RSS within 512 MiB and "
             "temp disk within 64 MiB of the start, every retained version of the other store and every retained "
             "version of the bad store that the file is not part of loading exactly (nothing needed deleted)",
-            "`repaired`: loaded the exact state around the file, counted as a repair; `loaded`: a local listing "
-            "never lists a FIFO, so the load used the older snapshot; `exit 1, file named`: reported as a problem "
-            "naming the file; a bare `exit 0`: the reader reads no such file, or worked around it (snapshot writes a "
-            "fresh one)",
-            "not in the matrix: the change feed (its stores are typed; a changelog whose header names another "
-            "attempt or extends a losing one is refused naming it, tests/spark/test_change_feed_reads.py) and a "
-            "crafted MANIFEST that opens to other content, which only maintenance's count and digest check catches "
-            "(docs/design.md, threat model)",
+            "`repaired`: loaded the exact state around the file, counted as a repair (warned naming the file); "
+            "`loaded`: a local listing never lists a FIFO, so the load used the older snapshot; `read exactly`: the "
+            "typed reader gave exactly the rows an undamaged copy of the root gives, without a repair; `exit 1, file "
+            "named`: reported as a problem naming the file; a bare `exit 0`: the reader reads no such file, or "
+            "worked around it (snapshot writes a fresh one)",
+            'reader and change feed: the state data source (`spark.read.format("statekeeper")`, `stateVarName`, '
+            "and with `readChangeFeed` from batch 0) run as Spark's tasks run it, on a typed operator's root with "
+            "the same class planted the same way",
+            "not in the matrix: a crafted MANIFEST that opens to other content, which only maintenance's count and "
+            "digest check catches (docs/design.md, threat model)",
             "every cell as expected (`testkit.hostile.EXPECTED`)"
             if passed and outcomes == EXPECTED
             else "A CELL DIFFERED FROM testkit.hostile.EXPECTED: see the pytest output",

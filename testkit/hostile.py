@@ -23,14 +23,30 @@ CLASSES = {
 }
 """Each hostile class and what the matrix plants in the first of two stores (written by the product's encoders)."""
 
-READERS = ["load", "inspect", "verify", "verify --rebuild", "catalog sync", "clean-orphans", "expire", "snapshot"]
+READERS = [
+    "load",
+    "reader",
+    "change feed",
+    "inspect",
+    "verify",
+    "verify --rebuild",
+    "catalog sync",
+    "clean-orphans",
+    "expire",
+    "snapshot",
+]
 """In the order the matrix runs them on one planted root (later ones see what earlier ones wrote)."""
+TYPED_READERS = ("reader", "change feed")
+"""The state data source's typed read and its change feed (`readChangeFeed`): they read typed state, so the
+matrix runs them on a root of their own (a typed operator), with the same class planted the same way."""
 
 BACKENDS = ["local", "s3"]
 
 _LOCAL = {
     "path names": {
         "load": "repaired",
+        "reader": "repaired",
+        "change feed": "repaired",
         "inspect": "exit 1, file named",
         "verify": "exit 1, file named",
         "verify --rebuild": "exit 1, file named",
@@ -41,6 +57,8 @@ _LOCAL = {
     },
     "lineage": {
         "load": "repaired",
+        "reader": "repaired",
+        "change feed": "refused (LineageError), file named",
         "inspect": "exit 0",
         "verify": "exit 1, file named",
         "verify --rebuild": "exit 1, file named",
@@ -51,6 +69,8 @@ _LOCAL = {
     },
     "unopenable snapshot": {
         "load": "repaired",
+        "reader": "repaired",
+        "change feed": "repaired",
         "inspect": "exit 0",
         "verify": "exit 1, file named",
         "verify --rebuild": "exit 1, file named",
@@ -61,6 +81,8 @@ _LOCAL = {
     },
     "special or oversized file": {
         "load": "loaded",
+        "reader": "read exactly, file named",
+        "change feed": "read exactly, file named",
         "inspect": "exit 1, file named",
         "verify": "exit 1, file named",
         "verify --rebuild": "exit 1, file named",
@@ -71,6 +93,8 @@ _LOCAL = {
     },
     "malformed frame": {
         "load": "refused (CorruptFileError), file named",
+        "reader": "refused (CorruptFileError), file named",
+        "change feed": "refused (CorruptFileError), file named",
         "inspect": "exit 0",
         "verify": "exit 1, file named",
         "verify --rebuild": "exit 1, file named",
@@ -81,7 +105,12 @@ _LOCAL = {
     },
 }
 _S3_DIFFERS: dict[str, dict[str, str]] = {
-    "special or oversized file": {"load": "repaired", "catalog sync": "exit 1, file named"}
+    "special or oversized file": {
+        "load": "repaired",
+        "reader": "repaired",
+        "change feed": "repaired",
+        "catalog sync": "exit 1, file named",
+    }
 }
 """Where S3 differs: no FIFO on S3, so its oversized manifest is read, refused and repaired around."""
 
@@ -90,12 +119,14 @@ EXPECTED: dict[str, dict[str, dict[str, str]]] = {
     "s3": {c: {**per, **_S3_DIFFERS.get(c, {})} for c, per in _LOCAL.items()},
 }
 """backend -> class -> reader -> outcome. `refused (E), file named`: the reader raised E naming the file;
-`repaired`: it loaded the exact state around the file, counted as a repair; `loaded`: it never saw the file (a
-local listing does not list a FIFO) and loaded the exact state; `exit N, file named`: the command exited N
-naming the file; a bare `exit 0`: the command reads no such file (inspect reads no changelog, expire and
-clean-orphans plan from commit records and manifests) or worked around it (snapshot writes a fresh one). Every
-cell also had 0 writes outside the root and work directory, canaries intact, no hang (each reader under a
-minute), bounded RSS and temp disk, and every retained version the file is not part of loading exactly."""
+`repaired`: it loaded the exact state around the file, counted as a repair; `read exactly`: a typed reader gave
+exactly the rows an undamaged copy of the root gives, without a repair (`, file named`: it warned of the file);
+`loaded`: it never saw the file (a local listing does not list a FIFO) and loaded the exact state; `exit N, file
+named`: the command exited N naming the file; a bare `exit 0`: the command reads no such file (inspect reads no
+changelog, expire and clean-orphans plan from commit records and manifests) or worked around it (snapshot writes
+a fresh one). Every cell also had 0 writes outside the root and work directory, canaries intact, no hang (each
+reader under a minute), bounded RSS and temp disk, and every retained version the file is not part of loading
+exactly."""
 
 
 def rows(outcomes: dict[str, dict[str, dict[str, str]]]) -> list[list[str]]:
@@ -123,7 +154,17 @@ def reframed_changelog(header: cl.ChangelogHeader, original: bytes) -> bytes:
     return framed(payload, cl.MAGIC, cl.FORMAT_VERSION) + blocks
 
 
-__all__ = ["BACKENDS", "CLASSES", "EXPECTED", "READERS", "framed", "reframed_changelog", "rows", "tree_contents"]
+__all__ = [
+    "BACKENDS",
+    "CLASSES",
+    "EXPECTED",
+    "READERS",
+    "TYPED_READERS",
+    "framed",
+    "reframed_changelog",
+    "rows",
+    "tree_contents",
+]
 
 
 def tree_contents(top: Path, skip: tuple[Path, ...]) -> dict[str, bytes]:

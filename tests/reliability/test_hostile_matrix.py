@@ -5,6 +5,8 @@ directory beside the root. Each cell's outcome must be `EXPECTED`'s (refused or 
 repaired), and after every reader: nothing written outside the root and its work directory, the canary intact,
 the reader done within a minute, RSS and temp disk bounded; at the end every retained version of the other
 store, and every retained version of the bad one the file is not part of, loads exactly (nothing needed deleted).
+The state data source's typed read and change feed run on a typed operator's root of their own, with the same
+class planted the same way and the same bounds (`test_the_typed_readers_refuse_or_read_around_each_hostile_class`).
 
 The default run covers every class on local disk and one on S3 (the oversized manifest: S3's whole-file
 cap); the rest of S3 is `slow`. With STATEKEEPER_HOSTILE_RESULT=FILE the outcomes seen are written there as
@@ -18,6 +20,7 @@ import json
 import logging
 import os
 import resource
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -29,15 +32,21 @@ from statekeeper.maintenance.cli import main
 from statekeeper.maintenance.inventory import Inventory, clear_caches
 from statekeeper.maintenance.replica_pool import close_replicas
 from statekeeper.maintenance.settings import MaintenanceSettings
-from statekeeper.store import StateStore, StoreConfig
+from statekeeper.maintenance.snapshot_builds import create_snapshots
+from statekeeper.store import CommitLog, StateStore, StoreConfig
 from statekeeper.store.errors import StatekeeperError
-from statekeeper.store.files import LocalFileManager
+from statekeeper.store.files import LocalFileManager, open_file_manager
+from statekeeper.store.files.base import CheckpointFileManager
 from statekeeper.store.files.s3 import download
 from statekeeper.store.formats import changelog as cl
 from statekeeper.store.formats import snapshot as snap
 from statekeeper.store.formats.framing import decode_whole_frame, encode_frame
 from statekeeper.store.formats.snapshot import SnapshotManifest
-from testkit.hostile import CLASSES, EXPECTED, READERS, framed, reframed_changelog, tree_contents
+from statekeeper.store.layout import StoreId
+from statekeeper.store.spark.reader import StateDataSource
+from statekeeper.store.spark.testing import OPERATOR, TwsTester
+from testkit.hostile import CLASSES, EXPECTED, READERS, TYPED_READERS, framed, reframed_changelog, tree_contents
+from testkit.processors import TypedAll
 from tests.maintenance.helpers import History, clobber, small_settings, snapshotted_history
 
 RESULT_ENV = "STATEKEEPER_HOSTILE_RESULT"
@@ -47,6 +56,8 @@ SMALL_CAP = 64 * 1024
 RSS_BOUND_MIB = 512
 TEMP_BOUND_BYTES = 64 << 20
 COMMAND_SECONDS = 60.0
+TYPED_BATCHES = 12
+TYPED_OUTPUT = "user string, count long, total long"
 
 
 def _cases() -> list[object]:
@@ -62,48 +73,46 @@ def _size(top: Path) -> int:
     return sum(p.stat().st_size for p in top.rglob("*") if p.is_file() and not p.is_symlink()) if top.exists() else 0
 
 
-def _newest(h: History, kind: str) -> str:
-    files = Inventory.scan(h.fm, use_cache=False).files_of(h.stores[0])
+def _newest(fm: CheckpointFileManager, store: StoreId, kind: str) -> str:
+    files = Inventory.scan(fm, use_cache=False).files_of(store)
     entries = files.manifests if kind == "manifest" else files.changelogs
     return entries[max(entries)].path
 
 
-def plant(h: History, cls: str, outside: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Make one file of the first store hostile (class `cls`); returns its path under the root."""
+def plant(root: str, store: StoreId, cls: str, outside: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Make one file of `store` hostile (class `cls`); returns its path under the root."""
+    fm = open_file_manager(root)
     if cls in ("lineage", "malformed frame"):
-        path = _newest(h, "changelog")
-        data = h.fm.read_bytes(path)
+        path = _newest(fm, store, "changelog")
+        data = fm.read_bytes(path)
         if cls == "malformed frame":
             deep = b'{"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-            clobber(h.root, path, framed(deep, cl.MAGIC, cl.FORMAT_VERSION))
+            clobber(root, path, framed(deep, cl.MAGIC, cl.FORMAT_VERSION))
         else:
-            store = h.stores[0]
-            version = h.latest
-            cid = h.committed[version][store][0]
+            version = CommitLog(fm).latest()
+            cid = CommitLog(fm).committed_id(version, store.operator, store.partition)
             header = cl.ChangelogHeader(store.operator, store.partition, version, cid, ((version - 1, "f" * 32),))
-            clobber(h.root, path, reframed_changelog(header, data))
+            clobber(root, path, reframed_changelog(header, data))
         return path
-    path = _newest(h, "manifest")
-    m = SnapshotManifest.from_bytes(h.fm.read_bytes(path), path)
+    path = _newest(fm, store, "manifest")
+    m = SnapshotManifest.from_bytes(fm.read_bytes(path), path)
     if cls == "path names":
         first = dataclasses.replace(m.sst_files[0], local_name=f"{outside}/evil.sst")
         hostile = dataclasses.replace(
             m, sst_files=(first, *m.sst_files[1:]), db_files={**m.db_files, "../../../evil": b"x"}
         )
-        clobber(h.root, path, hostile.to_bytes())
+        clobber(root, path, hostile.to_bytes())
     elif cls == "unopenable snapshot":
-        clobber(
-            h.root, path, dataclasses.replace(m, db_files={**m.db_files, "CURRENT": b"MANIFEST-999999\n"}).to_bytes()
-        )
-    elif isinstance(h.fm, LocalFileManager):
-        clobber(h.root, path, None)
-        os.mkfifo(Path(h.fm.root_path) / path)
+        clobber(root, path, dataclasses.replace(m, db_files={**m.db_files, "CURRENT": b"MANIFEST-999999\n"}).to_bytes())
+    elif isinstance(fm, LocalFileManager):
+        clobber(root, path, None)
+        os.mkfifo(Path(fm.root_path) / path)
     else:
         monkeypatch.setattr(download, "MAX_WHOLE_FILE", SMALL_CAP)
         payload = decode_whole_frame(m.to_bytes(), snap.MAGIC, snap.FORMAT_VERSION, path)
         padded = encode_frame(snap.MAGIC, snap.FORMAT_VERSION, {**payload, "padding": "x" * SMALL_CAP})
         assert SnapshotManifest.from_bytes(padded, path) == m, "a valid manifest but for its size"
-        clobber(h.root, path, padded)
+        clobber(root, path, padded)
     return path
 
 
@@ -175,14 +184,14 @@ def _run_matrix_row(
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "canary.txt").write_text("precious")
-    path = plant(h, cls, outside, monkeypatch)
+    path = plant(h.root, h.stores[0], cls, outside, monkeypatch)
     work = tmp_path / "work"
     skip = (tmp_path / "ckpt", work, tmp_path / "home")
     before = tree_contents(tmp_path, skip)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     caplog.set_level(logging.WARNING)
     seen: dict[str, str] = {}
-    for reader in READERS:
+    for reader in (r for r in READERS if r not in TYPED_READERS):
         caplog.clear()
         t0 = time.monotonic()
         if reader == "load":
@@ -212,7 +221,7 @@ def _run_matrix_row(
     h.check_loadable(h.retained(settings), h.stores[1:])
     hit = {h.latest} if cls in ("lineage", "malformed frame") else set()  # the versions the bad file is part of
     h.check_loadable([v for v in h.retained(settings) if v not in hit], h.stores[:1])  # nothing needed deleted
-    assert seen == EXPECTED[backend][cls], seen
+    assert seen == {r: o for r, o in EXPECTED[backend][cls].items() if r not in TYPED_READERS}, seen
 
 
 def _record(backend: str, cls: str, seen: dict[str, str]) -> None:
@@ -220,5 +229,91 @@ def _record(backend: str, cls: str, seen: dict[str, str]) -> None:
     if not out:
         return
     data = json.loads(Path(out).read_text()) if os.path.exists(out) else {}
-    data.setdefault(backend, {})[cls] = seen
+    data.setdefault(backend, {}).setdefault(cls, {}).update(seen)
     Path(out).write_text(json.dumps(data, indent=1, sort_keys=True))
+
+
+# -- the typed readers: the state data source's read and its change feed -------------------------------------
+
+
+def _typed_root(tmp_path: Path, root: str, settings: MaintenanceSettings) -> None:
+    """A typed operator (`testkit.processors.TypedAll`, one partition) written through the partition task code,
+    snapshotted after batch 6 of 12, at `root` (local, or copied to S3 as finished publishes)."""
+    with TwsTester(TypedAll(), key="user", output_schema=TYPED_OUTPUT, directory=tmp_path / "tws") as t:
+        for b in range(TYPED_BATCHES):
+            t.run([{"user": f"u{(b * 3 + i) % 5}", "value": b * 10 + i} for i in range(4)])
+            if b == TYPED_BATCHES // 2:
+                create_snapshots(t.fm, settings)
+        written = Path(LocalFileManager(t.root).root_path)
+    if root == t.root:
+        return
+    for f in sorted(written.rglob("*")):
+        if f.is_file():
+            clobber(root, f.relative_to(written).as_posix(), f.read_bytes())
+
+
+def _typed_read(root: str, reader: str) -> list[tuple[object, ...]]:
+    """Every row of `reader` (a `TYPED_READERS` name) through the data source Spark's tasks run (no Spark needed)."""
+    options = {"root": root, "operator": OPERATOR, "stateVarName": "totals"}
+    if reader == "change feed":
+        options |= {"readChangeFeed": "true", "changeStartBatchId": "0"}
+    source = StateDataSource(options)
+    partitions = source.reader(source.schema())
+    return sorted((tuple(r) for part in partitions.partitions() for r in partitions.read(part)), key=repr)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("backend", "cls"), _cases())
+def test_the_typed_readers_refuse_or_read_around_each_hostile_class(
+    request: pytest.FixtureRequest,
+    settings: MaintenanceSettings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    backend: str,
+    cls: str,
+) -> None:
+    """The state data source's typed read and its change feed (`readChangeFeed`) on a typed root with one hostile
+    file: each reads exactly the rows an undamaged copy gives, or is refused naming the file; with the same bounds
+    as the matrix above (nothing written outside, canary intact, under a minute, RSS and temp disk bounded)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(work))  # the reader's scratch stores, measured below
+    root = (tmp_path / "tws" / "checkpoint").as_uri()
+    if backend == "s3":
+        root = f"s3://{request.getfixturevalue('s3_bucket')}/typed"
+    _typed_root(tmp_path, root, settings)
+    clean = {reader: _typed_read(root, reader) for reader in TYPED_READERS}
+    assert all(clean.values())
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "canary.txt").write_text("precious")
+    path = plant(root, StoreId(OPERATOR, 0), cls, outside, monkeypatch)
+    skip = (tmp_path / "tws", work)
+    before = tree_contents(tmp_path, skip)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    caplog.set_level(logging.WARNING)
+    seen: dict[str, str] = {}
+    for reader in TYPED_READERS:
+        clear_caches()
+        caplog.clear()
+        t0 = time.monotonic()
+        try:
+            rows = _typed_read(root, reader)
+        except StatekeeperError as e:
+            seen[reader] = f"refused ({type(e).__name__})" + (", file named" if path in str(e) else "")
+        else:
+            assert rows == clean[reader], f"{reader}: rows other than the undamaged root's"
+            # the load's repair warning: "...; loading version N without it" / "... along the commit records instead"
+            repaired = any(path in r.getMessage() and "loading version" in r.getMessage() for r in caplog.records)
+            named = ", file named" if path in caplog.text else ""
+            seen[reader] = "repaired" if repaired else f"read exactly{named}"
+        assert time.monotonic() - t0 < COMMAND_SECONDS, f"{reader} took too long"
+        assert tree_contents(tmp_path, skip) == before, f"{reader}: a file changed outside the root and work directory"
+        assert (outside / "canary.txt").read_text() == "precious"
+        assert _size(work) < TEMP_BOUND_BYTES, f"{reader}: {_size(work)} bytes of temp disk"
+    rss_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
+    assert rss_mib < RSS_BOUND_MIB, f"peak RSS grew {rss_mib:.0f} MiB"
+    assert not (outside / "evil.sst").exists()
+    _record(backend, cls, seen)
+    assert seen == {r: EXPECTED[backend][cls][r] for r in TYPED_READERS}, seen
