@@ -13,6 +13,7 @@ import io
 import os
 import resource
 import struct
+import tempfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import replace
@@ -485,6 +486,78 @@ class TestSpecialFiles:
         specials: list[str] = []
         assert fm.list_with_temp_files("b/", specials) == ([], []) and specials == ["b"]
         assert [f.path for f in fm.list("")] == ["a/1", "moved/2"]
+
+    @HYPO
+    @given(
+        depth=st.integers(min_value=1, max_value=3),
+        op=st.sampled_from(["local.write", "local.publish", "local.put_file", "local.delete", "listing"]),
+        data=st.data(),
+    )
+    def test_no_operation_follows_a_directory_swapped_at_any_level_and_step(
+        self, depth: int, op: str, data: st.DataObject
+    ) -> None:
+        """Generated: a file `depth` directories down; one of its directories (drawn) is replaced by a symlink out
+        of the root at a step of a write, publish, upload, deletion or listing (drawn). Nothing outside changes,
+        nothing outside is listed, and the operation either acted in the directory it opened (renamed inside the
+        root) or failed naming the file out of the root."""
+        level = data.draw(st.integers(min_value=0, max_value=depth - 1), label="level")
+        dirs = [f"d{i}" for i in range(depth)]
+        path = "/".join([*dirs, "f"])
+        with tempfile.TemporaryDirectory() as tmp:
+            root, target = Path(tmp) / "root", Path(tmp) / "outside"
+            fm = LocalFileManager(str(root))
+            for name in [*("/".join([*dirs[: d + 1], f"f{d}"]) for d in range(depth)), path]:
+                with fm.create(name) as out:
+                    out.write(b"ours")
+            below = dirs[level + 1 :]  # the swapped directory's subtree, mirrored outside under other names
+            for d in range(len(below)):
+                target.joinpath(*below[: d + 1]).mkdir(parents=True)
+                target.joinpath(*below[: d + 1], f"g{d}").write_bytes(b"theirs")
+            target.mkdir(exist_ok=True)
+            target.joinpath(*below, "g").write_bytes(b"theirs")
+            before = tree_contents(target, ())
+            swapped = root.joinpath(*dirs[: level + 1])
+            renamed = root.joinpath(*dirs[:level], "moved")
+            (Path(tmp) / "upload").write_bytes(b"new")
+
+            def swap() -> None:
+                if not swapped.is_symlink():
+                    swapped.rename(renamed)
+                    swapped.symlink_to(target)
+
+            listed: list[str] = []
+            done = False
+            previous = faults.arm(lambda point, subject: swap() if point == op and subject.endswith(path) else None)
+            try:
+                if op == "listing":
+                    after = data.draw(st.integers(min_value=0, max_value=depth), label="swap after")
+                    for n, info in enumerate(fm.list("")):
+                        listed.append(info.path)
+                        if n == after:
+                            swap()
+                elif op == "local.delete":
+                    result = fm.delete_many([path])
+                    done = result.deleted == [path]
+                    assert done or "out of the checkpoint root" in result.errors[path]
+                elif op == "local.put_file":
+                    fm.put_file(str(Path(tmp) / "upload"), path, exclusive=False)
+                    done = True
+                else:
+                    with fm.create(path, exclusive=False) as out:
+                        out.write(b"new")
+                    done = True
+            except CorruptFileError as e:
+                assert "out of the checkpoint root" in str(e) and path in str(e)
+            finally:
+                faults.arm(previous)
+            assert tree_contents(target, ()) == before, "a file outside the root was written or deleted"
+            assert not [p for p in listed if p.rsplit("/", 1)[-1].startswith("g")], f"listed outside: {listed}"
+            assert swapped.is_symlink() or op == "listing", "the drawn step was not reached"
+            moved_file = renamed.joinpath(*below, "f")
+            if done and op == "local.delete":
+                assert not moved_file.exists()
+            elif done:
+                assert moved_file.read_bytes() == b"new"
 
 
 class TestApiLimits:
