@@ -116,6 +116,41 @@ def plant(root: str, store: StoreId, cls: str, outside: Path, monkeypatch: pytes
     return path
 
 
+def _canary(tmp_path: Path) -> Path:
+    """The directory beside the root a hostile file points out to, with a canary in it."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "canary.txt").write_text("precious")
+    return outside
+
+
+@dataclasses.dataclass
+class _Bounds:
+    """What each reader must leave as it found it (everything under `top` but `skip`, the canary) and the time,
+    temp disk (`work`) and RSS it may take."""
+
+    top: Path
+    skip: tuple[Path, ...]
+    work: Path
+
+    def __post_init__(self) -> None:
+        self.outside = self.top / "outside"
+        self.before = tree_contents(self.top, self.skip)
+        self.rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+    def check(self, reader: str, t0: float) -> None:
+        """After `reader`, started at `t0`."""
+        assert time.monotonic() - t0 < COMMAND_SECONDS, f"{reader} took too long"
+        assert tree_contents(self.top, self.skip) == self.before, f"{reader}: a file changed outside the root"
+        assert (self.outside / "canary.txt").read_text() == "precious"
+        assert _size(self.work) < TEMP_BOUND_BYTES, f"{reader}: {_size(self.work)} bytes of temp disk"
+
+    def check_end(self) -> None:
+        rss_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - self.rss_before) / 1024
+        assert rss_mib < RSS_BOUND_MIB, f"peak RSS grew {rss_mib:.0f} MiB"
+        assert not (self.outside / "evil.sst").exists()
+
+
 def _load_outcome(h: History, path: str, work: Path) -> str:
     s = h.stores[0]
     probe = StateStore(h.fm, s.operator, s.partition, config=StoreConfig(local_dir=str(work / "load")))
@@ -181,14 +216,9 @@ def _run_matrix_row(
     backend: str,
     cls: str,
 ) -> None:
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "canary.txt").write_text("precious")
-    path = plant(h.root, h.stores[0], cls, outside, monkeypatch)
     work = tmp_path / "work"
-    skip = (tmp_path / "ckpt", work, tmp_path / "home")
-    before = tree_contents(tmp_path, skip)
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    path = plant(h.root, h.stores[0], cls, _canary(tmp_path), monkeypatch)
+    bounds = _Bounds(tmp_path, (tmp_path / "ckpt", work, tmp_path / "home"), work)
     caplog.set_level(logging.WARNING)
     seen: dict[str, str] = {}
     for reader in (r for r in READERS if r not in TYPED_READERS):
@@ -210,13 +240,8 @@ def _run_matrix_row(
             if reader == "verify" and backend == "s3" and cls == "special or oversized file":
                 assert "limit of a file read whole" in out.out, out.out[-2000:]  # S3's cap refused it unread
             seen[reader] = f"exit {code}" + (", file named" if named else "")
-        assert time.monotonic() - t0 < COMMAND_SECONDS, f"{reader} took too long"
-        assert tree_contents(tmp_path, skip) == before, f"{reader}: a file changed outside the root and work directory"
-        assert (outside / "canary.txt").read_text() == "precious"
-        assert _size(work) < TEMP_BOUND_BYTES, f"{reader}: {_size(work)} bytes of temp disk"
-    rss_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
-    assert rss_mib < RSS_BOUND_MIB, f"peak RSS grew {rss_mib:.0f} MiB"
-    assert not (outside / "evil.sst").exists()
+        bounds.check(reader, t0)
+    bounds.check_end()
     _record(backend, cls, seen)
     h.check_loadable(h.retained(settings), h.stores[1:])
     hit = {h.latest} if cls in ("lineage", "malformed frame") else set()  # the versions the bad file is part of
@@ -285,13 +310,8 @@ def test_the_typed_readers_refuse_or_read_around_each_hostile_class(
     _typed_root(tmp_path, root, settings)
     clean = {reader: _typed_read(root, reader) for reader in TYPED_READERS}
     assert all(clean.values())
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "canary.txt").write_text("precious")
-    path = plant(root, StoreId(OPERATOR, 0), cls, outside, monkeypatch)
-    skip = (tmp_path / "tws", work)
-    before = tree_contents(tmp_path, skip)
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    path = plant(root, StoreId(OPERATOR, 0), cls, _canary(tmp_path), monkeypatch)
+    bounds = _Bounds(tmp_path, (tmp_path / "tws", work), work)
     caplog.set_level(logging.WARNING)
     seen: dict[str, str] = {}
     for reader in TYPED_READERS:
@@ -308,12 +328,7 @@ def test_the_typed_readers_refuse_or_read_around_each_hostile_class(
             repaired = any(path in r.getMessage() and "loading version" in r.getMessage() for r in caplog.records)
             named = ", file named" if path in caplog.text else ""
             seen[reader] = "repaired" if repaired else f"read exactly{named}"
-        assert time.monotonic() - t0 < COMMAND_SECONDS, f"{reader} took too long"
-        assert tree_contents(tmp_path, skip) == before, f"{reader}: a file changed outside the root and work directory"
-        assert (outside / "canary.txt").read_text() == "precious"
-        assert _size(work) < TEMP_BOUND_BYTES, f"{reader}: {_size(work)} bytes of temp disk"
-    rss_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
-    assert rss_mib < RSS_BOUND_MIB, f"peak RSS grew {rss_mib:.0f} MiB"
-    assert not (outside / "evil.sst").exists()
+        bounds.check(reader, t0)
+    bounds.check_end()
     _record(backend, cls, seen)
     assert seen == {r: EXPECTED[backend][cls][r] for r in TYPED_READERS}, seen
