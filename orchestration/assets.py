@@ -36,6 +36,7 @@ from dagster import (
 )
 from pydantic import Field
 
+from statekeeper.maintenance.loop import release_free_heap
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.orchestration.metadata import (
     chain_rows,
@@ -261,7 +262,10 @@ def maintain_root(
         sync_lineage(cat, fm, list_stores=False)
         before = chains_of(cat, root)
         with _run_leases(asset_name, cat, fm, maintenance, settings, kwargs):
-            report = operation(fm, settings, catalog=cat, orchestrator_run_id=run_id, **kwargs)
+            try:
+                report = operation(fm, settings, catalog=cat, orchestrator_run_id=run_id, **kwargs)
+            finally:
+                release_free_heap()  # as the maintain loop after each cycle: for a process running many runs
         catalog_run = ensure_recorded(
             cat, root, KINDS[asset_name], run_id, since, report, dry_run=bool(kwargs.get("dry_run"))
         )

@@ -82,6 +82,7 @@ from dagster import (
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 from dagster._core.storage.tags import PARTITION_NAME_TAG, PRIORITY_TAG
 
+from statekeeper.maintenance.loop import release_free_heap
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshot_policy import crossing_version, landed_lag, snapshot_lead
 from statekeeper.orchestration.assets import KIND_TAG, KINDS, LINEAGE, ROOT_TAG, lineage_metadata
@@ -394,6 +395,17 @@ def build_checkpoint_sensor(
     ) -> SensorResult | SkipReason:
         if not config.sensor_enabled:
             return SkipReason(f"turned off by {ENV_SENSOR}=off")
+        try:
+            return _tick(context, storage, catalog, maintenance)
+        finally:
+            release_free_heap()  # the code server evaluates a tick every few seconds for weeks
+
+    def _tick(
+        context: SensorEvaluationContext,
+        storage: CheckpointStorage,
+        catalog: CatalogDatabase,
+        maintenance: MaintenanceConfig,
+    ) -> SensorResult:
         state = SensorCursor.parse(context.cursor)
         settings = maintenance.settings()  # validated: a bad value fails the tick, naming the setting
         ticks: list[RootTick] = []

@@ -14,6 +14,7 @@ from dagster._core.storage.tags import PARTITION_NAME_TAG, PRIORITY_TAG
 
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshot_policy import snapshot_lead
+from statekeeper.orchestration import assets, sensors
 from statekeeper.orchestration.assets import RETAINED, SNAPSHOTS
 from statekeeper.orchestration.checks import CHAINS, CHAINS_BOUNDED
 from statekeeper.orchestration.jobs import JOB_NAMES, SNAPSHOT_AND_EXPIRY_JOB, requested_job
@@ -155,6 +156,21 @@ def _run(orch: Orch, request: RunRequest) -> Any:
     )
     assert result.success
     return result
+
+
+def test_each_tick_and_each_run_hands_the_freed_heap_back(orch: Orch, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A code server ticks the sensor every few seconds for weeks, and a process may execute many runs: each tick
+    and each maintenance operation of a run ends with `release_free_heap` (glibc's malloc_trim), as a maintain
+    loop's cycle does. Without it a Dagster process running the sensor and its runs for 20 minutes grew its RSS
+    outside the block cache by 15.5 MiB instead of 9.7, still rising (docs/reliability.md, memory soaks)."""
+    calls: list[str] = []
+    monkeypatch.setattr(sensors, "release_free_heap", lambda: calls.append("tick"))
+    monkeypatch.setattr(assets, "release_free_heap", lambda: calls.append("run"))
+    orch.writer.commit(THRESHOLD)
+    _cursor, requests = _tick_requests(orch, None)
+    assert calls == ["tick"]
+    _run(orch, requests[0])
+    assert calls == ["tick", "run"]
 
 
 def test_sensor_lists_only_new_names_and_misses_none(orch: Orch) -> None:
