@@ -6,6 +6,7 @@ import json
 import re
 from collections.abc import Iterator
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -158,7 +159,9 @@ def _run(orch: Orch, request: RunRequest) -> Any:
     return result
 
 
-def test_each_tick_and_each_run_hands_the_freed_heap_back(orch: Orch, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_tick_and_each_run_hands_the_freed_heap_back(
+    tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A code server ticks the sensor every few seconds for weeks, and a process may execute many runs: each tick
     and each maintenance operation of a run ends with `release_free_heap` (glibc's malloc_trim), as a maintain
     loop's cycle does. Without it a Dagster process running the sensor and its runs for 20 minutes grew its RSS
@@ -166,11 +169,15 @@ def test_each_tick_and_each_run_hands_the_freed_heap_back(orch: Orch, monkeypatc
     calls: list[str] = []
     monkeypatch.setattr(sensors, "release_free_heap", lambda: calls.append("tick"))
     monkeypatch.setattr(assets, "release_free_heap", lambda: calls.append("run"))
-    orch.writer.commit(THRESHOLD)
-    _cursor, requests = _tick_requests(orch, None)
-    assert calls == ["tick"]
-    _run(orch, requests[0])
-    assert calls == ["tick", "run"]
+    orch = Orch([str(tmp_path / "root")], db_url)  # on any backend alike: one local root
+    try:
+        orch.writer.commit(THRESHOLD)
+        _cursor, requests = _tick_requests(orch, None)
+        assert calls == ["tick"]
+        _run(orch, requests[0])
+        assert calls == ["tick", "run"]
+    finally:
+        orch.close()
 
 
 def test_sensor_lists_only_new_names_and_misses_none(orch: Orch) -> None:
