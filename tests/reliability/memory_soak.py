@@ -352,15 +352,15 @@ BEGIN, END = "<!-- memory-soak -->", "<!-- /memory-soak -->"
 
 
 FINDINGS = [
-    "measured here (2026-12-02, `make soak-hour`, 60 minutes on the 2-core machine with other test work beside "
-    "it part of the time, commit 9bab7f9; processes it started later ran that day's later commits): "
-    "3,370 versions written, 1,473 maintenance cycles and 853 Dagster runs, "
-    "no error and no failed run. Every process stayed under its 256 MiB memory limit (RSS max 166, 167 and 244 "
-    "MiB). RSS outside the block cache, median of each 10-minute window: writer 86, 87, 89, 90, 90, 91 (level "
-    "from the half hour); maintainer 114, 118, 122, 125, 126, 127 (+1 MiB per 10 minutes at the end: levelling "
-    "off); Dagster process 180, 190, 198, 202, 208, 212 (+4 to 6 MiB per 10 minutes still at the end: not shown "
-    "to level off within the hour). The Python heap is flat in all three (33, 40 and 63 MiB); the rest of the "
-    "RSS growth is the shared block cache filling, by design, up to its share of the limit",
+    "measured here (2026-12-03 03:47-04:47, `make soak-hour`, 60 minutes on the 2-core machine, commit "
+    "90b8d8a): 3,585 versions written, 1,770 maintenance cycles and 1,034 Dagster runs, no error and no failed "
+    "run. Every process stayed under its 256 MiB memory limit (RSS max 168, 172 and 222 MiB). RSS outside the "
+    "block cache, median of each 10-minute window: writer 86, 86, 88, 89, 89, 89 (level from the half hour); "
+    "maintainer 114, 118, 121, 124, 125, 127 (+1 to 2 MiB per 10 minutes at the end: levelling off); Dagster "
+    "process 176, 181, 185, 187, 189, 189 (level in the last window). The Python heap is flat in all three (33, "
+    "40 and 64 MiB); the rest of the RSS growth is the shared block cache filling, by design, up to its share of "
+    "the limit. The run before the Dagster fix below (2026-12-02, commit 9bab7f9) had the Dagster process at "
+    "180, 190, 198, 202, 208, 212, still rising",
     "the growth is not Python objects: tracemalloc (`--trace`, 15 minutes) finds the Python heap of the "
     "maintainer flat from a third of the way in to the end (the largest growing site +34 KiB, the parsed-manifest "
     "cache, which holds what the roots hold) and the writer's growth is the test model's bounded `lru_cache`; "
