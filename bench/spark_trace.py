@@ -196,9 +196,10 @@ def per_row_table(rows: list[list[Any]]) -> Table:
             "The per-phase trace above divided by rows: task phases by the slowest task's input rows, the batch's "
             "(trigger, Spark around it, tasks job, job outside tasks, sink) by the batch's input rows.",
             "input read = to the first input batch + later waits on Spark's iterator (shuffle read, the JVM's Arrow). "
-            "Arrow to Python + grouping = converting each chunk to rows / per-key frames and cutting it by key "
-            "(one timer). user logic + state = the processor with its state reads, writes and their codec "
-            "(one timer). output build = the output rows / frames to Arrow. sink (second job) = the sink's job "
+            "Arrow to Python + grouping = converting each chunk to rows / one pandas frame and finding its keys' "
+            "runs (one timer). user logic + state = the processor with its state reads, writes and their codec, "
+            "and (pandas) cutting each key's frame from the chunk's as the processor takes it (one timer). "
+            "output build = the output rows / frames to Arrow. sink (second job) = the sink's job "
             "reading the cached task output into noop.",
             "Task columns are one core's cost per row (each task runs on one of the 2 cores); the batch's columns "
             "are wall clock per row of the batch.",

@@ -130,18 +130,36 @@ def _setting(name: str, text: str, shape: re.Pattern[str]) -> int:
 
 def key_frames(
     pdf: Any, sizes: list[tuple[tuple[Any, ...], int]], rows_per_frame: int = 0
-) -> Iterator[tuple[tuple[Any, ...], list[Any]]]:
+) -> Iterator[tuple[tuple[Any, ...], Iterator[Any]]]:
     """(key, frames) per run of `sizes` rows of `pdf`: positional slices of at most `rows_per_frame` rows
-    (0: one), each indexed from 0 as PySpark's are."""
+    (0: one), each indexed from 0 as PySpark's are, and each cut only when the processor reaches it."""
     cut = _slicer(pdf)
     start = 0
     for key, size in sizes:
         end = start + size
-        if rows_per_frame <= 0 or size <= rows_per_frame:
-            yield key, [cut(start, end)]
-        else:
-            yield key, [cut(s, min(s + rows_per_frame, end)) for s in range(start, end, rows_per_frame)]
+        yield key, _Frames(cut, start, end, rows_per_frame if 0 < rows_per_frame < size else size)
         start = end
+
+
+class _Frames:
+    """One key's frames, cut from the chunk's frame as they are iterated: a chunk's keys are all grouped at
+    once, and a frame costs a few KiB of pandas objects (~0.5 GiB for 200k keys), so only the frames of the
+    key being processed exist."""
+
+    __slots__ = ("_at", "_cut", "_end", "_step")
+
+    def __init__(self, cut: Callable[[int, int], Any], start: int, end: int, step: int) -> None:
+        self._cut, self._at, self._end, self._step = cut, start, end, step
+
+    def __iter__(self) -> _Frames:
+        return self
+
+    def __next__(self) -> Any:
+        start = self._at
+        if start >= self._end:
+            raise StopIteration
+        self._at = end = min(self._end, start + self._step)
+        return self._cut(start, end)
 
 
 def _slicer(pdf: Any) -> Callable[[int, int], Any]:

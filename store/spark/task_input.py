@@ -281,8 +281,7 @@ def _pandas_groups(
     data: pa.Table, sizes: list[tuple[tuple[Any, ...], int]], time_zone: str | None, rows_per_frame: int
 ) -> Iterator[tuple[tuple[Any, ...], Any]]:
     """One frame for the chunk, then positional slices per key (each indexed from 0, as PySpark's frames are)."""
-    for k, frames in key_frames(to_pandas(data, time_zone), sizes, rows_per_frame):
-        yield k, iter(frames)
+    yield from key_frames(to_pandas(data, time_zone), sizes, rows_per_frame)
 
 
 @functools.lru_cache(maxsize=64)
