@@ -200,7 +200,7 @@ def run(quick: bool) -> list[Table]:
                 "Spark repartition: spark._streamingCheckpointManager.repartition (PySpark 4.3, experimental) of a "
                 "copy of the same checkpoint: it reads and rewrites the same state, as a new batch.",
                 "Peak memory: the driver's Python process and the JVM (driver and executors, local mode) sampled "
-                "during the import; the Python workers' from their task traces (ru_maxrss).",
+                "during the import; the Python workers' from their task traces (each task's peak RSS).",
             ],
         )
     ]

@@ -126,7 +126,7 @@ def trace_table(rows: list[list[Any]]) -> Table:
             "batches to the JVM; user logic + state = the processor and its state reads/writes.",
             "Spark jobs / batch: jobs of the query's job group divided by its batches (statusTracker). "
             "fresh workers: tasks that ran in a Python worker's first task. worker peak RSS: the largest "
-            "ru_maxrss of any task's worker.",
+            "peak RSS of a task's worker while the task ran (Linux VmHWM, reset at the task's start).",
         ],
     )
 
@@ -203,8 +203,9 @@ def per_row_table(rows: list[list[Any]]) -> Table:
             "reading the cached task output into noop.",
             "Task columns are one core's cost per row (each task runs on one of the 2 cores); the batch's columns "
             "are wall clock per row of the batch.",
-            "worker peak RSS: the largest ru_maxrss of the query's workers; a Python worker reused across the "
-            "session's queries (spark.python.worker.reuse) carries the peak of the earlier queries it ran.",
+            "worker peak RSS: the largest peak RSS of a worker while one of the query's tasks ran (VmHWM, reset at "
+            "each task's start); it includes what the worker holds for earlier tasks and queries (spark.python."
+            "worker.reuse): their open stores and the shared RocksDB cache, filled up to STATEKEEPER_MEMORY_MB.",
         ],
     )
 

@@ -23,8 +23,6 @@ a snapshot round of many stores, not after it.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import threading
 import time
@@ -44,6 +42,7 @@ from statekeeper.maintenance.snapshot_builds import create_snapshots
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.layout import StoreId
+from statekeeper.store.rocks import release_free_heap
 
 if TYPE_CHECKING:
     from statekeeper.sql.catalog import Catalog
@@ -164,28 +163,6 @@ def _say_if_behind(
             longest,
             bound,
         )
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
-
-
-_TRIM = _malloc_trim()
-
-
-def release_free_heap() -> None:
-    """Hand the heap pages freed during a cycle back to the OS (glibc's ``malloc_trim``; elsewhere nothing).
-
-    A cycle opens and closes RocksDB instances and S3 connections on pool threads, whose freed blocks glibc
-    keeps in its per-thread arenas: without this a long-running maintainer's RSS creeps up by what is free
-    but fragmented, not by what it holds. ~1 ms a cycle."""
-    if _TRIM is not None:
-        _TRIM(0)
 
 
 def _checked_roots(roots: Roots) -> list[CheckpointFileManager]:

@@ -36,7 +36,6 @@ from dagster import (
 )
 from pydantic import Field
 
-from statekeeper.maintenance.loop import release_free_heap
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.orchestration.metadata import (
     chain_rows,
@@ -57,6 +56,7 @@ from statekeeper.sql.models import utcnow
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.layout import StoreId
+from statekeeper.store.rocks import release_free_heap
 
 GROUP = "statekeeper"
 LINEAGE = "lineage_catalog"

@@ -82,7 +82,6 @@ from dagster import (
 from dagster._core.definitions.unresolved_asset_job_definition import UnresolvedAssetJobDefinition
 from dagster._core.storage.tags import PARTITION_NAME_TAG, PRIORITY_TAG
 
-from statekeeper.maintenance.loop import release_free_heap
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshot_policy import crossing_version, landed_lag, snapshot_lead
 from statekeeper.orchestration.assets import KIND_TAG, KINDS, LINEAGE, ROOT_TAG, lineage_metadata
@@ -102,6 +101,7 @@ from statekeeper.sql.models import RUN_FAILED, RUN_RUNNING
 from statekeeper.store.errors import StatekeeperError
 from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.layout import COMMITS_DIR, StoreId
+from statekeeper.store.rocks import release_free_heap
 
 SENSOR_NAME = "checkpoint_sensor"
 FAILURE_SENSOR_NAME = "maintenance_failure_sensor"

@@ -6,11 +6,13 @@ index and filter blocks, so N open stores stay within one configured limit inste
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import os
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import rocksdict as rd
@@ -282,3 +284,25 @@ def open_db(path: str, column_families: Iterable[str] = (), *, bulk_replay: bool
     db = rd.Rdict(path, opts, column_families={n: db_options(bulk_replay=bulk_replay) for n in sorted(names)})
     db.set_write_options(write_options())
     return db
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+_TRIM = _malloc_trim()
+
+
+def release_free_heap() -> None:
+    """Hand the heap pages freed by a unit of work back to the OS (glibc's ``malloc_trim``; elsewhere nothing).
+
+    Long-lived processes (a maintainer's cycles, a Spark Python worker's tasks, Dagster's ticks) open and close
+    RocksDB instances and connections on several threads, whose freed blocks glibc keeps in per-thread arenas:
+    without this their RSS creeps up by what is free but fragmented, not by what they hold. 1-3 ms a call."""
+    if _TRIM is not None:
+        _TRIM(0)

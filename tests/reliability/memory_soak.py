@@ -361,6 +361,13 @@ FINDINGS = [
     "40 and 64 MiB); the rest of the RSS growth is the shared block cache filling, by design, up to its share of "
     "the limit. The run before the Dagster fix below (2026-12-02, commit 9bab7f9) had the Dagster process at "
     "180, 190, 198, 202, 208, 212, still rising",
+    "the whole RSS levels off once the cache stops growing: with a 48 MiB limit (2026-12-03 06:38-07:18, "
+    "`STATEKEEPER_MEMORY_MB=48 python -m tests.reliability.memory_soak --minutes 40 --out OUT`, commit 233c311; "
+    "2,412 versions, 1,198 cycles, 1,030 Dagster runs, none failed) the block cache settled at 16-23 MiB within "
+    "15 minutes, and RSS, median of each 5-minute window, went writer 94, 102, 107, 112, 117, 118, 119, 120; "
+    "maintainer 113, 121, 125, 131, 136, 140, 142, 143; Dagster process 175, 182, 186, 190, 195, 200, 202, 204 "
+    "MiB. A process's RSS is bounded by what it holds outside RocksDB (levelling off at 90-190 MiB here) plus "
+    "`STATEKEEPER_MEMORY_MB`, which caps the cache and memtables only",
     "the growth is not Python objects: tracemalloc (`--trace`, 15 minutes) finds the Python heap of the "
     "maintainer flat from a third of the way in to the end (the largest growing site +34 KiB, the parsed-manifest "
     "cache, which holds what the roots hold) and the writer's growth is the test model's bounded `lru_cache`; "
@@ -372,7 +379,7 @@ FINDINGS = [
     "with time: native memory held per commit (RocksDB, or the S3 client's native buffers) is the open lead",
     "the Dagster process's growth outside the cache was mostly freed heap that glibc kept: its sensor ticks and "
     "in-process runs never called `malloc_trim`, which the maintain loop calls after every cycle. Each tick and "
-    "each maintenance operation of a run now ends with it (`maintenance.loop.release_free_heap`; test "
+    "each maintenance operation of a run now ends with it (`store.rocks.release_free_heap`; test "
     "`tests/orchestration/test_sensors.py::test_each_tick_and_each_run_hands_the_freed_heap_back`). Measured side "
     "by side (2026-12-03, `python -m tests.reliability.memory_soak --minutes 20 --soaks dagster` of the commit "
     "before and of the commit after, at the same time on the 2-core machine, 491 and 494 runs): RSS outside the "

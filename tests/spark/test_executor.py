@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -392,3 +393,21 @@ def test_a_bad_worker_cache_setting_is_refused_naming_it(monkeypatch: pytest.Mon
             m.setenv(name, raw)
             with pytest.raises(ConfigurationError, match=f"{name}='{raw}'"):
                 _Cache()
+
+
+def test_a_task_reports_its_own_peak_memory_and_hands_back_what_it_freed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark reuses a Python worker for many tasks (of many queries): the peak RSS a task reports is the peak
+    while it ran, not an earlier task's, and what the task freed goes back to the OS when it ends."""
+    if not Path("/proc/self/clear_refs").exists():
+        pytest.skip("the peak is reset through Linux's /proc/self/clear_refs")
+    released: list[str] = []
+    monkeypatch.setattr(executor, "release_free_heap", lambda: released.append("heap"))
+    root = (tmp_path / "state").as_uri()
+    big = b"x" * (256 << 20)  # an earlier task's peak: 256 MiB more, written so that it is resident
+    del big
+    _, meta = _run(_spec(root, 0, "", tmp_path), [("a", 1)])
+    assert released == ["heap"]
+    now = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    assert meta["phases"]["worker_peak_rss_mb"] < now + 128, meta["phases"]
