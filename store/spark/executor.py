@@ -13,7 +13,6 @@ the missing changelogs, when its version is on the requested version's lineage (
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import gc
@@ -37,7 +36,7 @@ from statekeeper.store.files import open_file_manager
 from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import Field, from_arrow, struct
 from statekeeper.store.rescale import PartitionBuild, RescalePlan, SourceStores, build_partition
-from statekeeper.store.rocks import release_free_heap
+from statekeeper.store.rocks import peak_rss, release_free_heap, reset_peak_rss
 from statekeeper.store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor
 from statekeeper.store.spark.event_time import TaskTime
 from statekeeper.store.spark.handle import StatefulProcessorHandle
@@ -285,7 +284,7 @@ _WORKER = {"tasks": 0}
 def run_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The body of the mapInArrow function for one Spark partition."""
     t_start = time.perf_counter()
-    _reset_peak_rss()
+    reset_peak_rss()  # the trace shows what this task needed, not an earlier task of the reused worker
     task_input = TaskInput(batches, spec.key_columns, spec.input_budget_bytes)
     if task_input.partition is None:
         return  # no state partition routed here
@@ -299,8 +298,7 @@ def run_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.R
         if gc_enabled:
             gc.enable()
         # Spark reuses the worker for the next task: what this one freed goes back to the OS, or the worker's
-        # RSS stays at its high-water mark (in-process, a 500k-row vectorized task: 250-350 MB resident after
-        # each task without, 200-250 with; 1-3 ms a task).
+        # RSS stays at its high-water mark between tasks (1-3 ms a task).
         pa.default_memory_pool().release_unused()
         release_free_heap()
 
@@ -526,20 +524,12 @@ def _task_phases(phases: InputPhases, clock: _OutputClock, process_ms: float, ta
     }
 
 
-def _reset_peak_rss() -> None:
-    """Start this task's peak RSS afresh (Linux: VmHWM), so the trace shows what the task needed, not what an
-    earlier task of the reused worker did."""
-    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
 def _peak_rss_mb() -> float:
-    """The worker's peak RSS since `_reset_peak_rss` (elsewhere: since the worker started)."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
-    except (OSError, StopIteration, ValueError):
-        pass
+    """The worker's peak RSS since this task started (`reset_peak_rss` in `run_task`; elsewhere since the worker
+    started)."""
+    peak = peak_rss()
+    if peak is not None:
+        return peak / 2**20
     try:
         import resource
     except ImportError:  # pragma: no cover - not on Windows

@@ -20,7 +20,7 @@ import time
 import psutil
 
 from statekeeper.store import CommitLog, MemoryLimits, StateStore, StoreConfig, configure_memory
-from statekeeper.store.rocks import shared_memory
+from statekeeper.store.rocks import peak_rss, reset_peak_rss, shared_memory
 
 VALUE_SIZE = 1024
 
@@ -34,28 +34,6 @@ def value_for(store: int, i: int) -> bytes:
 
 def key_for(i: int) -> bytes:
     return b"key-%012d" % i
-
-
-def reset_peak_rss() -> bool:
-    """Reset the kernel's peak-RSS mark (VmHWM) so it measures only what follows (Linux >= 4.0)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss() -> int | None:
-    """VmHWM: the kernel-tracked peak RSS, which catches spikes between our samples."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def main(argv: list[str] | None = None) -> int:
