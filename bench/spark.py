@@ -13,9 +13,11 @@ file per trigger; 4 state partitions; local[2]. The main table: 100k keys, 50k r
 - statekeeper, ``ApplyInPandasWithState`` running Spark's function unchanged
 - statekeeper, vectorized ``BatchStatefulProcessor``
 - Spark's native JVM streaming aggregation (RocksDB provider, changelog checkpointing)
-- three floors: a stateless foreachBatch that shuffles by key into ``noop``; statekeeper's own batch with a
-  Python task that hands its input back (no state, no user code: ``run_plan_floor``); the pandas floor, the
-  same user function on the same per-key frames in a plain Python loop (no Spark, no state)
+- four floors: a stateless foreachBatch that shuffles by key into ``noop``; Spark's own Python task (shuffled
+  and sorted by key, a ``mapInArrow`` that hands its input back: ``run_python_floor``, what no change of ours
+  moves); statekeeper's own batch with a Python task that hands its input back (no state, no user code:
+  ``run_plan_floor``); the pandas floor, the same user function on the same per-key frames in a plain Python
+  loop (no Spark, no state)
 
 Batch duration is Spark's own ``durationMs.triggerExecution`` of every batch of each query (for
 statekeeper it includes the foreachBatch function: tasks, upload wait, commit record and the sink, which
@@ -55,6 +57,7 @@ from bench.spark_scale import (
     NATIVE,
     PLAN_FLOOR,
     ROWS,
+    SPARK_PYTHON_FLOOR,
     VECTORIZED,
     SizeResult,
     run_sizes,
@@ -266,6 +269,18 @@ def _echo(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     yield from batches
 
 
+def run_python_floor(spark: Any, inputs: Path, work: Path, timeout: float, partitions: int) -> list[float]:
+    """Spark's own cost of a keyed Python task, which no change of statekeeper's moves: the batch shuffled by
+    key (Spark's hash), sorted by key within each partition, a mapInArrow whose function hands its input back,
+    written to noop. One job; no routing by key group, no markers, no cached output, no second job."""
+
+    def python_echo(df: Any, batch_id: int) -> None:
+        shuffled = df.repartition(partitions, "key").sortWithinPartitions("key")
+        shuffled.mapInArrow(_echo, df.schema).write.format("noop").mode("overwrite").save()
+
+    return _run(_start_foreach_batch(spark, inputs, work, python_echo), SPARK_PYTHON_FLOOR, timeout)
+
+
 def run_plan_floor(spark: Any, inputs: Path, work: Path, timeout: float, partitions: int) -> list[float]:
     """statekeeper's batch without state or user logic: the operator's own tasks plan (key-group routing,
     a marker per partition, sorted by key), a mapInArrow whose Python function hands its input back, the
@@ -416,7 +431,10 @@ def _main_tables(main: SizeResult, load_start: float) -> list[Table]:
         "before any state or user logic (routing by key group, a marker per partition, the sort, Arrow both ways, "
         "the Python workers, the cached output and the sink's second job). Above it, per batch: per-key rows "
         f"+{_pct(results[ROWS], 50) - plan_floor_p50:.0f} ms, vectorized "
-        f"+{_pct(results[VECTORIZED], 50) - plan_floor_p50:.0f} ms (state and user logic).",
+        f"+{_pct(results[VECTORIZED], 50) - plan_floor_p50:.0f} ms (state and user logic). Spark's own Python "
+        f"task floor (the same shuffle by key, sorted, Arrow both ways, no statekeeper code) is "
+        f"{_pct(results[SPARK_PYTHON_FLOOR], 50) / native_p50:.2f}x Spark native: no Python stateful operator in "
+        "Spark can take less.",
         f"{main.keys:,} keys, {main.rows:,} rows per batch, {main.batches} batches, {PARTITIONS} state partitions, "
         "local[2], parquet file source (1 file per trigger). The per-key pandas paths, the pandas floor and Spark's "
         "Python operators ran the first batches only (see the size table's notes).",

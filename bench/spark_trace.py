@@ -147,6 +147,8 @@ PER_ROW_COLUMNS = [
     "task: output to Spark µs/row",
     "job outside tasks µs/row",
     "sink (second job) µs/row",
+    "worker RSS at task start MB",
+    "of it RocksDB MB",
     "worker peak RSS MB",
 ]
 
@@ -182,8 +184,18 @@ def per_row(keys: int, rows: int, name: str, progress: list[Any], trigger_ms: li
         task(lambda m: m.phases.get("output_emit_ms", 0.0)),
         batch(lambda p: p.job_ms - max((m.task_ms for m in p.partitions), default=0.0)),
         batch(lambda p: p.sink_ms),
-        round(max((m.phases.get("worker_peak_rss_mb", 0.0) for p in progress for m in p.partitions), default=0.0)),
+        *_peak_task_memory(progress),
     ]
+
+
+def _peak_task_memory(progress: list[Any]) -> list[int]:
+    """Of the task whose worker peaked highest: the worker's RSS when the task began, RocksDB's share of it (the
+    shared cache and memtables, at the task's end), and the peak; peak - start is what the task itself needed."""
+    tasks = [m for p in progress for m in p.partitions]
+    if not tasks:
+        return [0, 0, 0]
+    top = max(tasks, key=lambda m: m.phases.get("worker_peak_rss_mb", 0.0))
+    return [round(top.phases.get(k, 0.0)) for k in ("worker_start_rss_mb", "rocksdb_mb", "worker_peak_rss_mb")]
 
 
 def per_row_table(rows: list[list[Any]]) -> Table:
@@ -205,7 +217,10 @@ def per_row_table(rows: list[list[Any]]) -> Table:
             "are wall clock per row of the batch.",
             "worker peak RSS: the largest peak RSS of a worker while one of the query's tasks ran (VmHWM, reset at "
             "each task's start); it includes what the worker holds for earlier tasks and queries (spark.python."
-            "worker.reuse): their open stores and the shared RocksDB cache, filled up to STATEKEEPER_MEMORY_MB.",
+            "worker.reuse): their open stores and the shared RocksDB cache, filled up to STATEKEEPER_MEMORY_MB. "
+            "The two columns before it are that task's: its worker's RSS when it began (the interpreter, PySpark, "
+            "pandas and pyarrow, the open stores, RocksDB) and RocksDB's share (block cache and memtables, "
+            "charged to one cache); peak - start is what the task itself needed.",
         ],
     )
 

@@ -7,8 +7,9 @@ Per micro-batch ``b`` (version ``b`` is loaded, ``b + 1`` committed):
    even with no data, because every partition must commit every version.
 2. Each partition task (``mapInArrow``) loads its store at version ``b`` with the committed checkpoint
    id, runs the processor, commits under a fresh id and returns its output rows plus one metadata row.
-   The result is persisted, so each partition's output and id come from the same winning attempt;
-   retried, speculative or failed attempts leave only uncommitted files (orphans for maintenance).
+   The result is persisted (with a sink; without one only the results are read), so each partition's output
+   and id come from the same winning attempt; retried, speculative or failed attempts leave only uncommitted
+   files (orphans for maintenance).
 3. In async mode the driver waits until every partition's changelog is durable in the checkpoint
    location; a failed or lost upload fails the attempt and the whole batch is re-run from version ``b``.
 4. Only then the driver writes the commit record of version ``b + 1`` with every partition's id, and
@@ -391,7 +392,8 @@ class StatefulOperator:
                 attempt += 1
                 t_job, started_at_ms = time.perf_counter(), time.time() * 1000
                 out = plan.mapInArrow(functools.partial(run_task, spec), self._out_struct())
-                out = out.cache()  # deserialized: the collect and the sink read it without decoding
+                if self.sink is not None:  # without a sink only the collect reads the output: nothing to keep
+                    out = out.cache()  # deserialized: the collect and the sink read it without decoding
                 try:
                     metas = self._collect_metas(out, n)
                     job_ms = (time.perf_counter() - t_job) * 1000

@@ -36,7 +36,7 @@ from statekeeper.store.files import open_file_manager
 from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import Field, from_arrow, struct
 from statekeeper.store.rescale import PartitionBuild, RescalePlan, SourceStores, build_partition
-from statekeeper.store.rocks import peak_rss, release_free_heap, reset_peak_rss
+from statekeeper.store.rocks import peak_rss, release_free_heap, reset_peak_rss, shared_memory
 from statekeeper.store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor
 from statekeeper.store.spark.event_time import TaskTime
 from statekeeper.store.spark.handle import StatefulProcessorHandle
@@ -277,7 +277,7 @@ class _LateRows:
         return kept
 
 
-_WORKER = {"tasks": 0}
+_WORKER = {"tasks": 0, "start_rss": 0}
 """Tasks this Python worker process ran before (0: a fresh worker, paying its start-up)."""
 
 
@@ -285,6 +285,7 @@ def run_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.R
     """The body of the mapInArrow function for one Spark partition."""
     t_start = time.perf_counter()
     reset_peak_rss()  # the trace shows what this task needed, not an earlier task of the reused worker
+    _WORKER["start_rss"] = peak_rss() or 0  # right after the reset: what the worker held when the task began
     task_input = TaskInput(batches, spec.key_columns, spec.input_budget_bytes)
     if task_input.partition is None:
         return  # no state partition routed here
@@ -521,6 +522,8 @@ def _task_phases(phases: InputPhases, clock: _OutputClock, process_ms: float, ta
         "max_chunk_mb": phases.max_chunk_bytes / 2**20,
         "worker_tasks_before": float(_WORKER["tasks"]),
         "worker_peak_rss_mb": _peak_rss_mb(),
+        "worker_start_rss_mb": _WORKER["start_rss"] / 2**20,
+        "rocksdb_mb": shared_memory().cache.get_usage() / 2**20,
     }
 
 

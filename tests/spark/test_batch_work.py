@@ -50,9 +50,8 @@ def test_each_partition_task_runs_once_per_batch_and_traces_its_phases(
     for t in lines:
         assert len(t["partitions"]) == 3 and sum(p["input_rows"] for p in t["partitions"]) == 100
         for p in t["partitions"]:
-            assert {"first_batch_ms", "convert_ms", "user_state_ms", "output_emit_ms", "worker_peak_rss_mb"} <= set(
-                p["phases"]
-            )
+            traced = {"first_batch_ms", "convert_ms", "user_state_ms", "output_emit_ms", "worker_start_rss_mb"}
+            assert traced | {"worker_peak_rss_mb", "rocksdb_mb"} <= set(p["phases"])
             assert p["phases"]["input_chunks"] == (1 if p["input_rows"] else 0)
             # each task placed within its batch's tasks job (wall clock, one machine here)
             assert t["job_started_at_ms"] <= p["phases"]["started_at_ms"] <= p["phases"]["ended_at_ms"]
@@ -111,3 +110,30 @@ def test_keys_with_nulls_group_and_count_across_batches(spark: Any, tmp_path: Pa
     for b in range(2):
         op.process_batch(spark.createDataFrame(rows, "user string, region string, value long"), b)
     assert sorted(sink.batches[1], key=repr) == sorted([(*k, 16) for k in keys], key=repr)
+
+
+def test_an_operator_without_a_sink_runs_each_task_once_and_keeps_no_output(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a sink nothing reads the tasks' output after the driver collects their results: the batch neither
+    caches it nor runs a task twice, and the state is the same."""
+    from statekeeper.store.spark import read_state
+
+    cached: list[int] = []
+    frame = type(spark.range(1))  # the session's DataFrame class (PySpark 4: pyspark.sql.classic's)
+    real_cache = frame.cache
+
+    def cache(self: Any) -> Any:
+        cached.append(1)
+        return real_cache(self)
+
+    monkeypatch.setattr(frame, "cache", cache)
+    runs = tmp_path / "runs.txt"
+    root = (tmp_path / "state").as_uri()
+    op = StatefulOperator(root, "counts", "user", CountingCountSum(str(runs)), OUT, num_partitions=2)
+    for b in range(2):
+        op.process_batch(spark.createDataFrame([(f"u{i % 5}", i) for i in range(20)], "user string, value long"), b)
+
+    assert runs.read_text().count("task") == 2 * 2 and not cached
+    state = {json.loads(r["key"])[0]: json.loads(r["value"]) for r in read_state(spark, root, "counts").collect()}
+    assert state == {f"u{k}": [8, sum(i for i in range(20) if i % 5 == k) * 2] for k in range(5)}

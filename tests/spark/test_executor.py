@@ -410,4 +410,8 @@ def test_a_task_reports_its_own_peak_memory_and_hands_back_what_it_freed(
     _, meta = _run(_spec(root, 0, "", tmp_path), [("a", 1)])
     assert released == ["heap"]
     now = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    assert meta["phases"]["worker_peak_rss_mb"] < now + 128, meta["phases"]
+    phases = meta["phases"]
+    assert phases["worker_peak_rss_mb"] < now + 128, phases
+    # what the worker held when the task began, and RocksDB's part of it, beside the peak
+    assert 0 < phases["worker_start_rss_mb"] <= phases["worker_peak_rss_mb"], phases
+    assert 0 <= phases["rocksdb_mb"] < phases["worker_peak_rss_mb"], phases
