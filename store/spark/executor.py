@@ -524,6 +524,7 @@ def _task_phases(phases: InputPhases, clock: _OutputClock, process_ms: float, ta
         "worker_peak_rss_mb": _peak_rss_mb(),
         "worker_start_rss_mb": _WORKER["start_rss"] / 2**20,
         "rocksdb_mb": shared_memory().cache.get_usage() / 2**20,
+        "worker_open_stores": float(len(CACHE.stores)),
     }
 
 
