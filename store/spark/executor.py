@@ -278,7 +278,8 @@ class _LateRows:
 
 
 _WORKER = {"tasks": 0, "start_rss": 0}
-"""Tasks this Python worker process ran before (0: a fresh worker, paying its start-up)."""
+"""Tasks this Python worker process ran before (0: a fresh worker, paying its start-up), and its RSS (bytes) when
+the current task began."""
 
 
 def run_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
