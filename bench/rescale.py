@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 from bench.report import Table
 from statekeeper.store import CommitLog, StateStore, StoreConfig, open_file_manager
 from statekeeper.store.key_groups import KeyGroupLayout, group_prefix
-from statekeeper.store.rescale import RescaleResult, execute_rescale, plan_rescale
+from statekeeper.store.rescale import RescaleResult, SourceStores, execute_rescale, plan_rescale
 
 log = logging.getLogger(__name__)
 
@@ -153,22 +153,17 @@ def statekeeper_offline(
 
 
 def _load_sources(root: Path) -> None:
-    """What a rescale's sources cost before any key moves: each old partition loaded once, as the rescale loads
-    it (a temporary store, `bulk_replay`), on the same 2 threads."""
+    """What a rescale's sources cost before any key moves: each old partition loaded once by the rescale's own
+    loader (`SourceStores`: a temporary `bulk_replay` store), on the same 2 threads."""
     fm = open_file_manager(root.as_uri())
-    commits = CommitLog(fm)
-    head = commits.latest()
-    record = commits.get(head)
-    assert record is not None
-    ids = record.checkpoint_ids["agg"]
-    config = StoreConfig(bulk_replay=True)
-
-    def load(p: int) -> None:
-        with StateStore(fm, "agg", p, config=config) as store:
-            store.load(head, ids[p])
-
-    with ThreadPoolExecutor(2) as pool:
-        list(pool.map(load, range(len(ids))))
+    plan = plan_rescale(fm, "agg", 1)
+    sources = [SourceStores(fm, plan, StoreConfig()) for _ in plan.source_ids]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda q: sources[q].get(q), range(len(sources))))
+    finally:
+        for s in sources:
+            s.close()
 
 
 def _spark(local: Path) -> Any:

@@ -322,10 +322,19 @@ def reset_peak_rss() -> bool:
 def peak_rss() -> int | None:
     """This process's peak RSS in bytes since `reset_peak_rss` or its start (VmHWM: it catches spikes between
     samples); None where the kernel does not tell it."""
+    return _status_bytes("VmHWM:")
+
+
+def current_rss() -> int | None:
+    """This process's RSS in bytes now (VmRSS); None where the kernel does not tell it."""
+    return _status_bytes("VmRSS:")
+
+
+def _status_bytes(field: str) -> int | None:
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass

@@ -36,7 +36,7 @@ from statekeeper.store.files import open_file_manager
 from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import Field, from_arrow, struct
 from statekeeper.store.rescale import PartitionBuild, RescalePlan, SourceStores, build_partition
-from statekeeper.store.rocks import peak_rss, release_free_heap, reset_peak_rss, shared_memory
+from statekeeper.store.rocks import current_rss, peak_rss, release_free_heap, reset_peak_rss, shared_memory
 from statekeeper.store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor
 from statekeeper.store.spark.event_time import TaskTime
 from statekeeper.store.spark.handle import StatefulProcessorHandle
@@ -277,16 +277,14 @@ class _LateRows:
         return kept
 
 
-_WORKER = {"tasks": 0, "start_rss": 0}
-"""Tasks this Python worker process ran before (0: a fresh worker, paying its start-up), and its RSS (bytes) when
-the current task began."""
+_WORKER = {"tasks": 0}
+"""Tasks this Python worker process ran before (0: a fresh worker, paying its start-up)."""
 
 
 def run_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The body of the mapInArrow function for one Spark partition."""
     t_start = time.perf_counter()
     reset_peak_rss()  # the trace shows what this task needed, not an earlier task of the reused worker
-    _WORKER["start_rss"] = peak_rss() or 0  # right after the reset: what the worker held when the task began
     task_input = TaskInput(batches, spec.key_columns, spec.input_budget_bytes)
     if task_input.partition is None:
         return  # no state partition routed here
@@ -306,6 +304,7 @@ def run_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.R
 
 
 def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: float) -> Iterator[pa.RecordBatch]:
+    start_rss = current_rss() or 0  # what the worker holds as the task begins (earlier tasks' stores, the cache)
     attempt, task_attempt_id = _task_attempt()
     uploader = CACHE.uploader(spec)
     build = None
@@ -420,7 +419,7 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
         yield from clock.drain(out)
         meta["output_rows"] = out.count
         meta["task_ms"] = (time.perf_counter() - t_start) * 1000
-        meta["phases"] = _task_phases(phases, clock, process_ms, meta["task_ms"])
+        meta["phases"] = _task_phases(phases, clock, process_ms, meta["task_ms"], start_rss)
         yield out.meta(meta)
     except CorruptStateError as e:
         where = _locate_corrupt_changelog(spec, store)
@@ -505,9 +504,11 @@ def _load_cached(spec: TaskSpec, partition: int) -> StateStore:
         raise
 
 
-def _task_phases(phases: InputPhases, clock: _OutputClock, process_ms: float, task_ms: float) -> dict[str, float]:
+def _task_phases(
+    phases: InputPhases, clock: _OutputClock, process_ms: float, task_ms: float, start_rss: int
+) -> dict[str, float]:
     """The task's trace: where its time went (ms), when it ran (wall clock, epoch ms: places the task
-    within its Spark job), its worker's reuse and peak memory."""
+    within its Spark job), its worker's reuse, its memory as the task began and its peak."""
     inside = phases.wait_ms - phases.first_batch_ms + phases.convert_ms + clock.build_ms + clock.emit_ms
     ended_at_ms = time.time() * 1000
     return {
@@ -523,7 +524,7 @@ def _task_phases(phases: InputPhases, clock: _OutputClock, process_ms: float, ta
         "max_chunk_mb": phases.max_chunk_bytes / 2**20,
         "worker_tasks_before": float(_WORKER["tasks"]),
         "worker_peak_rss_mb": _peak_rss_mb(),
-        "worker_start_rss_mb": _WORKER["start_rss"] / 2**20,
+        "worker_start_rss_mb": start_rss / 2**20,
         "rocksdb_mb": shared_memory().cache.get_usage() / 2**20,
         "worker_open_stores": float(len(CACHE.stores)),
     }
