@@ -62,7 +62,7 @@ from statekeeper.store.spark.restart import read_head
 from statekeeper.store.spark.routing import owner_column, routable
 from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from statekeeper.store.spark.state import check_max_key_groups
-from statekeeper.store.spark.task_input import DEFAULT_INPUT_BUDGET_BYTES
+from statekeeper.store.spark.task_input import BATCH_INPUT_BUDGET_BYTES, DEFAULT_INPUT_BUDGET_BYTES
 from statekeeper.store.spark.tasks_plan import OutputFilters, TasksPlan, TasksRun, tasks_job_settings
 from statekeeper.store.spark.ticks import TickChannel, TickRecord, channel_path, due_at_ms, with_ticks, without_ticks
 from statekeeper.store.spark.time_mode import TimeMode
@@ -109,7 +109,8 @@ class StatefulOperator:
     ``sink(df, batch_id)`` gets each batch's output after its state is committed.
     ``max_key_groups`` (the groups stored keys lead with) is recorded at the first batch and kept.
     ``task_input_budget_bytes`` bounds the Arrow input a task converts at once (whole key groups; each
-    partition is sorted by key so its tasks stream their input): per-task memory follows it, not the batch.
+    partition is sorted by key so its tasks stream their input): per-task memory follows it, not the batch
+    (default 2 MiB for per-key processors, whose rows become Python objects, 4 MiB for vectorized ones).
     With ``STATEKEEPER_SPARK_TRACE`` set to a file path, every batch's progress (with each partition's
     phase trace) is appended to that file as one JSON line.
 
@@ -144,7 +145,7 @@ class StatefulOperator:
         local_dir: str | None = None,
         history: int = 200,
         max_key_groups: int = DEFAULT_MAX_KEY_GROUPS,
-        task_input_budget_bytes: int = DEFAULT_INPUT_BUDGET_BYTES,
+        task_input_budget_bytes: int | None = None,
         time_mode: str = "ProcessingTime",
         event_time_column: str | None = None,
         watermark_delay: str | int | None = None,
@@ -177,6 +178,9 @@ class StatefulOperator:
             raise ConfigurationError(f"input_format must be 'rows' or 'pandas', got {input_format!r}")
         if not isinstance(num_partitions, int) or not 1 <= num_partitions <= 10_000:
             raise ConfigurationError(f"num_partitions must be an integer in [1, 10000], got {num_partitions!r}")
+        if task_input_budget_bytes is None:
+            vectorized = isinstance(processor, BatchStatefulProcessor)
+            task_input_budget_bytes = BATCH_INPUT_BUDGET_BYTES if vectorized else DEFAULT_INPUT_BUDGET_BYTES
         if not isinstance(task_input_budget_bytes, int) or task_input_budget_bytes < 1 << 16:
             raise ConfigurationError(
                 f"task_input_budget_bytes must be an integer >= 65536, got {task_input_budget_bytes!r}"

@@ -88,6 +88,17 @@ def test_unsorted_input_is_grouped_within_the_budget_and_refused_beyond_it() -> 
         list(too_big.groups("rows"))
 
 
+def test_a_batch_larger_than_the_budget_is_converted_in_chunks_within_it() -> None:
+    """With a large ``maxRecordsPerBatch`` Spark sends one big batch: the task still converts a budget at a time."""
+    rows = sorted((f"user{i // 3:05d}", i) for i in range(30_000))
+    budget = 64 << 10
+    task_input = TaskInput(_batches(rows, []), ("user",), budget)
+    got = {k: [r.value for r in it] for k, it in task_input.groups("rows")}
+    assert got == _model(rows)
+    assert task_input.phases.chunks > 5
+    assert task_input.phases.max_chunk_bytes <= budget * 3 // 2
+
+
 def _spec(tmp_path: Path, processor: Any, budget: int) -> TaskSpec:
     return TaskSpec(
         root=(tmp_path / "root").as_uri(),
