@@ -61,7 +61,7 @@ from statekeeper.store.spark.spark_checkpoint import (
     state_rows,
 )
 from statekeeper.store.spark.state import check_max_key_groups
-from statekeeper.store.spark.task_input import run_starts
+from statekeeper.store.spark.task_input import BATCH_INPUT_BUDGET_BYTES, run_starts
 from statekeeper.store.spark.tasks_plan import TasksPlan, tasks_job_settings
 from statekeeper.store.spark.worker_cache import FileManagerFactory
 from statekeeper.store.state_store import StoreConfig
@@ -237,7 +237,7 @@ def import_spark_state(
     batch_id: int | None = None,
     store_config: StoreConfig | None = None,
     file_manager_factory: FileManagerFactory | None = None,
-    task_input_budget_bytes: int = 16 << 20,
+    task_input_budget_bytes: int = BATCH_INPUT_BUDGET_BYTES,
     on_progress: Callable[[str], None] | None = None,
 ) -> ImportSummary:
     """Import the state of stateful operator `operator_id` of the Spark checkpoint `spark_checkpoint` (at its
