@@ -34,8 +34,7 @@ PID_COL = "__sk_partition"
 MARKER_COL = "__sk_marker"
 DEFAULT_INPUT_BUDGET_BYTES = 2 << 20
 """Arrow bytes of input a per-key task converts at once (``StatefulOperator(task_input_budget_bytes=...)``):
-as Python rows or pandas objects they take about ten times that (2 MiB of Arrow: ~25 MB of worker memory at
-any batch size, no slower than 16 MiB)."""
+as Python rows or pandas objects they take about ten times that."""
 BATCH_INPUT_BUDGET_BYTES = 4 << 20
 """The same for a vectorized processor, whose chunks stay Arrow: fewer, larger ``handleBatch`` calls."""
 

@@ -18,7 +18,13 @@ from hypothesis import strategies as st
 
 from statekeeper.store.errors import StoreStateError
 from statekeeper.store.spark.executor import META_COL, TaskSpec, run_task
-from statekeeper.store.spark.task_input import MARKER_COL, PID_COL, TaskInput
+from statekeeper.store.spark.task_input import (
+    BATCH_INPUT_BUDGET_BYTES,
+    DEFAULT_INPUT_BUDGET_BYTES,
+    MARKER_COL,
+    PID_COL,
+    TaskInput,
+)
 from testkit.processors import CountSumVectorized
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,6 +103,19 @@ def test_a_batch_larger_than_the_budget_is_converted_in_chunks_within_it() -> No
     assert got == _model(rows)
     assert task_input.phases.chunks > 5
     assert task_input.phases.max_chunk_bytes <= budget * 3 // 2
+
+
+def test_the_default_budget_goes_by_what_the_processor_converts_its_input_to(tmp_path: Path) -> None:
+    """Per-key rows become Python objects (~10x their Arrow bytes): a smaller default than vectorized Arrow chunks."""
+    from statekeeper.store.spark import StatefulOperator
+    from testkit.processors import CountSum
+
+    def budget(processor: Any, **kw: Any) -> int:
+        op = StatefulOperator(tmp_path.as_uri(), "op", "user", processor, "user string", **kw)
+        return int(op.task_input_budget_bytes)
+
+    assert budget(CountSum()) == DEFAULT_INPUT_BUDGET_BYTES < budget(CountSumVectorized()) == BATCH_INPUT_BUDGET_BYTES
+    assert budget(CountSum(), task_input_budget_bytes=1 << 20) == 1 << 20  # an explicit budget wins
 
 
 def _spec(tmp_path: Path, processor: Any, budget: int) -> TaskSpec:
