@@ -43,3 +43,29 @@ def test_a_block_whose_sizes_do_not_add_up_is_refused(
     bad = raw[:delta] if delta < 0 else raw + bytes(delta)
     with pytest.raises(CorruptFileError, match=r"x\.changelog"):
         decode_block_payload(bad, len(keys), "x.changelog")
+
+
+def test_decoding_blocks_keeps_no_memory_once_they_are_dropped() -> None:
+    """A replaying process (a Spark worker catching up a partition another worker committed) decodes block
+    after block of distinct record counts: nothing of a block may stay behind once its records are dropped
+    (the `struct` module's format cache kept ~36 bytes per record of the last 100 blocks)."""
+    import gc
+    import tracemalloc
+
+    def decode(n: int) -> None:
+        keys = [i.to_bytes(12, "big") for i in range(n)]
+        raw = b"".join(encode_block_parts(keys, [b"v" * 16] * n))
+        assert len(decode_block_payload(raw, n, "x.changelog")[0]) == n
+
+    decode(10)  # first-call allocations
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(20_000, 20_040):
+            decode(n)
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 1 << 20, f"decoding 40 blocks of ~20,000 records left {kept:,} bytes allocated"
