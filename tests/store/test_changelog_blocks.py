@@ -45,6 +45,15 @@ def test_a_block_whose_sizes_do_not_add_up_is_refused(
         decode_block_payload(bad, len(keys), "x.changelog")
 
 
+@pytest.mark.parametrize("width", [0, 1, 13])
+@pytest.mark.parametrize("n", [255, 256, 257, 1000])
+def test_a_long_fixed_width_block_decodes_to_what_was_encoded(width: int, n: int) -> None:
+    keys = [i.to_bytes(4, "big") for i in range(n)]
+    values: list[bytes | None] = [bytes([i % 251]) * width for i in range(n)]
+    raw = b"".join(encode_block_parts(keys, values))
+    assert decode_block_payload(raw, n, "x.changelog") == (keys, values)
+
+
 def test_decoding_blocks_keeps_no_memory_once_they_are_dropped() -> None:
     """A replaying process (a Spark worker catching up a partition another worker committed) decodes block
     after block of distinct record counts: nothing of a block may stay behind once its records are dropped
