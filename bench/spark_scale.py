@@ -370,6 +370,23 @@ def _share_ratio(name: str) -> Callable[[SizeResult], float]:
     return lambda r: _share(r, name) / _p50(r.results.get(PANDAS_FLOOR))
 
 
+_SPEED = ((ROWS, "per-key rows", 1.0), (VECTORIZED, "vectorized", 0.7))
+
+
+def _breakdown(r: SizeResult, name: str, label: str, limit: float) -> str:
+    """Where a variant's p50 goes, beside Spark native's: Spark's own Python task (the least any Python
+    operator pays), statekeeper's batch plan above it, and the state and user logic above that plan."""
+    p50, native = _p50(r.results.get(name)), _p50(r.results.get(NATIVE))
+    python, plan, floor = (_p50(r.results.get(f)) for f in (SPARK_PYTHON_FLOOR, PLAN_FLOOR, FLOOR))
+    if any(math.isnan(x) for x in (p50, native, python, plan, floor)) or p50 <= limit * native:
+        return ""
+    return (
+        f"{label} at {r.keys:,} keys, {r.rows:,} rows: {p50:.0f} ms = Spark's own Python task {python:.0f} + "
+        f"statekeeper's batch plan over it {plan - python:.0f} + state and user logic {p50 - plan:.0f}, against "
+        f"Spark native {native:.0f} (its state work over the stateless floor: {native - floor:.0f})"
+    )
+
+
 def targets(all_results: list[SizeResult]) -> str:
     """Issue 65's targets over every size, each with its measured figure and met / NOT met."""
 
@@ -393,6 +410,7 @@ def targets(all_results: list[SizeResult]) -> str:
         + ", ".join(f"{python_floor(r):.2f}x" for r in all_results)
         + " Spark native at the sizes in order",
     ]
+    parts += [_breakdown(r, name, label, limit) for name, label, limit in _SPEED for r in all_results]
     for name, label in ((PANDAS, "per-key pandas"), (APPLY_UNCHANGED, "the unchanged function")):
         parts.append(worst(f"{label}: own share <= 0.5x the pandas floor", _share_ratio(name), 0.5))
         parts.append(worst(f"{label}: >= 10x applyInPandasWithState", ratio(APPLY, name), 10.0, low=False))
@@ -405,7 +423,7 @@ def targets(all_results: list[SizeResult]) -> str:
             f"{'met' if rss <= 512 else 'NOT met'}; its worker held {start:.0f} MB when the task began, RocksDB "
             f"{rocks:.0f} MB of it, and the task itself needed {rss - start:.0f} MB)"
         )
-    return "Targets: " + "; ".join(parts) + "."
+    return "Targets: " + "; ".join(p for p in parts if p) + "."
 
 
 def size_tables(all_results: list[SizeResult]) -> list[Table]:
