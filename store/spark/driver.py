@@ -56,7 +56,7 @@ from statekeeper.store.spark.executor import META_COL, PID_COL, TaskSpec, run_ta
 from statekeeper.store.spark.heartbeat import DEFAULT_INTERVAL_SECONDS, Heartbeat
 from statekeeper.store.spark.initial_state import collect_initial_state, initial_state_frame
 from statekeeper.store.spark.metrics import BatchProgress, PartitionMetrics
-from statekeeper.store.spark.pandas_frames import FrameLimits
+from statekeeper.store.spark.pandas_frames import PandasSettings
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
 from statekeeper.store.spark.restart import read_head
 from statekeeper.store.spark.routing import owner_column, routable
@@ -347,7 +347,7 @@ class StatefulOperator:
             input_budget_bytes=self.task_input_budget_bytes,
             time=task_time,
             session_time_zone=spark.conf.get("spark.sql.session.timeZone") or "UTC",
-            frame_limits=FrameLimits.of(spark.conf),
+            pandas_settings=PandasSettings.of(spark.conf),
             initial_state=self._initial_rows(df, n) if version == 0 else None,
             rescale=rescale,
         )

@@ -40,7 +40,7 @@ from statekeeper.store.rocks import current_rss, peak_rss, release_free_heap, re
 from statekeeper.store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor
 from statekeeper.store.spark.event_time import TaskTime
 from statekeeper.store.spark.handle import StatefulProcessorHandle
-from statekeeper.store.spark.pandas_frames import FrameLimits, from_pandas, gather_columns
+from statekeeper.store.spark.pandas_frames import PandasSettings, from_pandas, gather_columns
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
 from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from statekeeper.store.spark.state import TIMER_INDEX_CF, StateContext
@@ -94,7 +94,7 @@ class TaskSpec:
     """Time mode, watermarks and event-time column of the batch (store/spark/event_time.py)."""
     session_time_zone: str = "UTC"
     """Spark's ``spark.sql.session.timeZone``: pandas frames hold timestamps in it, as PySpark's do."""
-    frame_limits: FrameLimits = field(default_factory=FrameLimits)
+    pandas_settings: PandasSettings = field(default_factory=PandasSettings)
     """The session's Arrow batch limits: a key's input rows reach a pandas processor in frames cut at them."""
     initial_state: pa.Table | None = None
     """First batch only: the initial state rows, with the state partition of each in PID_COL."""
@@ -112,8 +112,9 @@ def _key_schema(schema: pa.Schema, key_columns: tuple[str, ...]) -> Any:
 class _Output:
     """Buffers output rows or frames and turns them into record batches of the output schema."""
 
-    def __init__(self, schema: pa.Schema) -> None:
+    def __init__(self, schema: pa.Schema, int_to_decimal: bool = False) -> None:
         self.schema = schema
+        self.int_to_decimal = int_to_decimal
         self.user_fields = [f for f in schema if f.name != META_COL]
         self.names = [f.name for f in self.user_fields]
         self.items: list[Any] = []
@@ -190,7 +191,7 @@ class _Output:
             missing = [n for n in self.names if n not in item.columns]
             if missing:
                 raise StoreStateError(f"processor output lacks columns {missing} of the output schema")
-            arrays = from_pandas(item, self.user_fields)
+            arrays = from_pandas(item, self.user_fields, self.int_to_decimal)
             arrays.append(pa.nulls(len(item), pa.string()))
             yield from self._batches(pa.Table.from_arrays(arrays, schema=self.schema))
             return
@@ -313,7 +314,7 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
     else:
         store = _load(spec, partition)
     load = store.last_load
-    out = _Output(spec.output_schema)
+    out = _Output(spec.output_schema, spec.pandas_settings.int_to_decimal)
     clock = _OutputClock()
     assert data.schema is not None
     ctx = StateContext(store, spec.batch_ts_ms, _key_schema(data.schema, spec.key_columns), spec.max_key_groups)
@@ -350,7 +351,7 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
                     for one in states:
                         processor.handleInitialState(key, one, timer_values)
             set_key, add, handle, buffered = ctx.set_key, out.add, processor.handleInputRows, out.items
-            for key, rows in data.groups(spec.input_format, spec.session_time_zone, spec.frame_limits):
+            for key, rows in data.groups(spec.input_format, spec.session_time_zone, spec.pandas_settings):
                 keys += 1
                 set_key(key)
                 add(handle(key, rows, timer_values))

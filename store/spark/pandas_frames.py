@@ -12,7 +12,7 @@ A processor written for PySpark computes on the frames it is given (``ts.astype(
   naive ``pandas.Timestamp`` (a ``TIMESTAMP`` in the session time zone);
 - every frame is indexed from 0 (one key's slice of a chunk is re-indexed);
 - a key's rows come in frames of at most ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows and about
-  ``maxBytesPerBatch`` bytes (`FrameLimits`), as PySpark cuts its Arrow batches.
+  ``maxBytesPerBatch`` bytes (`PandasSettings`), as PySpark cuts its Arrow batches.
 
 Output frames go back through the output schema's Arrow types; a column that pandas' inference cannot
 cast (a ``dict`` column meant as a ``MapType``: inferred as a struct) is converted with the target type.
@@ -24,12 +24,23 @@ import importlib
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.errors import ConfigurationError, StoreStateError
+
+try:
+    from pyspark.errors import PySparkValueError as _PySparkValueError
+except ImportError:  # pragma: no cover - an install without the [spark] extra
+    _PySparkValueError = ValueError  # type: ignore[assignment,misc]
+
+
+class OutputConversionError(StoreStateError, _PySparkValueError):
+    """A pandas output column that PySpark would not convert to its field's type either; a ``PySparkValueError``
+    too (where PySpark is installed), with PySpark's message, as a processor's own tests may expect."""
 
 
 def to_pandas(table: pa.Table, time_zone: str | None = "UTC") -> Any:
@@ -87,24 +98,34 @@ def _nested_timestamps(t: pa.DataType, zone: str) -> Callable[[Any], Any] | None
 
 
 @dataclass(frozen=True)
-class FrameLimits:
-    """Spark's ``spark.sql.execution.arrow.maxRecordsPerBatch`` / ``maxBytesPerBatch`` (its defaults): PySpark hands
-    a key's rows to a pandas processor in frames cut at these limits, and processors may count the frames."""
+class PandasSettings:
+    """The session settings PySpark's pandas conversions follow (their defaults here).
+
+    ``spark.sql.execution.arrow.maxRecordsPerBatch`` / ``maxBytesPerBatch``: PySpark hands a key's rows to a pandas
+    processor in frames cut at these limits, and processors may count the frames.
+    ``spark.sql.execution.pythonUDF.pandas.intToDecimalCoercionEnabled``: whether an integer output column may fill
+    a decimal one (else the conversion fails, as PySpark's)."""
 
     max_records: int = 10_000
     """<= 0: no limit."""
     max_bytes: int = 2**31 - 1
+    int_to_decimal: bool = False
 
     RECORDS_CONF = "spark.sql.execution.arrow.maxRecordsPerBatch"
     BYTES_CONF = "spark.sql.execution.arrow.maxBytesPerBatch"
+    INT_TO_DECIMAL_CONF = "spark.sql.execution.pythonUDF.pandas.intToDecimalCoercionEnabled"
 
     @classmethod
-    def of(cls, conf: Any) -> FrameLimits:
-        """The limits a Spark session's `conf` sets (read before a job overrides them for its own batches)."""
+    def of(cls, conf: Any) -> PandasSettings:
+        """The settings a Spark session's `conf` holds (read before a job overrides them for its own batches)."""
         records, size = conf.get(cls.RECORDS_CONF, None), conf.get(cls.BYTES_CONF, None)
+        coerce = str(conf.get(cls.INT_TO_DECIMAL_CONF, None) or "false").strip().lower()
+        if coerce not in ("true", "false"):
+            raise ConfigurationError(f"{cls.INT_TO_DECIMAL_CONF}={coerce!r} is not true or false")
         return cls(
             cls.max_records if records is None else _setting(cls.RECORDS_CONF, records, _RECORDS),
             cls.max_bytes if size is None else _setting(cls.BYTES_CONF, size, _BYTES),
+            coerce == "true",
         )
 
     def rows(self, table: pa.Table) -> int:
@@ -222,8 +243,21 @@ def _convert(column: Any, target: pa.DataType) -> pa.Array | pa.ChunkedArray:
         return pa.array(column.tolist(), type=target, from_pandas=True)
 
 
-def from_pandas(pdf: Any, fields: list[pa.Field]) -> list[pa.Array | pa.ChunkedArray]:
-    """The columns of `fields` from an output frame, each of its field's type."""
+def from_pandas(pdf: Any, fields: list[pa.Field], int_to_decimal: bool = False) -> list[pa.Array | pa.ChunkedArray]:
+    """The columns of `fields` from an output frame, each of its field's type. An integer column fills a decimal
+    field only with `int_to_decimal` (PySpark's ``intToDecimalCoercionEnabled``), else it fails as in PySpark."""
+    for f in fields:
+        if pa.types.is_decimal(f.type) and pdf[f.name].dtype.kind in "iu":
+            if int_to_decimal:
+                pdf = pdf.assign(**{f.name: [Decimal(int(v)) for v in pdf[f.name]]})
+                continue
+            try:  # PySpark's cast: only a decimal wide enough for every value of the integer type
+                pa.Array.from_pandas(pdf[f.name]).cast(f.type)
+            except pa.ArrowInvalid:
+                raise OutputConversionError(
+                    f"Failed to convert the value of the column '{f.name}' with type '{pdf[f.name].dtype}' to Arrow "
+                    f"type '{f.type}' (set {PandasSettings.INT_TO_DECIMAL_CONF}=true to convert integers to decimals)"
+                ) from None
     try:
         table = pa.Table.from_pandas(pdf, preserve_index=False)
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
@@ -237,4 +271,4 @@ def from_pandas(pdf: Any, fields: list[pa.Field]) -> list[pa.Array | pa.ChunkedA
     return out
 
 
-__all__ = ["FrameLimits", "from_pandas", "gather_columns", "key_frames", "to_pandas"]
+__all__ = ["OutputConversionError", "PandasSettings", "from_pandas", "gather_columns", "key_frames", "to_pandas"]

@@ -53,6 +53,10 @@ TIMERS_CF = "__timers"
 TIMER_INDEX_CF = "__timer_index"
 INTERNAL_PREFIX = "__"
 ROWS_TOTAL = b"rows_total"
+INVALID_VALUE_SCHEMA_EVOLUTION = "[STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION]"
+"""Spark's error class for a state variable's value schema that cannot read the recorded one: it heads our message
+("... Schema evolution is not possible new value_schema=... and old value_schema=..." as Spark's), so code that
+matches Spark's error (PySpark's own suite does) matches ours."""
 KEY_GROUP_BYTES = 2
 
 _U64 = struct.Struct(">Q")
@@ -236,7 +240,13 @@ class StateContext:
             record.user_key_schema = user_key_schema
         if schema is not None and record.schemas.get(record.schema_id) != schema:
             for old_schema in record.schemas.values():
-                check_evolution(old_schema, schema, name)
+                try:
+                    check_evolution(old_schema, schema, name)
+                except SchemaEvolutionError as e:
+                    raise SchemaEvolutionError(
+                        f"{INVALID_VALUE_SCHEMA_EVOLUTION} Schema evolution is not possible new value_schema="
+                        f"{schema.simple_string()} and old value_schema={old_schema.simple_string()}: {e}"
+                    ) from None
             record.schema_id = max(record.schemas, default=0) + 1
             record.schemas[record.schema_id] = schema
         write_record(self._meta, name, record, old)

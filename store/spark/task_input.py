@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from statekeeper.store.errors import StoreStateError
-from statekeeper.store.spark.pandas_frames import FrameLimits, key_frames, to_pandas
+from statekeeper.store.spark.pandas_frames import PandasSettings, key_frames, to_pandas
 
 INTERNAL_COL_PREFIX = "__sk_"
 PID_COL = "__sk_partition"
@@ -182,7 +182,7 @@ class TaskInput:
 
     # -- groups ---------------------------------------------------------------------------------
     def groups(
-        self, input_format: str, time_zone: str | None = "UTC", frames: FrameLimits | None = None
+        self, input_format: str, time_zone: str | None = "UTC", frames: PandasSettings | None = None
     ) -> Iterator[tuple[tuple[Any, ...], Any]]:
         """(key tuple, rows iterator) per grouping key, chunk by chunk (`time_zone`: the session's, and `frames`
         how a key's rows are cut, for pandas frames)."""
@@ -208,7 +208,7 @@ def groups_of(
     input_format: str,
     on_unsorted: Callable[[], None] = lambda: None,
     time_zone: str | None = "UTC",
-    frames: FrameLimits | None = None,
+    frames: PandasSettings | None = None,
 ) -> Iterator[tuple[tuple[Any, ...], Any]]:
     """(key tuple, rows iterator) per key of a whole table; `on_unsorted` is called when its keys are not
     contiguous. Pandas frames are PySpark's (store/spark/pandas_frames.py), timestamps in `time_zone`."""
@@ -216,7 +216,7 @@ def groups_of(
     names = data.column_names
     key_idx = [names.index(k) for k in key_columns]
     if input_format == "pandas":
-        frame_rows = (frames or FrameLimits()).rows(data)
+        frame_rows = (frames or PandasSettings()).rows(data)
         at = pa.array(starts, pa.int64())
         keys = list(zip(*(pylist(data.column(i).take(at)) for i in key_idx), strict=True))
         if len(set(keys)) != len(keys):

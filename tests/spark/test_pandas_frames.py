@@ -19,7 +19,7 @@ import pytest
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.spark import ApplyInPandasWithState
 from statekeeper.store.spark.executor import META_COL, _Output
-from statekeeper.store.spark.pandas_frames import FrameLimits, gather_columns, key_frames, to_pandas
+from statekeeper.store.spark.pandas_frames import PandasSettings, gather_columns, key_frames, to_pandas
 from statekeeper.store.spark.task_input import groups_of
 from statekeeper.store.spark.testing import TwsTester
 
@@ -141,7 +141,7 @@ def test_a_keys_rows_come_in_frames_cut_at_sparks_arrow_batch_limits() -> None:
     suite's ChunkCount processors count them): so does the task, each frame indexed from 0."""
     table = pa.table({"k": ["a"] * 5 + ["b"], "n": list(range(6))})
 
-    def cut(limits: FrameLimits) -> dict[str, list[list[int]]]:
+    def cut(limits: PandasSettings) -> dict[str, list[list[int]]]:
         out = {}
         for (key,), frames in groups_of(table, ("k",), "pandas", frames=limits):
             listed = list(frames)
@@ -149,13 +149,38 @@ def test_a_keys_rows_come_in_frames_cut_at_sparks_arrow_batch_limits() -> None:
             out[key] = [list(f["n"]) for f in listed]
         return out
 
-    assert cut(FrameLimits()) == {"a": [[0, 1, 2, 3, 4]], "b": [[5]]}
-    assert cut(FrameLimits(max_records=2)) == {"a": [[0, 1], [2, 3], [4]], "b": [[5]]}
-    assert cut(FrameLimits(max_records=-1)) == {"a": [[0, 1, 2, 3, 4]], "b": [[5]]}
-    assert cut(FrameLimits(max_bytes=2)) == {"a": [[0], [1], [2], [3], [4]], "b": [[5]]}
-    conf = {FrameLimits.RECORDS_CONF: "1", FrameLimits.BYTES_CONF: "64m"}
-    assert FrameLimits.of(conf) == FrameLimits(1, 64 << 20)
-    assert FrameLimits.of({}) == FrameLimits()
-    for name, bad in ((FrameLimits.RECORDS_CONF, "ten"), (FrameLimits.BYTES_CONF, "64 parsecs")):
+    assert cut(PandasSettings()) == {"a": [[0, 1, 2, 3, 4]], "b": [[5]]}
+    assert cut(PandasSettings(max_records=2)) == {"a": [[0, 1], [2, 3], [4]], "b": [[5]]}
+    assert cut(PandasSettings(max_records=-1)) == {"a": [[0, 1, 2, 3, 4]], "b": [[5]]}
+    assert cut(PandasSettings(max_bytes=2)) == {"a": [[0], [1], [2], [3], [4]], "b": [[5]]}
+    conf = {PandasSettings.RECORDS_CONF: "1", PandasSettings.BYTES_CONF: "64m"}
+    assert PandasSettings.of(conf) == PandasSettings(1, 64 << 20)
+    assert PandasSettings.of({}) == PandasSettings()
+    for name, bad in ((PandasSettings.RECORDS_CONF, "ten"), (PandasSettings.BYTES_CONF, "64 parsecs")):
         with pytest.raises(ConfigurationError, match=name.replace(".", r"\.")):
-            FrameLimits.of({name: bad})
+            PandasSettings.of({name: bad})
+
+
+def test_an_integer_column_fills_a_decimal_field_only_as_pysparks_setting_allows() -> None:
+    """PySpark refuses an integer pandas output column for a decimal field unless
+    ``spark.sql.execution.pythonUDF.pandas.intToDecimalCoercionEnabled`` is true; then it holds the integers."""
+    from pyspark.errors import PySparkValueError
+
+    from statekeeper.store.spark.pandas_frames import OutputConversionError, from_pandas
+
+    frame = pd.DataFrame({"id": ["a", "b"], "amount": [3, -7]})
+    fields = [pa.field("id", pa.string()), pa.field("amount", pa.decimal128(10, 2))]
+    with pytest.raises(OutputConversionError, match="'amount' with type 'int64'") as refused:
+        from_pandas(frame, fields)
+    assert isinstance(refused.value, PySparkValueError)
+    _, amounts = from_pandas(frame, fields, int_to_decimal=True)
+    assert amounts.to_pylist() == [decimal.Decimal("3.00"), decimal.Decimal("-7.00")]
+    assert from_pandas(frame.astype({"amount": float}), fields)[1].to_pylist() == amounts.to_pylist()
+    wide = [fields[0], pa.field("amount", pa.decimal128(38, 2))]  # holds every int64: PySpark's cast takes it
+    assert from_pandas(frame, wide)[1].to_pylist() == amounts.to_pylist()
+
+    conf = PandasSettings.INT_TO_DECIMAL_CONF
+    assert not PandasSettings.of({}).int_to_decimal
+    assert PandasSettings.of({conf: "True"}).int_to_decimal
+    with pytest.raises(ConfigurationError, match=conf):
+        PandasSettings.of({conf: "yes"})

@@ -210,3 +210,38 @@ def test_arrow_to_pandas_types_are_pysparks() -> None:
     fields = [pa.field("m", pa.map_(pa.string(), pa.struct([("v", pa.map_(pa.string(), pa.string()))])))]
     (column,) = from_pandas(pd.DataFrame({"m": [{"k": {"v": {"a": "b"}}}]}), fields)
     assert column.type == fields[0].type and column.to_pylist() == [[("k", {"v": [("a", "b")]})]]
+
+
+class _Profile(p._Flavour):
+    """A struct ValueState whose schema the next query narrows (``id`` long -> int), in the shape of the evolution
+    processors of PySpark's suite: a query restarted with a processor declaring another value schema."""
+
+    ID_TYPE = "long"
+
+    def init(self, handle: Any) -> None:
+        self.profile = handle.getValueState("profile", f"id {self.ID_TYPE}, label string")
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
+        for _ in rows:
+            pass
+        self.profile.update((int(key[0]), f"label-{key[0]}"))
+        yield self.emit(id=key[0])
+
+
+class _NarrowProfile(_Profile):
+    ID_TYPE = "int"
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_incompatible_value_schema_raises_with_sparks_error_class(flavour: str) -> None:
+    """PySpark's suite (test_schema_evolution_fails) matches "[STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION]" and
+    "Schema evolution is not possible" in the failed query's error when a restarted query narrows a field."""
+    with TwsTester(_Profile(flavour == "pandas"), "id", "id string", input_format=flavour, time_mode="None") as t:
+        assert t.run([{"id": "0"}]) == [("0",)]
+        t.processor = _NarrowProfile(flavour == "pandas")  # the restarted query's processor
+        with pytest.raises(SchemaEvolutionError) as e:
+            t.run([{"id": "0"}])
+    message = str(e.value)
+    assert message.startswith("[STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION] Schema evolution is not possible ")
+    assert "new value_schema=struct<id:integer,label:string> and old value_schema=struct<id:long" in message
+    assert "field 'value.id' was long in the checkpoint and is declared integer now" in message  # our own detail
