@@ -95,7 +95,8 @@ class TaskSpec:
     session_time_zone: str = "UTC"
     """Spark's ``spark.sql.session.timeZone``: pandas frames hold timestamps in it, as PySpark's do."""
     pandas_settings: PandasSettings = field(default_factory=PandasSettings)
-    """The session's Arrow batch limits: a key's input rows reach a pandas processor in frames cut at them."""
+    """The session's pandas settings: the Arrow batch limits a key's input frames are cut at, and whether an
+    integer output column may fill a decimal field."""
     initial_state: pa.Table | None = None
     """First batch only: the initial state rows, with the state partition of each in PID_COL."""
     rescale: RescalePlan | None = None
@@ -388,6 +389,7 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
             "ttl_removed": ctx.ttl_removed,
             "timers_fired": timers_fired,
             "next_timer_ms": next_timer,
+            "api_counts": ctx.api_counts,
             "process_ms": process_ms,
             "load_ms": load.load_ms if load else 0.0,
             "reused_local": bool(load and load.reused_local),

@@ -42,6 +42,10 @@ class StatefulProcessorHandle:
         self, cls: type[_State], name: str, ttl: int | None, schema: Any = None, user_key_schema: Any = None
     ) -> Any:
         validate_state_name(name)
+        kind = cls.kind.capitalize()
+        self._ctx.count(f"num{kind}StateVars")  # per declaration, as Spark's handle counts
+        if ttl:
+            self._ctx.count(f"num{kind}StateWithTTLVars")
         existing = self._ctx.states.get(name)
         if existing is not None:
             if type(existing) is not cls:
@@ -75,9 +79,11 @@ class StatefulProcessorHandle:
         """A timer for the current key: in ProcessingTime it fires in the first batch whose processing
         time is at or after it, in EventTime in the first batch whose watermark is at or after it."""
         self._timers().register_timer(expiryTimestampMs)
+        self._ctx.count("numRegisteredTimers")
 
     def deleteTimer(self, expiryTimestampMs: int) -> None:
-        self._timers().delete_timer(expiryTimestampMs)
+        if self._timers().delete_timer(expiryTimestampMs):
+            self._ctx.count("numDeletedTimers")
 
     def listTimers(self) -> Iterator[int]:
         return iter(list(self._timers().list_timers()))
@@ -99,7 +105,10 @@ class StatefulProcessorHandle:
         declared = self._ctx.states.pop(stateName, None)
         if isinstance(declared, _State):  # every declared variable is one
             retire(declared)
-        if stateName not in self._ctx.store.column_families():
+        stored = stateName in self._ctx.store.column_families()
+        if declared is not None or stored:
+            self._ctx.count("numDeletedStateVars")
+        if not stored:
             return
         cf = self._ctx.store.column_family(stateName)
         keys = [k for k, _ in cf.items()]

@@ -6,6 +6,23 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+TWS_METRICS = (
+    "numValueStateVars",
+    "numListStateVars",
+    "numMapStateVars",
+    "numDeletedStateVars",
+    "numRegisteredTimers",
+    "numDeletedTimers",
+    "numExpiredTimers",
+    "numValueStateWithTTLVars",
+    "numListStateWithTTLVars",
+    "numMapStateWithTTLVars",
+    "numValuesRemovedDueToTTLExpiry",
+)
+"""Spark's transformWithState custom metrics, under its names, summed over the batch's partition tasks: state
+variables declared (per task, as each task's ``init`` declares them) and deleted, timers registered, deleted and
+expired (fired), values evicted by TTL."""
+
 
 @dataclass(frozen=True)
 class PartitionMetrics:
@@ -46,6 +63,8 @@ class PartitionMetrics:
     """The first batch of a rescale: the `PartitionBuild` of the new partition the task built first."""
     next_timer_ms: int | None = None
     """The partition's earliest timer still pending after the batch (quiet-input ticks, store/spark/ticks.py)."""
+    api_counts: dict[str, int] = field(default_factory=dict)
+    """Its task's counts of `TWS_METRICS` the handle keeps (declarations, deletions, timers registered / deleted)."""
 
     @classmethod
     def from_meta(cls, meta: dict[str, Any]) -> PartitionMetrics:
@@ -100,6 +119,9 @@ class BatchProgress:
     num_rows_dropped_by_watermark: int = 0
     """Late input rows dropped before the processor saw them, as Spark's numRowsDroppedByWatermark."""
     partitions: list[PartitionMetrics] = field(default_factory=list)
+    api_counts: dict[str, int] = field(default_factory=dict)
+    """`TWS_METRICS` counted by the handle, summed over the partitions (``numExpiredTimers`` is `timers_fired`,
+    ``numValuesRemovedDueToTTLExpiry`` `ttl_removed`)."""
     rescale: dict[str, Any] | None = None
     """When the operator was rescaled at this restart: what moved and how long it took
     (`statekeeper.store.rescale.RescaleResult.to_json`)."""
@@ -146,6 +168,7 @@ class BatchProgress:
             attempts=attempts,
             watermark_ms=watermark_ms,
             partitions=metas,
+            api_counts={n: c for n in TWS_METRICS if (c := sum(m.api_counts.get(n, 0) for m in metas))},
             **base,
         )
 
@@ -181,12 +204,13 @@ class BatchProgress:
                 "replayedChangelogs": self.replayed_changelogs,
                 "repairedSnapshots": self.repaired_snapshots,
                 "loadReplans": self.load_replans,
-                "numTtlRemoved": self.ttl_removed,
-                "numTimersFired": self.timers_fired,
                 "rescaleMs": round(1000 * float(self.rescale["seconds"])) if self.rescale else 0,
                 "rescaleMovedKeyGroups": int(self.rescale["moved_key_groups"]) if self.rescale else 0,
                 "rescaleBytesRead": int(self.rescale["bytes_read"]) if self.rescale else 0,
                 "rescaleBytesWritten": int(self.rescale["bytes_written"]) if self.rescale else 0,
+                **{name: self.api_counts.get(name, 0) for name in TWS_METRICS},
+                "numExpiredTimers": self.timers_fired,
+                "numValuesRemovedDueToTTLExpiry": self.ttl_removed,
             },
         }
 
@@ -204,4 +228,4 @@ class BatchProgress:
         return json.dumps(d, sort_keys=False)
 
 
-__all__ = ["BatchProgress", "PartitionMetrics"]
+__all__ = ["TWS_METRICS", "BatchProgress", "PartitionMetrics"]

@@ -117,6 +117,9 @@ class StateContext:
         self.rows_removed = 0
         self.rows_delta = 0
         self.ttl_removed = 0
+        self.api_counts: dict[str, int] = {}
+        """Spark's transformWithState custom metrics the handle counts (``numValueStateVars``, ``numRegisteredTimers``,
+        ...; `statekeeper.store.spark.metrics.TWS_METRICS`)."""
         self.states: dict[str, Declared] = {}
         """The state variables declared in this task (store/spark/state_variables.py), by name."""
         self._meta = store.column_family(META_CF)
@@ -302,12 +305,19 @@ class StateContext:
         self.timers_cf.put(gk + e, b"")
         self.timer_index_cf.put(e + gk, b"")
 
-    def delete_timer(self, expiry_ms: int) -> None:
+    def delete_timer(self, expiry_ms: int) -> bool:
+        """Delete the current key's timer at `expiry_ms`; whether there was one."""
         gk = self.require_gk()
         e = _U64.pack(max(0, int(expiry_ms)))
-        if self.timers_cf.get(gk + e) is not None:
-            self.timers_cf.delete(gk + e)
-            self.timer_index_cf.delete(e + gk)
+        if self.timers_cf.get(gk + e) is None:
+            return False
+        self.timers_cf.delete(gk + e)
+        self.timer_index_cf.delete(e + gk)
+        return True
+
+    def count(self, metric: str) -> None:
+        """One more of Spark's transformWithState custom metric `metric` in this task."""
+        self.api_counts[metric] = self.api_counts.get(metric, 0) + 1
 
     def list_timers(self) -> Iterator[int]:
         prefix = self.require_gk()

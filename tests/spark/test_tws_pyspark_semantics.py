@@ -245,3 +245,61 @@ def test_incompatible_value_schema_raises_with_sparks_error_class(flavour: str) 
     assert message.startswith("[STATE_STORE_INVALID_VALUE_SCHEMA_EVOLUTION] Schema evolution is not possible ")
     assert "new value_schema=struct<id:integer,label:string> and old value_schema=struct<id:long" in message
     assert "field 'value.id' was long in the checkpoint and is declared integer now" in message  # our own detail
+
+
+class _Counted(p._Flavour):
+    """Declares one state variable of each kind (two with a TTL), deletes one, registers two timers per key and
+    deletes one of them (and one that does not exist)."""
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        self.seen = handle.getValueState("seen", "n long", 60_000)
+        handle.getListState("log", "v long", 60_000)
+        handle.getMapState("by", "k string", "v long")
+        handle.getValueState("scratch", "n long")
+        handle.deleteIfExists("scratch")
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
+        for _ in rows:
+            pass
+        self.seen.update((1,))
+        now = timerValues.getCurrentProcessingTimeInMs()
+        self.handle.registerTimer(now + 1_000)
+        self.handle.registerTimer(now + 2_000)
+        self.handle.deleteTimer(now + 2_000)
+        self.handle.deleteTimer(now + 3_000)  # none there: not counted
+        yield self.emit(id=key[0])
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_the_progress_counts_sparks_transform_with_state_metrics(flavour: str) -> None:
+    """Spark's transformWithState custom metrics under its names: variables declared per task and deleted,
+    timers registered, deleted and expired."""
+    from statekeeper.store.spark.metrics import TWS_METRICS, BatchProgress
+
+    with TwsTester(_Counted(flavour == "pandas"), "id", "id string", input_format=flavour) as t:
+        t.run([{"id": "a"}, {"id": "b"}], processing_time_ms=1_000)
+        first = t.last_metrics
+        t.run([], processing_time_ms=2_500)  # the 2 s timers are due, the 3 s ones were deleted
+        fired = t.last_metrics
+    assert first is not None and fired is not None
+    expected = {"numValueStateVars": 2, "numListStateVars": 1, "numMapStateVars": 1, "numDeletedStateVars": 1}
+    expected |= {"numValueStateWithTTLVars": 1, "numListStateWithTTLVars": 1}
+    assert first.api_counts == expected | {"numRegisteredTimers": 4, "numDeletedTimers": 2}
+    assert fired.api_counts == expected and fired.timers_fired == 2
+    base = {"operator": "op", "batch_id": 1, "version": 2, "async_checkpoint": False, "num_partitions": 2}
+    progress = BatchProgress.of_partitions(
+        {**base, "batch_timestamp_ms": 0},
+        "commit",
+        [first, fired],
+        attempts=1,
+        job_ms=0,
+        job_started_at_ms=0,
+        upload_wait_ms=None,
+        commit_record_ms=0,
+        watermark_ms=-1,
+    )
+    custom = progress.state_operator_progress()["customMetrics"]
+    assert {n: custom[n] for n in TWS_METRICS} == {n: 0 for n in TWS_METRICS} | {
+        n: 2 * c for n, c in expected.items()
+    } | {"numRegisteredTimers": 4, "numDeletedTimers": 2, "numExpiredTimers": 2}
