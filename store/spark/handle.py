@@ -42,10 +42,8 @@ class StatefulProcessorHandle:
         self, cls: type[_State], name: str, ttl: int | None, schema: Any = None, user_key_schema: Any = None
     ) -> Any:
         validate_state_name(name)
-        kind = cls.kind.capitalize()
-        self._ctx.count(f"num{kind}StateVars")  # per declaration, as Spark's handle counts
-        if ttl:
-            self._ctx.count(f"num{kind}StateWithTTLVars")
+        kind = cls.kind.capitalize()  # per declaration, as Spark's handle counts: with a TTL or without
+        self._ctx.count(f"num{kind}StateWithTTLVars" if ttl else f"num{kind}StateVars")
         existing = self._ctx.states.get(name)
         if existing is not None:
             if type(existing) is not cls:
@@ -79,11 +77,11 @@ class StatefulProcessorHandle:
         """A timer for the current key: in ProcessingTime it fires in the first batch whose processing
         time is at or after it, in EventTime in the first batch whose watermark is at or after it."""
         self._timers().register_timer(expiryTimestampMs)
-        self._ctx.count("numRegisteredTimers")
+        self._ctx.count("numRegisteredTimers")  # per call, as Spark's handle counts
 
     def deleteTimer(self, expiryTimestampMs: int) -> None:
-        if self._timers().delete_timer(expiryTimestampMs):
-            self._ctx.count("numDeletedTimers")
+        self._timers().delete_timer(expiryTimestampMs)
+        self._ctx.count("numDeletedTimers")  # per call, as Spark's handle counts
 
     def listTimers(self) -> Iterator[int]:
         return iter(list(self._timers().list_timers()))

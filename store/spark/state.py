@@ -305,15 +305,12 @@ class StateContext:
         self.timers_cf.put(gk + e, b"")
         self.timer_index_cf.put(e + gk, b"")
 
-    def delete_timer(self, expiry_ms: int) -> bool:
-        """Delete the current key's timer at `expiry_ms`; whether there was one."""
+    def delete_timer(self, expiry_ms: int) -> None:
         gk = self.require_gk()
         e = _U64.pack(max(0, int(expiry_ms)))
-        if self.timers_cf.get(gk + e) is None:
-            return False
-        self.timers_cf.delete(gk + e)
-        self.timer_index_cf.delete(e + gk)
-        return True
+        if self.timers_cf.get(gk + e) is not None:
+            self.timers_cf.delete(gk + e)
+            self.timer_index_cf.delete(e + gk)
 
     def count(self, metric: str) -> None:
         """One more of Spark's transformWithState custom metric `metric` in this task."""
