@@ -40,7 +40,7 @@ from statekeeper.store.rocks import current_rss, peak_rss, release_free_heap, re
 from statekeeper.store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor
 from statekeeper.store.spark.event_time import TaskTime
 from statekeeper.store.spark.handle import StatefulProcessorHandle
-from statekeeper.store.spark.pandas_frames import PandasSettings, from_pandas, gather_columns
+from statekeeper.store.spark.pandas_frames import PandasSettings, check_decimals, from_pandas, gather_columns
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
 from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from statekeeper.store.spark.state import TIMER_INDEX_CF, StateContext
@@ -118,6 +118,8 @@ class _Output:
         self.int_to_decimal = int_to_decimal
         self.user_fields = [f for f in schema if f.name != META_COL]
         self.names = [f.name for f in self.user_fields]
+        self.decimals = [i for i, f in enumerate(self.user_fields) if pa.types.is_decimal(f.type)]
+        """Decimal output fields: a row's value there must be a Decimal (or an int, with `int_to_decimal`)."""
         self.items: list[Any] = []
         self.count = 0
 
@@ -227,6 +229,8 @@ class _Output:
             if len(cols) != width:
                 bad = next(r for r in rows if len(r) != width)
                 raise StoreStateError(f"output row {bad!r} has {len(bad)} values; the output schema has {width}")
+        for i in self.decimals:
+            check_decimals(cols[i], self.user_fields[i], self.int_to_decimal)
         arrays = [pa.array(c, type=f.type) for c, f in zip(cols, self.user_fields, strict=True)]
         arrays.append(pa.nulls(len(rows), pa.string()))
         self.count += len(rows)

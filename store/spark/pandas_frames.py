@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -243,6 +243,18 @@ def _convert(column: Any, target: pa.DataType) -> pa.Array | pa.ChunkedArray:
         return pa.array(column.tolist(), type=target, from_pandas=True)
 
 
+def check_decimals(values: Sequence[Any], field: pa.Field, int_to_decimal: bool) -> None:
+    """Output rows' values for a decimal field, as PySpark's row conversion takes them: `Decimal` or None (and
+    integers with `int_to_decimal`); else `OutputConversionError` naming the column."""
+    allowed = (Decimal, int) if int_to_decimal else Decimal
+    bad = next((v for v in values if v is not None and (not isinstance(v, allowed) or isinstance(v, bool))), None)
+    if bad is not None:
+        raise OutputConversionError(
+            f"output column '{field.name}' of type {field.type} got {bad!r} ({type(bad).__name__}): PySpark takes a "
+            f"decimal.Decimal there (an int too with {PandasSettings.INT_TO_DECIMAL_CONF}=true)"
+        )
+
+
 def from_pandas(pdf: Any, fields: list[pa.Field], int_to_decimal: bool = False) -> list[pa.Array | pa.ChunkedArray]:
     """The columns of `fields` from an output frame, each of its field's type. An integer column fills a decimal
     field only with `int_to_decimal` (PySpark's ``intToDecimalCoercionEnabled``), else it fails as in PySpark."""
@@ -271,4 +283,12 @@ def from_pandas(pdf: Any, fields: list[pa.Field], int_to_decimal: bool = False) 
     return out
 
 
-__all__ = ["OutputConversionError", "PandasSettings", "from_pandas", "gather_columns", "key_frames", "to_pandas"]
+__all__ = [
+    "OutputConversionError",
+    "PandasSettings",
+    "check_decimals",
+    "from_pandas",
+    "gather_columns",
+    "key_frames",
+    "to_pandas",
+]

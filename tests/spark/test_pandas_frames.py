@@ -184,3 +184,18 @@ def test_an_integer_column_fills_a_decimal_field_only_as_pysparks_setting_allows
     assert PandasSettings.of({conf: "True"}).int_to_decimal
     with pytest.raises(ConfigurationError, match=conf):
         PandasSettings.of({conf: "yes"})
+
+
+def test_a_row_output_fills_a_decimal_field_with_decimals_only_as_in_pyspark() -> None:
+    """PySpark's row conversion takes a Decimal (or None) for a decimal field, an int too only with
+    intToDecimalCoercionEnabled; the Row flavour's output follows the same rule as the pandas one."""
+    from statekeeper.store.spark.pandas_frames import OutputConversionError
+
+    schema = pa.schema([("id", pa.string()), ("amount", pa.decimal128(10, 2)), (META_COL, pa.string())])
+    good = [("a", decimal.Decimal("1.50")), ("b", None)]
+    assert _Output(schema)._from_rows(good).column(1).to_pylist() == [decimal.Decimal("1.50"), None]
+    for bad in (3, 1.5, True):
+        with pytest.raises(OutputConversionError, match="'amount'"):
+            _Output(schema)._from_rows([("a", bad)])
+    coerced = _Output(schema, int_to_decimal=True)._from_rows([("a", 3)])
+    assert coerced.column(1).to_pylist() == [decimal.Decimal("3.00")]
