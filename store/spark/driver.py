@@ -120,9 +120,9 @@ class StatefulOperator:
     ``handleInitialState`` on the first batch (store/spark/initial_state.py).
 
     ``quiet_timers=True``: timers fire while the input is quiet, as with Spark's no-data batches -- a due
-    processing-time timer, or an event-time timer the watermark passed, makes the query run a batch with no
-    input rows within one trigger interval (store/spark/ticks.py). Off by default: the query's plan then
-    unions a small tick stream, and its first start runs one empty batch.
+    processing-time timer, an event-time timer the watermark passed, or a TTL'd value's expiry makes the query
+    run a batch with no input rows within one trigger interval (store/spark/ticks.py). Off by default: the
+    query's plan then unions a small tick stream, and its first start runs one empty batch.
     """
 
     def __init__(
@@ -453,14 +453,16 @@ class StatefulOperator:
     def _tell_ticks(
         self, batch_id: int, task_time: TaskTime, max_event: int | None, metas: list[PartitionMetrics]
     ) -> None:
-        """With quiet_timers: when the state just committed (or re-run) has a timer due without new input."""
+        """With quiet_timers: when the state just committed (or re-run) has a timer or a TTL expiry due without new
+        input."""
         if self.ticks is None:
             return
         pending = [m.next_timer_ms for m in metas if m.next_timer_ms is not None]
+        expiries = [m.next_expiry_ms for m in metas if m.next_expiry_ms is not None]
         watermark = None
         if self.event_time is not None:  # what the next batch runs with (Spark's no-data batch: the same)
             watermark = next_watermark(task_time.watermark_ms, max_event, self.event_time.delay_ms)
-        due = due_at_ms(self.time_mode, min(pending) if pending else None, watermark)
+        due = due_at_ms(self.time_mode, min(pending, default=None), watermark, min(expiries, default=None))
         try:
             self.ticks.write(TickRecord(batch_id, due))
         except OSError as e:  # a hint only: the next input still fires the timers

@@ -375,6 +375,7 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
         timers_fired = len(fired)
         next_timer = None if isinstance(processor, BatchStatefulProcessor) else _next_timer_ms(ctx)
         ctx.evict_expired()
+        next_expiry = ctx.next_expiry_ms()
         rows_total = ctx.save_rows_total()
         process_ms = (time.perf_counter() - t_proc) * 1000
         meta: dict[str, Any] = {
@@ -393,6 +394,7 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
             "ttl_removed": ctx.ttl_removed,
             "timers_fired": timers_fired,
             "next_timer_ms": next_timer,
+            "next_expiry_ms": next_expiry,
             "api_counts": ctx.api_counts,
             "process_ms": process_ms,
             "load_ms": load.load_ms if load else 0.0,

@@ -63,6 +63,8 @@ class PartitionMetrics:
     """The first batch of a rescale: the `PartitionBuild` of the new partition the task built first."""
     next_timer_ms: int | None = None
     """The partition's earliest timer still pending after the batch (quiet-input ticks, store/spark/ticks.py)."""
+    next_expiry_ms: int | None = None
+    """When the partition's earliest TTL'd value left after the batch expires (quiet-input ticks too)."""
     api_counts: dict[str, int] = field(default_factory=dict)
     """Its task's counts of `TWS_METRICS` the handle keeps (declarations, deletions, timers registered / deleted)."""
 

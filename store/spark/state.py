@@ -269,6 +269,14 @@ class StateContext:
     def index_ttl(self, name: bytes, storage_key: bytes, expiry_ms: int) -> None:
         self.ttl_cf.put(_U64.pack(expiry_ms) + _U16.pack(len(name)) + name + storage_key, b"")
 
+    def next_expiry_ms(self) -> int | None:
+        """When the earliest TTL'd value left in the partition expires (one seek: the TTL index leads with it)."""
+        if self._ttl is None and TTL_CF not in self.store.column_families():
+            return None
+        for k, _ in self.ttl_cf.items():
+            return int(_U64.unpack_from(k)[0])
+        return None
+
     def evict_expired(self) -> int:
         """Remove every TTL'd row whose expiry is at or before the batch time (index entries too)."""
         if self._ttl is None and TTL_CF not in self.store.column_families():

@@ -8,7 +8,8 @@ unions the user's stream with a one-column stream from this module's Python data
 - after each batch the driver writes a small **tick record** on the driver host (:class:`TickChannel`): the
   batch id and when the earliest pending timer is due -- a processing-time timer at its time; an event-time
   timer "now" when it is at or below the watermark the next batch will run with (the max event time so far
-  minus the delay, as Spark's own no-data batch uses), else never (only new input moves the watermark);
+  minus the delay, as Spark's own no-data batch uses), else never (only new input moves the watermark) -- or
+  the earliest TTL'd value expires (processing time, in either mode), whichever comes first;
 - Spark polls the source every trigger; its reader (``latestOffset``, run in a Python process Spark starts on
   the driver host, hence a file rather than memory) returns the next offset when the record is due and was
   not ticked yet (the offset remembers the batch it ticked after), else the committed offset: no batch;
@@ -64,15 +65,21 @@ class TickRecord:
         return self.due_at_ms is not None and now_ms >= self.due_at_ms
 
 
-def due_at_ms(mode: TimeMode, next_timer_ms: int | None, next_watermark_ms: int | None) -> int | None:
-    """When the next batch would fire a timer with no new input (0: now; None: not without input)."""
+def due_at_ms(
+    mode: TimeMode, next_timer_ms: int | None, next_watermark_ms: int | None, next_expiry_ms: int | None = None
+) -> int | None:
+    """When the next batch would fire a timer or evict TTL'd state with no new input (0: now; None: not without
+    input). A TTL expires by processing time in every time mode, as Spark's no-data batches evict it."""
+    due: int | None = None
     if next_timer_ms is None:
-        return None
-    if mode is TimeMode.PROCESSING_TIME:
-        return next_timer_ms
-    if mode is TimeMode.EVENT_TIME and next_watermark_ms is not None and next_timer_ms <= next_watermark_ms:
-        return 0
-    return None
+        pass
+    elif mode is TimeMode.PROCESSING_TIME:
+        due = next_timer_ms
+    elif mode is TimeMode.EVENT_TIME and next_watermark_ms is not None and next_timer_ms <= next_watermark_ms:
+        due = 0
+    if next_expiry_ms is not None and mode is not TimeMode.NONE:
+        due = next_expiry_ms if due is None else min(due, next_expiry_ms)
+    return due
 
 
 def channel_path(root: str, operator: str, checkpoint_location: str, directory: str | None = None) -> str:

@@ -109,6 +109,12 @@ def test_tick_decisions() -> None:
     assert due_at_ms(TimeMode.EVENT_TIME, 5000, 15000) == 0  # the next batch's watermark passes it: now
     assert due_at_ms(TimeMode.EVENT_TIME, 25000, 15000) is None  # only new input moves the watermark
     assert due_at_ms(TimeMode.NONE, 5, 10) is None
+    # a TTL expires by processing time in both modes: whichever is due first
+    assert due_at_ms(TimeMode.PROCESSING_TIME, 1500, None, 1200) == 1200
+    assert due_at_ms(TimeMode.PROCESSING_TIME, None, None, 1200) == 1200
+    assert due_at_ms(TimeMode.EVENT_TIME, 25000, 15000, 900) == 900
+    assert due_at_ms(TimeMode.EVENT_TIME, 5000, 15000, 900) == 0
+    assert due_at_ms(TimeMode.NONE, None, None, 900) is None
 
     start = {"tick": 3, "after": 7}
     assert next_offset(start, TickRecord(8, 1000), 999, first_poll=False) == start  # not due yet
@@ -160,6 +166,48 @@ def test_processing_time_timer_fires_without_input_and_nothing_else_runs(spark: 
     finally:
         query.stop()
     assert CommitLog(open_file_manager((tmp_path / "state").as_uri())).latest() == 2
+
+
+class Remembered(StatefulProcessor):
+    """Keeps each user's last value for `value` ms (a TTL'd ValueState); no timers."""
+
+    def init(self, handle: Any) -> None:
+        self.last = handle.getValueState("last", "v long", 1_500)
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        for r in rows:
+            self.last.update((int(r.value),))
+        yield (key[0], "input", -1)
+
+
+def test_ttl_expires_without_input_as_in_sparks_no_data_batches(spark: Any, tmp_path: Path) -> None:
+    """A quiet query evicts a TTL'd value when it expires (Spark's no-data batches evict it), not at the next
+    input: one batch with no rows runs at the expiry, then nothing."""
+    inputs, sink = tmp_path / "in", Sink()
+    _stage(inputs, "a.json", [{"user": "u1", "value": 7}, {"user": "u2", "value": 8}])
+    op = StatefulOperator(
+        (tmp_path / "state").as_uri(),
+        "remembered",
+        key="user",
+        processor=Remembered(),
+        output_schema=REMINDER_OUTPUT,
+        num_partitions=2,
+        sink=sink,
+        local_dir=str(tmp_path / "local"),
+        quiet_timers=True,
+    )
+    query = op.start(spark.readStream.schema(REMINDER_INPUT).json(str(inputs)), str(tmp_path / "ckpt"), trigger=TRIGGER)
+    try:
+        _wait(lambda: len(op.recent_progress) >= 2, query, "the batch that evicts the expired values")
+        first, evicting = op.recent_progress[0], op.recent_progress[1]
+        assert (first.input_rows, first.num_rows_total) == (2, 2)
+        assert evicting.input_rows == 0 and evicting.ttl_removed == 2 and evicting.num_rows_total == 0
+        assert evicting.batch_timestamp_ms >= first.batch_timestamp_ms + 1_500
+        time.sleep(3)  # nothing left to expire: no more batches
+        assert query.exception() is None
+        assert [p.batch_id for p in op.recent_progress] == [0, 1]
+    finally:
+        query.stop()
 
 
 def test_a_query_that_ends_gets_no_ticks(spark: Any, tmp_path: Path) -> None:
