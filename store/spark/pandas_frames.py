@@ -39,8 +39,8 @@ except ImportError:  # pragma: no cover - an install without the [spark] extra
 
 
 class OutputConversionError(StoreStateError, _PySparkValueError):
-    """A pandas output column that PySpark would not convert to its field's type either; a ``PySparkValueError``
-    too (where PySpark is installed), with PySpark's message, as a processor's own tests may expect."""
+    """An output column or value that PySpark would not convert to its field's type either; a ``PySparkValueError``
+    too (where PySpark is installed), as a processor's own tests may expect."""
 
 
 def to_pandas(table: pa.Table, time_zone: str | None = "UTC") -> Any:
@@ -260,8 +260,10 @@ def from_pandas(pdf: Any, fields: list[pa.Field], int_to_decimal: bool = False) 
     field only with `int_to_decimal` (PySpark's ``intToDecimalCoercionEnabled``), else it fails as in PySpark."""
     for f in fields:
         if pa.types.is_decimal(f.type) and pdf[f.name].dtype.kind in "iu":
-            if int_to_decimal:
-                pdf = pdf.assign(**{f.name: [Decimal(int(v)) for v in pdf[f.name]]})
+            if int_to_decimal:  # a nullable integer column (Int64) keeps its nulls
+                column = pdf[f.name]
+                values = [None if na else Decimal(int(v)) for v, na in zip(column, column.isna(), strict=True)]
+                pdf = pdf.assign(**{f.name: values})
                 continue
             try:  # PySpark's cast: only a decimal wide enough for every value of the integer type
                 pa.Array.from_pandas(pdf[f.name]).cast(f.type)

@@ -176,6 +176,8 @@ def test_an_integer_column_fills_a_decimal_field_only_as_pysparks_setting_allows
     _, amounts = from_pandas(frame, fields, int_to_decimal=True)
     assert amounts.to_pylist() == [decimal.Decimal("3.00"), decimal.Decimal("-7.00")]
     assert from_pandas(frame.astype({"amount": float}), fields)[1].to_pylist() == amounts.to_pylist()
+    nullable = frame.astype({"amount": "Int64"}).assign(amount=pd.array([3, None], dtype="Int64"))
+    assert from_pandas(nullable, fields, int_to_decimal=True)[1].to_pylist() == [decimal.Decimal("3.00"), None]
     wide = [fields[0], pa.field("amount", pa.decimal128(38, 2))]  # holds every int64: PySpark's cast takes it
     assert from_pandas(frame, wide)[1].to_pylist() == amounts.to_pylist()
 
