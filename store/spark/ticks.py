@@ -71,12 +71,10 @@ def due_at_ms(
     """When the next batch would fire a timer or evict TTL'd state with no new input (0: now; None: not without
     input). A TTL expires by processing time in every time mode, as Spark's no-data batches evict it."""
     due: int | None = None
-    if next_timer_ms is None:
-        pass
-    elif mode is TimeMode.PROCESSING_TIME:
+    if next_timer_ms is not None and mode is TimeMode.PROCESSING_TIME:
         due = next_timer_ms
-    elif mode is TimeMode.EVENT_TIME and next_watermark_ms is not None and next_timer_ms <= next_watermark_ms:
-        due = 0
+    elif next_timer_ms is not None and next_watermark_ms is not None and mode is TimeMode.EVENT_TIME:
+        due = 0 if next_timer_ms <= next_watermark_ms else None
     if next_expiry_ms is not None and mode is not TimeMode.NONE:
         due = next_expiry_ms if due is None else min(due, next_expiry_ms)
     return due

@@ -88,12 +88,15 @@ def _stage(directory: Path, name: str, rows: list[dict[str, Any]]) -> None:
     os.replace(tmp, directory / name)
 
 
-def _reminders(root: str, sink: Sink, local: Path) -> StatefulOperator:
+def _reminders(
+    root: str, sink: Sink, local: Path, processor: StatefulProcessor | None = None, name: str = "reminders"
+) -> StatefulOperator:
+    """A quiet_timers operator over the users' rows (`processor`: a Reminder by default)."""
     return StatefulOperator(
         root,
-        "reminders",
+        name,
         key="user",
-        processor=Reminder(),
+        processor=processor or Reminder(),
         output_schema=REMINDER_OUTPUT,
         num_partitions=2,
         sink=sink,
@@ -185,17 +188,7 @@ def test_ttl_expires_without_input_as_in_sparks_no_data_batches(spark: Any, tmp_
     input: one batch with no rows runs at the expiry, then nothing."""
     inputs, sink = tmp_path / "in", Sink()
     _stage(inputs, "a.json", [{"user": "u1", "value": 7}, {"user": "u2", "value": 8}])
-    op = StatefulOperator(
-        (tmp_path / "state").as_uri(),
-        "remembered",
-        key="user",
-        processor=Remembered(),
-        output_schema=REMINDER_OUTPUT,
-        num_partitions=2,
-        sink=sink,
-        local_dir=str(tmp_path / "local"),
-        quiet_timers=True,
-    )
+    op = _reminders((tmp_path / "state").as_uri(), sink, tmp_path / "local", Remembered(), "remembered")
     query = op.start(spark.readStream.schema(REMINDER_INPUT).json(str(inputs)), str(tmp_path / "ckpt"), trigger=TRIGGER)
     try:
         _wait(lambda: len(op.recent_progress) >= 2, query, "the batch that evicts the expired values")

@@ -4,6 +4,8 @@ payload whose sizes do not add up is refused, naming the file."""
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -52,6 +54,25 @@ def test_a_long_fixed_width_block_decodes_to_what_was_encoded(width: int, n: int
     values: list[bytes | None] = [bytes([i % 251]) * width for i in range(n)]
     raw = b"".join(encode_block_parts(keys, values))
     assert decode_block_payload(raw, n, "x.changelog") == (keys, values)
+
+
+@given(st.integers(250, 600), st.integers(0, 24), st.integers(-8, 8).filter(lambda d: d != 0))
+def test_a_long_fixed_width_block_whose_sizes_do_not_add_up_is_refused(n: int, width: int, delta: int) -> None:
+    """Runs of fixed-width pieces (cut `_RUN` at a time) refuse a payload cut short or padded, naming the file."""
+    keys = [i.to_bytes(4, "big") for i in range(n)]
+    raw = b"".join(encode_block_parts(keys, [b"v" * width] * n))
+    bad = raw[:delta] if delta < 0 else raw + bytes(delta)
+    with pytest.raises(CorruptFileError, match=r"x\.changelog"):
+        decode_block_payload(bad, n, "x.changelog")
+
+
+@given(st.integers(250, 600), st.integers(1, 2**31 - 1))
+def test_a_block_claiming_wider_pieces_than_it_holds_is_refused(n: int, width: int) -> None:
+    """Valid-looking lengths (every key the same, huge, width) over a payload too small for them."""
+    header = encode_block_parts([b"k" * 4] * n, [b""] * n)
+    raw = struct.pack(f"<{n}I", *[width] * n) + header[1] + b"k" * 4 * n
+    with pytest.raises(CorruptFileError, match=r"x\.changelog"):
+        decode_block_payload(raw, n, "x.changelog")
 
 
 def test_decoding_blocks_keeps_no_memory_once_they_are_dropped() -> None:
