@@ -37,7 +37,7 @@ from statekeeper.store.formats.typed_scalars import (
     to_micros,
     unscaled,
 )
-from statekeeper.store.formats.typed_schema import DataType, SchemaError
+from statekeeper.store.formats.typed_schema import DataType, RowFactory, SchemaError
 
 _LEN = struct.Struct("<I")
 
@@ -56,8 +56,6 @@ _FIXED_FORMAT = {
 }
 Encoder = Callable[[Any], bytes]
 Decoder = Callable[[bytes], Any]
-RowFactory = Callable[[tuple[str, ...]], Callable[[tuple[Any, ...]], Any]]
-"""``names -> (values tuple -> row)``: how nested structs decode (e.g. as ``pyspark.sql.Row``); None: tuples."""
 
 
 def _nested(typ: DataType, what: str, path: str, rows: RowFactory | None) -> tuple[Encoder, Callable[..., Any]]:

@@ -202,7 +202,7 @@ class KeyCodec:
         return b"".join(out)
 
     def decode(self, raw: bytes, pos: int = 0) -> Any:
-        if self._single_string and raw[pos] == 1 and raw.endswith(b"\x00\x00"):
+        if self._single_string and raw[pos : pos + 1] == b"\x01" and raw.endswith(b"\x00\x00"):
             body = raw[pos + 1 : -2]
             if b"\x00" not in body:
                 return (body.decode(),)  # hot path

@@ -24,6 +24,9 @@ from typing import Any
 
 from statekeeper.store.errors import ConfigurationError
 
+RowFactory = Callable[[tuple[str, ...]], Callable[[tuple[Any, ...]], Any]]
+"""``names -> (values tuple -> row)``: how nested structs decode (e.g. as ``pyspark.sql.Row``); None: tuples."""
+
 ATOMIC = (
     "boolean",
     "byte",
@@ -452,19 +455,24 @@ def check_evolution(old: DataType, new: DataType, variable: str, path: str = "va
     )
 
 
-def projector(old: DataType, new: DataType) -> Callable[[Any], Any] | None:
-    """A function turning a decoded `old` value into a `new` one (None when the values are the same)."""
+def projector(
+    old: DataType, new: DataType, rows: RowFactory | None = None, *, nested: bool = False
+) -> Callable[[Any], Any] | None:
+    """A function turning a decoded `old` value into a `new` one (None when the values are the same).
+
+    A projected struct is a tuple at the top (PySpark's state values are tuples) and, with `rows`, a row of
+    the new field names when nested (as the new schema's own decoder gives it: ``pyspark.sql.Row``)."""
     if old == new or not (old.is_struct or old.name in ("array", "map")):
         return None  # widening needs no conversion of Python values
     if old.name == "map":
         assert old.element is not None and new.element is not None
-        values = projector(old.element, new.element)
+        values = projector(old.element, new.element, rows, nested=True)
         if values is None:
             return None
         return lambda v: None if v is None else {k: None if e is None else values(e) for k, e in v.items()}
     if old.name == "array":
         assert old.element is not None and new.element is not None
-        inner = projector(old.element, new.element)
+        inner = projector(old.element, new.element, rows, nested=True)
         if inner is None:
             return None
         return lambda v: None if v is None else [None if e is None else inner(e) for e in v]
@@ -472,18 +480,19 @@ def projector(old: DataType, new: DataType) -> Callable[[Any], Any] | None:
     plan: list[tuple[int, Callable[[Any], Any] | None]] = []
     for f in new.fields:
         i = index.get(f.name, -1)
-        plan.append((i, projector(old.fields[i].type, f.type) if i >= 0 else None))
+        plan.append((i, projector(old.fields[i].type, f.type, rows, nested=True) if i >= 0 else None))
     if (
         all(i == n for n, (i, p) in enumerate(plan))
         and len(plan) == len(old.fields)
         and all(p is None for _, p in plan)
     ):
         return None
+    make = rows(tuple(f.name for f in new.fields)) if rows is not None and nested else tuple
 
     def project(v: Any) -> Any:
         if v is None:
             return None
-        return tuple(None if i < 0 or v[i] is None else (v[i] if p is None else p(v[i])) for i, p in plan)
+        return make(tuple(None if i < 0 or v[i] is None else (v[i] if p is None else p(v[i])) for i, p in plan))
 
     return project
 
@@ -502,6 +511,7 @@ def key_compatible(old: DataType, new: DataType) -> bool:
 __all__ = [
     "DataType",
     "Field",
+    "RowFactory",
     "SchemaError",
     "SchemaEvolutionError",
     "atomic",

@@ -43,7 +43,7 @@ from statekeeper.store.spark.handle import StatefulProcessorHandle
 from statekeeper.store.spark.pandas_frames import PandasSettings, check_decimals, from_pandas, gather_columns
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
 from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
-from statekeeper.store.spark.state import TIMER_INDEX_CF, StateContext
+from statekeeper.store.spark.state import StateContext
 from statekeeper.store.spark.state_view import check_typed_state
 from statekeeper.store.spark.task_input import (
     DEFAULT_INPUT_BUDGET_BYTES,
@@ -373,7 +373,7 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
                     yield from clock.drain(out)
             ctx.clear_key()
         timers_fired = len(fired)
-        next_timer = None if isinstance(processor, BatchStatefulProcessor) else _next_timer_ms(ctx)
+        next_timer = None if isinstance(processor, BatchStatefulProcessor) else ctx.next_timer_ms()
         ctx.evict_expired()
         next_expiry = ctx.next_expiry_ms()
         rows_total = ctx.save_rows_total()
@@ -439,16 +439,6 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
         if not committed:
             store.abort()
         raise
-
-
-def _next_timer_ms(ctx: StateContext) -> int | None:
-    """The earliest timer still pending after the batch (one seek): the driver ticks a quiet query by it
-    (store/spark/ticks.py)."""
-    if TIMER_INDEX_CF not in ctx.store.column_families():
-        return None
-    for k, _ in ctx.timer_index_cf.items():
-        return int.from_bytes(k[:8], "big")  # the index key leads with the expiry (u64 BE)
-    return None
 
 
 def _build(spec: TaskSpec, partition: int) -> tuple[StateStore, PartitionBuild]:

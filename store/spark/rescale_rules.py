@@ -15,12 +15,10 @@ from statekeeper.store.key_group_rules import CfRule
 from statekeeper.store.key_groups import group_at
 from statekeeper.store.rescale import RescaleError
 from statekeeper.store.spark.schemas import META_CF, read_max_key_groups
-from statekeeper.store.spark.state import INTERNAL_PREFIX, ROWS_TOTAL, TIMER_INDEX_CF, TTL_CF
+from statekeeper.store.spark.state import INTERNAL_PREFIX, ROWS_TOTAL, TIMER_INDEX_CF, TTL_CF, timer_entry, ttl_entry
 from statekeeper.store.state_store import StateStore
 
-_U16 = struct.Struct(">H")
 _I64 = struct.Struct(">q")
-_EXPIRY = 8
 
 
 class TypedStateKeys:
@@ -34,10 +32,7 @@ class TypedStateKeys:
         return CfRule.LEADING
 
     def locate(self, cf: str, key: bytes) -> int:
-        if cf == TIMER_INDEX_CF:
-            return group_at(key, _EXPIRY)
-        name_len = _U16.unpack_from(key, _EXPIRY)[0]
-        return group_at(key, _EXPIRY + 2 + name_len)
+        return group_at(timer_entry(key)[0] if cf == TIMER_INDEX_CF else ttl_entry(key)[2])
 
     def merge_shared(self, cf: str, key: bytes, kept: bytes | None, new: bytes, source: str) -> bytes | None:
         if key == ROWS_TOTAL:

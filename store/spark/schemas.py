@@ -27,6 +27,7 @@ from statekeeper.store.column_family import ColumnFamily
 from statekeeper.store.errors import CorruptFileError
 from statekeeper.store.formats.framing import parse_json
 from statekeeper.store.formats.typed_codec import ListCodec, RowFactory, ValueCodec
+from statekeeper.store.formats.typed_keys import MAX_KEY_GROUPS as KEY_GROUP_LIMIT
 from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import DataType, SchemaError, from_json, from_json_value, projector
 
@@ -40,6 +41,7 @@ TAG_TTL = 0x54
 DEFAULT_MAX_KEY_GROUPS = 1024
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
+_TTL_HEAD = bytes((TAG_TTL,))
 MISSING: Any = object()
 
 
@@ -128,7 +130,13 @@ def delete_record(meta: ColumnFamily, name: str) -> None:
 
 
 def variable_names(meta: ColumnFamily) -> list[str]:
-    return [k[len(STATE_META_PREFIX) :].decode() for k, _ in meta.items(prefix=STATE_META_PREFIX)]
+    names = []
+    for k, _ in meta.items(prefix=STATE_META_PREFIX):
+        try:
+            names.append(k[len(STATE_META_PREFIX) :].decode())
+        except UnicodeDecodeError:
+            raise CorruptStateError(f"{META_CF} key {bytes(k[:64])!r} names no state variable (not UTF-8)") from None
+    return names
 
 
 def read_grouping_key(meta: ColumnFamily) -> DataType | None:
@@ -143,7 +151,14 @@ def read_grouping_key(meta: ColumnFamily) -> DataType | None:
 
 def read_max_key_groups(meta: ColumnFamily) -> int | None:
     raw = meta.get(MAX_KEY_GROUPS)
-    return None if raw is None else int(_U32.unpack(raw)[0])
+    if raw is None:
+        return None
+    n = int(_U32.unpack(raw)[0]) if len(raw) == _U32.size else 0
+    if not 1 <= n <= KEY_GROUP_LIMIT:
+        raise CorruptStateError(
+            f"the recorded max_key_groups {bytes(raw[:16])!r} is not a u32 in [1, {KEY_GROUP_LIMIT}]"
+        )
+    return n
 
 
 @functools.cache
@@ -265,7 +280,7 @@ class ValueFormat:
         if old is None:
             raise CorruptStateError(f"schema id {sid} is not recorded (recorded: {sorted(self._history)})")
         decode = self._codec(old).decode
-        proj = None if self.schema is None else projector(old, self.schema)
+        proj = None if self.schema is None else projector(old, self.schema, _spark_rows())
         if proj is None:
             dec = decode
         elif self.is_list:
@@ -284,7 +299,12 @@ class ValueFormat:
 
 
 def expiry_of(raw: bytes) -> int | None:
-    return _U64.unpack_from(raw, 1)[0] if raw[0] == TAG_TTL else None
+    """A stored value's expiry (None: no TTL); a TTL tag without its 8 bytes is a corrupt state."""
+    if raw[:1] != _TTL_HEAD:
+        return None
+    if len(raw) < 9:
+        raise CorruptStateError(f"a TTL'd value {bytes(raw)!r} is shorter than its expiry")
+    return int(_U64.unpack_from(raw, 1)[0])
 
 
 def iter_values(cf: ColumnFamily, fmt: ValueFormat) -> Iterator[tuple[bytes, Any, int | None]]:

@@ -22,7 +22,6 @@ stateful operator the new plan does not have.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from statekeeper.store.errors import ConfigurationError, CorruptFileError
 from statekeeper.store.formats.framing import parse_json
 from statekeeper.store.formats.typed_schema import DataType, to_schema
+from statekeeper.store.spark.state import validate_state_name
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -258,7 +258,7 @@ def describe_operator(
     meta = rows[0]
     name = str(meta["operatorName"])
     partitions = int(meta["numPartitions"])
-    props = json.loads(meta["operatorProperties"] or "{}")
+    props = _operator_properties(meta["operatorProperties"], f"{checkpoint}/state/{operator_id}/_metadata")
     if name in TWS_OPERATORS:
         variables, timers = _tws_variables(spark, checkpoint, operator_id, batch, props)
         flavour = "transformWithState"
@@ -296,11 +296,19 @@ def _tws_variables(
     declared = props.get("stateVariables") or []
     if not declared:
         raise ConfigurationError(f"the transformWithState operator of {checkpoint!r} declares no state variables")
+    where = f"{checkpoint}/state/{operator_id}/_metadata"
     found = []
-    for v in declared:
-        name, kind = str(v["stateName"]), str(v["stateVariableType"])
+    for v in declared if isinstance(declared, list) else [declared]:
+        fields = (v.get("stateName"), v.get("stateVariableType")) if isinstance(v, dict) else (None, None)
+        if not all(isinstance(f, str) for f in fields):
+            raise CorruptFileError(f"operatorProperties declares a state variable as {str(v)[:200]}", where)
+        name, kind = str(fields[0]), str(fields[1])
         if kind == "TimerState" or name.startswith("$"):  # Spark's own: timers (read as registered timers)
             continue
+        try:
+            validate_state_name(name)
+        except ConfigurationError as e:
+            raise CorruptFileError(f"operatorProperties declares {e}", where) from None
         ttl = bool(v.get("ttlEnabled"))
         schema = state_reader(spark, checkpoint, operator_id, batch, name).load().schema
         if kind == "ValueState":
@@ -319,6 +327,14 @@ def _tws_variables(
             raise ConfigurationError(f"state variable {name!r} of {checkpoint!r} is a {kind}, which is not imported")
     time_mode = str(props.get("timeMode", "NoTime"))
     return found, "" if time_mode in ("NoTime", "None") else "registered"
+
+
+def _operator_properties(raw: str | None, where: str) -> dict[str, Any]:
+    """Spark's operatorProperties JSON of a stateful operator, read as untrusted checkpoint content."""
+    props = parse_json((raw or "{}").encode(), where, "operatorProperties")
+    if not isinstance(props, dict):
+        raise CorruptFileError(f"operatorProperties is {type(props).__name__}, not an object", where)
+    return props
 
 
 def _ttl_inner(spark_type: Any, name: str, checkpoint: str) -> Any:

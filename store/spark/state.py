@@ -25,6 +25,7 @@ from statekeeper.store.column_family import ColumnFamily
 from statekeeper.store.errors import ConfigurationError, StoreStateError
 from statekeeper.store.formats.typed_keys import MAX_KEY_GROUPS as KEY_GROUP_LIMIT
 from statekeeper.store.formats.typed_keys import KeyCodec, stored_key_encoder
+from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import (
     DataType,
     SchemaEvolutionError,
@@ -68,6 +69,25 @@ _MISSING: Any = MISSING
 
 def value_expiry(raw: bytes) -> int | None:
     return expiry_of(raw)
+
+
+def ttl_entry(k: bytes) -> tuple[int, str, bytes]:
+    """(expiry, state variable, storage key) of a ``__ttl`` index key: checked, as replayed changelogs wrote it."""
+    n = _U16.unpack_from(k, 8)[0] if len(k) >= 10 else -1
+    try:
+        name = k[10 : 10 + n].decode() if 0 < n <= len(k) - 10 else ""
+    except UnicodeDecodeError:
+        name = ""
+    if not name or name.startswith(INTERNAL_PREFIX) or len(k) < 10 + n + KEY_GROUP_BYTES + 1:
+        raise CorruptStateError(f"{TTL_CF} key {bytes(k[:64])!r} is not expiry | name | storage key of a variable")
+    return int(_U64.unpack_from(k)[0]), name, k[10 + n :]
+
+
+def timer_entry(k: bytes) -> tuple[bytes, int]:
+    """(grouping key, expiry) of a ``__timer_index`` key, checked as :func:`ttl_entry`."""
+    if len(k) <= 8 + KEY_GROUP_BYTES:
+        raise CorruptStateError(f"{TIMER_INDEX_CF} key {bytes(k[:64])!r} is not expiry | grouping key")
+    return k[8:], int(_U64.unpack_from(k)[0])
 
 
 def validate_state_name(name: str) -> str:
@@ -208,7 +228,11 @@ class StateContext:
 
     def rows_total_before(self) -> int:
         raw = self._meta.get(ROWS_TOTAL)
-        return _I64.unpack(raw)[0] if raw else 0
+        if raw is None:
+            return 0
+        if len(raw) != _I64.size:
+            raise CorruptStateError(f"the recorded {META_CF} row count {bytes(raw[:16])!r} is not an i64")
+        return int(_I64.unpack(raw)[0])
 
     def save_rows_total(self) -> int:
         total = self.rows_total_before() + self.rows_delta
@@ -274,7 +298,7 @@ class StateContext:
         if self._ttl is None and TTL_CF not in self.store.column_families():
             return None
         for k, _ in self.ttl_cf.items():
-            return int(_U64.unpack_from(k)[0])
+            return ttl_entry(k)[0]
         return None
 
     def evict_expired(self) -> int:
@@ -288,10 +312,7 @@ class StateContext:
         known = set(self.store.column_families())
         for k, _ in ttl.items(end=end):
             stale.append(k)
-            expiry = _U64.unpack_from(k)[0]
-            n = _U16.unpack_from(k, 8)[0]
-            name = k[10 : 10 + n].decode()
-            storage_key = k[10 + n :]
+            expiry, name, storage_key = ttl_entry(k)
             if name not in known:
                 continue
             cf = self.store.column_family(name)
@@ -340,7 +361,15 @@ class StateContext:
         if self._timer_index is None and TIMER_INDEX_CF not in self.store.column_families():
             return []
         idx = self.timer_index_cf
-        return [(k[8:], _U64.unpack_from(k)[0]) for k, _ in idx.items(end=_U64.pack(deadline + 1))]
+        return [timer_entry(k) for k, _ in idx.items(end=_U64.pack(deadline + 1))]
+
+    def next_timer_ms(self) -> int | None:
+        """When the earliest timer left in the partition is due (one seek: the timer index leads with it)."""
+        if self._timer_index is None and TIMER_INDEX_CF not in self.store.column_families():
+            return None
+        for k, _ in self.timer_index_cf.items():
+            return timer_entry(k)[1]
+        return None
 
     def pop_expired_timers(self, deadline_ms: int | None = None) -> list[tuple[bytes, int]]:
         """Remove and return every (gk, expiry) with expiry <= `deadline_ms` (default: the batch time),

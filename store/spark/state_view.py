@@ -198,7 +198,9 @@ class StateView(TypedSchemas):
             return
         for k, _ in self.store.column_family(TIMERS_CF).items():
             key, end = self.key_codec.decode_prefix(k, KEY_GROUP_BYTES)
-            yield key, int.from_bytes(k[end : end + 8], "big")
+            if len(k) != end + 8:
+                raise CorruptStateError(f"{TIMERS_CF} key {bytes(k[:64])!r} is not grouping key | expiry{self.where}")
+            yield key, int.from_bytes(k[end:], "big")
 
     def changes(self, fm: CheckpointFileManager, name: str, versions: list[tuple[int, str]]) -> Iterator[Change]:
         """The committed changes of `name` in this store's changelogs of `versions` ((version, checkpoint id),

@@ -155,3 +155,23 @@ def test_the_records_the_driver_writes_read_back(root: str) -> None:
     stamp = records.batch_timestamp(7, 4)
     assert records.batch_timestamp(7, 8) == stamp and records.intent_partitions(7) == 4
     assert records.intent_partitions(8) is None
+
+
+@pytest.mark.parametrize(
+    "props",
+    [
+        "[" * 100_000,
+        "[1, 2]",
+        '{"stateVariables": [1]}',
+        '{"stateVariables": [{"stateName": 7, "stateVariableType": "ValueState"}]}',
+        '{"stateVariables": [{"stateName": "__meta", "stateVariableType": "ValueState"}]}',
+        '{"stateVariables": [{"stateName": "' + "x" * 300 + '", "stateVariableType": "ValueState"}]}',
+    ],
+)
+def test_a_hostile_spark_operator_properties_is_refused_naming_it(props: str) -> None:
+    """An import reads Spark's operatorProperties (its state metadata) as untrusted: a variable name must be one
+    statekeeper can hold before Spark is asked to read it."""
+    from statekeeper.store.spark import spark_checkpoint as sc
+
+    with pytest.raises(CorruptFileError, match=r"operatorProperties.*ckpt/state/0/_metadata"):
+        sc._tws_variables(None, "ckpt", 0, 1, sc._operator_properties(props, "ckpt/state/0/_metadata"))  # type: ignore[arg-type]

@@ -211,6 +211,35 @@ def test_schema_evolves_across_restarts_without_a_cap(tmp_path: Path) -> None:
     store.close()
 
 
+def test_nested_structs_read_through_an_evolved_schema_are_rows(tmp_path: Path) -> None:
+    """As the new schema's own decoder gives them (and PySpark hands them): ``Row``s of the new field names,
+    at any depth (in arrays and map values too); the value itself stays a tuple."""
+    from pyspark.sql import Row
+
+    old_ddl = "a long, s struct<x: int, y: int>, l array<struct<p: int, q: int>>, m map<string, struct<u: int, v: int>>"
+    new_ddl = "s struct<y: long>, a long, l array<struct<q: long>>, m map<string, struct<v: int>>"
+    store = _store(tmp_path)
+    store.load(0)
+    ctx = StateContext(store, 0, parse_ddl("k long"))
+    StatefulProcessorHandle(ctx).getValueState("v", old_ddl)
+    ctx.set_key((1,))
+    StatefulProcessorHandle(ctx).getValueState("v", old_ddl).update(
+        (1, (2, 3), [(4, 5), None], {"k": (6, 7), "n": None})
+    )
+    ckpt = _commit(store)
+    store.close()
+    store = _store(tmp_path, "l2")
+    store.load(1, ckpt)
+    ctx = StateContext(store, 0, parse_ddl("k long"))
+    state = StatefulProcessorHandle(ctx).getValueState("v", new_ddl)
+    ctx.set_key((1,))
+    got = state.get()
+    assert type(got) is tuple and got == (Row(y=3), 1, [Row(q=5), None], {"k": Row(v=7), "n": None})
+    assert got[0].y == 3 and got[2][0].q == 5 and got[3]["k"].v == 7  # type: ignore[union-attr]  # as on Rows
+    assert isinstance(got[0], Row) and got[0].asDict() == {"y": 3}
+    store.close()
+
+
 def test_incompatible_schema_fails_at_start_and_writes_nothing(tmp_path: Path) -> None:
     store = _store(tmp_path)
     store.load(0)
