@@ -35,6 +35,13 @@ class CountSum(StatefulProcessor):
         yield (key[0], count, total)
 
 
+class SeededCountSum(CountSum):
+    """CountSum whose totals start from an initial state of (user, count, total) rows."""
+
+    def handleInitialState(self, key: tuple[Any, ...], initialState: Any, timerValues: TimerValues) -> None:
+        self.totals.update((int(initialState["count"]), int(initialState["total"])))
+
+
 class CountSumPandas(StatefulProcessor):
     """CountSum with pandas input and output (transformWithStateInPandas style); `key`: the grouping column's name,
     `schema`: the state's declared schema (None: inferred from the first value)."""

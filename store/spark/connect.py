@@ -8,8 +8,8 @@ commit records written by the server-side copy, ``read_state`` through the Pytho
 the progress the server-side copy records never comes back to the client's object. Reading
 ``last_progress`` on the client therefore raises :class:`ConnectProgressError` instead of returning a
 silently empty answer; pass ``on_progress=`` (it runs on the server) or read the driver's log.
-``initial_state`` (a client DataFrame) cannot be sent to the server: starting such an operator over
-Connect raises :class:`ConnectUnsupportedError`.
+``initial_state`` (a client DataFrame) is collected on the client at ``start`` and sent with the operator
+(store/spark/initial_state.py, `Seed`).
 """
 
 from __future__ import annotations
@@ -21,19 +21,6 @@ from statekeeper.store.errors import ConfigurationError
 
 class ConnectProgressError(ConfigurationError):
     """Progress of an operator started over Spark Connect is only known in the Connect server's process."""
-
-
-class ConnectUnsupportedError(ConfigurationError):
-    """A feature that cannot work over Spark Connect was asked for; the message says why."""
-
-
-def initial_state_unsupported(operator: str) -> ConnectUnsupportedError:
-    return ConnectUnsupportedError(
-        f"statekeeper operator {operator!r}: initial_state cannot be used over Spark Connect. The operator runs in "
-        "the Connect server's Python process, and a client DataFrame (a plan bound to this client's session) "
-        "cannot be sent there. Load the initial state with a classic SparkSession (a first run of the query), "
-        "or write it to a table and start the query over Connect without initial_state afterwards."
-    )
 
 
 def is_connect_dataframe(df: Any) -> bool:
@@ -52,8 +39,6 @@ def progress_unavailable(operator: str) -> ConnectProgressError:
 
 __all__ = [
     "ConnectProgressError",
-    "ConnectUnsupportedError",
-    "initial_state_unsupported",
     "is_connect_dataframe",
     "progress_unavailable",
 ]

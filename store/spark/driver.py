@@ -43,7 +43,7 @@ from statekeeper.store.key_groups import KeyGroupLayout
 from statekeeper.store.rescale import PartitionBuild, RescalePlan, commit_rescale, plan_rescale
 from statekeeper.store.spark.api import BatchStatefulProcessor, StatefulProcessor
 from statekeeper.store.spark.batch_records import BatchRecords, UploadTimeoutError
-from statekeeper.store.spark.connect import initial_state_unsupported, is_connect_dataframe, progress_unavailable
+from statekeeper.store.spark.connect import is_connect_dataframe, progress_unavailable
 from statekeeper.store.spark.event_time import (
     EventTime,
     TaskTime,
@@ -54,7 +54,7 @@ from statekeeper.store.spark.event_time import (
 )
 from statekeeper.store.spark.executor import META_COL, PID_COL, TaskSpec, run_task
 from statekeeper.store.spark.heartbeat import DEFAULT_INTERVAL_SECONDS, Heartbeat
-from statekeeper.store.spark.initial_state import collect_initial_state, initial_state_frame
+from statekeeper.store.spark.initial_state import Seed, collect_initial_state, initial_state_frame, seed_of
 from statekeeper.store.spark.metrics import BatchProgress, PartitionMetrics
 from statekeeper.store.spark.pandas_frames import PandasSettings
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
@@ -217,6 +217,8 @@ class StatefulOperator:
         self.ticks: TickChannel | None = None
         """Where the driver tells the tick source when a timer is due (set by `start` with quiet_timers)."""
         self.started_over_connect = False
+        self._seed: Seed | None = None
+        """The initial state collected on a Spark Connect client at `start`, for the server's copy."""
         self._reset_driver_state()
 
     def _reset_driver_state(self) -> None:
@@ -243,9 +245,12 @@ class StatefulOperator:
         process: send the configuration only; clients (S3) and Spark objects are rebuilt there."""
         skip = {"fm", "commit_log", "records", "recent_progress", "_partitions", "_next_batch"}
         skip |= {"_plans", "_filters", "_heartbeat"}
+        if self.started_over_connect:
+            skip.add("initial_state")  # a client DataFrame: the server's copy gets `_seed` instead
         return {k: v for k, v in self.__dict__.items() if k not in skip and k != "_struct"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        self.initial_state = None
         self.__dict__.update(state)
         self.started_over_connect = False  # this copy runs the batches: its progress is real
         self._reset_driver_state()
@@ -271,8 +276,9 @@ class StatefulOperator:
         Over Spark Connect the batches run in the server's Python process (see :mod:`statekeeper.store.spark.connect`).
         """
         self.started_over_connect = is_connect_dataframe(df)
+        self._seed = None
         if self.started_over_connect and self.initial_state is not None:
-            raise initial_state_unsupported(self.name)
+            self._seed = seed_of(self.initial_state)  # the server's copy cannot read a client DataFrame
         if self.event_time is None:
             self.event_time = watermark_of(df)
         self.ticks = None
@@ -469,9 +475,12 @@ class StatefulOperator:
             log.warning("statekeeper %s: cannot write the tick record %s: %s", self.name, self.ticks.path, e)
 
     def _initial_rows(self, df: DataFrame, n: int) -> Any:
-        if self.initial_state is None or isinstance(self.processor, BatchStatefulProcessor):
+        initial = self.initial_state
+        if initial is None and self._seed is not None:
+            initial = self._seed.frame(df.sparkSession)
+        if initial is None or isinstance(self.processor, BatchStatefulProcessor):
             return None
-        return collect_initial_state(self.initial_state, df, self.key, self._partition_column(n, df.schema), PID_COL)
+        return collect_initial_state(initial, df, self.key, self._partition_column(n, df.schema), PID_COL)
 
     def _partition_column(self, n: int, schema: StructType) -> Any:
         from pyspark.sql import functions as sf

@@ -6,11 +6,19 @@ state partition that owns its key, before the batch's input rows; later batches 
 
 The rows are collected on the driver once, tagged with their state partition by the same hash the
 input is routed with, and shipped with the first batch's task spec: fine for the seed state of a
-migration (thousands to a few million rows), not for a state larger than the driver's memory.
+migration (thousands to a few million rows), not for a state larger than the driver's memory (a Spark
+checkpoint's state moves over with the import instead, store/spark/spark_import.py).
+
+Over Spark Connect the batches run in the server's copy of the operator, which cannot read a DataFrame of
+the client's session: `start` collects the initial state on the client (a `Seed`: Arrow rows and their Spark
+schema) and the copy sent to the server turns it back into a DataFrame of the server's session, bounded by
+the Connect server's message limit (``spark.connect.grpc.maxInboundMessageSize``, 128 MiB by default).
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -18,20 +26,45 @@ import pyarrow as pa
 from statekeeper.store.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
+
+
+@dataclass(frozen=True)
+class Seed:
+    """An initial state collected where the query starts (a Spark Connect client), to be planned elsewhere."""
+
+    rows: pa.Table
+    schema_json: str
+    """The initial state's Spark schema (JSON), so that its types survive the trip through Arrow exactly."""
+
+    def frame(self, spark: SparkSession) -> DataFrame:
+        from pyspark.sql.types import StructType
+
+        return spark.createDataFrame(self.rows, StructType.fromJson(json.loads(self.schema_json)))
+
+
+def seed_of(initial: DataFrame) -> Seed:
+    return Seed(initial.toArrow(), initial.schema.json())
 
 
 def initial_state_frame(initial_state: Any) -> DataFrame:
     """The DataFrame of a ``GroupedData`` (``df.groupBy(key)``) or a DataFrame."""
     from pyspark.sql import DataFrame, GroupedData
 
-    if isinstance(initial_state, GroupedData):
-        return initial_state._df
+    if isinstance(initial_state, GroupedData) or _is_connect_grouped(initial_state):
+        frame: DataFrame = initial_state._df
+        return frame
     if isinstance(initial_state, DataFrame):
         return initial_state
     raise ConfigurationError(
         f"initial_state must be a DataFrame or df.groupBy(<key columns>), got {type(initial_state).__name__}"
     )
+
+
+def _is_connect_grouped(value: Any) -> bool:
+    """A Spark Connect client's ``df.groupBy(...)`` (its GroupedData is no subclass of the classic one)."""
+    cls = type(value)
+    return cls.__name__ == "GroupedData" and cls.__module__.startswith("pyspark.sql.connect.")
 
 
 def collect_initial_state(
@@ -52,4 +85,4 @@ def collect_initial_state(
     return table
 
 
-__all__ = ["collect_initial_state", "initial_state_frame"]
+__all__ = ["Seed", "collect_initial_state", "initial_state_frame", "seed_of"]

@@ -61,7 +61,7 @@ from statekeeper.store.spark.spark_checkpoint import (
     state_rows,
 )
 from statekeeper.store.spark.state import check_max_key_groups
-from statekeeper.store.spark.task_input import BATCH_INPUT_BUDGET_BYTES, run_starts
+from statekeeper.store.spark.task_input import BATCH_INPUT_BUDGET_BYTES, run_starts, struct_tuples
 from statekeeper.store.spark.tasks_plan import TasksPlan, tasks_job_settings
 from statekeeper.store.spark.worker_cache import FileManagerFactory
 from statekeeper.store.state_store import StoreConfig
@@ -155,11 +155,13 @@ class _StateWriter(BatchStatefulProcessor):
             if part.num_rows == 0:
                 continue
             keys = keys_of(part, list(self.key_columns))
-            values = part.column(f"{VALUE_PREFIX}{i}").to_pylist()
+            column = part.column(f"{VALUE_PREFIX}{i}")
+            if var.kind == "value" and not var.ttl:
+                state.updateMany(keys, struct_tuples(column))
+                continue
+            values = column.to_pylist()
             if var.ttl:
                 _write_expiring(var, state, keys, values)
-            elif var.kind == "value":
-                state.updateMany(keys, [_row(v) for v in values])
             elif var.kind == "list":
                 for key, items in zip(keys, values, strict=True):
                     ctx.set_key(key)

@@ -266,6 +266,23 @@ def pylist(column: pa.Array | pa.ChunkedArray) -> list[Any]:
     return values
 
 
+def struct_tuples(column: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """Each value of a struct column as a tuple in field order (None where the struct is null), built field by
+    field through :func:`pylist` (~3x faster than a dict per value from ``to_pylist``); nested structs stay
+    dicts. Any other column: :func:`pylist`."""
+    t = column.type
+    if not pa.types.is_struct(t) or t.num_fields == 0:
+        return pylist(column)
+    out: list[Any] = []
+    for chunk in column.chunks if isinstance(column, pa.ChunkedArray) else [column]:
+        rows: list[Any] = list(zip(*(pylist(f) for f in chunk.flatten()), strict=True))  # offset-adjusted children
+        if chunk.null_count:
+            valid = chunk.is_valid().to_numpy(zero_copy_only=False)
+            rows = [r if ok else None for r, ok in zip(rows, valid, strict=True)]
+        out.extend(rows)
+    return out
+
+
 def run_starts(table: pa.Table, key_columns: tuple[str, ...]) -> np.ndarray:
     """Indices where a run of equal grouping keys starts (0 first); nulls equal nulls."""
     n = table.num_rows

@@ -21,7 +21,7 @@ from statekeeper.store.spark import StatefulOperator, read_state
 from statekeeper.store.spark.connect import ConnectProgressError
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
 from statekeeper.store.spark.restart import on_executors
-from testkit.processors import CountSum
+from testkit.processors import CountSum, SeededCountSum
 from tests.spark.helpers import (
     SCHEMA,
     JsonFileSink,
@@ -61,12 +61,14 @@ def remote(spark_connect_url: str) -> Iterator[Any]:
                 os.environ[key] = value
 
 
-def _run(remote: Any, tmp_path: Path, root: str, partitions: int = 3, **options: Any) -> StatefulOperator:
+def _run(
+    remote: Any, tmp_path: Path, root: str, partitions: int = 3, processor: Any = None, **options: Any
+) -> StatefulOperator:
     op = StatefulOperator(
         root,
         "counts",
         "user",
-        CountSum(),
+        processor or CountSum(),
         OUT,
         num_partitions=partitions,
         sink=JsonFileSink(str(tmp_path / "out")),
@@ -104,6 +106,20 @@ def test_operator_sink_and_reader_over_spark_connect(remote: Any, tmp_path: Path
     _check(remote, tmp_path, root, batches)
     with pytest.raises(ConnectProgressError, match="on_progress"):
         _ = op.last_progress
+
+
+def test_initial_state_over_spark_connect(remote: Any, tmp_path: Path) -> None:
+    """The client's initial-state DataFrame reaches handleInitialState in the server's copy, on the first batch only."""
+    batches = write_inputs(tmp_path / "in", files=2, rows=100, keys=10, seed=52)
+    root = (tmp_path / "state").as_uri()
+    seed = remote.createDataFrame([("u1", 100, 5), ("seed-only", 7, 1)], "user string, count long, total long")
+    _run(remote, tmp_path, root, processor=SeededCountSum(), initial_state=seed.groupBy("user"))
+    expected = reference(batches)
+    expected["u1"] = (expected["u1"][0] + 100, expected["u1"][1] + 5)
+    expected["seed-only"] = (7, 1)
+    rows = read_state(remote, root, "counts").collect()
+    assert {json.loads(r["key"])[0]: tuple(json.loads(r["value"])) for r in rows} == expected
+    assert read_batch_output(tmp_path / "out", 1)["u1"] == expected["u1"]
 
 
 def test_rescale_at_restart_over_spark_connect(remote: Any, tmp_path: Path) -> None:

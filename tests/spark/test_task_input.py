@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -24,6 +25,7 @@ from statekeeper.store.spark.task_input import (
     MARKER_COL,
     PID_COL,
     TaskInput,
+    struct_tuples,
 )
 from testkit.processors import CountSumVectorized
 
@@ -241,3 +243,29 @@ def test_pylist_gives_what_to_pylist_gives(data: st.DataObject) -> None:
     for col in (column, column.combine_chunks()):
         got, want = pylist(col), col.to_pylist()
         assert got == want and [type(v) for v in got] == [type(v) for v in want]
+
+
+_FIELD_VALUES = {
+    pa.int64(): st.integers(-(2**63), 2**63 - 1),
+    pa.float64(): st.floats(allow_nan=False),
+    pa.string(): st.text(max_size=5),
+    pa.struct([("x", pa.int32())]): st.fixed_dictionaries({"x": st.integers(-(2**31), 2**31 - 1)}),
+    pa.list_(pa.int16()): st.lists(st.integers(-5, 5), max_size=3),
+}
+
+
+@given(data=st.data(), n=st.integers(0, 30), cuts=st.lists(st.integers(0, 30), max_size=3))
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+def test_struct_tuples_are_the_dicts_values_in_field_order(data: Any, n: int, cuts: list[int]) -> None:
+    """The import's fast path (fields column by column) gives what ``to_pylist`` gives, as tuples: nulls at both
+    levels, sliced and chunked arrays, nested structs still dicts."""
+    types = data.draw(st.lists(st.sampled_from(list(_FIELD_VALUES)), min_size=1, max_size=4))
+    typ = pa.struct([(f"f{i}", t) for i, t in enumerate(types)])
+    row = st.fixed_dictionaries({f"f{i}": st.none() | _FIELD_VALUES[t] for i, t in enumerate(types)})
+    values = data.draw(st.lists(st.none() | row, min_size=n, max_size=n))
+    whole = pa.array(values, typ)
+    bounds = sorted({0, n, *(c for c in cuts if c <= n)})
+    column = pa.chunked_array([whole.slice(a, b - a) for a, b in itertools.pairwise(bounds)], typ)
+    expected = [None if v is None else tuple(v.values()) for v in column.to_pylist()]
+    assert struct_tuples(column) == expected
+    assert struct_tuples(pa.chunked_array([pa.array(range(3))])) == [0, 1, 2]  # not a struct: its values
