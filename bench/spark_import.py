@@ -196,7 +196,8 @@ def run(quick: bool) -> list[Table]:
                 "groupBy(key).agg(count, sum) state on Spark's RocksDB provider with changelog checkpointing, one "
                 f"batch of every key on {PARTITIONS} shuffle partitions, local[2].",
                 "import: import_spark_state (Spark's state data source read, routed by key group, each task writing "
-                f"its store through the typed ValueState in bulk, one commit record) into {PARTITIONS} partitions.",
+                "its store through the typed ValueState in bulk (the stored keys encoded by Spark as it routes them, "
+                f"no read per key: the store is empty), one commit record) into {PARTITIONS} partitions.",
                 "Spark repartition: spark._streamingCheckpointManager.repartition (PySpark 4.3, experimental) of a "
                 "copy of the same checkpoint: it reads and rewrites the same state, as a new batch.",
                 "Peak memory: the driver's Python process and the JVM (driver and executors, local mode) sampled "

@@ -53,11 +53,23 @@ def _field_bytes(column: str, dtype: DataType) -> str:
     return f"if({c} is null, x'00', {some})"
 
 
+def _encoded_key_sql(schema: StructType, key_columns: tuple[str, ...]) -> str:
+    fields = {f.name: f.dataType for f in schema.fields}
+    return f"concat({', '.join(_field_bytes(k, fields[k]) for k in key_columns)})"
+
+
 def key_group_sql(schema: StructType, key_columns: tuple[str, ...], max_key_groups: int) -> str:
     """SQL text of the key group of a row: ``pmod(crc32(encoded key), G)``."""
-    fields = {f.name: f.dataType for f in schema.fields}
-    parts = ", ".join(_field_bytes(k, fields[k]) for k in key_columns)
-    return f"pmod(crc32(concat({parts})), {int(max_key_groups)})"
+    return f"pmod(crc32({_encoded_key_sql(schema, key_columns)}), {int(max_key_groups)})"
+
+
+def stored_key_column(schema: StructType, key_columns: tuple[str, ...], max_key_groups: int) -> Column:
+    """Each row's stored grouping key (``key group u16 BE | encoded key``, as `StateContext.encode_gk` makes it),
+    computed by Spark: a writer of many keys takes them without encoding each in Python."""
+    from pyspark.sql import functions as sf
+
+    group = key_group_sql(schema, key_columns, max_key_groups)
+    return sf.expr(f"concat(unhex(lpad(hex({group}), 4, '0')), {_encoded_key_sql(schema, key_columns)})")
 
 
 def routable(schema: StructType, key_columns: tuple[str, ...]) -> bool:
@@ -110,4 +122,11 @@ def hash_routes(partitions: int) -> list[int]:
     return [found[p] for p in range(partitions)]
 
 
-__all__ = ["hash_routes", "key_group_sql", "owner_column", "routable", "spark_int_hash"]
+__all__ = [
+    "hash_routes",
+    "key_group_sql",
+    "owner_column",
+    "routable",
+    "spark_int_hash",
+    "stored_key_column",
+]

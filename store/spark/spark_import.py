@@ -47,7 +47,7 @@ from statekeeper.store.spark.batch_records import BatchRecords
 from statekeeper.store.spark.event_time import NEXT_WATERMARK_FIELD
 from statekeeper.store.spark.executor import META_COL, TaskSpec, run_task
 from statekeeper.store.spark.metrics import PartitionMetrics
-from statekeeper.store.spark.routing import owner_column, routable
+from statekeeper.store.spark.routing import owner_column, routable, stored_key_column
 from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from statekeeper.store.spark.spark_checkpoint import (
     TIMER_COL,
@@ -61,7 +61,7 @@ from statekeeper.store.spark.spark_checkpoint import (
     state_rows,
 )
 from statekeeper.store.spark.state import check_max_key_groups
-from statekeeper.store.spark.task_input import BATCH_INPUT_BUDGET_BYTES, run_starts, struct_tuples
+from statekeeper.store.spark.task_input import BATCH_INPUT_BUDGET_BYTES, pylist, run_starts, struct_tuples
 from statekeeper.store.spark.tasks_plan import TasksPlan, tasks_job_settings
 from statekeeper.store.spark.worker_cache import FileManagerFactory
 from statekeeper.store.state_store import StoreConfig
@@ -154,11 +154,11 @@ class _StateWriter(BatchStatefulProcessor):
             part = rows.filter(pc.equal(which, i))
             if part.num_rows == 0:
                 continue
-            keys = keys_of(part, list(self.key_columns))
             column = part.column(f"{VALUE_PREFIX}{i}")
-            if var.kind == "value" and not var.ttl:
-                state.updateMany(keys, struct_tuples(column))
+            if var.kind == "value" and not var.ttl:  # a key once per variable, into an empty store: no reads
+                state._write_many(self._stored_keys(part), struct_tuples(column), part.num_rows)
                 continue
+            keys = keys_of(part, list(self.key_columns))
             values = column.to_pylist()
             if var.ttl:
                 _write_expiring(var, state, keys, values)
@@ -183,6 +183,22 @@ class _StateWriter(BatchStatefulProcessor):
         return pa.table(
             {KEYS_COL: pa.array([keys_here], pa.int64()), TIMERS_COL: pa.array([timed.num_rows], pa.int64())}
         )
+
+    def _stored_keys(self, part: pa.Table) -> list[bytes]:
+        """The rows' stored grouping keys: Spark's (`STORED_KEY_COL`) where it computed them, checked against
+        ours on the first row; else encoded here."""
+        columns = list(self.key_columns)
+        if STORED_KEY_COL not in part.column_names:
+            return [self._ctx.encode_gk(k) for k in keys_of(part, columns)]
+        gks: list[bytes] = pylist(part.column(STORED_KEY_COL))
+        ours = self._ctx.encode_gk(keys_of(part.slice(0, 1), columns)[0])
+        if gks[0] != ours:
+            raise StatekeeperError(f"Spark encoded key {gks[0]!r} as stored key, statekeeper {ours!r}: a routing bug")
+        return gks
+
+
+STORED_KEY_COL = "__skimp_stored_key"
+"""Each row's stored grouping key, computed by Spark (routing.stored_key_column) for routable keys."""
 
 
 def _write_expiring(var: SparkVariable, state: Any, keys: list[tuple[Any, ...]], values: list[Any]) -> None:
@@ -272,6 +288,8 @@ def import_spark_state(
     rows = state_rows(spark, source)
     layout = KeyGroupLayout(n, groups) if routable(rows.schema, source.key_columns) and n <= groups else None
     pid = _partition_column(rows.schema, source.key_columns, n, layout)
+    if layout is not None:  # Spark encodes the keys it routes anyway: the tasks take them as they are
+        rows = rows.withColumn(STORED_KEY_COL, stored_key_column(rows.schema, source.key_columns, groups))
     spec = TaskSpec(
         root=root,
         operator=operator,

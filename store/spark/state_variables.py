@@ -172,6 +172,11 @@ class ValueState(_State):
             enc = self._ctx.encode_gk
             gks = [enc(k) for k in keys]
             existed = self._get_each(gks)
+        self._write_many(gks, values, sum(1 for e in existed if e is None))
+
+    def _write_many(self, gks: list[bytes], values: Sequence[Any], new_rows: int) -> None:
+        """Store `values` under the stored keys `gks`, `new_rows` of which held no value (the row count's
+        change: an importer into an empty store knows it without a read per key)."""
         ctx = self._ctx
         expiry = None if self._ttl is None else ctx.now_ms + self._ttl
         if not self._record.schema_id:
@@ -182,7 +187,7 @@ class ValueState(_State):
             for gk in gks:
                 ctx.index_ttl(self._name_b, gk, expiry)
         ctx.rows_updated += len(gks)
-        ctx.rows_delta += sum(1 for e in existed if e is None)
+        ctx.rows_delta += new_rows
 
     def clearMany(self, keys: Sequence[tuple[Any, ...]]) -> None:
         self._seen_gk = self._seen_many = None

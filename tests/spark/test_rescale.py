@@ -161,13 +161,16 @@ def test_rollback_then_restart_recomputes_the_rolled_back_history(spark: Any, tm
 
 
 def test_spark_computes_the_key_group_python_stores(spark: Any) -> None:
-    """Routing agrees with the stored key group for every supported key type, nulls and NUL bytes included."""
+    """Routing agrees with the stored key group, and Spark's stored key (an import's) with `encode_gk`'s, for every
+    supported key type, nulls and NUL bytes included."""
     import datetime
     import zlib
 
-    from statekeeper.store.formats.typed_keys import KeyCodec
+    from pyspark.sql import functions as sf
+
+    from statekeeper.store.formats.typed_keys import KeyCodec, stored_key_encoder
     from statekeeper.store.formats.typed_schema import Field, from_arrow, struct
-    from statekeeper.store.spark.routing import key_group_sql
+    from statekeeper.store.spark.routing import key_group_sql, stored_key_column
 
     epoch = datetime.datetime(1965, 1, 1, tzinfo=datetime.UTC)
     rows: list[tuple[Any, ...]] = [
@@ -185,10 +188,15 @@ def test_spark_computes_the_key_group_python_stores(spark: Any) -> None:
     rows.append((None, None, None, None, None, 0, None))
     df = spark.createDataFrame(rows, "a long, s string, b boolean, d date, t timestamp, i int, y binary")
     for cols in [("a",), ("s",), ("b",), ("d",), ("t",), ("i",), ("y",), ("a", "s", "b", "d", "t", "y")]:
-        out = df.selectExpr(*cols, f"{key_group_sql(df.schema, cols, 1024)} as g").toArrow()
+        out = df.select(
+            *cols, sf.expr(key_group_sql(df.schema, cols, 1024)).alias("g"), stored_key_column(df.schema, cols, 1024)
+        ).toArrow()
         codec = KeyCodec(struct(*(Field(c, from_arrow(out.schema.field(c).type, c)) for c in cols)), "key")
+        stored = stored_key_encoder(codec, 1024)
         for r in out.to_pylist():
-            assert zlib.crc32(codec.encode(tuple(r[c] for c in cols))) % 1024 == r["g"], (cols, r)
+            key = tuple(r[c] for c in cols)
+            assert zlib.crc32(codec.encode(key)) % 1024 == r["g"], (cols, r)
+            assert stored(key) == r[out.schema.names[-1]], (cols, r)
 
 
 def test_rows_route_to_their_partition_by_spark_own_hash_partitioning(spark: Any) -> None:
