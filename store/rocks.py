@@ -89,6 +89,16 @@ def configure_memory(limits: MemoryLimits) -> None:
             _shared = _SharedMemory(limits)
 
 
+def default_memory(limits: MemoryLimits) -> None:
+    """Use `limits` in this process unless it is already set: by `STATEKEEPER_MEMORY_MB`, by `configure_memory`
+    or by an open store. For processes whose role implies another default (a Spark Python worker: one per core)."""
+    global _shared
+    with _lock:
+        if _shared is None and MEMORY_ENV not in os.environ:
+            _shared = _SharedMemory(limits)
+            log.info("statekeeper memory limit: %d MiB", limits.total_bytes >> 20)
+
+
 def shared_memory() -> _SharedMemory:
     global _shared
     with _lock:

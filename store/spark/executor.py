@@ -53,7 +53,7 @@ from statekeeper.store.spark.task_input import (
     TaskInput,
     groups_of,
 )
-from statekeeper.store.spark.worker_cache import CACHE, FileManagerFactory
+from statekeeper.store.spark.worker_cache import CACHE, FileManagerFactory, use_worker_memory
 from statekeeper.store.state_store import StateStore, StoreConfig
 
 log = logging.getLogger(__name__)
@@ -291,6 +291,7 @@ def run_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.R
     """The body of the mapInArrow function for one Spark partition."""
     t_start = time.perf_counter()
     reset_peak_rss()  # the trace shows what this task needed, not an earlier task of the reused worker
+    use_worker_memory()
     task_input = TaskInput(batches, spec.key_columns, spec.input_budget_bytes)
     if task_input.partition is None:
         return  # no state partition routed here

@@ -49,6 +49,7 @@ from statekeeper.store.layout import StoreId
 from statekeeper.store.load_plan import committed_range
 from statekeeper.store.spark.schemas import VariableRecord, expiry_of
 from statekeeper.store.spark.state_view import Change, StateView, TypedSchemas
+from statekeeper.store.spark.worker_cache import use_worker_memory
 from statekeeper.store.state_store import StateStore, StoreConfig
 
 if TYPE_CHECKING:
@@ -252,6 +253,7 @@ class _StateReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         opts = self.opts
+        use_worker_memory()
         if self.feed_schemas is not None:
             p, parent, refs = partition.value
             key_schema, records = self.feed_schemas

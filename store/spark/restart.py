@@ -29,6 +29,7 @@ from statekeeper.store.rescale import (
     PartitionRunner,
     contiguous_runs,
 )
+from statekeeper.store.spark.worker_cache import use_worker_memory
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ def on_executors(spark: Any) -> PartitionRunner:
         runs = contiguous_runs(partitions, task_slots(spark) or len(partitions))
 
         def built(i: int) -> list[str]:
+            use_worker_memory()
             return [json.dumps(dataclasses.asdict(b)) for b in build(runs[i])]
 
         def task(batches: Iterator[Any]) -> Iterator[Any]:

@@ -27,6 +27,7 @@ from statekeeper.store.spark.task_input import (
     TaskInput,
     struct_tuples,
 )
+from statekeeper.store.spark.worker_cache import WORKER_MEMORY_MB
 from testkit.processors import CountSumVectorized
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -269,3 +270,38 @@ def test_struct_tuples_are_the_dicts_values_in_field_order(data: Any, n: int, cu
     expected = [None if v is None else tuple(v.values()) for v in column.to_pylist()]
     assert struct_tuples(column) == expected
     assert struct_tuples(pa.chunked_array([pa.array(range(3))])) == [0, 1, 2]  # not a struct: its values
+
+
+_LIMIT_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from pyspark import TaskContext
+    from statekeeper.store import rocks
+    from statekeeper.store.spark.worker_cache import use_worker_memory
+
+    if sys.argv[1] == "configured":
+        rocks.configure_memory(rocks.MemoryLimits(total_bytes=64 << 20))
+    if sys.argv[1] != "driver":
+        TaskContext._setTaskContext(TaskContext())  # as PySpark's worker does before running a task
+    use_worker_memory()
+    print(rocks.shared_memory().limits.total_bytes >> 20)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("case", "env_mb", "expected"),
+    [("task", None, WORKER_MEMORY_MB), ("task", "96", 96), ("configured", None, 64), ("driver", None, 256)],
+)
+def test_a_spark_worker_defaults_to_its_own_memory_limit(case: str, env_mb: str | None, expected: int) -> None:
+    """Inside a Spark task the RocksDB limit is WORKER_MEMORY_MB (a worker per core), unless STATEKEEPER_MEMORY_MB or
+    configure_memory chose; outside a task the process default stays."""
+    env = {k: v for k, v in os.environ.items() if k != "STATEKEEPER_MEMORY_MB"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    if env_mb is not None:
+        env["STATEKEEPER_MEMORY_MB"] = env_mb
+    proc = subprocess.run(
+        [sys.executable, "-c", _LIMIT_SCRIPT, case], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert int(proc.stdout.split()[-1]) == expected
