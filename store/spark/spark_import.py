@@ -75,6 +75,8 @@ log = logging.getLogger(__name__)
 
 KEYS_COL = "keys"
 TIMERS_COL = "timers"
+STORED_KEY_COL = "__skimp_stored_key"
+"""Each row's stored grouping key, computed by Spark (routing.stored_key_column) for routable keys."""
 IMPORTED_VERSION = 1
 
 
@@ -195,10 +197,6 @@ class _StateWriter(BatchStatefulProcessor):
         if gks[0] != ours:
             raise StatekeeperError(f"Spark encoded key {gks[0]!r} as stored key, statekeeper {ours!r}: a routing bug")
         return gks
-
-
-STORED_KEY_COL = "__skimp_stored_key"
-"""Each row's stored grouping key, computed by Spark (routing.stored_key_column) for routable keys."""
 
 
 def _write_expiring(var: SparkVariable, state: Any, keys: list[tuple[Any, ...]], values: list[Any]) -> None:

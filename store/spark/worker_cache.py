@@ -40,8 +40,8 @@ FileManagerFactory = Callable[[str], CheckpointFileManager]
 WORKER_MEMORY_MB = 160
 """A Spark Python worker's RocksDB memory limit (`statekeeper.store.rocks.MemoryLimits`) unless
 ``STATEKEEPER_MEMORY_MB`` sets it: an executor runs one worker per core, each with its own limit, and their memory
-counts against the executor's memory overhead. At 1M keys and 2M rows a batch it keeps a vectorized worker at
-~450 MB where 256 MiB let it reach ~545 MB, at the same batch time (docs/benchmarks.md, spark)."""
+counts against the executor's memory overhead; the worker's peak RSS at large batches is in docs/benchmarks.md
+(spark, the size table)."""
 
 
 class StoreSpec(Protocol):
