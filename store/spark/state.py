@@ -295,11 +295,8 @@ class StateContext:
 
     def next_expiry_ms(self) -> int | None:
         """When the earliest TTL'd value left in the partition expires (one seek: the TTL index leads with it)."""
-        if self._ttl is None and TTL_CF not in self.store.column_families():
-            return None
-        for k, _ in self.ttl_cf.items():
-            return ttl_entry(k)[0]
-        return None
+        k = self._first_key(TTL_CF)
+        return None if k is None else ttl_entry(k)[0]
 
     def evict_expired(self) -> int:
         """Remove every TTL'd row whose expiry is at or before the batch time (index entries too)."""
@@ -365,10 +362,15 @@ class StateContext:
 
     def next_timer_ms(self) -> int | None:
         """When the earliest timer left in the partition is due (one seek: the timer index leads with it)."""
-        if self._timer_index is None and TIMER_INDEX_CF not in self.store.column_families():
+        k = self._first_key(TIMER_INDEX_CF)
+        return None if k is None else timer_entry(k)[1]
+
+    def _first_key(self, cf: str) -> bytes | None:
+        """The first key of internal column family `cf` (one seek), None when it is empty or absent."""
+        if cf not in self.store.column_families():
             return None
-        for k, _ in self.timer_index_cf.items():
-            return timer_entry(k)[1]
+        for k, _ in self.store.column_family(cf).items():
+            return bytes(k)
         return None
 
     def pop_expired_timers(self, deadline_ms: int | None = None) -> list[tuple[bytes, int]]:
