@@ -285,13 +285,12 @@ def _typed_rows(opts: _Options, view: StateView, p: int) -> Iterator[tuple[Any, 
     if record.kind == "value":
         for key, _, value, expiry in rows:
             yield key, value, _expiry_ts(expiry), p
+    elif record.kind == "list" and opts.flatten:
+        for key, element, expiry in view.elements(opts.var):
+            yield key, element, _expiry_ts(expiry), p
     elif record.kind == "list":
         for key, _, value, expiry in rows:
-            if opts.flatten:
-                for element in value:
-                    yield key, element, _expiry_ts(expiry), p
-            else:
-                yield key, value, _expiry_ts(expiry), p
+            yield key, value, _expiry_ts(expiry), p
     elif opts.flatten:
         for key, uk, value, expiry in rows:
             yield key, uk, value, _expiry_ts(expiry), p

@@ -10,8 +10,11 @@ changelog), snapshotted with the state, and read back by the state reader and ma
 - ``schema/<name>/<schema id u32 BE>`` -> Spark JSON of the value schema (ListState: of one element)
 
 A stored value is ``tag | [expiry u64 BE] | schema id (LEB128) | row``: tag ``0x53`` ('S') plain or
-``0x54`` ('T') with an expiry; docs/formats.md has the row layout. Values of older schema ids are read
-through the current schema (see :func:`statekeeper.store.formats.typed_schema.projector`).
+``0x54`` ('T') with an expiry; a TTL'd list whose elements expire apart (appended in different batches, as
+Spark keeps an expiry per element) is ``0x55`` ('U') ``| earliest expiry u64 BE | run count (LEB128) |
+(expiry u64 BE | elements (LEB128)) per run | schema id | list row``. docs/formats.md has the row layout.
+Values of older schema ids are read through the current schema
+(see :func:`statekeeper.store.formats.typed_schema.projector`).
 """
 
 from __future__ import annotations
@@ -38,11 +41,18 @@ STATE_META_PREFIX = b"state/"
 SCHEMA_PREFIX = b"schema/"
 TAG_PLAIN = 0x53
 TAG_TTL = 0x54
+TAG_RUNS = 0x55
 DEFAULT_MAX_KEY_GROUPS = 1024
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 _TTL_HEAD = bytes((TAG_TTL,))
+_RUNS_HEAD = bytes((TAG_RUNS,))
+_EXPIRY_TAGS = (TAG_TTL, TAG_RUNS)
+_LEN = struct.Struct("<I")
 MISSING: Any = object()
+
+Runs = list[tuple[int | None, int]]
+"""A list's elements in order as (expiry ms or None, how many): consecutive elements sharing an expiry."""
 
 
 def varint(n: int) -> bytes:
@@ -183,6 +193,7 @@ class ValueFormat:
     def __init__(self, name: str, is_list: bool, where: str = "") -> None:
         self.name = name
         self.is_list = is_list
+        self.kind = "list" if is_list else "value"
         self.what = f"state variable {name!r}"
         self.where = where
         self.schema_id = 0
@@ -243,25 +254,42 @@ class ValueFormat:
         head = bytes((TAG_PLAIN,)) if expiry_ms is None else bytes((TAG_TTL,)) + _U64.pack(max(0, expiry_ms))
         return head + varint(0 if self._encode is None else self.schema_id) + b"\x00\x00\x00\x00"
 
+    def encode_runs(self, values: list[Any], runs: Runs) -> bytes:
+        """A TTL'd list whose runs of elements have their own expiries (`runs` covers `values`, no None)."""
+        if len(runs) == 1:
+            return self.encode_any(values, runs[0][0])
+        enc = self._encode
+        if enc is None:
+            raise SchemaError(f"{self.what} has no schema yet")
+        return runs_head(runs) + varint(self.schema_id) + enc(values)
+
     def decode_any(self, raw: bytes, now_ms: int | None = None) -> Any:
-        """The value in the current schema; MISSING when expired at `now_ms`."""
+        """The value in the current schema; MISSING when expired at `now_ms` (a list whose elements expire
+        apart: its live elements, MISSING when none is)."""
         try:
             tag = raw[0]
+            runs = None
             if tag == TAG_PLAIN:
                 pos = 1
             elif tag == TAG_TTL:
                 if now_ms is not None and _U64.unpack_from(raw, 1)[0] <= now_ms:
                     return MISSING
                 pos = 9
+            elif tag == TAG_RUNS and self.is_list:
+                runs, pos = read_runs(raw)
             else:
-                raise CorruptStateError(f"unknown value tag 0x{tag:02x}: not a statekeeper typed value")
+                raise CorruptStateError(
+                    f"unknown value tag 0x{tag:02x}: not a statekeeper typed value of a {self.kind}"
+                )
             sid = raw[pos]
             if sid < 0x80 and sid == self.schema_id:
-                return self._decode(raw, pos + 1)
-            sid, pos = read_varint(raw, pos)
-            if sid == self.schema_id:
-                return self._decode(raw, pos)
-            return self._old_decoder(sid)(raw, pos)
+                value = self._decode(raw, pos + 1)
+            else:
+                sid, pos = read_varint(raw, pos)
+                value = self._decode(raw, pos) if sid == self.schema_id else self._old_decoder(sid)(raw, pos)
+            if runs is None:
+                return value
+            return live_values(value, runs, now_ms) or MISSING
         except CorruptStateError as e:
             raise CorruptStateError(f"{self.what}{self.where}: {e}") from None
         except (IndexError, ValueError, struct.error, OverflowError, UnicodeDecodeError) as e:
@@ -269,6 +297,13 @@ class ValueFormat:
                 f"{self.what}{self.where}: a stored value does not decode under its recorded schema "
                 f"(foreign or damaged bytes {bytes(raw[:16])!r}...): {e}"
             ) from None
+
+    def decode_runs(self, raw: bytes) -> tuple[list[Any], Runs]:
+        """A list's elements, expired ones too, and their runs (an expiry-less list: one run of None)."""
+        value = self.decode_any(raw)
+        if raw[:1] == _RUNS_HEAD:
+            return value, read_runs(raw)[0]
+        return value, [(expiry_of(raw), len(value))] if value else []
 
     def _old_decoder(self, sid: int) -> Callable[[bytes, int], Any]:
         dec = self._old.get(sid)
@@ -299,12 +334,116 @@ class ValueFormat:
 
 
 def expiry_of(raw: bytes) -> int | None:
-    """A stored value's expiry (None: no TTL); a TTL tag without its 8 bytes is a corrupt state."""
-    if raw[:1] != _TTL_HEAD:
+    """A stored value's expiry, a list's earliest (None: no TTL); a TTL tag without its 8 bytes is a
+    corrupt state."""
+    if not raw or raw[0] not in _EXPIRY_TAGS:
         return None
     if len(raw) < 9:
-        raise CorruptStateError(f"a TTL'd value {bytes(raw)!r} is shorter than its expiry")
+        raise CorruptStateError(f"a TTL'd value {bytes(raw[:16])!r} is shorter than its expiry")
     return int(_U64.unpack_from(raw, 1)[0])
+
+
+def runs_earliest(runs: Runs) -> int:
+    """The earliest expiry of runs with at least one (an expiry-less run never expires)."""
+    return min((int(e) for e, _ in runs if e is not None), default=2**64)
+
+
+def read_runs(raw: bytes) -> tuple[Runs, int]:
+    """The runs of a tag 0x55 value and where its schema id starts; checked: at least two runs, each of at
+    least one element, no more than the value's bytes can hold, the earliest expiry the one in the head."""
+    count, pos = read_varint(raw, 9)
+    if not 2 <= count <= (len(raw) - pos) // 9:
+        raise CorruptStateError(f"{count} expiry runs in a value of {len(raw)} bytes")
+    runs: Runs = []
+    for _ in range(count):
+        (expiry,) = _U64.unpack_from(raw, pos)
+        n, pos = read_varint(raw, pos + 8)
+        if not 1 <= n <= len(raw):
+            raise CorruptStateError(f"an expiry run of {n} elements in a value of {len(raw)} bytes")
+        runs.append((int(expiry), n))
+    if runs_earliest(runs) != _U64.unpack_from(raw, 1)[0]:
+        raise CorruptStateError("the head's earliest expiry is not its runs' earliest")
+    return runs, pos
+
+
+def live_values(values: list[Any], runs: Runs, now_ms: int | None) -> list[Any]:
+    """The elements of the runs that have not expired at `now_ms`."""
+    if sum(n for _, n in runs) != len(values):
+        raise CorruptStateError(f"expiry runs of {sum(n for _, n in runs)} elements on a list of {len(values)}")
+    if now_ms is None or runs_earliest(runs) > now_ms:
+        return values
+    kept: list[Any] = []
+    pos = 0
+    for e, n in runs:
+        if e is None or e > now_ms:
+            kept.extend(values[pos : pos + n])
+        pos += n
+    return kept
+
+
+def merge_runs(runs: Runs) -> Runs:
+    """Neighbouring runs of one expiry as one."""
+    out: Runs = []
+    for e, n in runs:
+        if n and out and out[-1][0] == e:
+            out[-1] = (e, out[-1][1] + n)
+        elif n:
+            out.append((e, n))
+    return out
+
+
+def drop_expired_elements(raw: bytes, now_ms: int) -> tuple[bytes | None, int, int | None]:
+    """A tag 0x55 list without its elements expired at `now_ms`, on its bytes (no schema needed): (the value
+    to keep or None when every element expired, elements dropped, the kept value's earliest expiry)."""
+    try:
+        runs, pos = read_runs(raw)
+        _, body = read_varint(raw, pos)
+        (count,) = _LEN.unpack_from(raw, body)
+        if count != sum(n for _, n in runs):
+            raise CorruptStateError(f"expiry runs of {sum(n for _, n in runs)} elements on a list of {count}")
+        at = body + 4
+        kept_runs: Runs = []
+        parts: list[bytes] = []
+        for e, n in runs:
+            start = at
+            for _ in range(n):
+                (size,) = _LEN.unpack_from(raw, at)
+                at += 4 + (0 if size == 0xFFFFFFFF else size)
+            if at > len(raw):
+                raise CorruptStateError("a list element runs past the value's end")
+            if e is None or e > now_ms:
+                kept_runs.append((e, n))
+                parts.append(raw[start:at])
+    except (IndexError, struct.error) as e:
+        raise CorruptStateError(f"expiry runs that do not decode: {e}") from None
+    kept = sum(n for _, n in kept_runs)
+    if not kept:
+        return None, count, None
+    head = runs_head(kept_runs) if len(kept_runs) > 1 else _TTL_HEAD + _U64.pack(runs_earliest(kept_runs))
+    return head + raw[pos:body] + _LEN.pack(kept) + b"".join(parts), count - kept, runs_earliest(kept_runs)
+
+
+def runs_head(runs: Runs) -> bytes:
+    """Tag 0x55, the earliest expiry and the runs (each with an expiry)."""
+    parts = [_RUNS_HEAD, _U64.pack(max(0, runs_earliest(runs))), varint(len(runs))]
+    parts += [_U64.pack(max(0, int(e or 0))) + varint(n) for e, n in runs]
+    return b"".join(parts)
+
+
+def list_length(raw: bytes) -> int:
+    """The number of elements of a stored list (tag 0x53 or 0x54), read from its bytes."""
+    try:
+        _, pos = read_varint(raw, 9 if raw[0] == TAG_TTL else 1)
+        return int(_LEN.unpack_from(raw, pos)[0])
+    except (IndexError, struct.error):
+        raise CorruptStateError(f"a list value {bytes(raw[:16])!r}... too short for its element count") from None
+
+
+def element_expiries(raw: bytes, n: int) -> list[int | None]:
+    """The expiry of each of a list value's `n` elements (stored, not filtered by time)."""
+    if raw[:1] == _RUNS_HEAD:
+        return [e for e, k in read_runs(raw)[0] for _ in range(k)]
+    return [expiry_of(raw)] * n
 
 
 def iter_values(cf: ColumnFamily, fmt: ValueFormat) -> Iterator[tuple[bytes, Any, int | None]]:
@@ -320,15 +459,24 @@ __all__ = [
     "META_CF",
     "MISSING",
     "TAG_PLAIN",
+    "TAG_RUNS",
     "TAG_TTL",
+    "Runs",
     "ValueFormat",
     "VariableRecord",
     "delete_record",
+    "drop_expired_elements",
+    "element_expiries",
     "expiry_of",
     "iter_values",
+    "list_length",
+    "live_values",
+    "merge_runs",
     "read_grouping_key",
     "read_max_key_groups",
     "read_record",
+    "read_runs",
+    "runs_earliest",
     "variable_names",
     "write_record",
 ]

@@ -48,7 +48,7 @@ from statekeeper.store.spark.event_time import NEXT_WATERMARK_FIELD
 from statekeeper.store.spark.executor import META_COL, TaskSpec, run_task
 from statekeeper.store.spark.metrics import PartitionMetrics
 from statekeeper.store.spark.routing import owner_column, routable, stored_key_column
-from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
+from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS, Runs, merge_runs, runs_earliest
 from statekeeper.store.spark.spark_checkpoint import (
     TIMER_COL,
     TTL_FIELD,
@@ -200,35 +200,32 @@ class _StateWriter(BatchStatefulProcessor):
 
 
 def _write_expiring(var: SparkVariable, state: Any, keys: list[tuple[Any, ...]], values: list[Any]) -> None:
-    """A TTL'd variable's values with the expiries Spark gave them (a later write resets them by the TTL the
-    statekeeper query declares). A list keeps one expiry: its elements must share theirs."""
+    """A TTL'd variable's values with the expiries Spark gave them, a list's per element (a later write resets
+    them by the TTL the statekeeper query declares)."""
     ctx = state._ctx
     for key, value in zip(keys, values, strict=True):
         ctx.set_key(key)
         if var.kind == "value":
-            _put_expiring(state, ctx.require_gk(), _row(value["value"]), value[TTL_FIELD])
-        elif var.kind == "list":
-            items = value or ()
-            expiries = {e[TTL_FIELD] for e in items}
-            if len(expiries) > 1:
-                raise ConfigurationError(
-                    f"state variable {var.name!r}: the list of key {key!r} has elements with different TTL expiries "
-                    f"{sorted(expiries, key=str)[:4]}; a statekeeper ListState has one expiry per list, so this list "
-                    "cannot be imported as Spark expires it"
-                )
-            if items:
-                _put_expiring(state, ctx.require_gk(), [_row(e["value"]) for e in items], expiries.pop())
-        else:
+            _put_expiring(state, ctx.require_gk(), _row(value["value"]), [(value[TTL_FIELD], 1)])
+        elif var.kind == "list" and value:
+            runs = merge_runs([(e[TTL_FIELD], 1) for e in value])
+            _put_expiring(state, ctx.require_gk(), [_row(e["value"]) for e in value], runs)
+        elif var.kind == "map":
             for user_key, entry in value or ():
-                _put_expiring(state, state._skey(_row(user_key)), _row(entry["value"]), entry[TTL_FIELD])
+                _put_expiring(state, state._skey(_row(user_key)), _row(entry["value"]), [(entry[TTL_FIELD], 1)])
 
 
-def _put_expiring(state: Any, storage_key: bytes, value: Any, expiry_ms: int | None) -> None:
-    """What a write under a TTL stores (the value with its expiry, the eviction index entry), at `expiry_ms`."""
+def _put_expiring(state: Any, storage_key: bytes, value: Any, runs: Runs) -> None:
+    """What a write under a TTL stores (the value with its expiry, the eviction index entry): `runs` holds
+    the expiry (a list's: of each run of its elements)."""
     ctx = state._ctx
-    state._cf.put(storage_key, state._value_bytes(value, expiry_ms))
-    if expiry_ms is not None:
-        ctx.index_ttl(state._name_b, storage_key, int(expiry_ms))
+    if len(runs) == 1:
+        state._cf.put(storage_key, state._value_bytes(value, runs[0][0]))
+    else:
+        state._value_bytes(value[:1], None)  # records the schema of a variable declared without one
+        state._cf.put(storage_key, state._fmt.encode_runs(value, runs))
+    if runs_earliest(runs) < 2**64:
+        ctx.index_ttl(state._name_b, storage_key, runs_earliest(runs))
     ctx.rows_updated += 1
     ctx.rows_delta += 1
 

@@ -39,9 +39,12 @@ from statekeeper.store.spark.schemas import (
     MAX_KEY_GROUPS,
     META_CF,
     MISSING,
+    TAG_RUNS,
     VariableRecord,
     delete_record,
+    drop_expired_elements,
     expiry_of,
+    list_length,
     read_grouping_key,
     read_max_key_groups,
     read_record,
@@ -299,12 +302,14 @@ class StateContext:
         return None if k is None else ttl_entry(k)[0]
 
     def evict_expired(self) -> int:
-        """Remove every TTL'd row whose expiry is at or before the batch time (index entries too)."""
+        """Remove every TTL'd row whose expiry is at or before the batch time (index entries too); of a list
+        whose elements expire apart, the expired elements. Returns the rows removed."""
         if self._ttl is None and TTL_CF not in self.store.column_families():
             return 0
         ttl = self.ttl_cf
         end = _U64.pack(self.now_ms + 1)
         stale: list[bytes] = []
+        kept: list[tuple[str, bytes, bytes, int]] = []
         removed = 0
         known = set(self.store.column_families())
         for k, _ in ttl.items(end=end):
@@ -314,15 +319,34 @@ class StateContext:
                 continue
             cf = self.store.column_family(name)
             raw = cf.get(storage_key)
-            if raw is not None and value_expiry(raw) == expiry:
-                cf.delete(storage_key)
-                removed += 1
+            if raw is None or value_expiry(raw) != expiry:
+                continue
+            if raw[0] == TAG_RUNS:  # a list whose elements expire apart: the live ones stay
+                rest, gone, earliest = drop_expired_elements(raw, self.now_ms)
+                self.ttl_removed += gone
+                if rest is not None and earliest is not None:
+                    kept.append((name, storage_key, rest, earliest))
+                    continue
+            else:
+                self.ttl_removed += list_length(raw) if self._kind(name) == "list" else 1
+            cf.delete(storage_key)
+            removed += 1
         if stale:
             ttl.delete_batch(stale)
+        for name, storage_key, rest, earliest in kept:
+            self.store.column_family(name).put(storage_key, rest)
+            self.index_ttl(name.encode(), storage_key, earliest)
+        self.rows_updated += len(kept)
         self.rows_removed += removed
         self.rows_delta -= removed
-        self.ttl_removed += removed
         return removed
+
+    def _kind(self, name: str) -> str | None:
+        declared = self.states.get(name)
+        if declared is not None:
+            return declared.kind
+        record = read_record(self._meta, name)
+        return None if record is None else record.kind
 
     # -- timers ---------------------------------------------------------------------------------
     def register_timer(self, expiry_ms: int) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.formats.typed_keys import KeyCodec
 from statekeeper.store.formats.typed_schema import DataType, infer
-from statekeeper.store.spark.schemas import MISSING, ValueFormat
+from statekeeper.store.spark.schemas import MISSING, ValueFormat, expiry_of, merge_runs, runs_earliest
 from statekeeper.store.spark.state import StateContext
 
 _MISSING: Any = MISSING
@@ -201,7 +201,8 @@ class ValueState(_State):
 
 
 class ListState(_State):
-    """A list per grouping key, stored as one value (a TTL applies to the list as a whole)."""
+    """A list per grouping key, stored as one value; with a TTL each element expires on its own, as in
+    Spark (``put`` gives every element the same expiry, ``appendValue`` / ``appendList`` the new ones theirs)."""
 
     kind = "list"
 
@@ -230,12 +231,33 @@ class ListState(_State):
         self._write(gk, list(newState), raw is not None)
 
     def appendValue(self, newState: Any) -> None:
-        gk, raw, v = self._current()
-        self._write(gk, [*(() if v is _MISSING else v), newState], raw is not None)
+        self._append([newState])
 
     def appendList(self, newState: Sequence[Any]) -> None:
-        gk, raw, v = self._current()
-        self._write(gk, [*(() if v is _MISSING else v), *newState], raw is not None)
+        self._append(list(newState))
+
+    def _append(self, new: list[Any]) -> None:
+        gk = self._ctx.require_gk()
+        raw = self._cf.get(gk)
+        if self._ttl is None or raw is None:
+            v = self._live(raw)
+            self._write(gk, [*(() if v is _MISSING else v), *new], raw is not None)
+            return
+        ctx = self._ctx
+        expiry = ctx.now_ms + self._ttl
+        # expired elements stay until the batch's eviction, which counts them (as Spark's does); elements
+        # stored before the variable had a TTL take the new ones' expiry
+        old, runs = self._fmt.decode_runs(raw)
+        runs = merge_runs([*((expiry if e is None else e, n) for e, n in runs), (expiry, len(new))])
+        values = [*old, *new]
+        if not self._record.schema_id or len(runs) == 1:
+            self._write(gk, values, True)
+            return
+        self._cf.put(gk, self._fmt.encode_runs(values, runs))
+        earliest = runs_earliest(runs)
+        if earliest != expiry_of(raw):  # else its index entry stands
+            ctx.index_ttl(self._name_b, gk, earliest)
+        ctx.rows_updated += 1
 
     def clear(self) -> None:
         self._remove(self._ctx.require_gk())

@@ -25,6 +25,7 @@ from statekeeper.store.spark.schemas import (
     META_CF,
     ValueFormat,
     VariableRecord,
+    element_expiries,
     expiry_of,
     read_grouping_key,
     read_record,
@@ -183,7 +184,8 @@ class StateView(TypedSchemas):
         super().__init__(key_schema, records, f" (operator {sid.operator} partition {sid.partition})")
 
     def rows(self, name: str) -> Iterator[tuple[Any, Any, Any, int | None]]:
-        """(grouping key, map key or None, value, expiry ms or None) of every row, in key order."""
+        """(grouping key, map key or None, value, expiry ms or None) of every row, in key order (a list whose
+        elements expire apart: its earliest expiry; see :meth:`elements`)."""
         if name not in self.store.column_families():
             return
         fmt = self.value_format(name)
@@ -191,6 +193,17 @@ class StateView(TypedSchemas):
         for k, raw in self.store.column_family(name).items():
             key, uk = self.split_key(name, k, uk_codec)
             yield key, uk, fmt.decode(raw), expiry_of(raw)
+
+    def elements(self, name: str) -> Iterator[tuple[Any, Any, int | None]]:
+        """(grouping key, element, its expiry ms or None) of every element of ListState `name`, in key order."""
+        if name not in self.store.column_families():
+            return
+        fmt = self.value_format(name)
+        for k, raw in self.store.column_family(name).items():
+            key, _ = self.split_key(name, k, None)
+            values = fmt.decode(raw)
+            for value, expiry in zip(values, element_expiries(raw, len(values)), strict=True):
+                yield key, value, expiry
 
     def timers(self) -> Iterator[tuple[Any, int]]:
         """(grouping key, expiry ms) of every registered timer."""

@@ -203,7 +203,12 @@ class TwsTester:
         return {k: v for k, _, v in self._live(name)}
 
     def list_state(self, name: str) -> dict[tuple[Any, ...], list[Any]]:
-        return {k: list(v) for k, _, v in self._live(name)}
+        """Every key's live elements of a ListState (each element expires on its own)."""
+        out: dict[tuple[Any, ...], list[Any]] = {}
+        for k, element, expiry in self._view().elements(name):
+            if expiry is None or expiry > self.processing_time_ms:
+                out.setdefault(k, []).append(element)
+        return out
 
     def map_state(self, name: str) -> dict[tuple[Any, ...], dict[Any, Any]]:
         out: dict[tuple[Any, ...], dict[Any, Any]] = {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,11 +43,15 @@ SEEDS = [("0", 789), ("3", 987)]
 
 
 class _Collect:
-    def __init__(self) -> None:
+    """The sink: each batch's output rows; `pause_s` after each batch spaces the batches' processing times."""
+
+    def __init__(self, pause_s: float = 0.0) -> None:
         self.batches: dict[int, list[tuple[Any, ...]]] = {}
+        self.pause_s = pause_s
 
     def __call__(self, df: Any, batch_id: int) -> None:
         self.batches[batch_id] = sorted((tuple(r) for r in df.collect()), key=repr)
+        time.sleep(self.pause_s)
 
 
 def _write_files(directory: Path) -> None:
@@ -83,7 +88,11 @@ CASES: dict[str, tuple[Callable[[bool], Any], str, bool, bool]] = {
     "CompositeOutput": (p.CompositeOutput, "None", False, False),
     "MapStateOps": (p.MapStateOps, "None", False, False),
     "ListStateOps": (p.ListStateOps, "ProcessingTime", False, False),
+    "ListStateTTL": (lambda pandas: p.ListStateTTL(pandas, ttl_ms=15_000), "ProcessingTime", False, False),
 }
+PAUSE_S = {"ListStateTTL": 10.0}
+"""Batch k + 1 starts 10 s + batch k's duration after it: with a 15 s TTL, batch k + 1 sees batch k's elements
+and batch k + 2 no longer does, for batches shorter than 5 s."""
 DEFECTS = [
     ("SimpleStateful", "rows"),  # defect 1
     ("EventTimeMax", "pandas"),  # 2
@@ -116,7 +125,7 @@ def parity(spark: Any, tmp_path: Path, name: str, flavour: str) -> dict[int, lis
     for key, value in CONF.items():
         spark.conf.set(key, value)
     try:
-        expected = _Collect()
+        expected = _Collect(PAUSE_S.get(name, 0.0))
         grouped = stream().groupBy("id")
         tws = grouped.transformWithStateInPandas if use_pandas else grouped.transformWithState
         query = tws(factory(use_pandas), output, "Append", time_mode, initialState=initial)
@@ -127,7 +136,7 @@ def parity(spark: Any, tmp_path: Path, name: str, flavour: str) -> dict[int, lis
             .trigger(availableNow=True)
             .start()
         )
-        got = _Collect()
+        got = _Collect(PAUSE_S.get(name, 0.0))
         op = StatefulOperator(
             (tmp_path / "state").as_uri(),
             name.lower(),

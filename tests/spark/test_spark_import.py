@@ -44,13 +44,14 @@ def count_sum(key: tuple[Any, ...], pdfs: Iterator[pd.DataFrame], state: Any) ->
 
 
 def _tws_processor(ttl_ms: int | None = None) -> Any:
-    """`ttl_ms`: every variable with that TTL (the list rewritten whole: one expiry per list)."""
+    """`ttl_ms`: every variable with that TTL (a list appended to while it holds 10 values or fewer, so its
+    elements written in different batches expire apart)."""
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor as PySparkProcessor
 
     ttl = () if ttl_ms is None else (ttl_ms,)
 
     class Recent(PySparkProcessor):
-        """PySpark's own processor, run unchanged by both: a total, the last 3 values and counts by value % 3."""
+        """PySpark's own processor, run unchanged by both: a total, the last 10 values and counts by value % 3."""
 
         def init(self, handle: Any) -> None:
             self.total = handle.getValueState("total", "n long, s long", *ttl)
@@ -59,16 +60,20 @@ def _tws_processor(ttl_ms: int | None = None) -> Any:
 
         def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[pd.DataFrame]:
             n, s = self.total.get() or (0, 0)
-            recent = [r[0] for r in self.recent.get()]
+            before = [r[0] for r in self.recent.get()]
+            new: list[int] = []
             for pdf in rows:
                 for v in pdf["value"]:
                     n, s = n + 1, s + int(v)
-                    recent = [*recent, int(v)][-3:]
+                    new.append(int(v))
                     b = int(v) % 3
                     c = self.buckets.getValue((b,)) if self.buckets.containsKey((b,)) else (0,)
                     self.buckets.updateValue((b,), (c[0] + 1,))
             self.total.update((n, s))
-            self.recent.put([(v,) for v in recent])
+            if len(before) + len(new) <= 10:
+                self.recent.appendList([(v,) for v in new])
+            else:
+                self.recent.put([(v,) for v in [*before, *new][-10:]])
             yield pd.DataFrame({"user": [key[0]], "n": [n], "s": [s]})
 
         def close(self) -> None:

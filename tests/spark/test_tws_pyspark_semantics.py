@@ -303,3 +303,23 @@ def test_the_progress_counts_sparks_transform_with_state_metrics(flavour: str) -
     assert {n: custom[n] for n in TWS_METRICS} == {n: 0 for n in TWS_METRICS} | {
         n: 2 * c for n, c in expected.items()
     } | {"numRegisteredTimers": 4, "numDeletedTimers": 4, "numExpiredTimers": 2}
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_ttl_list_expires_element_by_element_like_pyspark(flavour: str) -> None:
+    """Spark keeps an expiry per ListState element: appended in different batches, they expire apart, and
+    numValuesRemovedDueToTTLExpiry counts elements."""
+    processor = p.ListStateTTL(flavour == "pandas", ttl_ms=2_500)
+    with _tester(processor, flavour) as t:
+        assert t.run(_rows(("a", 1, 0)), processing_time_ms=0) == [("a", "[1]", False)]
+        assert t.run(_rows(("a", 2, 0), ("a", 3, 0)), processing_time_ms=2_000) == [("a", "[1, 2, 3]", True)]
+        # 1 expired at 2.5 s; 2 and 3 (until 4.5 s) stay
+        assert t.run(_rows(("a", 4, 0)), processing_time_ms=3_000) == [("a", "[2, 3, 4]", True)]
+        assert t.last_metrics is not None and t.last_metrics.ttl_removed == 1
+        assert t.list_state("temps") == {("a",): [(2,), (3,), (4,)]}
+        # at 5 s only 4 (until 5.5 s) is live; at 6 s nothing is: the key's list is gone
+        assert t.run(_rows(("b", 9, 0)), processing_time_ms=5_000) == [("b", "[9]", False)]
+        assert t.list_state("temps") == {("a",): [(4,)], ("b",): [(9,)]}
+        assert t.last_metrics is not None and t.last_metrics.ttl_removed == 2
+        assert t.run(_rows(("a", 5, 0)), processing_time_ms=6_000) == [("a", "[5]", False)]
+        assert t.last_metrics is not None and t.last_metrics.ttl_removed == 1

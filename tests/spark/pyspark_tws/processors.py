@@ -347,3 +347,25 @@ class ListStateOps(_Flavour):
         now = dt.datetime.fromtimestamp(timerValues.getCurrentProcessingTimeInMs() / 1000)
         self.times.put([(now + dt.timedelta(minutes=1),)])
         yield self.emit(id=key[0], countAsString=str(count))
+
+
+class ListStateTTL(_Flavour):
+    """A TTL'd ListState appended to in every batch: each element expires on its own (Spark keeps an expiry
+    per element), so a batch sees the elements of the batches within the TTL only."""
+
+    OUTPUT = "id string, temperatures string, present boolean"
+
+    def __init__(self, use_pandas: bool, ttl_ms: int) -> None:
+        super().__init__(use_pandas)
+        self.ttl_ms = ttl_ms
+
+    def init(self, handle: Any) -> None:
+        self.temps = handle.getListState("temps", "temperature int", self.ttl_ms)
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        new = self.column(rows, "temperature")
+        present = self.temps.exists()
+        self.temps.appendValue((int(new[0]),))
+        if len(new) > 1:
+            self.temps.appendList([(int(t),) for t in new[1:]])
+        yield self.emit(id=key[0], temperatures=json.dumps([t[0] for t in self.temps.get()]), present=present)
