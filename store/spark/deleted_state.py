@@ -13,12 +13,12 @@ from statekeeper.store.errors import StoreStateError
 from statekeeper.store.spark.state_variables import _State
 
 try:
-    from pyspark.errors import PySparkRuntimeError as _PySparkRuntimeError
+    from pyspark.errors import PySparkRuntimeError
 except ImportError:  # pragma: no cover - an install without the [spark] extra
-    _PySparkRuntimeError = RuntimeError  # type: ignore[assignment,misc]
+    PySparkRuntimeError = RuntimeError  # type: ignore[assignment,misc]
 
 
-class StateVariableDeletedError(StoreStateError, _PySparkRuntimeError):
+class StateVariableDeletedError(StoreStateError, PySparkRuntimeError):
     """A state variable's handle was used after ``handle.deleteIfExists`` removed the variable.
 
     A ``PySparkRuntimeError`` too (where PySpark is installed), with PySpark's message, so a processor that
@@ -85,4 +85,4 @@ def retire(state: _State) -> None:
     state.__class__ = _deleted_class(type(state))
 
 
-__all__ = ["StateVariableDeletedError", "retire"]
+__all__ = ["PySparkRuntimeError", "StateVariableDeletedError", "retire"]

@@ -333,7 +333,9 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
     phases = data.phases
     try:
         t_proc = time.perf_counter()
-        processor.init(StatefulProcessorHandle(ctx, spec.time.mode))
+        state_handle = StatefulProcessorHandle(ctx, spec.time.mode)
+        processor.init(state_handle)
+        state_handle.initialized = True
         if isinstance(processor, BatchStatefulProcessor):
             calls = 0
             for chunk in data.chunks():

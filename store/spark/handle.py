@@ -11,12 +11,25 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.errors import StoreStateError
 from statekeeper.store.formats.typed_schema import to_schema
-from statekeeper.store.spark.deleted_state import retire
+from statekeeper.store.spark.deleted_state import PySparkRuntimeError, retire
 from statekeeper.store.spark.state import TIMERS_CF, StateContext, validate_state_name
 from statekeeper.store.spark.state_variables import ListState, MapState, ValueState, _State
 from statekeeper.store.spark.time_mode import TimeMode
+
+
+class HandleStateError(StoreStateError, PySparkRuntimeError):
+    """A handle call PySpark refuses, with its error class and message (a ``PySparkRuntimeError`` too, where
+    PySpark is installed): a state variable declared or deleted after ``init``, declared twice, or with a
+    TTL outside timeMode "ProcessingTime"."""
+
+
+_SPARK_MODE_NAMES = {
+    TimeMode.NONE: "NoTime",
+    TimeMode.EVENT_TIME: "EventTime",
+    TimeMode.PROCESSING_TIME: "ProcessingTime",
+}
 
 
 class StatefulProcessorHandle:
@@ -24,31 +37,52 @@ class StatefulProcessorHandle:
 
     Schemas are a ``StructType`` / ``DataType`` or a DDL string (``"count long, total long"``), as in
     PySpark; a struct schema's values are tuples, an atomic schema's are bare values. Without a
-    schema, the first value written fixes it (recorded in the checkpoint).
+    schema, the first value written fixes it (recorded in the checkpoint). As in PySpark, variables are
+    declared (and deleted) in ``init`` only, once each, and a TTL needs timeMode "ProcessingTime".
     """
 
     def __init__(self, ctx: StateContext, timeMode: TimeMode | str = TimeMode.PROCESSING_TIME) -> None:
         self._ctx = ctx
         self._time_mode = TimeMode.parse(timeMode)
+        self.initialized = False
+        """Set once the processor's ``init`` returned: declarations are refused from then on."""
+        self._declared: set[str] = set()
 
-    def _timers(self) -> StateContext:
+    def _check_init(self, operation: str, what: str) -> None:
+        if self.initialized:
+            raise HandleStateError(
+                f"{what}: [STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_HANDLE_STATE] Failed to perform "
+                f"stateful processor operation={operation} with invalid handle state=INITIALIZED. State variables "
+                "are declared and deleted in init()"
+            )
+
+    def _timers(self, operation: str = "list_timers", what: str = "Error listing timers") -> StateContext:
         if self._time_mode is TimeMode.NONE:
-            raise ConfigurationError(
-                'timers need timeMode "ProcessingTime" or "EventTime"; this operator runs with timeMode "None"'
+            raise HandleStateError(
+                f"{what}: [STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_TIME_MODE] Failed to perform "
+                f"stateful processor operation={operation} with invalid timeMode=NoTime (timers need timeMode "
+                '"ProcessingTime" or "EventTime")'
             )
         return self._ctx
 
     def _get(
         self, cls: type[_State], name: str, ttl: int | None, schema: Any = None, user_key_schema: Any = None
     ) -> Any:
+        what = f"Error initializing {cls.kind} state"
+        self._check_init(f"get_{cls.kind}_state", what)
         validate_state_name(name)
+        if name in self._declared:
+            raise HandleStateError(
+                f"{what}: [STATEFUL_PROCESSOR_DUPLICATE_STATE_VARIABLE_DEFINED] State variable with name {name} has "
+                "already been defined in the StatefulProcessor."
+            )
+        if ttl is not None and self._time_mode is not TimeMode.PROCESSING_TIME:
+            raise HandleStateError(
+                f"{what}: [STATEFUL_PROCESSOR_INCORRECT_TIME_MODE_TO_ASSIGN_TTL] Cannot use TTL for state={name} in "
+                f"timeMode={_SPARK_MODE_NAMES[self._time_mode]}, use TimeMode.ProcessingTime() instead."
+            )
         kind = cls.kind.capitalize()  # per declaration, as Spark's handle counts: with a TTL or without
         self._ctx.count(f"num{kind}StateWithTTLVars" if ttl else f"num{kind}StateVars")
-        existing = self._ctx.states.get(name)
-        if existing is not None:
-            if type(existing) is not cls:
-                raise ConfigurationError(f"state variable {name!r} is already declared as a {existing.kind}")
-            return existing
         what = f"the schema of state variable {name!r}"
         value_schema = to_schema(schema, what)
         key_schema = to_schema(user_key_schema, f"the map key schema of state variable {name!r}")
@@ -58,6 +92,7 @@ class StatefulProcessorHandle:
             else MapState(self._ctx, name, ttl, value_schema, key_schema)
         )
         self._ctx.states[name] = state
+        self._declared.add(name)
         return state
 
     def getValueState(self, stateName: str, schema: Any = None, ttlDurationMs: int | None = None) -> ValueState:
@@ -76,11 +111,11 @@ class StatefulProcessorHandle:
     def registerTimer(self, expiryTimestampMs: int) -> None:
         """A timer for the current key: in ProcessingTime it fires in the first batch whose processing
         time is at or after it, in EventTime in the first batch whose watermark is at or after it."""
-        self._timers().register_timer(expiryTimestampMs)
+        self._timers("register_timer", "Error register timer").register_timer(expiryTimestampMs)
         self._ctx.count("numRegisteredTimers")  # per call, as Spark's handle counts
 
     def deleteTimer(self, expiryTimestampMs: int) -> None:
-        self._timers().delete_timer(expiryTimestampMs)
+        self._timers("delete_timer", "Error deleting timer").delete_timer(expiryTimestampMs)
         self._ctx.count("numDeletedTimers")  # per call, as Spark's handle counts
 
     def listTimers(self) -> Iterator[int]:
@@ -99,7 +134,9 @@ class StatefulProcessorHandle:
 
         A handle of it declared before raises ``StateVariableDeletedError`` (a ``PySparkRuntimeError``)
         on any use, as in PySpark; declaring it again gives a new, empty variable."""
+        self._check_init("delete_if_exists", "Error deleting state")
         validate_state_name(stateName)
+        self._declared.discard(stateName)
         declared = self._ctx.states.pop(stateName, None)
         if isinstance(declared, _State):  # every declared variable is one
             retire(declared)
@@ -117,4 +154,4 @@ class StatefulProcessorHandle:
         self._ctx.undeclare(stateName)
 
 
-__all__ = ["StatefulProcessorHandle"]
+__all__ = ["HandleStateError", "StatefulProcessorHandle"]

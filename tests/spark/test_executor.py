@@ -18,7 +18,7 @@ from statekeeper.store.formats.typed_schema import SchemaEvolutionError
 from statekeeper.store.spark import executor
 from statekeeper.store.spark.api import StatefulProcessor, TimerValues
 from statekeeper.store.spark.executor import MARKER_COL, META_COL, PID_COL, TaskSpec, run_task
-from statekeeper.store.spark.handle import StatefulProcessorHandle
+from statekeeper.store.spark.handle import HandleStateError, StatefulProcessorHandle
 from statekeeper.store.spark.state import StateContext
 from statekeeper.store.spark.state_view import StateView
 from statekeeper.store.spark.worker_cache import _Cache
@@ -246,7 +246,8 @@ def test_state_names_and_kinds_are_checked(tmp_path: Path) -> None:
     h = StatefulProcessorHandle(ctx)
     with pytest.raises(ConfigurationError, match="invalid state variable name"):
         h.getValueState("__x")
-    with pytest.raises(ConfigurationError, match="already declared"):
+    h.getValueState("v")
+    with pytest.raises(HandleStateError, match="STATEFUL_PROCESSOR_DUPLICATE_STATE_VARIABLE_DEFINED"):
         h.getListState("v")
     ctx.set_key(("k",))
     p.lst.put([1])

@@ -67,12 +67,12 @@ class _Deleter(p.SimpleStateful):
             with pytest.raises(StateVariableDeletedError, match=r"was deleted by handle\.deleteIfExists") as e:
                 call()
             assert isinstance(e.value, StatekeeperError)
-        self.handle.getValueState("tempState", "value int").update((7,))  # declared again: a new variable
+        self.again.update((7,))
         yield from super().handleInputRows(key, rows, timerValues)
 
     def init(self, handle: Any) -> None:
-        self.handle = handle
-        super().init(handle)
+        super().init(handle)  # declares tempState, then deletes it
+        self.again = handle.getValueState("tempState", "value int")  # declared again: a new variable
 
 
 def test_every_method_of_a_deleted_handle_raises_and_redeclaring_gives_a_fresh_variable() -> None:
@@ -323,3 +323,43 @@ def test_a_ttl_list_expires_element_by_element_like_pyspark(flavour: str) -> Non
         assert t.last_metrics is not None and t.last_metrics.ttl_removed == 2
         assert t.run(_rows(("a", 5, 0)), processing_time_ms=6_000) == [("a", "[5]", False)]
         assert t.last_metrics is not None and t.last_metrics.ttl_removed == 1
+
+
+def test_declarations_follow_pysparks_handle_rules() -> None:
+    """As PySpark's handle: variables are declared (and deleted) in init only and once each, a TTL needs
+    ProcessingTime, timers need a time mode -- each refused with Spark's error class, a PySparkRuntimeError."""
+    from pyspark.errors import PySparkRuntimeError
+
+    from statekeeper.store.spark import StatefulProcessor
+
+    def refused(mode: str, in_init: Any = None, in_rows: Any = None) -> str:
+        class Declaring(StatefulProcessor):
+            def init(self, handle: Any) -> None:
+                self.handle = handle
+                if in_init:
+                    in_init(handle)
+
+            def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
+                if in_rows:
+                    in_rows(self.handle)
+                yield (key[0],)
+
+        with pytest.raises(PySparkRuntimeError) as e, TwsTester(Declaring(), "id", "id string", time_mode=mode) as t:
+            t.run([{"id": "a"}])
+        assert isinstance(e.value, StatekeeperError)
+        return str(e.value)
+
+    assert "[STATEFUL_PROCESSOR_INCORRECT_TIME_MODE_TO_ASSIGN_TTL] Cannot use TTL for state=v in timeMode=NoTime" in (
+        refused("None", lambda h: h.getValueState("v", "x int", 1000))
+    )
+    assert "timeMode=EventTime, use TimeMode.ProcessingTime() instead" in refused(
+        "EventTime", lambda h: h.getListState("v", "x int", 1000)
+    )
+    assert "[STATEFUL_PROCESSOR_DUPLICATE_STATE_VARIABLE_DEFINED] State variable with name v" in refused(
+        "None", lambda h: (h.getValueState("v", "x int"), h.getMapState("v", "k int", "x int"))
+    )
+    for late in (lambda h: h.getValueState("late", "x int"), lambda h: h.deleteIfExists("v")):
+        assert "[STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_HANDLE_STATE]" in refused("None", None, late)
+    assert "Error register timer: [STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_TIME_MODE]" in refused(
+        "None", None, lambda h: h.registerTimer(5)
+    )

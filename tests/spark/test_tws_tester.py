@@ -17,6 +17,7 @@ from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.spark import StatefulProcessor, StatefulProcessorHandle, TimerValues
 from statekeeper.store.spark.api import ExpiredTimerInfo
 from statekeeper.store.spark.event_time import next_watermark, parse_delay_ms
+from statekeeper.store.spark.handle import HandleStateError
 from statekeeper.store.spark.testing import TwsTester
 from statekeeper.store.spark.time_mode import TimeMode
 from tests.spark.tws_processors import OUTPUT, Sessions, pyspark_sessions
@@ -100,7 +101,7 @@ def test_processing_time_timers_follow_the_batch_time() -> None:
 
 
 def test_time_mode_none_has_no_timers_and_no_times() -> None:
-    with TwsTester(_TimerEcho(), "k", ECHO, time_mode="None") as t, pytest.raises(ConfigurationError, match="None"):
+    with TwsTester(_TimerEcho(), "k", ECHO, time_mode="None") as t, pytest.raises(HandleStateError, match="NoTime"):
         t.run([{"k": "a", "at": 1}], processing_time_ms=1000)
 
 
