@@ -10,12 +10,8 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from statekeeper.store.errors import StoreStateError
+from statekeeper.store.spark.spark_errors import PySparkRuntimeError
 from statekeeper.store.spark.state_variables import _State
-
-try:
-    from pyspark.errors import PySparkRuntimeError
-except ImportError:  # pragma: no cover - an install without the [spark] extra
-    PySparkRuntimeError = RuntimeError  # type: ignore[assignment,misc]
 
 
 class StateVariableDeletedError(StoreStateError, PySparkRuntimeError):
@@ -85,4 +81,4 @@ def retire(state: _State) -> None:
     state.__class__ = _deleted_class(type(state))
 
 
-__all__ = ["PySparkRuntimeError", "StateVariableDeletedError", "retire"]
+__all__ = ["StateVariableDeletedError", "retire"]

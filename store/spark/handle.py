@@ -11,19 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from statekeeper.store.errors import StoreStateError
 from statekeeper.store.formats.typed_schema import to_schema
-from statekeeper.store.spark.deleted_state import PySparkRuntimeError, retire
+from statekeeper.store.spark.deleted_state import retire
+from statekeeper.store.spark.spark_errors import HandleStateError
 from statekeeper.store.spark.state import TIMERS_CF, StateContext, validate_state_name
 from statekeeper.store.spark.state_variables import ListState, MapState, ValueState, _State
 from statekeeper.store.spark.time_mode import TimeMode
-
-
-class HandleStateError(StoreStateError, PySparkRuntimeError):
-    """A handle call PySpark refuses, with its error class and message (a ``PySparkRuntimeError`` too, where
-    PySpark is installed): a state variable declared or deleted after ``init``, declared twice, or with a
-    TTL outside timeMode "ProcessingTime"."""
-
 
 _SPARK_MODE_NAMES = {
     TimeMode.NONE: "NoTime",

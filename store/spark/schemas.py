@@ -250,10 +250,6 @@ class ValueFormat:
             return self._plain_head + enc(value)
         return bytes((TAG_TTL,)) + _U64.pack(max(0, expiry_ms)) + varint(self.schema_id) + enc(value)
 
-    def encode_empty_list(self, expiry_ms: int | None) -> bytes:
-        head = bytes((TAG_PLAIN,)) if expiry_ms is None else bytes((TAG_TTL,)) + _U64.pack(max(0, expiry_ms))
-        return head + varint(0 if self._encode is None else self.schema_id) + b"\x00\x00\x00\x00"
-
     def encode_runs(self, values: list[Any], runs: Runs) -> bytes:
         """A TTL'd list whose runs of elements have their own expiries (`runs` covers `values`, no None)."""
         if len(runs) == 1:

@@ -15,6 +15,7 @@ from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.formats.typed_keys import KeyCodec
 from statekeeper.store.formats.typed_schema import DataType, infer
 from statekeeper.store.spark.schemas import MISSING, ValueFormat, expiry_of, merge_runs, runs_earliest
+from statekeeper.store.spark.spark_errors import StateValueError
 from statekeeper.store.spark.state import StateContext
 
 _MISSING: Any = MISSING
@@ -82,6 +83,12 @@ class _State:
         if not existed:
             ctx.rows_delta += 1
 
+    def _refuse(self, what: str, spark_class: str, message: str) -> StateValueError:
+        return StateValueError(
+            f"{what}: [ILLEGAL_STATE_STORE_VALUE.{spark_class}] Illegal value provided to the State Store {message} "
+            f"to State Store for StateName {self.name}."
+        )
+
     def _remove(self, storage_key: bytes) -> bool:
         if self._cf.get(storage_key) is None:
             return False
@@ -123,6 +130,8 @@ class ValueState(_State):
         return None if v is _MISSING else v
 
     def update(self, newValue: Any) -> None:
+        if newValue is None:
+            raise self._refuse("Error updating value state", "NULL_VALUE", "Cannot write null values")
         ctx = self._ctx
         gk = ctx.gk or ctx.require_gk()
         existed = self._seen_row if gk is self._seen_gk else self._cf.get(gk) is not None
@@ -212,11 +221,10 @@ class ListState(_State):
         return gk, raw, self._live(raw)
 
     def _value_bytes(self, value: Any, expiry: int | None) -> bytes:
-        if not self._record.schema_id:
+        if not self._record.schema_id:  # the first element fixes the schema (no null, no empty list is written)
             first = next((v for v in value if v is not None), None)
-            if first is None:
-                return self._fmt.encode_empty_list(expiry)
-            self._infer(first)
+            if first is not None:
+                self._infer(first)
         return self._encode(value, expiry)
 
     def exists(self) -> bool:
@@ -227,14 +235,24 @@ class ListState(_State):
         return iter(() if v is _MISSING else v)
 
     def put(self, newState: Sequence[Any]) -> None:
+        values = self._checked(newState, "Error updating list state")
         gk, raw, _ = self._current()
-        self._write(gk, list(newState), raw is not None)
+        self._write(gk, values, raw is not None)
 
     def appendValue(self, newState: Any) -> None:
-        self._append([newState])
+        self._append(self._checked([newState], "Error appending value to list state"))
 
     def appendList(self, newState: Sequence[Any]) -> None:
-        self._append(list(newState))
+        self._append(self._checked(newState, "Error appending list to list state"))
+
+    def _checked(self, values: Sequence[Any], what: str) -> list[Any]:
+        """As PySpark: no empty list and no null element is stored."""
+        if values is None or len(values) == 0:
+            raise self._refuse(what, "EMPTY_LIST_VALUE", "Cannot write empty list values")
+        out = list(values)
+        if any(v is None for v in out):
+            raise self._refuse(what, "NULL_VALUE", "Cannot write null values")
+        return out
 
     def _append(self, new: list[Any]) -> None:
         gk = self._ctx.require_gk()
@@ -288,6 +306,8 @@ class MapState(_State):
         return self._uk
 
     def _skey(self, userKey: Any) -> bytes:
+        if userKey is None:
+            raise self._refuse("Error using map state key", "NULL_VALUE", "Cannot write null values (the map key)")
         key = (userKey,) if self._one_field_key and not isinstance(userKey, tuple | list) else userKey
         return self._ctx.require_gk() + (self._uk or self._uk_codec(key)).encode(key)
 
@@ -316,6 +336,8 @@ class MapState(_State):
         return self._uk is not None and self._live(self._cf.get(self._skey(key))) is not _MISSING
 
     def updateValue(self, key: Any, value: Any) -> None:
+        if value is None:
+            raise self._refuse("Error updating map state value", "NULL_VALUE", "Cannot write null values")
         sk = self._skey(key)
         self._write(sk, value, self._cf.get(sk) is not None)
 

@@ -363,3 +363,38 @@ def test_declarations_follow_pysparks_handle_rules() -> None:
     assert "Error register timer: [STATEFUL_PROCESSOR_CANNOT_PERFORM_OPERATION_WITH_INVALID_TIME_MODE]" in refused(
         "None", None, lambda h: h.registerTimer(5)
     )
+
+
+def test_values_pyspark_does_not_store_are_refused_like_pyspark() -> None:
+    """An empty list, a null value, list element or map key: refused with Spark's ILLEGAL_STATE_STORE_VALUE
+    class, a PySparkRuntimeError naming the variable (PySpark 4.3 refuses each)."""
+    from pyspark.errors import PySparkRuntimeError
+
+    from statekeeper.store.spark import StatefulProcessor
+
+    calls = {
+        "EMPTY_LIST_VALUE": [lambda s: s.lst.put([]), lambda s: s.lst.appendList([])],
+        "NULL_VALUE": [
+            lambda s: s.lst.put([(1,), None]),
+            lambda s: s.lst.appendValue(None),
+            lambda s: s.value.update(None),
+            lambda s: s.map.updateValue((1,), None),
+            lambda s: s.map.updateValue(None, (1,)),
+        ],
+    }
+    for spark_class, writes in calls.items():
+        for write in writes:
+
+            class Writing(StatefulProcessor):
+                def init(self, handle: Any) -> None:
+                    self.value = handle.getValueState("value", "x int")
+                    self.lst = handle.getListState("lst", "x int")
+                    self.map = handle.getMapState("map", "k int", "x int")
+
+                def handleInputRows(self, key: Any, rows: Any, timerValues: Any, write: Any = write) -> Any:
+                    write(self)
+                    yield (key[0],)
+
+            refused = pytest.raises(PySparkRuntimeError, match=rf"\[ILLEGAL_STATE_STORE_VALUE\.{spark_class}\]")
+            with refused, TwsTester(Writing(), "id", "id string") as t:
+                t.run([{"id": "a"}])

@@ -265,7 +265,6 @@ def test_schema_inferred_from_first_value_is_recorded(tmp_path: Path) -> None:
     v, lst, m = h.getValueState("v"), h.getListState("l"), h.getMapState("m")
     ctx.set_key(("k", 1))
     v.update((1, "x"))
-    lst.put([])
     lst.appendValue(2.5)
     m.updateValue(("u", 7), dt.date(2024, 1, 2))
     with pytest.raises(SchemaError, match=r"state variable 'v': field '_1' \(long\) cannot hold 'no'"):

@@ -11,6 +11,7 @@ import shutil
 import tempfile
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -18,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from statekeeper.store import CommitLog, StateStore, StoreConfig
 from statekeeper.store.formats.typed_schema import parse_ddl
 from statekeeper.store.spark.handle import StatefulProcessorHandle
+from statekeeper.store.spark.spark_errors import StateValueError
 from statekeeper.store.spark.state import StateContext
 from statekeeper.store.spark.state_view import StateView
 from tests.model_steps import CountedSteps, scaled
@@ -78,6 +80,10 @@ class TypedStateMachine(CountedSteps, RuleBasedStateMachine):
     @rule(key=user_keys, items=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=3))
     def append_list(self, key: tuple[str, int], items: list[int]) -> None:
         self.ctx.set_key(key)
+        if not items:  # as PySpark: an empty list is not stored, and the list stays as it was
+            with pytest.raises(StateValueError, match="EMPTY_LIST_VALUE"):
+                self.list.appendList([])
+            return
         self.list.appendList([(x,) for x in items])
         self.lists[key] = self.lists.get(key, []) + items
 
