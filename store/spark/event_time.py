@@ -104,9 +104,11 @@ class TaskTime:
     """Rows at or before it are late (the previous batch's watermark); -1: nothing is late."""
 
     def timer_values(self, processing_ms: int) -> TimerValues:
+        """As Spark's: (-1, -1) in time mode None; a query without event time has watermark 0 (Spark's
+        initial one) in the other modes."""
         if self.mode is TimeMode.NONE:
             return TimerValues(-1, -1)
-        return TimerValues(processing_ms, self.watermark_ms)
+        return TimerValues(processing_ms, max(self.watermark_ms, INITIAL_WATERMARK_MS))
 
     def timer_deadline_ms(self, processing_ms: int) -> int:
         """Timers at or before this fire in the batch (-1: none, in time mode None)."""

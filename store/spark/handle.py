@@ -14,6 +14,7 @@ from typing import Any
 from statekeeper.store.formats.typed_schema import to_schema
 from statekeeper.store.spark.deleted_state import retire
 from statekeeper.store.spark.spark_errors import HandleStateError
+from statekeeper.store.spark.spark_order import long_order
 from statekeeper.store.spark.state import TIMERS_CF, StateContext, validate_state_name
 from statekeeper.store.spark.state_variables import ListState, MapState, ValueState, _State
 from statekeeper.store.spark.time_mode import TimeMode
@@ -112,7 +113,9 @@ class StatefulProcessorHandle:
         self._ctx.count("numDeletedTimers")  # per call, as Spark's handle counts
 
     def listTimers(self) -> Iterator[int]:
-        return iter(list(self._timers().list_timers()))
+        """The current key's timers in Spark's order: its state store lists them by the little-endian bytes of
+        each expiry (an UnsafeRow's long), so 10**15 comes before 5."""
+        return iter(sorted(self._timers().list_timers(), key=long_order))
 
     def has_any_timer(self) -> bool:
         """Whether any key of this partition holds a timer (one seek; statekeeper's, not PySpark's): lets a

@@ -8,7 +8,7 @@ an optional TTL indexed by the context. The encodings are listed in store/spark/
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from statekeeper.store.errors import ConfigurationError
@@ -16,9 +16,14 @@ from statekeeper.store.formats.typed_keys import KeyCodec
 from statekeeper.store.formats.typed_schema import DataType, infer
 from statekeeper.store.spark.schemas import MISSING, ValueFormat, expiry_of, merge_runs, runs_earliest
 from statekeeper.store.spark.spark_errors import StateValueError
+from statekeeper.store.spark.spark_order import unsafe_row_order
 from statekeeper.store.spark.state import StateContext
 
 _MISSING: Any = MISSING
+
+
+def _OWN_ORDER(key: Any) -> bytes:  # a sentinel: keys whose Spark order is not emulated keep ours
+    return b""
 
 
 class _State:
@@ -288,6 +293,7 @@ class MapState(_State):
 
     _uk: KeyCodec | None = None
     _one_field_key = False
+    _order: Callable[[Any], bytes] | None = None
 
     def _use_record(self) -> None:
         super()._use_record()
@@ -342,13 +348,24 @@ class MapState(_State):
         self._write(sk, value, self._cf.get(sk) is not None)
 
     def iterator(self) -> Iterator[tuple[Any, Any]]:
-        return ((self._user_key(uk), v) for uk, v in list(self._entries()))
+        return iter(self._items())
 
     def keys(self) -> Iterator[Any]:
-        return (self._user_key(uk) for uk, _ in list(self._entries()))
+        return (k for k, _ in self._items())
 
     def values(self) -> Iterator[Any]:
-        return (v for _, v in list(self._entries()))
+        return (v for _, v in self._items())
+
+    def _items(self) -> list[tuple[Any, Any]]:
+        """The current key's live entries in the order PySpark iterates them (store/spark/spark_order.py)."""
+        items = [(self._user_key(uk), v) for uk, v in self._entries()]
+        if len(items) > 1 and self._record.user_key_schema is not None:
+            if self._order is None:
+                self._order = unsafe_row_order(self._record.user_key_schema) or _OWN_ORDER
+            order = self._order
+            if order is not _OWN_ORDER:
+                items.sort(key=lambda item: order(item[0]))
+        return items
 
     def removeKey(self, key: Any) -> None:
         if self._uk is not None:

@@ -88,6 +88,7 @@ CASES: dict[str, tuple[Callable[[bool], Any], str, bool, bool]] = {
     "CompositeOutput": (p.CompositeOutput, "None", False, False),
     "MapStateOps": (p.MapStateOps, "None", False, False),
     "ListStateOps": (p.ListStateOps, "ProcessingTime", False, False),
+    "IterationOrders": (p.IterationOrders, "ProcessingTime", False, False),
     "ListStateTTL": (lambda pandas: p.ListStateTTL(pandas, ttl_ms=15_000), "ProcessingTime", False, False),
 }
 PAUSE_S = {"ListStateTTL": 10.0}

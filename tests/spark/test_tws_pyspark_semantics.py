@@ -398,3 +398,16 @@ def test_values_pyspark_does_not_store_are_refused_like_pyspark() -> None:
             refused = pytest.raises(PySparkRuntimeError, match=rf"\[ILLEGAL_STATE_STORE_VALUE\.{spark_class}\]")
             with refused, TwsTester(Writing(), "id", "id string") as t:
                 t.run([{"id": "a"}])
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_iteration_orders_and_the_watermark_are_sparks(flavour: str) -> None:
+    """What PySpark 4.3's operator gives for IterationOrders (the slow parity matrix runs it beside PySpark):
+    map keys and timers in the byte order of Spark's stored rows, watermark 0 in ProcessingTime without event
+    time, the past timer fired in the same batch."""
+    with _tester(p.IterationOrders(flavour == "pandas"), flavour) as t:
+        out = t.run(_rows(("0", 7, 0), ("0", 300, 1)), processing_time_ms=1_000)
+    assert sorted(out) == [
+        ("0", "[0, 65536, 256, -256, 1, 7, 300, -1]", "[2, 4, 0, 1, 3]", "[1000000000000000, 5, 1099511627783]", 0),
+        ("0-expired", "", "", "", -2),
+    ]

@@ -124,7 +124,9 @@ class TypedStateMachine(CountedSteps, RuleBasedStateMachine):
         for key, entries in self.maps.items():
             self.ctx.set_key(key)
             got = list(self.map.iterator())
-            assert got == [((k,), (entries[k],)) for k in sorted(entries)]  # typed key order
+            # as PySpark iterates: by the little-endian bytes of each key's row
+            spark_order = sorted(entries, key=lambda k: k.to_bytes(8, "little", signed=True))
+            assert got == [((k,), (entries[k],)) for k in spark_order]
         view = StateView(self.store)
         assert {k: v for k, _, v, _ in view.rows("v")} == {k: self._row(f) for k, f in self.values.items()}
         assert sum(1 for _ in view.rows("m")) == sum(len(e) for e in self.maps.values())

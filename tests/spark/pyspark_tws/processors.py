@@ -8,6 +8,7 @@ transformWithStateInPandas). Every batch's input is ``id string, temperature int
 
 from __future__ import annotations
 
+import decimal
 import json
 import sys
 from collections.abc import Iterator
@@ -369,3 +370,45 @@ class ListStateTTL(_Flavour):
         if len(new) > 1:
             self.temps.appendList([(int(t),) for t in new[1:]])
         yield self.emit(id=key[0], temperatures=json.dumps([t[0] for t in self.temps.get()]), present=present)
+
+
+class IterationOrders(_Flavour):
+    """What a processor sees in Spark's own order: a MapState's keys (Spark iterates them by the UnsafeRow
+    bytes of each key: little-endian numbers, shorter rows first, nulls by their bit), a key's timers (by the
+    little-endian bytes of each expiry) and the watermark in ProcessingTime without event time (0)."""
+
+    OUTPUT = "id string, ints string, composite string, timers string, watermark long"
+    COMPOSITE = [
+        (1, "b", 2.5, True, decimal.Decimal("12345678901234567.25")),
+        (1, "aa", -0.5, False, decimal.Decimal("-1.00")),
+        (-3, "", 0.0, None, decimal.Decimal("0.01")),
+        (None, "z", 1e300, True, None),
+        (256, "bb", -1e-300, False, decimal.Decimal("99999999999999999999.99")),
+    ]
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        self.ints = handle.getMapState("ints", "k int", "i int")
+        self.composite = handle.getMapState(
+            "composite", "a int, s string, d double, b boolean, x decimal(22,2)", "i int"
+        )
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        temperatures = self.column(rows, "temperature")
+        for i, t in enumerate([*temperatures, 1, 256, -1, 65536, -256, 0]):
+            self.ints.updateValue((int(t),), (i,))
+        for i, k in enumerate(self.COMPOSITE):
+            self.composite.updateValue(k, (i,))
+        for t in (5, 10**15, 2**40 + 7):
+            self.handle.registerTimer(t)
+        yield self.emit(
+            id=key[0],
+            ints=json.dumps([k[0] for k in self.ints.keys()]),  # noqa: SIM118 - a MapState
+            composite=json.dumps([v[0] for v in self.composite.values()]),
+            timers=json.dumps(list(self.handle.listTimers())),
+            watermark=timerValues.getCurrentWatermarkInMs(),
+        )
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:
+        if expiredTimerInfo.getExpiryTimeInMs() == 5:
+            yield self.emit(id=f"{key[0]}-expired", ints="", composite="", timers="", watermark=-2)
