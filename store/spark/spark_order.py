@@ -82,7 +82,8 @@ def unsafe_row_order(schema: DataType) -> Callable[[Any], bytes] | None:
                 if dec[0] <= 18:
                     struct.pack_into("<q", out, slot, unscaled)
                     continue
-                data = unscaled.to_bytes(unscaled.bit_length() // 8 + 1, "big", signed=True)
+                size = (unscaled if unscaled >= 0 else ~unscaled).bit_length() // 8 + 1  # Java's toByteArray
+                data = unscaled.to_bytes(size, "big", signed=True)
                 struct.pack_into("<q", out, slot, ((head + len(var)) << 32) | len(data))
                 var += data + bytes(16 - len(data))  # Spark reserves 16 bytes for a wide decimal
                 continue

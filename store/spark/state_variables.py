@@ -252,9 +252,9 @@ class ListState(_State):
 
     def _checked(self, values: Sequence[Any], what: str) -> list[Any]:
         """As PySpark: no empty list and no null element is stored."""
-        if values is None or len(values) == 0:
+        out = [] if values is None else list(values)
+        if not out:
             raise self._refuse(what, "EMPTY_LIST_VALUE", "Cannot write empty list values")
-        out = list(values)
         if any(v is None for v in out):
             raise self._refuse(what, "NULL_VALUE", "Cannot write null values")
         return out
