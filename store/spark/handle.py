@@ -19,11 +19,7 @@ from statekeeper.store.spark.state import TIMERS_CF, StateContext, validate_stat
 from statekeeper.store.spark.state_variables import ListState, MapState, ValueState, _State
 from statekeeper.store.spark.time_mode import TimeMode
 
-_SPARK_MODE_NAMES = {
-    TimeMode.NONE: "NoTime",
-    TimeMode.EVENT_TIME: "EventTime",
-    TimeMode.PROCESSING_TIME: "ProcessingTime",
-}
+_SPARK_MODE_NAMES = {TimeMode.NONE: "NoTime", TimeMode.EVENT_TIME: "EventTime"}
 
 
 class StatefulProcessorHandle:

@@ -51,6 +51,9 @@ _EXPIRY_TAGS = (TAG_TTL, TAG_RUNS)
 _LEN = struct.Struct("<I")
 MISSING: Any = object()
 
+NEVER = 2**64
+"""The earliest expiry of runs none of which expires (beyond any u64 expiry)."""
+
 Runs = list[tuple[int | None, int]]
 """A list's elements in order as (expiry ms or None, how many): consecutive elements sharing an expiry."""
 
@@ -341,7 +344,7 @@ def expiry_of(raw: bytes) -> int | None:
 
 def runs_earliest(runs: Runs) -> int:
     """The earliest expiry of runs with at least one (an expiry-less run never expires)."""
-    return min((int(e) for e, _ in runs if e is not None), default=2**64)
+    return min((int(e) for e, _ in runs if e is not None), default=NEVER)
 
 
 def read_runs(raw: bytes) -> tuple[Runs, int]:
@@ -454,6 +457,7 @@ __all__ = [
     "MAX_KEY_GROUPS",
     "META_CF",
     "MISSING",
+    "NEVER",
     "TAG_PLAIN",
     "TAG_RUNS",
     "TAG_TTL",

@@ -48,7 +48,7 @@ from statekeeper.store.spark.event_time import NEXT_WATERMARK_FIELD
 from statekeeper.store.spark.executor import META_COL, TaskSpec, run_task
 from statekeeper.store.spark.metrics import PartitionMetrics
 from statekeeper.store.spark.routing import owner_column, routable, stored_key_column
-from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS, Runs, merge_runs, runs_earliest
+from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS, NEVER, Runs, merge_runs, runs_earliest
 from statekeeper.store.spark.spark_checkpoint import (
     TIMER_COL,
     TTL_FIELD,
@@ -224,7 +224,7 @@ def _put_expiring(state: Any, storage_key: bytes, value: Any, runs: Runs) -> Non
     else:
         state._value_bytes(value[:1], None)  # records the schema of a variable declared without one
         state._cf.put(storage_key, state._fmt.encode_runs(value, runs))
-    if runs_earliest(runs) < 2**64:
+    if runs_earliest(runs) != NEVER:
         ctx.index_ttl(state._name_b, storage_key, runs_earliest(runs))
     ctx.rows_updated += 1
     ctx.rows_delta += 1

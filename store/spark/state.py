@@ -312,6 +312,7 @@ class StateContext:
         kept: list[tuple[str, bytes, bytes, int]] = []
         removed = 0
         known = set(self.store.column_families())
+        kinds: dict[str, str | None] = {}
         for k, _ in ttl.items(end=end):
             stale.append(k)
             expiry, name, storage_key = ttl_entry(k)
@@ -328,7 +329,9 @@ class StateContext:
                     kept.append((name, storage_key, rest, earliest))
                     continue
             else:
-                self.ttl_removed += list_length(raw) if self._kind(name) == "list" else 1
+                if name not in kinds:
+                    kinds[name] = self._kind(name)
+                self.ttl_removed += list_length(raw) if kinds[name] == "list" else 1
             cf.delete(storage_key)
             removed += 1
         if stale:
