@@ -37,7 +37,7 @@ from statekeeper.store.formats.typed_scalars import (
     to_micros,
     unscaled,
 )
-from statekeeper.store.formats.typed_schema import DataType, RowFactory, SchemaError
+from statekeeper.store.formats.typed_schema import DataType, RowFactory, SchemaError, ValueTypeError
 
 _LEN = struct.Struct("<I")
 
@@ -242,7 +242,7 @@ class ValueCodec:
             row = tuple(row.get(n) for n in self.names)
         if not isinstance(row, tuple | list) or len(row) != self.n:
             shape = self.schema.simple_string()
-            raise SchemaError(f"{self.what}: value {row!r} does not match the schema {shape} ({self.n} fields)")
+            raise ValueTypeError(f"{self.what}: value {row!r} does not match the schema {shape} ({self.n} fields)")
         nulls = 0
         slots: list[Any] = []
         var: list[bytes] = []
@@ -313,7 +313,7 @@ class ListCodec:
 
     def encode(self, values: Sequence[Any]) -> bytes:
         if not isinstance(values, list | tuple) and not _is_ndarray(values):
-            raise SchemaError(f"{self.element.what}: expected a list, got {type(values).__name__}")
+            raise ValueTypeError(f"{self.element.what}: expected a list, got {type(values).__name__}")
         enc = self._enc
         parts = [_LEN.pack(len(values))]
         for v in values:
@@ -368,7 +368,7 @@ class MapCodec:
         elif isinstance(value, list | tuple):
             items = value
         else:
-            raise SchemaError(f"{self.what}: field {self.path!r} expects a map (dict), got {type(value).__name__}")
+            raise ValueTypeError(f"{self.what}: field {self.path!r} expects a map (dict), got {type(value).__name__}")
         parts = [_LEN.pack(len(items))]
         enc_key, enc_value = self._enc_key, self._enc_value
         for k, v in items:

@@ -14,7 +14,7 @@ import operator
 from typing import Any
 
 from statekeeper.store.errors import StatekeeperError
-from statekeeper.store.formats.typed_schema import DataType, SchemaError
+from statekeeper.store.formats.typed_schema import DataType, ValueTypeError
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 EPOCH_NAIVE = dt.datetime(1970, 1, 1)
@@ -88,8 +88,8 @@ def as_blob(v: Any) -> bytes:
     return bytes(v)
 
 
-def field_error(what: str, path: str, typ: DataType, v: Any, e: Exception) -> SchemaError:
-    return SchemaError(f"{what}: field {path!r} ({typ.simple_string()}) cannot hold {v!r}: {e}")
+def field_error(what: str, path: str, typ: DataType, v: Any, e: Exception) -> ValueTypeError:
+    return ValueTypeError(f"{what}: field {path!r} ({typ.simple_string()}) cannot hold {v!r}: {e}")
 
 
 __all__ = [

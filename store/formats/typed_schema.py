@@ -69,6 +69,11 @@ class SchemaError(ConfigurationError):
     """A schema cannot be parsed, inferred, or does not hold a value; the message names the field."""
 
 
+class ValueTypeError(SchemaError, TypeError):
+    """A value that its schema cannot hold (wrong shape, a field of the wrong type); a ``TypeError`` too, as
+    PySpark's own state clients raise for a value that is not a tuple of the schema's fields."""
+
+
 class SchemaEvolutionError(SchemaError):
     """A state variable's declared schema cannot read the values written under its recorded schema."""
 
@@ -514,6 +519,7 @@ __all__ = [
     "RowFactory",
     "SchemaError",
     "SchemaEvolutionError",
+    "ValueTypeError",
     "atomic",
     "check_evolution",
     "from_arrow",

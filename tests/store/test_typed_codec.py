@@ -125,6 +125,14 @@ def test_bare_values_and_errors_name_variable_and_field() -> None:
         codec.encode((None, "a"))
     with pytest.raises(SchemaError, match="does not match the schema"):
         codec.encode((1,))
+    # A value the schema cannot hold is a TypeError too, as PySpark's state clients raise for a non-tuple.
+    for wrong in [7, (1,), ("x", "a")]:
+        with pytest.raises(TypeError):
+            codec.encode(wrong)
+    with pytest.raises(TypeError, match="expected a list"):
+        ListCodec(parse_ddl("n long"), "v").encode(7)
+    with pytest.raises(TypeError, match="cannot hold"):
+        ValueCodec(parse_ddl("m map<string, long>"), "v").encode(([1],))
 
 
 def test_ddl_json_and_inference() -> None:
