@@ -354,6 +354,7 @@ class StatefulOperator:
             time=task_time,
             session_time_zone=spark.conf.get("spark.sql.session.timeZone") or "UTC",
             pandas_settings=PandasSettings.of(spark.conf),
+            nullable_state_fields=_avro_state_encoding(spark),
             initial_state=self._initial_rows(df, n) if version == 0 else None,
             rescale=rescale,
         )
@@ -589,6 +590,12 @@ def _with(progress: BatchProgress, **changes: Any) -> BatchProgress:
     from dataclasses import replace
 
     return replace(progress, **changes)
+
+
+def _avro_state_encoding(spark: SparkSession) -> bool:
+    """Whether the session asks for Spark's Avro state encoding, whose rules a processor written for it expects."""
+    value = spark.conf.get("spark.sql.streaming.stateStore.encodingFormat", None) or "unsaferow"
+    return value.strip().lower() == "avro"
 
 
 def _to_struct(spark: SparkSession, schema: StructType | str) -> StructType:

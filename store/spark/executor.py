@@ -97,6 +97,9 @@ class TaskSpec:
     pandas_settings: PandasSettings = field(default_factory=PandasSettings)
     """The session's pandas settings: the Arrow batch limits a key's input frames are cut at, and whether an
     integer output column may fill a decimal field."""
+    nullable_state_fields: bool = False
+    """``spark.sql.streaming.stateStore.encodingFormat=avro``: state schemas must have nullable fields only, as
+    Spark's Avro state encoding requires (statekeeper's own encoding has no such limit)."""
     initial_state: pa.Table | None = None
     """First batch only: the initial state rows, with the state partition of each in PID_COL."""
     rescale: RescalePlan | None = None
@@ -333,7 +336,7 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
     phases = data.phases
     try:
         t_proc = time.perf_counter()
-        state_handle = StatefulProcessorHandle(ctx, spec.time.mode)
+        state_handle = StatefulProcessorHandle(ctx, spec.time.mode, spec.nullable_state_fields)
         processor.init(state_handle)
         state_handle.initialized = True
         if isinstance(processor, BatchStatefulProcessor):

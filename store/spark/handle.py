@@ -29,11 +29,15 @@ class StatefulProcessorHandle:
     PySpark; a struct schema's values are tuples, an atomic schema's are bare values. Without a
     schema, the first value written fixes it (recorded in the checkpoint). As in PySpark, variables are
     declared (and deleted) in ``init`` only, once each, and a TTL needs timeMode "ProcessingTime".
+    `nullable_fields`: refuse a schema with a non-nullable field, as Spark does under its Avro state encoding.
     """
 
-    def __init__(self, ctx: StateContext, timeMode: TimeMode | str = TimeMode.PROCESSING_TIME) -> None:
+    def __init__(
+        self, ctx: StateContext, timeMode: TimeMode | str = TimeMode.PROCESSING_TIME, nullable_fields: bool = False
+    ) -> None:
         self._ctx = ctx
         self._time_mode = TimeMode.parse(timeMode)
+        self._nullable_fields = nullable_fields
         self.initialized = False
         """Set once the processor's ``init`` returned: declarations are refused from then on."""
         self._declared: set[str] = set()
@@ -76,6 +80,12 @@ class StatefulProcessorHandle:
         what = f"the schema of state variable {name!r}"
         value_schema = to_schema(schema, what)
         key_schema = to_schema(user_key_schema, f"the map key schema of state variable {name!r}")
+        if self._nullable_fields and value_schema is not None and not all(f.nullable for f in value_schema.fields):
+            raise HandleStateError(
+                f"{what}: [TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE] If Avro encoding is enabled, all the fields "
+                f"in the schema for column family {name} must be nullable when using the TransformWithState "
+                f"operator. Please make the schema nullable. Current schema: {value_schema.simple_string()}"
+            )
         state = (
             cls(self._ctx, name, ttl, value_schema)
             if key_schema is None

@@ -14,7 +14,8 @@ except ImportError:  # pragma: no cover - an install without the [spark] extra
 
 class HandleStateError(StoreStateError, PySparkRuntimeError):
     """A handle call PySpark refuses: a state variable declared or deleted after ``init``, declared twice, or
-    with a TTL outside timeMode "ProcessingTime"; a timer without a time mode."""
+    with a TTL outside timeMode "ProcessingTime", with a non-nullable field under Spark's Avro state encoding; a
+    timer without a time mode."""
 
 
 class StateValueError(StatekeeperError, PySparkRuntimeError):

@@ -179,3 +179,44 @@ def test_other_defect_processors_match_pyspark(spark: Any, tmp_path: Path, name:
 @pytest.mark.parametrize(("name", "flavour"), MATRIX)
 def test_matrix_matches_pyspark(spark: Any, tmp_path: Path, name: str, flavour: str) -> None:
     parity(spark, tmp_path, name, flavour)
+
+
+@pytest.mark.parametrize("flavour", ["rows", "pandas"])
+def test_avro_state_encoding_refuses_non_nullable_fields_like_pyspark(spark: Any, tmp_path: Path, flavour: str) -> None:
+    """With spark.sql.streaming.stateStore.encodingFormat=avro, both operators fail the query at the declaration
+    of a state schema with a non-nullable field, with Spark's error class."""
+    inputs = tmp_path / "in"
+    _write_files(inputs)
+    use_pandas = flavour == "pandas"
+    messages = []
+    spark.conf.set("spark.sql.streaming.stateStore.encodingFormat", "avro")
+    try:
+        for engine in ("pyspark", "statekeeper"):
+            stream = spark.readStream.schema(p.INPUT).option("maxFilesPerTrigger", 1).parquet(str(inputs))
+            ckpt = str(tmp_path / f"{engine}-ckpt")
+            if engine == "pyspark":
+                grouped = stream.groupBy("id")
+                tws = grouped.transformWithStateInPandas if use_pandas else grouped.transformWithState
+                df = tws(p.NotNullableState(use_pandas), p.NotNullableState.OUTPUT, "Append", "None")
+                query = df.writeStream.foreachBatch(_Collect()).option("checkpointLocation", ckpt)
+                query = query.trigger(availableNow=True).start()
+            else:
+                op = StatefulOperator(
+                    (tmp_path / "state").as_uri(),
+                    "not_nullable",
+                    key="id",
+                    processor=p.NotNullableState(use_pandas),
+                    output_schema=p.NotNullableState.OUTPUT,
+                    input_format=flavour,
+                    num_partitions=1,
+                    sink=_Collect(),
+                )
+                query = op.start(stream, ckpt, trigger={"availableNow": True})
+            with pytest.raises(Exception) as e:
+                _run(query)
+            messages.append(str(e.value))
+    finally:
+        spark.conf.unset("spark.sql.streaming.stateStore.encodingFormat")
+    for message in messages:
+        assert "[TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE]" in message
+        assert "column family state must be nullable" in message

@@ -196,6 +196,21 @@ class RowCounter(_Flavour):
         yield self.emit(id=key[0], count=n)
 
 
+class NotNullableState(_Flavour):
+    """A state schema with non-nullable fields: Spark's Avro state encoding refuses it at the declaration."""
+
+    OUTPUT = "id string, n long"
+
+    def init(self, handle: Any) -> None:
+        schema = StructType([StructField("n", IntegerType(), False), StructField("name", StringType(), False)])
+        self.state = handle.getValueState("state", schema)
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        n = len(self.column(rows, "temperature"))
+        self.state.update((n, key[0]))
+        yield self.emit(id=key[0], n=n)
+
+
 class Address(NamedTuple):
     road_id: int
     city: str
