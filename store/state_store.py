@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -92,6 +92,7 @@ class StateStore(PlanExecution):
         self._loaded: tuple[int, str] | None = None  # (version, id) the local DB holds exactly
         self._lineage: Lineage = ()  # lineage of the loaded version, newest first
         self._writer: ChangelogWriter | None = None
+        self._before_commit: list[Callable[[], None]] = []
         self._commits_since_check = 0
         self.plan_source = CheckpointPlanSource(self.fm, self.store_id, self.commit_log)
         self.last_load: LoadMetrics | None = None
@@ -174,6 +175,9 @@ class StateStore(PlanExecution):
         if writer is None or self._loaded is None:
             raise StoreStateError(f"commit() without load() on store {self.store_id}")
         t0 = time.perf_counter()
+        hooks, self._before_commit = self._before_commit, []
+        for write_held in hooks:
+            write_held()
         for cf in self._cfs.values():
             cf._flush()
             cf._close_for_writes()
@@ -199,6 +203,11 @@ class StateStore(PlanExecution):
         log.debug("committed %s version %d (%s): %s", self.store_id, header.version, header.checkpoint_id, metrics)
         return CommitResult(header.version, header.checkpoint_id, metrics)
 
+    def before_commit(self, write_held: Callable[[], None]) -> None:
+        """Call `write_held` once, first thing at this batch's commit: writes a caller holds in memory (a list
+        state's appends) reach the changelog whichever path commits. Forgotten by `abort` and the next load."""
+        self._before_commit.append(write_held)
+
     def abort(self) -> None:
         """Discard this batch's updates; if there were any, the next load rebuilds the local DB.
 
@@ -207,6 +216,7 @@ class StateStore(PlanExecution):
         """
         writer = self._writer
         self._writer = None
+        self._before_commit.clear()
         wrote = writer is not None and writer.records > 0
         for cf in self._cfs.values():
             wrote = wrote or bool(cf._keys)
@@ -332,6 +342,7 @@ class StateStore(PlanExecution):
         header = ChangelogHeader(self.store_id.operator, self.store_id.partition, version + 1, new_id, lineage)
         path = os.path.join(self._work, f"pending-{version + 1:020d}_{new_id}.changelog")
         self._writer = ChangelogWriter(path, header, level=self.config.compression_level)
+        self._before_commit.clear()
         for cf in self._cfs.values():
             cf._open_for_writes()
 

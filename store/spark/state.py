@@ -144,6 +144,9 @@ class StateContext:
         """Spark's transformWithState custom metrics the handle counts (``numValueStateVars``, ``numRegisteredTimers``,
         ...; `statekeeper.store.spark.metrics.TWS_METRICS`)."""
         self.states: dict[str, Declared] = {}
+        self._held: list[Any] = []
+        self._flush_at_commit = False
+        """Variables holding the current key's writes in memory (a ListState's appends): written by `flush`."""
         """The state variables declared in this task (store/spark/state_variables.py), by name."""
         self._meta = store.column_family(META_CF)
         self._ttl: ColumnFamily | None = None
@@ -194,12 +197,29 @@ class StateContext:
         return codec.decode(gk, KEY_GROUP_BYTES)
 
     def set_key(self, key: tuple[Any, ...]) -> None:
+        if self._held:
+            self.flush()
         self.key = key
         self.gk = self.encode_gk(key)
 
     def clear_key(self) -> None:
+        self.flush()
         self.key = None
         self.gk = None
+
+    def hold(self, state: Any) -> None:
+        """`state` holds writes of the current key in memory until the next `flush` (a `flush()` method), at the
+        latest the store's commit."""
+        if not self._flush_at_commit:
+            self.store.before_commit(self.flush)
+            self._flush_at_commit = True
+        self._held.append(state)
+
+    def flush(self) -> None:
+        """Write what variables hold in memory: before another key, and before the batch's end reads the store."""
+        held, self._held = self._held, []
+        for state in held:
+            state.flush()
 
     def require_gk(self) -> bytes:
         gk = self.gk
@@ -304,6 +324,7 @@ class StateContext:
     def evict_expired(self) -> int:
         """Remove every TTL'd row whose expiry is at or before the batch time (index entries too); of a list
         whose elements expire apart, the expired elements. Returns the rows removed."""
+        self.flush()
         if self._ttl is None and TTL_CF not in self.store.column_families():
             return 0
         ttl = self.ttl_cf

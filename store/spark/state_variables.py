@@ -14,7 +14,15 @@ from typing import Any
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.formats.typed_keys import KeyCodec
 from statekeeper.store.formats.typed_schema import DataType, infer
-from statekeeper.store.spark.schemas import MISSING, ValueFormat, expiry_of, merge_runs, runs_earliest
+from statekeeper.store.spark.schemas import (
+    MISSING,
+    Runs,
+    ValueFormat,
+    expiry_of,
+    live_values,
+    merge_runs,
+    runs_earliest,
+)
 from statekeeper.store.spark.spark_errors import StateValueError
 from statekeeper.store.spark.spark_order import unsafe_row_order
 from statekeeper.store.spark.state import StateContext
@@ -216,14 +224,33 @@ class ValueState(_State):
 
 class ListState(_State):
     """A list per grouping key, stored as one value; with a TTL each element expires on its own, as in
-    Spark (``put`` gives every element the same expiry, ``appendValue`` / ``appendList`` the new ones theirs)."""
+    Spark (``put`` gives every element the same expiry, ``appendValue`` / ``appendList`` the new ones theirs).
+
+    Appends are held in memory for the current key and written once when the context moves to another key
+    (`StateContext.hold`): a processor appending row by row costs one write per key, not one rewrite of the
+    whole list per row. Each append still encodes its new elements, so a value the schema cannot hold fails
+    the call that passed it."""
 
     kind = "list"
 
-    def _current(self) -> tuple[bytes, bytes | None, Any]:
+    def __init__(self, ctx: StateContext, name: str, ttl_ms: int | None, schema: DataType | None = None) -> None:
+        super().__init__(ctx, name, ttl_ms, schema)
+        self._held_gk: bytes | None = None
+        """The key whose list `_held` holds (with its appends, not yet written), or None."""
+        self._held: list[Any] = []
+        self._held_runs: Runs = []
+        """With a TTL: the expiry runs of `_held` (expired elements stay until the batch's eviction)."""
+        self._held_earliest: int | None = None
+        """The earliest expiry of the stored value `_held` was read from (its TTL index entry)."""
+        self._held_new = False
+        """No row was stored for the held key and none is counted yet (`rows_delta`)."""
+
+    def _gk(self) -> bytes:
+        """The current key, after writing what is held for another."""
         gk = self._ctx.require_gk()
-        raw = self._cf.get(gk)
-        return gk, raw, self._live(raw)
+        if self._held_gk is not None and self._held_gk != gk:
+            self.flush()
+        return gk
 
     def _value_bytes(self, value: Any, expiry: int | None) -> bytes:
         if not self._record.schema_id:  # the first element fixes the schema (no null, no empty list is written)
@@ -232,17 +259,26 @@ class ListState(_State):
                 self._infer(first)
         return self._encode(value, expiry)
 
+    def _values(self) -> list[Any]:
+        """The current key's live elements (the held list's own: a caller that keeps them copies them)."""
+        gk = self._gk()
+        if self._held_gk == gk:
+            return self._held if self._ttl is None else live_values(self._held, self._held_runs, self._ctx.now_ms)
+        v = self._live(self._cf.get(gk))
+        return [] if v is _MISSING else v
+
     def exists(self) -> bool:
-        return self._current()[2] is not _MISSING
+        return bool(self._values())
 
     def get(self) -> Iterator[Any]:
-        v = self._current()[2]
-        return iter(() if v is _MISSING else v)
+        return iter(self._values().copy())  # later appends do not reach the iterator
 
     def put(self, newState: Sequence[Any]) -> None:
         values = self._checked(newState, "Error updating list state")
-        gk, raw, _ = self._current()
-        self._write(gk, values, raw is not None)
+        gk = self._gk()
+        existed = not self._held_new if self._held_gk == gk else self._cf.get(gk) is not None
+        self._held_gk = None  # replaced: nothing held is written
+        self._write(gk, values, existed)
 
     def appendValue(self, newState: Any) -> None:
         self._append(self._checked([newState], "Error appending value to list state"))
@@ -260,30 +296,57 @@ class ListState(_State):
         return out
 
     def _append(self, new: list[Any]) -> None:
-        gk = self._ctx.require_gk()
-        raw = self._cf.get(gk)
-        if self._ttl is None or raw is None:
-            v = self._live(raw)
-            self._write(gk, [*(() if v is _MISSING else v), *new], raw is not None)
-            return
         ctx = self._ctx
-        expiry = ctx.now_ms + self._ttl
-        # expired elements stay until the batch's eviction, which counts them (as Spark's does); elements
-        # stored before the variable had a TTL take the new ones' expiry
-        old, runs = self._fmt.decode_runs(raw)
-        runs = merge_runs([*((expiry if e is None else e, n) for e, n in runs), (expiry, len(new))])
-        values = [*old, *new]
-        if not self._record.schema_id or len(runs) == 1:
-            self._write(gk, values, True)
-            return
-        self._cf.put(gk, self._fmt.encode_runs(values, runs))
-        earliest = runs_earliest(runs)
-        if earliest != expiry_of(raw):  # else its index entry stands
-            ctx.index_ttl(self._name_b, gk, earliest)
+        gk = self._gk()
+        if self._held_gk != gk:
+            self._hold(gk)
+        self._value_bytes(new, None)  # the new elements must fit the schema (the first fixes it)
+        if self._ttl is not None:
+            self._held_runs = merge_runs([*self._held_runs, (ctx.now_ms + self._ttl, len(new))])
+        if self._held_new:
+            ctx.rows_delta += 1  # a list where there was none
+            self._held_new = False
+        self._held.extend(new)
         ctx.rows_updated += 1
 
+    def _hold(self, gk: bytes) -> None:
+        """Read the key's list into memory for appends."""
+        raw = self._cf.get(gk)
+        self._held_gk, self._held_earliest, self._held_new = gk, None, raw is None
+        if self._ttl is None:
+            v = self._live(raw)
+            self._held = [] if v is _MISSING else list(v)
+        elif raw is None:
+            self._held, self._held_runs = [], []
+        else:
+            # expired elements stay until the batch's eviction, which counts them (as Spark's does); elements
+            # stored before the variable had a TTL take the new ones' expiry
+            expiry = self._ctx.now_ms + self._ttl
+            values, runs = self._fmt.decode_runs(raw)
+            self._held, self._held_runs = values, [(expiry if e is None else e, n) for e, n in runs]
+            self._held_earliest = expiry_of(raw)
+        self._ctx.hold(self)
+
+    def flush(self) -> None:
+        """Write the list held for appends (the context calls this when it moves to another key)."""
+        gk, self._held_gk = self._held_gk, None
+        if gk is None or not self._held:
+            return
+        values, runs = self._held, self._held_runs
+        self._held, self._held_runs = [], []
+        if self._ttl is None:
+            self._cf.put(gk, self._encode(values, None))
+            return
+        earliest = runs_earliest(runs)
+        self._cf.put(gk, self._fmt.encode_runs(values, runs))
+        if earliest != self._held_earliest:  # else its index entry stands
+            self._ctx.index_ttl(self._name_b, gk, earliest)
+
     def clear(self) -> None:
-        self._remove(self._ctx.require_gk())
+        gk = self._gk()
+        if self._held_gk == gk:
+            self.flush()
+        self._remove(gk)
 
 
 class MapState(_State):

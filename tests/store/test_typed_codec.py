@@ -130,7 +130,7 @@ def test_bare_values_and_errors_name_variable_and_field() -> None:
         with pytest.raises(TypeError):
             codec.encode(wrong)
     with pytest.raises(TypeError, match="expected a list"):
-        ListCodec(parse_ddl("n long"), "v").encode(7)
+        ListCodec(parse_ddl("n long"), "v").encode(7)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="cannot hold"):
         ValueCodec(parse_ddl("m map<string, long>"), "v").encode(([1],))
 
