@@ -123,6 +123,8 @@ class _Output:
         self.names = [f.name for f in self.user_fields]
         self.decimals = [i for i, f in enumerate(self.user_fields) if pa.types.is_decimal(f.type)]
         """Decimal output fields: a row's value there must be a Decimal (or an int, with `int_to_decimal`)."""
+        self.nested_structs = any(_has_struct(f.type) for f in self.user_fields)
+        """A struct inside an output field: a Row there is taken by its fields' names too, as PySpark takes it."""
         self.items: list[Any] = []
         self.count = 0
 
@@ -221,17 +223,21 @@ class _Output:
             yield b
 
     def _from_rows(self, rows: list[Any]) -> pa.RecordBatch:
-        if isinstance(rows[0], dict):
-            cols: list[Any] = [[r.get(n) for r in rows] for n in self.names]
-        else:
-            width = len(self.names)
+        """Rows as PySpark's transformWithState converts them: a ``Row`` with field names by those names
+        (``Row.asDict(True)``; a field it lacks is null, one the schema lacks is dropped), a dict by its keys;
+        a plain tuple (statekeeper's own) by position."""
+        width = len(self.names)
+        cols: list[Any] = []
+        if set(map(type, rows)) == {tuple} or self._in_order(rows):  # the usual: values in the schema's order
             try:
                 cols = list(zip(*rows, strict=True)) if len(rows[0]) == width else []
             except ValueError:
                 cols = []
-            if len(cols) != width:
-                bad = next(r for r in rows if len(r) != width)
-                raise StoreStateError(f"output row {bad!r} has {len(bad)} values; the output schema has {width}")
+        else:
+            cols = [list(c) for c in zip(*(self._named(r, width) for r in rows), strict=True)]
+        if len(cols) != width:
+            bad = next(r for r in rows if len(r) != width)
+            raise StoreStateError(f"output row {bad!r} has {len(bad)} values; the output schema has {width}")
         for i in self.decimals:
             check_decimals(cols[i], self.user_fields[i], self.int_to_decimal)
         arrays = [pa.array(c, type=f.type) for c, f in zip(cols, self.user_fields, strict=True)]
@@ -239,10 +245,39 @@ class _Output:
         self.count += len(rows)
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
+    def _in_order(self, rows: list[Any]) -> bool:
+        """Whether every row's values are in the schema's order: tuples, Rows named as the schema's fields
+        (with no struct field, whose nested Rows PySpark would also take by name)."""
+        names = self.names
+        if self.nested_structs:
+            return not any(isinstance(r, dict) or hasattr(r, "__fields__") for r in rows)
+        return all(isinstance(r, tuple) and getattr(r, "__fields__", names) == names for r in rows)
+
+    def _named(self, row: Any, width: int) -> tuple[Any, ...]:
+        """One row's values in the schema's order (see `_from_rows`)."""
+        if isinstance(row, dict):
+            return tuple(row.get(n) for n in self.names)
+        if hasattr(row, "__fields__"):
+            values = row.asDict(True)
+            return tuple(values.get(n) for n in self.names)
+        if len(row) != width:
+            raise StoreStateError(f"output row {row!r} has {len(row)} values; the output schema has {width}")
+        return tuple(row)
+
     def meta(self, payload: dict[str, Any]) -> pa.RecordBatch:
         arrays = [pa.nulls(1, f.type) for f in self.user_fields]
         arrays.append(pa.array([json.dumps(payload)], pa.string()))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
+def _has_struct(typ: pa.DataType) -> bool:
+    if pa.types.is_struct(typ):
+        return True
+    if pa.types.is_map(typ):
+        return _has_struct(typ.key_type) or _has_struct(typ.item_type)
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        return _has_struct(typ.value_type)
+    return False
 
 
 def _is_pandas(obj: Any) -> bool:

@@ -4,7 +4,7 @@ flavour (transformWithStateInPandas), run on PySpark's operator (RocksDB provide
 and on statekeeper over the same input files, one file per batch; every batch's output must be the same,
 and the processors' own assertions (which PySpark's suite makes inside them) must hold on both.
 
-The default run has two of them (see DEFAULT); ``-m slow`` runs a processor for each of the issue's seven
+The default run has three of them (see DEFAULT); ``-m slow`` runs a processor for each of the issue's seven
 defects and then every processor in both flavours."""
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ CASES: dict[str, tuple[Callable[[bool], Any], str, bool, bool]] = {
     "ListStateOps": (p.ListStateOps, "ProcessingTime", False, False),
     "IterationOrders": (p.IterationOrders, "ProcessingTime", False, False),
     "ListStateTTL": (lambda pandas: p.ListStateTTL(pandas, ttl_ms=15_000), "ProcessingTime", False, False),
+    "ReorderedOutput": (p.ReorderedOutput, "None", False, False),
 }
 PAUSE_S = {"ListStateTTL": 10.0}
 """Batch k + 1 starts 10 s + batch k's duration after it: with a 15 s TTL, batch k + 1 sees batch k's elements
@@ -103,9 +104,10 @@ DEFECTS = [
     ("CompositeState", "pandas"),  # 6
     ("CompositeOutput", "pandas"),  # 7
 ]
-DEFAULT = [DEFECTS[1], DEFECTS[4]]
-"""~15-25 s each: by default the two whose semantics are Spark's own (nanosecond frames in the session time
-zone, watermarks and late rows); every defect runs cheaply through TwsTester in test_tws_pyspark_semantics.py."""
+DEFAULT = [DEFECTS[1], DEFECTS[4], ("ReorderedOutput", "rows")]
+"""~15-25 s each: by default the ones whose semantics are Spark's own (nanosecond frames in the session time
+zone, watermarks and late rows, output Rows taken by field name); every defect runs cheaply through TwsTester
+in test_tws_pyspark_semantics.py."""
 MATRIX = [(name, flavour) for name in CASES for flavour in ("rows", "pandas")]
 
 

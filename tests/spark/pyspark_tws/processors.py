@@ -196,6 +196,33 @@ class RowCounter(_Flavour):
         yield self.emit(id=key[0], count=n)
 
 
+class ReorderedOutput(_Flavour):
+    """Output in another order than the schema: PySpark takes a Row's fields by name (``Row.asDict(True)``,
+    nested Rows too; a field the Row lacks is null, one the schema lacks is dropped) and a frame's columns by
+    name; taken by position, same-typed fields would swap silently."""
+
+    OUTPUT = "id string, n long, info struct<a: int, b: string>, first string, last string, note string"
+
+    def init(self, handle: Any) -> None:
+        pass
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        n = len(self.column(rows, "temperature"))
+        if self.use_pandas:
+            yield pd.DataFrame(
+                {
+                    "last": ["z"],
+                    "info": [{"b": key[0], "a": n}],
+                    "first": ["a"],
+                    "n": [n],
+                    "id": [key[0]],
+                    "note": [None],
+                }
+            )
+        else:
+            yield Row(last="z", info=Row(b=key[0], a=n), first="a", n=n, id=key[0], extra=1)
+
+
 class NotNullableState(_Flavour):
     """A state schema with non-nullable fields: Spark's Avro state encoding refuses it at the declaration."""
 
