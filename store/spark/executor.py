@@ -40,7 +40,13 @@ from statekeeper.store.rocks import current_rss, peak_rss, release_free_heap, re
 from statekeeper.store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor
 from statekeeper.store.spark.event_time import TaskTime
 from statekeeper.store.spark.handle import StatefulProcessorHandle
-from statekeeper.store.spark.pandas_frames import PandasSettings, check_decimals, from_pandas, gather_columns
+from statekeeper.store.spark.pandas_frames import (
+    PandasSettings,
+    check_decimals,
+    from_pandas,
+    gather_columns,
+    named_columns,
+)
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
 from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from statekeeper.store.spark.state import StateContext
@@ -196,6 +202,7 @@ class _Output:
         elif _is_pandas(item):
             if item.empty:
                 return
+            item = named_columns(item, self.names)
             missing = [n for n in self.names if n not in item.columns]
             if missing:
                 raise StoreStateError(f"processor output lacks columns {missing} of the output schema")

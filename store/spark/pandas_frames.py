@@ -219,10 +219,15 @@ def gather_columns(frames: list[Any], names: list[str]) -> dict[str, np.ndarray]
             mgr = frame._mgr
             have = mgr.items._values.tolist()
             if have != labels:  # the usual case: every frame has the same columns, in the same order
-                at = {label: i for i, label in enumerate(have)}
-                if len(at) != len(have) or any(n not in at for n in names):
-                    return None
-                labels, positions = have, [at[n] for n in names]
+                if not any(isinstance(label, str) for label in have):  # unnamed: in order, as PySpark takes them
+                    if len(have) < len(names):
+                        return None
+                    labels, positions = have, list(range(len(names)))
+                else:
+                    at = {label: i for i, label in enumerate(have)}
+                    if len(at) != len(have) or any(n not in at for n in names):
+                        return None
+                    labels, positions = have, [at[n] for n in names]
             for part, i in zip(parts, positions, strict=True):
                 part.append(mgr.iget_values(i))
     except AttributeError:  # pragma: no cover - pandas outside the supported versions
@@ -253,6 +258,19 @@ def check_decimals(values: Sequence[Any], field: pa.Field, int_to_decimal: bool)
             f"output column '{field.name}' of type {field.type} got {bad!r} ({type(bad).__name__}): PySpark takes a "
             f"decimal.Decimal there (an int too with {PandasSettings.INT_TO_DECIMAL_CONF}=true)"
         )
+
+
+def named_columns(pdf: Any, names: list[str]) -> Any:
+    """An output frame's columns as PySpark assigns them: by name when any label is a string, else the first
+    ``len(names)`` columns in order (``pd.DataFrame([[key, n]])``)."""
+    labels = pdf.columns
+    if any(isinstance(label, str) for label in labels):
+        return pdf
+    if len(labels) < len(names):
+        raise OutputConversionError(
+            f"an output frame has {len(labels)} unnamed columns; the output schema has {len(names)}"
+        )
+    return pdf.iloc[:, : len(names)].set_axis(names, axis=1)
 
 
 def from_pandas(pdf: Any, fields: list[pa.Field], int_to_decimal: bool = False) -> list[pa.Array | pa.ChunkedArray]:
@@ -292,5 +310,6 @@ __all__ = [
     "from_pandas",
     "gather_columns",
     "key_frames",
+    "named_columns",
     "to_pandas",
 ]

@@ -411,3 +411,16 @@ def test_iteration_orders_and_the_watermark_are_sparks(flavour: str) -> None:
         ("0", "[0, 65536, 256, -256, 1, 7, 300, -1]", "[2, 4, 0, 1, 3]", "[1000000000000000, 5, 1099511627783]", 0),
         ("0-expired", "", "", "", -2),
     ]
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_output_is_taken_by_name_like_pyspark(flavour: str) -> None:
+    """A Row's fields by name (nested Rows too; missing: null, extra: dropped), a frame's columns by name and an
+    unnamed frame's in order, as PySpark converts them (compared with PySpark's operator in
+    test_pyspark_suite_parity.py's ReorderedOutput)."""
+    with _tester(p.ReorderedOutput(flavour == "pandas"), flavour, time_mode="None") as t:
+        out = sorted(t.run(_rows(("k", 1, 0), ("k", 2, 1))))
+    named = ("k", 2, {"a": 2, "b": "k"}, "a", "z", None)
+    assert [(*r[:2], dict(r[2]), *r[3:]) for r in out] == (
+        [named, ("k-unnamed", *named[1:])] if flavour == "pandas" else [named]
+    )

@@ -199,7 +199,7 @@ class RowCounter(_Flavour):
 class ReorderedOutput(_Flavour):
     """Output in another order than the schema: PySpark takes a Row's fields by name (``Row.asDict(True)``,
     nested Rows too; a field the Row lacks is null, one the schema lacks is dropped) and a frame's columns by
-    name; taken by position, same-typed fields would swap silently."""
+    name (a frame's unnamed columns in order); taken by position, same-typed fields would swap silently."""
 
     OUTPUT = "id string, n long, info struct<a: int, b: string>, first string, last string, note string"
 
@@ -219,6 +219,8 @@ class ReorderedOutput(_Flavour):
                     "note": [None],
                 }
             )
+            # unnamed columns are taken in order (a trailing extra one dropped)
+            yield pd.DataFrame([[f"{key[0]}-unnamed", n, {"a": n, "b": key[0]}, "a", "z", None, "extra"]])
         else:
             yield Row(last="z", info=Row(b=key[0], a=n), first="a", n=n, id=key[0], extra=1)
 
