@@ -52,7 +52,7 @@ from statekeeper.store.spark.event_time import (
     parse_delay_ms,
     watermark_of,
 )
-from statekeeper.store.spark.executor import META_COL, PID_COL, TaskSpec, run_task
+from statekeeper.store.spark.executor import PID_COL, TaskSpec, run_task
 from statekeeper.store.spark.heartbeat import DEFAULT_INTERVAL_SECONDS, Heartbeat
 from statekeeper.store.spark.initial_state import Seed, collect_initial_state, initial_state_frame, seed_of
 from statekeeper.store.spark.metrics import BatchProgress, PartitionMetrics
@@ -63,6 +63,7 @@ from statekeeper.store.spark.routing import owner_column, routable
 from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from statekeeper.store.spark.state import check_max_key_groups
 from statekeeper.store.spark.task_input import BATCH_INPUT_BUDGET_BYTES, DEFAULT_INPUT_BUDGET_BYTES
+from statekeeper.store.spark.task_output import META_COL
 from statekeeper.store.spark.tasks_plan import OutputFilters, TasksPlan, TasksRun, tasks_job_settings
 from statekeeper.store.spark.ticks import TickChannel, TickRecord, channel_path, due_at_ms, with_ticks, without_ticks
 from statekeeper.store.spark.time_mode import TimeMode

@@ -271,7 +271,8 @@ class ListState(_State):
         return bool(self._values())
 
     def get(self) -> Iterator[Any]:
-        return iter(self._values().copy())  # later appends do not reach the iterator
+        values = self._values()
+        return iter(values.copy() if self._held_gk is not None else values)  # later appends do not reach it
 
     def put(self, newState: Sequence[Any]) -> None:
         values = self._checked(newState, "Error updating list state")

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from statekeeper.store.spark.connect import is_connect_dataframe
-from statekeeper.store.spark.executor import MARKER_COL, META_COL, PID_COL
+from statekeeper.store.spark.executor import MARKER_COL, PID_COL
 from statekeeper.store.spark.metrics import PartitionMetrics
 from statekeeper.store.spark.routing import hash_routes
+from statekeeper.store.spark.task_output import META_COL
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

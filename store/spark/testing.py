@@ -47,11 +47,12 @@ from statekeeper.store.spark.event_time import (
     next_watermark,
     parse_delay_ms,
 )
-from statekeeper.store.spark.executor import CACHE, META_COL, PID_COL, TaskSpec, _run_partition
+from statekeeper.store.spark.executor import CACHE, PID_COL, TaskSpec, _run_partition
 from statekeeper.store.spark.metrics import PartitionMetrics
 from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from statekeeper.store.spark.state_view import StateView
 from statekeeper.store.spark.task_input import TaskInput
+from statekeeper.store.spark.task_output import META_COL
 from statekeeper.store.spark.time_mode import TimeMode
 from statekeeper.store.state_store import StateStore
 

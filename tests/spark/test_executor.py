@@ -17,10 +17,11 @@ from statekeeper.store.errors import ConfigurationError, StoreStateError
 from statekeeper.store.formats.typed_schema import SchemaEvolutionError
 from statekeeper.store.spark import executor
 from statekeeper.store.spark.api import StatefulProcessor, TimerValues
-from statekeeper.store.spark.executor import MARKER_COL, META_COL, PID_COL, TaskSpec, run_task
+from statekeeper.store.spark.executor import MARKER_COL, PID_COL, TaskSpec, run_task
 from statekeeper.store.spark.handle import HandleStateError, StatefulProcessorHandle
 from statekeeper.store.spark.state import StateContext
 from statekeeper.store.spark.state_view import StateView
+from statekeeper.store.spark.task_output import META_COL
 from statekeeper.store.spark.worker_cache import _Cache
 from testkit.processors import CountSum
 

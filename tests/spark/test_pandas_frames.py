@@ -18,9 +18,9 @@ import pytest
 
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.spark import ApplyInPandasWithState
-from statekeeper.store.spark.executor import META_COL, _Output
 from statekeeper.store.spark.pandas_frames import PandasSettings, gather_columns, key_frames, to_pandas
 from statekeeper.store.spark.task_input import groups_of
+from statekeeper.store.spark.task_output import META_COL, OutputBuffer
 from statekeeper.store.spark.testing import TwsTester
 
 
@@ -86,11 +86,11 @@ def test_output_columns_are_gathered_only_where_concat_gives_the_same() -> None:
 )
 def test_many_frames_convert_as_their_concatenation(frames: list[Any]) -> None:
     schema = pa.schema([("k", pa.string()), ("count", pa.int64()), (META_COL, pa.string())])
-    out = _Output(schema)
+    out = OutputBuffer(schema)
     for f in frames:
         out.add(f)
     got = pa.Table.from_batches(list(out.drain())).drop_columns([META_COL])
-    one = _Output(schema)
+    one = OutputBuffer(schema)
     one.add(pd.concat(frames, ignore_index=True))
     want = pa.Table.from_batches(list(one.drain())).drop_columns([META_COL])
     assert got.equals(want) and out.count == sum(len(f) for f in frames)
@@ -195,9 +195,9 @@ def test_a_row_output_fills_a_decimal_field_with_decimals_only_as_in_pyspark() -
 
     schema = pa.schema([("id", pa.string()), ("amount", pa.decimal128(10, 2)), (META_COL, pa.string())])
     good = [("a", decimal.Decimal("1.50")), ("b", None)]
-    assert _Output(schema)._from_rows(good).column(1).to_pylist() == [decimal.Decimal("1.50"), None]
+    assert OutputBuffer(schema)._from_rows(good).column(1).to_pylist() == [decimal.Decimal("1.50"), None]
     for bad in (3, 1.5, True):
         with pytest.raises(OutputConversionError, match="'amount'"):
-            _Output(schema)._from_rows([("a", bad)])
-    coerced = _Output(schema, int_to_decimal=True)._from_rows([("a", 3)])
+            OutputBuffer(schema)._from_rows([("a", bad)])
+    coerced = OutputBuffer(schema, int_to_decimal=True)._from_rows([("a", 3)])
     assert coerced.column(1).to_pylist() == [decimal.Decimal("3.00")]

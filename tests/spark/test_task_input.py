@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from statekeeper.store.errors import StoreStateError
-from statekeeper.store.spark.executor import META_COL, TaskSpec, run_task
+from statekeeper.store.spark.executor import TaskSpec, run_task
 from statekeeper.store.spark.task_input import (
     BATCH_INPUT_BUDGET_BYTES,
     DEFAULT_INPUT_BUDGET_BYTES,
@@ -27,6 +27,7 @@ from statekeeper.store.spark.task_input import (
     TaskInput,
     struct_tuples,
 )
+from statekeeper.store.spark.task_output import META_COL
 from statekeeper.store.spark.worker_cache import WORKER_MEMORY_MB
 from testkit.processors import CountSumVectorized
 
