@@ -301,7 +301,9 @@ class ListState(_State):
         gk = self._gk()
         if self._held_gk != gk:
             self._hold(gk)
-        self._value_bytes(new, None)  # the new elements must fit the schema (the first fixes it)
+        # held as a read gives them back (PySpark's types, nothing the caller can still change): the new
+        # elements through the codec, which also refuses a value the schema cannot hold
+        new = self._decode(self._value_bytes(new, None), None)
         if self._ttl is not None:
             self._held_runs = merge_runs([*self._held_runs, (ctx.now_ms + self._ttl, len(new))])
         if self._held_new:

@@ -108,3 +108,27 @@ def test_an_append_the_schema_cannot_hold_fails_its_call(tmp_path: Path) -> None
     assert list(StatefulProcessorHandle(ctx).getListState("l", "v int").get()) == [(1,), (2,)]
     store.abort()
     store.close()
+
+
+def test_held_elements_read_back_as_stored(tmp_path: Path) -> None:
+    """A held append reads back as a stored one would (a struct as a Row, an array as a list) and keeps what
+    was passed: the caller changing its object afterwards changes nothing, as PySpark serializes at the call."""
+    store = _store(tmp_path)
+    store.load(0)
+    ctx = StateContext(store, 0, KEY)
+    lists = StatefulProcessorHandle(ctx).getListState("l", "s struct<a: int, b: string>, arr array<int>")
+    ctx.set_key(("a",))
+    arr = [1, 2]
+    lists.appendValue(({"b": "x", "a": 1}, arr))
+    arr.append(99)
+    held = list(lists.get())
+    ctx.clear_key()
+    result = store.commit()
+    store.load(result.version, result.checkpoint_id)
+    ctx = StateContext(store, 0, KEY)
+    ctx.set_key(("a",))
+    stored = list(StatefulProcessorHandle(ctx).getListState("l", "s struct<a: int, b: string>, arr array<int>").get())
+    assert held == stored == [((1, "x"), [1, 2])]
+    assert held[0][0].b == "x"  # a Row, as PySpark reads a struct back
+    store.abort()
+    store.close()
