@@ -175,7 +175,7 @@ def read_max_key_groups(meta: ColumnFamily) -> int | None:
 
 
 @functools.cache
-def _spark_rows() -> RowFactory | None:
+def spark_rows() -> RowFactory | None:
     """Nested structs decode as ``pyspark.sql.Row`` (as PySpark hands them to a processor) where PySpark
     is installed; tuples elsewhere (maintenance without the [spark] extra)."""
     try:
@@ -213,8 +213,8 @@ class ValueFormat:
 
     def _codec(self, schema: DataType) -> ValueCodec | ListCodec:
         if self.is_list:
-            return ListCodec(schema, self.what, rows=_spark_rows())
-        return ValueCodec(schema, self.what, rows=_spark_rows())
+            return ListCodec(schema, self.what, rows=spark_rows())
+        return ValueCodec(schema, self.what, rows=spark_rows())
 
     def use(self, schema_id: int, schema: DataType | None, history: dict[int, DataType]) -> None:
         self.schema_id = schema_id
@@ -314,7 +314,7 @@ class ValueFormat:
         if old is None:
             raise CorruptStateError(f"schema id {sid} is not recorded (recorded: {sorted(self._history)})")
         decode = self._codec(old).decode
-        proj = None if self.schema is None else projector(old, self.schema, _spark_rows())
+        proj = None if self.schema is None else projector(old, self.schema, spark_rows())
         if proj is None:
             dec = decode
         elif self.is_list:
@@ -477,6 +477,7 @@ __all__ = [
     "read_record",
     "read_runs",
     "runs_earliest",
+    "spark_rows",
     "variable_names",
     "write_record",
 ]

@@ -22,6 +22,7 @@ from statekeeper.store.spark.schemas import (
     live_values,
     merge_runs,
     runs_earliest,
+    spark_rows,
 )
 from statekeeper.store.spark.spark_errors import StateValueError
 from statekeeper.store.spark.spark_order import unsafe_row_order
@@ -363,6 +364,13 @@ class MapState(_State):
 
     def _use_record(self) -> None:
         super()._use_record()
+        value_schema = self._record.schemas.get(self._record.schema_id)
+        rows = spark_rows()
+        self._value_row = (
+            rows(tuple(f.name for f in value_schema.fields))
+            if rows is not None and value_schema is not None and value_schema.is_struct
+            else None
+        )
         schema = self._record.user_key_schema
         if self._uk is None and schema is not None:
             self._uk = KeyCodec(schema, f"state variable {self.name!r}, map key")
@@ -399,10 +407,14 @@ class MapState(_State):
         return next(self._entries(), None) is not None
 
     def getValue(self, key: Any) -> Any:
+        """The entry's value: a ``Row`` of the value schema's fields, as PySpark's ``getValue`` returns it (its
+        ``iterator``, ``keys`` and ``values`` give tuples, as PySpark's do)."""
         if self._uk is None:
             return None
         v = self._live(self._cf.get(self._skey(key)))
-        return None if v is _MISSING else v
+        if v is _MISSING:
+            return None
+        return v if self._value_row is None else self._value_row(v)
 
     def containsKey(self, key: Any) -> bool:
         return self._uk is not None and self._live(self._cf.get(self._skey(key))) is not _MISSING

@@ -424,3 +424,21 @@ def test_output_is_taken_by_name_like_pyspark(flavour: str) -> None:
     assert [(*r[:2], dict(r[2]), *r[3:]) for r in out] == (
         [named, ("k-unnamed", *named[1:])] if flavour == "pandas" else [named]
     )
+
+
+def test_map_get_value_is_a_row_like_pysparks() -> None:
+    """PySpark's MapState.getValue returns the value's Row (its iterator, keys and values give tuples)."""
+    from statekeeper.store.spark import StatefulProcessor
+
+    class Getter(StatefulProcessor):
+        def init(self, handle: Any) -> None:
+            self.m = handle.getMapState("m", "k string", "arr array<int>, n long")
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
+            self.m.updateValue(("x",), ([3], 1))
+            value = self.m.getValue(("x",))
+            entries = list(self.m.iterator())
+            yield (key[0], value.arr[0] + value.n, type(entries[0][1]) is tuple)
+
+    with TwsTester(Getter(), "id", "id string, total long, plain boolean") as t:
+        assert t.run([{"id": "a"}]) == [("a", 4, True)]
