@@ -8,8 +8,10 @@ A processor written for PySpark computes on the frames it is given (``ts.astype(
   PySpark's ``_check_series_localize_timestamps`` does; ``TIMESTAMP_NTZ`` stays naive;
 - dates are ``datetime.date`` objects, decimals ``decimal.Decimal``, binaries ``bytes``;
 - maps are ``dict`` (nested ones too), structs ``dict``, arrays NumPy arrays; integers inside them stay ``int``
-  beside nulls (a top-level integer column with nulls is ``float64``, as in PySpark), timestamps inside them are
-  naive ``pandas.Timestamp`` (a ``TIMESTAMP`` in the session time zone);
+  beside nulls, timestamps inside them are naive ``pandas.Timestamp`` (a ``TIMESTAMP`` in the session time zone);
+- PySpark builds each frame from Python values (``pd.DataFrame(rows)``), so every integer column is ``int64``
+  and every floating one ``float64``, whatever the Spark type's width; a null in an integer column makes it
+  ``float64`` (a boolean one ``object``) for the keys of its Arrow batch in PySpark, of its chunk here;
 - every frame is indexed from 0 (one key's slice of a chunk is re-indexed);
 - a key's rows come in frames of at most ``spark.sql.execution.arrow.maxRecordsPerBatch`` rows and about
   ``maxBytesPerBatch`` bytes (`PandasSettings`), as PySpark cuts its Arrow batches.
@@ -45,6 +47,22 @@ class OutputConversionError(StoreStateError, _PySparkValueError):
 
 def to_pandas(table: pa.Table, time_zone: str | None = "UTC") -> Any:
     """`table` as PySpark hands it to a pandas processor (see the module docstring)."""
+    columns = [_widened(c) for c in table.columns]
+    return _to_pandas(pa.Table.from_arrays(columns, names=table.column_names), time_zone)
+
+
+def _widened(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """An integer column as int64, a floating one as float64: PySpark boxes each value as a Python ``int`` /
+    ``float`` and infers the frame's dtype from those, whatever the Spark type's width."""
+    t = column.type
+    if pa.types.is_integer(t) and t != pa.int64():
+        return column.cast(pa.int64())
+    if pa.types.is_floating(t) and t != pa.float64():
+        return column.cast(pa.float64())
+    return column
+
+
+def _to_pandas(table: pa.Table, time_zone: str | None) -> Any:
     options: dict[str, Any] = {"date_as_object": True, "coerce_temporal_nanoseconds": True, "maps_as_pydicts": "strict"}
     nested = [i for i, field in enumerate(table.schema) if pa.types.is_nested(field.type)]
     if not nested:

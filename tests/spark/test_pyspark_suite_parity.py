@@ -222,3 +222,53 @@ def test_avro_state_encoding_refuses_non_nullable_fields_like_pyspark(spark: Any
     for message in messages:
         assert "[TRANSFORM_WITH_STATE_SCHEMA_MUST_BE_NULLABLE]" in message
         assert "column family state must be nullable" in message
+
+
+def test_pandas_frame_dtypes_are_inferred_per_frame_like_pyspark(spark: Any, tmp_path: Path) -> None:
+    """Narrow integers and floats: each frame's dtypes as PySpark's operator gives them (int64, float64: it
+    boxes every value as a Python int / float); an integer column with a null in every key: float64. (Where only
+    some keys have nulls, PySpark's dtype follows which keys share its Arrow batches.)"""
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    table = pa.table(
+        {
+            "id": ["a", "a", "b", "c"],
+            "small": pa.array([1, 2, 3, 4], pa.int16()),
+            "n": pa.array([1, None, None, None], pa.int32()),
+            "ratio": pa.array([1.5, 2.0, 3.0, 4.5], pa.float32()),
+            "flag": pa.array([True, False, False, True]),
+        }
+    )
+    pq.write_table(table, inputs / "part-00000.parquet")
+    schema = "id string, small short, n int, ratio float, flag boolean"
+    outputs = []
+    for key, value in CONF.items():
+        spark.conf.set(key, value)
+    for engine in ("pyspark", "statekeeper"):
+        stream = spark.readStream.schema(schema).parquet(str(inputs))
+        ckpt, sink = str(tmp_path / f"{engine}-ckpt"), _Collect()
+        if engine == "pyspark":
+            df = stream.groupBy("id").transformWithStateInPandas(
+                p.FrameDtypes(True), p.FrameDtypes.OUTPUT, "Append", "None"
+            )
+            query = (
+                df.writeStream.foreachBatch(sink).option("checkpointLocation", ckpt).trigger(availableNow=True).start()
+            )
+        else:
+            op = StatefulOperator(
+                (tmp_path / "state").as_uri(),
+                "dtypes",
+                key="id",
+                processor=p.FrameDtypes(True),
+                output_schema=p.FrameDtypes.OUTPUT,
+                input_format="pandas",
+                num_partitions=1,
+                sink=sink,
+            )
+            query = op.start(stream, ckpt, trigger={"availableNow": True})
+        _run(query)
+        outputs.append(sink.batches)
+    for key in CONF:
+        spark.conf.unset(key)
+    assert outputs[0] == outputs[1]
+    assert ("b", "small:int64:3,n:float64:nan,ratio:float64:3.0,flag:bool:False") in outputs[1][0]

@@ -225,6 +225,21 @@ class ReorderedOutput(_Flavour):
             yield Row(last="z", info=Row(b=key[0], a=n), first="a", n=n, id=key[0], extra=1)
 
 
+class FrameDtypes(_Flavour):
+    """The dtype and first value of each column of each frame it gets (pandas): PySpark infers them per frame
+    from Python values, so an int column is int64 (float64 only in a frame with a null), a float float64."""
+
+    OUTPUT = "id string, dtypes string"
+
+    def init(self, handle: Any) -> None:
+        pass
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        for pdf in rows:
+            seen = ",".join(f"{c}:{pdf[c].dtype}:{pdf[c].iloc[0]}" for c in pdf.columns if c != "id")
+            yield pd.DataFrame({"id": [key[0]], "dtypes": [seen]})
+
+
 class NotNullableState(_Flavour):
     """A state schema with non-nullable fields: Spark's Avro state encoding refuses it at the declaration."""
 
