@@ -31,10 +31,12 @@ from statekeeper.store.formats.typed_scalars import (
     as_text,
     field_error,
     from_days,
+    from_micros_local,
     from_micros_naive,
     from_micros_utc,
     to_days,
     to_micros,
+    to_micros_local,
     unscaled,
 )
 from statekeeper.store.formats.typed_schema import DataType, RowFactory, SchemaError, ValueTypeError
@@ -58,28 +60,33 @@ Encoder = Callable[[Any], bytes]
 Decoder = Callable[[bytes], Any]
 
 
-def _nested(typ: DataType, what: str, path: str, rows: RowFactory | None) -> tuple[Encoder, Callable[..., Any]]:
+def _nested(
+    typ: DataType, what: str, path: str, rows: RowFactory | None, local_time: bool = False
+) -> tuple[Encoder, Callable[..., Any]]:
     """Encoder and decoder of a value nested in another (a field, an element, a map key or value):
     structs decode through `rows` when given."""
     if typ.is_struct:
-        inner = ValueCodec(typ, what, path, rows)
+        inner = ValueCodec(typ, what, path, rows, local_time)
         if rows is None:
             return inner.encode, inner.decode
         make = rows(tuple(inner.names))
         decode = inner.decode
         return inner.encode, lambda b, pos=0: make(decode(b, pos))
-    codec = ValueCodec(typ, what, path, rows)
+    codec = ValueCodec(typ, what, path, rows, local_time)
     return codec.encode, codec.decode
 
 
 def _slot(
-    typ: DataType, what: str, path: str, rows: RowFactory | None = None
+    typ: DataType, what: str, path: str, rows: RowFactory | None = None, local_time: bool = False
 ) -> tuple[str, Callable[[Any], Any] | None, Callable[[Any], Any] | None, bool]:
-    """(struct format, to-slot conversion, from-slot conversion, variable width) of one field."""
+    """(struct format, to-slot conversion, from-slot conversion, variable width) of one field; `local_time`: a
+    timestamp as PySpark hands one to a processor (naive, local time), else aware in UTC."""
     name = typ.name
     if name in ("date",):
         return "i", to_days, from_days, False
     if name == "timestamp":
+        if local_time:
+            return "q", to_micros_local, from_micros_local, False
         return "q", to_micros, from_micros_utc, False
     if name == "timestamp_ntz":
         return "q", to_micros, from_micros_naive, False
@@ -103,14 +110,14 @@ def _slot(
 
         return "I", dec_to, dec_from, True
     if typ.is_struct:
-        encode, decode = _nested(typ, what, path, rows)
+        encode, decode = _nested(typ, what, path, rows, local_time)
         return "I", encode, decode, True
     if name == "array":
         assert typ.element is not None
-        elements = ListCodec(typ.element, what, f"{path}[]", rows, nested=True)
+        elements = ListCodec(typ.element, what, f"{path}[]", rows, nested=True, local_time=local_time)
         return "I", elements.encode, elements.decode, True
     if name == "map":
-        entries = MapCodec(typ, what, path, rows)
+        entries = MapCodec(typ, what, path, rows, local_time)
         return "I", entries.encode, entries.decode, True
     raise SchemaError(f"{what}: field {path!r} has unsupported type {typ.simple_string()}")
 
@@ -136,7 +143,9 @@ def _type_check(fields: Sequence[int], allowed: tuple[type, ...]) -> Callable[[A
 class ValueCodec:
     """Row bytes of values of one schema; a non-struct schema holds bare values (not 1-tuples)."""
 
-    def __init__(self, schema: DataType, what: str, path: str = "", rows: RowFactory | None = None) -> None:
+    def __init__(
+        self, schema: DataType, what: str, path: str = "", rows: RowFactory | None = None, local_time: bool = False
+    ) -> None:
         self.schema = schema
         self.what = what
         self.bare = not schema.is_struct
@@ -145,7 +154,7 @@ class ValueCodec:
         self.names = [f.name for f in fields] if fields else ["value"]
         self.paths = [f"{path}.{n}" if path else n for n in self.names]
         self.nullable = [f.nullable for f in fields] if fields else [True]
-        slots = [_slot(t, what, p, rows) for t, p in zip(types, self.paths, strict=True)]
+        slots = [_slot(t, what, p, rows, local_time) for t, p in zip(types, self.paths, strict=True)]
         self.types = types
         self.n = len(slots)
         self.nbytes = (self.n + 7) // 8
@@ -305,11 +314,18 @@ class ListCodec:
     them); an array field is `nested` (struct elements decode through `rows`)."""
 
     def __init__(
-        self, element: DataType, what: str, path: str = "", rows: RowFactory | None = None, nested: bool = False
+        self,
+        element: DataType,
+        what: str,
+        path: str = "",
+        rows: RowFactory | None = None,
+        nested: bool = False,
+        local_time: bool = False,
     ) -> None:
-        self.element = ValueCodec(element, what, path, rows)
+        self.element = ValueCodec(element, what, path, rows, local_time)
         self._enc = self.element.encode
-        self._dec = _nested(element, what, path, rows)[1] if nested and element.is_struct else self.element.decode
+        nested_struct = nested and element.is_struct
+        self._dec = _nested(element, what, path, rows, local_time)[1] if nested_struct else self.element.decode
 
     def encode(self, values: Sequence[Any]) -> bytes:
         if not isinstance(values, list | tuple) and not _is_ndarray(values):
@@ -354,12 +370,14 @@ def _hashable(key: Any) -> Any:
 class MapCodec:
     """A map (a dict, or a list of key-value pairs as Arrow gives them) in its own entry order."""
 
-    def __init__(self, typ: DataType, what: str, path: str = "", rows: RowFactory | None = None) -> None:
+    def __init__(
+        self, typ: DataType, what: str, path: str = "", rows: RowFactory | None = None, local_time: bool = False
+    ) -> None:
         assert typ.key is not None and typ.element is not None
         self.what = what
         self.path = path or "value"
-        self._enc_key, self._dec_key = _nested(typ.key, what, f"{path}{{key}}", rows)
-        self._enc_value, self._dec_value = _nested(typ.element, what, f"{path}{{}}", rows)
+        self._enc_key, self._dec_key = _nested(typ.key, what, f"{path}{{key}}", rows, local_time)
+        self._enc_value, self._dec_value = _nested(typ.element, what, f"{path}{{}}", rows, local_time)
         self._values_nullable = typ.contains_null
 
     def encode(self, value: Any) -> bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import operator
+import time
 from typing import Any
 
 from statekeeper.store.errors import StatekeeperError
@@ -38,6 +39,18 @@ def to_micros(v: Any) -> int:
         base = EPOCH if v.tzinfo is not None else EPOCH_NAIVE
         return (v - base) // _MICRO
     return as_int(v)
+
+
+def to_micros_local(v: Any) -> int:
+    """As PySpark's ``TimestampType.toInternal``: a naive datetime is local time (an aware one its instant)."""
+    if isinstance(v, dt.datetime) and v.tzinfo is None:
+        return int(time.mktime(v.timetuple())) * 1_000_000 + v.microsecond
+    return to_micros(v)
+
+
+def from_micros_local(m: int) -> dt.datetime:
+    """As PySpark's ``TimestampType.fromInternal``: a naive datetime in local time."""
+    return dt.datetime.fromtimestamp(m // 1_000_000).replace(microsecond=m % 1_000_000)
 
 
 def to_days(v: Any) -> int:
@@ -103,9 +116,11 @@ __all__ = [
     "as_text",
     "field_error",
     "from_days",
+    "from_micros_local",
     "from_micros_naive",
     "from_micros_utc",
     "to_days",
     "to_micros",
+    "to_micros_local",
     "unscaled",
 ]

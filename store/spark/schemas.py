@@ -193,8 +193,10 @@ def spark_rows() -> RowFactory | None:
 class ValueFormat:
     """Encodes values under a variable's current schema and decodes values of any recorded schema."""
 
-    def __init__(self, name: str, is_list: bool, where: str = "") -> None:
+    def __init__(self, name: str, is_list: bool, where: str = "", local_time: bool = False) -> None:
+        """`local_time`: timestamps as PySpark hands them to a processor (naive, local time), not aware in UTC."""
         self.name = name
+        self.local_time = local_time
         self.is_list = is_list
         self.kind = "list" if is_list else "value"
         self.what = f"state variable {name!r}"
@@ -213,8 +215,8 @@ class ValueFormat:
 
     def _codec(self, schema: DataType) -> ValueCodec | ListCodec:
         if self.is_list:
-            return ListCodec(schema, self.what, rows=spark_rows())
-        return ValueCodec(schema, self.what, rows=spark_rows())
+            return ListCodec(schema, self.what, rows=spark_rows(), local_time=self.local_time)
+        return ValueCodec(schema, self.what, rows=spark_rows(), local_time=self.local_time)
 
     def use(self, schema_id: int, schema: DataType | None, history: dict[int, DataType]) -> None:
         self.schema_id = schema_id

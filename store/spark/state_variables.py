@@ -55,7 +55,7 @@ class _State:
         self._record = ctx.declare(name, self.kind, ttl_ms, schema, user_key_schema)
         self._cf = ctx.store.column_family(name)
         where = f" (store {ctx.store.store_id.operator} partition {ctx.store.store_id.partition})"
-        self._fmt = ValueFormat(name, self.kind == "list", where)
+        self._fmt = ValueFormat(name, self.kind == "list", where, local_time=True)  # PySpark's timestamps
         self._use_record()
 
     def _use_record(self) -> None:

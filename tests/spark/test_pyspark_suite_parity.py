@@ -91,6 +91,7 @@ CASES: dict[str, tuple[Callable[[bool], Any], str, bool, bool]] = {
     "IterationOrders": (p.IterationOrders, "ProcessingTime", False, False),
     "ListStateTTL": (lambda pandas: p.ListStateTTL(pandas, ttl_ms=15_000), "ProcessingTime", False, False),
     "ReorderedOutput": (p.ReorderedOutput, "None", False, False),
+    "StateTimestamps": (p.StateTimestamps, "None", False, False),
 }
 PAUSE_S = {"ListStateTTL": 10.0}
 """Batch k + 1 starts 10 s + batch k's duration after it: with a 15 s TTL, batch k + 1 sees batch k's elements

@@ -442,3 +442,33 @@ def test_map_get_value_is_a_row_like_pysparks() -> None:
 
     with TwsTester(Getter(), "id", "id string, total long, plain boolean") as t:
         assert t.run([{"id": "a"}]) == [("a", 4, True)]
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_timestamps_read_from_state_are_naive_local_time_like_pyspark(flavour: str) -> None:
+    """PySpark's TimestampType.fromInternal: a naive datetime in local time (compared with PySpark's operator in
+    test_pyspark_suite_parity.py's StateTimestamps); with TZ=Asia/Kolkata a naive write reads back the same and
+    stores the instant 5:30 earlier in UTC, as PySpark's toInternal takes a naive datetime as local time."""
+    import os
+    import time
+
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = "Asia/Kolkata"
+    time.tzset()
+    try:
+        with _tester(p.StateTimestamps(flavour == "pandas"), flavour, time_mode="None") as t:
+            t.run(_rows(("k", 1, 0)))
+            (out,) = t.run(_rows(("k", 1, 5)))
+            stored = t.value_state("last")[("k",)]
+    finally:
+        if before is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = before
+        time.tzset()
+    # rows: the event time is aware (T0, UTC midnight), read back as Kolkata's naive 05:30; pandas: it is naive
+    # in the session time zone (UTC), written as Kolkata local time, so its instant is 5:30 earlier
+    naive = repr(dt.datetime(2024, 1, 1, 5, 30) if flavour == "rows" else dt.datetime(2024, 1, 1))
+    assert out[1] == f"[({naive},), [({naive},)], ({naive},)]"
+    shift = dt.timedelta(0) if flavour == "rows" else dt.timedelta(hours=5, minutes=30)
+    assert stored == (T0 + dt.timedelta(seconds=5) - shift,)

@@ -225,6 +225,28 @@ class ReorderedOutput(_Flavour):
             yield Row(last="z", info=Row(b=key[0], a=n), first="a", n=n, id=key[0], extra=1)
 
 
+class StateTimestamps(_Flavour):
+    """Keeps the latest event time in value, list and map state and emits them as read back: PySpark hands a
+    processor naive datetimes in local time (``TimestampType.fromInternal``), whatever it wrote."""
+
+    OUTPUT = "id string, seen string"
+
+    def init(self, handle: Any) -> None:
+        self.last = handle.getValueState("last", "t timestamp")
+        self.all = handle.getListState("all", "t timestamp")
+        self.by = handle.getMapState("by", "k string", "t timestamp")
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        seen = (self.last.get(), list(self.all.get()), self.by.getValue(("k",)))
+        latest = max(self.column(rows, "eventTime"))
+        if hasattr(latest, "to_pydatetime"):
+            latest = latest.to_pydatetime()
+        self.last.update((latest,))
+        self.all.appendValue((latest,))
+        self.by.updateValue(("k",), (latest,))
+        yield self.emit(id=key[0], seen=repr([seen[0], seen[1][-1:], seen[2] and tuple(seen[2])]))
+
+
 class FrameDtypes(_Flavour):
     """The dtype and first value of each column of each frame it gets (pandas): PySpark infers them per frame
     from Python values, so an int column is int64 (float64 only in a frame with a null), a float float64."""
