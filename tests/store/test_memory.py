@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[2]
 LIMIT_MB = 64
 FIXED_OVERHEAD = 16 * MiB
 PER_STORE_OVERHEAD = int(1.5 * MiB)
-TIGHT_FIXED_OVERHEAD = 8 * MiB
+TIGHT_FIXED_OVERHEAD = 10 * MiB  # 8 MiB was exceeded by 0.6 MiB once under a loaded make test (2 xdist workers + Spark)
 TIGHT_PER_STORE_OVERHEAD = MiB // 2
 CACHE_SLACK = 4 * MiB
 """The LRU cache is not strict: pinned L0 index/filter blocks and the write buffer manager's dummy
