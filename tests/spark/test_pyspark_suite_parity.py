@@ -184,6 +184,28 @@ def test_matrix_matches_pyspark(spark: Any, tmp_path: Path, name: str, flavour: 
     parity(spark, tmp_path, name, flavour)
 
 
+def _start(engine: str, stream: Any, processor: Any, flavour: str, tmp_path: Path, sink: _Collect) -> Any:
+    """`processor` over `stream` on PySpark's operator or statekeeper's (time mode None, Append), into `sink`."""
+    ckpt = str(tmp_path / f"{engine}-ckpt")
+    output = type(processor).OUTPUT
+    if engine == "pyspark":
+        grouped = stream.groupBy("id")
+        tws = grouped.transformWithStateInPandas if flavour == "pandas" else grouped.transformWithState
+        df = tws(processor, output, "Append", "None")
+        return df.writeStream.foreachBatch(sink).option("checkpointLocation", ckpt).trigger(availableNow=True).start()
+    op = StatefulOperator(
+        (tmp_path / "state").as_uri(),
+        type(processor).__name__.lower(),
+        key="id",
+        processor=processor,
+        output_schema=output,
+        input_format=flavour,
+        num_partitions=1,
+        sink=sink,
+    )
+    return op.start(stream, ckpt, trigger={"availableNow": True})
+
+
 @pytest.mark.parametrize("flavour", ["rows", "pandas"])
 def test_avro_state_encoding_refuses_non_nullable_fields_like_pyspark(spark: Any, tmp_path: Path, flavour: str) -> None:
     """With spark.sql.streaming.stateStore.encodingFormat=avro, both operators fail the query at the declaration
@@ -196,25 +218,8 @@ def test_avro_state_encoding_refuses_non_nullable_fields_like_pyspark(spark: Any
     try:
         for engine in ("pyspark", "statekeeper"):
             stream = spark.readStream.schema(p.INPUT).option("maxFilesPerTrigger", 1).parquet(str(inputs))
-            ckpt = str(tmp_path / f"{engine}-ckpt")
-            if engine == "pyspark":
-                grouped = stream.groupBy("id")
-                tws = grouped.transformWithStateInPandas if use_pandas else grouped.transformWithState
-                df = tws(p.NotNullableState(use_pandas), p.NotNullableState.OUTPUT, "Append", "None")
-                query = df.writeStream.foreachBatch(_Collect()).option("checkpointLocation", ckpt)
-                query = query.trigger(availableNow=True).start()
-            else:
-                op = StatefulOperator(
-                    (tmp_path / "state").as_uri(),
-                    "not_nullable",
-                    key="id",
-                    processor=p.NotNullableState(use_pandas),
-                    output_schema=p.NotNullableState.OUTPUT,
-                    input_format=flavour,
-                    num_partitions=1,
-                    sink=_Collect(),
-                )
-                query = op.start(stream, ckpt, trigger={"availableNow": True})
+            processor = p.NotNullableState(use_pandas)
+            query = _start(engine, stream, processor, flavour, tmp_path, _Collect())
             with pytest.raises(Exception) as e:
                 _run(query)
             messages.append(str(e.value))
@@ -247,26 +252,8 @@ def test_pandas_frame_dtypes_are_inferred_per_frame_like_pyspark(spark: Any, tmp
         spark.conf.set(key, value)
     for engine in ("pyspark", "statekeeper"):
         stream = spark.readStream.schema(schema).parquet(str(inputs))
-        ckpt, sink = str(tmp_path / f"{engine}-ckpt"), _Collect()
-        if engine == "pyspark":
-            df = stream.groupBy("id").transformWithStateInPandas(
-                p.FrameDtypes(True), p.FrameDtypes.OUTPUT, "Append", "None"
-            )
-            query = (
-                df.writeStream.foreachBatch(sink).option("checkpointLocation", ckpt).trigger(availableNow=True).start()
-            )
-        else:
-            op = StatefulOperator(
-                (tmp_path / "state").as_uri(),
-                "dtypes",
-                key="id",
-                processor=p.FrameDtypes(True),
-                output_schema=p.FrameDtypes.OUTPUT,
-                input_format="pandas",
-                num_partitions=1,
-                sink=sink,
-            )
-            query = op.start(stream, ckpt, trigger={"availableNow": True})
+        sink = _Collect()
+        query = _start(engine, stream, p.FrameDtypes(True), "pandas", tmp_path, sink)
         _run(query)
         outputs.append(sink.batches)
     for key in CONF:
