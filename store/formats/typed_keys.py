@@ -31,10 +31,12 @@ from statekeeper.store.formats.typed_scalars import (
     as_text,
     field_error,
     from_days,
+    from_micros_local,
     from_micros_naive,
     from_micros_utc,
     to_days,
     to_micros,
+    to_micros_local,
     unscaled,
 )
 from statekeeper.store.formats.typed_schema import INTEGRAL, DataType, SchemaError
@@ -80,10 +82,10 @@ def _read_escaped(raw: bytes, pos: int) -> tuple[bytes, int]:
     return (body.replace(b"\x00\xff", b"\x00") if b"\x00" in body else body), end + 2
 
 
-def _key_parts(typ: DataType, what: str, path: str) -> tuple[KeyEncoder, KeyDecoder]:
+def _key_parts(typ: DataType, what: str, path: str, local_time: bool = False) -> tuple[KeyEncoder, KeyDecoder]:
     name = typ.name
     if typ.is_struct:
-        subs = [_key_parts(f.type, what, f"{path}.{f.name}" if path else f.name) for f in typ.fields]
+        subs = [_key_parts(f.type, what, f"{path}.{f.name}" if path else f.name, local_time) for f in typ.fields]
         encs = [e for e, _ in subs]
         decs = [d for _, d in subs]
         n = len(subs)
@@ -115,8 +117,10 @@ def _key_parts(typ: DataType, what: str, path: str) -> tuple[KeyEncoder, KeyDeco
             4,
         )
     elif name in ("timestamp", "timestamp_ntz"):
-        back = from_micros_utc if name == "timestamp" else from_micros_naive
-        fixed = (lambda v: _U64.pack(to_micros(v) + _SIGN), lambda r, p: back(_U64.unpack_from(r, p)[0] - _SIGN), 8)
+        local = local_time and name == "timestamp"  # PySpark's: naive, local time
+        back = from_micros_local if local else from_micros_utc if name == "timestamp" else from_micros_naive
+        to = to_micros_local if local else to_micros
+        fixed = (lambda v: _U64.pack(to(v) + _SIGN), lambda r, p: back(_U64.unpack_from(r, p)[0] - _SIGN), 8)
     elif typ.decimal is not None:
         precision, scale = typ.decimal
         fixed = (
@@ -182,11 +186,12 @@ def _key_parts(typ: DataType, what: str, path: str) -> tuple[KeyEncoder, KeyDeco
 class KeyCodec:
     """Order-preserving bytes of key tuples of one schema (a struct, or one atomic type)."""
 
-    def __init__(self, schema: DataType, what: str) -> None:
+    def __init__(self, schema: DataType, what: str, local_time: bool = False) -> None:
+        """`local_time`: timestamps as PySpark hands them to a processor (naive, local time), else aware in UTC."""
         self.schema = schema
         self.what = what
         self.bare = not schema.is_struct
-        self._enc, self._dec = _key_parts(schema, what, "" if schema.is_struct else "key")
+        self._enc, self._dec = _key_parts(schema, what, "" if schema.is_struct else "key", local_time)
         single = schema.fields[0].type.name if schema.is_struct and len(schema.fields) == 1 else None
         self._single_string = single == "string"
         self.single_kind = "string" if single == "string" else "integral" if single in INTEGRAL else None

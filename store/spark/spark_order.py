@@ -15,6 +15,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from statekeeper.store.formats.typed_scalars import to_micros_local
 from statekeeper.store.formats.typed_schema import DataType
 
 _FIXED = {
@@ -43,7 +44,9 @@ def long_order(v: int) -> bytes:
 def _fixed_value(name: str, v: Any) -> Any:
     if name == "date" and isinstance(v, dt.date):
         return (v - dt.date(1970, 1, 1)).days
-    if name in ("timestamp", "timestamp_ntz") and isinstance(v, dt.datetime):
+    if name == "timestamp" and isinstance(v, dt.datetime):
+        return to_micros_local(v)  # a processor's naive timestamp is local time, as PySpark's
+    if name == "timestamp_ntz" and isinstance(v, dt.datetime):
         return (v - (_EPOCH if v.tzinfo else _EPOCH_NTZ)) // _MICRO
     if name in ("float", "double"):
         v = float(v)

@@ -373,7 +373,7 @@ class MapState(_State):
         )
         schema = self._record.user_key_schema
         if self._uk is None and schema is not None:
-            self._uk = KeyCodec(schema, f"state variable {self.name!r}, map key")
+            self._uk = KeyCodec(schema, f"state variable {self.name!r}, map key", local_time=True)
             # a bare value for a one-field key struct, as PySpark takes one ("name string" keyed by "a")
             self._one_field_key = schema.is_struct and len(schema.fields) == 1
 
@@ -382,7 +382,7 @@ class MapState(_State):
             schema = infer(userKey, f"state variable {self.name!r}, map key")
             self._record.user_key_schema = schema
             self._ctx.record_inferred(self.name, self._record)
-            self._uk = KeyCodec(schema, f"state variable {self.name!r}, map key")
+            self._uk = KeyCodec(schema, f"state variable {self.name!r}, map key", local_time=True)
         return self._uk
 
     def _skey(self, userKey: Any) -> bytes:

@@ -472,3 +472,37 @@ def test_timestamps_read_from_state_are_naive_local_time_like_pyspark(flavour: s
     assert out[1] == f"[({naive},), [({naive},)], ({naive},)]"
     shift = dt.timedelta(0) if flavour == "rows" else dt.timedelta(hours=5, minutes=30)
     assert stored == (T0 + dt.timedelta(seconds=5) - shift,)
+
+
+def test_map_keys_with_timestamps_read_back_naive_like_pyspark() -> None:
+    """A MapState key's timestamp is a naive local datetime too; it finds its entry again under another TZ."""
+    import os
+    import time
+
+    from statekeeper.store.spark import StatefulProcessor
+
+    written = [dt.datetime(2024, 1, 1, 0, 0, s, s) for s in (5, 0, 7)]
+
+    class ByTime(StatefulProcessor):
+        def init(self, handle: Any) -> None:
+            self.m = handle.getMapState("m", "t timestamp", "n int")
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
+            seen = sorted(k[0] for k in self.m.keys())  # noqa: SIM118 - MapState, not a dict
+            for t in written:
+                self.m.updateValue((t,), (t.second,))
+            yield (key[0], repr(seen), self.m.getValue((written[0],)).n)
+
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = "Asia/Kolkata"
+    time.tzset()
+    try:
+        with TwsTester(ByTime(), "id", "id string, seen string, n int") as t:
+            t.run([{"id": "a"}])
+            assert t.run([{"id": "a"}]) == [("a", repr(sorted(written)), 5)]
+    finally:
+        if before is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = before
+        time.tzset()
