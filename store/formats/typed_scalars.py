@@ -49,8 +49,11 @@ def to_micros_local(v: Any) -> int:
 
 
 def from_micros_local(m: int) -> dt.datetime:
-    """As PySpark's ``TimestampType.fromInternal``: a naive datetime in local time."""
-    return dt.datetime.fromtimestamp(m // 1_000_000).replace(microsecond=m % 1_000_000)
+    """As PySpark's ``TimestampType.fromInternal``: a naive datetime in local time (ValueError out of range)."""
+    try:
+        return dt.datetime.fromtimestamp(m // 1_000_000).replace(microsecond=m % 1_000_000)
+    except OSError as e:  # a platform's time_t limit: out of range like the others
+        raise ValueError(f"timestamp {m} µs is out of range: {e}") from None
 
 
 def to_days(v: Any) -> int:

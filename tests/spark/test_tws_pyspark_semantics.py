@@ -6,9 +6,13 @@ PySpark's operator in test_pyspark_suite_parity.py."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import decimal
 import json
+import os
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pandas as pd  # type: ignore[import-untyped]
@@ -46,6 +50,22 @@ def _rows(*rows: tuple[str, int, float]) -> pa.Table:
             "eventTime": pa.array([T0 + dt.timedelta(seconds=r[2]) for r in rows], pa.timestamp("us", tz="UTC")),
         }
     )
+
+
+@contextlib.contextmanager
+def _local_time_zone(zone: str) -> Iterator[None]:
+    """The process's local time zone (what PySpark's naive timestamps are in) set to `zone` meanwhile."""
+    before = os.environ.get("TZ")
+    os.environ["TZ"] = zone
+    time.tzset()
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = before
+        time.tzset()
 
 
 def _tester(processor: Any, flavour: str, **kw: Any) -> TwsTester:
@@ -449,23 +469,10 @@ def test_timestamps_read_from_state_are_naive_local_time_like_pyspark(flavour: s
     """PySpark's TimestampType.fromInternal: a naive datetime in local time (compared with PySpark's operator in
     test_pyspark_suite_parity.py's StateTimestamps); with TZ=Asia/Kolkata a naive write reads back the same and
     stores the instant 5:30 earlier in UTC, as PySpark's toInternal takes a naive datetime as local time."""
-    import os
-    import time
-
-    before = os.environ.get("TZ")
-    os.environ["TZ"] = "Asia/Kolkata"
-    time.tzset()
-    try:
-        with _tester(p.StateTimestamps(flavour == "pandas"), flavour, time_mode="None") as t:
-            t.run(_rows(("k", 1, 0)))
-            (out,) = t.run(_rows(("k", 1, 5)))
-            stored = t.value_state("last")[("k",)]
-    finally:
-        if before is None:
-            del os.environ["TZ"]
-        else:
-            os.environ["TZ"] = before
-        time.tzset()
+    with _local_time_zone("Asia/Kolkata"), _tester(p.StateTimestamps(flavour == "pandas"), flavour) as t:
+        t.run(_rows(("k", 1, 0)))
+        (out,) = t.run(_rows(("k", 1, 5)))
+        stored = t.value_state("last")[("k",)]
     # rows: the event time is aware (T0, UTC midnight), read back as Kolkata's naive 05:30; pandas: it is naive
     # in the session time zone (UTC), written as Kolkata local time, so its instant is 5:30 earlier
     naive = repr(dt.datetime(2024, 1, 1, 5, 30) if flavour == "rows" else dt.datetime(2024, 1, 1))
@@ -476,9 +483,6 @@ def test_timestamps_read_from_state_are_naive_local_time_like_pyspark(flavour: s
 
 def test_map_keys_with_timestamps_read_back_naive_like_pyspark() -> None:
     """A MapState key's timestamp is a naive local datetime too; it finds its entry again under another TZ."""
-    import os
-    import time
-
     from statekeeper.store.spark import StatefulProcessor
 
     written = [dt.datetime(2024, 1, 1, 0, 0, s, s) for s in (5, 0, 7)]
@@ -493,16 +497,6 @@ def test_map_keys_with_timestamps_read_back_naive_like_pyspark() -> None:
                 self.m.updateValue((t,), (t.second,))
             yield (key[0], repr(seen), self.m.getValue((written[0],)).n)
 
-    before = os.environ.get("TZ")
-    os.environ["TZ"] = "Asia/Kolkata"
-    time.tzset()
-    try:
-        with TwsTester(ByTime(), "id", "id string, seen string, n int") as t:
-            t.run([{"id": "a"}])
-            assert t.run([{"id": "a"}]) == [("a", repr(sorted(written)), 5)]
-    finally:
-        if before is None:
-            del os.environ["TZ"]
-        else:
-            os.environ["TZ"] = before
-        time.tzset()
+    with _local_time_zone("Asia/Kolkata"), TwsTester(ByTime(), "id", "id string, seen string, n int") as t:
+        t.run([{"id": "a"}])
+        assert t.run([{"id": "a"}]) == [("a", repr(sorted(written)), 5)]

@@ -344,3 +344,25 @@ def test_compiled_fast_paths_agree_with_the_checked_codec(rows: list[tuple[Any, 
         for key in keys:
             assert encode(key) == with_key_group(codec.encode(key), 64)
             assert codec.decode(encode(key), 2) == tuple(int(k) if kind == "integral" else k for k in key)
+
+
+@given(micros=st.integers(-(2**63), 2**63 - 1))
+@settings(max_examples=200, deadline=None)
+def test_hostile_timestamps_in_processor_facing_state_are_a_corrupt_state(micros: int) -> None:
+    """Any stored 8-byte timestamp, read as PySpark hands it (naive local time) from a value or a map key:
+    a datetime, or CorruptStateError naming the variable -- never another exception."""
+    fmt = ValueFormat("t", False, local_time=True)
+    schema = parse_ddl("t timestamp")
+    fmt.use(1, schema, {1: schema})
+    plain = ValueFormat("t", False)
+    plain.use(1, schema, {1: schema})
+    raw = plain.encode((micros,))  # an int is stored as given: the bytes a hostile file could hold
+    keys = KeyCodec(schema, "state variable 't', map key", local_time=True)
+    key = KeyCodec(schema, "k").encode((micros,))
+    for decode, data in ((fmt.decode, raw), (keys.decode, key)):
+        try:
+            value = decode(data)
+        except CorruptStateError as e:
+            assert "'t'" in str(e) or "key" in str(e)
+        else:
+            assert isinstance(value[0], dt.datetime) and value[0].tzinfo is None
