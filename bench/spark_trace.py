@@ -115,12 +115,13 @@ def trace_table(rows: list[list[Any]]) -> Table:
             "appends each batch's full trace, every partition, as a JSON line.",
             "Spark around foreachBatch = trigger duration - our batch function (offsets and commit logs, source "
             "listing, progress). driver before job = our function's work before the tasks job (commit log read, "
-            "batch timestamp file, plan). job outside tasks = tasks job - slowest task (the shuffle's map stage, "
-            "the other wave of tasks when partitions outnumber cores: 4 on local[2], scheduling, the JVM's side "
-            "of each task: shuffle read, sort, Arrow both ways, caching the output). Placed on the wall clock: "
+            "batch timestamp file, plan). tasks job = the sink's call, whose job runs the tasks. job outside "
+            "tasks = tasks job - slowest task (planning, the shuffle's map stage, the other wave of tasks when "
+            "partitions outnumber cores: 4 on local[2], scheduling, the JVM's side of each task: shuffle read, "
+            "sort, Arrow both ways, the sink's write). Placed on the wall clock: "
             "before 1st task = job start to the first task function's start (planning, the map stage, the "
             "first task's shuffle read and sort); tasks' span = first task's start to last task's end; after "
-            "last task = to the job's end (caching the last output, collecting the results).",
+            "last task = to the job's end (the last output's write, the results' merge).",
             "task: to 1st input batch = from the task function's start to its first Arrow batch (shuffle read); "
             "input wait = later waits on Spark's input iterator; output to Spark = time handing our output "
             "batches to the JVM; user logic + state = the processor and its state reads/writes.",
@@ -146,7 +147,7 @@ PER_ROW_COLUMNS = [
     "task: output build µs/row",
     "task: output to Spark µs/row",
     "job outside tasks µs/row",
-    "sink (second job) µs/row",
+    "sink after the commit record µs/row",
     "worker RSS at task start MB",
     "of it RocksDB MB",
     "worker peak RSS MB",
@@ -211,8 +212,8 @@ def per_row_table(rows: list[list[Any]]) -> Table:
             "Arrow to Python + grouping = converting each chunk to rows / one pandas frame and finding its keys' "
             "runs (one timer). user logic + state = the processor with its state reads, writes and their codec, "
             "and (pandas) cutting each key's frame from the chunk's as the processor takes it (one timer). "
-            "output build = the output rows / frames to Arrow. sink (second job) = the sink's job "
-            "reading the cached task output into noop.",
+            "output build = the output rows / frames to Arrow. sink after the commit record = the sink's "
+            "call after the record (0 when the sink's own job ran the tasks, as here: its time is the tasks job's).",
             "Task columns are one core's cost per row (each task runs on one of the 2 cores); the batch's columns "
             "are wall clock per row of the batch.",
             "worker peak RSS: the largest peak RSS of a worker while one of the query's tasks ran (VmHWM, reset at "

@@ -6,14 +6,15 @@ Per micro-batch ``b`` (version ``b`` is loaded, ``b + 1`` committed):
    its first commit record). One marker row per partition guarantees every partition's task runs,
    even with no data, because every partition must commit every version.
 2. Each partition task (``mapInArrow``) loads its store at version ``b`` with the committed checkpoint
-   id, runs the processor, commits under a fresh id and returns its output rows plus one metadata row.
-   The result is persisted (with a sink; without one only the results are read), so each partition's output
-   and id come from the same winning attempt; retried, speculative or failed attempts leave only uncommitted
-   files (orphans for maintenance).
+   id, runs the processor, commits under a fresh id and returns its output rows plus its result. With a sink
+   the sink's own job runs the tasks and each reports its result through an accumulator
+   (store/spark/tasks_job.py); otherwise (or when the sink left a partition unread) the driver's own job
+   runs them, its output persisted for the sink, so each partition's output and id come from the same winning
+   attempt; retried, speculative or failed attempts leave only uncommitted files (orphans for maintenance).
 3. In async mode the driver waits until every partition's changelog is durable in the checkpoint
    location; a failed or lost upload fails the attempt and the whole batch is re-run from version ``b``.
-4. Only then the driver writes the commit record of version ``b + 1`` with every partition's id, and
-   passes the output to the user's sink with the batch id.
+4. Only then the driver writes the commit record of version ``b + 1`` with every partition's id and, when
+   its job ran the tasks, passes the output to the user's sink with the batch id.
 
 Restart: Spark re-runs its last uncommitted batch ``b``. If our commit record ``b + 1`` exists, the
 state of ``b`` is already applied and is not applied again; the output is recomputed from version
@@ -23,6 +24,7 @@ The batch's processing time is recorded before its first attempt, so a re-run se
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -35,7 +37,6 @@ from typing import TYPE_CHECKING, Any, cast
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.errors import (
     ConfigurationError,
-    StatekeeperError,
 )
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.files.paths import validate_component
@@ -52,7 +53,7 @@ from statekeeper.store.spark.event_time import (
     parse_delay_ms,
     watermark_of,
 )
-from statekeeper.store.spark.executor import PID_COL, TaskSpec, run_task
+from statekeeper.store.spark.executor import PID_COL, TaskSpec
 from statekeeper.store.spark.heartbeat import DEFAULT_INTERVAL_SECONDS, Heartbeat
 from statekeeper.store.spark.initial_state import Seed, collect_initial_state, initial_state_frame, seed_of
 from statekeeper.store.spark.metrics import BatchProgress, PartitionMetrics
@@ -64,7 +65,8 @@ from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from statekeeper.store.spark.state import check_max_key_groups
 from statekeeper.store.spark.task_input import BATCH_INPUT_BUDGET_BYTES, DEFAULT_INPUT_BUDGET_BYTES
 from statekeeper.store.spark.task_output import META_COL
-from statekeeper.store.spark.tasks_plan import OutputFilters, TasksPlan, TasksRun, tasks_job_settings
+from statekeeper.store.spark.tasks_job import Sink, TasksJob
+from statekeeper.store.spark.tasks_plan import OutputFilters, TasksPlan
 from statekeeper.store.spark.ticks import TickChannel, TickRecord, channel_path, due_at_ms, with_ticks, without_ticks
 from statekeeper.store.spark.time_mode import TimeMode
 from statekeeper.store.spark.worker_cache import FileManagerFactory
@@ -79,7 +81,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TRACE_ENV = "STATEKEEPER_SPARK_TRACE"
-Sink = Callable[["DataFrame", int], None]
 
 
 def _pyspark_processor(processor: object) -> bool:
@@ -107,7 +108,7 @@ class StatefulOperator:
 
     ``processor`` is a :class:`StatefulProcessor` (per key) or a :class:`BatchStatefulProcessor`
     (vectorized); ``key`` the grouping columns; ``output_schema`` a StructType or DDL string.
-    ``sink(df, batch_id)`` gets each batch's output after its state is committed.
+    ``sink(df, batch_id)`` gets each batch's output; its own job runs the tasks (store/spark/tasks_job.py).
     ``max_key_groups`` (the groups stored keys lead with) is recorded at the first batch and kept.
     ``task_input_budget_bytes`` bounds the Arrow input a task converts at once (whole key groups; each
     partition is sorted by key so its tasks stream their input): per-task memory follows it, not the batch
@@ -360,7 +361,19 @@ class StatefulOperator:
             rescale=rescale,
         )
         plan = self._plan(spark, df, n)
-        run = self._run_tasks(df, plan, spec, target, batch_id)
+        job = TasksJob(
+            self.name,
+            self.records,
+            self._filters,
+            self._out_struct(),
+            self.async_checkpoint,
+            self.upload_timeout_s,
+            self.max_batch_attempts,
+        )
+        if self.sink is not None and TasksJob.runs_in_sink(self.sink, df, spec):
+            run = job.in_sink(self.sink, plan, spec, target, batch_id)
+        else:
+            run = job.own(plan, spec, target, batch_id, keep_output=self.sink is not None)
         out, metas = run.out, run.metas
         try:
             t_rec = time.perf_counter()
@@ -387,43 +400,13 @@ class StatefulOperator:
             )
             self._next_batch = batch_id + 1
             t_sink = time.perf_counter()
-            if self.sink is not None:
+            if self.sink is not None and not run.in_sink:
                 self.sink(self._filters.output(out), batch_id)
             sink_ms = (time.perf_counter() - t_sink) * 1000
         finally:
             out.unpersist()
         duration = (time.perf_counter() - t0) * 1000
-        self._finish(_with(progress, sink_ms=sink_ms, duration_ms=duration))
-
-    def _run_tasks(self, df: DataFrame, plan: DataFrame, spec: TaskSpec, target: int, batch_id: int) -> TasksRun:
-        """The tasks job, re-run while an upload times out."""
-        n = spec.num_partitions
-        attempt = 0
-        with tasks_job_settings(df):
-            while True:
-                attempt += 1
-                t_job, started_at_ms = time.perf_counter(), time.time() * 1000
-                out = plan.mapInArrow(functools.partial(run_task, spec), self._out_struct())
-                if self.sink is not None:  # without a sink only the collect reads the output: nothing to keep
-                    out = out.cache()  # deserialized: the collect and the sink read it without decoding
-                try:
-                    metas = self._collect_metas(out, n)
-                    job_ms = (time.perf_counter() - t_job) * 1000
-                    t_wait = time.perf_counter()
-                    if spec.commit and self.async_checkpoint:
-                        self.records.await_uploads(target, metas, self.upload_timeout_s)
-                    wait_ms = (time.perf_counter() - t_wait) * 1000
-                    return TasksRun(out, metas, attempt, job_ms, started_at_ms, wait_ms)
-                except UploadTimeoutError as e:
-                    out.unpersist()
-                    if attempt >= self.max_batch_attempts:
-                        raise
-                    log.warning(
-                        "statekeeper %s batch %d attempt %d failed: %s; re-running", self.name, batch_id, attempt, e
-                    )
-                except BaseException:
-                    out.unpersist()
-                    raise
+        self._finish(dataclasses.replace(progress, sink_ms=sink_ms, duration_ms=duration, tasks_in_sink=run.in_sink))
 
     # -- batch phases ---------------------------------------------------------------------------
     def _watermarks(self) -> WatermarkLog | None:
@@ -554,16 +537,6 @@ class StatefulOperator:
     def _filters(self) -> OutputFilters:
         return OutputFilters.build()
 
-    def _collect_metas(self, out: DataFrame, n: int) -> list[PartitionMetrics]:
-        metas = [PartitionMetrics.from_meta(json.loads(r)) for r in self._filters.result_json(out)]
-        by_partition = {m.partition: m for m in metas}
-        if len(by_partition) != len(metas) or sorted(by_partition) != list(range(n)):
-            raise StatekeeperError(
-                f"statekeeper {self.name}: expected one result from each of partitions 0..{n - 1}, got "
-                f"{sorted(m.partition for m in metas)}"
-            )
-        return [by_partition[p] for p in range(n)]
-
     def _finish(self, progress: BatchProgress) -> None:
         self.recent_progress.append(progress)
         trace = os.environ.get(TRACE_ENV)
@@ -585,12 +558,6 @@ class StatefulOperator:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         return to_arrow_schema(self._out_struct(), timezone="UTC")
-
-
-def _with(progress: BatchProgress, **changes: Any) -> BatchProgress:
-    from dataclasses import replace
-
-    return replace(progress, **changes)
 
 
 def _avro_state_encoding(spark: SparkSession) -> bool:

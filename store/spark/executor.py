@@ -16,12 +16,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import json
 import logging
 import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -53,6 +54,9 @@ from statekeeper.store.spark.task_input import (
 from statekeeper.store.spark.task_output import META_COL, OUTPUT_BATCH_ROWS, OutputBuffer, OutputClock
 from statekeeper.store.spark.worker_cache import CACHE, FileManagerFactory, use_worker_memory
 from statekeeper.store.state_store import StateStore, StoreConfig
+
+if TYPE_CHECKING:
+    from pyspark.accumulators import Accumulator
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +99,8 @@ class TaskSpec:
     Spark's Avro state encoding requires (statekeeper's own encoding has no such limit)."""
     initial_state: pa.Table | None = None
     """First batch only: the initial state rows, with the state partition of each in PID_COL."""
+    results: Accumulator[list[str]] | None = None
+    """Where the task reports its result when the sink's own job runs it (store/spark/tasks_job.py)."""
     rescale: RescalePlan | None = None
     """The rescale this batch starts with: each task first builds its new partition (`version` is the
     rescale's new version, which the driver commits just before the batch's)."""
@@ -272,6 +278,8 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
         meta["output_rows"] = out.count
         meta["task_ms"] = (time.perf_counter() - t_start) * 1000
         meta["phases"] = _task_phases(phases, clock, process_ms, meta["task_ms"], start_rss)
+        if spec.results is not None:  # the sink's job runs this task: its result goes to the driver this way
+            spec.results.add([json.dumps(meta)])
         yield out.meta(meta)
     except CorruptStateError as e:
         where = _locate_corrupt_changelog(spec, store)

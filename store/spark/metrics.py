@@ -114,6 +114,9 @@ class BatchProgress:
     ended_at_ms, where the job's time outside the tasks went (before the first, between, after the last)."""
     commit_record_ms: float = 0.0
     sink_ms: float = 0.0
+    """The sink's call after the commit record; 0 when the sink's own job ran the tasks (`tasks_in_sink`)."""
+    tasks_in_sink: bool = False
+    """The sink's own job ran the tasks (store/spark/tasks_job.py): `job_ms` is the sink's call."""
     duration_ms: float = 0.0
     attempts: int = 1
     watermark_ms: int = -1

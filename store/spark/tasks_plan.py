@@ -110,7 +110,7 @@ class OutputFilters:
 
 @dataclass(frozen=True)
 class TasksRun:
-    """One batch's tasks job as it ran: its cached output, each partition's result, its timings."""
+    """One batch's tasks job as it ran: its output, each partition's result, its timings."""
 
     out: DataFrame
     metas: list[PartitionMetrics]
@@ -120,6 +120,9 @@ class TasksRun:
     """Wall clock (epoch ms) when the job's last attempt started."""
     upload_wait_ms: float
     """The driver's wait for asynchronous uploads after the job."""
+    in_sink: bool = False
+    """The sink's own job ran the tasks (store/spark/tasks_job.py): `job_ms` is the sink's call, and the
+    output is not cached for it."""
 
 
 @contextlib.contextmanager

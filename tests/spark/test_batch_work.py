@@ -1,4 +1,5 @@
-"""Work per batch on real Spark: each partition's task runs once (the sink reuses its output), and the trace."""
+"""Work per batch on real Spark: each partition's task runs once (in the sink's own job), whatever the sink does
+the state takes each batch once, and the trace."""
 
 from __future__ import annotations
 
@@ -58,10 +59,11 @@ def test_each_partition_task_runs_once_per_batch_and_traces_its_phases(
             assert p["phases"]["ended_at_ms"] <= t["job_started_at_ms"] + t["job_ms"]
 
 
-def test_a_batch_is_one_tasks_job_and_the_sink_keeps_the_sessions_adaptive_setting(spark: Any, tmp_path: Path) -> None:
-    """Adaptive execution would split the tasks job into three (shuffle map stage, cached tasks, the driver's
-    read of their results); the operator plans it without, and gives the session's own setting back before
-    the user's sink runs."""
+@pytest.mark.parametrize("adaptive", ["false", "true"])
+def test_the_sinks_job_runs_the_tasks_under_the_sessions_settings(spark: Any, tmp_path: Path, adaptive: str) -> None:
+    """With a sink, a steady batch is the sink's own job: its tasks' output reaches the sink as it comes out of
+    them (nothing cached, no job of the operator's own), under the session's settings (adaptive execution splits
+    the sink's job into its shuffle's map stage and the rest, as it would any query's)."""
     seen: list[str | None] = []
 
     def sink(df: Any, batch_id: int) -> None:
@@ -70,18 +72,77 @@ def test_a_batch_is_one_tasks_job_and_the_sink_keeps_the_sessions_adaptive_setti
 
     op = StatefulOperator((tmp_path / "state").as_uri(), "counts", "user", CountSum(), OUT, num_partitions=3, sink=sink)
     sc = spark.sparkContext
-    spark.conf.set("spark.sql.adaptive.enabled", "true")
-    for b in range(2):
-        sc.setJobGroup(f"batch-{b}-{tmp_path.name}", "one batch")
-        try:
-            op.process_batch(spark.createDataFrame([(f"u{i % 7}", i) for i in range(50)], "user string, value long"), b)
-        finally:
-            sc.setLocalProperty("spark.jobGroup.id", None)
+    before = spark.conf.get("spark.sql.adaptive.enabled")
+    spark.conf.set("spark.sql.adaptive.enabled", adaptive)
+    try:
+        for b in range(2):
+            sc.setJobGroup(f"batch-{b}-{tmp_path.name}", "one batch")
+            try:
+                df = spark.createDataFrame([(f"u{i % 7}", i) for i in range(50)], "user string, value long")
+                op.process_batch(df, b)
+            finally:
+                sc.setLocalProperty("spark.jobGroup.id", None)
+    finally:
+        spark.conf.set("spark.sql.adaptive.enabled", before)
 
-    assert seen == ["true", "true"]
-    assert spark.conf.get("spark.sql.adaptive.enabled") == "true"
+    assert seen == [adaptive, adaptive]
+    assert [p.tasks_in_sink for p in op.recent_progress] == [True, True]
+    assert [p.attempts for p in op.recent_progress] == [1, 1] and op.recent_progress[-1].sink_ms < 50
     jobs = sc.statusTracker().getJobIdsForGroup(f"batch-1-{tmp_path.name}")
-    assert len(jobs) == 2, f"a steady batch ran {len(jobs)} Spark jobs, expected the tasks job and the sink's"
+    expected = 2 if adaptive == "true" else 1
+    assert len(jobs) == expected, f"a steady batch ran {len(jobs)} Spark jobs, expected the sink's {expected}"
+
+
+SINKS = ("reads all", "reads one row", "reads nothing", "reads it twice", "fails")
+
+
+def test_a_sink_that_reads_part_of_the_output_or_reads_it_twice_changes_no_state(spark: Any, tmp_path: Path) -> None:
+    """Whatever the sink does with the tasks' output, each batch is applied to the state exactly once: a sink that
+    leaves a partition unread (``limit``, nothing at all) makes the driver run the tasks again for their results;
+    one that reads the output twice runs them twice, the last attempt named by the commit record; one that fails
+    fails the batch, which runs again from the same version."""
+    from statekeeper.store.spark import read_state
+
+    runs = tmp_path / "runs.txt"
+    behaviour: list[str] = []
+    delivered: dict[int, list[tuple[Any, ...]]] = {}
+
+    def sink(df: Any, batch_id: int) -> None:
+        what = behaviour[-1]
+        if what == "reads all":
+            delivered[batch_id] = sorted(tuple(r) for r in df.collect())
+        elif what == "reads one row":
+            assert len(df.limit(1).collect()) == 1
+        elif what == "reads it twice":
+            df.write.format("noop").mode("overwrite").save()
+            delivered[batch_id] = sorted(tuple(r) for r in df.collect())
+        elif what == "fails":
+            df.limit(1).collect()
+            raise RuntimeError("the sink failed")
+
+    root = (tmp_path / "state").as_uri()
+    op = StatefulOperator(root, "counts", "user", CountingCountSum(str(runs)), OUT, num_partitions=3, sink=sink)
+    totals: dict[str, list[int]] = {}
+    for b, what in enumerate([*SINKS, "reads all"]):
+        rows = [(f"u{(i * 7 + b) % 11}", i) for i in range(b * 40, b * 40 + 40)]
+        behaviour.append(what)
+        if what == "fails":
+            with pytest.raises(Exception, match="the sink failed"):
+                op.process_batch(spark.createDataFrame(rows, "user string, value long"), b)
+            behaviour.append("reads all")  # Spark runs the batch again
+        op.process_batch(spark.createDataFrame(rows, "user string, value long"), b)
+        for user, value in rows:
+            count, total = totals.setdefault(user, [0, 0])
+            totals[user] = [count + 1, total + value]
+        if behaviour[-1] in ("reads all", "reads it twice"):
+            expected = sorted((u, *totals[u]) for u in {u for u, _ in rows})
+            assert delivered[b] == expected, f"batch {b}: the sink read {delivered[b]}"
+
+    progress = {p.batch_id: p for p in op.recent_progress}
+    assert progress[1].attempts == progress[2].attempts == 2, "a partly read output's results come from a second job"
+    assert all(p.tasks_in_sink for p in progress.values())
+    state = {json.loads(r["key"])[0]: json.loads(r["value"]) for r in read_state(spark, root, "counts").collect()}
+    assert state == totals
 
 
 class KeyCount(StatefulProcessor):
