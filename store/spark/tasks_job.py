@@ -76,11 +76,15 @@ class TasksJob:
         """The sink's job runs the tasks; the results they report, or a job of the driver's own when the sink
         left a partition unread or an upload timed out."""
         results: Accumulator[list[str]] = plan.sparkSession.sparkContext.accumulator([], _ResultsParam())  # type: ignore[arg-type]
-        t_job, started_at_ms = time.perf_counter(), time.time() * 1000
-        out = plan.mapInArrow(functools.partial(run_task, dataclasses.replace(spec, results=results)), self.out_struct)
-        sink(self.filters.output(out), batch_id)
-        job_ms = (time.perf_counter() - t_job) * 1000
-        metas = _latest_each(results.value, spec.num_partitions)
+        try:
+            t_job, started_at_ms = time.perf_counter(), time.time() * 1000
+            task = functools.partial(run_task, dataclasses.replace(spec, results=results))
+            out = plan.mapInArrow(task, self.out_struct)
+            sink(self.filters.output(out), batch_id)
+            job_ms = (time.perf_counter() - t_job) * 1000
+            metas = _latest_each(results.value, spec.num_partitions)
+        finally:
+            _forget(results)
         if metas is None:
             log.info(
                 "statekeeper %s batch %d: the sink left a partition unread; running the tasks", self.name, batch_id
@@ -125,6 +129,14 @@ class TasksJob:
                 except BaseException:
                     out.unpersist()
                     raise
+
+
+def _forget(results: Accumulator[list[str]]) -> None:
+    """Drop the batch's accumulator from PySpark's driver registry, which keeps every accumulator (and its value)
+    for the life of the process: one a batch would grow without bound. A late update of it is then ignored."""
+    from pyspark import accumulators
+
+    accumulators._accumulatorRegistry.pop(results.aid, None)
 
 
 def _latest_each(texts: list[str], n: int) -> list[PartitionMetrics] | None:

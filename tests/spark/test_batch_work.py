@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark import accumulators
 
 from statekeeper.store.spark import StatefulOperator, StatefulProcessor
 from statekeeper.store.spark.driver import TRACE_ENV
@@ -72,6 +73,7 @@ def test_the_sinks_job_runs_the_tasks_under_the_sessions_settings(spark: Any, tm
 
     op = StatefulOperator((tmp_path / "state").as_uri(), "counts", "user", CountSum(), OUT, num_partitions=3, sink=sink)
     sc = spark.sparkContext
+    registered = len(accumulators._accumulatorRegistry)
     before = spark.conf.get("spark.sql.adaptive.enabled")
     spark.conf.set("spark.sql.adaptive.enabled", adaptive)
     try:
@@ -86,6 +88,7 @@ def test_the_sinks_job_runs_the_tasks_under_the_sessions_settings(spark: Any, tm
         spark.conf.set("spark.sql.adaptive.enabled", before)
 
     assert seen == [adaptive, adaptive]
+    assert len(accumulators._accumulatorRegistry) == registered, "a batch's accumulator outlived it"
     assert [p.tasks_in_sink for p in op.recent_progress] == [True, True]
     assert [p.attempts for p in op.recent_progress] == [1, 1] and op.recent_progress[-1].sink_ms < 50
     jobs = sc.statusTracker().getJobIdsForGroup(f"batch-1-{tmp_path.name}")
