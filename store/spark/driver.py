@@ -35,9 +35,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from statekeeper.store.commit_log import CommitLog
-from statekeeper.store.errors import (
-    ConfigurationError,
-)
+from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.files.paths import validate_component
 from statekeeper.store.key_groups import KeyGroupLayout

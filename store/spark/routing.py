@@ -29,14 +29,15 @@ def _field_bytes(column: str, dtype: DataType) -> str:
     """SQL text: one key field's encoding as binary (docs/formats.md, "Keys").
 
     Strings without a NUL (nearly all) are their UTF-8 bytes as they are; only the others take the
-    regular expression that escapes each byte-aligned 00, a few times slower per row."""
+    regular expression that escapes each byte-aligned 00, a few times slower per row. (``contains`` finds the
+    NUL in about half the time ``instr`` takes.)"""
     c = f"`{column.replace('`', '``')}`"
     kind = type(dtype).__name__
     escaped = f"unhex(regexp_replace(hex({c}), '\\\\G((?:[0-9A-F]{{2}})*?)00', '$100FF'))"
     if kind in _INTEGRAL:
         some = f"unhex(concat('01', lpad(hex(cast({c} as bigint) ^ {_SIGN_FLIP}), 16, '0')))"
     elif kind in ("StringType", "VarcharType", "CharType"):
-        some = f"concat(x'01', if(instr({c}, char(0)) = 0, cast({c} as binary), {escaped}), x'0000')"
+        some = f"concat(x'01', if(contains({c}, char(0)), {escaped}, cast({c} as binary)), x'0000')"
     elif kind == "BinaryType":
         some = f"concat(x'01', {escaped}, x'0000')"
     elif kind == "BooleanType":
