@@ -14,8 +14,9 @@ file per trigger; 4 state partitions; local[2]. The main table: 100k keys, 50k r
 - statekeeper, vectorized ``BatchStatefulProcessor``
 - Spark's native JVM streaming aggregation (RocksDB provider, changelog checkpointing)
 - four floors: a stateless foreachBatch that shuffles by key into ``noop``; Spark's own Python task (shuffled
-  and sorted by key, a ``mapInArrow`` that hands its input back: ``run_python_floor``, what no change of ours
-  moves); statekeeper's own batch with a Python task that hands its input back (no state, no user code:
+  by key, a ``mapInArrow`` that hands its input back: ``run_python_floor``, what no change of ours moves);
+  statekeeper's own batch with a Python task that takes its input as a task does and hands it back (no state,
+  no user code:
   ``run_plan_floor``); the pandas floor, the same user function on the same per-key frames in a plain Python
   loop (no Spark, no state)
 
@@ -271,28 +272,26 @@ def _echo(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 def run_python_floor(spark: Any, inputs: Path, work: Path, timeout: float, partitions: int) -> list[float]:
     """Spark's own cost of a keyed Python task, which no change of statekeeper's moves: the batch shuffled by
-    key (Spark's hash), sorted by key within each partition, a mapInArrow whose function hands its input back,
-    written to noop. One job; no routing by key group, no markers, no results reported."""
+    key (Spark's hash), a mapInArrow whose function hands its input back, written to noop. One job; no routing
+    by key group, no markers, no sort, no results reported."""
 
     def python_echo(df: Any, batch_id: int) -> None:
-        shuffled = df.repartition(partitions, "key").sortWithinPartitions("key")
-        shuffled.mapInArrow(_echo, df.schema).write.format("noop").mode("overwrite").save()
+        df.repartition(partitions, "key").mapInArrow(_echo, df.schema).write.format("noop").mode("overwrite").save()
 
     return _run(_start_foreach_batch(spark, inputs, work, python_echo), SPARK_PYTHON_FLOOR, timeout)
 
 
 def run_plan_floor(spark: Any, inputs: Path, work: Path, timeout: float, partitions: int) -> list[float]:
     """statekeeper's batch without state or user logic: the operator's own tasks plan (key-group routing,
-    a marker per partition, sorted by key), a mapInArrow whose Python function hands its input back and reports
-    its end through an accumulator, the rows but the markers to noop (the sink's job running the tasks). What
-    running as a Python task inside Spark costs before any state or user code: Arrow both ways, the workers."""
-    from pyspark.sql import functions as sf
-
+    a marker per partition), a mapInArrow whose Python function takes its input as a task does (sorted by key
+    in the task, cut into chunks of whole keys), hands it back and reports its end through an accumulator, to
+    noop (the sink's job running the tasks). What running as a Python task inside Spark costs before any state
+    or user code: Arrow both ways, the workers, the sort."""
     from statekeeper.store.key_groups import KeyGroupLayout
-    from statekeeper.store.spark.executor import MARKER_COL
     from statekeeper.store.spark.routing import owner_column
     from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
-    from statekeeper.store.spark.tasks_plan import TasksPlan
+    from statekeeper.store.spark.task_input import BATCH_INPUT_BUDGET_BYTES, TaskInput
+    from statekeeper.store.spark.tasks_plan import TasksPlan, sort_in_task
 
     plans: list[TasksPlan] = []
 
@@ -301,14 +300,15 @@ def run_plan_floor(spark: Any, inputs: Path, work: Path, timeout: float, partiti
             owner = owner_column(df.schema, ("key",), KeyGroupLayout(partitions, DEFAULT_MAX_KEY_GROUPS))
             plans.append(TasksPlan.build(df.sparkSession, df.schema, ("key",), owner, partitions))
         ended = df.sparkSession.sparkContext.accumulator(0)
+        sort = sort_in_task(df.schema, ("key",))
 
         def echo_and_report(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            yield from batches
+            task_input = TaskInput(batches, ("key",), BATCH_INPUT_BUDGET_BYTES, sort=sort)
+            for chunk in task_input.chunks():
+                yield from chunk.to_batches()
             ended.add(1)
 
-        planned = plans[0].input(df)
-        out = planned.mapInArrow(echo_and_report, planned.schema)
-        out.filter(~sf.col(MARKER_COL)).drop(MARKER_COL).write.format("noop").mode("overwrite").save()
+        plans[0].input(df).mapInArrow(echo_and_report, df.schema).write.format("noop").mode("overwrite").save()
         if ended.value != partitions:
             raise RuntimeError(f"{PLAN_FLOOR}: {ended.value} of {partitions} tasks reported their end")
 
@@ -430,11 +430,12 @@ def _main_tables(main: SizeResult, load_start: float) -> list[Table]:
     notes = [
         "Targets: in the size table below (every size).",
         f"The Python-task floor is {plan_floor_p50 / native_p50:.2f}x Spark native: what statekeeper's batch pays "
-        "before any state or user logic (routing by key group, a marker per partition, the sort, Arrow both ways, "
+        "before any state or user logic (routing by key group, a marker per partition, the sort by key in the task, "
+        "Arrow both ways, "
         "the Python workers, the sink's job running the tasks). Above it, per batch: per-key rows "
         f"+{_pct(results[ROWS], 50) - plan_floor_p50:.0f} ms, vectorized "
         f"+{_pct(results[VECTORIZED], 50) - plan_floor_p50:.0f} ms (state and user logic). Spark's own Python "
-        f"task floor (the same shuffle by key, sorted, Arrow both ways, no statekeeper code) is "
+        f"task floor (the same shuffle by key, Arrow both ways, no sort, no statekeeper code) is "
         f"{_pct(results[SPARK_PYTHON_FLOOR], 50) / native_p50:.2f}x Spark native: no Python stateful operator in "
         "Spark can take less.",
         f"{main.keys:,} keys, {main.rows:,} rows per batch, {main.batches} batches, {PARTITIONS} state partitions, "

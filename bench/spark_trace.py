@@ -118,9 +118,9 @@ def trace_table(rows: list[list[Any]]) -> Table:
             "batch timestamp file, plan). tasks job = the sink's call, whose job runs the tasks. job outside "
             "tasks = tasks job - slowest task (planning, the shuffle's map stage, the other wave of tasks when "
             "partitions outnumber cores: 4 on local[2], scheduling, the JVM's side of each task: shuffle read, "
-            "sort, Arrow both ways, the sink's write). Placed on the wall clock: "
+            "Arrow both ways, the sink's write). Placed on the wall clock: "
             "before 1st task = job start to the first task function's start (planning, the map stage, the "
-            "first task's shuffle read and sort); tasks' span = first task's start to last task's end; after "
+            "first task's shuffle read); tasks' span = first task's start to last task's end; after "
             "last task = to the job's end (the last output's write, the results' merge).",
             "task: to 1st input batch = from the task function's start to its first Arrow batch (shuffle read); "
             "input wait = later waits on Spark's input iterator; output to Spark = time handing our output "
@@ -209,8 +209,9 @@ def per_row_table(rows: list[list[Any]]) -> Table:
             "The per-phase trace above divided by rows: task phases by the slowest task's input rows, the batch's "
             "(trigger, Spark around it, tasks job, job outside tasks, sink) by the batch's input rows.",
             "input read = to the first input batch + later waits on Spark's iterator (shuffle read, the JVM's Arrow). "
-            "Arrow to Python + grouping = converting each chunk to rows / one pandas frame and finding its keys' "
-            "runs (one timer). user logic + state = the processor with its state reads, writes and their codec, "
+            "Arrow to Python + grouping = sorting the task's input by key (Arrow), converting each chunk to rows / one "
+            "pandas frame and finding its keys' runs (one timer). user logic + state = the processor with its state "
+            "reads, writes and their codec, "
             "and (pandas) cutting each key's frame from the chunk's as the processor takes it (one timer). "
             "output build = the output rows / frames to Arrow. sink after the commit record = the sink's "
             "call after the record (0 when the sink's own job ran the tasks, as here: its time is the tasks job's).",

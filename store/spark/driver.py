@@ -64,7 +64,7 @@ from statekeeper.store.spark.state import check_max_key_groups
 from statekeeper.store.spark.task_input import BATCH_INPUT_BUDGET_BYTES, DEFAULT_INPUT_BUDGET_BYTES
 from statekeeper.store.spark.task_output import META_COL
 from statekeeper.store.spark.tasks_job import Sink, TasksJob
-from statekeeper.store.spark.tasks_plan import OutputFilters, TasksPlan
+from statekeeper.store.spark.tasks_plan import OutputFilters, TasksPlan, sort_in_task
 from statekeeper.store.spark.ticks import TickChannel, TickRecord, channel_path, due_at_ms, with_ticks, without_ticks
 from statekeeper.store.spark.time_mode import TimeMode
 from statekeeper.store.spark.worker_cache import FileManagerFactory
@@ -108,9 +108,9 @@ class StatefulOperator:
     (vectorized); ``key`` the grouping columns; ``output_schema`` a StructType or DDL string.
     ``sink(df, batch_id)`` gets each batch's output; its own job runs the tasks (store/spark/tasks_job.py).
     ``max_key_groups`` (the groups stored keys lead with) is recorded at the first batch and kept.
-    ``task_input_budget_bytes`` bounds the Arrow input a task converts at once (whole key groups; each
-    partition is sorted by key so its tasks stream their input): per-task memory follows it, not the batch
-    (default 2 MiB for per-key processors, whose rows become Python objects, 4 MiB for vectorized ones).
+    ``task_input_budget_bytes`` bounds the Arrow input a task converts at once (whole key groups, once the
+    task has sorted its input by key): the Python objects a task holds follow it, not the batch (default 2 MiB
+    for per-key processors, whose rows become Python objects, 4 MiB for vectorized ones).
     With ``STATEKEEPER_SPARK_TRACE`` set to a file path, every batch's progress (with each partition's
     phase trace) is appended to that file as one JSON line.
 
@@ -351,6 +351,7 @@ class StatefulOperator:
             local_dir=self.local_dir,
             max_key_groups=self.max_key_groups,
             input_budget_bytes=self.task_input_budget_bytes,
+            sort_input=sort_in_task(df.schema, self.key),
             time=task_time,
             session_time_zone=spark.conf.get("spark.sql.session.timeZone") or "UTC",
             pandas_settings=PandasSettings.of(spark.conf),

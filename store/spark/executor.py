@@ -87,6 +87,8 @@ class TaskSpec:
     """Key groups of the grouping-key hash; recorded in the checkpoint at the first batch."""
     input_budget_bytes: int = DEFAULT_INPUT_BUDGET_BYTES
     """Arrow bytes of input the task converts at once (whole key groups): bounds its memory."""
+    sort_input: bool = False
+    """The input comes unsorted and the task sorts it by key (`tasks_plan.sort_in_task`)."""
     time: TaskTime = field(default_factory=TaskTime)
     """Time mode, watermarks and event-time column of the batch (store/spark/event_time.py)."""
     session_time_zone: str = "UTC"
@@ -138,7 +140,13 @@ def run_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.R
     t_start = time.perf_counter()
     reset_peak_rss()  # the trace shows what this task needed, not an earlier task of the reused worker
     use_worker_memory()
-    task_input = TaskInput(batches, spec.key_columns, spec.input_budget_bytes)
+    task_input = TaskInput(
+        batches,
+        spec.key_columns,
+        spec.input_budget_bytes,
+        sort=spec.sort_input,
+        spill_dir=CACHE.process_dir(spec.local_dir),
+    )
     if task_input.partition is None:
         return  # no state partition routed here
     # Many small objects, no cycles worth collecting mid-task: pause the cyclic GC for the task.

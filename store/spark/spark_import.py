@@ -7,7 +7,7 @@ A job that ran for months on Spark's own state store moves over without replayin
    of ``applyInPandasWithState``, or an aggregation's buffer, with the timers (a TTL'd value with the
    expiry Spark gave it).
 2. The rows go through the same tasks job as a batch of `StatefulOperator` (`TasksPlan`, `run_task`): routed
-   to the partition that owns their key group, sorted by key, streamed per partition within
+   to the partition that owns their key group, sorted by key in the task, converted per partition within
    ``task_input_budget_bytes``, written by `_StateWriter` through the typed state variables (schemas
    recorded as a first batch records them) and committed as version 1 of each partition under a fresh
    checkpoint id. Nothing but one result row per partition reaches the driver.
@@ -62,7 +62,7 @@ from statekeeper.store.spark.spark_checkpoint import (
 )
 from statekeeper.store.spark.state import check_max_key_groups
 from statekeeper.store.spark.task_input import BATCH_INPUT_BUDGET_BYTES, pylist, run_starts, struct_tuples
-from statekeeper.store.spark.tasks_plan import TasksPlan, tasks_job_settings
+from statekeeper.store.spark.tasks_plan import TasksPlan, sort_in_task, tasks_job_settings
 from statekeeper.store.spark.worker_cache import FileManagerFactory
 from statekeeper.store.state_store import StoreConfig
 
@@ -301,6 +301,7 @@ def import_spark_state(
         fm_factory=file_manager_factory,
         max_key_groups=groups,
         input_budget_bytes=task_input_budget_bytes,
+        sort_input=sort_in_task(rows.schema, source.key_columns),
     )
     say(f"writing {n} partitions ({'key groups' if layout else 'hash routing'}) into {root} operator {operator!r}")
     with tasks_job_settings(rows), _StageProgress(spark, say):

@@ -1,13 +1,17 @@
-"""A partition task's input, streamed: whole key groups from Arrow record batches as they arrive.
+"""A partition task's input: whole key groups, about a budget of Arrow data converted at a time.
 
-The driver sorts each partition by the grouping key, nulls first, and the marker (whose key is all nulls)
-ahead of any equal key, so the task learns its state partition from the first row and a key's rows are
-contiguous: a group ends where the key changes. The
-task never materialises its whole input; it cuts the stream into chunks of about ``budget_bytes`` of
-Arrow data, each ending on a key boundary (the rows of the chunk's last key are held back and joined
-with the next batches), and converts one chunk at a time to Python rows or pandas. Per-task memory is
-then bounded by the budget whatever the batch size; only a single key whose rows exceed the budget is
-held whole (a key's rows are never split between calls).
+A key's rows must be contiguous: a group ends where the key changes. Where the grouping key's types allow
+(`sort_in_task`), the task sorts its input itself, in Arrow (``TaskInput(sort=True)``): Spark's row sort
+of the same rows costs several times more. It holds the partition's Arrow input (up to ``hold_bytes``;
+beyond that it spills the rows to local files by a hash of their key and sorts one file at a time), then
+hands it out sorted. Otherwise the driver has Spark sort each partition by the grouping key, nulls first,
+the marker (whose key is all nulls) ahead of any equal key, and the task streams it as it arrives.
+
+Either way the task cuts its input into chunks of about ``budget_bytes`` of Arrow data, each ending on a
+key boundary (the rows of the chunk's last key are held back and joined with the next batches), and
+converts one chunk at a time to Python rows or pandas: the Python objects a task holds follow the budget
+whatever the batch size; only a single key whose rows exceed the budget is held whole (a key's rows are
+never split between calls).
 
 When the whole input fits in one chunk, its order does not matter (groups are found by hashing). When
 it takes several chunks, the input must be sorted: a key seen in two runs of one chunk fails the task.
@@ -16,7 +20,9 @@ it takes several chunks, the input must be sorted: a key seen in two runs of one
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -37,6 +43,11 @@ DEFAULT_INPUT_BUDGET_BYTES = 2 << 20
 as Python rows or pandas objects they take about ten times that."""
 BATCH_INPUT_BUDGET_BYTES = 4 << 20
 """The same for a vectorized processor, whose chunks stay Arrow: fewer, larger ``handleBatch`` calls."""
+HOLD_BYTES = 64 << 20
+"""Arrow bytes of input a task sorting its own input holds in memory; beyond them it spills to local files."""
+SPILL_FILES = 64
+"""Files a spilling task hashes its rows into: each is sorted in memory, so a task sorts its own input in
+about ``HOLD_BYTES`` of memory up to ``SPILL_FILES`` times that much input."""
 
 
 @dataclass
@@ -48,7 +59,7 @@ class InputPhases:
     wait_ms: float = 0.0
     """Inside Spark's input iterator (shuffle read and the JVM's Arrow serialisation)."""
     convert_ms: float = 0.0
-    """Arrow to Python rows / pandas, grouping."""
+    """Arrow to Python rows / pandas, grouping (and sorting by key, in a task that sorts its input)."""
     rows: int = 0
     chunks: int = 0
     max_chunk_bytes: int = 0
@@ -57,9 +68,24 @@ class InputPhases:
 class TaskInput:
     """The data batches of one task after its marker: the partition, the schema, then whole-key chunks."""
 
-    def __init__(self, batches: Iterable[pa.RecordBatch], key_columns: tuple[str, ...], budget_bytes: int) -> None:
+    def __init__(
+        self,
+        batches: Iterable[pa.RecordBatch],
+        key_columns: tuple[str, ...],
+        budget_bytes: int,
+        *,
+        sort: bool = False,
+        hold_bytes: int = HOLD_BYTES,
+        spill_dir: str | None = None,
+    ) -> None:
+        """`sort`: the batches come in any order and the task sorts them (`hold_bytes` in memory, the rest
+        spilled under `spill_dir`); else they come sorted by key, the marker first."""
         self.key_columns = key_columns
         self.budget = max(1, budget_bytes)
+        self.sort = sort
+        self.hold_bytes = hold_bytes
+        self.spill_dir = spill_dir
+        self._marked = False
         self.phases = InputPhases()
         self._t0 = time.perf_counter()
         self._it = iter(batches)
@@ -91,13 +117,19 @@ class TaskInput:
         return b
 
     def _find_marker(self) -> None:
-        """Read until the marker row (first, when sorted); the rows before it are kept for later."""
+        """Learn the partition: from the marker row (first, when sorted; the rows before it are kept for later),
+        or, when the task sorts its input and the marker may come anywhere, from the first row's partition."""
         while True:
             b = self._next()
             if b is None:
                 return
             if not b.num_rows:
                 continue
+            if self.sort:
+                self.partition = int(b.column(PID_COL)[0].as_py())
+                self.schema = self._strip(b).schema
+                self._head = list(self._pieces(self._check(b)))
+                return
             markers = b.filter(b.column(MARKER_COL))
             if markers.num_rows:
                 pids = sorted(set(markers.column(PID_COL).to_pylist()))
@@ -114,20 +146,63 @@ class TaskInput:
         return b.select([n for n in b.schema.names if not n.startswith(INTERNAL_COL_PREFIX)])
 
     def _check(self, b: pa.RecordBatch) -> pa.RecordBatch:
-        if pc.any(b.column(MARKER_COL)).as_py():
-            raise StoreStateError(
-                f"the task of state partition {self.partition} got a second marker: routing is broken"
-            )
-        if not pc.all(pc.equal(b.column(PID_COL), self.partition)).as_py():
+        marker = b.column(MARKER_COL)
+        if pc.any(marker).as_py():
+            if not self.sort or self._marked or pc.sum(marker).as_py() != 1:
+                raise StoreStateError(
+                    f"the task of state partition {self.partition} got a second marker: routing is broken"
+                )
+            self._marked = True  # the marker of a task sorting its own input: anywhere, once
+            b = b.filter(pc.invert(marker))
+        if b.num_rows and not pc.all(pc.equal(b.column(PID_COL), self.partition)).as_py():
             raise StoreStateError(f"the task of state partition {self.partition} got rows of another partition")
         return self._strip(b)
 
     def _data(self) -> Iterator[pa.RecordBatch]:
+        if self.sort:
+            yield from self._sorted()
+            return
         yield from self._head
         self._head = []
+        yield from self._rest()
+
+    def _rest(self) -> Iterator[pa.RecordBatch]:
+        """The batches not read yet, checked, stripped and sliced."""
         while (b := self._next()) is not None:
             if b.num_rows:
                 yield from self._pieces(self._check(b))
+
+    def _sorted(self) -> Iterator[pa.RecordBatch]:
+        """The whole input, sorted by key here: held in memory, or spilled by key hash once above `hold_bytes`."""
+        assert self.schema is not None
+        head, self._head = self._head, []
+        held: list[pa.RecordBatch] = []
+        size = 0
+        spill: _Spill | None = None
+        for b in itertools.chain(head, self._rest()):
+            if spill is not None:
+                spill.add(b)
+                continue
+            held.append(b)
+            size += b.nbytes
+            if size > self.hold_bytes:
+                spill = _Spill(self.key_columns, self.spill_dir)
+                for h in held:
+                    spill.add(h)
+                held = []
+        if not self._marked:
+            raise StoreStateError(f"the task of state partition {self.partition} got no marker: routing is broken")
+        if spill is None:
+            whole = [pa.Table.from_batches(held, self.schema)]
+            held.clear()
+        parts = _popping(whole) if spill is None else spill.parts()
+        for part in parts:
+            t = time.perf_counter()
+            ordered = sort_by_key(part, self.key_columns)
+            self.phases.convert_ms += (time.perf_counter() - t) * 1000
+            del part  # the unsorted rows go as their sorted copy is made
+            for b in ordered.to_batches():
+                yield from self._pieces(b)
 
     def _pieces(self, b: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
         """Spark's batch `b` in zero-copy slices of about half the budget (with a large ``maxRecordsPerBatch`` a
@@ -197,9 +272,73 @@ class TaskInput:
         if self.multi_chunk:
             raise StoreStateError(
                 f"the task of state partition {self.partition} got its input unsorted by key "
-                f"{list(self.key_columns)} and larger than the task input budget ({self.budget} bytes): the driver "
-                "sorts each partition by key; raise task_input_budget_bytes only if you feed tasks yourself"
+                f"{list(self.key_columns)} and larger than the task input budget ({self.budget} bytes): the task "
+                "or the driver sorts it; raise task_input_budget_bytes only if you feed tasks yourself"
             )
+
+
+def sort_by_key(table: pa.Table, key_columns: tuple[str, ...]) -> pa.Table:
+    """`table` with each key's rows together, in their order (a stable sort by key, nulls first)."""
+    if table.num_rows < 2:
+        return table
+    order = pc.sort_indices(table, sort_keys=[(k, "ascending") for k in key_columns], null_placement="at_start")
+    return table.take(order)
+
+
+class _Spill:
+    """A task's input above what it holds: its rows in `SPILL_FILES` Arrow IPC files by a hash of their key
+    (a key's rows all in one, in their order), read back one file at a time. The files live in a temporary
+    directory removed when read back or dropped."""
+
+    def __init__(self, key_columns: tuple[str, ...], directory: str | None) -> None:
+        self.key_columns = key_columns
+        self._dir = tempfile.TemporaryDirectory(prefix="statekeeper-input-", dir=directory)
+        self._writers: list[Any] = [None] * SPILL_FILES
+
+    def add(self, b: pa.RecordBatch) -> None:
+        files = _key_hashes(b, self.key_columns) % SPILL_FILES
+        order = np.argsort(files, kind="stable")
+        counts = np.bincount(files, minlength=SPILL_FILES)
+        grouped = b.take(pa.array(order))
+        start = 0
+        for i, n in enumerate(counts.tolist()):
+            if n:
+                writer = self._writers[i]
+                if writer is None:
+                    writer = self._writers[i] = pa.ipc.new_file(f"{self._dir.name}/{i}.arrow", b.schema)
+                writer.write_batch(grouped.slice(start, n))
+                start += n
+
+    def parts(self) -> Iterator[pa.Table]:
+        """Each file's rows, one file at a time; the directory goes after the last."""
+        with self._dir:
+            for i, writer in enumerate(self._writers):
+                if writer is None:
+                    continue
+                writer.close()
+                source = pa.memory_map(f"{self._dir.name}/{i}.arrow")
+                try:
+                    yield pa.ipc.open_file(source).read_all()
+                finally:
+                    source.close()
+
+
+def _popping(tables: list[pa.Table]) -> Iterator[pa.Table]:
+    """The tables, none kept here once handed out."""
+    while tables:
+        yield tables.pop(0)
+
+
+def _key_hashes(b: pa.RecordBatch, key_columns: tuple[str, ...]) -> np.ndarray:
+    """A hash of each row's key, equal for equal keys within this process (NaN and null share one)."""
+    columns = []
+    for k in key_columns:
+        col = b.column(k)
+        if pa.types.is_floating(col.type):  # NaN != NaN: each NaN would hash apart
+            col = pc.if_else(pc.is_nan(col), pa.scalar(None, col.type), col)
+        columns.append(pylist(col))
+    keys = columns[0] if len(columns) == 1 else zip(*columns, strict=True)
+    return np.fromiter(map(hash, keys), np.int64, b.num_rows) & np.int64(0x7FFFFFFFFFFFFFFF)
 
 
 def groups_of(
@@ -339,10 +478,12 @@ def _field_getter(index: int, name: str) -> Any:
 __all__ = [
     "BATCH_INPUT_BUDGET_BYTES",
     "DEFAULT_INPUT_BUDGET_BYTES",
+    "HOLD_BYTES",
     "MARKER_COL",
     "PID_COL",
     "InputPhases",
     "TaskInput",
     "groups_of",
     "run_starts",
+    "sort_by_key",
 ]

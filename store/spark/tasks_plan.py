@@ -3,7 +3,8 @@ with, and the filters that split its output into the partitions' results and the
 
 Everything that does not change between batches is built once per input schema, partition count and
 layout (`TasksPlan`): each Column a driver builds costs several py4j round trips and each Dataset
-operation an analysis, so a batch adds only the four operations of `TasksPlan.input`.
+operation an analysis, so a batch adds only the three operations of `TasksPlan.input` (four where Spark sorts the
+partitions: `sort_in_task`).
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class TasksPlan:
     data: list[Column]
     """The input's columns, then each row's partition, the marker flag (false) and the route."""
     route: Column
-    order: list[Column]
+    order: list[Column] | None
+    """Spark's sort of each partition; None where the task sorts its input (`sort_in_task`)."""
 
     @classmethod
     def build(cls, spark: SparkSession, schema: StructType, key: tuple[str, ...], pid: Column, n: int) -> TasksPlan:
@@ -73,17 +75,46 @@ class TasksPlan:
             sf.lit(False).alias(MARKER_COL),
             sf.element_at(routes, pid + 1).alias(ROUTE_COL),
         ]
-        # Each key's rows together, the marker first (its key is all nulls, and it leads any data row whose key
-        # is too): the task learns its partition before any data. The key leads so that Spark's sort compares
-        # rows by the key's prefix, not whole rows (the marker flag as the first sort key made every prefix
-        # equal: a fifth of the tasks' JVM time).
-        order = [*[sf.col(k).asc_nulls_first() for k in key], sf.col(MARKER_COL).desc()]
+        # Where the task cannot sort its input: Spark sorts it, each key's rows together, the marker first (its
+        # key is all nulls, and it leads any data row whose key is too), so the task learns its partition before
+        # any data. The key leads so that Spark's sort compares rows by the key's prefix, not whole rows (the
+        # marker flag as the first sort key made every prefix equal: a fifth of the tasks' JVM time).
+        order = None
+        if not sort_in_task(schema, key):
+            order = [*[sf.col(k).asc_nulls_first() for k in key], sf.col(MARKER_COL).desc()]
         return cls(n, markers, data, sf.col(ROUTE_COL), order)
 
     def input(self, df: DataFrame) -> DataFrame:
-        """The batch's rows and the markers, each partition's rows in the task of that partition, by key."""
+        """The batch's rows and the markers, each partition's rows in the task of that partition (by key where
+        Spark sorts them)."""
         routed = df.select(*self.data).unionByName(self.markers).repartition(self.partitions, self.route)
-        return routed.sortWithinPartitions(*self.order)
+        return routed if self.order is None else routed.sortWithinPartitions(*self.order)
+
+
+_SORTABLE = (
+    "ByteType",
+    "ShortType",
+    "IntegerType",
+    "LongType",
+    "FloatType",
+    "DoubleType",
+    "DecimalType",
+    "StringType",
+    "VarcharType",
+    "CharType",
+    "BinaryType",
+    "BooleanType",
+    "DateType",
+    "TimestampType",
+    "TimestampNTZType",
+)
+
+
+def sort_in_task(schema: StructType, key: tuple[str, ...]) -> bool:
+    """Whether the task sorts its input by key (Arrow's sort of these key types, several times cheaper per row
+    than Spark's sort of the same rows), rather than Spark sorting each partition before the task."""
+    types = {f.name: type(f.dataType).__name__ for f in schema.fields}
+    return all(types.get(k) in _SORTABLE for k in key)
 
 
 @dataclass(frozen=True)
@@ -148,4 +179,12 @@ def tasks_job_settings(df: DataFrame) -> Iterator[None]:
                 conf.set(key, old)
 
 
-__all__ = ["ROUTE_COL", "TASKS_JOB_SETTINGS", "OutputFilters", "TasksPlan", "TasksRun", "tasks_job_settings"]
+__all__ = [
+    "ROUTE_COL",
+    "TASKS_JOB_SETTINGS",
+    "OutputFilters",
+    "TasksPlan",
+    "TasksRun",
+    "sort_in_task",
+    "tasks_job_settings",
+]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -87,6 +88,119 @@ def test_groups_match_a_dict_model_whatever_the_batches_and_budget(
         got[key] = [int(v) for p in parts for v in p["value"]] if input_format == "pandas" else [r.value for r in parts]
     assert got == _model(rows)
     assert task_input.phases.rows == len(rows)
+
+
+def _unsorted_batches(
+    keys: Sequence[Any], key_type: pa.DataType, marker_at: int, cuts: list[int]
+) -> list[pa.RecordBatch]:
+    """A task's input as Spark sends it without sorting: rows in any order, the marker anywhere among them."""
+    n = len(keys) + 1
+    at = min(marker_at, len(keys))
+    table = pa.table(
+        {
+            "user": pa.array([*keys[:at], None, *keys[at:]], key_type),
+            "value": pa.array([*range(at), None, *range(at, len(keys))], pa.int64()),
+            PID_COL: pa.array([3] * n, pa.int32()),
+            MARKER_COL: [i == at for i in range(n)],
+        }
+    )
+    out, start = [], 0
+    for end in [*sorted({c for c in cuts if 0 < c < n}), n]:
+        out.extend(table.slice(start, end - start).to_batches())
+        start = end
+    return out
+
+
+_KEYS = {
+    pa.string(): st.one_of(st.none(), st.sampled_from(["a", "b", "", "\x00", "é", "bb"])),
+    pa.int64(): st.one_of(st.none(), st.integers(-3, 3), st.just(2**63 - 1)),
+    pa.float64(): st.one_of(st.none(), st.sampled_from([0.0, 1.5, -2.0, float("inf")])),
+}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=st.data(),
+    key_type=st.sampled_from(list(_KEYS)),
+    marker_at=st.integers(0, 80),
+    cuts=st.lists(st.integers(0, 81), max_size=8),
+    budget=st.sampled_from([1, 64, 300, 1 << 20]),
+    hold=st.sampled_from([1, 500, 1 << 20]),
+    input_format=st.sampled_from(["rows", "pandas"]),
+)
+def test_a_task_sorting_its_own_input_hands_each_key_once_with_its_rows_in_order(
+    tmp_path_factory: pytest.TempPathFactory,
+    data: st.DataObject,
+    key_type: pa.DataType,
+    marker_at: int,
+    cuts: list[int],
+    budget: int,
+    hold: int,
+    input_format: str,
+) -> None:
+    """Rows in any order, the marker anywhere, held whole or spilled to files (hold 1: every batch spills):
+    each key comes exactly once, with all its rows in the order they came, whatever the cuts and budget."""
+    keys = data.draw(st.lists(_KEYS[key_type], max_size=80))
+    spill_dir = tmp_path_factory.mktemp("spill")
+    task_input = TaskInput(
+        _unsorted_batches(keys, key_type, marker_at, cuts),
+        ("user",),
+        budget,
+        sort=True,
+        hold_bytes=hold,
+        spill_dir=str(spill_dir),
+    )
+    assert task_input.partition == 3
+    got: dict[tuple[Any, ...], list[int]] = {}
+    for key, it in task_input.groups(input_format):
+        assert key not in got, f"key {key} came twice"
+        parts = list(it)
+        got[key] = [int(v) for p in parts for v in p["value"]] if input_format == "pandas" else [r.value for r in parts]
+    want: dict[tuple[Any, ...], list[int]] = {}
+    for i, k in enumerate(keys):
+        want.setdefault((k,), []).append(i)
+    assert got == want
+    assert task_input.phases.rows == len(keys)
+    assert list(spill_dir.iterdir()) == []  # the spilled files go with the task's input
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    keys=st.lists(st.tuples(st.sampled_from(["a", "b", None]), st.sampled_from([1, 2, None])), max_size=60),
+    hold=st.sampled_from([1, 1 << 20]),
+)
+def test_a_task_sorting_its_own_input_groups_a_key_of_two_columns(
+    tmp_path_factory: pytest.TempPathFactory, keys: list[tuple[str | None, int | None]], hold: int
+) -> None:
+    n = len(keys) + 1
+    batch = pa.record_batch(
+        {
+            "user": pa.array([None, *(u for u, _ in keys)], pa.string()),
+            "day": pa.array([None, *(d for _, d in keys)], pa.int32()),
+            "value": pa.array(range(-1, len(keys)), pa.int64()),
+            PID_COL: pa.array([0] * n, pa.int32()),
+            MARKER_COL: [True] + [False] * len(keys),
+        }
+    )
+    spill_dir = str(tmp_path_factory.mktemp("spill"))
+    batches = [batch.slice(i, 7) for i in range(0, n, 7)][::-1]  # the marker last
+    task_input = TaskInput(batches, ("user", "day"), 64, sort=True, hold_bytes=hold, spill_dir=spill_dir)
+    got = {k: [r.value for r in it] for k, it in task_input.groups("rows")}
+    want: dict[tuple[Any, ...], list[int]] = {}
+    for b in batches:
+        for u, d, v, m in zip(*(b.column(c).to_pylist() for c in ("user", "day", "value", MARKER_COL)), strict=True):
+            if not m:
+                want.setdefault((u, d), []).append(v)
+    assert got == want
+
+
+def test_a_task_sorting_its_own_input_refuses_a_second_marker_or_none() -> None:
+    twice = _unsorted_batches(["a", "b"], pa.string(), 1, []) + _unsorted_batches(["c"], pa.string(), 0, [])
+    with pytest.raises(StoreStateError, match="second marker"):
+        list(TaskInput(twice, ("user",), 1 << 20, sort=True).groups("rows"))
+    data_only = [b.filter(pc.invert(b.column(MARKER_COL))) for b in _unsorted_batches(["a"], pa.string(), 0, [])]
+    with pytest.raises(StoreStateError, match="no marker"):
+        list(TaskInput(data_only, ("user",), 1 << 20, sort=True).groups("rows"))
 
 
 def test_unsorted_input_is_grouped_within_the_budget_and_refused_beyond_it() -> None:
@@ -166,21 +280,28 @@ _RSS_SCRIPT = textwrap.dedent(
     from testkit.processors import CountSum
     from tests.spark.test_task_input import SCHEMA
 
-    rows, keys, root, local = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    rows, keys, root, local, sort = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5] == "1"
     per_batch = 10_000  # Spark's spark.sql.execution.arrow.maxRecordsPerBatch
 
+    def marker():
+        return pa.record_batch({"user": pa.array([None], pa.string()), "value": pa.array([None], pa.int64()),
+                                PID_COL: pa.array([0], pa.int32()), MARKER_COL: [True]})
+
     def batches():
-        yield pa.record_batch({"user": pa.array([None], pa.string()), "value": pa.array([None], pa.int64()),
-                               PID_COL: pa.array([0], pa.int32()), MARKER_COL: [True]})
+        if not sort:
+            yield marker()  # Spark sorted the partition: the marker first, then the keys in order
         for start in range(0, rows, per_batch):
             n = min(per_batch, rows - start)
-            k = [f"user{(start + i) * keys // rows:09d}" for i in range(n)]  # sorted, about rows/keys each
+            if sort and start == rows // 2 // per_batch * per_batch:
+                yield marker()
+            at = [(start + i) * 7919 % rows if sort else start + i for i in range(n)]  # a permutation when sorting
+            k = [f"user{a * keys // rows:09d}" for a in at]  # about rows/keys each
             yield pa.record_batch({"user": pa.array(k, pa.string()), "value": pa.array(range(n), pa.int64()),
                                    PID_COL: pa.array([0] * n, pa.int32()), MARKER_COL: [False] * n})
 
     spec = TaskSpec(root=root, operator="op", num_partitions=1, version=0, load_ids=("",), commit=True,
                     batch_ts_ms=1, key_columns=("user",), processor=CountSum(), output_schema=SCHEMA,
-                    local_dir=local, input_budget_bytes=4 << 20)
+                    local_dir=local, input_budget_bytes=4 << 20, sort_input=sort)
     got = 0
     for b in run_task(spec, batches()):
         got += b.num_rows
@@ -189,16 +310,12 @@ _RSS_SCRIPT = textwrap.dedent(
 )
 
 
-def _peak_rss_mb(tmp_path: Path, rows: int, keys: int) -> float:
+def _peak_rss_mb(tmp_path: Path, rows: int, keys: int, sort: bool) -> float:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    work = tmp_path / str(rows)
+    work = tmp_path / f"{rows}-{sort}"
+    args = [str(rows), str(keys), (work / "root").as_uri(), str(work / "local"), "1" if sort else "0"]
     proc = subprocess.run(
-        [sys.executable, "-c", _RSS_SCRIPT, str(rows), str(keys), (work / "root").as_uri(), str(work / "local")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
+        [sys.executable, "-c", _RSS_SCRIPT, *args], env=env, capture_output=True, text=True, timeout=900, check=False
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -206,16 +323,19 @@ def _peak_rss_mb(tmp_path: Path, rows: int, keys: int) -> float:
     return float(result["rss_mb"])
 
 
-def test_worker_memory_does_not_grow_with_the_task_input(tmp_path: Path) -> None:
-    """A real task (store, commit, output) in its own process: 4x the rows, about the same peak RSS."""
-    small = _peak_rss_mb(tmp_path, 60_000, 2_000)
-    large = _peak_rss_mb(tmp_path, 240_000, 2_000)
+@pytest.mark.parametrize("sort", [False, True], ids=["sorted by Spark", "sorted in the task"])
+def test_worker_memory_does_not_grow_with_the_task_input(tmp_path: Path, sort: bool) -> None:
+    """A real task (store, commit, output) in its own process: 4x the rows, about the same peak RSS (a task
+    sorting its own input holds its Arrow input, ~25 bytes a row here, and its sorted copy)."""
+    small = _peak_rss_mb(tmp_path, 60_000, 2_000, sort)
+    large = _peak_rss_mb(tmp_path, 240_000, 2_000, sort)
     assert large - small < 40, f"peak RSS grew from {small:.0f} MB to {large:.0f} MB with 4x the input rows"
 
 
 @pytest.mark.slow
-def test_worker_memory_stays_under_512_mb_at_5m_rows_per_partition(tmp_path: Path) -> None:
-    assert _peak_rss_mb(tmp_path, 5_000_000, 1_000_000) <= 512
+@pytest.mark.parametrize("sort", [False, True], ids=["sorted by Spark", "sorted in the task, spilling"])
+def test_worker_memory_stays_under_512_mb_at_5m_rows_per_partition(tmp_path: Path, sort: bool) -> None:
+    assert _peak_rss_mb(tmp_path, 5_000_000, 1_000_000, sort) <= 512
 
 
 _PYLIST_TYPES: list[tuple[pa.DataType, st.SearchStrategy[Any]]] = [
