@@ -426,3 +426,20 @@ def test_a_spark_worker_defaults_to_its_own_memory_limit(case: str, env_mb: str 
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert int(proc.stdout.split()[-1]) == expected
+
+
+def test_the_task_sorts_its_input_where_arrow_sorts_the_key_and_spark_sorts_it_elsewhere() -> None:
+    from pyspark.sql.types import ArrayType, IntegerType, StringType, StructField, StructType
+
+    from statekeeper.store.spark.tasks_plan import sort_in_task
+
+    schema = StructType(
+        [
+            StructField("user", StringType()),
+            StructField("day", IntegerType()),
+            StructField("point", StructType([StructField("x", IntegerType())])),
+            StructField("tags", ArrayType(StringType())),
+        ]
+    )
+    assert sort_in_task(schema, ("user",)) and sort_in_task(schema, ("user", "day"))
+    assert not sort_in_task(schema, ("user", "point")) and not sort_in_task(schema, ("tags",))
