@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
+import os
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -305,22 +306,24 @@ class _Spill:
             if n:
                 writer = self._writers[i]
                 if writer is None:
-                    writer = self._writers[i] = pa.ipc.new_file(f"{self._dir.name}/{i}.arrow", b.schema)
+                    writer = self._writers[i] = pa.ipc.new_file(self._path(i), b.schema)
                 writer.write_batch(grouped.slice(start, n))
                 start += n
 
     def parts(self) -> Iterator[pa.Table]:
-        """Each file's rows, one file at a time; the directory goes after the last."""
+        """Each file's rows, read into memory one file at a time; the directory goes after the last."""
         with self._dir:
             for i, writer in enumerate(self._writers):
                 if writer is None:
                     continue
                 writer.close()
-                source = pa.memory_map(f"{self._dir.name}/{i}.arrow")
-                try:
-                    yield pa.ipc.open_file(source).read_all()
-                finally:
-                    source.close()
+                with pa.OSFile(self._path(i)) as source:
+                    table = pa.ipc.open_file(source).read_all()
+                yield table
+                del table
+
+    def _path(self, i: int) -> str:
+        return os.path.join(self._dir.name, f"{i}.arrow")
 
 
 def _popping(tables: list[pa.Table]) -> Iterator[pa.Table]:
