@@ -35,6 +35,7 @@ from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import Field, from_arrow, struct
 from statekeeper.store.rescale import PartitionBuild, RescalePlan, SourceStores, build_partition
 from statekeeper.store.rocks import current_rss, peak_rss, release_free_heap, reset_peak_rss, shared_memory
+from statekeeper.store.spark import follow
 from statekeeper.store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor
 from statekeeper.store.spark.event_time import TaskTime
 from statekeeper.store.spark.handle import StatefulProcessorHandle
@@ -153,7 +154,10 @@ def run_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.R
     gc_enabled = gc.isenabled()
     gc.disable()
     try:
-        yield from _run_partition(spec, task_input.partition, task_input, t_start)
+        with CACHE.task():
+            yield from _run_partition(spec, task_input.partition, task_input, t_start)
+        if spec.commit and spec.rescale is None and follow.enabled():
+            follow.FOLLOWER.follow(spec.root, spec.operator, spec.version + 1)
     finally:
         _WORKER["tasks"] += 1
         if gc_enabled:
@@ -174,6 +178,7 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
     else:
         store = _load(spec, partition)
     load = store.last_load
+    followed = CACHE.followed_by(spec, partition)
     out = OutputBuffer(spec.output_schema, spec.pandas_settings.int_to_decimal)
     clock = OutputClock()
     assert data.schema is not None
@@ -259,6 +264,9 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
             "replayed_changelogs": load.replayed_changelogs if load else 0,
             "replayed_records": load.replayed_records if load else 0,
             "repaired_snapshots": load.repaired_snapshots if load else 0,
+            "followed_changelogs": followed.replayed_changelogs if followed else 0,
+            "followed_records": followed.replayed_records if followed else 0,
+            "follow_ms": followed.load_ms if followed else 0.0,
             "load_replans": load.replans if load else 0,
             "rescale_build": dataclasses.asdict(build) if build else None,
         }

@@ -57,6 +57,11 @@ class PartitionMetrics:
     """Max event time of the partition's input rows in ms (None without event time or rows)."""
     repaired_snapshots: int = 0
     """Unreadable snapshots the partition's load passed over (snapshot repair)."""
+    followed_changelogs: int = 0
+    """Changelogs the worker replayed into this store between its tasks (store/spark/follow.py), since the
+    store's previous task: the catch-up this task's load did not have to do."""
+    followed_records: int = 0
+    follow_ms: float = 0.0
     load_replans: int = 0
     """Times the partition's load started over from a newer snapshot that expiry had made the base."""
     rescale_build: dict[str, Any] | None = None
@@ -108,6 +113,8 @@ class BatchProgress:
     """Sync: slowest partition's upload within its task. Async: the driver's wait for the uploads."""
     stores_reused: int = 0
     replayed_changelogs: int = 0
+    followed_changelogs: int = 0
+    """Changelogs the workers replayed into the batch's stores between tasks, before the batch (follow.py)."""
     job_ms: float = 0.0
     job_started_at_ms: float = 0.0
     """Wall clock (epoch ms) at the tasks job's start: with each task's ``phases`` started_at_ms and
@@ -166,6 +173,7 @@ class BatchProgress:
             upload_ms=max(m.upload_ms for m in metas) if upload_wait_ms is None else upload_wait_ms,
             stores_reused=sum(1 for m in metas if m.reused_local),
             replayed_changelogs=sum(m.replayed_changelogs for m in metas),
+            followed_changelogs=sum(m.followed_changelogs for m in metas),
             num_rows_dropped_by_watermark=sum(m.late_rows for m in metas),
             job_ms=job_ms,
             job_started_at_ms=job_started_at_ms,
@@ -207,6 +215,7 @@ class BatchProgress:
                 "changelogBytes": self.changelog_bytes,
                 "storesReused": self.stores_reused,
                 "replayedChangelogs": self.replayed_changelogs,
+                "followedChangelogs": self.followed_changelogs,
                 "repairedSnapshots": self.repaired_snapshots,
                 "loadReplans": self.load_replans,
                 "rescaleMs": round(1000 * float(self.rescale["seconds"])) if self.rescale else 0,

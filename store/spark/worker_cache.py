@@ -8,6 +8,10 @@ A store no task has used for ``STATEKEEPER_SPARK_IDLE_SECONDS`` (10) has its mem
 the worker next fetches a store: the stores of a stopped query, or of partitions now served by
 another worker, would otherwise keep their memtables charged to the process memory limit (rocks.py)
 and crowd out the blocks the busy stores read (3x slower gets and puts with 24 idle stores).
+
+Between its tasks the worker catches its other recently used stores up to each committed batch
+(store/spark/follow.py): the cache hands the follower one store at a time, never while a task runs in the
+worker, and a task that wants the store being followed waits for that one catch-up.
 """
 
 from __future__ import annotations
@@ -21,13 +25,14 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Protocol
 
 from statekeeper.store.async_upload import AsyncUploader
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
+from statekeeper.store.loading import LoadMetrics
 from statekeeper.store.rocks import MemoryLimits, default_memory, flush_memtables
 from statekeeper.store.state_store import StateStore, StoreConfig
 
@@ -91,7 +96,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-class _Cache:
+class WorkerCache:
     """Stores and uploaders of this Python worker process, LRU-bounded."""
 
     def __init__(self) -> None:
@@ -104,6 +109,14 @@ class _Cache:
         self.clock = time.monotonic
         # last use (`clock`) of each store whose memtables may hold memory; an idle one leaves
         self.last_used: dict[tuple[str, str, int], float] = {}
+        self.changed = threading.Condition(self.lock)
+        self.tasks = 0
+        """Tasks running in this worker: the follower takes no store while there is one."""
+        self.following: tuple[str, str, int] | None = None
+        """The store the follower is catching up, if any (no task fetches it meanwhile)."""
+        self.followed: dict[tuple[str, str, int], LoadMetrics] = {}
+        """What the follower replayed into each store since a task last fetched it."""
+        self.closing = False
 
     def process_dir(self, configured: str | None) -> str:
         if self.base is None:
@@ -133,6 +146,8 @@ class _Cache:
         for idle in self._idle_stores(now):
             flush_memtables(idle)
         with self.lock:
+            while self.following == key:
+                self.changed.wait()
             self.last_used[key] = now
             store = self.stores.get(key)
             if store is not None:
@@ -146,9 +161,46 @@ class _Cache:
             store = StateStore(self.uploader(spec), spec.operator, partition, config=config)
             self.stores[key] = store
             while len(self.stores) > self.max_stores:
-                _, old = self.stores.popitem(last=False)
-                self._close(old)
+                oldest = next(k for k in self.stores if k != self.following)
+                self._close(self.stores.pop(oldest))
             return store
+
+    def followed_by(self, spec: StoreSpec, partition: int) -> LoadMetrics | None:
+        """What the follower replayed into the partition's store since a task last asked (then forgotten)."""
+        with self.lock:
+            return self.followed.pop((spec.root, spec.operator, partition), None)
+
+    @contextlib.contextmanager
+    def task(self) -> Iterator[None]:
+        """Held by each task of the worker: the follower leaves the stores alone meanwhile."""
+        with self.lock:
+            self.tasks += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.tasks -= 1
+
+    def recent(self, root: str, operator: str) -> list[tuple[str, str, int]]:
+        """The operator's stores some task used within `idle_seconds`, the most recently used last."""
+        with self.lock:
+            return [k for k in self.stores if k[:2] == (root, operator) and k in self.last_used]
+
+    @contextlib.contextmanager
+    def follow(self, key: tuple[str, str, int]) -> Iterator[StateStore | None]:
+        """The store of `key` for the follower alone, or None (a task is running, the worker is closing, or the
+        store is gone). A task fetching it meanwhile waits."""
+        with self.lock:
+            store = None if self.tasks or self.closing else self.stores.get(key)
+            if store is not None:
+                self.following = key
+        try:
+            yield store
+        finally:
+            if store is not None:
+                with self.lock:
+                    self.following = None
+                    self.changed.notify_all()
 
     def _idle_stores(self, now: float) -> list[StateStore]:
         """Stores unused for `idle_seconds`, each returned once until used again."""
@@ -175,6 +227,9 @@ class _Cache:
         shutil.rmtree(store.local_dir, ignore_errors=True)
 
     def close_all(self) -> None:
+        with self.lock:
+            self.closing = True
+            self.changed.wait_for(lambda: self.following is None, timeout=30)
         for up in self.uploaders.values():
             with contextlib.suppress(Exception):
                 up.close(wait=True)
@@ -183,7 +238,15 @@ class _Cache:
         self.stores.clear()
 
 
-CACHE = _Cache()
+CACHE = WorkerCache()
 
 
-__all__ = ["CACHE", "IDLE_SECONDS_ENV", "LOCAL_DIR_ENV", "MAX_STORES_ENV", "FileManagerFactory", "StoreSpec"]
+__all__ = [
+    "CACHE",
+    "IDLE_SECONDS_ENV",
+    "LOCAL_DIR_ENV",
+    "MAX_STORES_ENV",
+    "FileManagerFactory",
+    "StoreSpec",
+    "WorkerCache",
+]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -18,11 +19,12 @@ from statekeeper.store.formats.typed_schema import SchemaEvolutionError
 from statekeeper.store.spark import executor
 from statekeeper.store.spark.api import StatefulProcessor, TimerValues
 from statekeeper.store.spark.executor import MARKER_COL, PID_COL, TaskSpec, run_task
+from statekeeper.store.spark.follow import Follower
 from statekeeper.store.spark.handle import HandleStateError, StatefulProcessorHandle
 from statekeeper.store.spark.state import StateContext
 from statekeeper.store.spark.state_view import StateView
 from statekeeper.store.spark.task_output import META_COL
-from statekeeper.store.spark.worker_cache import _Cache
+from statekeeper.store.spark.worker_cache import WorkerCache
 from testkit.processors import CountSum
 
 SCHEMA = pa.schema([("user", pa.string()), ("count", pa.int64()), ("total", pa.int64()), (META_COL, pa.string())])
@@ -66,9 +68,9 @@ def _run(spec: TaskSpec, rows: list[tuple[str, int]]) -> tuple[list[tuple[Any, .
 
 
 @pytest.fixture
-def workers(tmp_path: Path) -> Iterator[list[_Cache]]:
+def workers(tmp_path: Path) -> Iterator[list[WorkerCache]]:
     """Two simulated Python worker processes (each its own store cache and local directory)."""
-    caches = [_Cache(), _Cache()]
+    caches = [WorkerCache(), WorkerCache()]
     for i, c in enumerate(caches):
         c.base = str(tmp_path / f"worker{i}")
     yield caches
@@ -76,12 +78,12 @@ def workers(tmp_path: Path) -> Iterator[list[_Cache]]:
         c.close_all()
 
 
-def _on(monkeypatch: pytest.MonkeyPatch, cache: _Cache) -> None:
+def _on(monkeypatch: pytest.MonkeyPatch, cache: WorkerCache) -> None:
     monkeypatch.setattr(executor, "CACHE", cache)
 
 
 def test_speculative_duplicates_and_stale_workers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[_Cache]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[WorkerCache]
 ) -> None:
     root = (tmp_path / "state").as_uri()
     log = CommitLog(open_file_manager(root))
@@ -119,8 +121,69 @@ def test_speculative_duplicates_and_stale_workers(
     assert got == {"a": (3, 104), "b": (2, 12), "c": (1, 20)}
 
 
+def _wait_for(condition: Any, seconds: float = 20.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_worker_catches_its_store_up_between_tasks_once_the_batch_is_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[WorkerCache]
+) -> None:
+    """Worker 0 holds version 1, worker 1 runs the next batch: once its commit record exists, worker 0's
+    follower replays it, not while a task runs in worker 0, and the partition's next task there loads nothing."""
+    root = (tmp_path / "state").as_uri()
+    log = CommitLog(open_file_manager(root))
+    _on(monkeypatch, workers[0])
+    _, meta = _run(_spec(root, 0, "", tmp_path), [("a", 1)])
+    log.commit(1, {"op": [meta["checkpoint_id"]]})
+    _on(monkeypatch, workers[1])
+    _, meta = _run(_spec(root, 1, meta["checkpoint_id"], tmp_path), [("a", 2), ("b", 3)])
+    held = workers[0].stores[(root, "op", 0)]
+
+    follower = Follower(workers[0])
+    with workers[0].task():  # a task is running in worker 0: its stores are left alone
+        follower.follow(root, "op", 2)
+        log.commit(2, {"op": [meta["checkpoint_id"]]})
+        time.sleep(0.3)
+        assert held.version == 1 and not workers[0].followed
+    follower.follow(root, "op", 2)  # worker 0's next task committed version 2 of another partition
+    assert _wait_for(lambda: bool(workers[0].followed))
+    assert (held.version, held.checkpoint_id) == (2, meta["checkpoint_id"])
+
+    _on(monkeypatch, workers[0])
+    out, meta = _run(_spec(root, 2, meta["checkpoint_id"], tmp_path), [("b", 10)])
+    assert out == [("b", 2, 13)]
+    assert meta["reused_local"] and meta["replayed_changelogs"] == 0
+    assert meta["followed_changelogs"] == 1 and meta["followed_records"] >= 2
+    assert not workers[0].followed  # reported once
+
+
+def test_the_follower_leaves_a_store_holding_a_losing_attempt_to_its_next_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[WorkerCache]
+) -> None:
+    """A store that is not behind the committed version (it holds another attempt of it) is not touched."""
+    root = (tmp_path / "state").as_uri()
+    log = CommitLog(open_file_manager(root))
+    ids = []
+    for cache in workers:  # a speculative duplicate of batch 0 on each worker
+        _on(monkeypatch, cache)
+        ids.append(_run(_spec(root, 0, "", tmp_path), [("a", 1)])[1]["checkpoint_id"])
+    log.commit(1, {"op": [ids[1]]})
+    follower = Follower(workers[0])
+    follower.follow(root, "op", 1)
+    time.sleep(0.3)
+    assert not workers[0].followed and workers[0].stores[(root, "op", 0)].checkpoint_id == ids[0]
+    _on(monkeypatch, workers[0])
+    out, meta = _run(_spec(root, 1, ids[1], tmp_path), [("a", 5)])
+    assert out == [("a", 2, 6)] and not meta["reused_local"]
+
+
 def test_a_state_root_deleted_and_recreated_under_a_warm_worker_is_loaded_afresh(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[_Cache]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[WorkerCache]
 ) -> None:
     """A notebook user deletes the state root and the query's checkpoint and starts again in the same
     session: the worker's cached store (and its commit records) describe the old root, not the new one."""
@@ -141,7 +204,7 @@ def test_a_state_root_deleted_and_recreated_under_a_warm_worker_is_loaded_afresh
 
 
 def test_replay_mode_aborts_and_gives_the_same_output(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[_Cache]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[WorkerCache]
 ) -> None:
     root = (tmp_path / "state").as_uri()
     _on(monkeypatch, workers[0])
@@ -261,7 +324,7 @@ def test_state_names_and_kinds_are_checked(tmp_path: Path) -> None:
 
 
 def test_apply_in_pandas_with_state_timeout(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[_Cache]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[WorkerCache]
 ) -> None:
     from dataclasses import replace
 
@@ -288,7 +351,7 @@ def test_apply_in_pandas_with_state_timeout(
 
 
 def test_restart_with_an_evolved_schema_and_an_incompatible_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[_Cache]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[WorkerCache]
 ) -> None:
     """A new task (restart) reads old values through a compatible new schema; an incompatible one
     fails the task before anything is committed."""
@@ -324,7 +387,7 @@ class _Exploit:
 
 
 def test_a_pickle_payload_fails_the_task_naming_its_changelog(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[_Cache]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[WorkerCache]
 ) -> None:
     import pickle
 
@@ -349,7 +412,7 @@ def test_a_pickle_payload_fails_the_task_naming_its_changelog(
 
 
 def test_a_store_left_idle_gives_its_memtables_back_and_stays_warm(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[_Cache]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[WorkerCache]
 ) -> None:
     """The stores of a stopped query (or of partitions another worker now serves) must not keep their
     memtables charged to the worker's memory limit: that cache is what the busy stores read from."""
@@ -394,7 +457,7 @@ def test_a_bad_worker_cache_setting_is_refused_naming_it(monkeypatch: pytest.Mon
         with monkeypatch.context() as m:
             m.setenv(name, raw)
             with pytest.raises(ConfigurationError, match=f"{name}='{raw}'"):
-                _Cache()
+                WorkerCache()
 
 
 def test_a_task_reports_its_own_peak_memory_and_hands_back_what_it_freed(
