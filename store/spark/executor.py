@@ -35,9 +35,9 @@ from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import Field, from_arrow, struct
 from statekeeper.store.rescale import PartitionBuild, RescalePlan, SourceStores, build_partition
 from statekeeper.store.rocks import current_rss, peak_rss, release_free_heap, reset_peak_rss, shared_memory
-from statekeeper.store.spark import follow
 from statekeeper.store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor
 from statekeeper.store.spark.event_time import TaskTime
+from statekeeper.store.spark.follow import FOLLOWER, follows
 from statekeeper.store.spark.handle import StatefulProcessorHandle
 from statekeeper.store.spark.pandas_frames import PandasSettings
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
@@ -156,8 +156,8 @@ def run_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.R
     try:
         with CACHE.task():
             yield from _run_partition(spec, task_input.partition, task_input, t_start)
-        if spec.commit and spec.rescale is None and follow.enabled():
-            follow.FOLLOWER.follow(spec.root, spec.operator, spec.version + 1)
+        if spec.commit and spec.rescale is None and follows():
+            FOLLOWER.follow(spec.root, spec.operator, spec.version + 1)
     finally:
         _WORKER["tasks"] += 1
         if gc_enabled:

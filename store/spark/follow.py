@@ -41,7 +41,7 @@ longer is left to its next tasks' own loads)."""
 _POLL_FIRST_S, _POLL_MAX_S = 0.005, 0.25
 
 
-def enabled() -> bool:
+def follows() -> bool:
     """Inside a Spark task, unless ``STATEKEEPER_SPARK_FOLLOW=0``."""
     raw = os.environ.get(FOLLOW_ENV, "1")
     if raw not in ("0", "1"):
@@ -145,4 +145,4 @@ def _behind(store: StateStore, version: int) -> bool:
 
 FOLLOWER = Follower(CACHE)
 
-__all__ = ["FOLLOWER", "FOLLOW_ENV", "Follower", "enabled"]
+__all__ = ["FOLLOWER", "FOLLOW_ENV", "Follower", "follows"]
