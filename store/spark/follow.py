@@ -29,6 +29,7 @@ from dataclasses import replace
 
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.formats.commit import CommitRecord
+from statekeeper.store.rocks import release_free_heap
 from statekeeper.store.spark.worker_cache import CACHE, WorkerCache
 from statekeeper.store.state_store import StateStore
 
@@ -104,6 +105,7 @@ class Follower:
                 store.load(version, checkpoint_id)
                 store.abort()
                 self._note(key, store)
+        release_free_heap()  # what the replays freed goes back to the OS, not into the next task's RSS
 
     def _record(self, key: tuple[str, str, int], version: int) -> CommitRecord | None:
         """The commit record of `version`, once the driver has written it (None: not within `RECORD_WAIT_S`, or

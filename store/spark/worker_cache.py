@@ -27,6 +27,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from math import inf
 from typing import Protocol
 
 from statekeeper.store.async_upload import AsyncUploader
@@ -183,8 +184,10 @@ class WorkerCache:
 
     def recent(self, root: str, operator: str) -> list[tuple[str, str, int]]:
         """The operator's stores some task used within `idle_seconds`, the most recently used last."""
+        now = self.clock()
         with self.lock:
-            return [k for k in self.stores if k[:2] == (root, operator) and k in self.last_used]
+            used, idle = self.last_used, self.idle_seconds
+            return [k for k in self.stores if k[:2] == (root, operator) and now - used.get(k, -inf) <= idle]
 
     @contextlib.contextmanager
     def follow(self, key: tuple[str, str, int]) -> Iterator[StateStore | None]:
