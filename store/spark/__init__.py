@@ -27,7 +27,7 @@ Three ways to write the logic, all on the same state encoding:
   when it exceeds ``task_input_budget_bytes``; each key in exactly one), with bulk state access
   (``getMany`` / ``updateMany`` / ``clearMany``).
 
-A task groups its input by key (store/spark/task_input.py: in Arrow, spilling to local files beyond 64 MiB)
+A task sorts its input by key (store/spark/task_input.py: in Arrow, spilling to local files beyond 64 MiB)
 and converts about ``task_input_budget_bytes`` of Arrow data at a time, cut on key boundaries.
 
 Progress per batch (``op.last_progress``, ``op.recent_progress``, ``on_progress=``, and the log) has the

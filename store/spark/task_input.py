@@ -1,12 +1,11 @@
 """A partition task's input: whole key groups, about a budget of Arrow data converted at a time.
 
 A key's rows must be contiguous: a group ends where the key changes. Where the grouping key's types allow
-(`sort_in_task`), the task puts each key's rows together itself, in Arrow (``TaskInput(sort=True)``,
-`group_by_key`): Spark's row sort of the same rows costs several times more. It holds the partition's Arrow
-input (up to ``hold_bytes``; beyond that it spills the rows to local files by a hash of their key and groups
-one file at a time), then hands it out grouped. Otherwise the driver has Spark sort each partition by the
-grouping key, nulls first, the marker (whose key is all nulls) ahead of any equal key, and the task streams it
-as it arrives.
+(`sort_in_task`), the task sorts its input itself, in Arrow (``TaskInput(sort=True)``): Spark's row sort
+of the same rows costs several times more. It holds the partition's Arrow input (up to ``hold_bytes``;
+beyond that it spills the rows to local files by a hash of their key and sorts one file at a time), then
+hands it out sorted. Otherwise the driver has Spark sort each partition by the grouping key, nulls first,
+the marker (whose key is all nulls) ahead of any equal key, and the task streams it as it arrives.
 
 Either way the task cuts its input into chunks of about ``budget_bytes`` of Arrow data, each ending on a
 key boundary (the rows of the chunk's last key are held back and joined with the next batches), and
@@ -200,7 +199,7 @@ class TaskInput:
         parts = _popping(whole) if spill is None else spill.parts()
         for part in parts:
             t = time.perf_counter()
-            ordered = group_by_key(part, self.key_columns)
+            ordered = sort_by_key(part, self.key_columns)
             self.phases.convert_ms += (time.perf_counter() - t) * 1000
             del part  # the unsorted rows go as their sorted copy is made
             for b in ordered.to_batches():
@@ -279,36 +278,12 @@ class TaskInput:
             )
 
 
-def group_by_key(table: pa.Table, key_columns: tuple[str, ...]) -> pa.Table:
-    """`table` with each key's rows together, in their order. A single key column whose values are equal exactly
-    when Arrow's hashing finds them equal (strings, binary, integers, booleans, dates, timestamps) is grouped by
-    hashing, the keys in the order they first came (about a third of a sort's time); other keys are sorted
-    (stable, nulls first)."""
+def sort_by_key(table: pa.Table, key_columns: tuple[str, ...]) -> pa.Table:
+    """`table` with each key's rows together, in their order (a stable sort by key, nulls first)."""
     if table.num_rows < 2:
         return table
-    column = table.column(key_columns[0])
-    if len(key_columns) == 1 and _hash_groupable(column.type):
-        ids = pc.dictionary_encode(column.combine_chunks(), null_encoding="encode").indices
-        order = np.argsort(ids.to_numpy(), kind="stable")
-    else:
-        order = pc.sort_indices(table, sort_keys=[(k, "ascending") for k in key_columns], null_placement="at_start")
+    order = pc.sort_indices(table, sort_keys=[(k, "ascending") for k in key_columns], null_placement="at_start")
     return table.take(order)
-
-
-_HASH_GROUPABLE = (
-    pa.types.is_string,
-    pa.types.is_large_string,
-    pa.types.is_binary,
-    pa.types.is_large_binary,
-    pa.types.is_integer,
-    pa.types.is_boolean,
-    pa.types.is_date,
-    pa.types.is_timestamp,
-)
-
-
-def _hash_groupable(t: pa.DataType) -> bool:
-    return any(bool(test(t)) for test in _HASH_GROUPABLE)
 
 
 class _Spill:
@@ -511,7 +486,7 @@ __all__ = [
     "PID_COL",
     "InputPhases",
     "TaskInput",
-    "group_by_key",
     "groups_of",
     "run_starts",
+    "sort_by_key",
 ]

@@ -26,7 +26,6 @@ from statekeeper.store.spark.task_input import (
     MARKER_COL,
     PID_COL,
     TaskInput,
-    group_by_key,
     struct_tuples,
 )
 from statekeeper.store.spark.task_output import META_COL
@@ -444,52 +443,3 @@ def test_the_task_sorts_its_input_where_arrow_sorts_the_key_and_spark_sorts_it_e
     )
     assert sort_in_task(schema, ("user",)) and sort_in_task(schema, ("user", "day"))
     assert not sort_in_task(schema, ("user", "point")) and not sort_in_task(schema, ("tags",))
-
-
-_GROUPED_TYPES = {
-    "string": (pa.string(), st.sampled_from(["", "a", "a\x00", "b", "é", None])),
-    "binary": (pa.binary(), st.sampled_from([b"", b"\x00", b"\x00\x00", b"a", None])),
-    "long": (pa.int64(), st.sampled_from([0, -1, 1, 2**63 - 1, -(2**63), None])),
-    "bool": (pa.bool_(), st.sampled_from([True, False, None])),
-    "timestamp": (pa.timestamp("us", "UTC"), st.sampled_from([0, 1, -1, None])),
-    "double": (pa.float64(), st.sampled_from([0.0, -0.0, 1.5, float("nan"), None])),
-}
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    kind=st.sampled_from(sorted(_GROUPED_TYPES)),
-    data=st.data(),
-    two_columns=st.booleans(),
-    chunk=st.integers(1, 7),
-)
-def test_group_by_key_puts_each_keys_rows_together_in_their_order(
-    kind: str, data: Any, two_columns: bool, chunk: int
-) -> None:
-    """Hashed (one column of a hashable type) or sorted (the others): every row once, each key's rows
-    contiguous and in the order they came; keys equal as the executor compares them (-0.0 and 0.0 as one)."""
-    arrow_type, values = _GROUPED_TYPES[kind]
-    keys = data.draw(st.lists(values, max_size=40))
-    second = [i % 2 for i in range(len(keys))]
-    columns = {"k": pa.array(keys, arrow_type), "row": pa.array(range(len(keys)), pa.int64())}
-    key_columns: tuple[str, ...] = ("k",)
-    if two_columns:
-        columns["k2"] = pa.array(second, pa.int64())
-        key_columns = ("k", "k2")
-    table = pa.table(columns)
-    table = pa.Table.from_batches(table.to_batches(max_chunksize=chunk), table.schema) if keys else table
-    grouped = group_by_key(table, key_columns)
-
-    def ident(i: int) -> tuple[Any, ...]:
-        k = keys[i]
-        if isinstance(k, float) and k != k:
-            k = "nan"
-        elif isinstance(k, float):
-            k = k + 0.0  # -0.0 == 0.0
-        return (k, second[i]) if two_columns else (k,)
-
-    order = grouped.column("row").to_pylist()
-    assert sorted(order) == list(range(len(keys)))
-    runs = [list(g) for _, g in itertools.groupby(order, key=ident)]
-    assert len(runs) == len({ident(i) for i in order}), "a key's rows are split"
-    assert all(r == sorted(r) for r in runs), "a key's rows left their order"
