@@ -25,7 +25,6 @@ import logging
 import os
 import threading
 import time
-from dataclasses import replace
 
 from statekeeper.store.errors import ConfigurationError
 from statekeeper.store.formats.commit import CommitRecord
@@ -104,14 +103,14 @@ class Follower:
                     continue
                 store.load(version, checkpoint_id)
                 store.abort()
-                self._note(key, store)
+                if store.last_load is not None:
+                    self._cache.note_followed(key, store.last_load)
         release_free_heap()  # what the replays freed goes back to the OS, not into the next task's RSS
 
     def _record(self, key: tuple[str, str, int], version: int) -> CommitRecord | None:
         """The commit record of `version`, once the driver has written it (None: not within `RECORD_WAIT_S`, or
         superseded)."""
-        with self._cache.lock:
-            store = self._cache.stores.get(key)
+        store = self._cache.held(key)
         if store is None:
             return None
         deadline = time.monotonic() + RECORD_WAIT_S
@@ -123,21 +122,6 @@ class Follower:
             time.sleep(pause)
             pause = min(pause * 2, _POLL_MAX_S)
         return None
-
-    def _note(self, key: tuple[str, str, int], store: StateStore) -> None:
-        done = store.last_load
-        if done is None:
-            return
-        with self._cache.lock:
-            before = self._cache.followed.get(key)
-            if before is not None:
-                done = replace(
-                    done,
-                    load_ms=before.load_ms + done.load_ms,
-                    replayed_changelogs=before.replayed_changelogs + done.replayed_changelogs,
-                    replayed_records=before.replayed_records + done.replayed_records,
-                )
-            self._cache.followed[key] = done
 
 
 def _behind(store: StateStore, version: int) -> bool:

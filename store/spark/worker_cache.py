@@ -166,6 +166,24 @@ class WorkerCache:
                 self._close(self.stores.pop(oldest))
             return store
 
+    def held(self, key: tuple[str, str, int]) -> StateStore | None:
+        """The store of `key` if this worker holds one (not for use: `follow` or `store` hand it out)."""
+        with self.lock:
+            return self.stores.get(key)
+
+    def note_followed(self, key: tuple[str, str, int], done: LoadMetrics) -> None:
+        """Add a catch-up the follower did to what the store's next task reports."""
+        with self.lock:
+            before = self.followed.get(key)
+            if before is not None:
+                done = replace(
+                    done,
+                    load_ms=before.load_ms + done.load_ms,
+                    replayed_changelogs=before.replayed_changelogs + done.replayed_changelogs,
+                    replayed_records=before.replayed_records + done.replayed_records,
+                )
+            self.followed[key] = done
+
     def followed_by(self, spec: StoreSpec, partition: int) -> LoadMetrics | None:
         """What the follower replayed into the partition's store since a task last asked (then forgotten)."""
         with self.lock:

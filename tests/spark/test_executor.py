@@ -162,6 +162,37 @@ def test_a_worker_catches_its_store_up_between_tasks_once_the_batch_is_committed
     assert not workers[0].followed  # reported once
 
 
+def test_a_task_wanting_the_store_being_followed_waits_for_that_catch_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[WorkerCache]
+) -> None:
+    """A store is never used by the follower and a task at once (StateStore is not thread-safe)."""
+    import threading
+
+    root = (tmp_path / "state").as_uri()
+    _on(monkeypatch, workers[0])
+    spec = _spec(root, 0, "", tmp_path)
+    _run(spec, [("a", 1)])
+    key = (root, "op", 0)
+    taken, events = threading.Event(), []
+
+    def follower() -> None:
+        with workers[0].follow(key) as store:
+            assert store is not None
+            taken.set()
+            time.sleep(0.3)
+            events.append("caught up")
+
+    thread = threading.Thread(target=follower)
+    thread.start()
+    assert taken.wait(10)
+    assert workers[0].store(spec, 0) is workers[0].held(key)
+    events.append("task has its store")
+    thread.join()
+    assert events == ["caught up", "task has its store"]
+    with workers[0].task(), workers[0].follow(key) as store:
+        assert store is None  # and while a task runs the follower gets none
+
+
 def test_the_follower_leaves_a_store_holding_a_losing_attempt_to_its_next_task(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: list[WorkerCache]
 ) -> None:
