@@ -288,7 +288,7 @@ def run_plan_floor(spark: Any, inputs: Path, work: Path, timeout: float, partiti
     noop (the sink's job running the tasks). What running as a Python task inside Spark costs before any state
     or user code: Arrow both ways, the workers, the sort."""
     from statekeeper.store.key_groups import KeyGroupLayout
-    from statekeeper.store.spark.routing import owner_column
+    from statekeeper.store.spark.routing import group_column, owner_column
     from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
     from statekeeper.store.spark.task_input import BATCH_INPUT_BUDGET_BYTES, TaskInput
     from statekeeper.store.spark.tasks_plan import TasksPlan, sort_in_task
@@ -298,7 +298,8 @@ def run_plan_floor(spark: Any, inputs: Path, work: Path, timeout: float, partiti
     def echo_batch(df: Any, batch_id: int) -> None:
         if not plans:
             owner = owner_column(df.schema, ("key",), KeyGroupLayout(partitions, DEFAULT_MAX_KEY_GROUPS))
-            plans.append(TasksPlan.build(df.sparkSession, df.schema, ("key",), owner, partitions))
+            group = group_column(df.schema, ("key",), DEFAULT_MAX_KEY_GROUPS)
+            plans.append(TasksPlan.build(df.sparkSession, df.schema, ("key",), owner, partitions, group))
         ended = df.sparkSession.sparkContext.accumulator(0)
         sort = sort_in_task(df.schema, ("key",))
 

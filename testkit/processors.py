@@ -88,6 +88,31 @@ class CountSumVectorized(BatchStatefulProcessor):
         )
 
 
+class CountSumInInputOrder(CountSumVectorized):
+    """CountSumVectorized that reads and writes its keys in the order its input brings them (no Arrow group_by,
+    whose output order is Arrow's own)."""
+
+    def handleBatch(self, rows: pa.Table, timerValues: TimerValues) -> pa.Table:
+        totals: dict[tuple[Any, ...], list[int]] = {}
+        for key, value in zip(keys_of(rows, [self.key]), rows.column("value").to_pylist(), strict=True):
+            entry = totals.setdefault(key, [0, 0])
+            entry[0] += 1
+            entry[1] += value
+        keys = list(totals)
+        new = [
+            ((o[0] if o else 0) + c, (o[1] if o else 0) + s)
+            for o, (c, s) in zip(self.totals.getMany(keys), totals.values(), strict=True)
+        ]
+        self.totals.updateMany(keys, new)
+        return pa.table(
+            {
+                self.key: [k[0] for k in keys],
+                "count": pa.array([n[0] for n in new], pa.int64()),
+                "total": pa.array([n[1] for n in new], pa.int64()),
+            }
+        )
+
+
 class FailOnce(CountSum):
     """CountSum whose first attempt of each task fails, before or after its commit.
 

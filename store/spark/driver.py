@@ -58,7 +58,7 @@ from statekeeper.store.spark.metrics import BatchProgress, PartitionMetrics
 from statekeeper.store.spark.pandas_frames import PandasSettings
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
 from statekeeper.store.spark.restart import read_head
-from statekeeper.store.spark.routing import owner_column, routable
+from statekeeper.store.spark.routing import group_column, owner_column, routable
 from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from statekeeper.store.spark.state import check_max_key_groups
 from statekeeper.store.spark.task_input import BATCH_INPUT_BUDGET_BYTES, DEFAULT_INPUT_BUDGET_BYTES
@@ -529,7 +529,8 @@ class StatefulOperator:
         plan = self._plans.get(schema_key)
         if plan is None:
             pid = self._partition_column(n, df.schema)
-            plan = self._plans[schema_key] = TasksPlan.build(spark, df.schema, self.key, pid, n)
+            group = None if self._layout is None else group_column(df.schema, self.key, self._layout.max_key_groups)
+            plan = self._plans[schema_key] = TasksPlan.build(spark, df.schema, self.key, pid, n, group)
         return plan.input(df)
 
     @functools.cached_property

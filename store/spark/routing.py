@@ -82,6 +82,13 @@ def routable(schema: StructType, key_columns: tuple[str, ...]) -> bool:
     return True
 
 
+def group_column(schema: StructType, key_columns: tuple[str, ...], max_key_groups: int) -> Column:
+    """The key group (int) of each row: a task sorting its input by it first handles its keys in stored order."""
+    from pyspark.sql import functions as sf
+
+    return sf.expr(f"cast({key_group_sql(schema, key_columns, max_key_groups)} as int)")
+
+
 def owner_column(schema: StructType, key_columns: tuple[str, ...], layout: KeyGroupLayout) -> Column:
     """The partition (int) that owns each row's key group under `layout`."""
     from pyspark.sql import functions as sf
@@ -124,6 +131,7 @@ def hash_routes(partitions: int) -> list[int]:
 
 
 __all__ = [
+    "group_column",
     "hash_routes",
     "key_group_sql",
     "owner_column",

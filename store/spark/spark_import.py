@@ -47,7 +47,7 @@ from statekeeper.store.spark.batch_records import BatchRecords
 from statekeeper.store.spark.event_time import NEXT_WATERMARK_FIELD
 from statekeeper.store.spark.executor import META_COL, TaskSpec, run_task
 from statekeeper.store.spark.metrics import PartitionMetrics
-from statekeeper.store.spark.routing import owner_column, routable, stored_key_column
+from statekeeper.store.spark.routing import group_column, owner_column, routable, stored_key_column
 from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS, NEVER, Runs, merge_runs, runs_earliest
 from statekeeper.store.spark.spark_checkpoint import (
     TIMER_COL,
@@ -305,7 +305,8 @@ def import_spark_state(
     )
     say(f"writing {n} partitions ({'key groups' if layout else 'hash routing'}) into {root} operator {operator!r}")
     with tasks_job_settings(rows), _StageProgress(spark, say):
-        plan = TasksPlan.build(spark, rows.schema, source.key_columns, pid, n).input(rows)
+        group = None if layout is None else group_column(rows.schema, source.key_columns, groups)
+        plan = TasksPlan.build(spark, rows.schema, source.key_columns, pid, n, group).input(rows)
         out_struct = f"{KEYS_COL} long, {TIMERS_COL} long, {META_COL} string"
         try:
             results = plan.mapInArrow(functools.partial(run_task, spec), out_struct).collect()

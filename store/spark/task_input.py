@@ -39,6 +39,8 @@ from statekeeper.store.spark.pandas_frames import PandasSettings, key_frames, to
 INTERNAL_COL_PREFIX = "__sk_"
 PID_COL = "__sk_partition"
 MARKER_COL = "__sk_marker"
+GROUP_COL = "__sk_group"
+"""A row's key group, where the task sorts its input and keys are routed by key group: the sort's first key."""
 DEFAULT_INPUT_BUDGET_BYTES = 2 << 20
 """Arrow bytes of input a per-key task converts at once (``StatefulOperator(task_input_budget_bytes=...)``):
 as Python rows or pandas objects they take about ten times that."""
@@ -128,7 +130,7 @@ class TaskInput:
                 continue
             if self.sort:
                 self.partition = int(b.column(PID_COL)[0].as_py())
-                self.schema = self._strip(b).schema
+                self.schema = _user_columns(b).schema
                 self._head = list(self._pieces(self._check(b)))
                 return
             markers = b.filter(b.column(MARKER_COL))
@@ -138,13 +140,18 @@ class TaskInput:
                     raise StoreStateError(f"a task got markers of state partitions {pids}: routing is broken")
                 self.partition = int(pids[0])
                 data = b.filter(pc.invert(b.column(MARKER_COL)))
-                self.schema = self._strip(data).schema
+                self.schema = _user_columns(data).schema
                 self._head = [p for x in (*self._head, data) if x.num_rows for p in self._pieces(self._check(x))]
                 return
             self._head.append(b)
 
     def _strip(self, b: pa.RecordBatch) -> pa.RecordBatch:
-        return b.select([n for n in b.schema.names if not n.startswith(INTERNAL_COL_PREFIX)])
+        """The user's columns, and the key group where this task sorts by it (`_sorted` drops it)."""
+        return b.select([n for n in b.schema.names if not n.startswith(INTERNAL_COL_PREFIX) or n == self._lead])
+
+    @property
+    def _lead(self) -> str | None:
+        return GROUP_COL if self.sort else None
 
     def _check(self, b: pa.RecordBatch) -> pa.RecordBatch:
         marker = b.column(MARKER_COL)
@@ -194,12 +201,15 @@ class TaskInput:
         if not self._marked:
             raise StoreStateError(f"the task of state partition {self.partition} got no marker: routing is broken")
         if spill is None:
-            whole = [pa.Table.from_batches(held, self.schema)]
+            whole = [pa.Table.from_batches(held) if held else self.schema.empty_table()]
             held.clear()
         parts = _popping(whole) if spill is None else spill.parts()
         for part in parts:
             t = time.perf_counter()
-            ordered = sort_by_key(part, self.key_columns)
+            lead = (GROUP_COL,) if GROUP_COL in part.schema.names else ()
+            ordered = sort_by_key(part, (*lead, *self.key_columns))
+            if lead:
+                ordered = ordered.drop_columns(list(lead))
             self.phases.convert_ms += (time.perf_counter() - t) * 1000
             del part  # the unsorted rows go as their sorted copy is made
             for b in ordered.to_batches():
@@ -278,10 +288,15 @@ class TaskInput:
             )
 
 
+def _user_columns(b: pa.RecordBatch) -> pa.RecordBatch:
+    return b.select([n for n in b.schema.names if not n.startswith(INTERNAL_COL_PREFIX)])
+
+
 def sort_by_key(table: pa.Table, key_columns: tuple[str, ...]) -> pa.Table:
     """`table` with each key's rows together, in their order (a stable sort by key, nulls first)."""
     if table.num_rows < 2:
         return table
+    table = table.combine_chunks()  # Arrow sorts one chunk by two keys ~30% faster than many chunks
     order = pc.sort_indices(table, sort_keys=[(k, "ascending") for k in key_columns], null_placement="at_start")
     return table.take(order)
 
@@ -481,6 +496,7 @@ def _field_getter(index: int, name: str) -> Any:
 __all__ = [
     "BATCH_INPUT_BUDGET_BYTES",
     "DEFAULT_INPUT_BUDGET_BYTES",
+    "GROUP_COL",
     "HOLD_BYTES",
     "MARKER_COL",
     "PID_COL",

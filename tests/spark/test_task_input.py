@@ -23,6 +23,7 @@ from statekeeper.store.spark.executor import TaskSpec, run_task
 from statekeeper.store.spark.task_input import (
     BATCH_INPUT_BUDGET_BYTES,
     DEFAULT_INPUT_BUDGET_BYTES,
+    GROUP_COL,
     MARKER_COL,
     PID_COL,
     TaskInput,
@@ -192,6 +193,31 @@ def test_a_task_sorting_its_own_input_groups_a_key_of_two_columns(
             if not m:
                 want.setdefault((u, d), []).append(v)
     assert got == want
+
+
+@pytest.mark.parametrize("hold", [1, 1 << 20])
+def test_a_task_sorting_its_own_input_hands_its_keys_in_key_group_order(hold: int, tmp_path: Path) -> None:
+    """With each row's key group (the driver sends it where keys are routed by key group), the task hands its keys
+    out by key group, then key: the order the store keeps them in. Held whole, that is the order of the whole
+    input; spilled, of each spilled file. The key group never reaches the processor."""
+    keys = [f"k{i % 40:02d}" for i in range(400)][::-1]
+    group = {k: (7 * int(k[1:])) % 5 for k in set(keys)}
+    batches = _unsorted_batches(keys, pa.string(), 123, [50, 200])
+    with_group = [
+        b.append_column(GROUP_COL, pa.array([group.get(u) for u in b.column("user").to_pylist()], pa.int32()))
+        for b in batches
+    ]
+    task_input = TaskInput(with_group, ("user",), 1 << 10, sort=True, hold_bytes=hold, spill_dir=str(tmp_path))
+    got = [(key, [r for r in it]) for key, it in task_input.groups("rows")]
+    assert sorted(k for k, _ in got) == sorted({(k,) for k in keys})
+    assert all(
+        GROUP_COL not in r.__fields__ and [r.value for r in rows] == sorted(r.value for r in rows)
+        for _, rows in got
+        for r in rows
+    )
+    if hold > 1:
+        assert [k for k, _ in got] == sorted({(k,) for k in keys}, key=lambda k: (group[k[0]], k))
+    assert task_input.schema is not None and GROUP_COL not in task_input.schema.names
 
 
 def test_a_task_sorting_its_own_input_refuses_a_second_marker_or_none() -> None:
