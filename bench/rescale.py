@@ -105,6 +105,7 @@ def build_statekeeper_state(root: Path, keys: int, partitions: int, batches: int
                 if i // batches % 100_000 == 99_999 or i + batches >= keys:
                     for p, items in enumerate(chunk):
                         if items:
+                            items.sort()  # a statekeeper task writes its batch in the store's key order
                             stores[p].put_batch([k for k, _ in items], [v for _, v in items], cf="totals")
                     chunk = [[] for _ in range(partitions)]
             ids = [s.commit().checkpoint_id for s in stores]
