@@ -147,11 +147,7 @@ class TaskInput:
 
     def _strip(self, b: pa.RecordBatch) -> pa.RecordBatch:
         """The user's columns, and the key group where this task sorts by it (`_sorted` drops it)."""
-        return b.select([n for n in b.schema.names if not n.startswith(INTERNAL_COL_PREFIX) or n == self._lead])
-
-    @property
-    def _lead(self) -> str | None:
-        return GROUP_COL if self.sort else None
+        return _user_columns(b, GROUP_COL if self.sort else None)
 
     def _check(self, b: pa.RecordBatch) -> pa.RecordBatch:
         marker = b.column(MARKER_COL)
@@ -288,8 +284,9 @@ class TaskInput:
             )
 
 
-def _user_columns(b: pa.RecordBatch) -> pa.RecordBatch:
-    return b.select([n for n in b.schema.names if not n.startswith(INTERNAL_COL_PREFIX)])
+def _user_columns(b: pa.RecordBatch, keep: str | None = None) -> pa.RecordBatch:
+    """`b` without the internal columns (but `keep`)."""
+    return b.select([n for n in b.schema.names if not n.startswith(INTERNAL_COL_PREFIX) or n == keep])
 
 
 def sort_by_key(table: pa.Table, key_columns: tuple[str, ...]) -> pa.Table:

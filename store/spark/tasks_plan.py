@@ -68,6 +68,9 @@ class TasksPlan:
         where keys are routed by key group (`routing.group_column`)."""
         from pyspark.sql import functions as sf
 
+        in_task = sort_in_task(schema, key)
+        if not in_task:
+            group = None  # Spark sorts the partitions, by key
         routes = sf.array(*[sf.lit(r) for r in hash_routes(n)])
         marker_pid = sf.col("id").cast("int")
         markers = spark.range(n).select(
@@ -75,7 +78,7 @@ class TasksPlan:
             marker_pid.alias(PID_COL),
             sf.lit(True).alias(MARKER_COL),
             sf.element_at(routes, marker_pid + 1).alias(ROUTE_COL),
-            *([sf.lit(None).cast("int").alias(GROUP_COL)] if group is not None and sort_in_task(schema, key) else []),
+            *([] if group is None else [sf.lit(None).cast("int").alias(GROUP_COL)]),
         )
         # The route repeats the partition's expression rather than reading its column: one projection, whose
         # generated code shares the common subexpression (measured: the route adds ~80 ns per row on local[1],
@@ -90,15 +93,13 @@ class TasksPlan:
         # store's key order (RocksDB inserts a run of ascending keys into its memtable several times faster than
         # the same keys in any other order, and the changelog it writes replays as fast). The same subexpression
         # as the partition's, shared by the projection.
-        if group is not None and sort_in_task(schema, key):
+        if group is not None:
             data.append(group.alias(GROUP_COL))
         # Where the task cannot sort its input: Spark sorts it, each key's rows together, the marker first (its
         # key is all nulls, and it leads any data row whose key is too), so the task learns its partition before
         # any data. The key leads so that Spark's sort compares rows by the key's prefix, not whole rows (the
         # marker flag as the first sort key made every prefix equal: a fifth of the tasks' JVM time).
-        order = None
-        if not sort_in_task(schema, key):
-            order = [*[sf.col(k).asc_nulls_first() for k in key], sf.col(MARKER_COL).desc()]
+        order = None if in_task else [*[sf.col(k).asc_nulls_first() for k in key], sf.col(MARKER_COL).desc()]
         return cls(n, markers, data, sf.col(ROUTE_COL), order)
 
     def input(self, df: DataFrame) -> DataFrame:
