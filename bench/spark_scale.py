@@ -31,7 +31,6 @@ import shutil
 import struct
 import tempfile
 import time
-import zlib
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -215,7 +214,11 @@ def state_floor(files: list[Path], key: str = "key", cores: int = 2, groups: int
 def _state_part(files: list[Path], key: str, part: int, parts: int, groups: int) -> list[float]:
     import rocksdict as rd
 
+    from statekeeper.store.formats.typed_keys import KeyCodec, stored_key_encoder
+    from statekeeper.store.formats.typed_schema import parse_ddl
     from statekeeper.store.rocks import open_db
+
+    encode = stored_key_encoder(KeyCodec(parse_ddl(f"{key} string"), "bench"), groups)
 
     where = tempfile.mkdtemp(prefix="bench-state-floor-")
     db = open_db(where, ["totals"])
@@ -225,10 +228,7 @@ def _state_part(files: list[Path], key: str, part: int, parts: int, groups: int)
         for file in files:
             table = pq.read_table(file)
             names = table.column(key).to_pylist()
-            stored = {
-                k: (zlib.crc32(b := b"\x01" + k.encode() + b"\x00\x00") % groups).to_bytes(2, "big") + b
-                for k in set(names)
-            }
+            stored = {k: encode((k,)) for k in set(names)}
             table = table.append_column("gk", pa.array([stored[k] for k in names], pa.binary()))
             table = table.filter(pa.array([int.from_bytes(stored[k][:2], "big") % parts == part for k in names]))
             table = table.sort_by("gk").drop_columns(["gk"]).combine_chunks()  # the task's sort: not timed
