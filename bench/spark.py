@@ -288,23 +288,21 @@ def run_plan_floor(spark: Any, inputs: Path, work: Path, timeout: float, partiti
     noop (the sink's job running the tasks). What running as a Python task inside Spark costs before any state
     or user code: Arrow both ways, the workers, the sort."""
     from statekeeper.store.key_groups import KeyGroupLayout
-    from statekeeper.store.spark.routing import group_column, owner_column
     from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
     from statekeeper.store.spark.task_input import BATCH_INPUT_BUDGET_BYTES, TaskInput
     from statekeeper.store.spark.tasks_plan import TasksPlan, sort_in_task
 
     plans: list[TasksPlan] = []
+    layout = KeyGroupLayout(partitions, DEFAULT_MAX_KEY_GROUPS)
 
     def echo_batch(df: Any, batch_id: int) -> None:
         if not plans:
-            owner = owner_column(df.schema, ("key",), KeyGroupLayout(partitions, DEFAULT_MAX_KEY_GROUPS))
-            group = group_column(df.schema, ("key",), DEFAULT_MAX_KEY_GROUPS)
-            plans.append(TasksPlan.build(df.sparkSession, df.schema, ("key",), owner, partitions, group))
+            plans.append(TasksPlan.build(df.sparkSession, df.schema, ("key",), partitions, layout))
         ended = df.sparkSession.sparkContext.accumulator(0)
         sort = sort_in_task(df.schema, ("key",))
 
         def echo_and_report(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            task_input = TaskInput(batches, ("key",), BATCH_INPUT_BUDGET_BYTES, sort=sort)
+            task_input = TaskInput(batches, ("key",), BATCH_INPUT_BUDGET_BYTES, sort=sort, layout=layout)
             for chunk in task_input.chunks():
                 yield from chunk.to_batches()
             ended.add(1)

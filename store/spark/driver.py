@@ -58,7 +58,7 @@ from statekeeper.store.spark.metrics import BatchProgress, PartitionMetrics
 from statekeeper.store.spark.pandas_frames import PandasSettings
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
 from statekeeper.store.spark.restart import read_head
-from statekeeper.store.spark.routing import group_column, owner_column, routable
+from statekeeper.store.spark.routing import partition_column, routable
 from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
 from statekeeper.store.spark.state import check_max_key_groups
 from statekeeper.store.spark.task_input import BATCH_INPUT_BUDGET_BYTES, DEFAULT_INPUT_BUDGET_BYTES
@@ -352,6 +352,7 @@ class StatefulOperator:
             max_key_groups=self.max_key_groups,
             input_budget_bytes=self.task_input_budget_bytes,
             sort_input=sort_in_task(df.schema, self.key),
+            routing=self._layout,
             time=task_time,
             session_time_zone=spark.conf.get("spark.sql.session.timeZone") or "UTC",
             pandas_settings=PandasSettings.of(spark.conf),
@@ -464,14 +465,8 @@ class StatefulOperator:
             initial = self._seed.frame(df.sparkSession)
         if initial is None or isinstance(self.processor, BatchStatefulProcessor):
             return None
-        return collect_initial_state(initial, df, self.key, self._partition_column(n, df.schema), PID_COL)
-
-    def _partition_column(self, n: int, schema: StructType) -> Any:
-        from pyspark.sql import functions as sf
-
-        if self._layout is not None:  # the partition owning the row's key group
-            return owner_column(schema, self.key, self._layout)
-        return sf.pmod(sf.hash(*[sf.col(k) for k in self.key]), sf.lit(n)).cast("int")  # legacy: Spark's hash
+        pid = partition_column(df.schema, self.key, n, self._layout)
+        return collect_initial_state(initial, df, self.key, pid, PID_COL)
 
     def _beat(self, spark: SparkSession) -> None:
         """Keep this driver's heartbeat alive while a query runs (an offline rescale refuses meanwhile)."""
@@ -528,9 +523,7 @@ class StatefulOperator:
         schema_key = (df.schema.json(), n, self._layout)
         plan = self._plans.get(schema_key)
         if plan is None:
-            pid = self._partition_column(n, df.schema)
-            group = None if self._layout is None else group_column(df.schema, self.key, self._layout.max_key_groups)
-            plan = self._plans[schema_key] = TasksPlan.build(spark, df.schema, self.key, pid, n, group)
+            plan = self._plans[schema_key] = TasksPlan.build(spark, df.schema, self.key, n, self._layout)
         return plan.input(df)
 
     @functools.cached_property

@@ -33,6 +33,7 @@ from statekeeper.store.errors import LineageError
 from statekeeper.store.files import open_file_manager
 from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import Field, from_arrow, struct
+from statekeeper.store.key_groups import KeyGroupLayout
 from statekeeper.store.rescale import PartitionBuild, RescalePlan, SourceStores, build_partition
 from statekeeper.store.rocks import current_rss, peak_rss, release_free_heap, reset_peak_rss, shared_memory
 from statekeeper.store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor
@@ -90,6 +91,8 @@ class TaskSpec:
     """Arrow bytes of input the task converts at once (whole key groups): bounds its memory."""
     sort_input: bool = False
     """The input comes unsorted and the task sorts it by key (`tasks_plan.sort_in_task`)."""
+    routing: KeyGroupLayout | None = None
+    """The key groups the driver routed the rows by (None: Spark's hash of the key): the task checks its rows'."""
     time: TaskTime = field(default_factory=TaskTime)
     """Time mode, watermarks and event-time column of the batch (store/spark/event_time.py)."""
     session_time_zone: str = "UTC"
@@ -147,6 +150,7 @@ def run_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.R
         spec.input_budget_bytes,
         sort=spec.sort_input,
         spill_dir=CACHE.process_dir(spec.local_dir),
+        layout=spec.routing,
     )
     if task_input.partition is None:
         return  # no state partition routed here

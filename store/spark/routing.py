@@ -98,6 +98,16 @@ def owner_column(schema: StructType, key_columns: tuple[str, ...], layout: KeyGr
     return sf.expr(f"cast(((({group}) + 1) * {n} - 1) div {g} as int)")
 
 
+def partition_column(schema: StructType, key_columns: tuple[str, ...], n: int, layout: KeyGroupLayout | None) -> Column:
+    """The state partition (int) of each row: its key group's owner under `layout`, or (None: operators whose keys
+    cannot be routed by key group, and older ones) Spark's hash of the key mod `n`."""
+    from pyspark.sql import functions as sf
+
+    if layout is not None:
+        return owner_column(schema, key_columns, layout)
+    return sf.pmod(sf.hash(*[sf.col(k) for k in key_columns]), sf.lit(n)).cast("int")
+
+
 _M32 = 0xFFFFFFFF
 
 
@@ -135,6 +145,7 @@ __all__ = [
     "hash_routes",
     "key_group_sql",
     "owner_column",
+    "partition_column",
     "routable",
     "spark_int_hash",
     "stored_key_column",

@@ -47,7 +47,7 @@ from statekeeper.store.spark.batch_records import BatchRecords
 from statekeeper.store.spark.event_time import NEXT_WATERMARK_FIELD
 from statekeeper.store.spark.executor import META_COL, TaskSpec, run_task
 from statekeeper.store.spark.metrics import PartitionMetrics
-from statekeeper.store.spark.routing import group_column, owner_column, routable, stored_key_column
+from statekeeper.store.spark.routing import routable, stored_key_column
 from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS, NEVER, Runs, merge_runs, runs_earliest
 from statekeeper.store.spark.spark_checkpoint import (
     TIMER_COL,
@@ -282,7 +282,6 @@ def import_spark_state(
         raise ConfigurationError(f"num_partitions must be an integer in [1, 10000], got {n!r}")
     rows = state_rows(spark, source)
     layout = KeyGroupLayout(n, groups) if routable(rows.schema, source.key_columns) and n <= groups else None
-    pid = _partition_column(rows.schema, source.key_columns, n, layout)
     if layout is not None:  # Spark encodes the keys it routes anyway: the tasks take them as they are
         rows = rows.withColumn(STORED_KEY_COL, stored_key_column(rows.schema, source.key_columns, groups))
     spec = TaskSpec(
@@ -302,11 +301,11 @@ def import_spark_state(
         max_key_groups=groups,
         input_budget_bytes=task_input_budget_bytes,
         sort_input=sort_in_task(rows.schema, source.key_columns),
+        routing=layout,
     )
     say(f"writing {n} partitions ({'key groups' if layout else 'hash routing'}) into {root} operator {operator!r}")
     with tasks_job_settings(rows), _StageProgress(spark, say):
-        group = None if layout is None else group_column(rows.schema, source.key_columns, groups)
-        plan = TasksPlan.build(spark, rows.schema, source.key_columns, pid, n, group).input(rows)
+        plan = TasksPlan.build(spark, rows.schema, source.key_columns, n, layout).input(rows)
         out_struct = f"{KEYS_COL} long, {TIMERS_COL} long, {META_COL} string"
         try:
             results = plan.mapInArrow(functools.partial(run_task, spec), out_struct).collect()
@@ -367,15 +366,6 @@ def _carry_watermark(fm: Any, operator: str, source: SparkOperatorState) -> None
                 f"{fm.root_uri} has an event-time record of batch {source.batch_id} of {operator!r} from another "
                 "import: import into a new state root"
             ) from None
-
-
-def _partition_column(schema: Any, key: tuple[str, ...], n: int, layout: KeyGroupLayout | None) -> Any:
-    """The state partition of a row, as `StatefulOperator` routes its input (the same layout, the same owner)."""
-    from pyspark.sql import functions as sf
-
-    if layout is not None:
-        return owner_column(schema, key, layout)
-    return sf.pmod(sf.hash(*[sf.col(k) for k in key]), sf.lit(n)).cast("int")
 
 
 def _results(rows: Iterable[Any], n: int) -> tuple[list[PartitionMetrics], int, int]:

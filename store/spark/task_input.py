@@ -34,13 +34,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from statekeeper.store.errors import StoreStateError
+from statekeeper.store.key_groups import KeyGroupLayout
 from statekeeper.store.spark.pandas_frames import PandasSettings, key_frames, to_pandas
 
 INTERNAL_COL_PREFIX = "__sk_"
 PID_COL = "__sk_partition"
 MARKER_COL = "__sk_marker"
 GROUP_COL = "__sk_group"
-"""A row's key group, where the task sorts its input and keys are routed by key group: the sort's first key."""
+"""Where keys are routed by key group and the task sorts its input, the only internal column: a data row's key group
+(the sort's first key, and the task checks it is its partition's), a marker's ``-(partition + 1)``."""
 DEFAULT_INPUT_BUDGET_BYTES = 2 << 20
 """Arrow bytes of input a per-key task converts at once (``StatefulOperator(task_input_budget_bytes=...)``):
 as Python rows or pandas objects they take about ten times that."""
@@ -80,12 +82,15 @@ class TaskInput:
         sort: bool = False,
         hold_bytes: int = HOLD_BYTES,
         spill_dir: str | None = None,
+        layout: KeyGroupLayout | None = None,
     ) -> None:
         """`sort`: the batches come in any order and the task sorts them (`hold_bytes` in memory, the rest
-        spilled under `spill_dir`); else they come sorted by key, the marker first."""
+        spilled under `spill_dir`); else they come sorted by key, the marker first. `layout`: the key groups the
+        driver routed the rows by, where the task sorts its input: the rows then carry only `GROUP_COL`."""
         self.key_columns = key_columns
         self.budget = max(1, budget_bytes)
         self.sort = sort
+        self.layout = layout if sort else None
         self.hold_bytes = hold_bytes
         self.spill_dir = spill_dir
         self._marked = False
@@ -129,7 +134,7 @@ class TaskInput:
             if not b.num_rows:
                 continue
             if self.sort:
-                self.partition = int(b.column(PID_COL)[0].as_py())
+                self.partition = self._first_partition(b)
                 self.schema = _user_columns(b).schema
                 self._head = list(self._pieces(self._check(b)))
                 return
@@ -145,11 +150,21 @@ class TaskInput:
                 return
             self._head.append(b)
 
-    def _strip(self, b: pa.RecordBatch) -> pa.RecordBatch:
-        """The user's columns, and the key group where this task sorts by it (`_sorted` drops it)."""
-        return _user_columns(b, GROUP_COL if self.sort else None)
+    def _first_partition(self, b: pa.RecordBatch) -> int:
+        """The partition of a task sorting its input, from its first row: its key group's owner, or the marker's."""
+        if self.layout is None:
+            return int(b.column(PID_COL)[0].as_py())
+        if GROUP_COL not in b.schema.names:
+            raise StoreStateError(f"a task routed by key group got no {GROUP_COL} column: routing is broken")
+        group = b.column(GROUP_COL)[0].as_py()
+        if group is None or not -self.layout.partitions <= group < self.layout.max_key_groups:
+            raise StoreStateError(f"a task got a row of key group {group}: routing is broken")
+        return -group - 1 if group < 0 else self.layout.owner(group)
 
     def _check(self, b: pa.RecordBatch) -> pa.RecordBatch:
+        """`b` without its marker (counted) and internal columns; fails unless every row is this partition's."""
+        if self.layout is not None:
+            return self._check_groups(b, self.layout)
         marker = b.column(MARKER_COL)
         if pc.any(marker).as_py():
             if not self.sort or self._marked or pc.sum(marker).as_py() != 1:
@@ -160,7 +175,34 @@ class TaskInput:
             b = b.filter(pc.invert(marker))
         if b.num_rows and not pc.all(pc.equal(b.column(PID_COL), self.partition)).as_py():
             raise StoreStateError(f"the task of state partition {self.partition} got rows of another partition")
-        return self._strip(b)
+        return _user_columns(b)
+
+    def _check_groups(self, b: pa.RecordBatch, layout: KeyGroupLayout) -> pa.RecordBatch:
+        """`_check` where the rows carry their key group (kept: `_sorted` sorts by it first, then drops it)."""
+        partition = self.partition
+        assert partition is not None
+        column = b.column(GROUP_COL)
+        if column.null_count:
+            raise StoreStateError(f"the task of state partition {partition} got rows without a key group")
+        groups = column.to_numpy()
+        marked = groups < 0
+        markers = int(np.count_nonzero(marked))
+        if markers:
+            if self._marked or markers != 1 or int(groups[marked][0]) != -partition - 1:
+                raise StoreStateError(
+                    f"the task of state partition {partition} got a second marker or another partition's: "
+                    "routing is broken"
+                )
+            self._marked = True
+            kept = ~marked
+            b, groups = b.filter(pa.array(kept)), groups[kept]
+        lo, hi = layout.groups_of(partition)
+        if groups.size and (int(groups.min()) < lo or int(groups.max()) >= hi):
+            raise StoreStateError(
+                f"the task of state partition {partition} (key groups [{lo}, {hi})) got rows of key groups "
+                f"outside it: routing is broken"
+            )
+        return _user_columns(b, GROUP_COL)
 
     def _data(self) -> Iterator[pa.RecordBatch]:
         if self.sort:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from statekeeper.store.spark.connect import is_connect_dataframe
 from statekeeper.store.spark.executor import MARKER_COL, PID_COL
 from statekeeper.store.spark.metrics import PartitionMetrics
-from statekeeper.store.spark.routing import hash_routes
+from statekeeper.store.spark.routing import group_column, hash_routes, partition_column
 from statekeeper.store.spark.task_input import GROUP_COL
 from statekeeper.store.spark.task_output import META_COL
 
@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-ROUTE_COL = "__sk_route"
+    from statekeeper.store.key_groups import KeyGroupLayout
+
 TASKS_JOB_SETTINGS = {
     # Adaptive execution gains nothing on this plan (its shuffle has a fixed partition count, which it
     # must keep) but runs the shuffle's map stage, the cached tasks and the driver's read of their
@@ -47,10 +48,11 @@ class TasksPlan:
 
     partitions: int
     markers: DataFrame
-    """One row per partition: null input columns, its partition, the marker flag (true) and its route."""
+    """One row per partition: null input columns and what tells the task its partition."""
     data: list[Column]
-    """The input's columns, then each row's partition, the marker flag (false) and the route."""
+    """The input's columns, then the internal columns the task needs (task_input.py)."""
     route: Column
+    """The value Spark hashes to send a row to its partition's task (`hash_routes`): not a column the task gets."""
     order: list[Column] | None
     """Spark's sort of each partition; None where the task sorts its input (`sort_in_task`)."""
 
@@ -60,47 +62,40 @@ class TasksPlan:
         spark: SparkSession,
         schema: StructType,
         key: tuple[str, ...],
-        pid: Column,
         n: int,
-        group: Column | None = None,
+        layout: KeyGroupLayout | None,
     ) -> TasksPlan:
-        """`pid`: the state partition of an input row (an int Column over `schema`); `group`: its key group,
-        where keys are routed by key group (`routing.group_column`)."""
+        """The plan for `n` partitions owning `layout`'s key groups, or routed by Spark's hash of the key (None)."""
         from pyspark.sql import functions as sf
 
         in_task = sort_in_task(schema, key)
-        if not in_task:
-            group = None  # Spark sorts the partitions, by key
         routes = sf.array(*[sf.lit(r) for r in hash_routes(n)])
+        nulls = [sf.lit(None).cast(f.dataType).alias(f.name) for f in schema.fields]
         marker_pid = sf.col("id").cast("int")
-        markers = spark.range(n).select(
-            *[sf.lit(None).cast(f.dataType).alias(f.name) for f in schema.fields],
-            marker_pid.alias(PID_COL),
-            sf.lit(True).alias(MARKER_COL),
-            sf.element_at(routes, marker_pid + 1).alias(ROUTE_COL),
-            *([] if group is None else [sf.lit(None).cast("int").alias(GROUP_COL)]),
-        )
-        # The route repeats the partition's expression rather than reading its column: one projection, whose
-        # generated code shares the common subexpression (measured: the route adds ~80 ns per row on local[1],
-        # the key-group routing itself ~475).
-        data = [
-            sf.col("*"),
-            pid.alias(PID_COL),
-            sf.lit(False).alias(MARKER_COL),
-            sf.element_at(routes, pid + 1).alias(ROUTE_COL),
-        ]
-        # A task sorting its input sorts it by key group first: it then reads and writes its state in the
-        # store's key order (RocksDB inserts a run of ascending keys into its memtable several times faster than
-        # the same keys in any other order, and the changelog it writes replays as fast). The same subexpression
-        # as the partition's, shared by the projection.
-        if group is not None:
-            data.append(group.alias(GROUP_COL))
+        if layout is not None and in_task:
+            # Each row carries only its key group: the task sorts by it first (then reads and writes its state in
+            # the store's key order: RocksDB inserts a run of ascending keys into its memtable several times faster
+            # than the same keys in any other order, and the changelog it writes replays as fast), and checks its
+            # rows against its groups. A marker's is -(partition + 1). The route is computed from it as Spark
+            # partitions the rows, not shipped: each column a task gets costs the JVM's Arrow conversion and the
+            # shuffle (measured: the partition, marker and route columns took ~20% of a 500k-row batch).
+            groups = layout.max_key_groups
+            owner = sf.expr(
+                f"if({GROUP_COL} < 0, -{GROUP_COL} - 1, "
+                f"cast(((cast({GROUP_COL} as bigint) + 1) * {layout.partitions} - 1) div {groups} as int))"
+            )
+            group = group_column(schema, key, groups)
+            markers = spark.range(n).select(*nulls, (-marker_pid - 1).alias(GROUP_COL))
+            return cls(n, markers, [sf.col("*"), group.alias(GROUP_COL)], sf.element_at(routes, owner + 1), None)
+        pid = partition_column(schema, key, n, layout)
+        markers = spark.range(n).select(*nulls, marker_pid.alias(PID_COL), sf.lit(True).alias(MARKER_COL))
+        data = [sf.col("*"), pid.alias(PID_COL), sf.lit(False).alias(MARKER_COL)]
         # Where the task cannot sort its input: Spark sorts it, each key's rows together, the marker first (its
         # key is all nulls, and it leads any data row whose key is too), so the task learns its partition before
         # any data. The key leads so that Spark's sort compares rows by the key's prefix, not whole rows (the
         # marker flag as the first sort key made every prefix equal: a fifth of the tasks' JVM time).
         order = None if in_task else [*[sf.col(k).asc_nulls_first() for k in key], sf.col(MARKER_COL).desc()]
-        return cls(n, markers, data, sf.col(ROUTE_COL), order)
+        return cls(n, markers, data, sf.element_at(routes, sf.col(PID_COL) + 1), order)
 
     def input(self, df: DataFrame) -> DataFrame:
         """The batch's rows and the markers, each partition's rows in the task of that partition (by key where
@@ -198,7 +193,6 @@ def tasks_job_settings(df: DataFrame) -> Iterator[None]:
 
 
 __all__ = [
-    "ROUTE_COL",
     "TASKS_JOB_SETTINGS",
     "OutputFilters",
     "TasksPlan",

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from statekeeper.store.errors import StoreStateError
+from statekeeper.store.key_groups import KeyGroupLayout
 from statekeeper.store.spark.executor import TaskSpec, run_task
 from statekeeper.store.spark.task_input import (
     BATCH_INPUT_BUDGET_BYTES,
@@ -195,19 +196,48 @@ def test_a_task_sorting_its_own_input_groups_a_key_of_two_columns(
     assert got == want
 
 
+LAYOUT = KeyGroupLayout(4, 16)
+"""Partition 2 of it owns key groups [8, 12)."""
+
+
+def _routed_batches(
+    keys: Sequence[str], group: dict[str, int], marker_at: int, cuts: list[int], partition: int = 2
+) -> list[pa.RecordBatch]:
+    """A task's input as the driver sends it where keys are routed by key group: the user's columns and each row's
+    key group, the marker (group ``-(partition + 1)``) anywhere among them."""
+    at = min(marker_at, len(keys))
+    table = pa.table(
+        {
+            "user": pa.array([*keys[:at], None, *keys[at:]], pa.string()),
+            "value": pa.array([*range(at), None, *range(at, len(keys))], pa.int64()),
+            GROUP_COL: pa.array(
+                [*(group[k] for k in keys[:at]), -partition - 1, *(group[k] for k in keys[at:])], pa.int32()
+            ),
+        }
+    )
+    out, start = [], 0
+    for end in [*sorted({c for c in cuts if 0 < c < table.num_rows}), table.num_rows]:
+        out.extend(table.slice(start, end - start).to_batches())
+        start = end
+    return out
+
+
+@pytest.mark.parametrize("marker_at", [0, 123])
 @pytest.mark.parametrize("hold", [1, 1 << 20])
-def test_a_task_sorting_its_own_input_hands_its_keys_in_key_group_order(hold: int, tmp_path: Path) -> None:
-    """With each row's key group (the driver sends it where keys are routed by key group), the task hands its keys
-    out by key group, then key: the order the store keeps them in. Held whole, that is the order of the whole
-    input; spilled, of each spilled file. The key group never reaches the processor."""
+def test_a_task_sorting_its_own_input_hands_its_keys_in_key_group_order(
+    hold: int, marker_at: int, tmp_path: Path
+) -> None:
+    """Routed by key group, each row carries its key group: the task learns its partition from its first row (the
+    marker's, or the owner of the row's group) and hands its keys out by key group, then key: the order the store
+    keeps them in. Held whole, that is the order of the whole input; spilled, of each spilled file. The key group
+    never reaches the processor."""
     keys = [f"k{i % 40:02d}" for i in range(400)][::-1]
-    group = {k: (7 * int(k[1:])) % 5 for k in set(keys)}
-    batches = _unsorted_batches(keys, pa.string(), 123, [50, 200])
-    with_group = [
-        b.append_column(GROUP_COL, pa.array([group.get(u) for u in b.column("user").to_pylist()], pa.int32()))
-        for b in batches
-    ]
-    task_input = TaskInput(with_group, ("user",), 1 << 10, sort=True, hold_bytes=hold, spill_dir=str(tmp_path))
+    group = {k: 8 + (7 * int(k[1:])) % 4 for k in set(keys)}
+    batches = _routed_batches(keys, group, marker_at, [50, 200])
+    task_input = TaskInput(
+        batches, ("user",), 1 << 10, sort=True, hold_bytes=hold, spill_dir=str(tmp_path), layout=LAYOUT
+    )
+    assert task_input.partition == 2
     got = [(key, [r for r in it]) for key, it in task_input.groups("rows")]
     assert sorted(k for k, _ in got) == sorted({(k,) for k in keys})
     assert all(
@@ -218,6 +248,43 @@ def test_a_task_sorting_its_own_input_hands_its_keys_in_key_group_order(hold: in
     if hold > 1:
         assert [k for k, _ in got] == sorted({(k,) for k in keys}, key=lambda k: (group[k[0]], k))
     assert task_input.schema is not None and GROUP_COL not in task_input.schema.names
+
+
+def test_a_task_routed_by_key_group_with_only_its_marker_has_a_partition_and_no_keys() -> None:
+    task_input = TaskInput(_routed_batches([], {}, 0, [], partition=3), ("user",), 1 << 10, sort=True, layout=LAYOUT)
+    assert task_input.partition == 3 and list(task_input.groups("rows")) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "batches", "error"),
+    [
+        ("a row of another partition's key group", _routed_batches(["a", "b"], {"a": 9, "b": 12}, 0, []), "outside"),
+        ("the first row of a key group outside the layout", _routed_batches(["a"], {"a": 16}, 1, []), "key group 16"),
+        ("a second marker", _routed_batches(["a"], {"a": 9}, 0, []) * 2, "second marker"),
+        ("another partition's marker", _routed_batches(["a"], {"a": 9}, 1, [], partition=1), "second marker"),
+        ("no marker", [b.slice(1) for b in _routed_batches(["a"], {"a": 9}, 0, [])], "no marker"),
+        (
+            "no key group column",
+            [b.drop_columns([GROUP_COL]) for b in _routed_batches(["a"], {"a": 9}, 0, [])],
+            "no __sk_group",
+        ),
+        (
+            "a row without a key group",
+            [
+                b.set_column(2, GROUP_COL, pa.array([-3, None], pa.int32()))
+                for b in _routed_batches(["a"], {"a": 9}, 0, [])
+            ],
+            "without a key group",
+        ),
+    ],
+)
+def test_a_task_routed_by_key_group_refuses_rows_its_partition_does_not_own(
+    name: str, batches: list[pa.RecordBatch], error: str
+) -> None:
+    """Routing by key group is Spark's computation of each row's group and owner: a task never takes a row whose
+    key group its partition does not own, nor a partition that is not its marker's."""
+    with pytest.raises(StoreStateError, match=error):
+        list(TaskInput(batches, ("user",), 1 << 20, sort=True, layout=LAYOUT).groups("rows"))
 
 
 def test_a_task_sorting_its_own_input_refuses_a_second_marker_or_none() -> None:
