@@ -217,6 +217,7 @@ def _state_part(files: list[Path], key: str, part: int, parts: int, groups: int)
     from statekeeper.store.formats.typed_keys import KeyCodec, stored_key_encoder
     from statekeeper.store.formats.typed_schema import parse_ddl
     from statekeeper.store.rocks import open_db
+    from statekeeper.store.spark.task_input import pylist
 
     encode = stored_key_encoder(KeyCodec(parse_ddl(f"{key} string"), "bench"), groups)
 
@@ -234,8 +235,8 @@ def _state_part(files: list[Path], key: str, part: int, parts: int, groups: int)
             table = table.sort_by("gk").drop_columns(["gk"]).combine_chunks()  # the task's sort: not timed
             t = time.perf_counter()
             agg = table.group_by(key, use_threads=False).aggregate([("value", "count"), ("value", "sum")])
-            gks = [stored[k] for k in agg.column(key).to_pylist()]
-            counts, sums = agg.column("value_count").to_pylist(), agg.column("value_sum").to_pylist()
+            gks = list(map(stored.__getitem__, pylist(agg.column(key))))
+            counts, sums = pylist(agg.column("value_count")), pylist(agg.column("value_sum"))
             old = list(map(cf.get, gks))
             wb = rd.WriteBatch(raw_mode=True)
             unpack, pack, put = _TOTALS.unpack, _TOTALS.pack, wb.put
