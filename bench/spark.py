@@ -61,6 +61,7 @@ from bench.spark_scale import (
     SPARK_PYTHON_FLOOR,
     VECTORIZED,
     SizeResult,
+    rounds_note,
     run_sizes,
     size_tables,
     sizes,
@@ -444,6 +445,7 @@ def _main_tables(main: SizeResult, load_start: float) -> list[Table]:
         "floor: each batch's loop, the first left out too); before all of them an unmeasured round of the per-key "
         "rows, vectorized, Spark native and floor queries over the same batches warms up the JVM (its JIT compiles "
         "for minutes; the first query would pay). speedup = applyInPandasWithState p50 / p50.",
+        rounds_note(main.rounds),
         *main.notes,
         load_note(load_start),
     ]

@@ -19,10 +19,16 @@ Knobs (environment):
   (default 3: they take 30-60 s a batch at 50k rows).
 - ``BENCH_SPARK_SLOW_BATCH_MAX_S``: a slow variant is skipped at a size where its batch is estimated to take
   longer (default 120).
+- ``BENCH_SPARK_ROUNDS``: rounds of the fast queries at each size (per-key rows, vectorized, Spark native and the
+  floors that run in Spark; default 2): each round runs them all over the size's batches, every other round in
+  reverse order, and their steady batches are pooled, so that a slow minute of the machine does not fall on one
+  query only. The other queries run once.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 import math
 import multiprocessing
@@ -53,6 +59,7 @@ SIZE_BATCHES_ENV = "BENCH_SPARK_SIZE_BATCHES"
 PANDAS_BATCHES_ENV = "BENCH_SPARK_PANDAS_BATCHES"
 BASELINE_BATCHES_ENV = "BENCH_SPARK_BASELINE_BATCHES"
 SLOW_MAX_ENV = "BENCH_SPARK_SLOW_BATCH_MAX_S"
+ROUNDS_ENV = "BENCH_SPARK_ROUNDS"
 
 ROWS = "statekeeper per-key rows, sync"
 ROWS_ASYNC = "statekeeper per-key rows, async"
@@ -67,9 +74,14 @@ APPLY = "Spark applyInPandasWithState (RocksDB, changelog)"
 TWS = "Spark transformWithStateInPandas (RocksDB, changelog)"
 PANDAS_FLOOR = "floor: the same pandas function on per-key frames in a plain Python loop (no Spark, no state)"
 STATE_FLOOR = "floor: the vectorized batch's aggregation and state reads and writes on raw RocksDB (no Spark)"
+PER_KEY_FLOOR = (
+    "floor: the per-key processor called per key on PySpark Rows, a get and a put each on raw RocksDB (no Spark)"
+)
 STATEKEEPER = {ROWS: "rows", ROWS_ASYNC: "rows", VECTORIZED: "vectorized", PANDAS: "pandas", APPLY_UNCHANGED: "apply"}
 """statekeeper's variants and their processor (`bench.spark._statekeeper_processors`)."""
 PANDAS_PATHS = (PANDAS, APPLY_UNCHANGED)
+FAST = (ROWS, VECTORIZED, NATIVE, FLOOR, PLAN_FLOOR, SPARK_PYTHON_FLOOR)
+"""The queries run `Limits.rounds` times at each size (their first round in the order of `measure_size`)."""
 SPARK_PYTHON = (APPLY, TWS)
 
 
@@ -80,6 +92,7 @@ class Limits:
     pandas_batches: int
     baseline_batches: int
     slow_max_ms: float
+    rounds: int = 1
 
     @classmethod
     def from_env(cls) -> Limits:
@@ -87,6 +100,7 @@ class Limits:
             int(os.environ.get(PANDAS_BATCHES_ENV, "3")),
             int(os.environ.get(BASELINE_BATCHES_ENV, "3")),
             float(os.environ.get(SLOW_MAX_ENV, "120")) * 1000,
+            max(1, int(os.environ.get(ROUNDS_ENV, "2"))),
         )
 
 
@@ -114,6 +128,8 @@ class SizeResult:
     ran: dict[str, int] = field(default_factory=dict)
     """Batches each variant ran (its first one is warm-up)."""
     notes: list[str] = field(default_factory=list)
+    rounds: int = 1
+    """Rounds of the `FAST` queries, their steady batches pooled."""
 
 
 def touched_keys(keys: int, rows: int) -> float:
@@ -193,38 +209,50 @@ def _floor_part(file: Path, function: Callable[..., Any], key: str, part: int, p
     return ms
 
 
-# -- the state floor ------------------------------------------------------------------------------
+# -- the state floors ------------------------------------------------------------------------------
 _TOTALS = struct.Struct(">qq")
+"""The floors' state value: (count, total) as two big-endian int64, the least encoding there is."""
+
+FloorWork = Callable[[Any, pa.Table, dict[str, bytes], str], None]
+"""One batch file's timed work in a floor process: (its DB, its rows in the store's key order, each key's stored
+bytes, the key column)."""
 
 
 def state_floor(files: list[Path], key: str = "key", cores: int = 2, groups: int = 1024) -> list[float]:
-    """ms per input file after the first: what a vectorized batch's state work costs on RocksDB itself. Its keys
-    split over `cores` processes by key group (as the partitions own them), each with a rocksdict DB of the stores'
-    options kept over the files (it grows as the query's state does): the file's rows of its keys aggregated by
-    key in Arrow (the processor's own logic), then a point get of each touched key and one write batch of the new
-    totals, in the store's key order; the slowest process's time. Reading, splitting and encoding the keys are
-    left out (the shuffle's and the codec's work): no Python operator on RocksDB does less."""
+    """ms per input file after the first: what a vectorized batch's state work costs on RocksDB itself: the file's
+    rows aggregated by key in Arrow (the processor's own logic), then a point get of each touched key and one write
+    batch of the new totals, in the store's key order (`_db_floor_part`)."""
+    return _db_floor(files, key, cores, groups, _vectorized_work)
+
+
+def per_key_floor(files: list[Path], key: str = "key", cores: int = 2, groups: int = 1024) -> list[float]:
+    """ms per input file after the first: the least a per-key Python processor can take on RocksDB: each row a
+    PySpark Row (the API's), the bench's own per-key processor (CountSum) called once per key on its rows, its state
+    a point get and a put per key on raw RocksDB (no changelog, no typed codec), its output rows kept in a list
+    (`_db_floor_part`)."""
+    return _db_floor(files, key, cores, groups, _per_key_work)
+
+
+def _db_floor(files: list[Path], key: str, cores: int, groups: int, work: FloorWork) -> list[float]:
     with ProcessPoolExecutor(cores, mp_context=multiprocessing.get_context("fork")) as pool:
-        parts = list(
-            pool.map(_state_part, [files] * cores, [key] * cores, range(cores), [cores] * cores, [groups] * cores)
-        )
+        each = [files] * cores, [key] * cores, range(cores), [cores] * cores, [groups] * cores, [work] * cores
+        parts = list(pool.map(_db_floor_part, *each))
     return [max(ms) for ms in zip(*parts, strict=True)][1:]
 
 
-def _state_part(files: list[Path], key: str, part: int, parts: int, groups: int) -> list[float]:
-    import rocksdict as rd
-
+def _db_floor_part(files: list[Path], key: str, part: int, parts: int, groups: int, work: FloorWork) -> list[float]:
+    """`work`'s ms on each file, in one of `parts` processes: the file's keys of its key groups (as the partitions
+    own them), with a rocksdict DB of the stores' options kept over the files (its state grows as the query's
+    does). Reading, splitting, sorting and encoding the keys are left out (the shuffle's, the task's sort's and the
+    codec's work): no Python operator on RocksDB does less."""
     from statekeeper.store.formats.typed_keys import KeyCodec, stored_key_encoder
     from statekeeper.store.formats.typed_schema import parse_ddl
     from statekeeper.store.rocks import open_db
-    from statekeeper.store.spark.task_input import pylist
 
     encode = stored_key_encoder(KeyCodec(parse_ddl(f"{key} string"), "bench"), groups)
-
     where = tempfile.mkdtemp(prefix="bench-state-floor-")
     db = open_db(where, ["totals"])
-    cf, handle = db.get_column_family("totals"), db.get_column_family_handle("totals")
-    out = []
+    out: list[float] = []
     try:
         for file in files:
             table = pq.read_table(file)
@@ -234,22 +262,65 @@ def _state_part(files: list[Path], key: str, part: int, parts: int, groups: int)
             table = table.filter(pa.array([int.from_bytes(stored[k][:2], "big") % parts == part for k in names]))
             table = table.sort_by("gk").drop_columns(["gk"]).combine_chunks()  # the task's sort: not timed
             t = time.perf_counter()
-            agg = table.group_by(key, use_threads=False).aggregate([("value", "count"), ("value", "sum")])
-            gks = list(map(stored.__getitem__, pylist(agg.column(key))))
-            counts, sums = pylist(agg.column("value_count")), pylist(agg.column("value_sum"))
-            old = list(map(cf.get, gks))
-            wb = rd.WriteBatch(raw_mode=True)
-            unpack, pack, put = _TOTALS.unpack, _TOTALS.pack, wb.put
-            for gk, c, s, o in zip(gks, counts, sums, old, strict=True):
-                c0, s0 = unpack(o) if o is not None else (0, 0)
-                put(gk, pack(c0 + c, s0 + s), handle)
-            db.write(wb)
+            work(db, table, stored, key)
             out.append((time.perf_counter() - t) * 1000)
     finally:
-        del cf, handle
         db.close()
         shutil.rmtree(where, ignore_errors=True)
     return out
+
+
+def _vectorized_work(db: Any, table: pa.Table, stored: dict[str, bytes], key: str) -> None:
+    import rocksdict as rd
+
+    from statekeeper.store.spark.task_input import pylist
+
+    cf, handle = db.get_column_family("totals"), db.get_column_family_handle("totals")
+    agg = table.group_by(key, use_threads=False).aggregate([("value", "count"), ("value", "sum")])
+    gks = list(map(stored.__getitem__, pylist(agg.column(key))))
+    counts, sums = pylist(agg.column("value_count")), pylist(agg.column("value_sum"))
+    old = list(map(cf.get, gks))
+    wb = rd.WriteBatch(raw_mode=True)
+    unpack, pack, put = _TOTALS.unpack, _TOTALS.pack, wb.put
+    for gk, c, s, o in zip(gks, counts, sums, old, strict=True):
+        c0, s0 = unpack(o) if o is not None else (0, 0)
+        put(gk, pack(c0 + c, s0 + s), handle)
+    db.write(wb)
+
+
+class _RawValue:
+    """A ValueState of (count, total) straight on a rocksdict column family, at the key `gk`."""
+
+    __slots__ = ("cf", "gk")
+
+    def __init__(self, cf: Any) -> None:
+        self.cf, self.gk = cf, b""
+
+    def get(self) -> tuple[int, int] | None:
+        raw = self.cf.get(self.gk)
+        return None if raw is None else _TOTALS.unpack(raw)
+
+    def update(self, value: tuple[int, int]) -> None:
+        self.cf.put(self.gk, _TOTALS.pack(*value))
+
+
+def _per_key_work(db: Any, table: pa.Table, stored: dict[str, bytes], key: str) -> None:
+    from statekeeper.store.spark.task_input import pylist, row_class, run_starts
+    from testkit.processors import CountSum
+
+    state = _RawValue(db.get_column_family("totals"))
+    processor = CountSum()
+    processor.totals = state  # type: ignore[assignment]  # the least ValueState: get and update
+    make = functools.partial(tuple.__new__, row_class(tuple(table.column_names)))
+    columns = [pylist(table.column(n)) for n in table.column_names]
+    rows = list(map(make, zip(*columns, strict=True)))
+    bounds = [*run_starts(table, (key,)).tolist(), table.num_rows]
+    names, handle = columns[table.column_names.index(key)], processor.handleInputRows
+    out: list[Any] = []
+    for start, end in itertools.pairwise(bounds):
+        k = (names[start],)
+        state.gk = stored[k[0]]
+        out.extend(handle(k, iter(rows[start:end]), None))  # type: ignore[arg-type]
 
 
 # -- one size -------------------------------------------------------------------------------------
@@ -305,6 +376,24 @@ def measure_size(
             )
         return estimate is not None
 
+    def again(name: str, where: Path) -> list[float]:
+        """One more round of a fast query over the size's batches: its steady batch durations."""
+        if name in STATEKEEPER:
+            return sp.run_statekeeper(
+                spark,
+                inputs,
+                where,
+                timeout,
+                api=STATEKEEPER[name],
+                async_checkpoint=False,
+                partitions=partitions,
+                expected=expected,
+            )[0]
+        if name == NATIVE:
+            return sp.run_spark_native(spark, inputs, where, timeout)
+        floors = {FLOOR: sp.run_floor, PLAN_FLOOR: sp.run_plan_floor, SPARK_PYTHON_FLOOR: sp.run_python_floor}
+        return floors[name](spark, inputs, where, timeout, partitions)
+
     variants = [ROWS, *([ROWS_ASYNC] if main else []), VECTORIZED, PANDAS, APPLY_UNCHANGED]
     for name in variants:
         slow = name in PANDAS_PATHS
@@ -313,7 +402,7 @@ def measure_size(
         durations, phases, trace, progress = sp.run_statekeeper(
             spark,
             pandas_in if slow else inputs,
-            work / name.replace(" ", "_").replace(",", ""),
+            work / _dir(name),
             timeout,
             api=STATEKEEPER[name],
             async_checkpoint=name == ROWS_ASYNC,
@@ -332,12 +421,13 @@ def measure_size(
         log.info("%s at %s: %s", PANDAS_FLOOR, where, [round(d) for d in res.results[PANDAS_FLOOR]])
     files = sorted(inputs.iterdir())
     res.results[STATE_FLOOR], res.ran[STATE_FLOOR] = state_floor(files), len(files)
-    res.results[NATIVE] = sp.run_spark_native(spark, inputs, work / "spark-native", timeout)
-    res.results[FLOOR] = sp.run_floor(spark, inputs, work / "floor", timeout, partitions)
-    res.results[PLAN_FLOOR] = sp.run_plan_floor(spark, inputs, work / "plan-floor", timeout, partitions)
-    res.results[SPARK_PYTHON_FLOOR] = sp.run_python_floor(spark, inputs, work / "python-floor", timeout, partitions)
+    res.results[PER_KEY_FLOOR], res.ran[PER_KEY_FLOOR] = per_key_floor(files), len(files)
     for name in (NATIVE, FLOOR, PLAN_FLOOR, SPARK_PYTHON_FLOOR):
-        res.ran[name] = batches
+        res.results[name], res.ran[name] = again(name, work / _dir(name)), batches
+    for r in range(1, limits.rounds):
+        for name in FAST[::-1] if r % 2 else FAST:
+            res.results[name] = res.results[name] + again(name, work / f"{_dir(name)}-round-{r + 1}")
+    res.rounds = limits.rounds
     for name, runner in ((APPLY, sp.run_spark_apply_in_pandas), (TWS, sp.run_spark_tws_in_pandas)):
         if skipped(name):
             continue
@@ -345,6 +435,10 @@ def measure_size(
         res.ran[name] = len(sorted(spark_in.iterdir()))
         estimates.record(name, res.results[name], keys, rows)
     return res
+
+
+def _dir(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name)[:60]
 
 
 def run_sizes(
@@ -434,20 +528,22 @@ def _share_ratio(name: str) -> Callable[[SizeResult], float]:
     return lambda r: _share(r, name) / _p50(r.results.get(PANDAS_FLOOR))
 
 
-_SPEED = ((ROWS, "per-key rows", 1.0), (VECTORIZED, "vectorized", 0.7))
+_SPEED = ((ROWS, "per-key rows", 1.0, PER_KEY_FLOOR), (VECTORIZED, "vectorized", 0.7, STATE_FLOOR))
 
 
-def _breakdown(r: SizeResult, name: str, label: str, limit: float) -> str:
+def _breakdown(r: SizeResult, name: str, label: str, limit: float, least: str) -> str:
     """Where a variant's p50 goes, beside Spark native's: Spark's own Python task (the least any Python
-    operator pays), statekeeper's batch plan above it, and the state and user logic above that plan."""
-    p50, native = _p50(r.results.get(name)), _p50(r.results.get(NATIVE))
+    operator pays), statekeeper's batch plan above it, and the state and user logic above that plan (and `least`,
+    the floor of that logic on raw RocksDB)."""
+    p50, native, logic = (_p50(r.results.get(n)) for n in (name, NATIVE, least))
     python, plan, floor = (_p50(r.results.get(f)) for f in (SPARK_PYTHON_FLOOR, PLAN_FLOOR, FLOOR))
     if any(math.isnan(x) for x in (p50, native, python, plan, floor)) or p50 <= limit * native:
         return ""
     return (
         f"{label} at {r.keys:,} keys, {r.rows:,} rows: {p50:.0f} ms = Spark's own Python task {python:.0f} + "
-        f"statekeeper's batch plan over it {plan - python:.0f} + state and user logic {p50 - plan:.0f}, against "
-        f"Spark native {native:.0f} (its state work over the stateless floor: {native - floor:.0f})"
+        f"statekeeper's batch plan over it {plan - python:.0f} + state and user logic {p50 - plan:.0f} (the same "
+        f"logic on raw RocksDB, no Spark: {logic:.0f}), against Spark native {native:.0f} (its state work over the "
+        f"stateless floor: {native - floor:.0f})"
     )
 
 
@@ -477,14 +573,20 @@ def targets(all_results: list[SizeResult]) -> str:
         + ", ".join(f"{python_floor(r):.2f}x" for r in all_results)
         + " Spark native at the sizes in order",
     ]
-    least = ratio_sum(SPARK_PYTHON_FLOOR, STATE_FLOOR)
+    least, least_per_key = ratio_sum(SPARK_PYTHON_FLOOR, STATE_FLOOR), ratio_sum(SPARK_PYTHON_FLOOR, PER_KEY_FLOOR)
     parts.append(
         "the least a vectorized batch can take, Spark's own Python task plus the state floor (the processor's "
         "aggregation and its state reads and writes on raw RocksDB), is "
         + ", ".join(f"{least(r):.2f}x" for r in all_results)
         + " Spark native at the sizes in order: no Python operator on RocksDB meets 0.7x where that is above it"
     )
-    parts += [_breakdown(r, name, label, limit) for name, label, limit in _SPEED for r in all_results]
+    parts.append(
+        "the least a per-key batch can take, Spark's own Python task plus the per-key floor (the processor called "
+        "per key on PySpark Rows, a get and a put each on raw RocksDB), is "
+        + ", ".join(f"{least_per_key(r):.2f}x" for r in all_results)
+        + " Spark native at the sizes in order"
+    )
+    parts += [_breakdown(r, *speed) for speed in _SPEED for r in all_results]
     for name, label in ((PANDAS, "per-key pandas"), (APPLY_UNCHANGED, "the unchanged function")):
         parts.append(worst(f"{label}: own share <= 0.5x the pandas floor", _share_ratio(name), 0.5))
         parts.append(worst(f"{label}: >= 10x applyInPandasWithState", ratio(APPLY, name), 10.0, low=False))
@@ -509,6 +611,17 @@ def targets(all_results: list[SizeResult]) -> str:
     return "Targets: " + "; ".join(p for p in parts if p) + "."
 
 
+def rounds_note(rounds: int) -> str:
+    """How the fast queries' batches were measured (`FAST`, `Limits.rounds`)."""
+    if rounds == 1:
+        return "Every query ran once over the size's batches."
+    return (
+        f"Per-key rows, vectorized, Spark native and the floors run in Spark ran {rounds} rounds at each size (every "
+        f"other round in reverse order, after the rest), their steady batches pooled ({ROUNDS_ENV}); the other "
+        "queries once. The trace tables show the first round."
+    )
+
+
 def size_tables(all_results: list[SizeResult]) -> list[Table]:
     """The size table (every variant at every size) and where each row's time goes."""
     from bench.spark_trace import per_row_table
@@ -520,6 +633,7 @@ def size_tables(all_results: list[SizeResult]) -> list[Table]:
         "checking its final state (statekeeper's, against the batch-computed totals); the first size is the "
         "table above. Batch duration: Spark's triggerExecution of each batch after the first (warm-up). "
         "µs / row = p50 ms * 1000 / rows a batch.",
+        rounds_note(all_results[0].rounds),
         "The pandas floor: the same function as applyInPandasWithState's (and CountSumPandas's logic) called in "
         "a plain Python loop on the per-key frames of the same batch files (sorted by key, cut, indexed from 0 "
         "as PySpark hands them), a state that holds nothing, no Spark; the keys split over 2 processes, as the "
@@ -530,6 +644,10 @@ def size_tables(all_results: list[SizeResult]) -> list[Table]:
         "vectorized processor's Arrow aggregation by key, a point get of each touched key and one write batch of "
         "the new totals, in the store's key order; reading, splitting, sorting and encoding the keys untimed (the "
         "shuffle's, the task's sort's and the codec's work); the slower process's time, the first file left out.",
+        "The per-key floor: the same split and DBs; timed per file: a PySpark Row per input row (the per-key API's "
+        "rows), the per-key rows query's own processor (CountSum) called once per key on its rows, its state a "
+        "point get and a put of the key on raw RocksDB (no changelog, no typed codec), its output rows kept; the "
+        "least a per-key Python processor on RocksDB does.",
         f"The per-key pandas paths and the pandas floor run the first {PANDAS_BATCHES_ENV} batches, Spark's Python "
         f"operators the first {BASELINE_BATCHES_ENV} (batches run, the first is warm-up); the others every batch.",
         *[n for r in all_results for n in r.notes],

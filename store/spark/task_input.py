@@ -424,7 +424,7 @@ def groups_of(
         yield from _pandas_groups(data, list(zip(keys, np.diff(bounds).tolist(), strict=True)), time_zone, frame_rows)
         return
     columns = [pylist(data.column(n)) for n in names]
-    make = functools.partial(tuple.__new__, _row_class(tuple(names)))
+    make = functools.partial(tuple.__new__, row_class(tuple(names)))
     rows = list(map(make, zip(*columns, strict=True)))
     if len(key_idx) == 1:
         col = columns[key_idx[0]]
@@ -511,7 +511,7 @@ def _pandas_groups(
 
 
 @functools.lru_cache(maxsize=64)
-def _row_class(names: tuple[str, ...]) -> type:
+def row_class(names: tuple[str, ...]) -> type:
     """A :class:`pyspark.sql.Row` subclass with the fields as class-level properties (fast access)."""
     from pyspark.sql import Row
 
@@ -542,6 +542,7 @@ __all__ = [
     "InputPhases",
     "TaskInput",
     "groups_of",
+    "row_class",
     "run_starts",
     "sort_by_key",
 ]
