@@ -28,6 +28,7 @@ Knobs (environment):
 from __future__ import annotations
 
 import functools
+import gc
 import itertools
 import logging
 import math
@@ -194,6 +195,7 @@ def _floor_part(file: Path, function: Callable[..., Any], key: str, part: int, p
     table = pq.read_table(file)
     codes = table.column(key).combine_chunks().dictionary_encode().indices.to_numpy()  # the same in every part
     table = table.filter(pa.array(codes % parts == part))  # a shuffle's work, not the floor's: not timed
+    gc.disable()  # as a task pauses the cyclic GC (store/spark/executor.py)
     t = time.perf_counter()
     pdf = table.sort_by(key).to_pandas()
     column = pdf[key].to_numpy()
@@ -204,6 +206,7 @@ def _floor_part(file: Path, function: Callable[..., Any], key: str, part: int, p
         frame = pdf.iloc[start:end].reset_index(drop=True)
         out.extend(function((column[start],), iter([frame]), _NoState()))
     ms = (time.perf_counter() - t) * 1000
+    gc.enable()
     if len(out) != len(starts):
         raise RuntimeError(f"{PANDAS_FLOOR}: {len(out)} output frames for {len(starts)} keys")
     return ms
@@ -243,8 +246,8 @@ def _db_floor(files: list[Path], key: str, cores: int, groups: int, work: FloorW
 def _db_floor_part(files: list[Path], key: str, part: int, parts: int, groups: int, work: FloorWork) -> list[float]:
     """`work`'s ms on each file, in one of `parts` processes: the file's keys of its key groups (as the partitions
     own them), with a rocksdict DB of the stores' options kept over the files (its state grows as the query's
-    does). Reading, splitting, sorting and encoding the keys are left out (the shuffle's, the task's sort's and the
-    codec's work): no Python operator on RocksDB does less."""
+    does), the cyclic GC paused while timed, as in a task. Reading, splitting, sorting and encoding the keys are left
+    out (the shuffle's, the task's sort's and the codec's work): no Python operator on RocksDB does less."""
     from statekeeper.store.formats.typed_keys import KeyCodec, stored_key_encoder
     from statekeeper.store.formats.typed_schema import parse_ddl
     from statekeeper.store.rocks import open_db
@@ -261,9 +264,11 @@ def _db_floor_part(files: list[Path], key: str, part: int, parts: int, groups: i
             table = table.append_column("gk", pa.array([stored[k] for k in names], pa.binary()))
             table = table.filter(pa.array([int.from_bytes(stored[k][:2], "big") % parts == part for k in names]))
             table = table.sort_by("gk").drop_columns(["gk"]).combine_chunks()  # the task's sort: not timed
+            gc.disable()  # as a task pauses the cyclic GC (store/spark/executor.py)
             t = time.perf_counter()
             work(db, table, stored, key)
             out.append((time.perf_counter() - t) * 1000)
+            gc.enable()
     finally:
         db.close()
         shutil.rmtree(where, ignore_errors=True)
@@ -647,7 +652,8 @@ def size_tables(all_results: list[SizeResult]) -> list[Table]:
         "The per-key floor: the same split and DBs; timed per file: a PySpark Row per input row (the per-key API's "
         "rows), the per-key rows query's own processor (CountSum) called once per key on its rows, its state a "
         "point get and a put of the key on raw RocksDB (no changelog, no typed codec), its output rows kept; the "
-        "least a per-key Python processor on RocksDB does.",
+        "least a per-key Python processor on RocksDB does. Both RocksDB floors and the pandas floor pause the cyclic "
+        "GC while timed, as a task does.",
         f"The per-key pandas paths and the pandas floor run the first {PANDAS_BATCHES_ENV} batches, Spark's Python "
         f"operators the first {BASELINE_BATCHES_ENV} (batches run, the first is warm-up); the others every batch.",
         *[n for r in all_results for n in r.notes],
