@@ -93,9 +93,14 @@ def owner_column(schema: StructType, key_columns: tuple[str, ...], layout: KeyGr
     """The partition (int) that owns each row's key group under `layout`."""
     from pyspark.sql import functions as sf
 
-    group = key_group_sql(schema, key_columns, layout.max_key_groups)
+    return sf.expr(owner_sql(key_group_sql(schema, key_columns, layout.max_key_groups), layout))
+
+
+def owner_sql(group: str, layout: KeyGroupLayout) -> str:
+    """SQL text of the partition (int) owning the key group that SQL text `group` computes, under `layout` (as
+    `KeyGroupLayout.owner`; in 64 bits, where ``(g + 1) * n`` can pass 2**31)."""
     n, g = layout.partitions, layout.max_key_groups
-    return sf.expr(f"cast(((({group}) + 1) * {n} - 1) div {g} as int)")
+    return f"cast(((cast({group} as bigint) + 1) * {n} - 1) div {g} as int)"
 
 
 def partition_column(schema: StructType, key_columns: tuple[str, ...], n: int, layout: KeyGroupLayout | None) -> Column:
@@ -145,6 +150,7 @@ __all__ = [
     "hash_routes",
     "key_group_sql",
     "owner_column",
+    "owner_sql",
     "partition_column",
     "routable",
     "spark_int_hash",

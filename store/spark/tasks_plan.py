@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from statekeeper.store.spark.connect import is_connect_dataframe
 from statekeeper.store.spark.executor import MARKER_COL, PID_COL
 from statekeeper.store.spark.metrics import PartitionMetrics
-from statekeeper.store.spark.routing import group_column, hash_routes, partition_column
+from statekeeper.store.spark.routing import group_column, hash_routes, owner_sql, partition_column
 from statekeeper.store.spark.task_input import GROUP_COL
 from statekeeper.store.spark.task_output import META_COL
 
@@ -79,12 +79,8 @@ class TasksPlan:
             # rows against its groups. A marker's is -(partition + 1). The route is computed from it as Spark
             # partitions the rows, not shipped: each column a task gets costs the JVM's Arrow conversion and the
             # shuffle (measured: the partition, marker and route columns took ~20% of a 500k-row batch).
-            groups = layout.max_key_groups
-            owner = sf.expr(
-                f"if({GROUP_COL} < 0, -{GROUP_COL} - 1, "
-                f"cast(((cast({GROUP_COL} as bigint) + 1) * {layout.partitions} - 1) div {groups} as int))"
-            )
-            group = group_column(schema, key, groups)
+            owner = sf.expr(f"if({GROUP_COL} < 0, -{GROUP_COL} - 1, {owner_sql(GROUP_COL, layout)})")
+            group = group_column(schema, key, layout.max_key_groups)
             markers = spark.range(n).select(*nulls, (-marker_pid - 1).alias(GROUP_COL))
             return cls(n, markers, [sf.col("*"), group.alias(GROUP_COL)], sf.element_at(routes, owner + 1), None)
         pid = partition_column(schema, key, n, layout)
