@@ -36,6 +36,7 @@ of every query is warm-up.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import logging
@@ -313,6 +314,19 @@ def run_plan_floor(spark: Any, inputs: Path, work: Path, timeout: float, partiti
             raise RuntimeError(f"{PLAN_FLOOR}: {ended.value} of {partitions} tasks reported their end")
 
     return _run(_start_foreach_batch(spark, inputs, work, echo_batch), PLAN_FLOOR, timeout)
+
+
+def run_task_floor(spark: Any, inputs: Path, work: Path, timeout: float, partitions: int, kind: str) -> list[float]:
+    """Spark's own Python task floor whose task does a RocksDB floor's work (`bench.spark_floors.in_task`, `kind`
+    of its `WORK`): what a Python stateful operator on RocksDB in Spark cannot do with less."""
+    from bench.spark_floors import in_task
+
+    task = functools.partial(in_task, kind, str(work / "db"))
+
+    def state_floor(df: Any, batch_id: int) -> None:
+        df.repartition(partitions, "key").mapInArrow(task, OUTPUT).write.format("noop").mode("overwrite").save()
+
+    return _run(_start_foreach_batch(spark, inputs, work, state_floor), f"floor in a Python task: {kind}", timeout)
 
 
 def _noop_sink(df: Any, batch_id: int) -> None:

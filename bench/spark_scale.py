@@ -27,28 +27,21 @@ Knobs (environment):
 
 from __future__ import annotations
 
-import functools
-import gc
-import itertools
 import logging
 import math
-import multiprocessing
 import os
 import shutil
-import struct
-import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.report import Table
+from bench.spark_floors import pandas_floor, per_key_floor, state_floor
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +71,14 @@ STATE_FLOOR = "floor: the vectorized batch's aggregation and state reads and wri
 PER_KEY_FLOOR = (
     "floor: the per-key processor called per key on PySpark Rows, a get and a put each on raw RocksDB (no Spark)"
 )
+TASK_PER_KEY_FLOOR = "floor: Spark's own Python task doing the per-key floor's work (sorted by key in the task) + noop"
+TASK_STATE_FLOOR = "floor: Spark's own Python task doing the state floor's work (sorted by key in the task) + noop"
+TASK_FLOORS = {TASK_PER_KEY_FLOOR: "per-key", TASK_STATE_FLOOR: "vectorized"}
+"""The RocksDB floors run inside Spark's own Python task, and their work (`bench.spark_floors.WORK`)."""
 STATEKEEPER = {ROWS: "rows", ROWS_ASYNC: "rows", VECTORIZED: "vectorized", PANDAS: "pandas", APPLY_UNCHANGED: "apply"}
 """statekeeper's variants and their processor (`bench.spark._statekeeper_processors`)."""
 PANDAS_PATHS = (PANDAS, APPLY_UNCHANGED)
-FAST = (ROWS, VECTORIZED, NATIVE, FLOOR, PLAN_FLOOR, SPARK_PYTHON_FLOOR)
+FAST = (ROWS, VECTORIZED, NATIVE, FLOOR, PLAN_FLOOR, SPARK_PYTHON_FLOOR, *TASK_FLOORS)
 """The queries run `Limits.rounds` times at each size (their first round in the order of `measure_size`)."""
 SPARK_PYTHON = (APPLY, TWS)
 
@@ -166,168 +163,6 @@ def expected_of(inputs: Path) -> dict[str, tuple[int, int]]:
     }
 
 
-# -- the pandas floor -----------------------------------------------------------------------------
-class _NoState:
-    """A GroupState that holds nothing: the floor keeps no state."""
-
-    exists = False
-    get = None
-
-    def update(self, value: Any) -> None:
-        pass
-
-
-def pandas_floor(files: list[Path], function: Callable[..., Any], key: str = "key", cores: int = 2) -> list[float]:
-    """ms per input file: its keys split over `cores` processes (the cores the queries get: local[2]), each
-    sorting its rows by key, cutting them into per-key pandas frames indexed from 0 (as PySpark hands them to an
-    applyInPandasWithState function) and calling `function` on each in a plain loop with a state that holds
-    nothing, its output frames kept; the slowest process's time. Reading the file is left out (the source's work)."""
-    with ProcessPoolExecutor(cores, mp_context=multiprocessing.get_context("fork")) as pool:
-        parts = range(cores)
-        return [
-            max(pool.map(_floor_part, [f] * cores, [function] * cores, [key] * cores, parts, [cores] * cores))
-            for f in files
-        ]
-
-
-def _floor_part(file: Path, function: Callable[..., Any], key: str, part: int, parts: int) -> float:
-    """`pandas_floor`'s work on the keys of `file` whose hash falls to `part` of `parts`; its ms."""
-    table = pq.read_table(file)
-    codes = table.column(key).combine_chunks().dictionary_encode().indices.to_numpy()  # the same in every part
-    table = table.filter(pa.array(codes % parts == part))  # a shuffle's work, not the floor's: not timed
-    gc.disable()  # as a task pauses the cyclic GC (store/spark/executor.py)
-    t = time.perf_counter()
-    pdf = table.sort_by(key).to_pandas()
-    column = pdf[key].to_numpy()
-    starts = np.flatnonzero(np.r_[True, column[1:] != column[:-1]]).tolist()
-    ends = [*starts[1:], len(column)]
-    out: list[Any] = []
-    for start, end in zip(starts, ends, strict=True):
-        frame = pdf.iloc[start:end].reset_index(drop=True)
-        out.extend(function((column[start],), iter([frame]), _NoState()))
-    ms = (time.perf_counter() - t) * 1000
-    gc.enable()
-    if len(out) != len(starts):
-        raise RuntimeError(f"{PANDAS_FLOOR}: {len(out)} output frames for {len(starts)} keys")
-    return ms
-
-
-# -- the state floors ------------------------------------------------------------------------------
-_TOTALS = struct.Struct(">qq")
-"""The floors' state value: (count, total) as two big-endian int64, the least encoding there is."""
-
-FloorWork = Callable[[Any, pa.Table, dict[str, bytes], str], None]
-"""One batch file's timed work in a floor process: (its DB, its rows in the store's key order, each key's stored
-bytes, the key column)."""
-
-
-def state_floor(files: list[Path], key: str = "key", cores: int = 2, groups: int = 1024) -> list[float]:
-    """ms per input file after the first: what a vectorized batch's state work costs on RocksDB itself: the file's
-    rows aggregated by key in Arrow (the processor's own logic), then a point get of each touched key and one write
-    batch of the new totals, in the store's key order (`_db_floor_part`)."""
-    return _db_floor(files, key, cores, groups, _vectorized_work)
-
-
-def per_key_floor(files: list[Path], key: str = "key", cores: int = 2, groups: int = 1024) -> list[float]:
-    """ms per input file after the first: the least a per-key Python processor can take on RocksDB: each row a
-    PySpark Row (the API's), the bench's own per-key processor (CountSum) called once per key on its rows, its state
-    a point get and a put per key on raw RocksDB (no changelog, no typed codec), its output rows kept in a list
-    (`_db_floor_part`)."""
-    return _db_floor(files, key, cores, groups, _per_key_work)
-
-
-def _db_floor(files: list[Path], key: str, cores: int, groups: int, work: FloorWork) -> list[float]:
-    with ProcessPoolExecutor(cores, mp_context=multiprocessing.get_context("fork")) as pool:
-        each = [files] * cores, [key] * cores, range(cores), [cores] * cores, [groups] * cores, [work] * cores
-        parts = list(pool.map(_db_floor_part, *each))
-    return [max(ms) for ms in zip(*parts, strict=True)][1:]
-
-
-def _db_floor_part(files: list[Path], key: str, part: int, parts: int, groups: int, work: FloorWork) -> list[float]:
-    """`work`'s ms on each file, in one of `parts` processes: the file's keys of its key groups (as the partitions
-    own them), with a rocksdict DB of the stores' options kept over the files (its state grows as the query's
-    does), the cyclic GC paused while timed, as in a task. Reading, splitting, sorting and encoding the keys are left
-    out (the shuffle's, the task's sort's and the codec's work): no Python operator on RocksDB does less."""
-    from statekeeper.store.formats.typed_keys import KeyCodec, stored_key_encoder
-    from statekeeper.store.formats.typed_schema import parse_ddl
-    from statekeeper.store.rocks import open_db
-
-    encode = stored_key_encoder(KeyCodec(parse_ddl(f"{key} string"), "bench"), groups)
-    where = tempfile.mkdtemp(prefix="bench-state-floor-")
-    db = open_db(where, ["totals"])
-    out: list[float] = []
-    try:
-        for file in files:
-            table = pq.read_table(file)
-            names = table.column(key).to_pylist()
-            stored = {k: encode((k,)) for k in set(names)}
-            table = table.append_column("gk", pa.array([stored[k] for k in names], pa.binary()))
-            table = table.filter(pa.array([int.from_bytes(stored[k][:2], "big") % parts == part for k in names]))
-            table = table.sort_by("gk").drop_columns(["gk"]).combine_chunks()  # the task's sort: not timed
-            gc.disable()  # as a task pauses the cyclic GC (store/spark/executor.py)
-            t = time.perf_counter()
-            work(db, table, stored, key)
-            out.append((time.perf_counter() - t) * 1000)
-            gc.enable()
-    finally:
-        db.close()
-        shutil.rmtree(where, ignore_errors=True)
-    return out
-
-
-def _vectorized_work(db: Any, table: pa.Table, stored: dict[str, bytes], key: str) -> None:
-    import rocksdict as rd
-
-    from statekeeper.store.spark.task_input import pylist
-
-    cf, handle = db.get_column_family("totals"), db.get_column_family_handle("totals")
-    agg = table.group_by(key, use_threads=False).aggregate([("value", "count"), ("value", "sum")])
-    gks = list(map(stored.__getitem__, pylist(agg.column(key))))
-    counts, sums = pylist(agg.column("value_count")), pylist(agg.column("value_sum"))
-    old = list(map(cf.get, gks))
-    wb = rd.WriteBatch(raw_mode=True)
-    unpack, pack, put = _TOTALS.unpack, _TOTALS.pack, wb.put
-    for gk, c, s, o in zip(gks, counts, sums, old, strict=True):
-        c0, s0 = unpack(o) if o is not None else (0, 0)
-        put(gk, pack(c0 + c, s0 + s), handle)
-    db.write(wb)
-
-
-class _RawValue:
-    """A ValueState of (count, total) straight on a rocksdict column family, at the key `gk`."""
-
-    __slots__ = ("cf", "gk")
-
-    def __init__(self, cf: Any) -> None:
-        self.cf, self.gk = cf, b""
-
-    def get(self) -> tuple[int, int] | None:
-        raw = self.cf.get(self.gk)
-        return None if raw is None else _TOTALS.unpack(raw)
-
-    def update(self, value: tuple[int, int]) -> None:
-        self.cf.put(self.gk, _TOTALS.pack(*value))
-
-
-def _per_key_work(db: Any, table: pa.Table, stored: dict[str, bytes], key: str) -> None:
-    from statekeeper.store.spark.task_input import pylist, row_class, run_starts
-    from testkit.processors import CountSum
-
-    state = _RawValue(db.get_column_family("totals"))
-    processor = CountSum()
-    processor.totals = state  # type: ignore[assignment]  # the least ValueState: get and update
-    make = functools.partial(tuple.__new__, row_class(tuple(table.column_names)))
-    columns = [pylist(table.column(n)) for n in table.column_names]
-    rows = list(map(make, zip(*columns, strict=True)))
-    bounds = [*run_starts(table, (key,)).tolist(), table.num_rows]
-    names, handle = columns[table.column_names.index(key)], processor.handleInputRows
-    out: list[Any] = []
-    for start, end in itertools.pairwise(bounds):
-        k = (names[start],)
-        state.gk = stored[k[0]]
-        out.extend(handle(k, iter(rows[start:end]), None))  # type: ignore[arg-type]
-
-
 # -- one size -------------------------------------------------------------------------------------
 @dataclass
 class _Estimates:
@@ -396,6 +231,8 @@ def measure_size(
             )[0]
         if name == NATIVE:
             return sp.run_spark_native(spark, inputs, where, timeout)
+        if name in TASK_FLOORS:
+            return sp.run_task_floor(spark, inputs, where, timeout, partitions, TASK_FLOORS[name])
         floors = {FLOOR: sp.run_floor, PLAN_FLOOR: sp.run_plan_floor, SPARK_PYTHON_FLOOR: sp.run_python_floor}
         return floors[name](spark, inputs, where, timeout, partitions)
 
@@ -427,7 +264,7 @@ def measure_size(
     files = sorted(inputs.iterdir())
     res.results[STATE_FLOOR], res.ran[STATE_FLOOR] = state_floor(files), len(files)
     res.results[PER_KEY_FLOOR], res.ran[PER_KEY_FLOOR] = per_key_floor(files), len(files)
-    for name in (NATIVE, FLOOR, PLAN_FLOOR, SPARK_PYTHON_FLOOR):
+    for name in (NATIVE, FLOOR, PLAN_FLOOR, SPARK_PYTHON_FLOOR, *TASK_FLOORS):
         res.results[name], res.ran[name] = again(name, work / _dir(name)), batches
     for r in range(1, limits.rounds):
         for name in FAST[::-1] if r % 2 else FAST:
@@ -533,21 +370,25 @@ def _share_ratio(name: str) -> Callable[[SizeResult], float]:
     return lambda r: _share(r, name) / _p50(r.results.get(PANDAS_FLOOR))
 
 
-_SPEED = ((ROWS, "per-key rows", 1.0, PER_KEY_FLOOR), (VECTORIZED, "vectorized", 0.7, STATE_FLOOR))
+_SPEED = (
+    (ROWS, "per-key rows", 1.0, PER_KEY_FLOOR, TASK_PER_KEY_FLOOR),
+    (VECTORIZED, "vectorized", 0.7, STATE_FLOOR, TASK_STATE_FLOOR),
+)
 
 
-def _breakdown(r: SizeResult, name: str, label: str, limit: float, least: str) -> str:
+def _breakdown(r: SizeResult, name: str, label: str, limit: float, logic_floor: str, task_floor: str) -> str:
     """Where a variant's p50 goes, beside Spark native's: Spark's own Python task (the least any Python
-    operator pays), statekeeper's batch plan above it, and the state and user logic above that plan (and `least`,
-    the floor of that logic on raw RocksDB)."""
-    p50, native, logic = (_p50(r.results.get(n)) for n in (name, NATIVE, least))
+    operator pays), statekeeper's batch plan above it, and the state and user logic above that plan (with
+    `logic_floor`, that logic on raw RocksDB, and `task_floor`, the same inside Spark's Python task)."""
+    p50, native, logic, least = (_p50(r.results.get(n)) for n in (name, NATIVE, logic_floor, task_floor))
     python, plan, floor = (_p50(r.results.get(f)) for f in (SPARK_PYTHON_FLOOR, PLAN_FLOOR, FLOOR))
     if any(math.isnan(x) for x in (p50, native, python, plan, floor)) or p50 <= limit * native:
         return ""
     return (
         f"{label} at {r.keys:,} keys, {r.rows:,} rows: {p50:.0f} ms = Spark's own Python task {python:.0f} + "
         f"statekeeper's batch plan over it {plan - python:.0f} + state and user logic {p50 - plan:.0f} (the same "
-        f"logic on raw RocksDB, no Spark: {logic:.0f}), against Spark native {native:.0f} (its state work over the "
+        f"logic on raw RocksDB, no Spark: {logic:.0f}; inside Spark's own Python task: {least:.0f} in all, "
+        f"statekeeper's batch {p50 - least:.0f} above it), against Spark native {native:.0f} (its state work over the "
         f"stateless floor: {native - floor:.0f})"
     )
 
@@ -567,9 +408,6 @@ def targets(all_results: list[SizeResult]) -> str:
     def ratio(a: str, b: str) -> Callable[[SizeResult], float]:
         return lambda r: _p50(r.results.get(a)) / _p50(r.results.get(b))
 
-    def ratio_sum(a: str, b: str) -> Callable[[SizeResult], float]:
-        return lambda r: (_p50(r.results.get(a)) + _p50(r.results.get(b))) / _p50(r.results.get(NATIVE))
-
     python_floor = ratio(SPARK_PYTHON_FLOOR, NATIVE)
     parts = [
         worst("per-key rows p50 <= 1.0x Spark native at every size", ratio(ROWS, NATIVE), 1.0),
@@ -578,19 +416,18 @@ def targets(all_results: list[SizeResult]) -> str:
         + ", ".join(f"{python_floor(r):.2f}x" for r in all_results)
         + " Spark native at the sizes in order",
     ]
-    least, least_per_key = ratio_sum(SPARK_PYTHON_FLOOR, STATE_FLOOR), ratio_sum(SPARK_PYTHON_FLOOR, PER_KEY_FLOOR)
-    parts.append(
-        "the least a vectorized batch can take, Spark's own Python task plus the state floor (the processor's "
-        "aggregation and its state reads and writes on raw RocksDB), is "
-        + ", ".join(f"{least(r):.2f}x" for r in all_results)
-        + " Spark native at the sizes in order: no Python operator on RocksDB meets 0.7x where that is above it"
-    )
-    parts.append(
-        "the least a per-key batch can take, Spark's own Python task plus the per-key floor (the processor called "
-        "per key on PySpark Rows, a get and a put each on raw RocksDB), is "
-        + ", ".join(f"{least_per_key(r):.2f}x" for r in all_results)
-        + " Spark native at the sizes in order"
-    )
+    for floor, label, limit, work in (
+        (TASK_STATE_FLOOR, "vectorized", 0.7, "the processor's aggregation and its state reads and writes"),
+        (TASK_PER_KEY_FLOOR, "per-key", 1.0, "the processor called per key on PySpark Rows, a get and a put each"),
+    ):
+        least = ratio(floor, NATIVE)
+        parts.append(
+            f"the least a {label} batch can take, Spark's own Python task doing {work} on raw RocksDB (no "
+            "changelog, no commit), is "
+            + ", ".join(f"{least(r):.2f}x" for r in all_results)
+            + f" Spark native at the sizes in order: no Python operator on RocksDB meets {limit}x where that is "
+            "above it"
+        )
     parts += [_breakdown(r, *speed) for speed in _SPEED for r in all_results]
     for name, label in ((PANDAS, "per-key pandas"), (APPLY_UNCHANGED, "the unchanged function")):
         parts.append(worst(f"{label}: own share <= 0.5x the pandas floor", _share_ratio(name), 0.5))
@@ -654,6 +491,13 @@ def size_tables(all_results: list[SizeResult]) -> list[Table]:
         "point get and a put of the key on raw RocksDB (no changelog, no typed codec), its output rows kept; the "
         "least a per-key Python processor on RocksDB does. Both RocksDB floors and the pandas floor pause the cyclic "
         "GC while timed, as a task does.",
+        "The same two RocksDB works inside Spark (the floors 'Spark's own Python task doing ...'): Spark's own Python "
+        "task floor (the batch shuffled by Spark's hash of the key, mapInArrow, noop) whose task sorts its rows by "
+        "key in Arrow, does that work on a RocksDB of its partition that its Python worker keeps over the batches "
+        "(the key's UTF-8 bytes as the stored key; each of the 2 workers keeps its own copy, as Spark hands a "
+        "partition's tasks to either) and hands its output back as one Arrow batch; timed as the queries are, by "
+        "Spark's trigger. What a Python stateful operator on RocksDB in Spark cannot do with less (it keeps no "
+        "changelog and commits nothing); the targets' 'least' is its p50.",
         f"The per-key pandas paths and the pandas floor run the first {PANDAS_BATCHES_ENV} batches, Spark's Python "
         f"operators the first {BASELINE_BATCHES_ENV} (batches run, the first is warm-up); the others every batch.",
         *[n for r in all_results for n in r.notes],
