@@ -318,15 +318,21 @@ def run_plan_floor(spark: Any, inputs: Path, work: Path, timeout: float, partiti
 
 def run_task_floor(spark: Any, inputs: Path, work: Path, timeout: float, partitions: int, kind: str) -> list[float]:
     """Spark's own Python task floor whose task does a RocksDB floor's work (`bench.spark_floors.in_task`, `kind`
-    of its `WORK`): what a Python stateful operator on RocksDB in Spark cannot do with less."""
-    from bench.spark_floors import in_task
+    of its `WORK`): what a Python stateful operator on RocksDB in Spark cannot do with less. Its last batch's tasks
+    close the workers' DBs, so that the queries after it start from the workers they would have had."""
+    from bench.spark_floors import Pids, in_task
 
-    task = functools.partial(in_task, kind, str(work / "db"))
+    name, last = f"floor in a Python task: {kind}", len(list(inputs.iterdir())) - 1
+    opened, closed = (spark.sparkContext.accumulator(set(), Pids()) for _ in range(2))
 
     def state_floor(df: Any, batch_id: int) -> None:
+        task = functools.partial(in_task, kind, str(work / "db"), batch_id == last, opened, closed)
         df.repartition(partitions, "key").mapInArrow(task, OUTPUT).write.format("noop").mode("overwrite").save()
 
-    return _run(_start_foreach_batch(spark, inputs, work, state_floor), f"floor in a Python task: {kind}", timeout)
+    durations = _run(_start_foreach_batch(spark, inputs, work, state_floor), name, timeout)
+    if opened.value - closed.value:
+        log.warning("%s: Python workers %s still hold its DBs", name, sorted(opened.value - closed.value))
+    return durations
 
 
 def _noop_sink(df: Any, batch_id: int) -> None:

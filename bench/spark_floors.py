@@ -209,38 +209,59 @@ _TASK_DBS: dict[tuple[str, int], Any] = {}
 worker keeps a statekeeper store open."""
 
 
-def in_task(kind: str, where: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """A mapInArrow function (partial of `kind`, a key of `WORK`, and the query's directory): the task's rows
-    sorted by key (Arrow; RocksDB writes an ascending run fastest), `kind`'s work on its partition's RocksDB (the
-    key's UTF-8 bytes as the stored key: the least encoding), its output as one Arrow batch (key, count, total).
-    The cyclic GC paused, as a task pauses it. Each Python worker keeps its own DB per partition (Spark hands a
-    partition's tasks to either worker), so each holds about the partition's state after a few batches."""
+class Pids:
+    """A Spark accumulator of Python workers' pids (a set)."""
+
+    def zero(self, value: set[int]) -> set[int]:
+        return set()
+
+    def addInPlace(self, value1: set[int], value2: set[int]) -> set[int]:  # noqa: N802 (PySpark's name)
+        value1 |= value2
+        return value1
+
+
+def in_task(
+    kind: str, where: str, last: bool, opened: Any, closed: Any, batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
+    """A mapInArrow function (partial of `kind`, a key of `WORK`, the query's directory, whether this is its last
+    batch and two `Pids` accumulators): the task's rows sorted by key (Arrow; RocksDB writes an ascending run
+    fastest), `kind`'s work on its partition's RocksDB (the key's UTF-8 bytes as the stored key: the least encoding),
+    its output as one Arrow batch (key, count, total). The cyclic GC paused, as a task pauses it. Each Python worker
+    keeps its own DB per partition (Spark hands a partition's tasks to either worker), so each holds about the
+    partition's state after a few batches; a task of the last batch closes every DB of the query its worker holds
+    (the next queries run in the same workers, and measure their memory), `opened` and `closed` say which did."""
     from pyspark import TaskContext
 
-    from statekeeper.store.rocks import open_db
+    from statekeeper.store.rocks import open_db, release_free_heap
 
-    table = pa.Table.from_batches(list(batches))
-    if not table.num_rows:
-        return
+    received = list(batches)
     gc_was = gc.isenabled()
     gc.disable()
     try:
-        part = TaskContext.get().partitionId()  # type: ignore[union-attr]
-        for old in [k for k in _TASK_DBS if k[0] != where]:  # another query's: done
-            _TASK_DBS.pop(old).close()
-        db = _TASK_DBS.get((where, part))
-        if db is None:
-            path = os.path.join(where, str(os.getpid()), str(part))
-            os.makedirs(path, exist_ok=True)
-            db = _TASK_DBS[(where, part)] = open_db(path, ["totals"])
-        keys, counts, totals = WORK[kind](db, table.sort_by("key").combine_chunks(), str.encode, "key")
-        yield pa.RecordBatch.from_arrays(
-            [pa.array(keys, pa.string()), pa.array(counts, pa.int64()), pa.array(totals, pa.int64())],
-            names=["key", "count", "total"],
-        )
+        if any(b.num_rows for b in received):
+            table = pa.Table.from_batches(received)
+            part = TaskContext.get().partitionId()  # type: ignore[union-attr]
+            for old in [k for k in _TASK_DBS if k[0] != where]:  # an earlier query's, left by a worker that ran
+                _TASK_DBS.pop(old).close()  # no task of its last batch
+            db = _TASK_DBS.get((where, part))
+            if db is None:
+                path = os.path.join(where, str(os.getpid()), str(part))
+                os.makedirs(path, exist_ok=True)
+                db = _TASK_DBS[(where, part)] = open_db(path, ["totals"])
+                opened.add({os.getpid()})
+            keys, counts, totals = WORK[kind](db, table.sort_by("key").combine_chunks(), str.encode, "key")
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(keys, pa.string()), pa.array(counts, pa.int64()), pa.array(totals, pa.int64())],
+                names=["key", "count", "total"],
+            )
+        if last:
+            for held in [k for k in _TASK_DBS if k[0] == where]:
+                _TASK_DBS.pop(held).close()
+            release_free_heap()
+            closed.add({os.getpid()})
     finally:
         if gc_was:
             gc.enable()
 
 
-__all__ = ["WORK", "in_task", "pandas_floor", "per_key_floor", "state_floor"]
+__all__ = ["WORK", "Pids", "in_task", "pandas_floor", "per_key_floor", "state_floor"]
