@@ -228,11 +228,12 @@ def in_task(
     fastest), `kind`'s work on its partition's RocksDB (the key's UTF-8 bytes as the stored key: the least encoding),
     its output as one Arrow batch (key, count, total). The cyclic GC paused, as a task pauses it. Each Python worker
     keeps its own DB per partition (Spark hands a partition's tasks to either worker), so each holds about the
-    partition's state after a few batches; a task of the last batch closes every DB of the query its worker holds
-    (the next queries run in the same workers, and measure their memory), `opened` and `closed` say which did."""
+    partition's state after a few batches; a task of the last batch closes every DB of the query its worker holds and
+    empties the worker's block cache of their blocks (the next queries run in the same workers, and measure their
+    memory), `opened` and `closed` say which did."""
     from pyspark import TaskContext
 
-    from statekeeper.store.rocks import open_db, release_free_heap
+    from statekeeper.store.rocks import open_db, release_free_heap, shared_memory
 
     received = list(batches)
     gc_was = gc.isenabled()
@@ -257,6 +258,9 @@ def in_task(
         if last:
             for held in [k for k in _TASK_DBS if k[0] == where]:
                 _TASK_DBS.pop(held).close()
+            memory = shared_memory()  # the process's block cache, which the worker's stores share: the floor's
+            memory.cache.set_capacity(0)  # blocks out of it, and the heap they took back to the OS
+            memory.cache.set_capacity(memory.limits.total_bytes)
             release_free_heap()
             closed.add({os.getpid()})
     finally:
