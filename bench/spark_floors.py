@@ -234,7 +234,9 @@ def in_task(
     from pyspark import TaskContext
 
     from statekeeper.store.rocks import open_db, release_free_heap, shared_memory
+    from statekeeper.store.spark.worker_cache import use_worker_memory
 
+    use_worker_memory()  # as a task's stores: else the worker's first open sets the process default for them too
     received = list(batches)
     gc_was = gc.isenabled()
     gc.disable()
