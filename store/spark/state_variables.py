@@ -121,7 +121,9 @@ class ValueState(_State):
         super().__init__(ctx, name, ttl_ms, schema)
         self._seen_gk: bytes | None = None  # the key of the last read, and whether a row was there
         self._seen_row = False
-        self._seen_many: tuple[list[Any], list[bytes], list[bytes | None]] | None = None  # getMany's, likewise
+        self._seen_many: tuple[list[Any], list[bytes], int] | None = None
+        """getMany's keys, their stored keys and how many held no row (not the raw values: a batch's worth of
+        bytes held until updateMany)."""
 
     def _read(self) -> Any:
         gk = self._ctx.require_gk()
@@ -170,9 +172,10 @@ class ValueState(_State):
         enc = self._ctx.encode_gk
         gks = [enc(k) for k in keys]
         raws = self._get_each(gks)
-        self._seen_many = (list(keys), gks, raws)
+        self._seen_many = (list(keys), gks, raws.count(None))
         decode, now = self._decode, self._ctx.now_ms
         values = [None if raw is None else decode(raw, now) for raw in raws]
+        del raws  # freed before the caller computes the new values
         if _MISSING in values:  # expired (TTL)
             return [None if v is _MISSING else v for v in values]
         return values
@@ -190,12 +193,12 @@ class ValueState(_State):
         self._seen_gk = None
         seen, self._seen_many = self._seen_many, None
         if seen is not None and seen[0] == (keys if isinstance(keys, list) else list(keys)):
-            gks, existed = seen[1], seen[2]  # the keys getMany just read: their encodings and presence
+            gks, new_rows = seen[1], seen[2]  # the keys getMany just read: their encodings and how many are new
         else:
             enc = self._ctx.encode_gk
             gks = [enc(k) for k in keys]
-            existed = self._get_each(gks)
-        self._write_many(gks, values, sum(1 for e in existed if e is None))
+            new_rows = self._get_each(gks).count(None)
+        self._write_many(gks, values, new_rows)
 
     def _write_many(self, gks: list[bytes], values: Sequence[Any], new_rows: int) -> None:
         """Store `values` under the stored keys `gks`, `new_rows` of which held no value (the row count's
