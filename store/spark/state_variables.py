@@ -122,8 +122,7 @@ class ValueState(_State):
         self._seen_gk: bytes | None = None  # the key of the last read, and whether a row was there
         self._seen_row = False
         self._seen_many: tuple[list[Any], list[bytes], int] | None = None
-        """getMany's keys, their stored keys and how many held no row (not the raw values: a batch's worth of
-        bytes held until updateMany)."""
+        """getMany's keys, their stored keys and how many held no row: what updateMany of the same keys needs."""
 
     def _read(self) -> Any:
         gk = self._ctx.require_gk()
@@ -175,7 +174,6 @@ class ValueState(_State):
         self._seen_many = (list(keys), gks, raws.count(None))
         decode, now = self._decode, self._ctx.now_ms
         values = [None if raw is None else decode(raw, now) for raw in raws]
-        del raws  # freed before the caller computes the new values
         if _MISSING in values:  # expired (TTL)
             return [None if v is _MISSING else v for v in values]
         return values
