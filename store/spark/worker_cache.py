@@ -43,11 +43,11 @@ IDLE_SECONDS_ENV = "STATEKEEPER_SPARK_IDLE_SECONDS"
 
 FileManagerFactory = Callable[[str], CheckpointFileManager]
 
-WORKER_MEMORY_MB = 160
+WORKER_MEMORY_MB = 128
 """A Spark Python worker's RocksDB memory limit (`statekeeper.store.rocks.MemoryLimits`) unless
 ``STATEKEEPER_MEMORY_MB`` sets it: an executor runs one worker per core, each with its own limit, and their memory
-counts against the executor's memory overhead; the worker's peak RSS at large batches is in docs/benchmarks.md
-(spark, the size table)."""
+counts against the executor's memory overhead (Spark's default: 10% of the executor's memory, at least 384 MiB, for
+all its Python workers); the worker's peak RSS at large batches is in docs/benchmarks.md (spark, the size table)."""
 
 
 class StoreSpec(Protocol):
