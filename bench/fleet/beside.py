@@ -151,6 +151,17 @@ def run_fleet(p: FleetParams, base: str) -> FleetResult:
         return _run_beside(p, base, uris, writers)
 
 
+def _await_ready(ready: Path, maintainer: subprocess.Popen[bytes], timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready.exists():
+        if maintainer.poll() is not None:
+            raise RuntimeError(f"the maintainer exited ({maintainer.returncode}) before it was ready")
+        if time.monotonic() > deadline:
+            maintainer.kill()
+            raise RuntimeError(f"the maintainer was not ready within {timeout:.0f} s")
+        time.sleep(0.05)
+
+
 def _run_beside(p: FleetParams, base: str, uris: list[str], writers: FleetWriters) -> FleetResult:
     """Commit every store every `interval` seconds for `seconds` beside the maintainer, sampling the roots."""
     result = FleetResult(p)
@@ -161,6 +172,7 @@ def _run_beside(p: FleetParams, base: str, uris: list[str], writers: FleetWriter
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
     )
+    _await_ready(Path(base, "ready"), maintainer)  # the clock runs while the maintainer can act, not while it imports
     samples: list[Sample] = []
     done = threading.Event()
     t_start = time.monotonic()
@@ -466,7 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.maintainer:
         p = FleetParams(**json.loads(args.maintainer))
         roots, base = args.args
-        maintain(p, roots, os.path.join(base, "maintainer"), Path(base, "stop"), Path(base, "maintainer.json"))
+        work = os.path.join(base, "maintainer")
+        maintain(p, roots, work, Path(base, "stop"), Path(base, "maintainer.json"), Path(base, "ready"))
         return 0
     base = FleetParams()
     params = [

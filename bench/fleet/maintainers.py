@@ -72,11 +72,12 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def _maintain_cli(p: FleetParams, roots: str, work: str, stop: Path) -> int:
+def _maintain_cli(p: FleetParams, roots: str, work: str, stop: Path, ready: Path) -> int:
     env = {**os.environ, "STATEKEEPER_HOME": os.path.join(work, "home")}
     env.pop("STATEKEEPER_DB_URL", None)
     common = [*p.settings_args(), "--work-dir", os.path.join(work, "replicas"), "--no-progress"]
     cycles = 0
+    ready.touch()
     while not stop.exists():
         t0 = time.monotonic()
         for root, command in product(roots.split(","), ("snapshot", "expire", "clean-orphans")):
@@ -94,7 +95,7 @@ def _maintain_cli(p: FleetParams, roots: str, work: str, stop: Path) -> int:
     return cycles
 
 
-def _maintain_loop(p: FleetParams, roots: str, work: str, stop: Path) -> int:
+def _maintain_loop(p: FleetParams, roots: str, work: str, stop: Path, ready: Path) -> int:
     env = {**os.environ, "STATEKEEPER_HOME": os.path.join(work, "home")}
     env.pop("STATEKEEPER_DB_URL", None)
     args = [*p.settings_args(), "--work-dir", os.path.join(work, "replicas"), "--every", str(p.cycle)]
@@ -107,6 +108,9 @@ def _maintain_loop(p: FleetParams, roots: str, work: str, stop: Path) -> int:
             env=env,
             stdout=out,
         )
+        while "cycle " not in report.read_text() and proc.poll() is None and not stop.exists():
+            time.sleep(0.05)  # ready after its first cycle (over the bulk load): its imports are no longer the clock's
+        ready.touch()
         while not stop.exists():
             time.sleep(0.2)
         proc.terminate()  # SIGTERM between or within a cycle: a maintainer may die at any point (invariant 4)
@@ -136,10 +140,11 @@ def catalog_url(work: str | Path) -> str:
     return f"sqlite:///{os.path.join(work, 'catalog.db')}"
 
 
-def _maintain_dagster(p: FleetParams, roots: str, work: str, stop: Path) -> int:
+def _maintain_dagster(p: FleetParams, roots: str, work: str, stop: Path, ready: Path) -> int:
     from bench.fleet.dagster_runs import DagsterMaintainer
 
     dagster = DagsterMaintainer(roots, _settings(p, work), catalog_url(work))
+    ready.touch()
     cycles = 0
     last_schedule = time.monotonic()
     try:
@@ -156,10 +161,11 @@ def _maintain_dagster(p: FleetParams, roots: str, work: str, stop: Path) -> int:
     return cycles
 
 
-def _maintain_daemon(p: FleetParams, roots: str, work: str, stop: Path) -> int:
+def _maintain_daemon(p: FleetParams, roots: str, work: str, stop: Path, ready: Path) -> int:
     from bench.fleet.dagster_runs import run_daemon
     from statekeeper.orchestration.sensors import SENSOR_NAME
 
+    ready.touch()
     outcome = run_daemon(
         roots,
         work,
@@ -173,11 +179,12 @@ def _maintain_daemon(p: FleetParams, roots: str, work: str, stop: Path) -> int:
     return outcome.ticks.get(SENSOR_NAME, 0)
 
 
-def maintain(p: FleetParams, roots: str, work: str, stop: Path, out: Path) -> None:
-    """The maintainer process of `roots` (comma-separated, as STATEKEEPER_CHECKPOINT_ROOTS takes them): runs
-    until `stop` exists, then writes its CPU seconds and cycles to `out`."""
+def maintain(p: FleetParams, roots: str, work: str, stop: Path, out: Path, ready: Path) -> None:
+    """The maintainer process of `roots` (comma-separated, as STATEKEEPER_CHECKPOINT_ROOTS takes them): touches
+    `ready` once set up (its imports, Dagster's instance), runs until `stop` exists, then writes its CPU seconds and
+    cycles to `out`."""
     os.makedirs(work, exist_ok=True)
     cpu0 = _cpu_seconds()
     modes = {"cli": _maintain_cli, "maintain": _maintain_loop, "dagster": _maintain_dagster, "daemon": _maintain_daemon}
-    cycles = modes[p.mode](p, roots, work, stop)
+    cycles = modes[p.mode](p, roots, work, stop, ready)
     out.write_text(json.dumps({"cpu_seconds": _cpu_seconds() - cpu0, "cycles": cycles}))
