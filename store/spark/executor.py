@@ -106,7 +106,8 @@ class TaskSpec:
     initial_state: pa.Table | None = None
     """First batch only: the initial state rows, with the state partition of each in PID_COL."""
     results: Accumulator[list[str]] | None = None
-    """Where the task reports its result when the sink's own job runs it (store/spark/tasks_job.py)."""
+    """Where the task reports its result when the sink's own job runs it (store/spark/tasks_job.py): its output
+    is then the processor's rows only (`output_schema` without META_COL), else one more row carries the result."""
     rescale: RescalePlan | None = None
     """The rescale this batch starts with: each task first builds its new partition (`version` is the
     rescale's new version, which the driver commits just before the batch's)."""
@@ -300,7 +301,8 @@ def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: flo
         meta["phases"] = _task_phases(phases, clock, process_ms, meta["task_ms"], start_rss)
         if spec.results is not None:  # the sink's job runs this task: its result goes to the driver this way
             spec.results.add([json.dumps(meta)])
-        yield out.meta(meta)
+        else:
+            yield out.meta(meta)
     except CorruptStateError as e:
         where = _locate_corrupt_changelog(spec, store)
         if not committed:

@@ -1,6 +1,7 @@
 """A partition task's output: what the processor's handlers return (Rows, tuples, dicts, pandas frames, Arrow
-tables), converted as PySpark converts it, into record batches of the output schema plus the task's result
-column (`META_COL`: its checkpoint id and metrics, in one extra row)."""
+tables), converted as PySpark converts it, into record batches of the output schema; where the driver collects the
+tasks' results from their output, plus a result column (`META_COL`: the checkpoint id and metrics, in one extra
+row)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ class OutputBuffer:
         self.schema = schema
         self.int_to_decimal = int_to_decimal
         self.user_fields = [f for f in schema if f.name != META_COL]
+        self.with_meta = len(self.user_fields) < len(schema)
+        """The schema ends with META_COL: null in the processor's rows, the result in `meta`'s row."""
         self.names = [f.name for f in self.user_fields]
         self.decimals = [i for i, f in enumerate(self.user_fields) if pa.types.is_decimal(f.type)]
         """Decimal output fields: a row's value there must be a Decimal (or an int, with `int_to_decimal`)."""
@@ -111,7 +114,8 @@ class OutputBuffer:
             if missing:
                 raise StoreStateError(f"processor output lacks columns {missing} of the output schema")
             arrays = from_pandas(item, self.user_fields, self.int_to_decimal)
-            arrays.append(pa.nulls(len(item), pa.string()))
+            if self.with_meta:
+                arrays.append(pa.nulls(len(item), pa.string()))
             yield from self._batches(pa.Table.from_arrays(arrays, schema=self.schema))
             return
         else:
@@ -125,7 +129,8 @@ class OutputBuffer:
         if missing:
             raise StoreStateError(f"processor output lacks columns {missing} of the output schema")
         arrays = [table.column(f.name).cast(f.type) for f in self.user_fields]
-        arrays.append(pa.nulls(table.num_rows, pa.string()))
+        if self.with_meta:
+            arrays.append(pa.nulls(table.num_rows, pa.string()))
         yield from self._batches(pa.Table.from_arrays(arrays, schema=self.schema))
 
     def _batches(self, table: pa.Table) -> Iterator[pa.RecordBatch]:
@@ -152,7 +157,8 @@ class OutputBuffer:
         for i in self.decimals:
             check_decimals(cols[i], self.user_fields[i], self.int_to_decimal)
         arrays = [pa.array(c, type=f.type) for c, f in zip(cols, self.user_fields, strict=True)]
-        arrays.append(pa.nulls(len(rows), pa.string()))
+        if self.with_meta:
+            arrays.append(pa.nulls(len(rows), pa.string()))
         self.count += len(rows)
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 

@@ -4,9 +4,9 @@ Two ways, one per kind of batch:
 
 - **In the sink's job** (`TasksJob.in_sink`): the user's sink gets the tasks' output as it comes out of them, so
   its own action runs the tasks; each task adds its result to a Spark accumulator, which Spark merges on the
-  driver once per successful task. No output is cached and no second job reads it. A sink that does not read
-  every partition to its end (``limit``, ``show``, nothing at all) leaves some results missing: the driver then
-  runs a tasks job of its own for them, whose output nobody reads.
+  driver once per successful task, and outputs only the processor's rows. No output is cached, filtered or read
+  by a second job. A sink that does not read every partition to its end (``limit``, ``show``, nothing at all)
+  leaves some results missing: the driver then runs a tasks job of its own for them, whose output nobody reads.
 - **In the driver's own job** (`TasksJob.own`: no sink, Spark Connect, a re-run batch, a rescale): the output is
   cached where a sink will read it, the result rows collected, and the sink reads the cache after the commit.
 
@@ -31,6 +31,7 @@ from statekeeper.store.spark.batch_records import BatchRecords, UploadTimeoutErr
 from statekeeper.store.spark.connect import is_connect_dataframe
 from statekeeper.store.spark.executor import TaskSpec, run_task
 from statekeeper.store.spark.metrics import PartitionMetrics
+from statekeeper.store.spark.task_output import META_COL
 from statekeeper.store.spark.tasks_plan import OutputFilters, TasksRun, tasks_job_settings
 
 if TYPE_CHECKING:
@@ -62,6 +63,9 @@ class TasksJob:
     records: BatchRecords
     filters: OutputFilters
     out_struct: StructType
+    """The tasks' output in the driver's own job: the processor's rows and META_COL (the results' rows)."""
+    rows_struct: StructType
+    """The processor's output schema: the tasks' output in the sink's job."""
     async_checkpoint: bool
     upload_timeout_s: float
     max_batch_attempts: int
@@ -78,9 +82,11 @@ class TasksJob:
         results: Accumulator[list[str]] = plan.sparkSession.sparkContext.accumulator([], _ResultsParam())  # type: ignore[arg-type]
         try:
             t_job, started_at_ms = time.perf_counter(), time.time() * 1000
-            task = functools.partial(run_task, dataclasses.replace(spec, results=results))
-            out = plan.mapInArrow(task, self.out_struct)
-            sink(self.filters.output(out), batch_id)
+            # The results go by the accumulator: the tasks' output is the processor's rows only, the sink's as is.
+            rows_schema = spec.output_schema.remove(spec.output_schema.get_field_index(META_COL))
+            task = functools.partial(run_task, dataclasses.replace(spec, results=results, output_schema=rows_schema))
+            out = plan.mapInArrow(task, self.rows_struct)
+            sink(out, batch_id)
             job_ms = (time.perf_counter() - t_job) * 1000
             metas = _latest_each(results.value, spec.num_partitions)
         finally:

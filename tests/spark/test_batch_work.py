@@ -63,12 +63,15 @@ def test_each_partition_task_runs_once_per_batch_and_traces_its_phases(
 @pytest.mark.parametrize("adaptive", ["false", "true"])
 def test_the_sinks_job_runs_the_tasks_under_the_sessions_settings(spark: Any, tmp_path: Path, adaptive: str) -> None:
     """With a sink, a steady batch is the sink's own job: its tasks' output reaches the sink as it comes out of
-    them (nothing cached, no job of the operator's own), under the session's settings (adaptive execution splits
-    the sink's job into its shuffle's map stage and the rest, as it would any query's)."""
+    them (nothing cached, no job of the operator's own, only the processor's rows: the tasks' results go by an
+    accumulator), under the session's settings (adaptive execution splits the sink's job into its shuffle's map
+    stage and the rest, as it would any query's)."""
     seen: list[str | None] = []
+    columns: list[list[str]] = []
 
     def sink(df: Any, batch_id: int) -> None:
         seen.append(df.sparkSession.conf.get("spark.sql.adaptive.enabled"))
+        columns.append(df.columns)
         df.write.format("noop").mode("overwrite").save()
 
     op = StatefulOperator((tmp_path / "state").as_uri(), "counts", "user", CountSum(), OUT, num_partitions=3, sink=sink)
@@ -88,6 +91,7 @@ def test_the_sinks_job_runs_the_tasks_under_the_sessions_settings(spark: Any, tm
         spark.conf.set("spark.sql.adaptive.enabled", before)
 
     assert seen == [adaptive, adaptive]
+    assert columns == [["user", "count", "total"]] * 2
     assert len(accumulators._accumulatorRegistry) == registered, "a batch's accumulator outlived it"
     assert [p.tasks_in_sink for p in op.recent_progress] == [True, True]
     assert [p.attempts for p in op.recent_progress] == [1, 1] and op.recent_progress[-1].sink_ms < 50
