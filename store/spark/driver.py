@@ -366,7 +366,6 @@ class StatefulOperator:
             self.records,
             self._filters,
             self._out_struct(),
-            self._rows_struct(),
             self.async_checkpoint,
             self.upload_timeout_s,
             self.max_batch_attempts,
@@ -542,16 +541,11 @@ class StatefulOperator:
             self.on_progress(progress)
 
     # -- schemas --------------------------------------------------------------------------------
-    def _rows_struct(self) -> StructType:
-        """The processor's output schema."""
-        assert self._struct is not None
-        return self._struct
-
     def _out_struct(self) -> StructType:
-        """The output schema and META_COL (tasks_job.py)."""
         from pyspark.sql.types import StringType, StructField, StructType
 
-        return StructType([*self._rows_struct().fields, StructField(META_COL, StringType(), True)])
+        assert self._struct is not None
+        return StructType([*self._struct.fields, StructField(META_COL, StringType(), True)])
 
     def _arrow_schema(self) -> Any:
         from pyspark.sql.pandas.types import to_arrow_schema

@@ -63,9 +63,8 @@ class TasksJob:
     records: BatchRecords
     filters: OutputFilters
     out_struct: StructType
-    """The tasks' output in the driver's own job: the processor's rows and META_COL (the results' rows)."""
-    rows_struct: StructType
-    """The processor's output schema: the tasks' output in the sink's job."""
+    """The tasks' output in the driver's own job: the processor's rows and META_COL (the results' rows); in the
+    sink's job, the same without META_COL."""
     async_checkpoint: bool
     upload_timeout_s: float
     max_batch_attempts: int
@@ -79,13 +78,16 @@ class TasksJob:
     def in_sink(self, sink: Sink, plan: DataFrame, spec: TaskSpec, target: int, batch_id: int) -> TasksRun:
         """The sink's job runs the tasks; the results they report, or a job of the driver's own when the sink
         left a partition unread or an upload timed out."""
+        from pyspark.sql.types import StructType
+
         results: Accumulator[list[str]] = plan.sparkSession.sparkContext.accumulator([], _ResultsParam())  # type: ignore[arg-type]
         try:
             t_job, started_at_ms = time.perf_counter(), time.time() * 1000
             # The results go by the accumulator: the tasks' output is the processor's rows only, the sink's as is.
             rows_schema = spec.output_schema.remove(spec.output_schema.get_field_index(META_COL))
+            rows_struct = StructType([f for f in self.out_struct.fields if f.name != META_COL])
             task = functools.partial(run_task, dataclasses.replace(spec, results=results, output_schema=rows_schema))
-            out = plan.mapInArrow(task, self.rows_struct)
+            out = plan.mapInArrow(task, rows_struct)
             sink(out, batch_id)
             job_ms = (time.perf_counter() - t_job) * 1000
             metas = _latest_each(results.value, spec.num_partitions)
