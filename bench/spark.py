@@ -68,6 +68,7 @@ from bench.spark_scale import (
     sizes,
 )
 from bench.spark_trace import trace_row, trace_table
+from statekeeper.store.spark.tasks_plan import WORKER_SOCKETS_CONF
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,8 @@ def _statekeeper_processors() -> dict[str, Any]:
 # -- running --------------------------------------------------------------------------------------
 def bench_session(local_dir: Path) -> Any:
     """The benchmarks' session: local[2], Spark's RocksDB state store with changelog checkpointing (its own
-    operators' best configuration), statekeeper's local files under `local_dir`."""
+    operators' best configuration), its Python workers on Unix domain sockets (`WORKER_SOCKETS_CONF`: every Python
+    operator's and floor's best), statekeeper's local files under `local_dir`."""
     from testkit.spark import spark_env
 
     os.environ.update(spark_env())  # the Python workers: this interpreter, and the repository on their path
@@ -171,6 +173,7 @@ def bench_session(local_dir: Path) -> Any:
         )
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
         .config("spark.sql.streaming.numRecentProgressUpdates", "1000")
+        .config(WORKER_SOCKETS_CONF, "true")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -459,8 +462,10 @@ def _main_tables(main: SizeResult, load_start: float) -> list[Table]:
         f"{_pct(results[SPARK_PYTHON_FLOOR], 50) / native_p50:.2f}x Spark native: no Python stateful operator in "
         "Spark can take less.",
         f"{main.keys:,} keys, {main.rows:,} rows per batch, {main.batches} batches, {PARTITIONS} state partitions, "
-        "local[2], parquet file source (1 file per trigger). The per-key pandas paths, the pandas floor and Spark's "
-        "Python operators ran the first batches only (see the size table's notes).",
+        f"local[2] ({WORKER_SOCKETS_CONF}=true for every query: Spark's Python workers on Unix domain sockets, "
+        "not TCP on loopback, whose delayed acknowledgements stall each Python task's input and end for up to 40 ms; "
+        "Spark native runs no Python), parquet file source (1 file per trigger). The per-key pandas paths, the "
+        "pandas floor and Spark's Python operators ran the first batches only (see the size table's notes).",
         "Batch duration = Spark's durationMs.triggerExecution of each batch after the first (warm-up; the pandas "
         "floor: each batch's loop, the first left out too); before all of them an unmeasured round of the per-key "
         "rows, vectorized, Spark native and floor queries over the same batches warms up the JVM (its JIT compiles "

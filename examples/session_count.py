@@ -122,6 +122,7 @@ def main() -> int:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.python.unix.domain.socket.enabled", "true")  # Python workers off TCP (README, Spark)
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

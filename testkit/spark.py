@@ -198,6 +198,7 @@ class StandaloneCluster:
             "spark.locality.wait": "0s",
             "spark.ui.enabled": "false",
             "spark.python.worker.reuse": "true",
+            "spark.python.unix.domain.socket.enabled": "true",  # as docs/deployment.md submits (the suite's own: TCP)
             "spark.pyspark.python": sys.executable,
             "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
         }

@@ -64,7 +64,7 @@ from statekeeper.store.spark.state import check_max_key_groups
 from statekeeper.store.spark.task_input import BATCH_INPUT_BUDGET_BYTES, DEFAULT_INPUT_BUDGET_BYTES
 from statekeeper.store.spark.task_output import META_COL
 from statekeeper.store.spark.tasks_job import Sink, TasksJob
-from statekeeper.store.spark.tasks_plan import OutputFilters, TasksPlan, sort_in_task
+from statekeeper.store.spark.tasks_plan import OutputFilters, TasksPlan, note_worker_sockets, sort_in_task
 from statekeeper.store.spark.ticks import TickChannel, TickRecord, channel_path, due_at_ms, with_ticks, without_ticks
 from statekeeper.store.spark.time_mode import TimeMode
 from statekeeper.store.spark.worker_cache import FileManagerFactory
@@ -276,6 +276,8 @@ class StatefulOperator:
         Over Spark Connect the batches run in the server's Python process (see :mod:`statekeeper.store.spark.connect`).
         """
         self.started_over_connect = is_connect_dataframe(df)
+        if not self.started_over_connect:
+            note_worker_sockets(df.sparkSession)
         self._seed = None
         if self.started_over_connect and self.initial_state is not None:
             self._seed = seed_of(self.initial_state)  # the server's copy cannot read a client DataFrame

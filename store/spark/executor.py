@@ -55,6 +55,7 @@ from statekeeper.store.spark.task_input import (
 )
 from statekeeper.store.spark.task_output import META_COL, OUTPUT_BATCH_ROWS, OutputBuffer, OutputClock
 from statekeeper.store.spark.worker_cache import CACHE, FileManagerFactory, use_worker_memory
+from statekeeper.store.spark.worker_gc import WORKER_GC
 from statekeeper.store.state_store import StateStore, StoreConfig
 
 if TYPE_CHECKING:
@@ -155,6 +156,9 @@ def run_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.R
     )
     if task_input.partition is None:
         return  # no state partition routed here
+    in_worker = _task_attempt()[1] >= 0
+    if in_worker:
+        WORKER_GC.task_started()
     # Many small objects, no cycles worth collecting mid-task: pause the cyclic GC for the task.
     gc_enabled = gc.isenabled()
     gc.disable()
@@ -171,6 +175,8 @@ def run_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.R
         # RSS stays at its high-water mark between tasks (1-3 ms a task).
         pa.default_memory_pool().release_unused()
         release_free_heap()
+        if in_worker:
+            WORKER_GC.task_ended()
 
 
 def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: float) -> Iterator[pa.RecordBatch]:

@@ -10,6 +10,7 @@ partitions: `sort_in_task`).
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -26,6 +27,13 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from statekeeper.store.key_groups import KeyGroupLayout
+
+log = logging.getLogger(__name__)
+
+WORKER_SOCKETS_CONF = "spark.python.unix.domain.socket.enabled"
+"""Spark's setting (4.1+, read as the SparkContext starts) for its Python workers to talk to the JVM over Unix domain
+sockets. Over TCP on loopback (the default) Linux's delayed acknowledgements stall a Python task's input and its end
+for up to 40 ms each: on local[2], a fifth of a 50,000-row batch of any Python operator (docs/benchmarks.md)."""
 
 TASKS_JOB_SETTINGS = {
     # Adaptive execution gains nothing on this plan (its shuffle has a fixed partition count, which it
@@ -165,6 +173,16 @@ class TasksRun:
     output is not cached for it."""
 
 
+def note_worker_sockets(spark: SparkSession) -> None:
+    """Say (log, info) when the session's Python workers talk to the JVM over TCP (`WORKER_SOCKETS_CONF`)."""
+    if spark.sparkContext.getConf().get(WORKER_SOCKETS_CONF, "false").strip().lower() != "true":
+        log.info(
+            "statekeeper: the Python workers use TCP on loopback, which stalls each task for up to 40 ms; "
+            "start the session with %s=true (Spark 4.1+, Unix domain sockets)",
+            WORKER_SOCKETS_CONF,
+        )
+
+
 @contextlib.contextmanager
 def tasks_job_settings(df: DataFrame) -> Iterator[None]:
     """Plan and run the tasks job with `TASKS_JOB_SETTINGS`, the session's own restored for the user's sink.
@@ -190,9 +208,11 @@ def tasks_job_settings(df: DataFrame) -> Iterator[None]:
 
 __all__ = [
     "TASKS_JOB_SETTINGS",
+    "WORKER_SOCKETS_CONF",
     "OutputFilters",
     "TasksPlan",
     "TasksRun",
+    "note_worker_sockets",
     "sort_in_task",
     "tasks_job_settings",
 ]
