@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 WORKER_SOCKETS_CONF = "spark.python.unix.domain.socket.enabled"
 """Spark's setting (4.1+, read as the SparkContext starts) for its Python workers to talk to the JVM over Unix domain
 sockets. Over TCP on loopback (the default) Linux's delayed acknowledgements stall a Python task's input and its end
-for up to 40 ms each: on local[2], a fifth of a 50,000-row batch of any Python operator (docs/benchmarks.md)."""
+for up to 40 ms each, whatever the operator (what that costs a batch: docs/benchmarks.md, spark)."""
 
 TASKS_JOB_SETTINGS = {
     # Adaptive execution gains nothing on this plan (its shuffle has a fixed partition count, which it

@@ -1,9 +1,9 @@
 """A reused Spark Python worker's cyclic garbage collection between tasks.
 
 PySpark's daemon runs a full ``gc.collect()`` in a reused worker after each of its tasks, before the worker
-takes the next one. A worker holding statekeeper's stores, pyarrow and pandas tracks about 80,000 long-lived
-objects, and a full collection traverses them all: 20-25 ms between every two tasks of the worker, on the
-critical path of a batch whose partitions outnumber the cores (the next wave's task waits for it).
+takes the next one. A worker holding statekeeper's stores, pyarrow and pandas tracks tens of thousands of
+long-lived objects, and a full collection traverses them all: tens of ms between every two tasks of the worker, on
+the critical path of a batch whose partitions outnumber the cores (the next wave's task waits for it).
 
 As a task starts, the daemon has just collected: what is alive then is the worker's long-lived state and this
 task's own command. `WorkerGC.task_started` freezes it (``gc.freeze``: the collector skips those objects; freeing
