@@ -156,7 +156,8 @@ def run_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.R
     )
     if task_input.partition is None:
         return  # no state partition routed here
-    in_worker = _task_attempt()[1] >= 0
+    attempt = _task_attempt()
+    in_worker = attempt[1] >= 0  # a Spark task's (its attempt id), not one run in-process
     if in_worker:
         WORKER_GC.task_started()
     # Many small objects, no cycles worth collecting mid-task: pause the cyclic GC for the task.
@@ -164,7 +165,7 @@ def run_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.R
     gc.disable()
     try:
         with CACHE.task():
-            yield from _run_partition(spec, task_input.partition, task_input, t_start)
+            yield from _run_partition(spec, task_input.partition, task_input, t_start, attempt)
         if spec.commit and spec.rescale is None and follows():
             FOLLOWER.follow(spec.root, spec.operator, spec.version + 1)
     finally:
@@ -179,9 +180,11 @@ def run_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.R
             WORKER_GC.task_ended()
 
 
-def _run_partition(spec: TaskSpec, partition: int, data: TaskInput, t_start: float) -> Iterator[pa.RecordBatch]:
+def _run_partition(
+    spec: TaskSpec, partition: int, data: TaskInput, t_start: float, task_attempt: tuple[int, int] = (0, -1)
+) -> Iterator[pa.RecordBatch]:
     start_rss = current_rss() or 0  # what the worker holds as the task begins (earlier tasks' stores, the cache)
-    attempt, task_attempt_id = _task_attempt()
+    attempt, task_attempt_id = task_attempt
     uploader = CACHE.uploader(spec)
     build = None
     if spec.rescale is not None:

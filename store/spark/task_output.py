@@ -113,9 +113,7 @@ class OutputBuffer:
             missing = [n for n in self.names if n not in item.columns]
             if missing:
                 raise StoreStateError(f"processor output lacks columns {missing} of the output schema")
-            arrays = from_pandas(item, self.user_fields, self.int_to_decimal)
-            if self.with_meta:
-                arrays.append(pa.nulls(len(item), pa.string()))
+            arrays = from_pandas(item, self.user_fields, self.int_to_decimal) + self._no_meta(len(item))
             yield from self._batches(pa.Table.from_arrays(arrays, schema=self.schema))
             return
         else:
@@ -128,10 +126,12 @@ class OutputBuffer:
         missing = [n for n in self.names if n not in table.column_names]
         if missing:
             raise StoreStateError(f"processor output lacks columns {missing} of the output schema")
-        arrays = [table.column(f.name).cast(f.type) for f in self.user_fields]
-        if self.with_meta:
-            arrays.append(pa.nulls(table.num_rows, pa.string()))
+        arrays = [table.column(f.name).cast(f.type) for f in self.user_fields] + self._no_meta(table.num_rows)
         yield from self._batches(pa.Table.from_arrays(arrays, schema=self.schema))
+
+    def _no_meta(self, rows: int) -> list[Any]:
+        """The META_COL column of `rows` of the processor's (null), where the schema has one."""
+        return [pa.nulls(rows, pa.string())] if self.with_meta else []
 
     def _batches(self, table: pa.Table) -> Iterator[pa.RecordBatch]:
         for b in table.combine_chunks().to_batches():
@@ -157,8 +157,7 @@ class OutputBuffer:
         for i in self.decimals:
             check_decimals(cols[i], self.user_fields[i], self.int_to_decimal)
         arrays = [pa.array(c, type=f.type) for c, f in zip(cols, self.user_fields, strict=True)]
-        if self.with_meta:
-            arrays.append(pa.nulls(len(rows), pa.string()))
+        arrays += self._no_meta(len(rows))
         self.count += len(rows)
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
