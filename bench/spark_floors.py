@@ -83,7 +83,25 @@ _TOTALS = struct.Struct(">qq")
 Columns = tuple[list[str], list[int], list[int]]
 """A floor's output: each touched key with its new count and total (the queries' output rows, as columns)."""
 
-FloorWork = Callable[[Any, pa.Table, Callable[[str], bytes], str], Columns]
+
+class FloorDB:
+    """A floor's RocksDB at `path` with its state column family, opened once and kept over the batches, as a store
+    keeps its own. The column family's handles are held too: rocksdict flushes a column family's memtable when the
+    last Python object for it goes, which a store does not do after every batch."""
+
+    def __init__(self, path: str) -> None:
+        from statekeeper.store.rocks import open_db
+
+        self.db = open_db(path, ["totals"])
+        self.cf = self.db.get_column_family("totals")
+        self.handle = self.db.get_column_family_handle("totals")
+
+    def close(self) -> None:
+        del self.cf, self.handle  # before the DB: a column family object outliving it keeps the DB's lock
+        self.db.close()
+
+
+FloorWork = Callable[[FloorDB, pa.Table, Callable[[str], bytes], str], Columns]
 """One batch's work on a floor's RocksDB: (its DB, its rows sorted by key, each key's stored bytes, the key column)
 -> its output."""
 
@@ -117,11 +135,10 @@ def _db_floor_part(files: list[Path], key: str, part: int, parts: int, groups: i
     out (the shuffle's, the task's sort's and the codec's work): no Python operator on RocksDB does less."""
     from statekeeper.store.formats.typed_keys import KeyCodec, stored_key_encoder
     from statekeeper.store.formats.typed_schema import parse_ddl
-    from statekeeper.store.rocks import open_db
 
     encode = stored_key_encoder(KeyCodec(parse_ddl(f"{key} string"), "bench"), groups)
     where = tempfile.mkdtemp(prefix="bench-state-floor-")
-    db = open_db(where, ["totals"])
+    db = FloorDB(where)
     out: list[float] = []
     try:
         for file in files:
@@ -142,12 +159,12 @@ def _db_floor_part(files: list[Path], key: str, part: int, parts: int, groups: i
     return out
 
 
-def _vectorized_work(db: Any, table: pa.Table, encode: Callable[[str], bytes], key: str) -> Columns:
+def _vectorized_work(db: FloorDB, table: pa.Table, encode: Callable[[str], bytes], key: str) -> Columns:
     import rocksdict as rd
 
     from statekeeper.store.spark.task_input import pylist
 
-    cf, handle = db.get_column_family("totals"), db.get_column_family_handle("totals")
+    cf, handle = db.cf, db.handle
     agg = table.group_by(key, use_threads=False).aggregate([("value", "count"), ("value", "sum")])
     names = pylist(agg.column(key))
     gks = list(map(encode, names))
@@ -161,7 +178,7 @@ def _vectorized_work(db: Any, table: pa.Table, encode: Callable[[str], bytes], k
         put(gk, pack(c0 + c, s0 + s), handle)
         new_counts.append(c0 + c)
         new_sums.append(s0 + s)
-    db.write(wb)
+    db.db.write(wb)
     return names, new_counts, new_sums
 
 
@@ -181,11 +198,11 @@ class _RawValue:
         self.cf.put(self.gk, _TOTALS.pack(*value))
 
 
-def _per_key_work(db: Any, table: pa.Table, encode: Callable[[str], bytes], key: str) -> Columns:
+def _per_key_work(db: FloorDB, table: pa.Table, encode: Callable[[str], bytes], key: str) -> Columns:
     from statekeeper.store.spark.task_input import pylist, row_class, run_starts
     from testkit.processors import CountSum
 
-    state = _RawValue(db.get_column_family("totals"))
+    state = _RawValue(db.cf)
     processor = CountSum()
     processor.totals = state  # type: ignore[assignment]  # the least ValueState: get and update
     make = functools.partial(tuple.__new__, row_class(tuple(table.column_names)))
@@ -204,7 +221,7 @@ def _per_key_work(db: Any, table: pa.Table, encode: Callable[[str], bytes], key:
 
 # -- the RocksDB floors in Spark's own Python task -----------------------------------------------------
 WORK: dict[str, FloorWork] = {"per-key": _per_key_work, "vectorized": _vectorized_work}
-_TASK_DBS: dict[tuple[str, int], Any] = {}
+_TASK_DBS: dict[tuple[str, int], FloorDB] = {}
 """A Python worker's open RocksDB per (floor query's directory, partition): kept over the query's batches, as a
 worker keeps a statekeeper store open."""
 
@@ -233,7 +250,7 @@ def in_task(
     memory), `opened` and `closed` say which did."""
     from pyspark import TaskContext
 
-    from statekeeper.store.rocks import open_db, release_free_heap, shared_memory
+    from statekeeper.store.rocks import release_free_heap, shared_memory
     from statekeeper.store.spark.worker_cache import use_worker_memory
 
     use_worker_memory()  # as a task's stores: else the worker's first open sets the process default for them too
@@ -250,7 +267,7 @@ def in_task(
             if db is None:
                 path = os.path.join(where, str(os.getpid()), str(part))
                 os.makedirs(path, exist_ok=True)
-                db = _TASK_DBS[(where, part)] = open_db(path, ["totals"])
+                db = _TASK_DBS[(where, part)] = FloorDB(path)
                 opened.add({os.getpid()})
             keys, counts, totals = WORK[kind](db, table.sort_by("key").combine_chunks(), str.encode, "key")
             yield pa.RecordBatch.from_arrays(
