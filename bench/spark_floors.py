@@ -86,8 +86,8 @@ Columns = tuple[list[str], list[int], list[int]]
 
 class FloorDB:
     """A floor's RocksDB at `path` with its state column family, opened once and kept over the batches, as a store
-    keeps its own. The column family's handles are held too: rocksdict flushes a column family's memtable when the
-    last Python object for it goes, which a store does not do after every batch."""
+    keeps its own. The column family's objects are held too: rocksdict flushes a column family's memtable whenever a
+    Python object for it goes (even with others still open), which a store does not do after every batch."""
 
     def __init__(self, path: str) -> None:
         from statekeeper.store.rocks import open_db
