@@ -8,7 +8,7 @@ every partition shares.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Protocol
 
@@ -40,10 +40,13 @@ class KeyGroupRules(Protocol):
         (None: do not copy it); raise `RescaleError` when they conflict."""
         ...
 
-    def finish(self, store: StateStore, poured: Mapping[str, int] | None) -> None:
-        """Fix up a new partition once every range is copied (e.g. its row count). `poured`: the records
-        copied into each column family of a partition built from empty (then all it holds); None for
-        one kept in place, which holds more."""
+    def counted(self, cf: str) -> bool:
+        """Whether `finish` needs the live record count of column family `cf`."""
+        ...
+
+    def finish(self, cfs: Sequence[str], counts: Mapping[str, int]) -> list[tuple[str, bytes, bytes]]:
+        """Records (cf, key, value) to add to a new partition once every range is copied (e.g. its row
+        count): `cfs` are its column families, `counts` the live records of each of them that is `counted`."""
         ...
 
     def max_key_groups(self, store: StateStore) -> int | None:
@@ -63,8 +66,11 @@ class GroupLedKeys:
     def merge_shared(self, cf: str, key: bytes, kept: bytes | None, new: bytes, source: str) -> bytes | None:
         return new  # pragma: no cover - LEADING only
 
-    def finish(self, store: StateStore, poured: Mapping[str, int] | None) -> None:
-        return None
+    def counted(self, cf: str) -> bool:
+        return False
+
+    def finish(self, cfs: Sequence[str], counts: Mapping[str, int]) -> list[tuple[str, bytes, bytes]]:
+        return []
 
     def max_key_groups(self, store: StateStore) -> int | None:
         return None

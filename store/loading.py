@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, Protocol
@@ -39,6 +39,7 @@ from statekeeper.store.load_plan import (
     CheckpointPlanSource,
     LoadPlan,
     LoadSource,
+    Ref,
     SkippedSnapshot,
     check_header,
     fall_back,
@@ -269,20 +270,29 @@ class PlanExecution:
         assert self._db is not None
         bulk = self.config.bulk_replay
         replay = ChangelogReplay(self._db, self._handle_of, self._work, self.config.replay_batch_bytes, merge=not bulk)
-        paths = [self.store_id.changelog(v, c) for v, c in plan.replay]
         records = 0
-        with ReadAhead(self.fm, paths, self._work, self.config.read_ahead) as files:
-            for (version, checkpoint_id), path, f in zip(plan.replay, paths, files, strict=True):
-                with f:
-                    name = f"{self.fm.root_uri}/{path}"
-                    reader = ChangelogReader(f, name)
-                    check_header(self.store_id, reader.header, version, checkpoint_id, name)
-                    reader.check_footer()
-                    records += replay.add(reader)
+        for reader in read_changelogs(self.fm, self.store_id, plan.replay, self._work, self.config.read_ahead):
+            records += replay.add(reader)
         replay.write()
         if bulk and records:
             flush_all(self._db, self._cfs)  # sorts the vector memtables now, outside the GIL, not at each read
         return records
+
+
+def read_changelogs(
+    fm: CheckpointFileManager, store: StoreId, refs: Sequence[Ref], work_dir: str, read_ahead: int
+) -> Iterator[ChangelogReader]:
+    """The committed changelogs `refs` of `store` in order, each with its header checked against its name and its
+    footer checked, the next `read_ahead` fetched meanwhile (S3 objects spooled under `work_dir`)."""
+    paths = [store.changelog(v, c) for v, c in refs]
+    with ReadAhead(fm, paths, work_dir, read_ahead) as files:
+        for (version, checkpoint_id), path, f in zip(refs, paths, files, strict=True):
+            with f:
+                name = f"{fm.root_uri}/{path}"
+                reader = ChangelogReader(f, name)
+                check_header(store, reader.header, version, checkpoint_id, name)
+                reader.check_footer()
+                yield reader
 
 
 MERGE_BYTES = 8 << 20
@@ -389,6 +399,17 @@ def _batch_updates(wb: rd.WriteBatch, handle: Any, keys: Iterable[bytes], values
         del wb, handle, put, delete  # as in `ChangelogReplay.write`: a traceback holds this frame
 
 
+def load_bytes(fm: CheckpointFileManager, plan: LoadPlan | None) -> int:
+    """Bytes a load by `plan` read from the checkpoint: its base snapshot (manifest and SSTs) and changelogs."""
+    if plan is None or plan.source is LoadSource.REUSE:
+        return 0
+    total = 0
+    manifest = plan.manifest_path()
+    if manifest is not None and plan.base is not None:
+        total += fm.info(manifest).size + read_manifest(fm, plan.store, *plan.base).total_sst_bytes
+    return total + sum(fm.info(plan.store.changelog(v, c)).size for v, c in plan.replay)
+
+
 def _no_intact_path(plan: LoadPlan, why: BaseException) -> CorruptFileError:
     first = plan.skipped[0]
     return CorruptFileError(
@@ -399,4 +420,4 @@ def _no_intact_path(plan: LoadPlan, why: BaseException) -> CorruptFileError:
     )
 
 
-__all__ = ["MAX_REPLANS", "ChangelogReplay", "LoadMetrics", "PlanExecution"]
+__all__ = ["MAX_REPLANS", "ChangelogReplay", "LoadMetrics", "PlanExecution", "load_bytes", "read_changelogs"]

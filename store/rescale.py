@@ -3,7 +3,8 @@
 A rescale re-lays out committed version ``v`` of an operator for a new partition count: each new
 partition takes exactly its key groups (docs/formats.md, "Key groups") from the old partitions whose
 ranges overlap it, by range scans of the column families whose keys lead with the key group (other
-column families are filtered per key, or shared, as `KeyGroupRules` says). Each new partition is
+column families are filtered per key, or shared, as `KeyGroupRules` says; offline, state that no snapshot
+covers yet is relayed from its changelogs instead of loaded: store/rescale_relay.py). Each new partition is
 written as a *full-state changelog* (an empty lineage: a load replays from the empty state starting
 there) and the batch's commit record ``v + 1`` names the new layout, so the switch is atomic (DESIGN
 invariant 11): a crash before the record leaves the old layout and only uncommitted files (orphans for
@@ -26,13 +27,13 @@ from dataclasses import dataclass, replace
 from itertools import islice
 
 from statekeeper.store.commit_log import CommitLog
-from statekeeper.store.errors import ConfigurationError, LineageError, StatekeeperError
+from statekeeper.store.errors import LineageError
 from statekeeper.store.files import CheckpointFileManager
-from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.key_group_rules import CfRule, GroupLedKeys, KeyGroupRules
-from statekeeper.store.key_groups import KEY_GROUP_LIMIT, KeyGroupLayout, group_at, group_byte_range
-from statekeeper.store.load_plan import LoadPlan, LoadSource
-from statekeeper.store.snapshot import read_manifest
+from statekeeper.store.key_groups import KEY_GROUP_LIMIT, group_at, group_byte_range
+from statekeeper.store.loading import load_bytes
+from statekeeper.store.rescale_plan import PartitionBuild, RescaleError, RescalePlan, plan_rescale, plan_rollback
+from statekeeper.store.rescale_relay import relay_partitions
 from statekeeper.store.state_store import StateStore, StoreConfig
 
 log = logging.getLogger(__name__)
@@ -41,88 +42,12 @@ COPY_CHUNK = 8192
 """Records moved per write batch."""
 
 
-class RescaleError(StatekeeperError):
-    """A rescale or rollback cannot be done as asked; nothing was committed."""
-
-
-@dataclass(frozen=True)
-class RescalePlan:
-    """Which committed state a rescale or rollback copies, and the layout it commits."""
-
-    operator: str
-    kind: str
-    """``rescale`` or ``rollback``."""
-    source_version: int
-    source_ids: tuple[str, ...]
-    source_layout: KeyGroupLayout | None
-    """None: a legacy layout (partitions were routed by hash, so each may hold keys of every group)."""
-    target_layout: KeyGroupLayout | None
-    batch_id: int
-    """The batch the copied version follows; the new version repeats it."""
-    head_version: int
-    """The newest committed version; the new one is ``head_version + 1``."""
-
-    @property
-    def new_version(self) -> int:
-        return self.head_version + 1
-
-    @property
-    def partitions(self) -> int:
-        """Partitions of the new version."""
-        if self.kind == "rollback" or self.target_layout is None:
-            return len(self.source_ids)
-        return self.target_layout.partitions
-
-    def kept_in_place(self) -> dict[int, tuple[int, int]]:
-        """New partition -> the key groups ``[lo, hi)`` it keeps from the old partition of the same number.
-
-        Such a partition is not rewritten: it extends its old lineage with the groups it gains (puts) and
-        loses (deletes). A key group *moves* when its owning partition number changes; only moved groups
-        are written. Rollbacks and legacy layouts keep nothing in place.
-        """
-        old, new = self.source_layout, self.target_layout
-        if self.kind != "rescale" or old is None or new is None:
-            return {}
-        kept = {}
-        for p in range(min(old.partitions, new.partitions)):
-            (a, b), (c, d) = old.groups_of(p), new.groups_of(p)
-            if max(a, c) < min(b, d):
-                kept[p] = (max(a, c), min(b, d))
-        return kept
-
-    def moved_groups(self) -> int:
-        if self.target_layout is None:
-            return 0
-        if self.source_layout is None:
-            return self.target_layout.max_key_groups
-        return self.target_layout.moved_groups(self.source_layout)
-
-    def sources_of(self, p: int) -> list[tuple[int, int, int]]:
-        """[(old partition, lo, hi)]: the key groups ``[lo, hi)`` new partition `p` takes from each old one
-        (a rollback: all of its own; a legacy layout: its groups, from every old partition)."""
-        target = self.target_layout
-        if self.kind == "rollback" or target is None:
-            return [(p, 0, -1)]
-        lo, hi = target.groups_of(p)
-        if self.source_layout is None:
-            return [(q, lo, hi) for q in range(len(self.source_ids))]
-        return target.overlaps(p, self.source_layout)
-
-    def describe(self) -> str:
-        src = f"{len(self.source_ids)} partitions" + ("" if self.source_layout else " (legacy layout)")
-        dst = f"{self.target_layout.partitions} partitions" if self.target_layout else f"{len(self.source_ids)}"
-        return (
-            f"{self.kind} {self.operator}: version {self.source_version} ({src}) -> version {self.new_version} "
-            f"({dst}), {self.moved_groups()} key groups change owner"
-        )
-
-
 @dataclass
 class RescaleResult:
     plan: RescalePlan
     checkpoint_ids: tuple[str, ...] = ()
     records: int = 0
-    """Records copied into new owners (the moved key groups)."""
+    """Records copied into new owners (the moved key groups; relayed, every record of their new changelogs)."""
     deleted: int = 0
     """Records deleted from partitions kept in place (the key groups they gave away)."""
     bytes_read: int = 0
@@ -154,62 +79,6 @@ class RescaleResult:
         }
 
 
-def _record(log_: CommitLog, version: int, operator: str) -> CommitRecord:
-    record = log_.get(version)
-    if record is None or operator not in record.checkpoint_ids:
-        raise LineageError(f"version {version} of operator {operator!r} is not committed in {log_._fm.root_uri}")
-    return record
-
-
-def plan_rescale(
-    fm: CheckpointFileManager,
-    operator: str,
-    partitions: int,
-    *,
-    max_key_groups: int | None = None,
-    rules: KeyGroupRules | None = None,
-    config: StoreConfig | None = None,
-) -> RescalePlan:
-    """Plan re-laying out the newest committed version of `operator` over `partitions` partitions."""
-    commits = CommitLog(fm)
-    head = commits.latest()
-    if head == 0:
-        raise RescaleError(f"operator {operator!r} in {fm.root_uri} has no committed version to rescale")
-    record = _record(commits, head, operator)
-    old = record.layouts.get(operator)
-    groups = old.max_key_groups if old is not None else max_key_groups
-    if old is not None and max_key_groups is not None and max_key_groups != old.max_key_groups:
-        raise ConfigurationError(
-            f"operator {operator!r} has {old.max_key_groups} key groups (fixed at its first batch), "
-            f"not {max_key_groups}"
-        )
-    if groups is None:
-        with StateStore(fm, operator, 0, config=config) as probe:
-            probe.load(head, record.checkpoint_ids[operator][0])
-            groups = (rules or GroupLedKeys()).max_key_groups(probe)
-        probe.close()
-    if groups is None:
-        raise ConfigurationError(
-            f"operator {operator!r} in {fm.root_uri} records no key-group count: pass max_key_groups"
-        )
-    target = KeyGroupLayout(partitions, groups)
-    return RescalePlan(operator, "rescale", head, record.checkpoint_ids[operator], old, target, record.batch, head)
-
-
-def plan_rollback(fm: CheckpointFileManager, operator: str, to_version: int) -> RescalePlan:
-    """Plan making retained committed `to_version` of `operator` the head again, as a new version."""
-    commits = CommitLog(fm)
-    head = commits.latest()
-    if not 1 <= to_version < head:
-        raise ConfigurationError(
-            f"--to-version {to_version} must be a committed version below the head ({head}) of {fm.root_uri}"
-        )
-    record = _record(commits, to_version, operator)
-    layout = record.layouts.get(operator)
-    ids = record.checkpoint_ids[operator]
-    return RescalePlan(operator, "rollback", to_version, ids, layout, layout, record.batch, head)
-
-
 class _Target:
     """One new partition being written, from every old partition that gives it key groups."""
 
@@ -223,21 +92,6 @@ class _Target:
         self.deleted = 0
         self.bytes_read = 0
         self.shared: dict[tuple[str, bytes], bytes] = {}
-
-
-@dataclass(frozen=True)
-class PartitionBuild:
-    """One new partition written: its changelog is published, the commit record does not name it yet."""
-
-    partition: int
-    checkpoint_id: str
-    in_place: bool
-    records: int
-    deleted: int
-    bytes_read: int
-    bytes_written: int
-    """Its changelog."""
-    seconds: float
 
 
 BuildRun = Callable[[list[int]], list[PartitionBuild]]
@@ -276,17 +130,6 @@ def _chunks(items: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[Sequence[byt
     while chunk := list(islice(items, COPY_CHUNK)):
         keys, values = zip(*chunk, strict=True)
         yield keys, values
-
-
-def load_bytes(fm: CheckpointFileManager, plan: LoadPlan | None) -> int:
-    """Bytes a load by `plan` read from the checkpoint: its base snapshot (manifest and SSTs) and changelogs."""
-    if plan is None or plan.source is LoadSource.REUSE:
-        return 0
-    total = 0
-    manifest = plan.manifest_path()
-    if manifest is not None and plan.base is not None:
-        total += fm.info(manifest).size + read_manifest(fm, plan.store, *plan.base).total_sst_bytes
-    return total + sum(fm.info(plan.store.changelog(v, c)).size for v, c in plan.replay)
 
 
 def _check_group_led(plan: RescalePlan, src: StateStore, q: int, cf: str, name: str) -> None:
@@ -457,8 +300,12 @@ class SourceStores:
 def build_partitions(
     fm: CheckpointFileManager, plan: RescalePlan, rules: KeyGroupRules, config: StoreConfig, run: list[int]
 ) -> list[PartitionBuild]:
-    """Build the new partitions of `run` in order (`build_partition`), loading each old partition once
-    for the neighbours that take groups from it."""
+    """Build the new partitions of `run`: relayed from their sources' changelogs where no source has a snapshot
+    (`relay_partitions`), else in order (`build_partition`), loading each old partition once for the
+    neighbours that take groups from it."""
+    relayed = relay_partitions(fm, plan, rules, config, run)
+    if relayed is not None:
+        return relayed
     sources = SourceStores(fm, plan, config)
     try:
         return [build_partition(fm, plan, rules, config, p, sources) for p in _build_order(plan, run)]
@@ -511,7 +358,14 @@ def build_partition(
             _give(plan, src, q, lo, hi, target, rules)
         if target.owned is not None:
             _trim(target, rules)
-        rules.finish(target.store, target.poured if target.owned is None else None)
+        store, cfs = target.store, target.store.column_families()
+        counts = {
+            cf: target.poured[cf] if target.owned is None else store.column_family(cf).count()
+            for cf in cfs
+            if rules.counted(cf)
+        }
+        for cf, key, value in rules.finish(cfs, counts):
+            store.put(key, value, cf=cf)
         committed = target.store.commit()
         return PartitionBuild(
             p,
@@ -600,3 +454,22 @@ def commit_rescale(
         result.slowest_build_seconds,
     )
     return result
+
+
+__all__ = [
+    "BuildRun",
+    "PartitionBuild",
+    "PartitionRunner",
+    "RescaleError",
+    "RescalePlan",
+    "RescaleResult",
+    "SourceStores",
+    "build_partition",
+    "build_partitions",
+    "commit_rescale",
+    "contiguous_runs",
+    "execute_rescale",
+    "in_threads",
+    "plan_rescale",
+    "plan_rollback",
+]

@@ -9,11 +9,11 @@ count, which is recounted for each new partition.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from statekeeper.store.key_group_rules import CfRule
 from statekeeper.store.key_groups import group_at
-from statekeeper.store.rescale import RescaleError
+from statekeeper.store.rescale_plan import RescaleError
 from statekeeper.store.spark.schemas import META_CF, read_max_key_groups
 from statekeeper.store.spark.state import INTERNAL_PREFIX, ROWS_TOTAL, TIMER_INDEX_CF, TTL_CF, timer_entry, ttl_entry
 from statekeeper.store.state_store import StateStore
@@ -44,13 +44,12 @@ class TypedStateKeys:
             )
         return None if kept is not None else new
 
-    def finish(self, store: StateStore, poured: Mapping[str, int] | None) -> None:
-        rows = 0
-        for cf in store.column_families():
-            if not cf.startswith(INTERNAL_PREFIX) and cf != "default":
-                rows += poured.get(cf, 0) if poured is not None else store.column_family(cf).count()
-        if rows or META_CF in store.column_families():
-            store.put(ROWS_TOTAL, _I64.pack(rows), cf=META_CF)
+    def counted(self, cf: str) -> bool:
+        return not cf.startswith(INTERNAL_PREFIX) and cf != "default"
+
+    def finish(self, cfs: Sequence[str], counts: Mapping[str, int]) -> list[tuple[str, bytes, bytes]]:
+        rows = sum(counts.values())
+        return [(META_CF, ROWS_TOTAL, _I64.pack(rows))] if rows or META_CF in cfs else []
 
     def max_key_groups(self, store: StateStore) -> int | None:
         if META_CF not in store.column_families():

@@ -8,6 +8,7 @@ model; layouts and batch ids are in the commit records. Runs on local disk and o
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import zlib
@@ -23,6 +24,7 @@ from statekeeper.store.formats.changelog import ChangelogReader, SstFile
 from statekeeper.store.key_groups import KeyGroupLayout, group_at, group_prefix
 from statekeeper.store.layout import StoreId
 from statekeeper.store.rescale import SourceStores, execute_rescale, plan_rescale, plan_rollback
+from statekeeper.store.snapshot import write_snapshot
 
 OP = "agg"
 GROUPS = 64
@@ -49,6 +51,18 @@ def run_batch(root: str, version: int, layout: KeyGroupLayout, updates: dict[str
                         s.put(k, v, cf=cf)
             ids.append(s.commit().checkpoint_id)
     CommitLog(open_file_manager(root)).commit(version + 1, {OP: ids}, layouts={OP: layout})
+
+
+def snapshot_all(root: str, version: int, partitions: int) -> None:
+    """Snapshot every partition at committed `version`, as maintenance would: a rescale then loads its sources
+    from the snapshots and copies the moved ranges (the route a running operator's state takes)."""
+    fm = open_file_manager(root)
+    for p in range(partitions):
+        with StateStore(fm, OP, p) as s:
+            s.load(version)
+            work = os.path.join(s.local_dir, "snap")
+            os.makedirs(work)
+            write_snapshot(fm, StoreId(OP, p), version, s.checkpoint_id or "", s.db, work)
 
 
 def read_all(root: str, version: int, layout: KeyGroupLayout) -> dict[str, dict[bytes, bytes]]:
@@ -190,9 +204,9 @@ def test_rollback_refuses_the_head_and_missing_versions(tmp_path_factory: pytest
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_unsnapshotted_sources_are_each_read_once(tmp_path_factory: pytest.TempPathFactory, workers: int) -> None:
-    """Sources that replay their changelogs (no snapshot; puts and deletes over three batches) are each loaded
-    once, also the one a partition kept in place extends: the bytes read are the source changelogs once each,
-    and the new layout holds exactly the model."""
+    """Sources that replay their changelogs (no snapshot; puts and deletes over three batches) are each read
+    once, also the one a partition kept in place took its groups from: the bytes read are the source changelogs
+    once each, and the new layout holds exactly the model."""
     root = tmp_path_factory.mktemp("once").as_uri()
     fm = open_file_manager(root)
     rng = random.Random(5)
@@ -212,7 +226,7 @@ def test_unsnapshotted_sources_are_each_read_once(tmp_path_factory: pytest.TempP
 
 
 def test_bytes_written_scale_with_the_moved_key_groups(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The same state rescaled 4 -> n for several n: the records copied are exactly those of the key groups
+    """The same snapshotted state rescaled 4 -> n for several n: the records copied are exactly those of the key groups
     that change owner, the records deleted in place exactly those a kept partition gave away, and the bytes
     written per moved group are about the same every time (a full rewrite is what a rollback writes)."""
     rng = random.Random(11)
@@ -223,6 +237,7 @@ def test_bytes_written_scale_with_the_moved_key_groups(tmp_path_factory: pytest.
     run_batch(base.as_uri(), 0, layout, {"default": dict(state)})
     run_batch(base.as_uri(), 1, layout, {"default": {}})
     full = execute_rescale(open_file_manager(base.as_uri()), plan_rollback(open_file_manager(base.as_uri()), OP, 1))
+    snapshot_all(base.as_uri(), 3, 4)
     per_group_full = full.bytes_written / GROUPS
     assert full.records == len(state)
     ratios = []
@@ -249,14 +264,15 @@ def test_bytes_written_scale_with_the_moved_key_groups(tmp_path_factory: pytest.
 def test_partitions_written_from_empty_hold_their_ranges_as_sst_files(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    """A moved range is one SST file, logged in the changelog as it is: the first load of a partition
-    written from empty ingests it (one changelog, no snapshot, no record decoded) and the state is exact;
+    """Copied from snapshotted sources, a moved range is one SST file, logged in the changelog as it is: the
+    first load of a partition written from empty ingests it (one changelog, no record decoded) and the state is exact;
     a flipped bit inside that block is refused naming the changelog (its CRC covers the whole file)."""
     rng = random.Random(5)
     state = {stored(b"key%d" % i): rng.randbytes(40) for i in range(300)}
     layout, target = KeyGroupLayout(4, GROUPS), KeyGroupLayout(6, GROUPS)
     base = tmp_path_factory.mktemp("sst-blocks")
     run_batch(base.as_uri(), 0, layout, {"default": dict(state)})
+    snapshot_all(base.as_uri(), 1, 4)
     fm = open_file_manager(base.as_uri())
     result = execute_rescale(fm, plan_rescale(fm, OP, 6))
     version = result.plan.new_version

@@ -1,0 +1,280 @@
+"""Rescale of state that no snapshot covers yet, by relaying its changelogs' records: no old partition is loaded.
+
+A source whose load would replay every changelog from the empty state (no snapshot on its lineage:
+`LoadSource.EMPTY`) costs more to load than to read, and its records are in those changelogs already, in
+order. So each new partition of a run whose sources are all such is written as a full-state changelog that
+holds, source by source and block by block, the records of its key groups in them, superseded updates and
+deletes included: replayed from the empty state, they leave exactly what the load-and-copy route
+(store/rescale.py) would copy. Each source's changelogs are read once for the whole run, with the checks of
+a load (`read_changelogs`).
+
+The records are routed by the same `KeyGroupRules`: a `LEADING` column family by byte range (a sorted block is
+cut by bisection), a `LOCATED` one key by key, a `SHARED` one by merging the values each source ends with; a
+range delete stays a range delete. A record of a `LEADING` column family outside its source's key groups is
+refused, naming the changelog. A changelog holding an SST block (an earlier rescale's copy, not snapshotted
+since) cannot be read record by record: the run then takes the load-and-copy route, as it does when a source
+has a snapshot to start from.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import islice
+from operator import itemgetter, le
+
+from statekeeper.store.commit_log import CommitLog
+from statekeeper.store.errors import StatekeeperError
+from statekeeper.store.files import CheckpointFileManager
+from statekeeper.store.formats.changelog import ChangelogHeader, ChangelogWriter, RangeDelete, SstFile
+from statekeeper.store.key_group_rules import CfRule, KeyGroupRules
+from statekeeper.store.key_groups import group_byte_range
+from statekeeper.store.layout import StoreId, new_checkpoint_id
+from statekeeper.store.load_plan import CheckpointPlanSource, LoadPlan, LoadSource, resolve_load_plan
+from statekeeper.store.loading import load_bytes, read_changelogs
+from statekeeper.store.rescale_plan import PartitionBuild, RescaleError, RescalePlan
+from statekeeper.store.state_store import StoreConfig
+
+log = logging.getLogger(__name__)
+
+Span = tuple[bytes, bytes | None]
+"""A byte range ``[start, end)`` of keys (None: no end)."""
+
+_EVERYTHING: Span = (b"", None)
+
+
+class _UnrelayableError(StatekeeperError):
+    """A source changelog holds an SST block: its records cannot be read without loading it."""
+
+
+@dataclass
+class _Out:
+    """A new partition's full-state changelog being written."""
+
+    partition: int
+    writer: ChangelogWriter
+    started: float
+    live: dict[str, set[bytes]] = field(default_factory=dict)
+    """The keys each counted column family (`KeyGroupRules.counted`) holds so far."""
+    shared: dict[tuple[str, bytes], bytes] = field(default_factory=dict)
+    cfs: set[str] = field(default_factory=set)
+    bytes_read: int = 0
+
+    def append(self, cf: str, keys: Sequence[bytes], values: Sequence[bytes | None], counted: bool) -> None:
+        self.cfs.add(cf)
+        if not keys:
+            return
+        self.writer.append_block(cf, keys, values)
+        if counted:
+            live = self.live.setdefault(cf, set())
+            if None in values:
+                for k, v in zip(keys, values, strict=True):
+                    if v is None:
+                        live.discard(k)
+                    else:
+                        live.add(k)
+            else:
+                live.update(keys)
+
+    def delete_range(self, cf: str, start: bytes, end: bytes, counted: bool) -> None:
+        self.cfs.add(cf)
+        self.writer.append_range_delete(cf, start, end)
+        if counted and (live := self.live.get(cf)):
+            live.difference_update([k for k in live if start <= k < end])
+
+
+@dataclass
+class _Taker:
+    """A new partition taking key groups ``[lo, hi)`` (keys `span`) of one source."""
+
+    out: _Out
+    lo: int
+    hi: int
+    span: Span
+
+
+def _source_loads(
+    fm: CheckpointFileManager, plan: RescalePlan, config: StoreConfig, sources: set[int]
+) -> dict[int, LoadPlan] | None:
+    """How each of `sources` would load at the source version; None if one starts from a snapshot (or expiry
+    is removing its files right now: the load-and-copy route replans for that)."""
+    commits, loads = CommitLog(fm), {}
+    try:
+        for q in sorted(sources):
+            at = CheckpointPlanSource(fm, StoreId(plan.operator, q), commits)
+            load = resolve_load_plan(at, plan.source_version, plan.source_ids[q], verify_commit=config.verify_commit)
+            if load.source is not LoadSource.EMPTY:
+                return None
+            loads[q] = load
+    except FileNotFoundError:
+        return None
+    return loads
+
+
+def relay_partitions(
+    fm: CheckpointFileManager, plan: RescalePlan, rules: KeyGroupRules, config: StoreConfig, run: list[int]
+) -> list[PartitionBuild] | None:
+    """Write and publish the new partitions of `run` from their sources' changelogs; None (nothing published)
+    where a source has a snapshot or a changelog with an SST block: the caller loads and copies instead."""
+    takes = {p: plan.sources_of(p) for p in run}
+    loads = _source_loads(fm, plan, config, {q for given in takes.values() for q, _lo, _hi in given})
+    if loads is None:
+        return None
+    work = tempfile.mkdtemp(prefix=f"statekeeper-relay-{plan.operator}-")
+    outs = {p: _open(plan, p, config, work) for p in run}
+    try:
+        try:
+            for q, load in loads.items():
+                takers = [_Taker(outs[p], lo, hi, _span(plan, lo, hi)) for p in run for g, lo, hi in takes[p] if g == q]
+                takers[0].out.bytes_read += load_bytes(fm, load)
+                _relay_source(fm, plan, rules, config, q, load, takers, work)
+        except (_UnrelayableError, FileNotFoundError) as e:
+            log.info("%s: loading the old partitions instead of relaying their changelogs (%s)", plan.describe(), e)
+            return None
+        return [_publish(fm, plan, rules, out) for out in outs.values()]
+    finally:
+        for out in outs.values():
+            out.writer.abandon()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _open(plan: RescalePlan, p: int, config: StoreConfig, work: str) -> _Out:
+    header = ChangelogHeader(plan.operator, p, plan.new_version, new_checkpoint_id(), ())
+    path = os.path.join(work, f"{p}-{header.checkpoint_id}.changelog")
+    return _Out(p, ChangelogWriter(path, header, level=config.compression_level), time.perf_counter())
+
+
+def _span(plan: RescalePlan, lo: int, hi: int) -> Span:
+    return _EVERYTHING if plan.kind == "rollback" else group_byte_range(lo, hi)
+
+
+def _relay_source(
+    fm: CheckpointFileManager,
+    plan: RescalePlan,
+    rules: KeyGroupRules,
+    config: StoreConfig,
+    q: int,
+    load: LoadPlan,
+    takers: list[_Taker],
+    work: str,
+) -> None:
+    """Relay every changelog of old partition `q` (in load order) to the new partitions taking its groups."""
+    rescale = plan.kind == "rescale"
+    own = group_byte_range(*plan.source_layout.groups_of(q)) if rescale and plan.source_layout else None
+    ends: dict[tuple[str, bytes], bytes | None] = {}  # the SHARED records as the source ends with them
+    counted: dict[str, bool] = {}
+    for reader in read_changelogs(fm, load.store, load.replay, work, config.read_ahead):
+        for entry in reader.entries(None):
+            if isinstance(entry, SstFile):
+                raise _UnrelayableError(f"{reader.name} holds an SST block of column family {entry.cf!r}")
+            cf = entry.cf if isinstance(entry, RangeDelete) else entry[0]
+            rule = rules.rule(cf) if rescale else CfRule.LEADING
+            counts = counted.get(cf)
+            if counts is None:
+                counts = counted[cf] = rules.counted(cf)
+            if isinstance(entry, RangeDelete):
+                _relay_range_delete(entry, rule, takers, ends, counts)
+            elif rule is CfRule.SHARED:
+                ends.update(zip([(cf, k) for k in entry[1]], entry[2], strict=True))
+            elif rule is CfRule.LOCATED:
+                groups = [rules.locate(cf, k) for k in entry[1]]
+                for t in takers:
+                    picked = [i for i, g in enumerate(groups) if t.lo <= g < t.hi]
+                    t.out.append(cf, *_pick(entry[1], entry[2], picked), counts)
+            else:
+                _relay_leading(reader.name, cf, entry[1], entry[2], own, takers, counts)
+    name = f"{plan.operator}/{q} version {plan.source_version}"
+    for t in takers:
+        for (cf, k), v in sorted(ends.items()):
+            t.out.cfs.add(cf)
+            if v is not None and (merged := rules.merge_shared(cf, k, t.out.shared.get((cf, k)), v, name)) is not None:
+                t.out.shared[(cf, k)] = merged
+
+
+def _relay_leading(
+    name: str,
+    cf: str,
+    keys: list[bytes],
+    values: list[bytes | None],
+    own: Span | None,
+    takers: list[_Taker],
+    counts: bool,
+) -> None:
+    """Cut a record block of a column family whose keys lead with their group among the takers' byte ranges."""
+    first, last = min(keys), max(keys)
+    if own is not None and (first < own[0] or (own[1] is not None and last >= own[1])):
+        bad = first if first < own[0] else last
+        raise RescaleError(
+            f"{name}: column family {cf!r} holds key {bad[:16]!r}, which does not lead with one of the partition's "
+            "key groups: pass the key-group rules of the store's writer (rules=TypedStateKeys() for a "
+            "statekeeper.store.spark operator, as `statekeeper rescale` does)"
+        )
+    for t in takers:
+        start, end = t.span
+        if start <= first and (end is None or last < end):  # the whole block is the taker's
+            t.out.append(cf, keys, values, counts)
+            return
+    if all(map(le, keys, islice(keys, 1, None))):
+        for t in takers:
+            start, end = t.span
+            i = bisect.bisect_left(keys, start)
+            j = len(keys) if end is None else bisect.bisect_left(keys, end, i)
+            t.out.append(cf, keys[i:j], values[i:j], counts)
+        return
+    for t in takers:
+        start, end = t.span
+        picked = [i for i, k in enumerate(keys) if start <= k and (end is None or k < end)]
+        t.out.append(cf, *_pick(keys, values, picked), counts)
+
+
+def _relay_range_delete(
+    entry: RangeDelete, rule: CfRule, takers: list[_Taker], ends: dict[tuple[str, bytes], bytes | None], counts: bool
+) -> None:
+    cf, start, end = entry.cf, entry.start, entry.end
+    if rule is CfRule.SHARED:
+        for key in [key for c, key in ends if c == cf and start <= key < end]:
+            ends[(cf, key)] = None
+        return
+    for t in takers:
+        if rule is CfRule.LEADING:  # only the part inside the taker's groups
+            lo, hi = max(start, t.span[0]), end if t.span[1] is None else min(end, t.span[1])
+            if lo < hi:
+                t.out.delete_range(cf, lo, hi, counts)
+        else:  # it deletes only keys the taker holds, as it did in the source
+            t.out.delete_range(cf, start, end, counts)
+
+
+def _pick(keys: list[bytes], values: list[bytes | None], picked: list[int]) -> tuple[list[bytes], list[bytes | None]]:
+    if not picked:
+        return [], []
+    if len(picked) == len(keys):
+        return keys, values
+    get = itemgetter(*picked)
+    if len(picked) == 1:
+        return [get(keys)], [get(values)]
+    return list(get(keys)), list(get(values))
+
+
+def _publish(fm: CheckpointFileManager, plan: RescalePlan, rules: KeyGroupRules, out: _Out) -> PartitionBuild:
+    """Add the merged shared records and the rules' fix-ups, seal the changelog and publish it."""
+    cfs = sorted(out.cfs)
+    counts = {cf: len(out.live.get(cf, ())) for cf in cfs if rules.counted(cf)}
+    out.shared.update(((cf, k), v) for cf, k, v in rules.finish(cfs, counts))
+    for cf in sorted({cf for cf, _k in out.shared}):
+        keys = sorted(k for c, k in out.shared if c == cf)
+        out.writer.append_block(cf, keys, [out.shared[(cf, k)] for k in keys])
+    writer, header = out.writer, out.writer.header
+    size = writer.finish()
+    fm.put_file(writer.path, StoreId(plan.operator, out.partition).changelog(header.version, header.checkpoint_id))
+    os.unlink(writer.path)
+    seconds = time.perf_counter() - out.started
+    return PartitionBuild(out.partition, header.checkpoint_id, False, writer.records, 0, out.bytes_read, size, seconds)
+
+
+__all__ = ["relay_partitions"]

@@ -1,0 +1,252 @@
+"""A rescale of never-snapshotted state relays its sources' changelog records (store/rescale_relay.py).
+
+The relay must leave exactly what the load-and-copy route leaves: generated histories (puts, deletes and range
+deletes, blocks sorted or not, several column families) are rescaled both ways, unsnapshotted and snapshotted,
+and compared with each other and with the model. Well-framed content that is wrong (a key outside its
+partition's groups) is refused naming the changelog; a chain the relay cannot read record by record (an SST
+block) is loaded instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import shutil
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from statekeeper.store import CommitLog, StateStore
+from statekeeper.store.files import open_file_manager
+from statekeeper.store.formats.changelog import ChangelogHeader, ChangelogReader, SstFile
+from statekeeper.store.formats.typed_schema import parse_ddl
+from statekeeper.store.key_groups import KeyGroupLayout, group_at, group_prefix
+from statekeeper.store.layout import StoreId
+from statekeeper.store.rescale import RescaleError, execute_rescale, plan_rescale, plan_rollback
+from statekeeper.store.spark.handle import StatefulProcessorHandle
+from statekeeper.store.spark.rescale_rules import TypedStateKeys
+from statekeeper.store.spark.schemas import META_CF
+from statekeeper.store.spark.state import ROWS_TOTAL, TIMER_INDEX_CF, TTL_CF, StateContext
+from tests.store.test_rescale import CFS, GROUPS, OP, clean, read_all, snapshot_all, stored
+
+Model = dict[str, dict[bytes, bytes]]
+KEY = parse_ddl("k string")
+
+
+def write_history(root: str, layout: KeyGroupLayout, seed: int, batches: int) -> Model:
+    """`batches` batches of puts, deletes and range deletes on every partition of `layout`, some written as
+    sorted bulk blocks and some key by key in random order; returns the model of the state they leave."""
+    rng = random.Random(seed)
+    model: Model = {cf: {} for cf in CFS}
+    fm = open_file_manager(root)
+    for version in range(batches):
+        ids = []
+        for p in range(layout.partitions):
+            lo, hi = layout.groups_of(p)
+            with StateStore(fm, OP, p) as s:
+                s.load(version)
+                for cf in CFS:
+                    kv = model[cf]
+                    keys = [
+                        k for k in (stored(b"k%d" % rng.randint(0, 150)) for _ in range(30)) if lo <= group_at(k) < hi
+                    ]
+                    if rng.random() < 0.4:  # one sorted bulk block
+                        values = [b"b%d" % rng.randint(0, 10**6) for _ in keys]
+                        pairs = dict(zip(keys, values, strict=True))
+                        s.put_batch(sorted(pairs), [pairs[k] for k in sorted(pairs)], cf=cf)
+                        kv.update(pairs)
+                    else:
+                        for k in keys:
+                            if rng.random() < 0.25:
+                                s.delete(k, cf=cf)
+                                kv.pop(k, None)
+                            else:
+                                kv[k] = b"v%d" % rng.randint(0, 10**6)
+                                s.put(k, kv[k], cf=cf)
+                    if rng.random() < 0.3:  # a range delete of one of the partition's groups
+                        g = rng.randrange(lo, hi)
+                        s.delete_range(group_prefix(g), group_prefix(g + 1), cf=cf)
+                        for k in [k for k in kv if group_at(k) == g]:
+                            del kv[k]
+                ids.append(s.commit().checkpoint_id)
+        CommitLog(fm).commit(version + 1, {OP: ids}, layouts={OP: layout})
+    return model
+
+
+def new_changelogs(root: str, version: int) -> list[tuple[ChangelogHeader, list[object]]]:
+    """(header, blocks) of every partition's changelog at committed `version`."""
+    fm = open_file_manager(root)
+    record = CommitLog(fm).get(version)
+    assert record is not None
+    out: list[tuple[ChangelogHeader, list[object]]] = []
+    for p, ckpt in enumerate(record.checkpoint_ids[OP]):
+        path = StoreId(OP, p).changelog(version, ckpt)
+        with fm.open(path) as f:
+            reader = ChangelogReader(f, path)
+            out.append((reader.header, list(reader.entries(None))))
+    return out
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    src=st.integers(1, 6),
+    dst=st.integers(1, 9),
+    batches=st.integers(1, 4),
+    seed=st.integers(0, 10**6),
+    workers=st.sampled_from([1, 3]),
+)
+def test_relay_leaves_what_load_and_copy_leaves(
+    tmp_path_factory: pytest.TempPathFactory, src: int, dst: int, batches: int, seed: int, workers: int
+) -> None:
+    base = tmp_path_factory.mktemp("relay")
+    relayed, copied = base / "relayed", base / "copied"
+    layout = KeyGroupLayout(src, GROUPS)
+    model = write_history(relayed.as_uri(), layout, seed, batches)
+    shutil.copytree(relayed, copied)
+    snapshot_all(copied.as_uri(), batches, src)
+    target = KeyGroupLayout(dst, GROUPS)
+    states = []
+    for root in (relayed.as_uri(), copied.as_uri()):
+        fm = open_file_manager(root)
+        result = execute_rescale(fm, plan_rescale(fm, OP, dst), workers=workers)
+        states.append(read_all(root, result.plan.new_version, target))
+    assert states[0] == states[1] == clean(model)
+    record = CommitLog(open_file_manager(relayed.as_uri())).get(batches + 1)
+    assert record is not None and record.in_place.get(OP, []) == [], "a relay writes every new partition anew"
+    written = new_changelogs(relayed.as_uri(), batches + 1)
+    assert len(written) == dst
+    for header, blocks in written:
+        assert header.lineage == (), "a full-state changelog: its load replays from the empty state"
+        assert not any(isinstance(b, SstFile) for b in blocks)
+
+
+def test_relay_then_rescale_again_and_roll_back(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Relayed partitions are sources like any other: rescaled again (relayed from their full-state changelogs
+    and the batch after them), then rolled back to the first relay's version, exact at each step."""
+    root = tmp_path_factory.mktemp("again").as_uri()
+    fm = open_file_manager(root)
+    model = write_history(root, KeyGroupLayout(3, GROUPS), 9, 2)
+    execute_rescale(fm, plan_rescale(fm, OP, 5))  # version 3
+    after_first = clean(model)
+    ids = []
+    for p in range(5):  # a batch on the new layout: version 4
+        with StateStore(fm, OP, p) as s:
+            s.load(3)
+            lo, _hi = KeyGroupLayout(5, GROUPS).groups_of(p)
+            key = group_prefix(lo) + b"late"
+            s.put(key, b"x")
+            model["default"][key] = b"x"
+            ids.append(s.commit().checkpoint_id)
+    CommitLog(fm).commit(4, {OP: ids}, layouts={OP: KeyGroupLayout(5, GROUPS)})
+    execute_rescale(fm, plan_rescale(fm, OP, 2))  # version 5
+    assert read_all(root, 5, KeyGroupLayout(2, GROUPS)) == clean(model)
+    execute_rescale(fm, plan_rollback(fm, OP, 3))  # version 6: the state of version 3 on its 5 partitions
+    assert read_all(root, 6, KeyGroupLayout(5, GROUPS)) == after_first
+
+
+def test_a_key_outside_its_partitions_groups_is_refused_naming_the_changelog(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Checksum-valid content that is wrong: partition 0's changelog holds a key of a group partition 3 owns.
+    The relay refuses it naming the file, and nothing is committed."""
+    root = tmp_path_factory.mktemp("outside").as_uri()
+    fm = open_file_manager(root)
+    layout = KeyGroupLayout(4, GROUPS)
+    ids = []
+    for p in range(4):
+        with StateStore(fm, OP, p) as s:
+            s.load(0)
+            lo, _hi = layout.groups_of(p)
+            s.put(group_prefix(lo) + b"mine", b"1")
+            if p == 0:
+                s.put(group_prefix(layout.groups_of(3)[0]) + b"stray", b"2")
+            ids.append(s.commit().checkpoint_id)
+    CommitLog(fm).commit(1, {OP: ids}, layouts={OP: layout})
+    with pytest.raises(RescaleError, match="does not lead with one of the partition's key groups") as err:
+        execute_rescale(fm, plan_rescale(fm, OP, 2))
+    assert StoreId(OP, 0).changelog(1, ids[0]) in str(err.value)
+    assert CommitLog(fm).latest() == 1
+
+
+def test_a_changelog_with_an_sst_block_is_loaded_not_relayed(
+    tmp_path_factory: pytest.TempPathFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Partitions copied from snapshots hold their ranges as SST blocks; rescaled again before any snapshot,
+    they cannot be relayed record by record: the run loads them instead, and the state is exact."""
+    root = tmp_path_factory.mktemp("sst").as_uri()
+    fm = open_file_manager(root)
+    model = write_history(root, KeyGroupLayout(4, GROUPS), 4, 2)
+    snapshot_all(root, 2, 4)
+    execute_rescale(fm, plan_rescale(fm, OP, 8))  # version 3: partitions 1..7 are SST blocks
+    with caplog.at_level(logging.INFO, logger="statekeeper.store.rescale_relay"):
+        execute_rescale(fm, plan_rescale(fm, OP, 4), workers=4)  # version 4: a run per new partition
+    assert "holds an SST block" in caplog.text
+    assert read_all(root, 4, KeyGroupLayout(4, GROUPS)) == clean(model)
+
+
+def write_typed_history(root: str, layout: KeyGroupLayout, seed: int, batches: int) -> None:
+    """Typed state as the Spark integration writes it: values with a TTL (the `__ttl` index), timers registered
+    and deleted (the `__timer_index` index), a map state, the shared metadata and the row count."""
+    rng = random.Random(seed)
+    fm = open_file_manager(root)
+    for version in range(batches):
+        ids = []
+        for p in range(layout.partitions):
+            with StateStore(fm, OP, p) as s:
+                s.load(version)
+                ctx = StateContext(s, 1_000 * (version + 1), KEY, max_key_groups=GROUPS)
+                handle = StatefulProcessorHandle(ctx)
+                counts = handle.getValueState("counts", "n long", ttlDurationMs=50_000)
+                seen = handle.getMapState("seen", "day string", "n long")
+                for i in range(40):
+                    key = (f"k{rng.randint(0, 60)}",)
+                    if layout.owner(group_at(ctx.encode_gk(key))) != p:
+                        continue
+                    ctx.set_key(key)
+                    if rng.random() < 0.2:
+                        counts.clear()
+                        seen.clear()
+                        continue
+                    counts.update((i,))
+                    seen.updateValue((f"d{i % 3}",), (i,))
+                    timer = 10_000 + rng.randint(0, 5) * 1_000
+                    if rng.random() < 0.3:
+                        handle.deleteTimer(timer)
+                    else:
+                        handle.registerTimer(timer)
+                ctx.clear_key()
+                ctx.save_rows_total()
+                ids.append(s.commit().checkpoint_id)
+        CommitLog(fm).commit(version + 1, {OP: ids}, layouts={OP: layout})
+
+
+def every_record(root: str, version: int, partitions: int) -> list[dict[str, dict[bytes, bytes]]]:
+    out = []
+    for p in range(partitions):
+        with StateStore(root, OP, p) as s:
+            s.load(version)
+            out.append({cf: dict(s.items(cf=cf)) for cf in s.column_families() if any(True for _ in s.items(cf=cf))})
+    return out
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(src=st.integers(1, 4), dst=st.integers(1, 6), seed=st.integers(0, 10**6))
+def test_typed_state_relays_as_it_copies(
+    tmp_path_factory: pytest.TempPathFactory, src: int, dst: int, seed: int
+) -> None:
+    """Every record of every new partition, indexes, metadata and row count included, is the same relayed from
+    unsnapshotted sources as copied from snapshotted ones."""
+    base = tmp_path_factory.mktemp("typed")
+    relayed, copied = base / "relayed", base / "copied"
+    write_typed_history(relayed.as_uri(), KeyGroupLayout(src, GROUPS), seed, 3)
+    shutil.copytree(relayed, copied)
+    snapshot_all(copied.as_uri(), 3, src)
+    records = []
+    for root in (relayed.as_uri(), copied.as_uri()):
+        fm = open_file_manager(root)
+        rules = TypedStateKeys()
+        execute_rescale(fm, plan_rescale(fm, OP, dst, rules=rules), rules=rules)
+        records.append(every_record(root, 4, dst))
+    assert records[0] == records[1]
+    assert any(TTL_CF in r and TIMER_INDEX_CF in r and ROWS_TOTAL in r[META_CF] for r in records[0])
