@@ -12,8 +12,9 @@ The records are routed by the same `KeyGroupRules`: a `LEADING` column family by
 cut by bisection), a `LOCATED` one key by key, a `SHARED` one by merging the values each source ends with; a
 range delete stays a range delete. A record of a `LEADING` column family outside its source's key groups is
 refused, naming the changelog. A changelog holding an SST block (an earlier rescale's copy, not snapshotted
-since) cannot be read record by record: the run then takes the load-and-copy route, as it does when a source
-has a snapshot to start from.
+since) cannot be read record by record, and counting the rows of typed state holds keys in memory (at most
+`COUNTED_KEYS`): past either, the run takes the load-and-copy route, as it does when a source has a snapshot to
+start from.
 """
 
 from __future__ import annotations
@@ -48,9 +49,26 @@ Span = tuple[bytes, bytes | None]
 
 _EVERYTHING: Span = (b"", None)
 
+COUNTED_KEYS = 2_000_000
+"""At most this many keys are held in memory by a run of relays to count the rows of its new partitions (typed
+state's row count, `KeyGroupRules.counted`: ~100 bytes a key); a run that would hold more loads and copies
+instead, counting in RocksDB."""
+
 
 class _UnrelayableError(StatekeeperError):
-    """A source changelog holds an SST block: its records cannot be read without loading it."""
+    """The run cannot be relayed (a source changelog holds an SST block, or counting would hold too many keys)."""
+
+
+@dataclass
+class _Counted:
+    """The keys the run's new partitions hold in memory to count them, against `COUNTED_KEYS`."""
+
+    keys: int = 0
+
+    def grew(self, by: int) -> None:
+        self.keys += by
+        if self.keys > COUNTED_KEYS:
+            raise _UnrelayableError(f"counting its rows would hold more than {COUNTED_KEYS} keys in memory")
 
 
 @dataclass
@@ -60,6 +78,7 @@ class _Out:
     partition: int
     writer: ChangelogWriter
     started: float
+    counted: _Counted
     live: dict[str, set[bytes]] = field(default_factory=dict)
     """The keys each counted column family (`KeyGroupRules.counted`) holds so far."""
     shared: dict[tuple[str, bytes], bytes] = field(default_factory=dict)
@@ -73,6 +92,7 @@ class _Out:
         self.writer.append_block(cf, keys, values)
         if counted:
             live = self.live.setdefault(cf, set())
+            before = len(live)
             if None in values:
                 for k, v in zip(keys, values, strict=True):
                     if v is None:
@@ -81,12 +101,15 @@ class _Out:
                         live.add(k)
             else:
                 live.update(keys)
+            self.counted.grew(len(live) - before)
 
     def delete_range(self, cf: str, start: bytes, end: bytes, counted: bool) -> None:
         self.cfs.add(cf)
         self.writer.append_range_delete(cf, start, end)
         if counted and (live := self.live.get(cf)):
+            before = len(live)
             live.difference_update([k for k in live if start <= k < end])
+            self.counted.grew(len(live) - before)
 
 
 @dataclass
@@ -127,7 +150,8 @@ def relay_partitions(
     if loads is None:
         return None
     work = tempfile.mkdtemp(prefix=f"statekeeper-relay-{plan.operator}-")
-    outs = {p: _open(plan, p, config, work) for p in run}
+    counted = _Counted()
+    outs = {p: _open(plan, p, config, work, counted) for p in run}
     try:
         try:
             for q, load in loads.items():
@@ -144,10 +168,10 @@ def relay_partitions(
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _open(plan: RescalePlan, p: int, config: StoreConfig, work: str) -> _Out:
+def _open(plan: RescalePlan, p: int, config: StoreConfig, work: str, counted: _Counted) -> _Out:
     header = ChangelogHeader(plan.operator, p, plan.new_version, new_checkpoint_id(), ())
     path = os.path.join(work, f"{p}-{header.checkpoint_id}.changelog")
-    return _Out(p, ChangelogWriter(path, header, level=config.compression_level), time.perf_counter())
+    return _Out(p, ChangelogWriter(path, header, level=config.compression_level), time.perf_counter(), counted)
 
 
 def _span(plan: RescalePlan, lo: int, hi: int) -> Span:

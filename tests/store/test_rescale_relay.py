@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from statekeeper.store import CommitLog, StateStore
+from statekeeper.store import CommitLog, StateStore, rescale_relay
 from statekeeper.store.files import open_file_manager
 from statekeeper.store.formats.changelog import ChangelogHeader, ChangelogReader, SstFile
 from statekeeper.store.formats.typed_schema import parse_ddl
@@ -250,3 +250,25 @@ def test_typed_state_relays_as_it_copies(
         records.append(every_record(root, 4, dst))
     assert records[0] == records[1]
     assert any(TTL_CF in r and TIMER_INDEX_CF in r and ROWS_TOTAL in r[META_CF] for r in records[0])
+
+
+def test_counting_more_keys_than_the_bound_loads_instead(
+    tmp_path_factory: pytest.TempPathFactory, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Typed state's row count is counted from the keys a relay holds in memory; past `COUNTED_KEYS` the run
+    loads and copies instead (counting in RocksDB), and the rows are still exact."""
+    base = tmp_path_factory.mktemp("bound")
+    relayed, copied = base / "relayed", base / "copied"
+    write_typed_history(relayed.as_uri(), KeyGroupLayout(2, GROUPS), 3, 2)
+    shutil.copytree(relayed, copied)
+    snapshot_all(copied.as_uri(), 2, 2)
+    monkeypatch.setattr(rescale_relay, "COUNTED_KEYS", 5)
+    records = []
+    for root in (relayed.as_uri(), copied.as_uri()):
+        fm = open_file_manager(root)
+        rules = TypedStateKeys()
+        with caplog.at_level(logging.INFO, logger="statekeeper.store.rescale_relay"):
+            execute_rescale(fm, plan_rescale(fm, OP, 3, rules=rules), rules=rules)
+        records.append(every_record(root, 3, 3))
+    assert "more than 5 keys in memory" in caplog.text
+    assert records[0] == records[1]
