@@ -51,7 +51,7 @@ class RescaleResult:
     deleted: int = 0
     """Records deleted from partitions kept in place (the key groups they gave away)."""
     bytes_read: int = 0
-    """Bytes read from the checkpoint: snapshots (manifests and SSTs) and changelogs loaded."""
+    """Bytes read from the checkpoint: snapshots (manifests and SSTs) and changelogs loaded or relayed."""
     bytes_written: int = 0
     """Bytes of the new changelogs."""
     seconds: float = 0.0

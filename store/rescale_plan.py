@@ -52,7 +52,8 @@ class RescalePlan:
 
         Such a partition is not rewritten: it extends its old lineage with the groups it gains (puts) and
         loses (deletes). A key group *moves* when its owning partition number changes; only moved groups
-        are written. Rollbacks and legacy layouts keep nothing in place.
+        are written. Rollbacks and legacy layouts keep nothing in place, nor does a relay
+        (store/rescale_relay.py), which writes every new partition anew.
         """
         old, new = self.source_layout, self.target_layout
         if self.kind != "rescale" or old is None or new is None:
