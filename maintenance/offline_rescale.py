@@ -218,7 +218,8 @@ def _run(args: argparse.Namespace, run: Callable[[RescaleOptions], RescaleResult
     done = (
         f"\ncommitted version {result.plan.new_version}: {result.records} records copied, {result.deleted} deleted "
         f"in place, {result.bytes_read} bytes read, {result.bytes_written} bytes of changelogs written in "
-        f"{result.seconds:.2f}s"
+        f"{result.seconds:.2f}s; {result.relayed} of {result.plan.partitions} new partitions relayed from the old "
+        "partitions' changelogs, the rest copied from loaded ones"
     )
     args.emit(args, doc, lambda: result.plan.describe() + ("" if args.dry_run else done))
     return 0

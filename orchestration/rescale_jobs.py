@@ -60,6 +60,7 @@ def _report(context: OpExecutionContext, result: RescaleResult) -> dict[str, Any
             "seconds": MetadataValue.float(result.seconds),
             "slowest_build_seconds": MetadataValue.float(result.slowest_build_seconds),
             "moved_key_groups": MetadataValue.int(result.plan.moved_groups()),
+            "relayed_partitions": MetadataValue.int(result.relayed),
         }
     )
     return result.to_json()

@@ -58,6 +58,9 @@ class RescaleResult:
     slowest_build_seconds: float = 0.0
     """The longest `build_partition` (the builds run in parallel: the rest of `seconds` is scheduling,
     planning and the commit record)."""
+    relayed: int = 0
+    """New partitions written from their old partitions' changelogs (store/rescale_relay.py); the others were
+    copied from loaded old partitions."""
     committed: bool = False
 
     def to_json(self) -> dict[str, object]:
@@ -75,6 +78,7 @@ class RescaleResult:
             "bytes_written": self.bytes_written,
             "seconds": round(self.seconds, 3),
             "slowest_build_seconds": round(self.slowest_build_seconds, 3),
+            "relayed_partitions": self.relayed,
             "committed": self.committed,
         }
 
@@ -427,6 +431,7 @@ def commit_rescale(
         result.bytes_read += b.bytes_read
         result.bytes_written += b.bytes_written
         result.slowest_build_seconds = max(result.slowest_build_seconds, b.seconds)
+        result.relayed += b.relayed
     ids = [b.checkpoint_id for b in ordered]
     layouts = {plan.operator: plan.target_layout} if plan.target_layout else {}
     CommitLog(fm).commit(
@@ -444,7 +449,7 @@ def commit_rescale(
     result.seconds = built_in + time.perf_counter() - t0
     log.info(
         "%s: committed, %d records copied, %d deleted in place, %d bytes read, %d bytes written in "
-        "%.2fs (slowest partition %.2fs)",
+        "%.2fs (slowest partition %.2fs), %d of %d partitions relayed from changelogs",
         plan.describe(),
         result.records,
         result.deleted,
@@ -452,6 +457,8 @@ def commit_rescale(
         result.bytes_written,
         result.seconds,
         result.slowest_build_seconds,
+        result.relayed,
+        plan.partitions,
     )
     return result
 

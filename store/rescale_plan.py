@@ -105,6 +105,8 @@ class PartitionBuild:
     bytes_written: int
     """Its changelog."""
     seconds: float
+    relayed: bool = False
+    """Written from its old partitions' changelog records (store/rescale_relay.py), none of them loaded."""
 
 
 def _record(log_: CommitLog, version: int, operator: str) -> CommitRecord:

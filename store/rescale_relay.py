@@ -298,7 +298,9 @@ def _publish(fm: CheckpointFileManager, plan: RescalePlan, rules: KeyGroupRules,
     fm.put_file(writer.path, StoreId(plan.operator, out.partition).changelog(header.version, header.checkpoint_id))
     os.unlink(writer.path)
     seconds = time.perf_counter() - out.started
-    return PartitionBuild(out.partition, header.checkpoint_id, False, writer.records, 0, out.bytes_read, size, seconds)
+    return PartitionBuild(
+        out.partition, header.checkpoint_id, False, writer.records, 0, out.bytes_read, size, seconds, relayed=True
+    )
 
 
 __all__ = ["relay_partitions"]

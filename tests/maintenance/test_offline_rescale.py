@@ -62,6 +62,7 @@ def test_rescale_and_rollback_through_the_cli(tmp_path: Path, capsys: pytest.Cap
     assert CommitLog(open_file_manager(root)).latest() == 3
     code, doc = _cli(capsys, "rescale", root, "--operator", OP, "--partitions", "5", "--force")
     assert code == 0 and doc["committed"] is True and doc["new_version"] == 4 and doc["partitions"] == 5
+    assert doc["relayed_partitions"] == 5, "never snapshotted: every new partition relayed from changelogs"
     assert read_all(root, 4, KeyGroupLayout(5, GROUPS)) == model
     code, doc = _cli(capsys, "rollback", root, "--operator", OP, "--to-version", "2", "--force")
     assert code == 0 and doc["new_version"] == 5

@@ -106,7 +106,7 @@ def test_offline_rescale_on_spark_executors_then_restart(spark: Any, tmp_path: P
         tmp_path / "ckpt",
     )
     result = rescale(open_file_manager(root), "counts", 5, idle_seconds=0.0, engine=SparkEngine(), workers=1)
-    assert result.committed and len(result.checkpoint_ids) == 5
+    assert result.committed and len(result.checkpoint_ids) == 5 and result.relayed == 5
     record = CommitLog(open_file_manager(root)).get(result.plan.new_version)
     assert record is not None and not record.in_place.get("counts")
     assert state_of(spark, root, "counts") == reference(batches[:2])

@@ -106,11 +106,13 @@ def test_relay_leaves_what_load_and_copy_leaves(
     shutil.copytree(relayed, copied)
     snapshot_all(copied.as_uri(), batches, src)
     target = KeyGroupLayout(dst, GROUPS)
-    states = []
+    states, relayed_partitions = [], []
     for root in (relayed.as_uri(), copied.as_uri()):
         fm = open_file_manager(root)
         result = execute_rescale(fm, plan_rescale(fm, OP, dst), workers=workers)
         states.append(read_all(root, result.plan.new_version, target))
+        relayed_partitions.append(result.relayed)
+    assert relayed_partitions == [dst, 0], "relayed where nothing is snapshotted, copied from the snapshots"
     assert states[0] == states[1] == clean(model)
     record = CommitLog(open_file_manager(relayed.as_uri())).get(batches + 1)
     assert record is not None and record.in_place.get(OP, []) == [], "a relay writes every new partition anew"
