@@ -31,14 +31,14 @@ from itertools import islice
 from operator import itemgetter, le
 
 from statekeeper.store.commit_log import CommitLog
-from statekeeper.store.errors import StatekeeperError
+from statekeeper.store.errors import CorruptFileError, StatekeeperError
 from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.formats.changelog import ChangelogHeader, ChangelogWriter, RangeDelete, SstFile
 from statekeeper.store.key_group_rules import CfRule, KeyGroupRules
 from statekeeper.store.key_groups import group_byte_range
 from statekeeper.store.layout import StoreId, new_checkpoint_id
 from statekeeper.store.load_plan import CheckpointPlanSource, LoadPlan, LoadSource, resolve_load_plan
-from statekeeper.store.loading import load_bytes, read_changelogs
+from statekeeper.store.loading import read_changelogs
 from statekeeper.store.rescale_plan import PartitionBuild, RescaleError, RescalePlan
 from statekeeper.store.state_store import StoreConfig
 
@@ -156,8 +156,7 @@ def relay_partitions(
         try:
             for q, load in loads.items():
                 takers = [_Taker(outs[p], lo, hi, _span(plan, lo, hi)) for p in run for g, lo, hi in takes[p] if g == q]
-                takers[0].out.bytes_read += load_bytes(fm, load)
-                _relay_source(fm, plan, rules, config, q, load, takers, work)
+                takers[0].out.bytes_read += _relay_source(fm, plan, rules, config, q, load, takers, work)
         except (_UnrelayableError, FileNotFoundError) as e:
             log.info("%s: loading the old partitions instead of relaying their changelogs (%s)", plan.describe(), e)
             return None
@@ -187,13 +186,16 @@ def _relay_source(
     load: LoadPlan,
     takers: list[_Taker],
     work: str,
-) -> None:
-    """Relay every changelog of old partition `q` (in load order) to the new partitions taking its groups."""
+) -> int:
+    """Relay every changelog of old partition `q` (in load order) to the new partitions taking its groups; returns
+    the bytes read."""
     rescale = plan.kind == "rescale"
     own = group_byte_range(*plan.source_layout.groups_of(q)) if rescale and plan.source_layout else None
     ends: dict[tuple[str, bytes], bytes | None] = {}  # the SHARED records as the source ends with them
     counted: dict[str, bool] = {}
+    read = 0
     for reader in read_changelogs(fm, load.store, load.replay, work, config.read_ahead):
+        read += reader.size or 0
         for entry in reader.entries(None):
             if isinstance(entry, SstFile):
                 raise _UnrelayableError(f"{reader.name} holds an SST block of column family {entry.cf!r}")
@@ -207,7 +209,7 @@ def _relay_source(
             elif rule is CfRule.SHARED:
                 ends.update(zip([(cf, k) for k in entry[1]], entry[2], strict=True))
             elif rule is CfRule.LOCATED:
-                groups = [rules.locate(cf, k) for k in entry[1]]
+                groups = _located(rules, cf, entry[1], reader.name)
                 for t in takers:
                     picked = [i for i, g in enumerate(groups) if t.lo <= g < t.hi]
                     t.out.append(cf, *_pick(entry[1], entry[2], picked), counts)
@@ -219,6 +221,15 @@ def _relay_source(
             t.out.cfs.add(cf)
             if v is not None and (merged := rules.merge_shared(cf, k, t.out.shared.get((cf, k)), v, name)) is not None:
                 t.out.shared[(cf, k)] = merged
+    return read
+
+
+def _located(rules: KeyGroupRules, cf: str, keys: list[bytes], name: str) -> list[int]:
+    """The key group of each key of a `LOCATED` column family; a key the rules cannot place fails naming the file."""
+    try:
+        return [rules.locate(cf, k) for k in keys]
+    except StatekeeperError as e:
+        raise CorruptFileError(f"column family {cf!r}: {e}", name) from None
 
 
 def _relay_leading(
@@ -231,6 +242,10 @@ def _relay_leading(
     counts: bool,
 ) -> None:
     """Cut a record block of a column family whose keys lead with their group among the takers' byte ranges."""
+    if not keys:  # a block of no records (none written, but well framed): its column family exists
+        for t in takers:
+            t.out.cfs.add(cf)
+        return
     first, last = min(keys), max(keys)
     if own is not None and (first < own[0] or (own[1] is not None and last >= own[1])):
         bad = first if first < own[0] else last

@@ -351,12 +351,14 @@ class ChangelogReader:
         self._cf_names: dict[bytes, str] = {}
         self.block_bytes = 0
         """The decoded size of the last record block `entries` yielded (its keys, values and their lengths)."""
+        self.size: int | None = None
+        """The file's size in bytes, once `check_footer` has read it."""
 
     def check_footer(self) -> tuple[int, int]:
         """On a seekable file, validate the footer before reading blocks; returns (blocks, records)."""
         f = self._f
         pos = f.tell()
-        end = f.seek(0, io.SEEK_END)
+        end = self.size = f.seek(0, io.SEEK_END)
         if end - pos < FOOTER_SIZE:
             raise CorruptFileError("file is truncated (no footer)", self.name)
         f.seek(end - FOOTER_SIZE)
@@ -470,6 +472,8 @@ class ChangelogReader:
         (crc,) = struct.unpack("<I", _read_exact(f, 4, name, "a block header"))
         if zlib.crc32(head + _range_body(*keys)) != crc:
             raise CorruptFileError(f"checksum mismatch in block {index} (a range delete)", name)
+        if keys[1] < keys[0]:  # RocksDB refuses it; no writer of ours logs one
+            raise CorruptFileError(f"range delete in block {index} ends before it starts", name)
         return RangeDelete(cf, keys[0], keys[1])
 
     def _sst(self, head: bytes, cf: str, sst_dir: str | None, index: int) -> SstFile:

@@ -12,17 +12,23 @@ from __future__ import annotations
 import logging
 import random
 import shutil
+import struct
+import zlib
+from typing import Any
 
 import pytest
+import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from statekeeper.store import CommitLog, StateStore, rescale_relay
+from statekeeper.store.errors import CorruptFileError, StatekeeperError
 from statekeeper.store.files import open_file_manager
-from statekeeper.store.formats.changelog import ChangelogHeader, ChangelogReader, SstFile
+from statekeeper.store.formats import changelog
+from statekeeper.store.formats.changelog import ChangelogHeader, ChangelogReader, ChangelogWriter, SstFile
 from statekeeper.store.formats.typed_schema import parse_ddl
 from statekeeper.store.key_groups import KeyGroupLayout, group_at, group_prefix
-from statekeeper.store.layout import StoreId
+from statekeeper.store.layout import StoreId, new_checkpoint_id
 from statekeeper.store.rescale import RescaleError, execute_rescale, plan_rescale, plan_rollback
 from statekeeper.store.spark.handle import StatefulProcessorHandle
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
@@ -274,3 +280,132 @@ def test_counting_more_keys_than_the_bound_loads_instead(
         records.append(every_record(root, 3, 3))
     assert "more than 5 keys in memory" in caplog.text
     assert records[0] == records[1]
+
+
+# -- hostile content: well framed, every checksum right, wrong ---------------------------------------------------
+Op = tuple[str, str, Any, Any]
+"""("data", cf, keys, values) or ("range", cf, start, end)."""
+
+
+def _empty_block(writer: ChangelogWriter, cf: str) -> None:
+    """A record block of no records, framed and checksummed as the writer frames any (our writer never emits one)."""
+    f = writer._open_file()
+    name = cf.encode()
+    head = bytes((changelog.BLOCK_DATA, len(name))) + name
+    payload = zstandard.ZstdCompressor().compress(b"")
+    sizes = (0, 0, len(payload))
+    f.write(head + struct.pack("<IIII", *sizes, zlib.crc32(payload, zlib.crc32(head + struct.pack("<III", *sizes)))))
+    f.write(payload)
+    writer.blocks += 1
+
+
+def plant(root: str, partition: int, version: int, parent: str, ops: list[Op]) -> str:
+    """Commit-ready changelog `version` of `partition` extending `parent`, holding `ops` as they are; its id."""
+    header = ChangelogHeader(OP, partition, version, new_checkpoint_id(), ((version - 1, parent),))
+    fm = open_file_manager(root)
+    local = f"{fm.root_uri.removeprefix('file://')}/planted-{header.checkpoint_id}"
+    writer = ChangelogWriter(local, header)
+    for kind, cf, a, b in ops:
+        if kind == "range":
+            writer.append_range_delete(cf, a, b)
+        elif not a:
+            _empty_block(writer, cf)
+        else:
+            writer.append_block(cf, a, b)
+    writer.finish()
+    fm.put_file(local, StoreId(OP, partition).changelog(version, header.checkpoint_id))
+    return header.checkpoint_id
+
+
+def hostile_ops(lo: int, hi: int) -> st.SearchStrategy[list[Op]]:
+    """Blocks a writer of partition [lo, hi)'s groups might leave, and some it must not: keys of its groups and of
+    others, keys too short to hold a group, duplicates, unsorted and empty blocks, deletes of absent keys, range
+    deletes inverted or reaching past its groups."""
+    own = st.builds(lambda g, i: group_prefix(g) + b"k%d" % i, st.integers(lo, hi - 1), st.integers(0, 30))
+    stray = st.builds(lambda g: group_prefix(g) + b"x", st.integers(0, GROUPS - 1)) | st.sampled_from([b"", b"\x00"])
+    key = st.one_of(own, own, own, stray)
+    value = st.none() | st.binary(min_size=1, max_size=8)
+    block = st.lists(st.tuples(key, value), max_size=12).map(
+        lambda kv: ("data", "default", [k for k, _ in kv], [v for _, v in kv])
+    )
+    bound = st.builds(group_prefix, st.integers(0, GROUPS)) | own
+    ranged = st.tuples(st.just("range"), st.just("default"), bound, bound)
+    return st.lists(block | ranged, min_size=1, max_size=6)
+
+
+def apply(state: dict[bytes, bytes], ops: list[Op], lo: int, hi: int) -> None:
+    """`ops` applied by the partition owning groups [lo, hi): a range delete reaches only the keys it holds."""
+    for kind, _cf, a, b in ops:
+        if kind == "range":
+            for k in [k for k in state if a <= k < b and lo <= group_at(k) < hi]:
+                del state[k]
+            continue
+        for k, v in zip(a, b, strict=True):
+            if v is None:
+                state.pop(k, None)
+            else:
+                state[k] = v
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_hostile_changelog_content_is_relayed_exactly_or_refused_naming_the_file(
+    tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
+) -> None:
+    """Partition 0's newest changelog is generated: records of its groups and of others, empty and unsorted blocks,
+    inverted and overreaching range deletes, every checksum right. The rescale either commits exactly the state
+    those records leave, each partition holding only its groups, or refuses with an error naming that changelog,
+    committing nothing: never another exception."""
+    root = tmp_path_factory.mktemp("hostile").as_uri()
+    layout = KeyGroupLayout(2, GROUPS)
+    fm = open_file_manager(root)
+    base = {group_prefix(g) + b"k%d" % i: b"v" for g in range(GROUPS) for i in range(2)}
+    ids = []
+    for p in range(2):
+        with StateStore(fm, OP, p) as s:
+            s.load(0)
+            lo, hi = layout.groups_of(p)
+            for k, v in base.items():
+                if lo <= group_at(k) < hi:
+                    s.put(k, v)
+            ids.append(s.commit().checkpoint_id)
+    CommitLog(fm).commit(1, {OP: ids}, layouts={OP: layout})
+    lo, hi = layout.groups_of(0)
+    ops = data.draw(hostile_ops(lo, hi))
+    with StateStore(fm, OP, 1) as s:
+        s.load(1)
+        second = s.commit().checkpoint_id
+    planted = plant(root, 0, 2, ids[0], ops)
+    CommitLog(fm).commit(2, {OP: [planted, second]}, layouts={OP: layout})
+    expected = dict(base)
+    apply(expected, ops, lo, hi)
+    try:
+        result = execute_rescale(fm, plan_rescale(fm, OP, 3))
+    except StatekeeperError as e:
+        assert StoreId(OP, 0).changelog(2, planted) in str(e), e
+        assert CommitLog(fm).latest() == 2, "nothing committed"
+        return
+    assert result.relayed == 3
+    assert read_all(root, 3, KeyGroupLayout(3, GROUPS)) == ({"default": expected} if expected else {})
+
+
+def test_a_located_key_that_does_not_parse_is_refused_naming_the_changelog(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Typed state's TTL index holds a key that is not expiry | name | storage key: the relay names the file."""
+    root = tmp_path_factory.mktemp("ttl").as_uri()
+    write_typed_history(root, KeyGroupLayout(2, GROUPS), 1, 1)
+    fm = open_file_manager(root)
+    record = CommitLog(fm).get(1)
+    assert record is not None
+    ids = record.checkpoint_ids[OP]
+    planted = plant(root, 0, 2, ids[0], [("data", TTL_CF, [b"\x00garbage"], [b""])])
+    with StateStore(fm, OP, 1) as s:
+        s.load(1)
+        second = s.commit().checkpoint_id
+    CommitLog(fm).commit(2, {OP: [planted, second]}, layouts={OP: KeyGroupLayout(2, GROUPS)})
+    rules = TypedStateKeys()
+    with pytest.raises(CorruptFileError, match=TTL_CF) as err:
+        execute_rescale(fm, plan_rescale(fm, OP, 3, rules=rules), rules=rules)
+    assert StoreId(OP, 0).changelog(2, planted) in str(err.value)
+    assert CommitLog(fm).latest() == 2
