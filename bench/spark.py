@@ -319,18 +319,33 @@ def run_plan_floor(spark: Any, inputs: Path, work: Path, timeout: float, partiti
     return _run(_start_foreach_batch(spark, inputs, work, echo_batch), PLAN_FLOOR, timeout)
 
 
-def run_task_floor(spark: Any, inputs: Path, work: Path, timeout: float, partitions: int, kind: str) -> list[float]:
+def run_task_floor(
+    spark: Any, inputs: Path, work: Path, timeout: float, partitions: int, kind: str, *, routed: bool = False
+) -> list[float]:
     """Spark's own Python task floor whose task does a RocksDB floor's work (`bench.spark_floors.in_task`, `kind`
-    of its `WORK`): what a Python stateful operator on RocksDB in Spark cannot do with less. Its last batch's tasks
-    close the workers' DBs, so that the queries after it start from the workers they would have had."""
+    of its `WORK`): what a Python stateful operator on RocksDB in Spark cannot do with less. `routed`: the batch
+    routed by key group by statekeeper's tasks plan, the task taking it as statekeeper's does and syncing its writes
+    (what a rescalable, durable one cannot do with less). Its last batch's tasks close the workers' DBs, so that the
+    queries after it start from the workers they would have had."""
     from bench.spark_floors import Pids, in_task
+    from statekeeper.store.key_groups import KeyGroupLayout
+    from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
+    from statekeeper.store.spark.tasks_plan import TasksPlan
 
-    name, last = f"floor in a Python task: {kind}", len(list(inputs.iterdir())) - 1
+    name, last = f"floor in a Python task: {kind}{', routed' if routed else ''}", len(list(inputs.iterdir())) - 1
     opened, closed = (spark.sparkContext.accumulator(set(), Pids()) for _ in range(2))
+    layout = KeyGroupLayout(partitions, DEFAULT_MAX_KEY_GROUPS) if routed else None
+    plans: list[TasksPlan] = []
 
     def state_floor(df: Any, batch_id: int) -> None:
-        task = functools.partial(in_task, kind, str(work / "db"), batch_id == last, opened, closed)
-        df.repartition(partitions, "key").mapInArrow(task, OUTPUT).write.format("noop").mode("overwrite").save()
+        task = functools.partial(in_task, kind, str(work / "db"), batch_id == last, opened, closed, layout=layout)
+        if layout is None:
+            planned = df.repartition(partitions, "key")
+        else:
+            if not plans:
+                plans.append(TasksPlan.build(df.sparkSession, df.schema, ("key",), partitions, layout))
+            planned = plans[0].input(df)
+        planned.mapInArrow(task, OUTPUT).write.format("noop").mode("overwrite").save()
 
     durations = _run(_start_foreach_batch(spark, inputs, work, state_floor), name, timeout)
     if opened.value - closed.value:

@@ -7,6 +7,11 @@
 - The same RocksDB work inside Spark's own Python task (:func:`in_task`): the batch shuffled by Spark's hash of the
   key, each task sorting its rows by key and doing that work on a RocksDB of its partition kept by its Python
   worker, its output handed back as Arrow. What no Python operator on RocksDB running in Spark can do with less.
+- The same again, routed as statekeeper routes (:func:`in_task` with a layout): each row sent to the owner of its key
+  group (what lets a store be rescaled), the task's input taken as statekeeper's task takes it (checked, sorted by
+  key group and key), each stored key its key group and the key (the group computed per key), and the batch's writes
+  synced to a file before the task ends (what makes them durable). What no rescalable, durable Python operator on
+  RocksDB can do with less.
 """
 
 from __future__ import annotations
@@ -23,11 +28,14 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    from statekeeper.store.key_groups import KeyGroupLayout
 
 
 # -- the pandas floor -----------------------------------------------------------------------------
@@ -79,6 +87,8 @@ def _floor_part(file: Path, function: Callable[..., Any], key: str, part: int, p
 # -- the state floors ------------------------------------------------------------------------------
 _TOTALS = struct.Struct(">qq")
 """The floors' state value: (count, total) as two big-endian int64, the least encoding there is."""
+_RECORD = struct.Struct(">II")
+"""A synced record's key and value lengths (`sync_writes`)."""
 
 Columns = tuple[list[str], list[int], list[int]]
 """A floor's output: each touched key with its new count and total (the queries' output rows, as columns)."""
@@ -101,9 +111,21 @@ class FloorDB:
         self.db.close()
 
 
-FloorWork = Callable[[FloorDB, pa.Table, Callable[[str], bytes], str], Columns]
-"""One batch's work on a floor's RocksDB: (its DB, its rows sorted by key, each key's stored bytes, the key column)
--> its output."""
+Writes = list[tuple[bytes, bytes]]
+"""The (stored key, value) pairs a batch wrote, where a floor syncs them (`sync_writes`)."""
+FloorWork = Callable[[FloorDB, pa.Table, Callable[[str], bytes], str, "Writes | None"], Columns]
+"""One batch's work on a floor's RocksDB: (its DB, its rows sorted by key, each key's stored bytes, the key column,
+where to list its writes or None) -> its output."""
+
+
+def sync_writes(path: str, writes: Writes) -> None:
+    """Write a batch's `writes` to `path` (each record its two lengths, key and value) and fsync it: the least a
+    durable store does per batch (no checksum, no compression, no upload, no commit record)."""
+    data = b"".join(itertools.chain.from_iterable((_RECORD.pack(len(k), len(v)), k, v) for k, v in writes))
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def state_floor(files: list[Path], key: str = "key", cores: int = 2, groups: int = 1024) -> list[float]:
@@ -150,7 +172,7 @@ def _db_floor_part(files: list[Path], key: str, part: int, parts: int, groups: i
             table = table.sort_by("gk").drop_columns(["gk"]).combine_chunks()  # the task's sort: not timed
             gc.disable()  # as a task pauses the cyclic GC (store/spark/executor.py)
             t = time.perf_counter()
-            work(db, table, stored.__getitem__, key)
+            work(db, table, stored.__getitem__, key, None)
             out.append((time.perf_counter() - t) * 1000)
             gc.enable()
     finally:
@@ -159,7 +181,9 @@ def _db_floor_part(files: list[Path], key: str, part: int, parts: int, groups: i
     return out
 
 
-def _vectorized_work(db: FloorDB, table: pa.Table, encode: Callable[[str], bytes], key: str) -> Columns:
+def _vectorized_work(
+    db: FloorDB, table: pa.Table, encode: Callable[[str], bytes], key: str, writes: Writes | None
+) -> Columns:
     import rocksdict as rd
 
     from statekeeper.store.spark.task_input import pylist
@@ -179,6 +203,8 @@ def _vectorized_work(db: FloorDB, table: pa.Table, encode: Callable[[str], bytes
         new_counts.append(c0 + c)
         new_sums.append(s0 + s)
     db.db.write(wb)
+    if writes is not None:
+        writes.extend(zip(gks, map(pack, new_counts, new_sums), strict=True))
     return names, new_counts, new_sums
 
 
@@ -198,11 +224,28 @@ class _RawValue:
         self.cf.put(self.gk, _TOTALS.pack(*value))
 
 
-def _per_key_work(db: FloorDB, table: pa.Table, encode: Callable[[str], bytes], key: str) -> Columns:
+class _ListedValue(_RawValue):
+    """A `_RawValue` that also lists what it writes (to be synced)."""
+
+    __slots__ = ("writes",)
+
+    def __init__(self, cf: Any, writes: Writes) -> None:
+        super().__init__(cf)
+        self.writes = writes
+
+    def update(self, value: tuple[int, int]) -> None:
+        raw = _TOTALS.pack(*value)
+        self.cf.put(self.gk, raw)
+        self.writes.append((self.gk, raw))
+
+
+def _per_key_work(
+    db: FloorDB, table: pa.Table, encode: Callable[[str], bytes], key: str, writes: Writes | None
+) -> Columns:
     from statekeeper.store.spark.task_input import pylist, row_class, run_starts
     from testkit.processors import CountSum
 
-    state = _RawValue(db.cf)
+    state = _RawValue(db.cf) if writes is None else _ListedValue(db.cf, writes)
     processor = CountSum()
     processor.totals = state  # type: ignore[assignment]  # the least ValueState: get and update
     make = functools.partial(tuple.__new__, row_class(tuple(table.column_names)))
@@ -238,7 +281,14 @@ class Pids:
 
 
 def in_task(
-    kind: str, where: str, last: bool, opened: Any, closed: Any, batches: Iterator[pa.RecordBatch]
+    kind: str,
+    where: str,
+    last: bool,
+    opened: Any,
+    closed: Any,
+    batches: Iterator[pa.RecordBatch],
+    *,
+    layout: KeyGroupLayout | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """A mapInArrow function (partial of `kind`, a key of `WORK`, the query's directory, whether this is its last
     batch and two `Pids` accumulators): the task's rows sorted by key (Arrow; RocksDB writes an ascending run
@@ -247,20 +297,21 @@ def in_task(
     keeps its own DB per partition (Spark hands a partition's tasks to either worker), so each holds about the
     partition's state after a few batches; a task of the last batch closes every DB of the query its worker holds and
     empties the worker's block cache of their blocks (the next queries run in the same workers, and measure their
-    memory), `opened` and `closed` say which did."""
-    from pyspark import TaskContext
+    memory), `opened` and `closed` say which did.
 
+    With `layout` (the batch routed by key group as statekeeper's tasks plan routes it, `TasksPlan`): the task takes
+    its input as statekeeper's task does (`TaskInput`: its rows checked against its key groups, sorted by key group
+    and key), stores each key as its key group and the key (`stored_key_encoder`, per key), and syncs the batch's
+    writes to a file of its DB before handing its output back (`sync_writes`)."""
     from statekeeper.store.rocks import release_free_heap, shared_memory
     from statekeeper.store.spark.worker_cache import use_worker_memory
 
     use_worker_memory()  # as a task's stores: else the worker's first open sets the process default for them too
-    received = list(batches)
     gc_was = gc.isenabled()
     gc.disable()
     try:
-        if any(b.num_rows for b in received):
-            table = pa.Table.from_batches(received)
-            part = TaskContext.get().partitionId()  # type: ignore[union-attr]
+        table, part, encode = _task_rows(batches) if layout is None else _routed_rows(batches, layout)
+        if table is not None:
             for old in [k for k in _TASK_DBS if k[0] != where]:  # an earlier query's, left by a worker that ran
                 _TASK_DBS.pop(old).close()  # no task of its last batch
             db = _TASK_DBS.get((where, part))
@@ -269,7 +320,10 @@ def in_task(
                 os.makedirs(path, exist_ok=True)
                 db = _TASK_DBS[(where, part)] = FloorDB(path)
                 opened.add({os.getpid()})
-            keys, counts, totals = WORK[kind](db, table.sort_by("key").combine_chunks(), str.encode, "key")
+            writes: Writes | None = None if layout is None else []
+            keys, counts, totals = WORK[kind](db, table, encode, "key", writes)
+            if writes is not None:
+                sync_writes(os.path.join(where, str(os.getpid()), f"{part}.writes"), writes)
             yield pa.RecordBatch.from_arrays(
                 [pa.array(keys, pa.string()), pa.array(counts, pa.int64()), pa.array(totals, pa.int64())],
                 names=["key", "count", "total"],
@@ -287,4 +341,31 @@ def in_task(
             gc.enable()
 
 
-__all__ = ["WORK", "Pids", "in_task", "pandas_floor", "per_key_floor", "state_floor"]
+def _task_rows(batches: Iterator[pa.RecordBatch]) -> tuple[pa.Table | None, int, Callable[[str], bytes]]:
+    """Spark's own task's rows sorted by key (None: it got none), its partition and the least key encoding."""
+    from pyspark import TaskContext
+
+    received = list(batches)
+    if not any(b.num_rows for b in received):
+        return None, -1, str.encode
+    part = TaskContext.get().partitionId()  # type: ignore[union-attr]
+    return pa.Table.from_batches(received).sort_by("key").combine_chunks(), part, str.encode
+
+
+def _routed_rows(
+    batches: Iterator[pa.RecordBatch], layout: KeyGroupLayout
+) -> tuple[pa.Table | None, int, Callable[[str], bytes]]:
+    """A routed task's rows as statekeeper's task takes them (checked, sorted by key group and key; None: it got
+    none), its partition and its stored keys' encoding (key group and key)."""
+    from statekeeper.store.formats.typed_keys import KeyCodec, stored_key_encoder
+    from statekeeper.store.formats.typed_schema import parse_ddl
+    from statekeeper.store.spark.task_input import BATCH_INPUT_BUDGET_BYTES, TaskInput
+
+    task_input = TaskInput(batches, ("key",), BATCH_INPUT_BUDGET_BYTES, sort=True, layout=layout)
+    chunks = list(task_input.chunks())
+    stored = stored_key_encoder(KeyCodec(parse_ddl("key string"), "bench"), layout.max_key_groups)
+    table = pa.concat_tables(chunks).combine_chunks() if chunks else None
+    return table, task_input.partition if task_input.partition is not None else -1, lambda k: stored((k,))
+
+
+__all__ = ["WORK", "Pids", "in_task", "pandas_floor", "per_key_floor", "state_floor", "sync_writes"]
