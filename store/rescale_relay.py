@@ -13,7 +13,8 @@ cut by bisection), a `LOCATED` one key by key, a `SHARED` one by merging the val
 range delete stays a range delete. A record of a `LEADING` column family outside its source's key groups is
 refused, naming the changelog. A changelog holding an SST block (an earlier rescale's copy, not snapshotted
 since) cannot be read record by record, and counting the rows of typed state holds keys in memory (at most
-`COUNTED_KEYS`): past either, the run takes the load-and-copy route, as it does when a source has a snapshot to
+`COUNTED_KEYS`; a range delete of a counted column family, which typed state never logs, would have to scan
+them): past any of these, the run takes the load-and-copy route, as it does when a source has a snapshot to
 start from.
 """
 
@@ -56,7 +57,8 @@ instead, counting in RocksDB."""
 
 
 class _UnrelayableError(StatekeeperError):
-    """The run cannot be relayed (a source changelog holds an SST block, or counting would hold too many keys)."""
+    """The run cannot be relayed (a source changelog holds an SST block or a range delete of a counted column
+    family, or counting would hold too many keys)."""
 
 
 @dataclass
@@ -104,12 +106,10 @@ class _Out:
             self.counted.grew(len(live) - before)
 
     def delete_range(self, cf: str, start: bytes, end: bytes, counted: bool) -> None:
+        if counted:  # no writer of counted state logs one; finding the live keys it covers would scan them all
+            raise _UnrelayableError(f"a range delete of counted column family {cf!r}")
         self.cfs.add(cf)
         self.writer.append_range_delete(cf, start, end)
-        if counted and (live := self.live.get(cf)):
-            before = len(live)
-            live.difference_update([k for k in live if start <= k < end])
-            self.counted.grew(len(live) - before)
 
 
 @dataclass
@@ -246,7 +246,8 @@ def _relay_leading(
         for t in takers:
             t.out.cfs.add(cf)
         return
-    first, last = min(keys), max(keys)
+    ordered = all(map(le, keys, islice(keys, 1, None)))
+    first, last = (keys[0], keys[-1]) if ordered else (min(keys), max(keys))
     if own is not None and (first < own[0] or (own[1] is not None and last >= own[1])):
         bad = first if first < own[0] else last
         raise RescaleError(
@@ -259,7 +260,7 @@ def _relay_leading(
         if start <= first and (end is None or last < end):  # the whole block is the taker's
             t.out.append(cf, keys, values, counts)
             return
-    if all(map(le, keys, islice(keys, 1, None))):
+    if ordered:
         for t in takers:
             start, end = t.span
             i = bisect.bisect_left(keys, start)

@@ -27,7 +27,7 @@ from statekeeper.store.files import open_file_manager
 from statekeeper.store.formats import changelog
 from statekeeper.store.formats.changelog import ChangelogHeader, ChangelogReader, ChangelogWriter, SstFile
 from statekeeper.store.formats.typed_schema import parse_ddl
-from statekeeper.store.key_groups import KeyGroupLayout, group_at, group_prefix
+from statekeeper.store.key_groups import KeyGroupLayout, group_at, group_byte_range, group_prefix
 from statekeeper.store.layout import StoreId, new_checkpoint_id
 from statekeeper.store.rescale import RescaleError, execute_rescale, plan_rescale, plan_rollback
 from statekeeper.store.spark.handle import StatefulProcessorHandle
@@ -280,6 +280,44 @@ def test_counting_more_keys_than_the_bound_loads_instead(
         records.append(every_record(root, 3, 3))
     assert "more than 5 keys in memory" in caplog.text
     assert records[0] == records[1]
+
+
+def test_a_range_delete_of_counted_state_is_loaded_not_relayed(
+    tmp_path_factory: pytest.TempPathFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Typed state never logs a range delete, but a changelog may hold one: finding the counted keys it covers would
+    scan every key the relay holds, at each such record. The run loads and copies instead (counting in RocksDB), and
+    the state is what the snapshotted copy of the same checkpoint gives."""
+    base = tmp_path_factory.mktemp("ranged")
+    relayed, copied = base / "relayed", base / "copied"
+    layout = KeyGroupLayout(2, GROUPS)
+    write_typed_history(relayed.as_uri(), layout, 5, 2)
+    fm = open_file_manager(relayed.as_uri())
+    record = CommitLog(fm).get(2)
+    assert record is not None
+    lo, hi = layout.groups_of(0)
+    planted = plant(
+        relayed.as_uri(), 0, 3, record.checkpoint_ids[OP][0], [("range", "counts", *group_byte_range(lo, hi))]
+    )
+    with StateStore(fm, OP, 1) as s:
+        s.load(2, record.checkpoint_ids[OP][1])
+        second = s.commit().checkpoint_id
+    CommitLog(fm).commit(3, {OP: [planted, second]}, layouts={OP: layout})
+    shutil.copytree(relayed, copied)
+    snapshot_all(copied.as_uri(), 3, 2)
+    records, relayed_partitions = [], []
+    for root in (relayed.as_uri(), copied.as_uri()):
+        fm = open_file_manager(root)
+        rules = TypedStateKeys()
+        with caplog.at_level(logging.INFO, logger="statekeeper.store.rescale_relay"):
+            result = execute_rescale(fm, plan_rescale(fm, OP, 3, rules=rules), rules=rules)
+        relayed_partitions.append(result.relayed)
+        records.append(every_record(root, 4, 3))
+    assert "range delete of counted column family 'counts'" in caplog.text
+    assert relayed_partitions[0] < 3 and relayed_partitions[1] == 0, "the runs reading old partition 0 loaded it"
+    assert records[0] == records[1]
+    counted = [group_at(k) for r in records[0] for k in r.get("counts", {})]
+    assert counted and not any(lo <= g < hi for g in counted), "the range delete took old partition 0's counts only"
 
 
 # -- hostile content: well framed, every checksum right, wrong ---------------------------------------------------
