@@ -274,8 +274,9 @@ class ColumnFamily:
         return value
 
     def multi_get(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        values: list[bytes | None] = self._db.get(list(keys))
-        return values
+        """The value of each key, by a point get each: rocksdict's batched get costs ~1.6x as much per key, in
+        the memtable and in SSTs alike."""
+        return list(map(self._db.get, keys))
 
     def items(
         self, start: bytes | None = None, end: bytes | None = None, *, prefix: bytes | None = None

@@ -17,6 +17,7 @@ from statekeeper.store.spark import (
     StatefulProcessorHandle,
     TimerValues,
     keys_of,
+    values_of,
 )
 
 
@@ -75,8 +76,8 @@ class CountSumVectorized(BatchStatefulProcessor):
         agg = rows.group_by(self.key).aggregate([("value", "count"), ("value", "sum")])
         keys = keys_of(agg, [self.key])
         old = self.totals.getMany(keys)
-        counts = agg.column("value_count").to_pylist()
-        sums = agg.column("value_sum").to_pylist()
+        counts = values_of(agg, "value_count")
+        sums = values_of(agg, "value_sum")
         new = [((o[0] if o else 0) + c, (o[1] if o else 0) + s) for o, c, s in zip(old, counts, sums, strict=True)]
         self.totals.updateMany(keys, new)
         return pa.table(
@@ -94,7 +95,7 @@ class CountSumInInputOrder(CountSumVectorized):
 
     def handleBatch(self, rows: pa.Table, timerValues: TimerValues) -> pa.Table:
         totals: dict[tuple[Any, ...], list[int]] = {}
-        for key, value in zip(keys_of(rows, [self.key]), rows.column("value").to_pylist(), strict=True):
+        for key, value in zip(keys_of(rows, [self.key]), values_of(rows, "value"), strict=True):
             entry = totals.setdefault(key, [0, 0])
             entry[0] += 1
             entry[1] += value

@@ -25,7 +25,8 @@ Three ways to write the logic, all on the same state encoding:
 - :class:`ApplyInPandasWithState` -- runs an ``applyInPandasWithState`` function unchanged.
 - :class:`BatchStatefulProcessor` -- vectorized: the partition's batch as Arrow tables (one, or several
   when it exceeds ``task_input_budget_bytes``; each key in exactly one), with bulk state access
-  (``getMany`` / ``updateMany`` / ``clearMany``).
+  (``getMany`` / ``updateMany`` / ``clearMany``); :func:`keys_of` gives a table's keys in the form they take,
+  :func:`values_of` a column's values as Python objects, many times faster than ``to_pylist``.
 
 A task sorts its input by key (store/spark/task_input.py: in Arrow, spilling to local files beyond 64 MiB)
 and converts about ``task_input_budget_bytes`` of Arrow data at a time, cut on key boundaries.
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
         StatefulProcessor,
         TimerValues,
         keys_of,
+        values_of,
     )
     from statekeeper.store.spark.batch_records import UploadTimeoutError
     from statekeeper.store.spark.driver import StatefulOperator
@@ -87,6 +89,7 @@ _EXPORTS = {
     "StatefulProcessor": "api",
     "TimerValues": "api",
     "keys_of": "api",
+    "values_of": "api",
     "StatefulOperator": "driver",
     "UploadTimeoutError": "batch_records",
     "StatefulProcessorHandle": "handle",
@@ -134,4 +137,5 @@ __all__ = [
     "import_spark_state",
     "keys_of",
     "read_state",
+    "values_of",
 ]

@@ -95,7 +95,8 @@ class BatchStatefulProcessor(ABC):
     is in the same call; a partition's input larger than ``task_input_budget_bytes`` comes in several
     calls, cut between keys, so memory stays bounded) and returns its output as a ``pyarrow.Table``, ``RecordBatch``,
     ``pandas.DataFrame``, an iterable of those, or None. State variables are used through their bulk
-    methods with explicit keys (tuples of grouping values, see :func:`statekeeper.store.spark.keys_of`).
+    methods with explicit keys (tuples of grouping values, see :func:`statekeeper.store.spark.keys_of`; a column's
+    values as Python objects: :func:`statekeeper.store.spark.values_of`).
     """
 
     @abstractmethod
@@ -114,6 +115,14 @@ def keys_of(table: pa.Table, columns: list[str]) -> list[tuple[Any, ...]]:
     from statekeeper.store.spark.task_input import pylist
 
     return list(zip(*(pylist(table.column(c)) for c in columns), strict=True))
+
+
+def values_of(table: pa.Table, column: str) -> list[Any]:
+    """The Python values of `table`'s `column`, as ``to_pylist()`` gives them, ~15x faster for numbers and
+    booleans without nulls, strings and binaries (through NumPy: ``to_pylist`` makes an Arrow scalar per value)."""
+    from statekeeper.store.spark.task_input import pylist
+
+    return pylist(table.column(column))
 
 
 _UNREAD: Any = object()
@@ -240,4 +249,5 @@ __all__ = [
     "StatefulProcessor",
     "TimerValues",
     "keys_of",
+    "values_of",
 ]

@@ -170,18 +170,13 @@ class ValueState(_State):
         """The value of each key (None where absent or expired), in the order given."""
         enc = self._ctx.encode_gk
         gks = [enc(k) for k in keys]
-        raws = self._get_each(gks)
+        raws = self._cf.multi_get(gks)
         self._seen_many = (list(keys), gks, raws.count(None))
         decode, now = self._decode, self._ctx.now_ms
         values = [None if raw is None else decode(raw, now) for raw in raws]
         if _MISSING in values:  # expired (TTL)
             return [None if v is _MISSING else v for v in values]
         return values
-
-    def _get_each(self, gks: list[bytes]) -> list[bytes | None]:
-        """The stored value of each key: a point get each (rocksdict's batched get costs ~1.6x as much per
-        key, in the memtable and in SSTs alike)."""
-        return list(map(self._cf.get, gks))
 
     def updateMany(self, keys: Sequence[tuple[Any, ...]], values: Sequence[Any]) -> None:
         if len(keys) != len(values):
@@ -195,7 +190,7 @@ class ValueState(_State):
         else:
             enc = self._ctx.encode_gk
             gks = [enc(k) for k in keys]
-            new_rows = self._get_each(gks).count(None)
+            new_rows = self._cf.multi_get(gks).count(None)
         self._write_many(gks, values, new_rows)
 
     def _write_many(self, gks: list[bytes], values: Sequence[Any], new_rows: int) -> None:
@@ -217,7 +212,7 @@ class ValueState(_State):
         self._seen_gk = self._seen_many = None
         enc = self._ctx.encode_gk
         gks = [enc(k) for k in keys]
-        present = [gk for gk, raw in zip(gks, self._get_each(gks), strict=True) if raw is not None]
+        present = [gk for gk, raw in zip(gks, self._cf.multi_get(gks), strict=True) if raw is not None]
         if present:
             self._cf.delete_batch(present)
         self._ctx.rows_removed += len(present)

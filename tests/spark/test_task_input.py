@@ -449,7 +449,9 @@ _PYLIST_TYPES: list[tuple[pa.DataType, st.SearchStrategy[Any]]] = [
 @settings(max_examples=150, deadline=None)
 @given(st.data())
 def test_pylist_gives_what_to_pylist_gives(data: st.DataObject) -> None:
-    """The row path's column conversion: same values, same Python types, nulls included, chunked too."""
+    """The row path's column conversion, and the public one (`values_of`): same values, same Python types, nulls
+    included, chunked too."""
+    from statekeeper.store.spark import values_of
     from statekeeper.store.spark.task_input import pylist
 
     typ, values = data.draw(st.sampled_from(_PYLIST_TYPES))
@@ -458,6 +460,7 @@ def test_pylist_gives_what_to_pylist_gives(data: st.DataObject) -> None:
     for col in (column, column.combine_chunks()):
         got, want = pylist(col), col.to_pylist()
         assert got == want and [type(v) for v in got] == [type(v) for v in want]
+        assert values_of(pa.table({"c": col}), "c") == want
 
 
 _FIELD_VALUES = {
