@@ -32,7 +32,14 @@ from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.key_group_rules import CfRule, GroupLedKeys, KeyGroupRules
 from statekeeper.store.key_groups import KEY_GROUP_LIMIT, group_at, group_byte_range
 from statekeeper.store.loading import load_bytes
-from statekeeper.store.rescale_plan import PartitionBuild, RescaleError, RescalePlan, plan_rescale, plan_rollback
+from statekeeper.store.rescale_plan import (
+    PartitionBuild,
+    RescaleError,
+    RescalePlan,
+    SharedRecords,
+    plan_rescale,
+    plan_rollback,
+)
 from statekeeper.store.rescale_relay import relay_partitions
 from statekeeper.store.state_store import StateStore, StoreConfig
 
@@ -95,7 +102,7 @@ class _Target:
         """Records copied into each column family."""
         self.deleted = 0
         self.bytes_read = 0
-        self.shared: dict[tuple[str, bytes], bytes] = {}
+        self.shared = SharedRecords()
 
 
 BuildRun = Callable[[list[int]], list[PartitionBuild]]
@@ -171,9 +178,9 @@ def _give(plan: RescalePlan, src: StateStore, q: int, lo: int, hi: int, target: 
                 target.poured[cf] += len(keys)
         else:
             for k, v in src.items(cf=cf):
-                merged = rules.merge_shared(cf, k, target.shared.get((cf, k)), v, name)
+                merged = rules.merge_shared(cf, k, target.shared.get(cf, k), v, name)
                 if merged is not None:
-                    target.shared[(cf, k)] = merged
+                    target.shared.put(cf, k, merged, name)
                     target.store.put(k, merged, cf=cf)
 
 
@@ -207,9 +214,11 @@ def _open_target(
     assert plan.target_layout is not None
     target = _Target(store, plan.target_layout.groups_of(p))
     target.bytes_read = read
+    name = f"{plan.operator}/{p} version {plan.source_version}"
     for cf in store.column_families():
         if rules.rule(cf) is CfRule.SHARED:
-            target.shared.update(((cf, k), v) for k, v in store.items(cf=cf))
+            for k, v in store.items(cf=cf):
+                target.shared.put(cf, k, v, name)
     return target
 
 

@@ -19,6 +19,37 @@ class RescaleError(StatekeeperError):
     """A rescale or rollback cannot be done as asked; nothing was committed."""
 
 
+MAX_SHARED_BYTES = 64 << 20
+"""Keys and values of shared records (`CfRule.SHARED`: metadata every partition holds, typed state's schemas, a
+few KB) a rescale holds in memory for one source partition or one new partition. A checkpoint claiming more is
+refused, naming where, before it can exhaust the process's memory."""
+
+
+class SharedRecords:
+    """The shared records (`CfRule.SHARED`) a rescale holds: (column family, key) -> value, None where the source
+    deleted it; at most `MAX_SHARED_BYTES`."""
+
+    def __init__(self) -> None:
+        self.records: dict[tuple[str, bytes], bytes | None] = {}
+        self.nbytes = 0
+
+    def get(self, cf: str, key: bytes) -> bytes | None:
+        return self.records.get((cf, key))
+
+    def put(self, cf: str, key: bytes, value: bytes | None, source: str) -> None:
+        """Hold `value` for `key` of `cf`; `source` (a file, a partition) is named if that is too much."""
+        at = (cf, key)
+        held = self.records.get(at)
+        grown = len(value or b"") - len(held or b"") + (0 if at in self.records else len(cf) + len(key))
+        if self.nbytes + grown > MAX_SHARED_BYTES:
+            raise RescaleError(
+                f"{source}: the shared records of column family {cf!r} (metadata every partition holds) exceed "
+                f"{MAX_SHARED_BYTES} bytes: refused as corrupt"
+            )
+        self.records[at] = value
+        self.nbytes += grown
+
+
 @dataclass(frozen=True)
 class RescalePlan:
     """Which committed state a rescale or rollback copies, and the layout it commits."""
@@ -165,4 +196,12 @@ def plan_rollback(fm: CheckpointFileManager, operator: str, to_version: int) -> 
     return RescalePlan(operator, "rollback", to_version, ids, layout, layout, record.batch, head)
 
 
-__all__ = ["PartitionBuild", "RescaleError", "RescalePlan", "plan_rescale", "plan_rollback"]
+__all__ = [
+    "MAX_SHARED_BYTES",
+    "PartitionBuild",
+    "RescaleError",
+    "RescalePlan",
+    "SharedRecords",
+    "plan_rescale",
+    "plan_rollback",
+]

@@ -40,7 +40,7 @@ from statekeeper.store.key_groups import group_byte_range
 from statekeeper.store.layout import StoreId, new_checkpoint_id
 from statekeeper.store.load_plan import CheckpointPlanSource, LoadPlan, LoadSource, resolve_load_plan
 from statekeeper.store.loading import read_changelogs
-from statekeeper.store.rescale_plan import PartitionBuild, RescaleError, RescalePlan
+from statekeeper.store.rescale_plan import PartitionBuild, RescaleError, RescalePlan, SharedRecords
 from statekeeper.store.state_store import StoreConfig
 
 log = logging.getLogger(__name__)
@@ -83,7 +83,7 @@ class _Out:
     counted: _Counted
     live: dict[str, set[bytes]] = field(default_factory=dict)
     """The keys each counted column family (`KeyGroupRules.counted`) holds so far."""
-    shared: dict[tuple[str, bytes], bytes] = field(default_factory=dict)
+    shared: SharedRecords = field(default_factory=SharedRecords)
     cfs: set[str] = field(default_factory=set)
     bytes_read: int = 0
 
@@ -191,7 +191,7 @@ def _relay_source(
     the bytes read."""
     rescale = plan.kind == "rescale"
     own = group_byte_range(*plan.source_layout.groups_of(q)) if rescale and plan.source_layout else None
-    ends: dict[tuple[str, bytes], bytes | None] = {}  # the SHARED records as the source ends with them
+    ends = SharedRecords()  # the SHARED records as the source ends with them
     counted: dict[str, bool] = {}
     read = 0
     for reader in read_changelogs(fm, load.store, load.replay, work, config.read_ahead):
@@ -205,9 +205,10 @@ def _relay_source(
             if counts is None:
                 counts = counted[cf] = rules.counted(cf)
             if isinstance(entry, RangeDelete):
-                _relay_range_delete(entry, rule, takers, ends, counts)
+                _relay_range_delete(entry, rule, takers, ends, counts, reader.name)
             elif rule is CfRule.SHARED:
-                ends.update(zip([(cf, k) for k in entry[1]], entry[2], strict=True))
+                for k, v in zip(entry[1], entry[2], strict=True):
+                    ends.put(cf, k, v, reader.name)
             elif rule is CfRule.LOCATED:
                 groups = _located(rules, cf, entry[1], reader.name)
                 for t in takers:
@@ -217,10 +218,10 @@ def _relay_source(
                 _relay_leading(reader.name, cf, entry[1], entry[2], own, takers, counts)
     name = f"{plan.operator}/{q} version {plan.source_version}"
     for t in takers:
-        for (cf, k), v in sorted(ends.items()):
+        for (cf, k), v in sorted(ends.records.items()):
             t.out.cfs.add(cf)
-            if v is not None and (merged := rules.merge_shared(cf, k, t.out.shared.get((cf, k)), v, name)) is not None:
-                t.out.shared[(cf, k)] = merged
+            if v is not None and (merged := rules.merge_shared(cf, k, t.out.shared.get(cf, k), v, name)) is not None:
+                t.out.shared.put(cf, k, merged, name)
     return read
 
 
@@ -274,12 +275,12 @@ def _relay_leading(
 
 
 def _relay_range_delete(
-    entry: RangeDelete, rule: CfRule, takers: list[_Taker], ends: dict[tuple[str, bytes], bytes | None], counts: bool
+    entry: RangeDelete, rule: CfRule, takers: list[_Taker], ends: SharedRecords, counts: bool, name: str
 ) -> None:
     cf, start, end = entry.cf, entry.start, entry.end
     if rule is CfRule.SHARED:
-        for key in [key for c, key in ends if c == cf and start <= key < end]:
-            ends[(cf, key)] = None
+        for key in [key for c, key in ends.records if c == cf and start <= key < end]:
+            ends.put(cf, key, None, name)
         return
     for t in takers:
         if rule is CfRule.LEADING:  # only the part inside the taker's groups
@@ -305,10 +306,13 @@ def _publish(fm: CheckpointFileManager, plan: RescalePlan, rules: KeyGroupRules,
     """Add the merged shared records and the rules' fix-ups, seal the changelog and publish it."""
     cfs = sorted(out.cfs)
     counts = {cf: len(out.live.get(cf, ())) for cf in cfs if rules.counted(cf)}
-    out.shared.update(((cf, k), v) for cf, k, v in rules.finish(cfs, counts))
-    for cf in sorted({cf for cf, _k in out.shared}):
-        keys = sorted(k for c, k in out.shared if c == cf)
-        out.writer.append_block(cf, keys, [out.shared[(cf, k)] for k in keys])
+    for cf, key, value in rules.finish(cfs, counts):
+        out.shared.put(cf, key, value, f"{plan.operator}/{out.partition} (new)")
+    by_cf: dict[str, list[tuple[bytes, bytes | None]]] = {}
+    for (cf, key), held in sorted(out.shared.records.items()):
+        by_cf.setdefault(cf, []).append((key, held))
+    for cf, records in by_cf.items():
+        out.writer.append_block(cf, [k for k, _v in records], [v for _k, v in records])
     writer, header = out.writer, out.writer.header
     size = writer.finish()
     fm.put_file(writer.path, StoreId(plan.operator, out.partition).changelog(header.version, header.checkpoint_id))

@@ -447,3 +447,36 @@ def test_a_located_key_that_does_not_parse_is_refused_naming_the_changelog(
         execute_rescale(fm, plan_rescale(fm, OP, 3, rules=rules), rules=rules)
     assert StoreId(OP, 0).changelog(2, planted) in str(err.value)
     assert CommitLog(fm).latest() == 2
+
+
+@pytest.mark.parametrize("snapshotted", [False, True], ids=["relayed", "loaded and copied"])
+def test_shared_records_past_the_cap_are_refused_naming_the_source(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, snapshotted: bool
+) -> None:
+    """Typed state's metadata (shared by every partition) is a few records; a changelog that claims megabytes of it,
+    well framed, is refused before the rescale holds it all in memory, naming the changelog (relay) or the partition
+    it loaded (load and copy), and nothing is committed."""
+    from statekeeper.store import rescale_plan
+
+    root_path = tmp_path_factory.mktemp("shared")
+    root = root_path.as_uri()
+    layout = KeyGroupLayout(2, GROUPS)
+    write_typed_history(root, layout, 1, 1)
+    fm = open_file_manager(root)
+    record = CommitLog(fm).get(1)
+    assert record is not None
+    keys = [b"planted-%06d" % i for i in range(200)]
+    planted = plant(root, 0, 2, record.checkpoint_ids[OP][0], [("data", META_CF, keys, [b"v" * 1024] * len(keys))])
+    with StateStore(fm, OP, 1) as s:
+        s.load(1)
+        second = s.commit().checkpoint_id
+    CommitLog(fm).commit(2, {OP: [planted, second]}, layouts={OP: layout})
+    if snapshotted:
+        snapshot_all(root, 2, 2)
+    rules = TypedStateKeys()
+    monkeypatch.setattr(rescale_plan, "MAX_SHARED_BYTES", 64 << 10)  # legitimate metadata here: under 1 KB
+    with pytest.raises(RescaleError, match=META_CF) as err:
+        execute_rescale(fm, plan_rescale(fm, OP, 3, rules=rules), rules=rules)
+    source = f"{OP}/0 version 2" if snapshotted else StoreId(OP, 0).changelog(2, planted)
+    assert source in str(err.value)
+    assert CommitLog(fm).latest() == 2
