@@ -13,8 +13,8 @@ cut by bisection), a `LOCATED` one key by key, a `SHARED` one by merging the val
 range delete stays a range delete. A record of a `LEADING` column family outside its source's key groups is
 refused, naming the changelog. A changelog holding an SST block (an earlier rescale's copy, not snapshotted
 since) cannot be read record by record, and counting the rows of typed state holds keys in memory (at most
-`COUNTED_KEYS`; a range delete of a counted column family, which typed state never logs, would have to scan
-them): past any of these, the run takes the load-and-copy route, as it does when a source has a snapshot to
+`COUNTED_KEYS`; a range delete of a counted or a shared column family, which typed state never logs, would have to
+scan them): past any of these, the run takes the load-and-copy route, as it does when a source has a snapshot to
 start from.
 """
 
@@ -57,8 +57,8 @@ instead, counting in RocksDB."""
 
 
 class _UnrelayableError(StatekeeperError):
-    """The run cannot be relayed (a source changelog holds an SST block or a range delete of a counted column
-    family, or counting would hold too many keys)."""
+    """The run cannot be relayed (a source changelog holds an SST block or a range delete of a counted or a shared
+    column family, or counting would hold too many keys)."""
 
 
 @dataclass
@@ -205,7 +205,7 @@ def _relay_source(
             if counts is None:
                 counts = counted[cf] = rules.counted(cf)
             if isinstance(entry, RangeDelete):
-                _relay_range_delete(entry, rule, takers, ends, counts, reader.name)
+                _relay_range_delete(entry, rule, takers, counts, reader.name)
             elif rule is CfRule.SHARED:
                 for k, v in zip(entry[1], entry[2], strict=True):
                     ends.put(cf, k, v, reader.name)
@@ -274,14 +274,10 @@ def _relay_leading(
         t.out.append(cf, *_pick(keys, values, picked), counts)
 
 
-def _relay_range_delete(
-    entry: RangeDelete, rule: CfRule, takers: list[_Taker], ends: SharedRecords, counts: bool, name: str
-) -> None:
+def _relay_range_delete(entry: RangeDelete, rule: CfRule, takers: list[_Taker], counts: bool, name: str) -> None:
     cf, start, end = entry.cf, entry.start, entry.end
-    if rule is CfRule.SHARED:
-        for key in [key for c, key in ends.records if c == cf and start <= key < end]:
-            ends.put(cf, key, None, name)
-        return
+    if rule is CfRule.SHARED:  # no writer of shared metadata logs one; finding the keys it covers would scan them
+        raise _UnrelayableError(f"{name} holds a range delete of shared column family {cf!r}")
     for t in takers:
         if rule is CfRule.LEADING:  # only the part inside the taker's groups
             lo, hi = max(start, t.span[0]), end if t.span[1] is None else min(end, t.span[1])

@@ -320,6 +320,39 @@ def test_a_range_delete_of_counted_state_is_loaded_not_relayed(
     assert counted and not any(lo <= g < hi for g in counted), "the range delete took old partition 0's counts only"
 
 
+def test_a_range_delete_of_shared_metadata_is_loaded_not_relayed(
+    tmp_path_factory: pytest.TempPathFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nothing logs a range delete of typed state's shared metadata either; relaying one would scan every shared
+    record held, at each. The runs reading that partition load and copy, and leave what the snapshotted copy of the
+    same checkpoint leaves."""
+    base = tmp_path_factory.mktemp("shared-range")
+    relayed, copied = base / "relayed", base / "copied"
+    layout = KeyGroupLayout(2, GROUPS)
+    write_typed_history(relayed.as_uri(), layout, 6, 2)
+    fm = open_file_manager(relayed.as_uri())
+    record = CommitLog(fm).get(2)
+    assert record is not None
+    planted = plant(relayed.as_uri(), 0, 3, record.checkpoint_ids[OP][0], [("range", META_CF, b"zz-a", b"zz-b")])
+    with StateStore(fm, OP, 1) as s:
+        s.load(2, record.checkpoint_ids[OP][1])
+        second = s.commit().checkpoint_id
+    CommitLog(fm).commit(3, {OP: [planted, second]}, layouts={OP: layout})
+    shutil.copytree(relayed, copied)
+    snapshot_all(copied.as_uri(), 3, 2)
+    records, relayed_partitions = [], []
+    for root in (relayed.as_uri(), copied.as_uri()):
+        fm = open_file_manager(root)
+        rules = TypedStateKeys()
+        with caplog.at_level(logging.INFO, logger="statekeeper.store.rescale_relay"):
+            result = execute_rescale(fm, plan_rescale(fm, OP, 3, rules=rules), rules=rules)
+        relayed_partitions.append(result.relayed)
+        records.append(every_record(root, 4, 3))
+    assert f"range delete of shared column family {META_CF!r}" in caplog.text
+    assert relayed_partitions[0] < 3 and relayed_partitions[1] == 0, "the runs reading old partition 0 loaded it"
+    assert records[0] == records[1]
+
+
 # -- hostile content: well framed, every checksum right, wrong ---------------------------------------------------
 Op = tuple[str, str, Any, Any]
 """("data", cf, keys, values) or ("range", cf, start, end)."""
