@@ -14,6 +14,7 @@ import random
 import shutil
 import struct
 import zlib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -282,23 +283,19 @@ def test_counting_more_keys_than_the_bound_loads_instead(
     assert records[0] == records[1]
 
 
-def test_a_range_delete_of_counted_state_is_loaded_not_relayed(
-    tmp_path_factory: pytest.TempPathFactory, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Typed state never logs a range delete, but a changelog may hold one: finding the counted keys it covers would
-    scan every key the relay holds, at each such record. The run loads and copies instead (counting in RocksDB), and
-    the state is what the snapshotted copy of the same checkpoint gives."""
-    base = tmp_path_factory.mktemp("ranged")
+def _range_delete_loaded_not_relayed(
+    base: Path, caplog: pytest.LogCaptureFixture, cf: str, start: bytes, end: bytes | None
+) -> list[dict[str, dict[bytes, bytes]]]:
+    """Rescale 2 -> 3 a typed history whose old partition 0 logged a range delete of `cf` over ``[start, end)``, never
+    snapshotted and snapshotted: the runs reading old partition 0 load it instead of relaying it (logged), and both
+    leave the same records, which are returned."""
     relayed, copied = base / "relayed", base / "copied"
     layout = KeyGroupLayout(2, GROUPS)
     write_typed_history(relayed.as_uri(), layout, 5, 2)
     fm = open_file_manager(relayed.as_uri())
     record = CommitLog(fm).get(2)
     assert record is not None
-    lo, hi = layout.groups_of(0)
-    planted = plant(
-        relayed.as_uri(), 0, 3, record.checkpoint_ids[OP][0], [("range", "counts", *group_byte_range(lo, hi))]
-    )
+    planted = plant(relayed.as_uri(), 0, 3, record.checkpoint_ids[OP][0], [("range", cf, start, end)])
     with StateStore(fm, OP, 1) as s:
         s.load(2, record.checkpoint_ids[OP][1])
         second = s.commit().checkpoint_id
@@ -313,10 +310,23 @@ def test_a_range_delete_of_counted_state_is_loaded_not_relayed(
             result = execute_rescale(fm, plan_rescale(fm, OP, 3, rules=rules), rules=rules)
         relayed_partitions.append(result.relayed)
         records.append(every_record(root, 4, 3))
-    assert "range delete of counted column family 'counts'" in caplog.text
+    assert f"column family {cf!r}" in caplog.text and "range delete of" in caplog.text
     assert relayed_partitions[0] < 3 and relayed_partitions[1] == 0, "the runs reading old partition 0 loaded it"
     assert records[0] == records[1]
-    counted = [group_at(k) for r in records[0] for k in r.get("counts", {})]
+    return records[0]
+
+
+def test_a_range_delete_of_counted_state_is_loaded_not_relayed(
+    tmp_path_factory: pytest.TempPathFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Typed state never logs a range delete, but a changelog may hold one: finding the counted keys it covers would
+    scan every key the relay holds, at each such record. The run loads and copies instead (counting in RocksDB), and
+    the state is what the snapshotted copy of the same checkpoint gives."""
+    lo, hi = KeyGroupLayout(2, GROUPS).groups_of(0)
+    records = _range_delete_loaded_not_relayed(
+        tmp_path_factory.mktemp("ranged"), caplog, "counts", *group_byte_range(lo, hi)
+    )
+    counted = [group_at(k) for r in records for k in r.get("counts", {})]
     assert counted and not any(lo <= g < hi for g in counted), "the range delete took old partition 0's counts only"
 
 
@@ -326,31 +336,7 @@ def test_a_range_delete_of_shared_metadata_is_loaded_not_relayed(
     """Nothing logs a range delete of typed state's shared metadata either; relaying one would scan every shared
     record held, at each. The runs reading that partition load and copy, and leave what the snapshotted copy of the
     same checkpoint leaves."""
-    base = tmp_path_factory.mktemp("shared-range")
-    relayed, copied = base / "relayed", base / "copied"
-    layout = KeyGroupLayout(2, GROUPS)
-    write_typed_history(relayed.as_uri(), layout, 6, 2)
-    fm = open_file_manager(relayed.as_uri())
-    record = CommitLog(fm).get(2)
-    assert record is not None
-    planted = plant(relayed.as_uri(), 0, 3, record.checkpoint_ids[OP][0], [("range", META_CF, b"zz-a", b"zz-b")])
-    with StateStore(fm, OP, 1) as s:
-        s.load(2, record.checkpoint_ids[OP][1])
-        second = s.commit().checkpoint_id
-    CommitLog(fm).commit(3, {OP: [planted, second]}, layouts={OP: layout})
-    shutil.copytree(relayed, copied)
-    snapshot_all(copied.as_uri(), 3, 2)
-    records, relayed_partitions = [], []
-    for root in (relayed.as_uri(), copied.as_uri()):
-        fm = open_file_manager(root)
-        rules = TypedStateKeys()
-        with caplog.at_level(logging.INFO, logger="statekeeper.store.rescale_relay"):
-            result = execute_rescale(fm, plan_rescale(fm, OP, 3, rules=rules), rules=rules)
-        relayed_partitions.append(result.relayed)
-        records.append(every_record(root, 4, 3))
-    assert f"range delete of shared column family {META_CF!r}" in caplog.text
-    assert relayed_partitions[0] < 3 and relayed_partitions[1] == 0, "the runs reading old partition 0 loaded it"
-    assert records[0] == records[1]
+    _range_delete_loaded_not_relayed(tmp_path_factory.mktemp("shared-range"), caplog, META_CF, b"zz-a", b"zz-b")
 
 
 # -- hostile content: well framed, every checksum right, wrong ---------------------------------------------------
