@@ -196,15 +196,17 @@ def _vectorized_work(
     old = list(map(cf.get, gks))
     wb = rd.WriteBatch(raw_mode=True)
     unpack, pack, put = _TOTALS.unpack, _TOTALS.pack, wb.put
-    new_counts, new_sums = [], []
+    new_counts, new_sums, packed = [], [], []
     for gk, c, s, o in zip(gks, counts, sums, old, strict=True):
         c0, s0 = unpack(o) if o is not None else (0, 0)
-        put(gk, pack(c0 + c, s0 + s), handle)
+        raw = pack(c0 + c, s0 + s)
+        put(gk, raw, handle)
+        packed.append(raw)
         new_counts.append(c0 + c)
         new_sums.append(s0 + s)
     db.db.write(wb)
     if writes is not None:
-        writes.extend(zip(gks, map(pack, new_counts, new_sums), strict=True))
+        writes.extend(zip(gks, packed, strict=True))
     return names, new_counts, new_sums
 
 

@@ -178,9 +178,7 @@ def _give(plan: RescalePlan, src: StateStore, q: int, lo: int, hi: int, target: 
                 target.poured[cf] += len(keys)
         else:
             for k, v in src.items(cf=cf):
-                merged = rules.merge_shared(cf, k, target.shared.get(cf, k), v, name)
-                if merged is not None:
-                    target.shared.put(cf, k, merged, name)
+                if (merged := target.shared.merge(rules, cf, k, v, name)) is not None:
                     target.store.put(k, merged, cf=cf)
 
 

@@ -49,6 +49,14 @@ class SharedRecords:
         self.records[at] = value
         self.nbytes += grown
 
+    def merge(self, rules: KeyGroupRules, cf: str, key: bytes, value: bytes, source: str) -> bytes | None:
+        """Merge `source`'s `value` for `key` into what is held (`KeyGroupRules.merge_shared`); the value now held
+        if it changed, else None."""
+        merged = rules.merge_shared(cf, key, self.get(cf, key), value, source)
+        if merged is not None:
+            self.put(cf, key, merged, source)
+        return merged
+
 
 @dataclass(frozen=True)
 class RescalePlan:

@@ -220,8 +220,8 @@ def _relay_source(
     for t in takers:
         for (cf, k), v in sorted(ends.records.items()):
             t.out.cfs.add(cf)
-            if v is not None and (merged := rules.merge_shared(cf, k, t.out.shared.get(cf, k), v, name)) is not None:
-                t.out.shared.put(cf, k, merged, name)
+            if v is not None:
+                t.out.shared.merge(rules, cf, k, v, name)
     return read
 
 

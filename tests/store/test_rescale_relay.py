@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import zstandard
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from statekeeper.store import CommitLog, StateStore, rescale_relay
@@ -28,6 +28,7 @@ from statekeeper.store.files import open_file_manager
 from statekeeper.store.formats import changelog
 from statekeeper.store.formats.changelog import ChangelogHeader, ChangelogReader, ChangelogWriter, SstFile
 from statekeeper.store.formats.typed_schema import parse_ddl
+from statekeeper.store.key_group_rules import CfRule, GroupLedKeys
 from statekeeper.store.key_groups import KeyGroupLayout, group_at, group_byte_range, group_prefix
 from statekeeper.store.layout import StoreId, new_checkpoint_id
 from statekeeper.store.rescale import RescaleError, execute_rescale, plan_rescale, plan_rollback
@@ -499,3 +500,91 @@ def test_shared_records_past_the_cap_are_refused_naming_the_source(
     source = f"{OP}/0 version 2" if snapshotted else StoreId(OP, 0).changelog(2, planted)
     assert source in str(err.value)
     assert CommitLog(fm).latest() == 2
+
+
+class _SharedMeta(GroupLedKeys):
+    """Group-led keys, but column family ``meta`` holds metadata every partition shares (equal values merge, others
+    conflict), as typed state's ``__meta`` does."""
+
+    def rule(self, cf: str) -> CfRule:
+        return CfRule.SHARED if cf == "meta" else CfRule.LEADING
+
+    def merge_shared(self, cf: str, key: bytes, kept: bytes | None, new: bytes, source: str) -> bytes | None:
+        if kept is not None and kept != new:
+            raise RescaleError(f"partitions disagree on {cf} key {key!r} (from {source})")
+        return None if kept is not None else new
+
+
+def hostile_shared_ops() -> st.SearchStrategy[list[Op]]:
+    """Blocks of the shared column family a writer must not leave: keys of any bytes (empty too), deletes, values
+    that contradict the other partition's, many records, range deletes inverted or not."""
+    key = st.sampled_from([b"m0", b"m1"]) | st.binary(max_size=6)
+    value = st.none() | st.sampled_from([b"a", b"b"]) | st.binary(min_size=1, max_size=40)
+    block = st.lists(st.tuples(key, value), max_size=12).map(
+        lambda kv: ("data", "meta", [k for k, _ in kv], [v for _, v in kv])
+    )
+    ranged = st.tuples(st.just("range"), st.just("meta"), key, key)
+    return st.lists(block | ranged, min_size=1, max_size=6)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_hostile_shared_records_are_merged_exactly_or_refused_naming_where(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, data: st.DataObject
+) -> None:
+    """Partition 0's newest changelog holds generated records of the shared column family, every checksum right,
+    the shared records capped low. The rescale either commits, each new partition holding exactly the union of
+    what its old partitions end with, or refuses with an error naming that changelog or an old partition, committing
+    nothing (a conflict, a range delete that ends before it starts, more than the cap): never another exception."""
+    from statekeeper.store import rescale_plan
+
+    monkeypatch.setattr(rescale_plan, "MAX_SHARED_BYTES", 512)
+    root = tmp_path_factory.mktemp("hostile-shared").as_uri()
+    old, new = KeyGroupLayout(2, GROUPS), KeyGroupLayout(3, GROUPS)
+    fm = open_file_manager(root)
+    base = {group_prefix(g) + b"k": b"v" for g in range(GROUPS)}
+    meta = {b"m0": b"a", b"m1": b"b"}
+    ids = []
+    for p in range(2):
+        with StateStore(fm, OP, p) as s:
+            s.load(0)
+            lo, hi = old.groups_of(p)
+            s.put_batch([k for k in base if lo <= group_at(k) < hi], [b"v"] * (hi - lo))
+            s.put_batch(list(meta), list(meta.values()), cf="meta")
+            ids.append(s.commit().checkpoint_id)
+    CommitLog(fm).commit(1, {OP: ids}, layouts={OP: old})
+    ops = data.draw(hostile_shared_ops())
+    with StateStore(fm, OP, 1) as s:
+        s.load(1)
+        second = s.commit().checkpoint_id
+    planted = plant(root, 0, 2, ids[0], ops)
+    CommitLog(fm).commit(2, {OP: [planted, second]}, layouts={OP: old})
+    ends = [dict(meta), dict(meta)]  # what each old partition ends with
+    for kind, _cf, a, b in ops:
+        if kind == "range":
+            for k in [k for k in ends[0] if a <= k < b]:
+                del ends[0][k]
+            continue
+        for k, v in zip(a, b, strict=True):
+            if v is None:
+                ends[0].pop(k, None)
+            else:
+                ends[0][k] = v
+    rules = _SharedMeta()
+    try:
+        execute_rescale(fm, plan_rescale(fm, OP, 3, rules=rules), rules=rules)
+    except StatekeeperError as e:
+        named = [StoreId(OP, 0).changelog(2, planted), f"{OP}/0 version 2", f"{OP}/1 version 2"]
+        assert any(n in str(e) for n in named), e
+        assert CommitLog(fm).latest() == 2, "nothing committed"
+        event(f"refused: {type(e).__name__}")
+        return
+    event("committed")
+    records = every_record(root, 3, 3)
+    assert {k: v for r in records for k, v in r.get("default", {}).items()} == base
+    for p, held in enumerate(records):
+        expected: dict[bytes, bytes] = {}
+        for q, _lo, _hi in new.overlaps(p, old):
+            for k, v in ends[q].items():
+                assert expected.setdefault(k, v) == v, "committed although two old partitions disagree"
+        assert held.get("meta", {}) == expected, f"new partition {p}"
