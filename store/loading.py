@@ -28,6 +28,7 @@ import rocksdict as rd
 
 from statekeeper.store.errors import (
     CheckpointError,
+    ConfigurationError,
     CorruptFileError,
     LineageError,
     UnsupportedFormatError,
@@ -336,7 +337,7 @@ class ChangelogReplay:
         for entry in reader.entries(self._work):
             if isinstance(entry, SstFile):
                 self.write()  # order matters: the SST's records are newer than those buffered
-                self._handle_of(entry.cf)
+                self._family(entry.cf, reader)
                 try:
                     ingest_sst(self._db.get_column_family(entry.cf), entry.path)
                 finally:
@@ -346,11 +347,12 @@ class ChangelogReplay:
             elif isinstance(entry, RangeDelete):
                 self.write()
                 wb = rd.WriteBatch(raw_mode=True)
-                wb.delete_range(entry.start, entry.end, self._handle_of(entry.cf))
+                wb.delete_range(entry.start, entry.end, self._family(entry.cf, reader))
                 self._db.write(wb)
                 records += 1
             else:
                 cf_name, keys, values = entry
+                self._family(cf_name, reader)
                 if not self._merge:
                     self._blocks.append((cf_name, keys, values))
                 elif (pending := self._pending.get(cf_name)) is not None:
@@ -362,6 +364,14 @@ class ChangelogReplay:
                 if self._bytes >= self._limit:
                     self.write()
         return records
+
+    def _family(self, name: str, reader: ChangelogReader) -> Any:
+        """The handle of column family `name`, created here on first use: a changelog naming more than a store
+        may have (`MAX_COLUMN_FAMILIES`) is corrupt, named."""
+        try:
+            return self._handle_of(name)
+        except ConfigurationError as e:
+            raise CorruptFileError(f"column family {name!r}: {e}", reader.name) from None
 
     def write(self) -> None:
         """Write what is buffered (call once after the last `add`)."""

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import rocksdict as rd
 
-from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.errors import ConfigurationError, CorruptFileError
+from statekeeper.store.formats.limits import MAX_COLUMN_FAMILIES
 
 log = logging.getLogger(__name__)
 
@@ -290,6 +291,8 @@ def open_db(path: str, column_families: Iterable[str] = (), *, bulk_replay: bool
     if os.path.exists(os.path.join(path, "CURRENT")):
         names.update(rd.Rdict.list_cf(path, db_options()))
     names.discard(DEFAULT_CF)
+    if len(names) >= MAX_COLUMN_FAMILIES:  # a restored snapshot's claim: refused before RocksDB opens each
+        raise CorruptFileError(f"{len(names) + 1} column families, above the limit of {MAX_COLUMN_FAMILIES}", path)
     opts = db_options(bulk_replay=bulk_replay)
     db = rd.Rdict(path, opts, column_families={n: db_options(bulk_replay=bulk_replay) for n in sorted(names)})
     db.set_write_options(write_options())

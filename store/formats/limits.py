@@ -34,12 +34,32 @@ refuses a block claiming more before decompressing it, so a zstd bomb cannot mak
 MAX_COLUMN_FAMILY_BYTES = 255
 """A column family name, UTF-8 (its length is one byte in a changelog block)."""
 
+MAX_SCHEMA_DEPTH = 64
+"""Types nested in a state schema (a struct in an array in a struct: 3). The typed codec recurses per level, so a
+schema from a checkpoint nested a few hundred deep would exhaust Python's stack; real schemas nest a few levels.
+Declared schemas are held to it too, so nothing written is refused on reading."""
+
+MAX_SCHEMA_VERSIONS = 1024
+"""Schemas recorded for one state variable (each declared change of its value schema adds one)."""
+
+MAX_COLUMN_FAMILIES = 4096
+"""Column families of one store. Each is a RocksDB column family, created on first use: a changelog or snapshot
+naming more would cost a load unbounded time and memory."""
+
+MAX_STATE_VARIABLES = 4000
+"""State variables recorded in a typed state's ``__meta``: each has a column family, and the state a few more
+of its own (timers, TTL index, ``__meta``), all within `MAX_COLUMN_FAMILIES`."""
+
 __all__ = [
     "MAX_BLOCK_BYTES",
+    "MAX_COLUMN_FAMILIES",
     "MAX_COLUMN_FAMILY_BYTES",
     "MAX_FRAME_PAYLOAD",
     "MAX_JSON_DEPTH",
     "MAX_KEY_BYTES",
+    "MAX_SCHEMA_DEPTH",
+    "MAX_SCHEMA_VERSIONS",
+    "MAX_STATE_VARIABLES",
     "MAX_VALUE_BYTES",
     "MAX_WHOLE_FILE",
     "MiB",

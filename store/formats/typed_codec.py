@@ -63,17 +63,18 @@ Decoder = Callable[[bytes], Any]
 def _nested(
     typ: DataType, what: str, path: str, rows: RowFactory | None, local_time: bool = False
 ) -> tuple[Encoder, Callable[..., Any]]:
-    """Encoder and decoder of a value nested in another (a field, an element, a map key or value):
-    structs decode through `rows` when given."""
-    if typ.is_struct:
-        inner = ValueCodec(typ, what, path, rows, local_time)
-        if rows is None:
-            return inner.encode, inner.decode
-        make = rows(tuple(inner.names))
-        decode = inner.decode
-        return inner.encode, lambda b, pos=0: make(decode(b, pos))
-    codec = ValueCodec(typ, what, path, rows, local_time)
-    return codec.encode, codec.decode
+    """Encoder and decoder of a value nested in another (a field, an element, a map key or value)."""
+    return _as_nested(ValueCodec(typ, what, path, rows, local_time), rows)
+
+
+def _as_nested(codec: ValueCodec, rows: RowFactory | None) -> tuple[Encoder, Callable[..., Any]]:
+    """`codec`'s encoder and decoder for a nested value: structs decode through `rows` when given. Built from the
+    one codec of the type (one per level: a codec built twice per level would cost 2**depth)."""
+    if not codec.schema.is_struct or rows is None:
+        return codec.encode, codec.decode
+    make = rows(tuple(codec.names))
+    decode = codec.decode
+    return codec.encode, lambda b, pos=0: make(decode(b, pos))
 
 
 def _slot(
@@ -324,8 +325,7 @@ class ListCodec:
     ) -> None:
         self.element = ValueCodec(element, what, path, rows, local_time)
         self._enc = self.element.encode
-        nested_struct = nested and element.is_struct
-        self._dec = _nested(element, what, path, rows, local_time)[1] if nested_struct else self.element.decode
+        self._dec = _as_nested(self.element, rows)[1] if nested else self.element.decode
 
     def encode(self, values: Sequence[Any]) -> bytes:
         if not isinstance(values, list | tuple) and not _is_ndarray(values):

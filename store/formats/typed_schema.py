@@ -19,10 +19,12 @@ import json
 import numbers
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from statekeeper.store.errors import ConfigurationError
+from statekeeper.store.formats.framing import json_depth
+from statekeeper.store.formats.limits import MAX_SCHEMA_DEPTH
 
 RowFactory = Callable[[tuple[str, ...]], Callable[[tuple[Any, ...]], Any]]
 """``names -> (values tuple -> row)``: how nested structs decode (e.g. as ``pyspark.sql.Row``); None: tuples."""
@@ -90,6 +92,16 @@ class DataType:
     """The fields of a ``struct``."""
     key: DataType | None = None
     """The key type of a ``map`` (its value type is ``element``, its value nullability ``contains_null``)."""
+    depth: int = field(init=False, repr=False, compare=False)
+    """Types nested in this one, itself included (an atomic type: 1); at most `MAX_SCHEMA_DEPTH`."""
+
+    def __post_init__(self) -> None:
+        inner = [f.type for f in self.fields]
+        inner += [t for t in (self.element, self.key) if t is not None]
+        depth = 1 + max((t.depth for t in inner), default=0)
+        if depth > MAX_SCHEMA_DEPTH:
+            raise SchemaError(_too_deep(depth))
+        object.__setattr__(self, "depth", depth)
 
     @property
     def is_struct(self) -> bool:
@@ -169,9 +181,19 @@ def atomic(name: str) -> DataType:
     raise SchemaError(f"unsupported type {name!r} in a state schema (supported: {', '.join(ATOMIC)}, decimal(p,s))")
 
 
+def _too_deep(depth: int) -> str:
+    return f"a state schema nests {depth} types deep, above the limit of {MAX_SCHEMA_DEPTH}"
+
+
 # -- Spark JSON --------------------------------------------------------------------------------
-def from_json_value(value: Any) -> DataType:
+_JSON_LEVELS_PER_TYPE = 3
+"""JSON nesting a struct level takes (its object, its fields array, a field's object); arrays and maps take 1."""
+
+
+def from_json_value(value: Any, depth: int = 1) -> DataType:
     """Our type from Spark's JSON form (``DataType.jsonValue()``)."""
+    if depth > MAX_SCHEMA_DEPTH:
+        raise SchemaError(_too_deep(depth))
     if isinstance(value, str):
         return atomic(value)
     if isinstance(value, Mapping):
@@ -179,30 +201,35 @@ def from_json_value(value: Any) -> DataType:
         if kind == "struct":
             return struct(
                 *(
-                    Field(str(f["name"]), from_json_value(f["type"]), bool(f.get("nullable", True)))
+                    Field(str(f["name"]), from_json_value(f["type"], depth + 1), bool(f.get("nullable", True)))
                     for f in value.get("fields", ())
                 )
             )
         if kind == "array":
             return DataType(
                 "array",
-                element=from_json_value(value["elementType"]),
+                element=from_json_value(value["elementType"], depth + 1),
                 contains_null=bool(value.get("containsNull", True)),
             )
         if kind == "map":
             return map_of(
-                from_json_value(value["keyType"]),
-                from_json_value(value["valueType"]),
+                from_json_value(value["keyType"], depth + 1),
+                from_json_value(value["valueType"], depth + 1),
                 bool(value.get("valueContainsNull", True)),
             )
         if kind == "udt" and "sqlType" in value:
-            return from_json_value(value["sqlType"])
+            return from_json_value(value["sqlType"], depth + 1)
     raise SchemaError(f"unsupported schema {value!r} (atomic types, decimals, arrays, maps and structs are supported)")
 
 
 def from_json(text: str | bytes) -> DataType:
+    """A schema record (Spark's JSON form) read from a checkpoint: untrusted, its nesting counted before parsing."""
+    data = text.encode() if isinstance(text, str) else text
+    limit = _JSON_LEVELS_PER_TYPE * MAX_SCHEMA_DEPTH + 1
     try:
-        return from_json_value(json.loads(text))
+        if json_depth(data, limit) > limit:
+            raise ValueError(f"it nests more than {MAX_SCHEMA_DEPTH} types deep")
+        return from_json_value(json.loads(data))
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:  # stored bytes: untrusted
         raise SchemaError(f"unreadable schema record {text[:200]!r}: {str(e)[:200]}") from e
 
@@ -246,18 +273,20 @@ def _name(tok: str) -> str:
     return tok
 
 
-def _ddl_type(t: _Tokens) -> DataType:
+def _ddl_type(t: _Tokens, depth: int = 1) -> DataType:
+    if depth > MAX_SCHEMA_DEPTH:
+        raise SchemaError(f"cannot parse schema {t.text[:200]!r}: {_too_deep(depth)}")
     word = t.take().lower()
     if word == "array":
         t.take("<")
-        element = _ddl_type(t)
+        element = _ddl_type(t, depth + 1)
         t.take(">")
         return DataType("array", element=element)
     if word == "map":
         t.take("<")
-        key = _ddl_type(t)
+        key = _ddl_type(t, depth + 1)
         t.take(",")
-        value = _ddl_type(t)
+        value = _ddl_type(t, depth + 1)
         t.take(">")
         return map_of(key, value)
     if word == "struct":
@@ -267,7 +296,7 @@ def _ddl_type(t: _Tokens) -> DataType:
             name = _name(t.take())
             if t.peek() == ":":
                 t.take(":")
-            fields.append(_ddl_field_rest(t, name))
+            fields.append(_ddl_field_rest(t, name, depth + 1))
             if t.peek() == ",":
                 t.take(",")
         t.take(">")
@@ -282,8 +311,8 @@ def _ddl_type(t: _Tokens) -> DataType:
     return atomic(word)
 
 
-def _ddl_field_rest(t: _Tokens, name: str) -> Field:
-    typ = _ddl_type(t)
+def _ddl_field_rest(t: _Tokens, name: str, depth: int = 2) -> Field:
+    typ = _ddl_type(t, depth)
     nullable = True
     if (t.peek() or "").lower() == "not" and (t.peek(1) or "").lower() == "null":
         t.take()
@@ -376,13 +405,16 @@ def from_arrow(typ: Any, what: str) -> DataType:
 
 
 # -- inference ---------------------------------------------------------------------------------
-def infer(value: Any, what: str) -> DataType:
+def infer(value: Any, what: str, depth: int = 1) -> DataType:
     """The type of the first value written to a variable declared without a schema."""
+    if depth > MAX_SCHEMA_DEPTH:
+        raise SchemaError(f"{what}: {_too_deep(depth)}")
     if isinstance(value, tuple):
         names = getattr(value, "__fields__", None) or getattr(value, "_fields", None)
         if not names:
             names = [f"_{i + 1}" for i in range(len(value))]
-        return struct(*(Field(str(n), infer(v, f"{what}, field {n!r}")) for n, v in zip(names, value, strict=True)))
+        pairs = zip(names, value, strict=True)
+        return struct(*(Field(str(n), infer(v, f"{what}, field {n!r}", depth + 1)) for n, v in pairs))
     if value is None:
         raise SchemaError(f"{what}: cannot infer a type from None; declare the schema")
     if isinstance(value, bool) or type(value).__name__ == "bool_":
@@ -405,12 +437,12 @@ def infer(value: Any, what: str) -> DataType:
         first = next((v for v in value if v is not None), None)
         if first is None:
             raise SchemaError(f"{what}: cannot infer an element type from {value!r}; declare the schema")
-        return DataType("array", element=infer(first, f"{what}, element"))
+        return DataType("array", element=infer(first, f"{what}, element", depth + 1))
     if isinstance(value, Mapping):
         item = next(((k, v) for k, v in value.items() if v is not None), None)
         if item is None:
             raise SchemaError(f"{what}: cannot infer the types of map {value!r}; declare the schema")
-        return map_of(infer(item[0], f"{what}, map key"), infer(item[1], f"{what}, map value"))
+        return map_of(infer(item[0], f"{what}, map key", depth + 1), infer(item[1], f"{what}, map value", depth + 1))
     raise SchemaError(f"{what}: cannot store a {type(value).__name__}; declare a schema of supported types")
 
 

@@ -29,10 +29,18 @@ from typing import Any
 from statekeeper.store.column_family import ColumnFamily
 from statekeeper.store.errors import CorruptFileError
 from statekeeper.store.formats.framing import parse_json
+from statekeeper.store.formats.limits import MAX_SCHEMA_VERSIONS, MAX_STATE_VARIABLES
 from statekeeper.store.formats.typed_codec import ListCodec, RowFactory, ValueCodec
 from statekeeper.store.formats.typed_keys import MAX_KEY_GROUPS as KEY_GROUP_LIMIT
 from statekeeper.store.formats.typed_scalars import CorruptStateError
-from statekeeper.store.formats.typed_schema import DataType, SchemaError, from_json, from_json_value, projector
+from statekeeper.store.formats.typed_schema import (
+    DataType,
+    SchemaError,
+    SchemaEvolutionError,
+    from_json,
+    from_json_value,
+    projector,
+)
 
 META_CF = "__meta"
 GROUPING_KEY = b"grouping_key"
@@ -89,6 +97,17 @@ class VariableRecord:
     user_key_schema: DataType | None = None
     schemas: dict[int, DataType] = field(default_factory=dict)
 
+    def add_schema(self, name: str, schema: DataType) -> None:
+        """Make `schema` variable `name`'s current value schema, under the next id (ids run 1, 2, ...: at most
+        `MAX_SCHEMA_VERSIONS`, which a reader holds every record to)."""
+        if len(self.schemas) >= MAX_SCHEMA_VERSIONS:
+            raise SchemaEvolutionError(
+                f"state variable {name!r} has {len(self.schemas)} value schemas recorded, the limit: declare it "
+                "under another name, or handle.deleteIfExists() it first"
+            )
+        self.schema_id = max(self.schemas, default=0) + 1
+        self.schemas[self.schema_id] = schema
+
     def payload(self) -> bytes:
         uk = None if self.user_key_schema is None else self.user_key_schema.json_value()
         doc = {"kind": self.kind, "ttl_ms": self.ttl_ms, "schema_id": self.schema_id, "user_key_schema": uk}
@@ -112,13 +131,19 @@ def read_record(meta: ColumnFamily, name: str) -> VariableRecord | None:
             schema_id=int(doc.get("schema_id", 0)),
             user_key_schema=None if uk is None else from_json_value(uk),
         )
-    except (CorruptFileError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:  # untrusted
+        if not 0 <= record.schema_id <= MAX_SCHEMA_VERSIONS:
+            raise ValueError(f"schema_id {record.schema_id} is not in 0..{MAX_SCHEMA_VERSIONS}")
+    except (CorruptFileError, SchemaError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise CorruptStateError(f"the record of state variable {name!r} is unreadable: {str(e)[:200]}") from None
     prefix = SCHEMA_PREFIX + name.encode() + b"/"
     for k, v in meta.items(prefix=prefix):
         if len(k) != len(prefix) + 4:
-            continue
+            continue  # another variable's, whose name continues this one's past a "/"
         schema_id = _U32.unpack_from(k, len(prefix))[0]
+        if not 1 <= schema_id <= MAX_SCHEMA_VERSIONS:  # ids run 1, 2, ...: so at most that many records are held
+            raise CorruptStateError(
+                f"schema {schema_id} of state variable {name!r} is not in 1..{MAX_SCHEMA_VERSIONS} (a {META_CF} key)"
+            )
         try:
             record.schemas[schema_id] = from_json(v)
         except SchemaError as e:  # stored bytes, not a setting: a corrupt state, named
@@ -143,8 +168,11 @@ def delete_record(meta: ColumnFamily, name: str) -> None:
 
 
 def variable_names(meta: ColumnFamily) -> list[str]:
-    names = []
+    """The state variables recorded, at most `MAX_STATE_VARIABLES` (a writer records no more)."""
+    names: list[str] = []
     for k, _ in meta.items(prefix=STATE_META_PREFIX):
+        if len(names) == MAX_STATE_VARIABLES:
+            raise CorruptStateError(f"{META_CF} records more than {MAX_STATE_VARIABLES} state variables, the limit")
         try:
             names.append(k[len(STATE_META_PREFIX) :].decode())
         except UnicodeDecodeError:

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from statekeeper.store.column_family import ColumnFamily
 from statekeeper.store.errors import ConfigurationError, StoreStateError
+from statekeeper.store.formats.limits import MAX_STATE_VARIABLES
 from statekeeper.store.formats.typed_keys import MAX_KEY_GROUPS as KEY_GROUP_LIMIT
 from statekeeper.store.formats.typed_keys import KeyCodec, stored_key_encoder
 from statekeeper.store.formats.typed_scalars import CorruptStateError
@@ -48,6 +49,7 @@ from statekeeper.store.spark.schemas import (
     read_grouping_key,
     read_max_key_groups,
     read_record,
+    variable_names,
     write_record,
 )
 from statekeeper.store.state_store import StateStore
@@ -270,6 +272,11 @@ class StateContext:
         """Record (or check against the checkpoint) a variable's kind, TTL and schemas; nothing is
         written when the declared schema cannot read the recorded one."""
         old = read_record(self._meta, name)
+        if old is None and len(variable_names(self._meta)) >= MAX_STATE_VARIABLES:  # what a reader holds
+            raise ConfigurationError(
+                f"state variable {name!r}: the store already records {MAX_STATE_VARIABLES} state variables, the "
+                "limit; handle.deleteIfExists() the ones no longer used"
+            )
         if old is not None and old.kind != kind:
             raise ConfigurationError(
                 f"state variable {name!r} is a {old.kind} in the checkpoint, declared now as a {kind}; "
@@ -297,8 +304,7 @@ class StateContext:
                         f"{INVALID_VALUE_SCHEMA_EVOLUTION} Schema evolution is not possible new value_schema="
                         f"{schema.simple_string()} and old value_schema={old_schema.simple_string()}: {e}"
                     ) from None
-            record.schema_id = max(record.schemas, default=0) + 1
-            record.schemas[record.schema_id] = schema
+            record.add_schema(name, schema)
         write_record(self._meta, name, record, old)
         return record
 

@@ -71,8 +71,7 @@ class _State:
             return
         schema = infer(value, f"state variable {self.name!r}")
         r = self._record
-        r.schema_id = max(r.schemas, default=0) + 1
-        r.schemas[r.schema_id] = schema
+        r.add_schema(self.name, schema)
         self._ctx.record_inferred(self.name, r)
         self._use_record()
 

@@ -1,0 +1,245 @@
+"""Counts and depths a checkpoint claims are capped (DESIGN invariant 12, docs/formats.md "Limits"): the column
+families a changelog or snapshot makes a store create, the state variables and value schemas a typed state's
+`__meta` records, and how deep a schema nests (the typed codec recurses per level). Each cap holds for writers too,
+so nothing a store writes is refused on reading; past it, a reader refuses naming the file, store or variable,
+never a RecursionError or an unbounded load.
+
+The column-family cap is lowered for these tests (a fault injected: the cap's value, not its logic): creating
+4,096 real RocksDB column families would take the test minutes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from statekeeper.store import rocks, state_store
+from statekeeper.store.commit_log import CommitLog
+from statekeeper.store.config import StoreConfig
+from statekeeper.store.errors import ConfigurationError, CorruptFileError
+from statekeeper.store.files import open_file_manager
+from statekeeper.store.formats.limits import MAX_SCHEMA_DEPTH, MAX_SCHEMA_VERSIONS, MAX_STATE_VARIABLES
+from statekeeper.store.formats.typed_scalars import CorruptStateError
+from statekeeper.store.formats.typed_schema import (
+    DataType,
+    Field,
+    SchemaError,
+    SchemaEvolutionError,
+    from_json,
+    infer,
+    map_of,
+    parse_ddl,
+    struct,
+)
+from statekeeper.store.layout import StoreId
+from statekeeper.store.snapshot import write_snapshot
+from statekeeper.store.spark.schemas import (
+    META_CF,
+    STATE_META_PREFIX,
+    ValueFormat,
+    VariableRecord,
+    read_record,
+    schema_key,
+    variable_names,
+)
+from statekeeper.store.state_store import StateStore
+
+OP = "agg"
+CAP = 8
+
+
+# -- schema depth --------------------------------------------------------------------------------
+def _nested(depth: int, kinds: list[str]) -> tuple[DataType | None, Any, str, Any]:
+    """A schema of `depth` types (None where construction refuses it), a value of it, its DDL and its Spark JSON,
+    each level the kind `kinds` names in turn (struct, array, map: the map's value nests)."""
+    typ: DataType | None = DataType("long")
+    value: Any = 7
+    ddl, doc = "long", cast(Any, "long")
+    for i in range(depth - 1):
+        kind = kinds[i % len(kinds)]
+        if kind == "struct":
+            value, ddl = (value,), f"struct<f{i}:{ddl}>"
+            doc = {"type": "struct", "fields": [{"name": f"f{i}", "type": doc, "nullable": True, "metadata": {}}]}
+        elif kind == "array":
+            value, ddl = [value], f"array<{ddl}>"
+            doc = {"type": "array", "elementType": doc, "containsNull": True}
+        else:
+            value, ddl = {"k": value}, f"map<string,{ddl}>"
+            doc = {"type": "map", "keyType": "string", "valueType": doc, "valueContainsNull": True}
+        if typ is not None and i + 2 <= MAX_SCHEMA_DEPTH:
+            if kind == "struct":
+                typ = struct(Field(f"f{i}", typ))
+            elif kind == "array":
+                typ = DataType("array", element=typ)
+            else:
+                typ = map_of(DataType("string"), typ)
+        else:
+            typ = None
+    return typ, value, ddl, doc
+
+
+@pytest.mark.timeout(120)  # a codec built twice per level took 2**depth: 1.2 s at 40 mixed levels, hours at 64
+@given(
+    depth=st.integers(1, MAX_SCHEMA_DEPTH + 40),
+    kinds=st.lists(st.sampled_from(["struct", "array", "map"]), min_size=1, max_size=4),
+)
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+def test_a_schema_within_the_depth_cap_round_trips_and_one_past_it_is_refused_by_every_reader(
+    depth: int, kinds: list[str]
+) -> None:
+    """The same nested schema as Spark JSON (a checkpoint's record), DDL (a declaration) and a value to infer
+    from: within the cap each reads to the same type, whose codec writes and reads a value back, also from an older
+    schema of the same shape whose leaf was an int (evolution: projected at every level); past it each is a
+    SchemaError naming the cap, never a RecursionError."""
+    typ, value, ddl, doc = _nested(depth, kinds)
+    readers: dict[str, Callable[[], DataType]] = {
+        "json": lambda: from_json(json.dumps(doc)),
+        "ddl": lambda: parse_ddl(ddl),
+        "inferred": lambda: infer(value, "state variable 'v'"),
+    }
+    if depth <= MAX_SCHEMA_DEPTH:
+        assert typ is not None and typ.depth == depth
+        for read in readers.values():
+            got = read()
+            assert got.depth == depth
+        fmt = ValueFormat("v", False)
+        fmt.use(1, typ, {1: typ})
+        raw = fmt.encode_any(value)
+        assert fmt.decode_any(raw) == fmt.decode_any(fmt.encode_any(fmt.decode_any(raw)))
+        old = from_json(json.dumps(doc).replace('"long"', '"integer"'))
+        fmt.use(2, old, {1: typ, 2: old})
+        raw_old = fmt.encode_any(value)
+        fmt.use(3, typ, {1: typ, 2: old, 3: typ})
+        assert fmt.decode_any(raw_old) == fmt.decode_any(raw)
+    else:
+        for name, read in readers.items():
+            with pytest.raises(SchemaError, match=f"{MAX_SCHEMA_DEPTH}"):
+                read()
+            assert name
+
+
+def test_a_checkpoint_schema_record_nested_past_the_cap_is_a_corrupt_state_naming_the_variable(tmp_path: Path) -> None:
+    """Valid JSON, within any JSON parser's own limits (200 structs: 600 levels), whose codec would have exhausted
+    the stack: a CorruptStateError naming the variable, for the value schema and the map key schema alike."""
+    _, _, _, doc = _nested(200, ["struct"])
+    with StateStore(str(tmp_path / "root"), OP, 0, config=StoreConfig(local_dir=str(tmp_path / "w"))) as s:
+        s.load(0)
+        meta = s.column_family(META_CF)
+        meta.put(STATE_META_PREFIX + b"counts", VariableRecord("value", schema_id=1).payload())
+        meta.put(schema_key("counts", 1), json.dumps(doc).encode())
+        with pytest.raises(CorruptStateError, match="counts"):
+            read_record(meta, "counts")
+        bad_key = {"kind": "map", "schema_id": 0, "user_key_schema": doc}
+        meta.put(STATE_META_PREFIX + b"lookups", json.dumps(bad_key).encode())
+        with pytest.raises(CorruptStateError, match="lookups"):
+            read_record(meta, "lookups")
+
+
+# -- records in __meta ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("key", "body"),
+    [
+        (STATE_META_PREFIX + b"counts", VariableRecord("value", schema_id=MAX_SCHEMA_VERSIONS + 1).payload()),
+        (STATE_META_PREFIX + b"counts", VariableRecord("value", schema_id=-1).payload()),
+        (schema_key("counts", 0), b'"long"'),
+        (schema_key("counts", MAX_SCHEMA_VERSIONS + 1), b'"long"'),
+        (schema_key("counts", 2**32 - 1), b'"long"'),
+    ],
+)
+def test_a_schema_id_outside_the_ids_a_writer_gives_is_a_corrupt_state(tmp_path: Path, key: bytes, body: bytes) -> None:
+    """Ids run 1, 2, ... up to MAX_SCHEMA_VERSIONS: anything else is refused, so a reader holds at most that many
+    schemas of a variable whatever its `__meta` holds."""
+    with StateStore(str(tmp_path / "root"), OP, 0, config=StoreConfig(local_dir=str(tmp_path / "w"))) as s:
+        s.load(0)
+        meta = s.column_family(META_CF)
+        meta.put(STATE_META_PREFIX + b"counts", VariableRecord("value").payload())
+        meta.put(key, body)
+        with pytest.raises(CorruptStateError, match="counts"):
+            read_record(meta, "counts")
+
+
+def test_more_state_variables_than_a_writer_records_are_refused_and_a_writer_stops_at_the_cap(tmp_path: Path) -> None:
+    from statekeeper.store.spark.state import StateContext
+
+    with StateStore(str(tmp_path / "root"), OP, 0, config=StoreConfig(local_dir=str(tmp_path / "w"))) as s:
+        s.load(0)
+        meta = s.column_family(META_CF)
+        meta.put_batch(
+            [STATE_META_PREFIX + f"v{i:05d}".encode() for i in range(MAX_STATE_VARIABLES - 1)],
+            [VariableRecord("value").payload()] * (MAX_STATE_VARIABLES - 1),
+        )
+        ctx = StateContext(s, 0)
+        ctx.declare("one_more", "value", None, DataType("long"), None)  # the last one a store may record
+        assert len(variable_names(meta)) == MAX_STATE_VARIABLES
+        with pytest.raises(ConfigurationError, match=f"'too_many'.*{MAX_STATE_VARIABLES}"):
+            ctx.declare("too_many", "value", None, DataType("long"), None)
+        ctx.declare("one_more", "value", None, DataType("long"), None)  # a recorded one still declares
+        meta.put(STATE_META_PREFIX + b"planted", VariableRecord("value").payload())
+        with pytest.raises(CorruptStateError, match=f"more than {MAX_STATE_VARIABLES} state variables"):
+            variable_names(meta)
+
+
+def test_a_variable_stops_taking_new_schemas_at_the_cap() -> None:
+    record = VariableRecord("value")
+    for _ in range(MAX_SCHEMA_VERSIONS):
+        record.add_schema("counts", DataType("long"))
+    assert record.schema_id == MAX_SCHEMA_VERSIONS and len(record.schemas) == MAX_SCHEMA_VERSIONS
+    with pytest.raises(SchemaEvolutionError, match=f"'counts' has {MAX_SCHEMA_VERSIONS} value schemas"):
+        record.add_schema("counts", DataType("string"))
+
+
+# -- column families -------------------------------------------------------------------------------
+@pytest.fixture
+def low_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(state_store, "MAX_COLUMN_FAMILIES", CAP)
+    monkeypatch.setattr(rocks, "MAX_COLUMN_FAMILIES", CAP)
+
+
+def _many_families(root: str, work: str, families: int) -> None:
+    """A store whose version 1 writes `families` column families (default included), snapshotted."""
+    log = CommitLog(open_file_manager(root))
+    with StateStore(root, OP, 0, config=StoreConfig(local_dir=work)) as s:
+        s.load(0)
+        for i in range(families - 1):
+            s.put(b"k", b"v", cf=f"cf{i}")
+        s.put(b"k", b"v")
+        r = s.commit()
+        log.commit(r.version, {OP: [r.checkpoint_id]})
+        s.load(1)
+        write_snapshot(s.fm, StoreId(OP, 0), 1, s.checkpoint_id or "", s.db, work)
+
+
+def test_a_writer_cannot_create_more_column_families_than_the_cap(tmp_path: Path, low_cap: None) -> None:
+    with StateStore(str(tmp_path / "root"), OP, 0, config=StoreConfig(local_dir=str(tmp_path / "w"))) as s:
+        s.load(0)
+        for i in range(CAP - 1):
+            s.put(b"k", b"v", cf=f"cf{i}")
+        assert len(s.column_families()) == CAP
+        with pytest.raises(ConfigurationError, match=f"'one_more'.*limit of {CAP}"):
+            s.put(b"k", b"v", cf="one_more")
+
+
+def test_a_checkpoint_with_more_column_families_than_the_cap_is_refused_naming_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Written where the cap was higher, read where it is lower: the snapshot is refused before RocksDB opens its
+    column families (the load falls back to the changelog), and the changelog's replay refuses the first family
+    past the cap naming the changelog."""
+    root, work = str(tmp_path / "root"), str(tmp_path / "w")
+    _many_families(root, work, CAP + 4)
+    monkeypatch.setattr(state_store, "MAX_COLUMN_FAMILIES", CAP)
+    monkeypatch.setattr(rocks, "MAX_COLUMN_FAMILIES", CAP)
+    with (
+        StateStore(root, OP, 0, config=StoreConfig(local_dir=str(tmp_path / "r"))) as s,
+        pytest.raises(CorruptFileError) as e,
+    ):
+        s.load(1)
+    said = str(e.value)
+    assert f"column families, above the limit of {CAP}" in said and ".manifest" in said, said
+    assert f"would be one more than its {CAP}" in said and ".changelog" in said, said
