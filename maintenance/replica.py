@@ -41,7 +41,14 @@ from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import StoreId
 from statekeeper.store.load_plan import check_header, check_parent
 from statekeeper.store.loading import ChangelogReplay
-from statekeeper.store.rocks import DEFAULT_CF, db_options, open_db, track_memtable, untrack_memtables
+from statekeeper.store.rocks import (
+    DEFAULT_CF,
+    check_family_count,
+    db_options,
+    open_db,
+    track_memtable,
+    untrack_memtables,
+)
 from statekeeper.store.snapshot import SnapshotResult, restore_snapshot, write_snapshot
 
 log = logging.getLogger(__name__)
@@ -298,6 +305,7 @@ class Replica:
     def _handle_of(self, cf_name: str) -> Any:
         handle = self._handles.get(cf_name)
         if handle is None:
+            check_family_count(len(self._handles), cf_name, f"the replica of store {self.store}")
             self.db.create_column_family(cf_name, db_options(bulk_replay=True))
             self._bind(cf_name)
             handle = self._handles[cf_name]

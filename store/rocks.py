@@ -284,6 +284,14 @@ def write_options() -> rd.WriteOptions:
     return wo
 
 
+def check_family_count(have: int, name: str, owner: str) -> None:
+    """Refuse creating column family `name` beside `have` others in `owner` past `MAX_COLUMN_FAMILIES`."""
+    if have >= MAX_COLUMN_FAMILIES:
+        raise ConfigurationError(
+            f"{owner}: column family {name!r} would be one more than its {have}, the limit of {MAX_COLUMN_FAMILIES}"
+        )
+
+
 def open_db(path: str, column_families: Iterable[str] = (), *, bulk_replay: bool = False) -> rd.Rdict:
     """Open (or create) the DB at `path`, passing every column family and its options explicitly
     (`bulk_replay`: see `db_options`)."""

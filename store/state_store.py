@@ -23,16 +23,16 @@ import rocksdict as rd
 from statekeeper.store.column_family import ColumnFamily
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.config import StoreConfig
-from statekeeper.store.errors import ConfigurationError, StoreStateError
+from statekeeper.store.errors import StoreStateError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.formats.changelog import ChangelogHeader, ChangelogWriter, Lineage
-from statekeeper.store.formats.limits import MAX_COLUMN_FAMILIES
 from statekeeper.store.formats.names import validate_column_family
 from statekeeper.store.layout import StoreId, new_checkpoint_id, validate_checkpoint_id, validate_version
 from statekeeper.store.load_plan import CheckpointPlanSource, LoadPlan, resolve_load_plan
 from statekeeper.store.loading import LoadMetrics, PlanExecution
 from statekeeper.store.rocks import (
     DEFAULT_CF,
+    check_family_count,
     db_options,
     open_db,
     relieve_memory_pressure,
@@ -252,11 +252,7 @@ class StateStore(PlanExecution):
         if cf is not None:
             return cf
         validate_column_family(name)
-        if len(self._cfs) >= MAX_COLUMN_FAMILIES:
-            raise ConfigurationError(
-                f"store {self.store_id}: column family {name!r} would be one more than its {len(self._cfs)}, "
-                f"the limit of {MAX_COLUMN_FAMILIES}"
-            )
+        check_family_count(len(self._cfs), name, f"store {self.store_id}")
         db.create_column_family(name, db_options(bulk_replay=self.config.bulk_replay))
         cf = self._make_cf(name)
         if self._writer is not None:

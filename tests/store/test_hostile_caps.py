@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from statekeeper.store import rocks, state_store
+from statekeeper.store import rocks
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.config import StoreConfig
 from statekeeper.store.errors import ConfigurationError, CorruptFileError
@@ -197,7 +197,6 @@ def test_a_variable_stops_taking_new_schemas_at_the_cap() -> None:
 # -- column families -------------------------------------------------------------------------------
 @pytest.fixture
 def low_cap(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(state_store, "MAX_COLUMN_FAMILIES", CAP)
     monkeypatch.setattr(rocks, "MAX_COLUMN_FAMILIES", CAP)
 
 
@@ -233,7 +232,6 @@ def test_a_checkpoint_with_more_column_families_than_the_cap_is_refused_naming_i
     past the cap naming the changelog."""
     root, work = str(tmp_path / "root"), str(tmp_path / "w")
     _many_families(root, work, CAP + 4)
-    monkeypatch.setattr(state_store, "MAX_COLUMN_FAMILIES", CAP)
     monkeypatch.setattr(rocks, "MAX_COLUMN_FAMILIES", CAP)
     with (
         StateStore(root, OP, 0, config=StoreConfig(local_dir=str(tmp_path / "r"))) as s,
@@ -243,3 +241,23 @@ def test_a_checkpoint_with_more_column_families_than_the_cap_is_refused_naming_i
     said = str(e.value)
     assert f"column families, above the limit of {CAP}" in said and ".manifest" in said, said
     assert f"would be one more than its {CAP}" in said and ".changelog" in said, said
+
+
+def test_maintenance_replaying_a_changelog_with_more_column_families_than_the_cap_refuses_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The snapshot builder's replica replays changelogs into its own RocksDB: the same cap, the same error."""
+    from statekeeper.maintenance.replica import Replica
+
+    root = str(tmp_path / "root")
+    _many_families(root, str(tmp_path / "w"), CAP + 4)
+    monkeypatch.setattr(rocks, "MAX_COLUMN_FAMILIES", CAP)
+    fm = open_file_manager(root)
+    ckpt = CommitLog(fm).get(1)
+    assert ckpt is not None
+    replica = Replica(fm, StoreId(OP, 0), str(tmp_path / "replica"))
+    try:
+        with pytest.raises(CorruptFileError, match=rf"would be one more than its {CAP}.*\.changelog"):
+            replica.ensure(1, ckpt.checkpoint_ids[OP][0], {1: ckpt.checkpoint_ids[OP][0]}, {})
+    finally:
+        replica.close()
