@@ -366,7 +366,12 @@ def to_schema(schema: Any, what: str) -> DataType | None:
             raise SchemaError(f"{what}: {e}") from None
     json_value = getattr(schema, "jsonValue", None)
     if callable(json_value):
-        return from_json_value(json_value())
+        try:
+            return from_json_value(json_value())
+        except SchemaError as e:
+            raise SchemaError(f"{what}: {e}") from None
+        except RecursionError:  # PySpark's own jsonValue recurses per level
+            raise SchemaError(f"{what}: it nests more than {MAX_SCHEMA_DEPTH} types deep") from None
     raise SchemaError(f"{what}: a schema must be a StructType, DataType or DDL string, got {type(schema).__name__}")
 
 

@@ -261,3 +261,18 @@ def test_maintenance_replaying_a_changelog_with_more_column_families_than_the_ca
             replica.ensure(1, ckpt.checkpoint_ids[OP][0], {1: ckpt.checkpoint_ids[OP][0]}, {})
     finally:
         replica.close()
+
+
+@pytest.mark.parametrize("depth", [MAX_SCHEMA_DEPTH + 1, 3000])
+def test_a_declared_pyspark_schema_past_the_cap_is_a_schema_error_naming_the_variable(depth: int) -> None:
+    """PySpark's own StructType, declared by a processor: past the cap, and past PySpark's own recursion (its
+    jsonValue recurses per level), a SchemaError naming what was declared."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from statekeeper.store.formats.typed_schema import to_schema
+
+    typ: Any = LongType()
+    for _ in range(depth - 1):
+        typ = StructType([StructField("a", typ)])
+    with pytest.raises(SchemaError, match=f"state variable 'deep'.*{MAX_SCHEMA_DEPTH}"):
+        to_schema(typ, "state variable 'deep'")
