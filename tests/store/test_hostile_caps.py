@@ -111,17 +111,16 @@ def test_a_schema_within_the_depth_cap_round_trips_and_one_past_it_is_refused_by
         fmt = ValueFormat("v", False)
         fmt.use(1, typ, {1: typ})
         raw = fmt.encode_any(value)
-        assert fmt.decode_any(raw) == fmt.decode_any(fmt.encode_any(fmt.decode_any(raw)))
+        assert fmt.decode_any(raw) == value
         old = from_json(json.dumps(doc).replace('"long"', '"integer"'))
         fmt.use(2, old, {1: typ, 2: old})
         raw_old = fmt.encode_any(value)
         fmt.use(3, typ, {1: typ, 2: old, 3: typ})
-        assert fmt.decode_any(raw_old) == fmt.decode_any(raw)
+        assert fmt.decode_any(raw_old) == value
     else:
-        for name, read in readers.items():
+        for read in readers.values():
             with pytest.raises(SchemaError, match=f"{MAX_SCHEMA_DEPTH}"):
                 read()
-            assert name
 
 
 def test_a_checkpoint_schema_record_nested_past_the_cap_is_a_corrupt_state_naming_the_variable(tmp_path: Path) -> None:
