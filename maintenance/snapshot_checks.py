@@ -193,7 +193,7 @@ class VerifiedSsts:
             }
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
             log.warning("ignoring the verified-SST cache %s (%s): its SSTs are hashed again", self.path, e)
             self.proven = {}
             return {}

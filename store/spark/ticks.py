@@ -109,7 +109,7 @@ class TickChannel:
             return TickRecord(int(data["batch_id"]), None if due is None else int(due))
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:  # a file anyone may write
             log.warning("statekeeper ticks: unreadable tick record %s (%s): no tick raised", self.path, e)
             return None
 

@@ -103,3 +103,21 @@ def test_the_verified_file_keeps_only_the_ssts_of_listed_snapshots(
     kept = min(names)
     assert checksum_problem(h.fm, store, manifest, work_dir=settings.work_dir, referenced={kept}) is None
     assert set(json.loads(Path(path).read_text())["ssts"]) == {kept}
+
+
+def test_an_unreadable_verified_file_is_ignored_and_its_ssts_hashed_again(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    """The file is maintenance's own cache in its work directory, read as untrusted all the same: garbage or JSON
+    nested past the parser's recursion is a cache miss (every SST hashed again), never a failed check."""
+    h = make_local_history(operators={"agg": 1}, keys=300)
+    h.batches(settings.snapshot_threshold + 1)
+    assert create_snapshots(h.fm, settings).snapshots == 1
+    store = h.stores[0]
+    manifest = next(iter(Inventory.scan(h.fm, use_cache=False).files_of(store).manifest_data.values()))
+    path = VerifiedSsts(settings.work_dir or "", h.fm.root_uri, store).path
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    for broken in ("{not json", "[" * 100_000, '{"ssts": ' * 5000 + "{}" + "}" * 5000):
+        Path(path).write_text(broken)
+        assert VerifiedSsts(settings.work_dir or "", h.fm.root_uri, store).entries == {}
+        assert checksum_problem(h.fm, store, manifest, work_dir=settings.work_dir) is None

@@ -139,8 +139,9 @@ def test_tick_channel_round_trip(tmp_path: Path) -> None:
     channel.write(TickRecord(4, 123))
     channel.write(TickRecord(5, None))
     assert channel.read() == TickRecord(5, None)
-    Path(path).write_text("{not json")
-    assert channel.read() is None  # a broken hint raises no tick and no error
+    for broken in ("{not json", "[" * 4000, '{"due_at_ms": ' * 1500):  # its directory is anyone's: a hint, not trusted
+        Path(path).write_text(broken)
+        assert channel.read() is None  # a broken hint raises no tick and no error
     channel.remove()
     assert channel.read() is None
 
