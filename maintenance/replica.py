@@ -305,7 +305,7 @@ class Replica:
     def _handle_of(self, cf_name: str) -> Any:
         handle = self._handles.get(cf_name)
         if handle is None:
-            check_family_count(len(self._handles), cf_name, f"the replica of store {self.store}")
+            check_family_count(len(self._handles) + 1, f"the replica of store {self.store}", cf_name)
             self.db.create_column_family(cf_name, db_options(bulk_replay=True))
             self._bind(cf_name)
             handle = self._handles[cf_name]

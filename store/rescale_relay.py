@@ -32,7 +32,7 @@ from itertools import islice
 from operator import itemgetter, le
 
 from statekeeper.store.commit_log import CommitLog
-from statekeeper.store.errors import CorruptFileError, StatekeeperError
+from statekeeper.store.errors import ConfigurationError, CorruptFileError, StatekeeperError
 from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.formats.changelog import ChangelogHeader, ChangelogWriter, RangeDelete, SstFile
 from statekeeper.store.key_group_rules import CfRule, KeyGroupRules
@@ -41,6 +41,7 @@ from statekeeper.store.layout import StoreId, new_checkpoint_id
 from statekeeper.store.load_plan import CheckpointPlanSource, LoadPlan, LoadSource, resolve_load_plan
 from statekeeper.store.loading import read_changelogs
 from statekeeper.store.rescale_plan import PartitionBuild, RescaleError, RescalePlan, SharedRecords
+from statekeeper.store.rocks import check_family_count
 from statekeeper.store.state_store import StoreConfig
 
 log = logging.getLogger(__name__)
@@ -203,6 +204,10 @@ def _relay_source(
             rule = rules.rule(cf) if rescale else CfRule.LEADING
             counts = counted.get(cf)
             if counts is None:
+                try:  # a store holds at most so many: a changelog naming more is corrupt
+                    check_family_count(len(counted) + 1, f"old partition {q}", cf)
+                except ConfigurationError as e:
+                    raise CorruptFileError(str(e), reader.name) from None
                 counts = counted[cf] = rules.counted(cf)
             if isinstance(entry, RangeDelete):
                 _relay_range_delete(entry, rule, takers, counts, reader.name)
@@ -300,6 +305,10 @@ def _pick(keys: list[bytes], values: list[bytes | None], picked: list[int]) -> t
 
 def _publish(fm: CheckpointFileManager, plan: RescalePlan, rules: KeyGroupRules, out: _Out) -> PartitionBuild:
     """Add the merged shared records and the rules' fix-ups, seal the changelog and publish it."""
+    try:  # each source held no more, but their union may: such a partition could not be loaded
+        check_family_count(len(out.cfs), f"new partition {out.partition}")
+    except ConfigurationError as e:
+        raise RescaleError(f"{plan.describe()}: {e}") from None
     cfs = sorted(out.cfs)
     counts = {cf: len(out.live.get(cf, ())) for cf in cfs if rules.counted(cf)}
     for cf, key, value in rules.finish(cfs, counts):

@@ -284,12 +284,11 @@ def write_options() -> rd.WriteOptions:
     return wo
 
 
-def check_family_count(have: int, name: str, owner: str) -> None:
-    """Refuse creating column family `name` beside `have` others in `owner` past `MAX_COLUMN_FAMILIES`."""
-    if have >= MAX_COLUMN_FAMILIES:
-        raise ConfigurationError(
-            f"{owner}: column family {name!r} would be one more than its {have}, the limit of {MAX_COLUMN_FAMILIES}"
-        )
+def check_family_count(count: int, owner: str, name: str | None = None) -> None:
+    """Refuse `count` column families in `owner` past `MAX_COLUMN_FAMILIES` (`name`: the one that would make them)."""
+    if count > MAX_COLUMN_FAMILIES:
+        what = f"column family {name!r} would make {count}" if name is not None else f"{count} column families"
+        raise ConfigurationError(f"{owner}: {what}, above the limit of {MAX_COLUMN_FAMILIES}")
 
 
 def open_db(path: str, column_families: Iterable[str] = (), *, bulk_replay: bool = False) -> rd.Rdict:
@@ -299,8 +298,10 @@ def open_db(path: str, column_families: Iterable[str] = (), *, bulk_replay: bool
     if os.path.exists(os.path.join(path, "CURRENT")):
         names.update(rd.Rdict.list_cf(path, db_options()))
     names.discard(DEFAULT_CF)
-    if len(names) >= MAX_COLUMN_FAMILIES:  # a restored snapshot's claim: refused before RocksDB opens each
-        raise CorruptFileError(f"{len(names) + 1} column families, above the limit of {MAX_COLUMN_FAMILIES}", path)
+    try:  # a restored snapshot's claim: refused before RocksDB opens each
+        check_family_count(len(names) + 1, "the DB")
+    except ConfigurationError as e:
+        raise CorruptFileError(str(e), path) from None
     opts = db_options(bulk_replay=bulk_replay)
     db = rd.Rdict(path, opts, column_families={n: db_options(bulk_replay=bulk_replay) for n in sorted(names)})
     db.set_write_options(write_options())

@@ -252,7 +252,7 @@ class StateStore(PlanExecution):
         if cf is not None:
             return cf
         validate_column_family(name)
-        check_family_count(len(self._cfs), name, f"store {self.store_id}")
+        check_family_count(len(self._cfs) + 1, f"store {self.store_id}", name)
         db.create_column_family(name, db_options(bulk_replay=self.config.bulk_replay))
         cf = self._make_cf(name)
         if self._writer is not None:

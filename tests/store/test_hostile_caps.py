@@ -239,7 +239,7 @@ def test_a_checkpoint_with_more_column_families_than_the_cap_is_refused_naming_i
         s.load(1)
     said = str(e.value)
     assert f"column families, above the limit of {CAP}" in said and ".manifest" in said, said
-    assert f"would be one more than its {CAP}" in said and ".changelog" in said, said
+    assert f"would make {CAP + 1}, above the limit of {CAP}" in said and ".changelog" in said, said
 
 
 def test_maintenance_replaying_a_changelog_with_more_column_families_than_the_cap_refuses_naming_it(
@@ -256,7 +256,7 @@ def test_maintenance_replaying_a_changelog_with_more_column_families_than_the_ca
     assert ckpt is not None
     replica = Replica(fm, StoreId(OP, 0), str(tmp_path / "replica"))
     try:
-        with pytest.raises(CorruptFileError, match=rf"would be one more than its {CAP}.*\.changelog"):
+        with pytest.raises(CorruptFileError, match=rf"would make {CAP + 1}, above the limit of {CAP}.*\.changelog"):
             replica.ensure(1, ckpt.checkpoint_ids[OP][0], {1: ckpt.checkpoint_ids[OP][0]}, {})
     finally:
         replica.close()
@@ -275,3 +275,53 @@ def test_a_declared_pyspark_schema_past_the_cap_is_a_schema_error_naming_the_var
         typ = StructType([StructField("a", typ)])
     with pytest.raises(SchemaError, match=f"state variable 'deep'.*{MAX_SCHEMA_DEPTH}"):
         to_schema(typ, "state variable 'deep'")
+
+
+def test_a_rescale_relaying_a_changelog_with_more_column_families_than_the_cap_refuses_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Never snapshotted, a source is relayed: its changelog's records are cut into the new partitions' changelogs
+    without a load. A source naming more column families than a store may have is refused naming its changelog,
+    before any new changelog is published or the new layout committed (which no load could then open)."""
+    from statekeeper.store.key_groups import KeyGroupLayout
+    from statekeeper.store.rescale import execute_rescale, plan_rescale
+
+    root = str(tmp_path / "root")
+    fm = open_file_manager(root)
+    with StateStore(root, OP, 0, config=StoreConfig(local_dir=str(tmp_path / "w"))) as s:
+        s.load(0)
+        for i in range(CAP + 3):
+            s.put(b"\x00\x01k", b"v", cf=f"cf{i}")  # key group 1, as a group-led key
+        s.put(b"\x00\x01k", b"v")
+        r = s.commit()
+        CommitLog(fm).commit(r.version, {OP: [r.checkpoint_id]}, layouts={OP: KeyGroupLayout(1, 1024)})
+    monkeypatch.setattr(rocks, "MAX_COLUMN_FAMILIES", CAP)
+    with pytest.raises(CorruptFileError, match=rf"old partition 0: .*above the limit of {CAP}.*\.changelog"):
+        execute_rescale(fm, plan_rescale(fm, OP, 2))
+    assert CommitLog(fm).latest() == 1
+    assert not list((Path(root) / "state" / OP / "00001").glob("**/*.changelog"))
+
+
+def test_a_relayed_partition_whose_sources_together_name_too_many_column_families_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each source within the cap, their union past it: the merged partition is refused before it is published."""
+    from statekeeper.store.key_groups import KeyGroupLayout
+    from statekeeper.store.rescale import execute_rescale, plan_rescale
+    from statekeeper.store.rescale_plan import RescaleError
+
+    root = str(tmp_path / "root")
+    fm = open_file_manager(root)
+    ids = []
+    for p, lead in ((0, b"\x00\x01"), (1, b"\x02\x01")):  # key groups 1 and 513: one in each half
+        with StateStore(root, OP, p, config=StoreConfig(local_dir=str(tmp_path / f"w{p}"))) as s:
+            s.load(0)
+            for i in range(CAP - 2):
+                s.put(lead + b"k", b"v", cf=f"p{p}cf{i}")
+            s.put(lead + b"k", b"v")
+            ids.append(s.commit().checkpoint_id)
+    CommitLog(fm).commit(1, {OP: ids}, layouts={OP: KeyGroupLayout(2, 1024)})
+    monkeypatch.setattr(rocks, "MAX_COLUMN_FAMILIES", CAP)
+    with pytest.raises(RescaleError, match=rf"new partition 0: {2 * (CAP - 2) + 1} column families.*limit of {CAP}"):
+        execute_rescale(fm, plan_rescale(fm, OP, 1))
+    assert CommitLog(fm).latest() == 1
