@@ -279,8 +279,11 @@ class ValueCodec:
         return head + b"".join(var) if var else head
 
     def decode(self, raw: bytes, pos: int = 0) -> Any:
+        """The value whose row fills `raw` from `pos` to its end (a value's bytes, or a nested value's own)."""
         t = self._row.unpack_from(raw, pos)
         if self._plain_decode:
+            if len(raw) != pos + self._row.size:
+                raise CorruptStateError(_trailing(self.what, len(raw) - pos - self._row.size))
             if t[0] == self._zero:
                 return t[1] if self.bare else t[1:]
             spread = self._nulls.spread(t[0]) if self._nulls is not None else None
@@ -305,7 +308,13 @@ class ValueCodec:
                 x = b
             conv = self._from[i]
             out.append(x if conv is None else conv(x))
+        if at != len(raw):
+            raise CorruptStateError(_trailing(self.what, len(raw) - at))
         return out[0] if self.bare else tuple(out)
+
+
+def _trailing(what: str, extra: int) -> str:
+    return f"{what}: {extra} bytes after the value's last field (a value fills its bytes exactly)"
 
 
 class ListCodec:
@@ -352,8 +361,12 @@ class ListCodec:
             if n == 0xFFFFFFFF:
                 out.append(None)
                 continue
+            if pos + n > len(raw):
+                raise CorruptStateError(f"{self.element.what}: a list element runs past the value's end")
             out.append(dec(raw[pos : pos + n]))
             pos += n
+        if pos != len(raw):
+            raise CorruptStateError(_trailing(self.element.what, len(raw) - pos))
         return out
 
 
@@ -415,6 +428,8 @@ class MapCodec:
             for _ in range(count):
                 (n,) = _LEN.unpack_from(raw, pos)
                 pos += 4
+                if pos + n > len(raw):
+                    raise struct.error("a key's length")
                 key = _hashable(self._dec_key(raw[pos : pos + n]))
                 pos += n
                 (n,) = _LEN.unpack_from(raw, pos)
@@ -422,10 +437,14 @@ class MapCodec:
                 if n == 0xFFFFFFFF:
                     out[key] = None
                     continue
+                if pos + n > len(raw):
+                    raise struct.error("a value's length")
                 out[key] = self._dec_value(raw[pos : pos + n])
                 pos += n
         except struct.error as e:
             raise CorruptStateError(f"{self.what}: map field {self.path!r} runs past the value's end: {e}") from None
+        if pos != len(raw):
+            raise CorruptStateError(_trailing(f"{self.what}: map field {self.path!r}", len(raw) - pos))
         return out
 
 

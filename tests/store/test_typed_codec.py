@@ -116,6 +116,27 @@ def test_values_round_trip(values: list[tuple[Any, ...]]) -> None:
     assert lists.decode(lists.encode(values)) == values
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_values, max_size=4), st.binary(min_size=1, max_size=12), st.data())
+def test_a_value_fills_its_bytes_exactly(values: list[tuple[Any, ...]], extra: bytes, data: st.DataObject) -> None:
+    """Bytes after a stored value (a row, a list, a map of arrays), or a value cut short, are a CorruptStateError
+    naming the variable: a value's bytes hold it exactly, so a reader never takes a well-formed prefix of other
+    bytes for the value."""
+    row, listed = ValueFormat("v", False), ValueFormat("v", True)
+    row.use(1, _value_schema, {1: _value_schema})
+    listed.use(1, _value_schema, {1: _value_schema})
+    maps = ValueFormat("v", False)
+    map_schema = parse_ddl("m map<string, array<long>>")
+    maps.use(1, map_schema, {1: map_schema})
+    stored = [(row, row.encode_any(v)) for v in values]
+    stored += [(listed, listed.encode_any(values)), (maps, maps.encode_any(({"k": [1, 2], "e": []},)))]
+    for fmt, raw in stored:
+        with pytest.raises(CorruptStateError, match="'v'"):
+            fmt.decode_any(raw + extra)
+        with pytest.raises(CorruptStateError, match="'v'"):
+            fmt.decode_any(raw[: data.draw(st.integers(0, len(raw) - 1))])
+
+
 def test_bare_values_and_errors_name_variable_and_field() -> None:
     assert ValueCodec(parse_ddl("long"), "v").decode(ValueCodec(parse_ddl("long"), "v").encode(7)) == 7
     codec = ValueCodec(parse_ddl("count long not null, name string"), "state variable 'totals'")
