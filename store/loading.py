@@ -371,7 +371,7 @@ class ChangelogReplay:
         try:
             return self._handle_of(name)
         except ConfigurationError as e:
-            raise CorruptFileError(f"column family {name!r}: {e}", reader.name) from None
+            raise CorruptFileError(str(e), reader.name) from None
 
     def write(self) -> None:
         """Write what is buffered (call once after the last `add`)."""

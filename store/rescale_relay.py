@@ -204,10 +204,7 @@ def _relay_source(
             rule = rules.rule(cf) if rescale else CfRule.LEADING
             counts = counted.get(cf)
             if counts is None:
-                try:  # a store holds at most so many: a changelog naming more is corrupt
-                    check_family_count(len(counted) + 1, f"old partition {q}", cf)
-                except ConfigurationError as e:
-                    raise CorruptFileError(str(e), reader.name) from None
+                check_family_count(len(counted) + 1, f"old partition {q}", cf, read_from=reader.name)
                 counts = counted[cf] = rules.counted(cf)
             if isinstance(entry, RangeDelete):
                 _relay_range_delete(entry, rule, takers, counts, reader.name)

@@ -284,11 +284,13 @@ def write_options() -> rd.WriteOptions:
     return wo
 
 
-def check_family_count(count: int, owner: str, name: str | None = None) -> None:
-    """Refuse `count` column families in `owner` past `MAX_COLUMN_FAMILIES` (`name`: the one that would make them)."""
+def check_family_count(count: int, owner: str, name: str | None = None, *, read_from: str | None = None) -> None:
+    """Refuse `count` column families in `owner` past `MAX_COLUMN_FAMILIES` (`name`: the one that would make them):
+    a `ConfigurationError` for a writer, a `CorruptFileError` naming the file they were `read_from`."""
     if count > MAX_COLUMN_FAMILIES:
         what = f"column family {name!r} would make {count}" if name is not None else f"{count} column families"
-        raise ConfigurationError(f"{owner}: {what}, above the limit of {MAX_COLUMN_FAMILIES}")
+        message = f"{owner}: {what}, above the limit of {MAX_COLUMN_FAMILIES}"
+        raise ConfigurationError(message) if read_from is None else CorruptFileError(message, read_from)
 
 
 def open_db(path: str, column_families: Iterable[str] = (), *, bulk_replay: bool = False) -> rd.Rdict:
@@ -298,10 +300,7 @@ def open_db(path: str, column_families: Iterable[str] = (), *, bulk_replay: bool
     if os.path.exists(os.path.join(path, "CURRENT")):
         names.update(rd.Rdict.list_cf(path, db_options()))
     names.discard(DEFAULT_CF)
-    try:  # a restored snapshot's claim: refused before RocksDB opens each
-        check_family_count(len(names) + 1, "the DB")
-    except ConfigurationError as e:
-        raise CorruptFileError(str(e), path) from None
+    check_family_count(len(names) + 1, "the DB", read_from=path)  # a restored snapshot's: before RocksDB opens each
     opts = db_options(bulk_replay=bulk_replay)
     db = rd.Rdict(path, opts, column_families={n: db_options(bulk_replay=bulk_replay) for n in sorted(names)})
     db.set_write_options(write_options())

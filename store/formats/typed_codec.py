@@ -314,7 +314,7 @@ class ValueCodec:
 
 
 def _trailing(what: str, extra: int) -> str:
-    return f"{what}: {extra} bytes after the value's last field (a value fills its bytes exactly)"
+    return f"{what}: {extra} bytes after the value's end (a value fills its bytes exactly)"
 
 
 class ListCodec:

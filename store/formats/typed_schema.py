@@ -190,10 +190,9 @@ _JSON_LEVELS_PER_TYPE = 3
 """JSON nesting a struct level takes (its object, its fields array, a field's object); arrays and maps take 1."""
 
 
-def from_json_value(value: Any, depth: int = 1) -> DataType:
-    """Our type from Spark's JSON form (``DataType.jsonValue()``)."""
-    if depth > MAX_SCHEMA_DEPTH:
-        raise SchemaError(_too_deep(depth))
+def from_json_value(value: Any) -> DataType:
+    """Our type from Spark's JSON form (``DataType.jsonValue()``): past `MAX_SCHEMA_DEPTH`, the `DataType` it builds
+    refuses it (the walk recurses at most as deep as the JSON, which `from_json` counts first)."""
     if isinstance(value, str):
         return atomic(value)
     if isinstance(value, Mapping):
@@ -201,24 +200,24 @@ def from_json_value(value: Any, depth: int = 1) -> DataType:
         if kind == "struct":
             return struct(
                 *(
-                    Field(str(f["name"]), from_json_value(f["type"], depth + 1), bool(f.get("nullable", True)))
+                    Field(str(f["name"]), from_json_value(f["type"]), bool(f.get("nullable", True)))
                     for f in value.get("fields", ())
                 )
             )
         if kind == "array":
             return DataType(
                 "array",
-                element=from_json_value(value["elementType"], depth + 1),
+                element=from_json_value(value["elementType"]),
                 contains_null=bool(value.get("containsNull", True)),
             )
         if kind == "map":
             return map_of(
-                from_json_value(value["keyType"], depth + 1),
-                from_json_value(value["valueType"], depth + 1),
+                from_json_value(value["keyType"]),
+                from_json_value(value["valueType"]),
                 bool(value.get("valueContainsNull", True)),
             )
         if kind == "udt" and "sqlType" in value:
-            return from_json_value(value["sqlType"], depth + 1)
+            return from_json_value(value["sqlType"])
     raise SchemaError(f"unsupported schema {value!r} (atomic types, decimals, arrays, maps and structs are supported)")
 
 
