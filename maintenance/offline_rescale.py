@@ -33,6 +33,7 @@ from statekeeper.store.rescale import (
     RescalePlan,
     RescaleResult,
     execute_rescale,
+    in_processes,
     plan_rescale,
     plan_rollback,
 )
@@ -57,7 +58,7 @@ class RescaleOptions(TypedDict, total=False):
     idle_seconds: float
     """Refuse while the operator's heartbeat or newest commit record is younger (0: ``--force``)."""
     workers: int
-    """New partitions built at once (threads of this process)."""
+    """New partitions built at once (processes: this one and spawned ones, at most one per CPU)."""
     engine: SparkEngine | None
     """Build the new partitions on this Spark engine's executors instead (one task each)."""
     settings: MaintenanceSettings | None
@@ -101,7 +102,7 @@ def execute_leased(
     engine: SparkEngine | None = None,
 ) -> RescaleResult:
     """Execute `plan` under the maintenance leases of every store it reads or writes: its new partitions
-    built on `workers` threads here, or as one Spark job on `engine` (``--engine spark``)."""
+    built on up to `workers` processes here (`in_processes`), or as one Spark job on `engine` (``--engine spark``)."""
     if dry_run:
         return RescaleResult(plan)
     settings = settings or MaintenanceSettings.from_env()
@@ -109,8 +110,8 @@ def execute_leased(
     with ExitStack() as leases:
         for p in range(partitions):
             leases.enter_context(store_lease(fm, StoreId(plan.operator, p), settings, catalog))
-        runner = on_executors(engine.session()) if engine is not None else None
-        return execute_rescale(fm, plan, rules=TypedStateKeys(), workers=workers, runner=runner)
+        runner = on_executors(engine.session()) if engine is not None else in_processes(workers)
+        return execute_rescale(fm, plan, rules=TypedStateKeys(), runner=runner)
 
 
 def _guarded(fm: CheckpointFileManager, plan: RescalePlan, options: RescaleOptions) -> RescaleResult:
@@ -185,7 +186,9 @@ def add_commands(
     shared.add_argument("--operator", required=True, help="the operator's name")
     shared.add_argument("--dry-run", action="store_true", help="print the plan; change nothing")
     shared.add_argument("--no-catalog", action="store_true", help="leases as host-local lock files")
-    shared.add_argument("--workers", type=positive_int, default=4, help="new partitions built at once (threads)")
+    shared.add_argument(
+        "--workers", type=positive_int, default=4, help="new partitions built at once (processes, at most one per CPU)"
+    )
     shared.add_argument(
         "--idle-seconds",
         type=float,

@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import multiprocessing
+import os
+import pickle
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from itertools import islice
 
@@ -134,6 +138,52 @@ def in_threads(workers: int) -> PartitionRunner:
             return [b for done in pool.map(build, contiguous_runs(partitions, workers)) for b in done]
 
     return run
+
+
+def in_processes(workers: int) -> PartitionRunner:
+    """Build the new partitions on up to `workers` processes, at most one per CPU: this one and spawned ones,
+    a run each. The copy's per-record loop holds the GIL (rocksdict), so threads of one process share one
+    core; processes do not. This process takes the last run while the others start (the first run holds
+    partition 0, the one a rescale keeps in place: the lightest). A build that fails, or a process that dies,
+    fails the rescale before its commit record (what was written is orphaned, as after a crash)."""
+
+    def run(build: BuildRun, partitions: list[int]) -> list[PartitionBuild]:
+        runs = contiguous_runs(partitions, min(workers, len(os.sched_getaffinity(0))))
+        if len(runs) == 1:
+            return build(runs[0])
+        level = logging.getLogger("statekeeper").getEffectiveLevel()
+        context = multiprocessing.get_context("spawn")  # never fork a process that may run threads
+        with ProcessPoolExecutor(len(runs) - 1, context, initializer=_log_at, initargs=(level,)) as pool:
+            elsewhere = [(r, pool.submit(_build_elsewhere, build, r)) for r in runs[:-1]]
+            here = build(runs[-1])
+            builds = []
+            for r, done in elsewhere:
+                try:
+                    builds += done.result()
+                except BrokenProcessPool as e:
+                    raise RescaleError(f"the process building new partitions {r} ended: {e}") from None
+        return builds + here
+
+    return run
+
+
+def _log_at(level: int) -> None:
+    """A build process logs what the rescaling process would, to its stderr."""
+    logging.basicConfig(format="%(levelname)s %(name)s [%(processName)s]: %(message)s")
+    logging.getLogger("statekeeper").setLevel(level)
+
+
+def _build_elsewhere(build: BuildRun, run: list[int]) -> list[PartitionBuild]:
+    """`build(run)` in a build process: an error that cannot cross back to the rescaling process as it is
+    (the pipe carries pickles; an exception whose arguments do not rebuild it) crosses as a `RescaleError`."""
+    try:
+        return build(run)
+    except Exception as e:
+        try:
+            pickle.loads(pickle.dumps(e))
+        except Exception:
+            raise RescaleError(f"building new partitions {run}: {type(e).__name__}: {e}") from None
+        raise
 
 
 def _chunks(items: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[Sequence[bytes], Sequence[bytes]]]:
@@ -483,6 +533,7 @@ __all__ = [
     "commit_rescale",
     "contiguous_runs",
     "execute_rescale",
+    "in_processes",
     "in_threads",
     "plan_rescale",
     "plan_rollback",

@@ -8,6 +8,7 @@ model; layouts and batch ids are in the commit records. Runs on local disk and o
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import shutil
@@ -23,7 +24,15 @@ from statekeeper.store.files import open_file_manager
 from statekeeper.store.formats.changelog import ChangelogReader, SstFile
 from statekeeper.store.key_groups import KeyGroupLayout, group_at, group_prefix
 from statekeeper.store.layout import StoreId
-from statekeeper.store.rescale import SourceStores, execute_rescale, plan_rescale, plan_rollback
+from statekeeper.store.rescale import (
+    PartitionBuild,
+    RescaleError,
+    SourceStores,
+    execute_rescale,
+    in_processes,
+    plan_rescale,
+    plan_rollback,
+)
 from statekeeper.store.snapshot import write_snapshot
 
 OP = "agg"
@@ -323,3 +332,56 @@ def test_a_stale_lent_source_is_read_from_the_root(tmp_path_factory: pytest.Temp
     finally:
         sources.close()
     lent.close()
+
+
+def test_rescale_on_processes_equals_the_model(checkpoint_root: str) -> None:
+    """Built on processes (what `statekeeper rescale` runs: this one and spawned ones, a run of new
+    partitions each), unsnapshotted sources (relayed) and then snapshotted ones (copied) re-lay out to
+    exactly the model, on local disk and S3."""
+    fm = open_file_manager(checkpoint_root)
+    rng = random.Random(11)
+    model: dict[str, dict[bytes, bytes]] = {}
+    layout, version = KeyGroupLayout(3, GROUPS), 0
+    for n, snapshotted in ((7, False), (2, True)):
+        for _ in range(2):
+            run_batch(checkpoint_root, version, layout, random_updates(rng, model))
+            version += 1
+        if snapshotted:
+            snapshot_all(checkpoint_root, version, layout.partitions)
+        result = execute_rescale(fm, plan_rescale(fm, OP, n), runner=in_processes(2))
+        assert result.committed and result.relayed == (0 if snapshotted else n)
+        version, layout = version + 1, KeyGroupLayout(n, GROUPS)
+        assert read_all(checkpoint_root, version, layout) == clean(model)
+
+
+def test_a_build_failing_in_another_process_commits_nothing(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A corrupt source read by a spawned build process fails the rescale with the store's own error (naming the
+    file), before the commit record: the head and its layout stay."""
+    base = tmp_path_factory.mktemp("child-fails")
+    root = base.as_uri()
+    fm = open_file_manager(root)
+    layout = KeyGroupLayout(2, GROUPS)
+    run_batch(root, 0, layout, {"default": {stored(b"k%d" % i): b"v" for i in range(300)}})
+    path = StoreId(OP, 0).changelog(1, CommitLog(fm).committed_id(1, OP, 0))
+    data = bytearray((base / path).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (base / path).write_bytes(bytes(data))
+    # runs [0, 1] and [2, 3]: old partition 0 is read by the first run, which a spawned process builds
+    with pytest.raises(CorruptFileError) as err:
+        execute_rescale(fm, plan_rescale(fm, OP, 4), runner=in_processes(2))
+    assert path in str(err.value)
+    assert CommitLog(fm).latest() == 1
+
+
+def _dies_elsewhere(parent: int, run: list[int]) -> list[PartitionBuild]:
+    if os.getpid() != parent:
+        os._exit(3)
+    return []
+
+
+def test_a_build_process_that_dies_fails_the_rescale() -> None:
+    """A build process that ends without answering (killed, out of memory) is a `RescaleError` naming its
+    partitions, not a hang or a bare pool error."""
+    run = in_processes(2)
+    with pytest.raises(RescaleError, match=r"the process building new partitions \[0, 1\] ended"):
+        run(functools.partial(_dies_elsewhere, os.getpid()), [0, 1, 2, 3])
