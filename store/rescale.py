@@ -114,7 +114,7 @@ BuildRun = Callable[[list[int]], list[PartitionBuild]]
 
 PartitionRunner = Callable[[BuildRun, list[int]], Iterable[PartitionBuild]]
 """Runs the builds of the new partitions somewhere, as runs of neighbours (`contiguous_runs`): threads
-here, Spark's executors at a restart or with ``--engine spark``."""
+or processes here, Spark's executors at a restart or with ``--engine spark``."""
 
 
 def contiguous_runs(partitions: list[int], runs: int) -> list[list[int]]:
