@@ -50,6 +50,15 @@ MAX_STATE_VARIABLES = 4000
 """State variables recorded in a typed state's ``__meta``: each has a column family, and the state a few more
 of its own (timers, TTL index, ``__meta``), all within `MAX_COLUMN_FAMILIES`."""
 
+MAX_SCHEMA_BYTES = 1 * MiB
+"""One recorded schema's JSON (a state variable's value schema, its map key's, the grouping key's) and a
+variable's record: ~15,000 fields. A wider schema is refused where it is declared."""
+
+MAX_SCHEMAS_BYTES = 16 * MiB
+"""All the schema JSON a typed state records (every variable's record and schemas, the grouping key's): a
+reader (the state reader, maintenance's typed check) holds it all decoded, about ten times its bytes (~180 MB). A
+declaration that would record more is refused; 4,000 variables of 1 KiB schemas record 4 MiB."""
+
 __all__ = [
     "MAX_BLOCK_BYTES",
     "MAX_COLUMN_FAMILIES",
@@ -57,6 +66,8 @@ __all__ = [
     "MAX_FRAME_PAYLOAD",
     "MAX_JSON_DEPTH",
     "MAX_KEY_BYTES",
+    "MAX_SCHEMAS_BYTES",
+    "MAX_SCHEMA_BYTES",
     "MAX_SCHEMA_DEPTH",
     "MAX_SCHEMA_VERSIONS",
     "MAX_STATE_VARIABLES",

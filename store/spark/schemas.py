@@ -27,9 +27,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statekeeper.store.column_family import ColumnFamily
-from statekeeper.store.errors import CorruptFileError
+from statekeeper.store.errors import ConfigurationError, CorruptFileError
 from statekeeper.store.formats.framing import parse_json
-from statekeeper.store.formats.limits import MAX_SCHEMA_VERSIONS, MAX_STATE_VARIABLES
+from statekeeper.store.formats.limits import (
+    MAX_SCHEMA_BYTES,
+    MAX_SCHEMA_VERSIONS,
+    MAX_SCHEMAS_BYTES,
+    MAX_STATE_VARIABLES,
+)
 from statekeeper.store.formats.typed_codec import ListCodec, RowFactory, ValueCodec
 from statekeeper.store.formats.typed_keys import MAX_KEY_GROUPS as KEY_GROUP_LIMIT
 from statekeeper.store.formats.typed_scalars import CorruptStateError
@@ -114,14 +119,44 @@ class VariableRecord:
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
+class SchemaBytes:
+    """The schema JSON read from one store's ``__meta`` so far: each value at most `MAX_SCHEMA_BYTES`, all of them
+    at most `MAX_SCHEMAS_BYTES` (a writer records no more), checked before it is parsed."""
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    def take(self, raw: bytes, what: str) -> bytes:
+        if len(raw) > MAX_SCHEMA_BYTES:
+            raise CorruptStateError(f"{what} is {len(raw)} bytes, above the limit of {MAX_SCHEMA_BYTES}")
+        self.total += len(raw)
+        if self.total > MAX_SCHEMAS_BYTES:
+            raise CorruptStateError(
+                f"{META_CF} records more than {MAX_SCHEMAS_BYTES} bytes of schemas, the limit (reading {what})"
+            )
+        return raw
+
+
+def recorded_schema_bytes(meta: ColumnFamily) -> int:
+    """The bytes of schema JSON `meta` records (what `SchemaBytes` counts when a reader takes them all)."""
+    total = len(meta.get(GROUPING_KEY) or b"")
+    for prefix in (STATE_META_PREFIX, SCHEMA_PREFIX):
+        total += sum(len(v) for _k, v in meta.items(prefix=prefix))
+    return total
+
+
 def schema_key(name: str, schema_id: int) -> bytes:
     return SCHEMA_PREFIX + name.encode() + b"/" + _U32.pack(schema_id)
 
 
-def read_record(meta: ColumnFamily, name: str) -> VariableRecord | None:
+def read_record(meta: ColumnFamily, name: str, taken: SchemaBytes | None = None) -> VariableRecord | None:
+    """Variable `name`'s record and schemas; `taken`: what the caller read of the same store before (a reader of
+    every variable passes one, so that it holds at most `MAX_SCHEMAS_BYTES` of them)."""
+    taken = taken or SchemaBytes()
     raw = meta.get(STATE_META_PREFIX + name.encode())
     if raw is None:
         return None
+    taken.take(raw, f"the record of state variable {name!r}")
     try:
         doc = parse_json(raw, f"the record of state variable {name!r}")
         uk = doc.get("user_key_schema")
@@ -145,18 +180,48 @@ def read_record(meta: ColumnFamily, name: str) -> VariableRecord | None:
                 f"schema {schema_id} of state variable {name!r} is not in 1..{MAX_SCHEMA_VERSIONS} (a {META_CF} key)"
             )
         try:
-            record.schemas[schema_id] = from_json(v)
+            record.schemas[schema_id] = from_json(taken.take(v, f"schema {schema_id} of state variable {name!r}"))
         except SchemaError as e:  # stored bytes, not a setting: a corrupt state, named
             raise CorruptStateError(f"schema {schema_id} of state variable {name!r} is unreadable: {e}") from None
     return record
 
 
-def write_record(meta: ColumnFamily, name: str, record: VariableRecord, old: VariableRecord | None) -> None:
+def write_record(
+    meta: ColumnFamily, name: str, record: VariableRecord, old: VariableRecord | None, recorded: Callable[[], int]
+) -> int:
+    """Record variable `name` (`old`: what the store records of it now); `recorded()`: the bytes of schemas the
+    store records now (`recorded_schema_bytes`, asked only when something changes). Nothing is written when a
+    schema would pass `MAX_SCHEMA_BYTES` or all of them `MAX_SCHEMAS_BYTES`, which a reader would refuse.
+    Returns the bytes the records grew by."""
+    puts: list[tuple[bytes, bytes, int]] = []  # (key, value, the bytes of the value it replaces)
     if old is None or old.payload() != record.payload():
-        meta.put(STATE_META_PREFIX + name.encode(), record.payload())
+        puts.append((STATE_META_PREFIX + name.encode(), record.payload(), 0 if old is None else len(old.payload())))
     for sid, schema in record.schemas.items():
-        if old is None or old.schemas.get(sid) != schema:
-            meta.put(schema_key(name, sid), schema.to_json().encode())
+        before = None if old is None else old.schemas.get(sid)
+        if before != schema:
+            replaced = 0 if before is None else len(before.to_json().encode())
+            puts.append((schema_key(name, sid), schema.to_json().encode(), replaced))
+    for _key, value, _replaced in puts:
+        check_schema_size(value, f"state variable {name!r}")
+    if not puts:
+        return 0
+    grown = sum(len(value) - replaced for _key, value, replaced in puts)
+    if recorded() + grown > MAX_SCHEMAS_BYTES:
+        raise ConfigurationError(
+            f"state variable {name!r}: recording its schemas would make the store's {META_CF} hold more than "
+            f"{MAX_SCHEMAS_BYTES} bytes of schemas, the limit; handle.deleteIfExists() the variables no longer used"
+        )
+    for key, value, _replaced in puts:
+        meta.put(key, value)
+    return grown
+
+
+def check_schema_size(raw: bytes, what: str) -> None:
+    """Refuse recording a schema of `what` whose JSON passes `MAX_SCHEMA_BYTES` (a reader would refuse it)."""
+    if len(raw) > MAX_SCHEMA_BYTES:
+        raise ConfigurationError(
+            f"the schema of {what} is {len(raw)} bytes of JSON, above the limit of {MAX_SCHEMA_BYTES}"
+        )
 
 
 def delete_record(meta: ColumnFamily, name: str) -> None:
@@ -180,12 +245,12 @@ def variable_names(meta: ColumnFamily) -> list[str]:
     return names
 
 
-def read_grouping_key(meta: ColumnFamily) -> DataType | None:
+def read_grouping_key(meta: ColumnFamily, taken: SchemaBytes | None = None) -> DataType | None:
     raw = meta.get(GROUPING_KEY)
     if raw is None:
         return None
     try:
-        return from_json(raw)
+        return from_json((taken or SchemaBytes()).take(raw, "the grouping key's schema"))
     except SchemaError as e:  # stored bytes, not a setting: a corrupt state, named
         raise CorruptStateError(f"the grouping key's schema is unreadable: {e}") from None
 
@@ -492,8 +557,10 @@ __all__ = [
     "TAG_RUNS",
     "TAG_TTL",
     "Runs",
+    "SchemaBytes",
     "ValueFormat",
     "VariableRecord",
+    "check_schema_size",
     "delete_record",
     "drop_expired_elements",
     "element_expiries",
@@ -506,6 +573,7 @@ __all__ = [
     "read_max_key_groups",
     "read_record",
     "read_runs",
+    "recorded_schema_bytes",
     "runs_earliest",
     "spark_rows",
     "variable_names",

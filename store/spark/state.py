@@ -42,6 +42,7 @@ from statekeeper.store.spark.schemas import (
     MISSING,
     TAG_RUNS,
     VariableRecord,
+    check_schema_size,
     delete_record,
     drop_expired_elements,
     expiry_of,
@@ -49,6 +50,7 @@ from statekeeper.store.spark.schemas import (
     read_grouping_key,
     read_max_key_groups,
     read_record,
+    recorded_schema_bytes,
     variable_names,
     write_record,
 )
@@ -146,11 +148,13 @@ class StateContext:
         """Spark's transformWithState custom metrics the handle counts (``numValueStateVars``, ``numRegisteredTimers``,
         ...; `statekeeper.store.spark.metrics.TWS_METRICS`)."""
         self.states: dict[str, Declared] = {}
-        self._held: list[Any] = []
-        self._flush_at_commit = False
-        """Variables holding the current key's writes in memory (a ListState's appends): written by `flush`."""
         """The state variables declared in this task (store/spark/state_variables.py), by name."""
+        self._held: list[Any] = []
+        """Variables holding the current key's writes in memory (a ListState's appends): written by `flush`."""
+        self._flush_at_commit = False
         self._meta = store.column_family(META_CF)
+        self._schema_bytes: int | None = None
+        """The bytes of schemas the store records (`_recorded_schema_bytes`); None until a task records one."""
         self._ttl: ColumnFamily | None = None
         self._timers: ColumnFamily | None = None
         self._timer_index: ColumnFamily | None = None
@@ -186,7 +190,10 @@ class StateContext:
     def _record_key_schema(self, schema: DataType) -> None:
         self.key_schema = schema
         self._use_key_codec(grouping_key_codec(schema))
-        self._meta.put(GROUPING_KEY, schema.to_json().encode())
+        raw = schema.to_json().encode()
+        check_schema_size(raw, "the grouping key")
+        self._meta.put(GROUPING_KEY, raw)
+        self._schema_bytes = None
         if not self._groups_recorded:
             self._meta.put(MAX_KEY_GROUPS, _U32.pack(self.max_key_groups))
             self._groups_recorded = True
@@ -305,15 +312,27 @@ class StateContext:
                         f"{schema.simple_string()} and old value_schema={old_schema.simple_string()}: {e}"
                     ) from None
             record.add_schema(name, schema)
-        write_record(self._meta, name, record, old)
+        self._write_record(name, record, old)
         return record
 
     def record_inferred(self, name: str, record: VariableRecord) -> None:
-        old = read_record(self._meta, name)
-        write_record(self._meta, name, record, old)
+        self._write_record(name, record, read_record(self._meta, name))
+
+    def _write_record(self, name: str, record: VariableRecord, old: VariableRecord | None) -> None:
+        grown = write_record(self._meta, name, record, old, self._recorded_schema_bytes)
+        if grown and self._schema_bytes is not None:
+            self._schema_bytes += grown
+
+    def _recorded_schema_bytes(self) -> int:
+        """The bytes of schemas the store records (a reader holds at most `MAX_SCHEMAS_BYTES`): counted once a task
+        first records a schema, then kept."""
+        if self._schema_bytes is None:
+            self._schema_bytes = recorded_schema_bytes(self._meta)
+        return self._schema_bytes
 
     def undeclare(self, name: str) -> None:
         delete_record(self._meta, name)
+        self._schema_bytes = None
 
     # -- TTL ------------------------------------------------------------------------------------
     def expiry_for(self, ttl_ms: int | None) -> int | None:

@@ -23,6 +23,7 @@ from statekeeper.store.layout import StoreId
 from statekeeper.store.load_plan import check_header, check_parent
 from statekeeper.store.spark.schemas import (
     META_CF,
+    SchemaBytes,
     ValueFormat,
     VariableRecord,
     element_expiries,
@@ -176,9 +177,10 @@ class StateView(TypedSchemas):
         key_schema: DataType | None = None
         if META_CF in names:
             meta = store.column_family(META_CF)
-            key_schema = read_grouping_key(meta)
+            taken = SchemaBytes()  # all of them held: at most MAX_SCHEMAS_BYTES
+            key_schema = read_grouping_key(meta, taken)
             for name in variable_names(meta):
-                record = read_record(meta, name)
+                record = read_record(meta, name, taken)
                 if record is not None:
                     records[name] = record
         super().__init__(key_schema, records, f" (operator {sid.operator} partition {sid.partition})")

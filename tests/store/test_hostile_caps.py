@@ -1,11 +1,11 @@
-"""Counts and depths a checkpoint claims are capped (DESIGN invariant 12, docs/formats.md "Limits"): the column
-families a changelog or snapshot makes a store create, the state variables and value schemas a typed state's
-`__meta` records, and how deep a schema nests (the typed codec recurses per level). Each cap holds for writers too,
-so nothing a store writes is refused on reading; past it, a reader refuses naming the file, store or variable,
-never a RecursionError or an unbounded load.
+"""Counts, sizes and depths a checkpoint claims are capped (DESIGN invariant 12, docs/formats.md "Limits"): the
+column families a changelog or snapshot makes a store create, the state variables and value schemas a typed state's
+`__meta` records and their bytes, and how deep a schema nests (the typed codec recurses per level). Each cap holds
+for writers too, so nothing a store writes is refused on reading; past it, a reader refuses naming the file, store
+or variable, never a RecursionError or an unbounded load.
 
-The column-family cap is lowered for these tests (a fault injected: the cap's value, not its logic): creating
-4,096 real RocksDB column families would take the test minutes.
+The column-family and schema-bytes caps are lowered for these tests (a fault injected: the caps' values, not their
+logic): creating 4,096 real RocksDB column families, or 16 MiB of schemas, would take the tests minutes.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from statekeeper.store import rocks
+from statekeeper.store.column_family import ColumnFamily
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.config import StoreConfig
 from statekeeper.store.errors import ConfigurationError, CorruptFileError
@@ -39,12 +40,14 @@ from statekeeper.store.formats.typed_schema import (
 )
 from statekeeper.store.layout import StoreId
 from statekeeper.store.snapshot import write_snapshot
+from statekeeper.store.spark import schemas
 from statekeeper.store.spark.schemas import (
     META_CF,
     STATE_META_PREFIX,
     ValueFormat,
     VariableRecord,
     read_record,
+    recorded_schema_bytes,
     schema_key,
     variable_names,
 )
@@ -325,3 +328,108 @@ def test_a_relayed_partition_whose_sources_together_name_too_many_column_familie
     with pytest.raises(RescaleError, match=rf"new partition 0: {2 * (CAP - 2) + 1} column families.*limit of {CAP}"):
         execute_rescale(fm, plan_rescale(fm, OP, 1))
     assert CommitLog(fm).latest() == 1
+
+
+# -- schema bytes ----------------------------------------------------------------------------------
+SCHEMA_CAP, SCHEMAS_CAP = 2_000, 4_000
+
+
+@pytest.fixture
+def low_schema_caps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Caps of a few KiB (a fault injected: the caps' values, not their logic), so a test writes kilobytes."""
+    monkeypatch.setattr(schemas, "MAX_SCHEMA_BYTES", SCHEMA_CAP)
+    monkeypatch.setattr(schemas, "MAX_SCHEMAS_BYTES", SCHEMAS_CAP)
+
+
+def _wide(fields: int) -> DataType:
+    """A struct of `fields` long fields: its JSON grows ~50 bytes a field."""
+    return from_json(json.dumps({"type": "struct", "fields": [_long_field(f"f{i}") for i in range(fields)]}))
+
+
+def _long_field(name: str) -> dict[str, Any]:
+    return {"name": name, "type": "long", "nullable": True, "metadata": {}}
+
+
+def _view_of(root: Path, work: Path, plant: Callable[[ColumnFamily], None]) -> None:
+    """Commit version 1 of a typed state whose `__meta` `plant` fills, then read it through a `StateView`."""
+    from statekeeper.store.spark.state_view import StateView
+
+    with StateStore(str(root), OP, 0, config=StoreConfig(local_dir=str(work))) as s:
+        s.load(0)
+        plant(s.column_family(META_CF))
+        s.commit()
+    CommitLog(open_file_manager(str(root))).commit(1, {OP: [s.checkpoint_id or ""]})
+    with StateStore(str(root), OP, 0, config=StoreConfig(local_dir=str(work))) as s:
+        s.load(1)
+        StateView(s)
+
+
+def test_a_checkpoint_schema_wider_than_the_cap_is_a_corrupt_state_naming_it(
+    tmp_path: Path, low_schema_caps: None
+) -> None:
+    """Valid JSON of a valid schema, one value past the cap: refused before it is parsed, naming the variable."""
+    wide = _wide(60).to_json().encode()
+    assert len(wide) > SCHEMA_CAP
+
+    def plant(meta: ColumnFamily) -> None:
+        record = VariableRecord("value", schema_id=1)
+        meta.put(STATE_META_PREFIX + b"wide", record.payload())
+        meta.put(schema_key("wide", 1), wide)
+
+    with pytest.raises(
+        CorruptStateError, match=rf"schema 1 of state variable 'wide' is {len(wide)} bytes.*{SCHEMA_CAP}"
+    ):
+        _view_of(tmp_path / "root", tmp_path / "w", plant)
+
+
+def test_checkpoint_schemas_past_the_total_cap_are_a_corrupt_state(tmp_path: Path, low_schema_caps: None) -> None:
+    """Many variables, each schema under its cap, together past the total a reader holds: refused."""
+    one = _wide(20).to_json().encode()
+    assert len(one) < SCHEMA_CAP and 10 * len(one) > SCHEMAS_CAP
+
+    def plant(meta: ColumnFamily) -> None:
+        for i in range(10):
+            meta.put(STATE_META_PREFIX + b"v%d" % i, VariableRecord("value", schema_id=1).payload())
+            meta.put(schema_key(f"v{i}", 1), one)
+
+    with pytest.raises(CorruptStateError, match=rf"more than {SCHEMAS_CAP} bytes of schemas"):
+        _view_of(tmp_path / "root", tmp_path / "w", plant)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c", "d", "e"]), st.integers(5, 45), st.booleans()),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_writers_record_no_schema_a_reader_refuses(
+    tmp_path_factory: pytest.TempPathFactory, low_schema_caps: None, steps: list[tuple[str, int, bool]]
+) -> None:
+    """Model: declarations of variables with value schemas of random widths (each width a new, compatible schema:
+    fields only added), some variables deleted. A declaration past either cap is refused naming the variable and
+    writes nothing; whatever was recorded, a reader reads, and the recorded bytes never pass the total cap."""
+    from statekeeper.store.spark.state import StateContext
+    from statekeeper.store.spark.state_view import StateView
+
+    work = tmp_path_factory.mktemp("schema-bytes")
+    widths: dict[str, int] = {}
+    with StateStore(str(work / "root"), OP, 0, config=StoreConfig(local_dir=str(work / "w"))) as s:
+        s.load(0)
+        meta = s.column_family(META_CF)
+        for name, asked, delete in steps:
+            ctx = StateContext(s, 0)
+            if delete:
+                ctx.undeclare(name)
+                widths.pop(name, None)
+                continue
+            width = max(asked, widths.get(name, 0))  # evolution may add fields, never drop them
+            before = dict(meta.items())
+            try:
+                ctx.declare(name, "value", None, _wide(width), None)
+                widths[name] = width
+            except ConfigurationError as e:
+                assert repr(name) in str(e) and dict(meta.items()) == before
+            assert recorded_schema_bytes(meta) <= SCHEMAS_CAP
+            StateView(s)  # never refuses what a writer recorded
