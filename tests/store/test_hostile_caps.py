@@ -433,3 +433,16 @@ def test_writers_record_no_schema_a_reader_refuses(
                 assert repr(name) in str(e) and dict(meta.items()) == before
             assert recorded_schema_bytes(meta) <= SCHEMAS_CAP
             StateView(s)  # never refuses what a writer recorded
+
+
+def test_a_change_feed_changelog_recording_a_schema_past_the_cap_is_refused(low_schema_caps: None) -> None:
+    """The change feed compares the schemas a changelog records with the ones it decodes by: one past the cap is
+    refused without being parsed, even when it would parse to the same schema."""
+    from statekeeper.store.spark.state_view import TypedSchemas
+
+    wide = _wide(60)
+    record = VariableRecord("value", schema_id=1, schemas={1: wide})
+    raw = wide.to_json().encode()
+    assert len(raw) > SCHEMA_CAP
+    with pytest.raises(CorruptStateError, match="records schema 1 of state variable 'wide' unlike"):
+        TypedSchemas(None, {"wide": record}, "")._check_schemas("wide", [schema_key("wide", 1)], [raw], "cl")
