@@ -148,7 +148,7 @@ def in_processes(workers: int) -> PartitionRunner:
     fails the rescale before its commit record (what was written is orphaned, as after a crash)."""
 
     def run(build: BuildRun, partitions: list[int]) -> list[PartitionBuild]:
-        runs = contiguous_runs(partitions, min(workers, len(os.sched_getaffinity(0))))
+        runs = contiguous_runs(partitions, min(workers, _cpus()))
         if len(runs) == 1:
             return build(runs[0])
         level = logging.getLogger("statekeeper").getEffectiveLevel()
@@ -165,6 +165,12 @@ def in_processes(workers: int) -> PartitionRunner:
         return builds + here
 
     return run
+
+
+def _cpus() -> int:
+    """The CPUs this process may run on (its affinity where the OS has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 def _log_at(level: int) -> None:
