@@ -55,7 +55,7 @@ MAX_SCHEMA_BYTES = 1 * MiB
 variable's record: ~15,000 fields. A wider schema is refused where it is declared."""
 
 MAX_SCHEMAS_BYTES = 16 * MiB
-"""All the schema JSON a typed state records (every variable's record and schemas, the grouping key's): a
+"""All the schema JSON a typed state records for its variables (every variable's record and schemas): a
 reader (the state reader, maintenance's typed check) holds it all decoded, about ten times its bytes (~180 MB). A
 declaration that would record more is refused; 4,000 variables of 1 KiB schemas record 4 MiB."""
 

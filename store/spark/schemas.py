@@ -120,16 +120,18 @@ class VariableRecord:
 
 
 class SchemaBytes:
-    """The schema JSON read from one store's ``__meta`` so far: each value at most `MAX_SCHEMA_BYTES`, all of them
-    at most `MAX_SCHEMAS_BYTES` (a writer records no more), checked before it is parsed."""
+    """The state variables' schema JSON read from one store's ``__meta`` so far: each value at most
+    `MAX_SCHEMA_BYTES`, the variables' records and schemas at most `MAX_SCHEMAS_BYTES` in all (a writer records no
+    more), checked before it is parsed."""
 
     def __init__(self) -> None:
         self.total = 0
 
-    def take(self, raw: bytes, what: str) -> bytes:
+    def take(self, raw: bytes, what: str, *, counted: bool = True) -> bytes:
+        """`raw`, checked; `counted`: toward the total (the grouping key's one schema is not)."""
         if len(raw) > MAX_SCHEMA_BYTES:
             raise CorruptStateError(f"{what} is {len(raw)} bytes, above the limit of {MAX_SCHEMA_BYTES}")
-        self.total += len(raw)
+        self.total += len(raw) if counted else 0
         if self.total > MAX_SCHEMAS_BYTES:
             raise CorruptStateError(
                 f"{META_CF} records more than {MAX_SCHEMAS_BYTES} bytes of schemas, the limit (reading {what})"
@@ -138,11 +140,9 @@ class SchemaBytes:
 
 
 def recorded_schema_bytes(meta: ColumnFamily) -> int:
-    """The bytes of schema JSON `meta` records (what `SchemaBytes` counts when a reader takes them all)."""
-    total = len(meta.get(GROUPING_KEY) or b"")
-    for prefix in (STATE_META_PREFIX, SCHEMA_PREFIX):
-        total += sum(len(v) for _k, v in meta.items(prefix=prefix))
-    return total
+    """The bytes of the state variables' records and schemas `meta` holds (what `SchemaBytes` counts when a
+    reader takes them all)."""
+    return sum(len(v) for prefix in (STATE_META_PREFIX, SCHEMA_PREFIX) for _k, v in meta.items(prefix=prefix))
 
 
 def schema_key(name: str, schema_id: int) -> bytes:
@@ -250,7 +250,7 @@ def read_grouping_key(meta: ColumnFamily, taken: SchemaBytes | None = None) -> D
     if raw is None:
         return None
     try:
-        return from_json((taken or SchemaBytes()).take(raw, "the grouping key's schema"))
+        return from_json((taken or SchemaBytes()).take(raw, "the grouping key's schema", counted=False))
     except SchemaError as e:  # stored bytes, not a setting: a corrupt state, named
         raise CorruptStateError(f"the grouping key's schema is unreadable: {e}") from None
 

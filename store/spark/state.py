@@ -193,7 +193,6 @@ class StateContext:
         raw = schema.to_json().encode()
         check_schema_size(raw, "the grouping key")
         self._meta.put(GROUPING_KEY, raw)
-        self._schema_bytes = None
         if not self._groups_recorded:
             self._meta.put(MAX_KEY_GROUPS, _U32.pack(self.max_key_groups))
             self._groups_recorded = True
