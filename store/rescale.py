@@ -145,9 +145,12 @@ def in_processes(workers: int) -> PartitionRunner:
     a run each. The copy's per-record loop holds the GIL (rocksdict), so threads of one process share one
     core; processes do not. This process takes the last run while the others start (the first run holds
     partition 0, the one a rescale keeps in place: the lightest). A build that fails, or a process that dies,
-    fails the rescale before its commit record (what was written is orphaned, as after a crash)."""
+    fails the rescale before its commit record (what was written is orphaned, as after a crash). A daemonic
+    process, which may not start any, builds on threads."""
 
     def run(build: BuildRun, partitions: list[int]) -> list[PartitionBuild]:
+        if multiprocessing.current_process().daemon:
+            return list(in_threads(workers)(build, partitions))
         runs = contiguous_runs(partitions, min(workers, _cpus()))
         if len(runs) == 1:
             return build(runs[0])

@@ -9,6 +9,8 @@ model; layouts and batch ids are in the commit records. Runs on local disk and o
 from __future__ import annotations
 
 import functools
+import multiprocessing
+import multiprocessing.queues
 import os
 import random
 import shutil
@@ -385,3 +387,31 @@ def test_a_build_process_that_dies_fails_the_rescale() -> None:
     run = in_processes(2)
     with pytest.raises(RescaleError, match=r"the process building new partitions \[0, 1\] ended"):
         run(functools.partial(_dies_elsewhere, os.getpid()), [0, 1, 2, 3])
+
+
+def _built_here(run: list[int]) -> list[PartitionBuild]:
+    """Builds that say which process made them (their checkpoint id: its pid)."""
+    return [PartitionBuild(p, str(os.getpid()), False, 0, 0, 0, 0, 0.0) for p in run]
+
+
+def _builders_seen_by_a_daemon(out: multiprocessing.queues.Queue[list[str]]) -> None:
+    try:
+        out.put(sorted({b.checkpoint_id for b in in_processes(2)(_built_here, [0, 1, 2, 3])} | {f"me {os.getpid()}"}))
+    except Exception as e:
+        out.put([f"failed: {e!r}"])
+
+
+def test_processes_build_in_several_and_a_daemonic_process_on_threads() -> None:
+    """More than one CPU: some runs are built in other processes. A daemonic process (which may not start any,
+    as a multiprocessing pool's worker) builds them all itself, on threads, instead of failing."""
+    if len(os.sched_getaffinity(0)) > 1:
+        pids = {b.checkpoint_id for b in in_processes(2)(_built_here, [0, 1, 2, 3])}
+        assert str(os.getpid()) in pids and len(pids) == 2
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    daemon = context.Process(target=_builders_seen_by_a_daemon, args=(out,), daemon=True)
+    daemon.start()
+    seen = out.get(timeout=60)
+    daemon.join(60)
+    me = seen.pop()
+    assert me.startswith("me ") and seen == [me.removeprefix("me ")], "every build ran in the daemonic process"
