@@ -21,7 +21,6 @@ import functools
 import logging
 import multiprocessing
 import os
-import pickle
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -31,7 +30,7 @@ from dataclasses import dataclass, replace
 from itertools import islice
 
 from statekeeper.store.commit_log import CommitLog
-from statekeeper.store.errors import LineageError
+from statekeeper.store.errors import LineageError, StatekeeperError
 from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.key_group_rules import CfRule, GroupLedKeys, KeyGroupRules
 from statekeeper.store.key_groups import KEY_GROUP_LIMIT, group_at, group_byte_range
@@ -183,16 +182,14 @@ def _log_at(level: int) -> None:
 
 
 def _build_elsewhere(build: BuildRun, run: list[int]) -> list[PartitionBuild]:
-    """`build(run)` in a build process: an error that cannot cross back to the rescaling process as it is
-    (the pipe carries pickles; an exception whose arguments do not rebuild it) crosses as a `RescaleError`."""
+    """`build(run)` in a build process. A statekeeper error crosses back as it is (`StatekeeperError` rebuilds
+    anywhere); any other as a `RescaleError` naming it (another library's may not rebuild in this process)."""
     try:
         return build(run)
-    except Exception as e:
-        try:
-            pickle.loads(pickle.dumps(e))
-        except Exception:
-            raise RescaleError(f"building new partitions {run}: {type(e).__name__}: {e}") from None
+    except StatekeeperError:
         raise
+    except Exception as e:
+        raise RescaleError(f"building new partitions {run}: {type(e).__name__}: {e}") from e
 
 
 def _chunks(items: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[Sequence[bytes], Sequence[bytes]]]:

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from statekeeper.store import CommitLog, StateStore, StoreConfig
-from statekeeper.store.errors import ConfigurationError, CorruptFileError
+from statekeeper.store.errors import CheckpointWriteError, ConfigurationError, CorruptFileError
 from statekeeper.store.files import open_file_manager
 from statekeeper.store.formats.changelog import ChangelogReader, SstFile
 from statekeeper.store.key_groups import KeyGroupLayout, group_at, group_prefix
@@ -415,3 +415,28 @@ def test_processes_build_in_several_and_a_daemonic_process_on_threads() -> None:
     daemon.join(60)
     me = seen.pop()
     assert me.startswith("me ") and seen == [me.removeprefix("me ")], "every build ran in the daemonic process"
+
+
+def _fails_elsewhere(parent: int, error: Exception, run: list[int]) -> list[PartitionBuild]:
+    if os.getpid() != parent:
+        raise error
+    return []
+
+
+@pytest.mark.parametrize(
+    ("error", "raised"),
+    [
+        (CheckpointWriteError("agg/1/2.changelog", OSError(28, "No space left on device")), CheckpointWriteError),
+        (KeyError("a bug"), RescaleError),
+    ],
+)
+def test_an_error_in_a_build_process_crosses_back(error: Exception, raised: type[Exception]) -> None:
+    """A statekeeper error raised in a build process reaches the rescaling process as it is (whatever its
+    constructor takes: the disk-full error carries its path and errno); any other as a `RescaleError` naming it."""
+    with pytest.raises(raised) as got:
+        in_processes(2)(functools.partial(_fails_elsewhere, os.getpid(), error), [0, 1, 2, 3])
+    if isinstance(error, CheckpointWriteError):
+        assert isinstance(got.value, CheckpointWriteError)
+        assert got.value.errno == 28 and got.value.path == "agg/1/2.changelog"
+    else:
+        assert "KeyError" in str(got.value) and "[0, 1]" in str(got.value)
