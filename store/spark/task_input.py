@@ -107,10 +107,14 @@ class TaskInput:
 
     @classmethod
     def of_table(cls, data: pa.Table, partition: int, key_columns: tuple[str, ...], budget_bytes: int) -> TaskInput:
-        """A task input of data rows already without marker and internal columns (in-process testing)."""
+        """A task input of data rows already without marker and internal columns (in-process testing). Rows
+        larger than the budget are sorted by key first, as a task sorts its input: their chunks are cut between
+        keys, so each key's rows must be together."""
         task_input = cls((), key_columns, budget_bytes)
         task_input.partition = partition
         task_input.schema = data.schema
+        if data.nbytes > task_input.budget:
+            data = sort_by_key(data, key_columns)
         task_input._head = [b for b in data.to_batches() if b.num_rows]
         return task_input
 

@@ -176,3 +176,24 @@ def test_pyspark_options_we_lack_raise_naming_them(tmp_path: Any) -> None:
     with pytest.raises(ConfigurationError, match=r"pyspark\.sql\.streaming\.StatefulProcessor, got dict"):
         StatefulOperator(root, "op", "user", {}, OUTPUT)  # type: ignore[arg-type]
     StatefulOperator(root, "op", "user", pyspark_sessions(), OUTPUT)  # PySpark's own processor is accepted
+
+
+@pytest.mark.parametrize("input_format", ["rows", "pandas"])
+def test_a_batch_larger_than_the_task_budget_in_any_order_runs(input_format: str) -> None:
+    """A batch past the task input budget (cut into chunks between keys) in any key order: the tester sorts it
+    as a task sorts its input, so every key's rows reach one call (it failed naming the budget)."""
+    from testkit.processors import CountSum, CountSumPandas
+
+    keys = [f"user{(i * 7919) % 5000:05d}" for i in range(150_000)]  # every key's rows spread over the whole batch
+    rows: list[dict[str, Any]] = [{"user": k, "value": i % 10} for i, k in enumerate(keys)]
+    proc = CountSum() if input_format == "rows" else CountSumPandas(schema="count long, total long")
+    schema = "user string, count long, total long"
+    with TwsTester(proc, key="user", output_schema=schema, input_format=input_format) as t:
+        out = t.run(rows)
+        expected: dict[str, tuple[int, int]] = {}
+        for r in rows:
+            c, s = expected.get(r["user"], (0, 0))
+            expected[r["user"]] = (c + 1, s + r["value"])
+        assert len(out) == len(expected)  # one output row per key: no key's rows split over calls
+        assert {u: (c, s) for u, c, s in out} == expected
+        assert t.value_state("totals") == {(u,): v for u, v in expected.items()}
