@@ -227,9 +227,13 @@ def _version_files(inv: Any, plan: Any, store: StoreId, version: int) -> dict[st
             rows.append(
                 {"path": store.sst(sst.remote_name), "kind": "sst", "version": None, "bytes": e.size if e else None}
             )
-    for v in range(base + 1, version + 1):
-        cid = plan.committed.get(v)
-        e = files.changelogs.get((v, cid)) if cid else None
+    previous = base  # over the committed versions, not every integer: a record's version is a claim (10**12)
+    for v in sorted(u for u in plan.committed if base < u <= version):
+        if v > previous + 1:
+            gap = f"(no commit record names versions {previous + 1}..{v - 1})"
+            rows.append({"path": gap, "kind": "changelog", "version": previous + 1, "bytes": None})
+        previous, cid = v, plan.committed[v]
+        e = files.changelogs.get((v, cid))
         rows.append(
             {
                 "path": e.path if e else f"(missing changelog of version {v})",

@@ -339,9 +339,8 @@ def _missing_ssts(present: dict[str, FileEntry], m: SnapshotManifest) -> str:
 def _retired(inv: Inventory, store: StoreId, latest: int, retain: int) -> bool:
     """Whether `store` is outside the layout of its operator's newest version and its last committed
     version `latest` is older than every retained version of the operator (so no load needs it)."""
-    for v in range(inv.latest, latest, -1):
-        record = inv.records.get(v)
-        ids = record.checkpoint_ids.get(store.operator) if record is not None else None
+    for v in sorted((u for u in inv.records if latest < u <= inv.latest), reverse=True):  # not every integer:
+        ids = inv.records[v].checkpoint_ids.get(store.operator)  # a record's version is a claim (10**19)
         if ids is not None:
             return store.partition >= len(ids) and latest < v - retain + 1
     return False
@@ -360,27 +359,20 @@ def _retain_from(plan: StorePlan, inv: Inventory, changelogs: dict[tuple[int, st
     if first in plan.full_state:  # a store a rescale created: nothing before its first version
         wanted = max(wanted, first)
     start = plan.base_for(wanted)
-    loadable = {start: True}
-    for v in range(start + 1, plan.latest + 1):
-        cid = plan.committed.get(v)
-        loadable[v] = v in plan.intact_snapshots or (
-            cid is not None and (v, cid) in changelogs and (loadable[v - 1] or v in plan.full_state)
-        )
-    bad = [r for r in range(wanted, plan.latest + 1) if not loadable[r]]
+    breaks = _unloadable_runs(plan, changelogs, start)
+    bad = [run for run in breaks if run[1] >= wanted]
     if not bad:
         return wanted
-    first_ok = bad[-1] + 1
+    first_ok = bad[-1][1] + 1
     if first_ok <= plan.latest and first_ok in plan.intact_snapshots:
-        present = [v for v in range(wanted, first_ok + 1) if (v, plan.committed.get(v)) in changelogs]
+        present = [v for v, cid in changelogs if wanted <= v <= first_ok and plan.committed.get(v) == cid]
         if not present:
             plan.notes.append(
                 f"store {plan.store}: versions {wanted}..{first_ok - 1} were expired by an earlier run; "
                 f"retained versions start at {first_ok}"
             )
             return first_ok
-    for v in range(start + 1, plan.latest + 1):
-        if loadable[v] or not loadable[v - 1]:
-            continue  # report where each break starts
+    for v, _ in breaks:  # report where each break starts
         cid = plan.committed.get(v)
         if cid is None:
             plan.problem(
@@ -390,6 +382,30 @@ def _retain_from(plan: StorePlan, inv: Inventory, changelogs: dict[tuple[int, st
         else:
             plan.problem(f"retained versions need the missing changelog {plan.store.changelog(v, cid)}")
     return wanted
+
+
+def _unloadable_runs(
+    plan: StorePlan, changelogs: dict[tuple[int, str], FileEntry], start: int
+) -> list[tuple[int, int]]:
+    """The runs ``(first, last)`` of versions in ``start + 1 .. latest`` that cannot load, oldest first, from `start`
+    (which can). Walked over the committed versions, not every integer between them: the versions are the commit
+    records' claims, and one record of version 10**19 would make that a loop without end."""
+    assert plan.latest is not None
+    runs: list[tuple[int, int]] = []
+    ok, prev, opened = True, start, 0
+    for v in sorted(u for u in plan.committed if start < u <= plan.latest):
+        if v > prev + 1 and ok:  # versions no commit record names
+            ok, opened = False, prev + 1
+        cid = plan.committed[v]
+        loadable = v in plan.intact_snapshots or ((v, cid) in changelogs and (ok or v in plan.full_state))
+        if ok and not loadable:
+            opened = v
+        elif loadable and not ok:
+            runs.append((opened, v - 1))
+        ok, prev = loadable, v
+    if not ok:
+        runs.append((opened, plan.latest))
+    return runs
 
 
 @dataclass

@@ -297,8 +297,9 @@ class Replica:
         with ReadAhead(self.fm, paths, self.dir) as files:
             for v, path, f in zip(versions, paths, files, strict=True):
                 with f:
-                    parent = committed.get(v - 1) if v > 1 and v not in self._full_state else None
-                    records += self._replay(replay, f, path, v, committed[v], parent)
+                    full = v > 1 and v in self._full_state
+                    parent = committed.get(v - 1) if v > 1 and not full else None
+                    records += self._replay(replay, f, path, v, committed[v], parent, full_state=full)
         replay.write()
         return end - start, records
 
@@ -319,12 +320,22 @@ class Replica:
         version: int,
         checkpoint_id: str,
         parent_id: str | None,
+        *,
+        full_state: bool = False,
     ) -> int:
+        """Replay one changelog; `full_state`: its commit record declares it holds the whole state (a chain
+        starts there), a claim its header must agree with, as replaying a changelog of changes from the empty
+        state would build (and snapshot) a state without everything before it."""
         name = f"{self.fm.root_uri}/{path}"
         reader = ChangelogReader(f, name)
         check_header(self.store, reader.header, version, checkpoint_id, name)
         if parent_id is not None:
             check_parent(self.store, reader.header, parent_id, name)
+        if full_state and reader.header.lineage:
+            raise LineageError(
+                f"the commit record of version {version} of store {self.store} declares its changelog full-state, "
+                f"but its header extends {reader.header.lineage[0]}: {name}"
+            )
         reader.check_footer()
         return replay.add(reader)
 

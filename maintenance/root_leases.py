@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 
 from statekeeper.store.errors import CheckpointFileExistsError, CorruptFileError, StatekeeperError
 from statekeeper.store.files import CheckpointFileManager, FileInfo
-from statekeeper.store.formats.framing import parse_json
-from statekeeper.store.layout import LEASES_DIR, StoreId, lease_dir, lease_path, parse_lease_name
+from statekeeper.store.formats.framing import MAX_TIMESTAMP, parse_json
+from statekeeper.store.layout import LEASES_DIR, MAX_VERSION, StoreId, lease_dir, lease_path, parse_lease_name
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,10 @@ more than this less twice the skew before its create (5 s) lists once more (`Roo
 keeps the epochs of about this long: two files a take."""
 MAX_RECORD_BYTES = 4096
 """A hold record is a few hundred bytes; a longer file is refused (checkpoint content is untrusted)."""
+MAX_EPOCH = MAX_VERSION - (1 << 32)
+"""The newest epoch a take goes on from: a take, renewal or release adds one, so maintainers reach 2**32 in a
+century; an epoch file named above it would leave the epochs after it no valid name (a store never leased again,
+failing with an error that named no file)."""
 
 
 class MaintenanceBusyError(StatekeeperError):
@@ -116,8 +120,8 @@ class HoldRecord:
             owner, token, got, expires = doc["owner"], doc["token"], doc["epoch"], doc["expires_at"]
             if not (isinstance(owner, str) and isinstance(token, str) and len(owner) <= 200 and len(token) <= 64):
                 raise ValueError("bad owner or token")
-            if got != epoch or not isinstance(expires, int | float) or isinstance(expires, bool):
-                raise ValueError("bad epoch or expiry")
+            if got != epoch or type(expires) not in (int, float) or not 0 <= expires <= MAX_TIMESTAMP:  # NaN too
+                raise ValueError("bad epoch or expiry")  # an int past a float's range raised OverflowError
             return cls(owner, token, epoch, float(expires))
         except (ValueError, KeyError, TypeError, CorruptFileError) as e:
             raise CorruptFileError(
@@ -224,6 +228,10 @@ class RootLeases:
             live = self.clock() <= record.expires_at + self.max_skew and not abandoned(record.owner)
             if record.token != self.token and live:
                 return Busy(store, record.owner, record.expires_at)
+        if newest > MAX_EPOCH:
+            raise CorruptFileError(
+                f"lease epoch {newest} is above the epochs maintainers reach", self._uri(epochs[-1][1].path)
+            )
         epoch = newest + 1
         expires = self.clock() + self.ttl
         try:

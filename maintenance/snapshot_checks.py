@@ -41,8 +41,10 @@ from statekeeper.maintenance.plan import StorePlan
 from statekeeper.store.errors import CorruptFileError, StatekeeperError, UnsupportedFormatError
 from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.files.base import FileInfo
+from statekeeper.store.formats.changelog import read_header
 from statekeeper.store.formats.snapshot import SnapshotManifest, SstFile
 from statekeeper.store.layout import StoreId
+from statekeeper.store.load_plan import check_header
 from statekeeper.store.snapshot import file_sha256, restore_snapshot
 from statekeeper.store.snapshot_content import check_restored
 
@@ -335,7 +337,7 @@ def base_problem(
         return None
     manifest = manifests.get(plan.base)
     if manifest is None:
-        return None  # the plan only picks readable manifests
+        return full_state_problem(fm, plan.store, plan.base) if plan.base[0] in plan.full_state else None
     why = checksum_problem(fm, plan.store, manifest, work_dir=work_dir, referenced=_referenced(manifests))
     if why is None:
         return None
@@ -343,6 +345,26 @@ def base_problem(
         f"the snapshot {plan.store.manifest(*plan.base)} is corrupt ({why}); expiry keeps the changelogs a load "
         "replays around it until a newer intact snapshot exists"
     )
+
+
+def full_state_problem(fm: CheckpointFileManager, store: StoreId, base: tuple[int, str]) -> str | None:
+    """Why the changelog `base` of `store`, which its commit record declares full-state (a rescale or rollback
+    wrote it), must not be an expiry base (None: its header agrees). The record is a claim about a file a load
+    reads: a header naming a lineage makes every load below it walk that lineage, which expiry would delete."""
+    path = store.changelog(*base)
+    name = f"{fm.root_uri}/{path}"
+    try:
+        with fm.open(path) as f:
+            header = read_header(f, name)
+        check_header(store, header, *base, name)
+    except (StatekeeperError, OSError) as e:
+        return f"the full-state changelog {name} cannot be read ({e}); expiry keeps the changelogs below it"
+    if header.lineage:
+        return (
+            f"the commit record of version {base[0]} declares the changelog {name} full-state, but its header "
+            f"names a lineage from {header.lineage[0]}; expiry keeps the changelogs a load replays below it"
+        )
+    return None
 
 
 def newest_snapshot_problem(

@@ -17,6 +17,7 @@ payload, say) is reported naming its changelog, and nothing in it is ever execut
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import os
@@ -186,7 +187,11 @@ def _verify_store(
     def first_needed(r: int, b: int) -> int:  # a full-state changelog (rescale, rollback) starts a chain
         return max(b + 1, 1, *(f for f in plan.full_state if f <= r))
 
-    needed = {v for r, b in bases.items() for v in range(first_needed(r, b), r + 1)}
+    # the committed versions in each range, not every integer: a record's version is a claim (10**19)
+    known = sorted(committed)
+    needed: set[int] = set()
+    for r, b in bases.items():
+        needed.update(known[bisect.bisect_left(known, first_needed(r, b)) : bisect.bisect(known, r)])
     work = tempfile.mkdtemp(prefix="statekeeper-verify-")
     try:
         for v in sorted(needed):
@@ -194,7 +199,7 @@ def _verify_store(
             if cid is None:
                 continue  # reported by the plan
             try:
-                res.bytes += _verify_changelog(fm, store, files, v, cid, committed, work)
+                res.bytes += _verify_changelog(fm, store, files, v, cid, committed, work, v in plan.full_state)
                 res.changelogs += 1
             except (StatekeeperError, OSError) as e:
                 res.errors.append(f"store {store}: retained versions cannot load: {e}")
@@ -225,8 +230,11 @@ def _loader_base(
     The same `LoadPlan` the loader resolves; a broken base is passed over as the loader's snapshot
     repair does, and noted in `repairs` with the base the repair replays from.
     """
+    cid = plan.committed.get(r)
+    if cid is None:
+        return -r  # no commit record names it: a gap (reported by the plan)
     try:
-        load = resolve_load_plan(source, r, plan.committed[r])
+        load = resolve_load_plan(source, r, cid)
     except LineageError:
         return -r  # the chain is broken (reported by the plan)
     while load.base is not None and load.base[0] not in plan.intact_snapshots:
@@ -305,7 +313,10 @@ def _verify_changelog(
     cid: str,
     committed: dict[int, str],
     work: str,
+    full_state: bool = False,
 ) -> int:
+    """Read the committed changelog whole; `full_state`: its commit record declares it holds the whole state (a
+    rescale or rollback wrote it), so its header must name no lineage, or loads and expiry disagree on its past."""
     path = store.changelog(version, cid)
     name = f"{fm.root_uri}/{path}"
     if (version, cid) not in files.changelogs:
@@ -318,6 +329,8 @@ def _verify_changelog(
         check_header(store, h, version, cid, name)
         if version > 1 and h.lineage and h.lineage[0][0] != version - 1:
             raise LineageError(f"changelog lineage does not start at version {version - 1}: {name}")
+        if version > 1 and full_state and h.lineage:
+            raise LineageError(f"the commit record declares a full-state changelog, its header a lineage: {name}")
         for u, uid in h.lineage:
             if u in committed and committed[u] != uid:
                 raise LineageError(f"changelog lineage names ({u}, {uid}), which is not the committed attempt: {name}")

@@ -37,6 +37,8 @@ from statekeeper.store.formats.commit import CommitRecord
 
 PREFETCH_WORKERS = 8
 """Commit records read at once when a walk knows which versions it will need."""
+PREFETCH_WINDOW = 1024
+"""Commit records read ahead before checking that they all exist (`BatchHistory._prefetch`)."""
 
 
 @dataclass(frozen=True)
@@ -107,16 +109,24 @@ class BatchHistory:
 
     def _prefetch(self, versions: range) -> None:
         """Read the commit records of `versions` ahead of the walk, in parallel (errors and missing records
-        are left for the walk, which reads a record again if it needs it)."""
+        are left for the walk, which reads a record again if it needs it).
+
+        Newest first, in windows doubling up to `PREFETCH_WINDOW`, up to the first window missing a record: the
+        walk stops at a missing one too. The range is a guess from the head record's claims, and a head of
+        version 10**12 above records 1-3 made it read (and hold a future for) every version between."""
 
         def get(version: int) -> None:
             with contextlib.suppress(StatekeeperError):
                 if (record := self.log.get(version)) is not None:
                     self._fetched[version] = record
 
-        if len(versions) > 1:
-            with ThreadPoolExecutor(min(PREFETCH_WORKERS, len(versions)), "statekeeper-history") as pool:
-                list(pool.map(get, versions))
+        end, window = versions.stop, PREFETCH_WORKERS
+        while len(chunk := range(max(versions.start, end - window), end)) > 1:
+            with ThreadPoolExecutor(min(PREFETCH_WORKERS, len(chunk)), "statekeeper-history") as pool:
+                list(pool.map(get, chunk))
+            if any(v not in self._fetched for v in chunk):
+                return
+            end, window = chunk.start, min(2 * window, PREFETCH_WINDOW)
 
     def _predecessor(self, record: CommitRecord) -> int:
         """The version before `record` in the history (0: none)."""

@@ -31,6 +31,12 @@ LEASES_DIR = "_leases"
 LEASE_SUFFIX = ".lease"
 DEPLOYMENT_FILE = "_deployment.json"
 VERSION_DIGITS = 20
+MAX_VERSION = (1 << 63) - 1
+"""Versions, batch ids, epochs and times in names are below this, though 20 digits hold more: a signed 64-bit long
+(Spark's batch ids, the catalog's BIGINT) holds each, and the version after a batch id. A name or record claiming
+more is not one of ours (DESIGN invariant 12): 10**19 made the catalog's insert raise OverflowError."""
+PARTITIONS = 100_000
+"""Partitions of one operator: a partition has 5 digits in names."""
 
 _ID = re.compile(r"^[0-9a-f]{32}\Z")
 _VERSIONED = re.compile(r"^(\d{20})_([0-9a-f]{32})(\.changelog|\.manifest)\Z")
@@ -51,8 +57,8 @@ def validate_checkpoint_id(checkpoint_id: str) -> str:
 
 
 def validate_version(version: int) -> int:
-    if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version < 10**VERSION_DIGITS:
-        raise ConfigurationError(f"invalid version {version!r}: expected an integer >= 0")
+    if not isinstance(version, int) or isinstance(version, bool) or not 0 <= version < MAX_VERSION:
+        raise ConfigurationError(f"invalid version {version!r}: expected an integer in [0, {MAX_VERSION})")
     return version
 
 
@@ -69,8 +75,9 @@ class StoreId:
 
     def __post_init__(self) -> None:
         validate_component(self.operator, "operator name")
-        if not isinstance(self.partition, int) or isinstance(self.partition, bool) or not 0 <= self.partition < 100_000:
-            raise ConfigurationError(f"invalid partition {self.partition!r}: expected an integer in [0, 100000)")
+        p = self.partition
+        if not isinstance(p, int) or isinstance(p, bool) or not 0 <= p < PARTITIONS:
+            raise ConfigurationError(f"invalid partition {self.partition!r}: expected an integer in [0, {PARTITIONS})")
 
     @property
     def prefix(self) -> str:
@@ -110,12 +117,18 @@ def commit_path(version: int) -> str:
 def parse_versioned_name(name: str) -> tuple[int, str, str] | None:
     """`<version>_<id>.changelog|.manifest` -> (version, id, suffix); None for any other name."""
     m = _VERSIONED.match(name.rpartition("/")[2])
-    return (int(m.group(1)), m.group(2), m.group(3)) if m else None
+    version = _number(m)
+    return None if m is None or version is None else (version, m.group(2), m.group(3))
+
+
+def _number(m: re.Match[str] | None) -> int | None:
+    """The 20-digit number a name's match holds, if below `MAX_VERSION` (None: not a name of ours)."""
+    number = int(m.group(1)) if m else MAX_VERSION
+    return number if number < MAX_VERSION else None
 
 
 def parse_commit_name(name: str) -> int | None:
-    m = _COMMIT.match(name.rpartition("/")[2])
-    return int(m.group(1)) if m else None
+    return _number(_COMMIT.match(name.rpartition("/")[2]))
 
 
 def batch_path(operator: str, batch_id: int) -> str:
@@ -132,8 +145,7 @@ def event_time_path(operator: str, batch_id: int) -> str:
 
 def parse_batch_name(name: str) -> int | None:
     """`<batch>.json` or `<batch>.event_time.json` -> the batch id; None for any other name."""
-    m = _BATCH.match(name.rpartition("/")[2])
-    return int(m.group(1)) if m else None
+    return _number(_BATCH.match(name.rpartition("/")[2]))
 
 
 def heartbeat_dir(operator: str) -> str:
@@ -148,8 +160,7 @@ def heartbeat_path(operator: str, time_ms: int) -> str:
 
 def parse_heartbeat_name(name: str) -> int | None:
     """`<ms>.json` -> the time in milliseconds; None for any other name."""
-    m = _HEARTBEAT.match(name.rpartition("/")[2])
-    return int(m.group(1)) if m else None
+    return _number(_HEARTBEAT.match(name.rpartition("/")[2]))
 
 
 def lease_dir(store: StoreId) -> str:
@@ -164,5 +175,4 @@ def lease_path(store: StoreId, epoch: int) -> str:
 
 def parse_lease_name(name: str) -> int | None:
     """`<epoch>.lease` -> the epoch; None for any other name."""
-    m = _LEASE.match(name.rpartition("/")[2])
-    return int(m.group(1)) if m else None
+    return _number(_LEASE.match(name.rpartition("/")[2]))

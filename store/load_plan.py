@@ -170,7 +170,12 @@ def resolve_load_plan(
         head = source.read_lineage(version, checkpoint_id)  # one header read, reused by the walk
         origins = ((0, target),)
         gap = version - 1 - local[0]
-        on_lineage = len(head) == version - 1 if local[0] == 0 else gap < len(head) and head[gap] == local
+        # a header is a claim: replayed as it stands only if its entries are the versions below, one by one
+        # (entries naming committed attempts of other versions would replay them out of order or skip one)
+        consecutive = all(v == version - 1 - i for i, (v, _) in enumerate(head))
+        on_lineage = consecutive and (
+            len(head) == version - 1 if local[0] == 0 else gap < len(head) and head[gap] == local
+        )
         if on_lineage:
             replay = (*reversed(head[:gap]), target)
             plan = LoadPlan(

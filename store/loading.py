@@ -272,7 +272,17 @@ class PlanExecution:
         bulk = self.config.bulk_replay
         replay = ChangelogReplay(self._db, self._handle_of, self._work, self.config.replay_batch_bytes, merge=not bulk)
         records = 0
+        # a chain from the empty state above version 1 starts at a full-state changelog (`_check_lineage` holds its
+        # commit record to that): its header must say so too, or it holds changes, not the state before them
+        from_empty = plan.source is LoadSource.EMPTY and bool(plan.replay) and plan.replay[0][0] > 1
         for reader in read_changelogs(self.fm, self.store_id, plan.replay, self._work, self.config.read_ahead):
+            if from_empty and reader.header.lineage:
+                raise CorruptFileError(
+                    f"replayed from the empty state as its commit record declares a full-state changelog, but its "
+                    f"header extends {reader.header.lineage[0]}",
+                    reader.name,
+                )
+            from_empty = False
             records += replay.add(reader)
         replay.write()
         if bulk and records:
@@ -340,6 +350,8 @@ class ChangelogReplay:
                 self._family(entry.cf, reader)
                 try:
                     ingest_sst(self._db.get_column_family(entry.cf), entry.path)
+                except Exception as e:  # rocksdict has no exception classes: the block's file is not an SST it takes
+                    raise CorruptFileError(f"an SST block does not ingest ({str(e)[:300]})", reader.name) from None
                 finally:
                     if os.path.exists(entry.path):
                         os.unlink(entry.path)

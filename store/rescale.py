@@ -200,18 +200,22 @@ def _chunks(items: Iterator[tuple[bytes, bytes]]) -> Iterator[tuple[Sequence[byt
 
 
 def _check_group_led(plan: RescalePlan, src: StateStore, q: int, cf: str, name: str) -> None:
-    """Refuse, before anything is committed, to copy byte ranges of a column family whose first key does
+    """Refuse, before anything is committed, to copy byte ranges of a column family whose first or last key does
     not lead with one of old partition `q`'s key groups: its keys are not group-led (a statekeeper.store.spark
-    operator's metadata under the plain store's rules), and a range copy would drop them."""
+    operator's metadata under the plain store's rules), or a changelog put a key of a group the partition does not
+    own (sorted, such keys come first or last), and a range copy would drop them."""
     if plan.source_layout is None:
         return
     first = next(iter(src.column_family(cf).items()), None)
     if first is None:
         return
     lo, hi = plan.source_layout.groups_of(q)
-    if len(first[0]) < 2 or not lo <= group_at(first[0]) < hi:
+    end = group_byte_range(lo, hi)[1]
+    above = None if end is None else next(iter(src.column_family(cf).items(end)), None)
+    if len(first[0]) < 2 or not lo <= group_at(first[0]) < hi or above is not None:
+        key = first[0] if above is None else above[0]
         raise RescaleError(
-            f"{plan.describe()}: column family {cf!r} of {name} holds key {first[0][:16]!r}, which does not lead "
+            f"{plan.describe()}: column family {cf!r} of {name} holds key {key[:16]!r}, which does not lead "
             f"with one of the partition's key groups [{lo}, {hi}): pass the key-group rules of the store's writer "
             "(rules=TypedStateKeys() for a statekeeper.store.spark operator, as `statekeeper rescale` does)"
         )

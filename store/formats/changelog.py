@@ -31,8 +31,15 @@ from typing import Any, BinaryIO
 import zstandard
 
 from statekeeper.store.errors import CorruptFileError
-from statekeeper.store.formats.framing import FRAME_HEAD, check_magic_and_version, decode_frame, encode_frame, require
-from statekeeper.store.formats.limits import MAX_BLOCK_BYTES, MAX_KEY_BYTES
+from statekeeper.store.formats.framing import (
+    FRAME_HEAD,
+    check_magic_and_version,
+    created_at,
+    decode_frame,
+    encode_frame,
+    require,
+)
+from statekeeper.store.formats.limits import MAX_BLOCK_BYTES, MAX_KEY_BYTES, MAX_VALUE_BYTES
 from statekeeper.store.formats.names import Shape, column_family_from_file, name_from_file, shown
 
 MAGIC = b"SKCL"
@@ -89,7 +96,7 @@ class ChangelogHeader:
         codec = require(p, "codec", str, name)
         if codec not in ("zstd", "none"):
             raise CorruptFileError(f"unknown codec {shown(codec)}", name)
-        created = p.get("created_at", 0.0)
+        created = created_at(p, name)
         return cls(
             operator=name_from_file(require(p, "operator", str, name), Shape.OPERATOR, name, "'operator'"),
             partition=require(p, "partition", int, name),
@@ -99,7 +106,7 @@ class ChangelogHeader:
             ),
             lineage=tuple(lineage),
             codec=codec,
-            created_at=float(created) if isinstance(created, int | float) and not isinstance(created, bool) else 0.0,
+            created_at=created,
         )
 
 
@@ -196,6 +203,12 @@ def decode_block_payload(raw: bytes, n: int, name: str) -> tuple[list[bytes], li
         end = pos
     if end != len(raw) or len(keys) != n:
         raise CorruptFileError("block payload sizes do not add up", name)
+    # the caps a writer holds every record to (a key past its cap made a later range delete through it unreadable);
+    # only a block holding that many key or value bytes in all is looked at record by record
+    if vstart - 8 * n > MAX_KEY_BYTES and max(klens) > MAX_KEY_BYTES:
+        raise CorruptFileError(f"a key of {max(klens)} bytes, above the {MAX_KEY_BYTES}-byte limit", name)
+    if end - vstart > MAX_VALUE_BYTES and max(vlens) > MAX_VALUE_BYTES:
+        raise CorruptFileError(f"a value of {max(vlens)} bytes, above the {MAX_VALUE_BYTES}-byte limit", name)
     return keys, values
 
 

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statekeeper.store.errors import ConfigurationError, CorruptFileError
-from statekeeper.store.formats.framing import decode_whole_frame, encode_frame, require
+from statekeeper.store.formats.framing import created_at, decode_whole_frame, encode_frame, require
 from statekeeper.store.formats.names import Shape, name_from_file, shown
 from statekeeper.store.key_groups import KeyGroupLayout
+from statekeeper.store.layout import MAX_VERSION, PARTITIONS
 
 MAGIC = b"SKCR"
 FORMAT_VERSION = 1
@@ -98,10 +99,10 @@ class CommitRecord:
         ids: dict[str, tuple[str, ...]] = {}
         for op, lst in operators.items():
             name_from_file(op, Shape.OPERATOR, name, "'operators'")
-            if not isinstance(lst, list) or not lst:
+            if not isinstance(lst, list) or not 0 < len(lst) <= PARTITIONS:  # each one a store: capped
                 raise CorruptFileError(f"operator {op!r} has a malformed checkpoint id list", name)
             ids[op] = tuple(name_from_file(x, Shape.CHECKPOINT_ID, name, f"'operators'.{op}") for x in lst)
-        created = payload.get("created_at", 0.0)
+        created = created_at(payload, name)
         batch = payload.get("batch_id", version - 1)
         if type(batch) is not int or not -1 <= batch < MAX_VERSION:
             raise CorruptFileError(f"malformed batch_id {shown(batch)}", name)
@@ -133,7 +134,7 @@ class CommitRecord:
             return cls(
                 version,
                 ids,
-                float(created) if isinstance(created, int | float) and not isinstance(created, bool) else 0.0,
+                created,
                 layouts,
                 None if batch == version - 1 else batch,
                 dict(change),
@@ -146,8 +147,6 @@ class CommitRecord:
 
 CHANGES = ("rescale", "rollback")
 """What a commit record's `change` may say of an operator."""
-MAX_VERSION = 10**20
-"""Versions and batch ids have 20 digits in file names."""
 
 
 def _small_int(value: object) -> int:

@@ -13,6 +13,7 @@ from typing import Any
 
 from statekeeper.store.errors import CorruptFileError, UnsupportedFormatError
 from statekeeper.store.formats.limits import MAX_FRAME_PAYLOAD, MAX_JSON_DEPTH
+from statekeeper.store.formats.names import shown
 
 # magic(4) format_version(u16) reserved(u16) payload_len(u32)
 FRAME_HEAD = struct.Struct("<4sHHI")
@@ -117,6 +118,20 @@ def decode_whole_frame(data: bytes, magic: bytes, supported: int, name: str) -> 
     if used != len(data):
         raise CorruptFileError(f"{len(data) - used} unexpected bytes after the payload", name)
     return payload
+
+
+MAX_TIMESTAMP = 253402300799.0
+"""The last second of year 9999: the latest time a `datetime` holds (the catalog records times as one)."""
+
+
+def created_at(payload: dict[str, Any], name: str) -> float:
+    """A payload's optional `created_at` in seconds (0.0 when absent, as in records written before it). Anything
+    but a number in ``[0, MAX_TIMESTAMP]`` is a `CorruptFileError` naming the file: a NaN, an infinity or an int
+    past a float's range would fail (or defeat) every later use of it, an age check or the catalog's datetime."""
+    value = payload.get("created_at", 0.0)
+    if type(value) in (int, float) and 0 <= value <= MAX_TIMESTAMP:  # False for NaN
+        return float(value)
+    raise CorruptFileError(f"field 'created_at' holds {shown(value)}, not a time in seconds", name)
 
 
 def require(payload: dict[str, Any], key: str, kind: type, name: str) -> Any:

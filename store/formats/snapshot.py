@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statekeeper.store.errors import CorruptFileError
-from statekeeper.store.formats.framing import decode_whole_frame, encode_frame, require
-from statekeeper.store.formats.names import Shape, column_family_from_file, name_from_file
+from statekeeper.store.formats.framing import created_at, decode_whole_frame, encode_frame, require
+from statekeeper.store.formats.names import Shape, column_family_from_file, name_from_file, shown
 
 MAGIC = b"SKSM"
 FORMAT_VERSION = 1
@@ -78,7 +78,12 @@ class SnapshotManifest:
         try:
             for entry in require(p, "sst_files", list, name):
                 local, remote, size, digest = entry
-                if type(size) is not int or size < 0 or type(digest) is not str or not _SHA256.fullmatch(digest):
+                if (
+                    type(size) is not int
+                    or not 0 <= size <= MAX_COUNT
+                    or type(digest) is not str
+                    or not _SHA256.fullmatch(digest)
+                ):
                     raise ValueError("an SST entry's size or SHA-256 is malformed")
                 ssts.append(
                     SstFile(
@@ -97,10 +102,12 @@ class SnapshotManifest:
             )
         except (TypeError, ValueError):
             raise CorruptFileError("malformed file list in snapshot manifest", name) from None
+        if sum(f.size for f in ssts) > MAX_COUNT:
+            raise CorruptFileError(f"its SST files claim more than {MAX_COUNT} bytes", name)
         local_names = [f.local_name for f in ssts] + list(db_files)
         if len(set(local_names)) != len(local_names):
             raise CorruptFileError("two files of the snapshot share a local name", name)
-        created = p.get("created_at", 0.0)
+        created = created_at(p, name)
         return cls(
             operator=name_from_file(require(p, "operator", str, name), Shape.OPERATOR, name, "'operator'"),
             partition=require(p, "partition", int, name),
@@ -111,8 +118,8 @@ class SnapshotManifest:
             sst_files=tuple(ssts),
             db_files=db_files,
             column_families=cfs,
-            num_keys=require(p, "num_keys", int, name),
-            created_at=float(created) if isinstance(created, int | float) and not isinstance(created, bool) else 0.0,
+            num_keys=_count(p, "num_keys", name),
+            created_at=created,
             **_content(p, name),
         )
 
@@ -122,9 +129,24 @@ def _content(p: dict[str, Any], name: str) -> dict[str, Any]:
     count, digest = p.get("key_count"), p.get("content_sha256")
     if count is None and digest is None:
         return {}
-    if type(count) is not int or count < 0 or type(digest) is not str or not _SHA256.fullmatch(digest):
+    if (
+        type(count) is not int
+        or not 0 <= count <= MAX_COUNT
+        or type(digest) is not str
+        or not _SHA256.fullmatch(digest)
+    ):
         raise CorruptFileError("malformed key_count or content_sha256 in snapshot manifest", name)
     return {"key_count": count, "content_sha256": digest}
 
 
+def _count(p: dict[str, Any], key: str, name: str) -> int:
+    value = require(p, key, int, name)
+    if not 0 <= value <= MAX_COUNT:
+        raise CorruptFileError(f"field {key!r} holds {shown(value)}, not a count of 0 to {MAX_COUNT}", name)
+    return int(value)
+
+
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_COUNT = (1 << 63) - 1
+"""A count or size in a manifest (keys, an SST's bytes, all of them): a signed 64-bit long, as the catalog holds
+each; 2**64 made its insert raise OverflowError."""

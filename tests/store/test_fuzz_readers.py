@@ -4,10 +4,10 @@ invariants 7 and 9).
 Real files are written by the product (changelogs, snapshot manifests, commit records through a
 short history; a schema record as the typed state stores it), then fed to their readers truncated
 at every kind of length, with bits flipped, with random bytes after an intact magic, and as random
-bytes. Each must be refused with the reader's own error naming the file (or the state variable),
-never another exception; a reader never executes anything (the formats hold no pickle) and never
-deletes (the root's listing is unchanged after the run). The number of inputs fed is counted
-(`tests/model_steps.py` FUZZED) for docs/reliability.md.
+bytes (and an SST block holding bytes RocksDB will not ingest). Each must be refused with the reader's own error
+naming the file (or the state variable), never another exception; a reader never executes anything (the formats
+hold no pickle) and never deletes (the root's listing is unchanged after the run). The number of inputs fed is
+counted (`tests/model_steps.py` FUZZED) for docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -20,12 +20,16 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from statekeeper.maintenance.settings import MaintenanceSettings
 from statekeeper.maintenance.snapshot_builds import create_snapshots
+from statekeeper.store.commit_log import CommitLog
+from statekeeper.store.config import StoreConfig
 from statekeeper.store.errors import CheckpointError, CorruptFileError
 from statekeeper.store.files import open_file_manager
-from statekeeper.store.formats.changelog import ChangelogReader
+from statekeeper.store.formats.changelog import ChangelogHeader, ChangelogReader, ChangelogWriter
 from statekeeper.store.formats.commit import FORMAT_VERSION as COMMIT_FORMAT
 from statekeeper.store.formats.commit import MAGIC as COMMIT_MAGIC
 from statekeeper.store.formats.commit import CommitRecord
@@ -33,6 +37,7 @@ from statekeeper.store.formats.framing import decode_whole_frame, encode_frame
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import parse_ddl
+from statekeeper.store.layout import StoreId, new_checkpoint_id
 from statekeeper.store.spark.schemas import SCHEMA_PREFIX, STATE_META_PREFIX, VariableRecord, read_record, schema_key
 from statekeeper.store.state_store import StateStore
 from tests.model_steps import FUZZED
@@ -181,3 +186,27 @@ def test_schema_record_refuses_bad_bytes_naming_the_variable() -> None:
             # JSON string can still be a valid record; it must never raise anything else
     assert SCHEMA_PREFIX
     FUZZED["schema record"] += fed
+
+
+@given(sst=st.binary(max_size=200) | st.sampled_from([b"", b"\x00" * 4096]))
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+def test_an_sst_block_rocksdb_will_not_ingest_fails_the_load_naming_the_changelog(
+    tmp_path_factory: pytest.TempPathFactory, sst: bytes
+) -> None:
+    """A well-framed changelog whose SST block (its CRC right) holds no SST: RocksDB's bare `Exception` escaped the
+    load, naming nothing (rocksdict has no exception classes)."""
+    tmp = tmp_path_factory.mktemp("sst-block")
+    fm = open_file_manager(str(tmp / "root"))
+    (tmp / "block.sst").write_bytes(sst)
+    cid = new_checkpoint_id()
+    writer = ChangelogWriter(str(tmp / "c"), ChangelogHeader("agg", 0, 1, cid, ()))
+    writer.append_sst("default", str(tmp / "block.sst"), 1)
+    writer.finish()
+    fm.put_file(str(tmp / "c"), StoreId("agg", 0).changelog(1, cid))
+    CommitLog(fm).commit(1, {"agg": [cid]})
+    with (
+        StateStore(fm, "agg", 0, config=StoreConfig(local_dir=str(tmp / "w"))) as s,
+        pytest.raises(CorruptFileError, match="SST block") as ei,
+    ):
+        s.load(1)
+    assert StoreId("agg", 0).changelog(1, cid) in str(ei.value)

@@ -10,7 +10,9 @@ logic): creating 4,096 real RocksDB column families, or 16 MiB of schemas, would
 
 from __future__ import annotations
 
+import io
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -25,7 +27,11 @@ from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.config import StoreConfig
 from statekeeper.store.errors import ConfigurationError, CorruptFileError
 from statekeeper.store.files import open_file_manager
+from statekeeper.store.formats import changelog as cl
+from statekeeper.store.formats.commit import CommitRecord
+from statekeeper.store.formats.framing import encode_frame
 from statekeeper.store.formats.limits import MAX_SCHEMA_DEPTH, MAX_SCHEMA_VERSIONS, MAX_STATE_VARIABLES
+from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import (
     DataType,
@@ -38,7 +44,7 @@ from statekeeper.store.formats.typed_schema import (
     parse_ddl,
     struct,
 )
-from statekeeper.store.layout import StoreId
+from statekeeper.store.layout import PARTITIONS, StoreId, parse_commit_name, parse_versioned_name
 from statekeeper.store.snapshot import write_snapshot
 from statekeeper.store.spark import schemas
 from statekeeper.store.spark.schemas import (
@@ -446,3 +452,120 @@ def test_a_change_feed_changelog_recording_a_schema_past_the_cap_is_refused(low_
     assert len(raw) > SCHEMA_CAP
     with pytest.raises(CorruptStateError, match="records schema 1 of state variable 'wide' unlike"):
         TypedSchemas(None, {"wide": record}, "")._check_schemas("wide", [schema_key("wide", 1)], [raw], "cl")
+
+
+# -- numbers a clock or a 64-bit long cannot hold ----------------------------------------------------
+ID = "a" * 32
+SHA = "b" * 64
+
+
+def _framed(kind: str, field: str, value: object) -> tuple[bytes, str]:
+    """A commit record, manifest or changelog header written by the product's encoders, `field` set to `value`."""
+    if kind == "commit":
+        payload: dict[str, Any] = {"version": 3, "batch_id": 2, "created_at": 0.0, "operators": {OP: [ID]}}
+        magic, name = b"SKCR", "commits/00000000000000000003.commit"
+    elif kind == "manifest":
+        magic, name = b"SKSM", "state/agg/00000/snapshots/x.manifest"
+        payload = {
+            "operator": OP, "partition": 0, "version": 3, "checkpoint_id": ID, "created_at": 0.0,
+            "column_families": ["default"], "num_keys": 1, "sst_files": [["000012.sst", SHA[:40] + ".sst", 9, SHA]],
+            "db_files": {}, "key_count": 1, "content_sha256": SHA,
+        }  # fmt: skip
+    else:
+        magic, name = b"SKCL", "state/agg/00000/changelogs/x.changelog"
+        payload = cl.ChangelogHeader(OP, 0, 3, ID, ()).to_payload()
+    if field == "sst size":
+        payload["sst_files"][0][2] = value
+    elif field == "sst sizes":
+        payload["sst_files"] = [[f"{i}.sst", SHA[:40] + ".sst", value, SHA] for i in range(4)]
+    else:
+        payload[field] = value
+    return encode_frame(magic, 1, payload), name
+
+
+def _read(kind: str, data: bytes, name: str) -> object:
+    if kind == "commit":
+        return CommitRecord.from_bytes(data, name)
+    if kind == "manifest":
+        return SnapshotManifest.from_bytes(data, name)
+    return cl.read_header(io.BytesIO(data), name)
+
+
+@given(
+    when=st.sampled_from([math.nan, math.inf, -math.inf, 1e300, -1.0, True, "1", [1], None])
+    | st.integers(10**309, 10**400)
+    | st.integers(-(10**400), -1),
+    kind=st.sampled_from(["commit", "manifest", "changelog"]),
+)
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+def test_a_time_no_clock_holds_is_corruption_naming_the_file(when: object, kind: str) -> None:
+    """An int past a float's range raised OverflowError out of the manifest and header readers; NaN and infinities
+    were taken, to defeat an age check or fail the catalog's datetime later."""
+    data, name = _framed(kind, "created_at", when)
+    with pytest.raises(CorruptFileError, match="'created_at'") as ei:
+        _read(kind, data, name)
+    assert name in str(ei.value)
+
+
+@given(
+    case=st.sampled_from(
+        [
+            ("commit", "version"),
+            ("commit", "batch_id"),
+            ("manifest", "num_keys"),
+            ("manifest", "key_count"),
+            ("manifest", "sst size"),
+            ("manifest", "sst sizes"),
+        ]
+    ),
+    value=st.integers(1 << 63, 10**20 - 1),
+)
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+def test_a_number_a_64_bit_long_cannot_hold_is_corruption_naming_the_file(case: tuple[str, str], value: int) -> None:
+    """Versions, batch ids, counts and sizes a catalog BIGINT (and Spark's long) cannot hold: `catalog sync` died of
+    an OverflowError inserting them. Four SSTs of 2**61 bytes each are refused too (their sum)."""
+    kind, field = case
+    data, name = _framed(kind, field, value if field != "sst sizes" else 1 << 61)
+    with pytest.raises(CorruptFileError) as ei:
+        _read(kind, data, name)
+    assert name in str(ei.value)
+    assert parse_commit_name(f"commits/{value:020d}.commit") is None  # a name claiming one is not ours
+    assert parse_versioned_name(f"{value:020d}_{ID}.changelog") is None
+    assert parse_commit_name(f"commits/{(1 << 63) - 1:020d}.commit") is None
+    assert parse_versioned_name(f"{(1 << 63) - 2:020d}_{ID}.changelog") is not None
+
+
+def test_a_commit_record_naming_more_partitions_than_a_store_id_holds_is_corruption_naming_it() -> None:
+    """Each id is a store, and a partition has 5 digits in names: 100,001 ids made maintenance plan 100,001 stores
+    (97 s of `verify` over nothing), each one past the first 100,000 refused only when it became a StoreId."""
+    data, name = _framed("commit", "operators", {OP: [ID] * (PARTITIONS + 1)})
+    with pytest.raises(CorruptFileError, match="checkpoint id list") as ei:
+        CommitRecord.from_bytes(data, name)
+    assert name in str(ei.value)
+    held, _ = _framed("commit", "operators", {OP: [ID] * PARTITIONS})
+    assert len(CommitRecord.from_bytes(held, name).checkpoint_ids[OP]) == PARTITIONS
+
+
+@given(over=st.integers(1, 64), which=st.sampled_from(["key", "value"]), n=st.integers(1, 40))
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+def test_a_record_block_key_or_value_past_the_writers_cap_is_corruption_naming_the_file(
+    over: int, which: str, n: int
+) -> None:
+    """Keys and values a writer refuses at `put` were taken from a changelog (within the block cap): a key past its
+    cap then made a writer's range delete through it one its own reader refuses. Caps lowered to 1 KiB (the logic,
+    not the values: a 128 MiB value takes a while)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cl, "MAX_KEY_BYTES", 1024, raising=False)
+        mp.setattr(cl, "MAX_VALUE_BYTES", 1024, raising=False)
+        keys = [b"k%d" % i for i in range(n)]
+        values: list[bytes | None] = [b"v"] * n
+        if which == "key":
+            keys[-1] = b"k" * (1024 + over)
+        else:
+            values[-1] = b"v" * (1024 + over)
+        raw = b"".join(cl.encode_block_parts(keys, values))
+        with pytest.raises(CorruptFileError, match=f"a {which} of {1024 + over} bytes") as ei:
+            cl.decode_block_payload(raw, n, "the/changelog")
+        assert "the/changelog" in str(ei.value)
+        fits = b"".join(cl.encode_block_parts([b"k" * 1024] * n, [b"v" * 1024] * n))
+        assert cl.decode_block_payload(fits, n, "the/changelog")[0][0] == b"k" * 1024

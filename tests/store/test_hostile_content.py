@@ -10,6 +10,7 @@ symlinks to endless devices named like checkpoint files; values and names the fo
 from __future__ import annotations
 
 import io
+import json
 import os
 import resource
 import struct
@@ -283,8 +284,6 @@ class TestNesting:
     )
     @HYPO
     def test_depth_is_counted_exactly(self, value: object) -> None:
-        import json
-
         def true_depth(v: object) -> int:
             if isinstance(v, list):
                 return 1 + max(map(true_depth, v), default=0)
@@ -295,6 +294,31 @@ class TestNesting:
         assert min(json_depth(json.dumps(value).encode()), MAX_JSON_DEPTH + 1) == min(
             true_depth(value), MAX_JSON_DEPTH + 1
         )
+
+
+class TestTimes:
+    """A `created_at` no clock holds (an int past a float's range raised OverflowError out of the manifest and header
+    readers): the load repairs around such a manifest and names such a changelog (the readers: test_hostile_caps)."""
+
+    def test_a_load_repairs_around_a_manifest_and_names_a_changelog_holding_one(self, site: dict[str, object]) -> None:
+        root = Path(str(site["root"]))
+        manifest = str(site["manifest"])
+        data = (root / manifest).read_bytes()
+        plant(str(root), manifest, encode_frame(data[:4], 1, {**json.loads(data[12:-4]), "created_at": 10**309}))
+        with load(site, VERSIONS) as s:
+            assert {cf: dict(s.items(cf=cf)) for cf in s.column_families()} == site["state"]
+            assert s.last_load is not None and s.last_load.repaired_snapshots == 1
+        (root / manifest).unlink()
+        fm = open_file_manager(str(root))
+        path = next(i.path for i in fm.list(STORE.changelog_dir()) if i.path.split("/")[-1].startswith("0" * 19 + "3"))
+        with open(root / path, "rb") as f:
+            header = cl.read_header(f, path)
+            rest = f.read()
+        payload = {**header.to_payload(), "created_at": 10**309}
+        plant(str(root), path, encode_frame(cl.MAGIC, cl.FORMAT_VERSION, payload) + rest)
+        with pytest.raises(CorruptFileError, match="'created_at'") as ei:
+            load(site, VERSIONS, "w2").close()
+        assert path in str(ei.value)
 
 
 def changelog_with_block(head_extra: bytes, cf: bytes = b"default") -> bytes:

@@ -2,7 +2,8 @@
 the Spark driver's batch files and event-time records, and the schema records a state's `__meta` column family
 holds. Hostile bodies (nested 100k deep, not an object, fields of the wrong type or out of range, not UTF-8,
 longer than any real record) are a `CorruptFileError` naming the file (a `CorruptStateError` naming the state
-variable for `__meta`), never a raw RecursionError, KeyError or TypeError.
+variable for `__meta`), never a raw RecursionError, KeyError or TypeError. A commit record's version is a claim
+too: one far above the rest costs the state reader's history a few reads.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from statekeeper.store.batch_history import BatchHistory
 from statekeeper.store.commit_log import CommitLog
 from statekeeper.store.config import StoreConfig
-from statekeeper.store.errors import CorruptFileError
+from statekeeper.store.errors import CorruptFileError, LineageError
 from statekeeper.store.files import open_file_manager
+from statekeeper.store.formats.commit import CommitRecord
 from statekeeper.store.formats.typed_scalars import CorruptStateError
-from statekeeper.store.layout import batch_path, event_time_path
+from statekeeper.store.layout import batch_path, commit_path, event_time_path
 from statekeeper.store.spark.batch_records import BatchRecords
 from statekeeper.store.spark.event_time import WatermarkLog
 from statekeeper.store.spark.schemas import (
@@ -175,3 +178,31 @@ def test_a_hostile_spark_operator_properties_is_refused_naming_it(props: str) ->
 
     with pytest.raises(CorruptFileError, match=r"operatorProperties.*ckpt/state/0/_metadata"):
         sc._tws_variables(None, "ckpt", 0, 1, sc._operator_properties(props, "ckpt/state/0/_metadata"))  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(60)
+@given(head=st.integers(10, 10**18))
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+def test_a_commit_record_far_above_the_others_costs_the_history_a_few_reads(
+    tmp_path_factory: pytest.TempPathFactory, head: int
+) -> None:
+    """A well-framed record of version `head` above records 1-3: the state reader's history of batches read ahead
+    every version between (a future held for each: a hang, and memory without bound); it reads a few, then names
+    the version missing."""
+    root = str(tmp_path_factory.mktemp("history") / "root")
+    log = CommitLog(open_file_manager(root))
+    for v in (1, 2, 3):
+        log.commit(v, {OP: ["a" * 32]})
+    plant(root, commit_path(head), CommitRecord(head, {OP: ("a" * 32,)}).to_bytes())
+    reads = CommitLog(open_file_manager(root))
+    counted = reads.get
+    calls: list[int] = []
+
+    def get(version: int, *, use_cache: bool = True) -> CommitRecord | None:
+        calls.append(version)
+        return counted(version, use_cache=use_cache)
+
+    reads.get = get  # type: ignore[method-assign]
+    with pytest.raises(LineageError, match=f"version {head - 1} has expired"):
+        BatchHistory(reads, OP, root).version_of(1)
+    assert len(calls) < 100, len(calls)

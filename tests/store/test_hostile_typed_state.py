@@ -5,12 +5,13 @@ A changelog that frames and checksums well can still carry hostile entries in ``
 the wrong width, a key-group count of 0): every reader of them (the batch's TTL eviction and timer scan, the
 quiet-input tick's next due time, the state reader, rescale) refuses them as a `CorruptStateError`, never a raw
 struct.error / IndexError / UnicodeDecodeError / ZeroDivisionError, and eviction never deletes outside the
-user's state variables.
+user's state variables. A key of a group its partition does not own fails a rescale, which would drop it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -23,8 +24,13 @@ from hypothesis import strategies as st
 from statekeeper.store import CommitLog
 from statekeeper.store.config import StoreConfig
 from statekeeper.store.errors import StatekeeperError
+from statekeeper.store.files import open_file_manager
 from statekeeper.store.formats.typed_scalars import CorruptStateError
 from statekeeper.store.formats.typed_schema import parse_ddl
+from statekeeper.store.key_groups import KeyGroupLayout, group_prefix
+from statekeeper.store.layout import StoreId
+from statekeeper.store.rescale import RescaleError, execute_rescale, plan_rescale
+from statekeeper.store.snapshot import write_snapshot
 from statekeeper.store.spark.handle import StatefulProcessorHandle
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
 from statekeeper.store.spark.schemas import MAX_KEY_GROUPS, META_CF
@@ -166,3 +172,32 @@ def test_each_internal_class_is_refused_by_name(tmp_path: Path, cf: str, key: by
         assert refused, f"no reader refused the planted {cf} entry"
     finally:
         store.close()
+
+
+@given(stray=st.integers(32, 0xFFFF), cf=st.sampled_from(["default", "counts"]))
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+def test_a_key_of_a_group_its_partition_does_not_own_fails_a_rescale_naming_it(
+    tmp_path_factory: pytest.TempPathFactory, stray: int, cf: str
+) -> None:
+    """Partition 0 of 2 (groups 0-31 of 64) holds a key of group `stray`, put there by a well-framed changelog: a
+    rescale to 4 of the snapshotted partitions copied their byte ranges and trimmed the rest, silently dropping the
+    key (a relay from changelogs refused it); it refuses, naming it."""
+    root = str(tmp_path_factory.mktemp("stray") / "root")
+    fm = open_file_manager(root)
+    layout, ids = KeyGroupLayout(2, 64), []
+    for p in range(2):
+        with StateStore(fm, "agg", p) as s:
+            s.load(0)
+            s.put(group_prefix(layout.groups_of(p)[0]) + b"k", b"v", cf=cf)
+            if p == 0:
+                s.put(group_prefix(stray) + b"stray", b"x", cf=cf)
+            ids.append(s.commit().checkpoint_id)
+    CommitLog(fm).commit(1, {"agg": ids}, layouts={"agg": layout})
+    for p in range(2):
+        with StateStore(fm, "agg", p) as s:
+            s.load(1)
+            os.makedirs(work := os.path.join(s.local_dir, "snap"))
+            write_snapshot(fm, StoreId("agg", p), 1, s.checkpoint_id or "", s.db, work)
+    with pytest.raises(RescaleError, match="stray"):
+        execute_rescale(fm, plan_rescale(fm, "agg", 4))
+    assert CommitLog(fm).latest() == 1

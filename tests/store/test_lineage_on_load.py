@@ -19,7 +19,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -27,10 +27,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from statekeeper.store import CommitLog, StateStore, StoreConfig
-from statekeeper.store.errors import LineageError
+from statekeeper.store.errors import LineageError, StatekeeperError
 from statekeeper.store.files import CheckpointFileManager, open_file_manager
 from statekeeper.store.formats.changelog import ChangelogHeader, ChangelogWriter, Lineage
-from statekeeper.store.layout import StoreId
+from statekeeper.store.formats.commit import CommitRecord
+from statekeeper.store.layout import StoreId, commit_path
 
 OP = "agg"
 STORE = StoreId(OP, 0)
@@ -211,3 +212,58 @@ def test_generated_lineage_headers_never_load_uncommitted_data(
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@given(
+    warm=st.integers(1, 3),
+    entries=st.lists(st.integers(1, 3), max_size=5),
+)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_warm_catch_up_replays_only_the_versions_below_one_by_one(
+    tmp_path: Path, warm: int, entries: list[int]
+) -> None:
+    """A header of version 4 naming committed attempts of other versions (repeated, out of order, skipping one):
+    a store warm at `warm` replayed them as named, silently skipping or repeating a version's updates."""
+    root = tmp_path / f"root-{time.monotonic_ns()}"
+    work = tempfile.mkdtemp(prefix="sk-lineage-")
+    cp = Checkpoint(open_file_manager(root.as_uri()), work)
+    store = StateStore(cp.fm, OP, 0, config=StoreConfig(local_dir=str(root / "load")))
+    try:
+        cp.honest(3)
+        store.load(warm)
+        store.abort()
+        hostile = cp.hostile(4, tuple((u, cp.committed[u][0]) for u in entries))
+        try:
+            store.load(4)
+        except LineageError as e:
+            assert hostile.rpartition("/")[2] in str(e), str(e)
+            return
+        assert dict(store.items()) == cp.model[4], entries
+        store.abort()
+    finally:
+        store.close()
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_commit_record_declaring_a_full_state_changelog_its_header_denies_is_never_replayed_from_empty(
+    tmp_path: Path,
+) -> None:
+    """Version 2's record claims a rescale, its changelog's header extends version 1, and version 3's header names
+    an attempt no record does: the repair along the commit records replayed version 2's changes from the empty
+    state, silently losing version 1's."""
+    root = tmp_path / "root"
+    cp = Checkpoint(open_file_manager(root.as_uri()), str(tmp_path / "work"))
+    os.makedirs(cp.work)
+    cp.honest(2)
+    record = root / commit_path(2)
+    claimed = replace(CommitRecord.from_bytes(record.read_bytes(), str(record)), change={OP: "rescale"})
+    record.write_bytes(claimed.to_bytes())
+    hostile = cp.hostile(3, ((2, uuid.uuid4().hex),))
+    try:
+        got, store = _load(cp.fm, 3, str(tmp_path / "load"))
+    except StatekeeperError as e:
+        assert STORE.changelog(2, cp.committed[2][0]) in str(e) or hostile in str(e), str(e)
+        return
+    store.close()
+    assert got == cp.model[3]
