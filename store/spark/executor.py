@@ -14,13 +14,15 @@ the missing changelogs, when its version is on the requested version's lineage (
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import functools
 import gc
+import importlib
 import json
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,10 +38,16 @@ from statekeeper.store.formats.typed_schema import Field, from_arrow, struct
 from statekeeper.store.key_groups import KeyGroupLayout
 from statekeeper.store.rescale import PartitionBuild, RescalePlan, SourceStores, build_partition
 from statekeeper.store.rocks import current_rss, peak_rss, release_free_heap, reset_peak_rss, shared_memory
-from statekeeper.store.spark.api import BatchStatefulProcessor, ExpiredTimerInfo, StatefulProcessor
+from statekeeper.store.spark.api import (
+    ApplyInPandasWithState,
+    BatchStatefulProcessor,
+    ExpiredTimerInfo,
+    StatefulProcessor,
+)
 from statekeeper.store.spark.event_time import TaskTime
 from statekeeper.store.spark.follow import FOLLOWER, follows
 from statekeeper.store.spark.handle import StatefulProcessorHandle
+from statekeeper.store.spark.initial_state import in_time_zone
 from statekeeper.store.spark.pandas_frames import PandasSettings
 from statekeeper.store.spark.rescale_rules import TypedStateKeys
 from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS
@@ -52,6 +60,7 @@ from statekeeper.store.spark.task_input import (
     InputPhases,
     TaskInput,
     groups_of,
+    row_class,
 )
 from statekeeper.store.spark.task_output import META_COL, OUTPUT_BATCH_ROWS, OutputBuffer, OutputClock
 from statekeeper.store.spark.worker_cache import CACHE, FileManagerFactory, use_worker_memory
@@ -193,7 +202,7 @@ def _run_partition(
         store = _load(spec, partition)
     load = store.last_load
     followed = CACHE.followed_by(spec, partition)
-    out = OutputBuffer(spec.output_schema, spec.pandas_settings.int_to_decimal)
+    out = OutputBuffer(spec.output_schema, spec.pandas_settings.int_to_decimal, spec.session_time_zone)
     clock = OutputClock()
     assert data.schema is not None
     ctx = StateContext(store, spec.batch_ts_ms, _key_schema(data.schema, spec.key_columns), spec.max_key_groups)
@@ -221,29 +230,34 @@ def _run_partition(
             keys = -1  # not counted by the vectorized API
         else:
             keys = 0
+            # an applyInPandasWithState function keeps its keys as they were; PySpark's TWS ones are shaped as its
+            own_keys = isinstance(processor, ApplyInPandasWithState)
+            frame_key = None if own_keys else _frame_key(spec, data.schema)
             if spec.initial_state is not None:
                 initial = spec.initial_state.filter(pc.equal(spec.initial_state.column(PID_COL), partition))
-                initial = initial.drop_columns([PID_COL])
+                initial = in_time_zone(initial.drop_columns([PID_COL]), spec.session_time_zone)
                 initial_groups = groups_of(
                     initial, spec.key_columns, spec.input_format, time_zone=spec.session_time_zone
                 )
                 for key, states in initial_groups:
                     ctx.set_key(key)
                     for one in states:
-                        processor.handleInitialState(key, one, timer_values)
+                        processor.handleInitialState(key if frame_key is None else frame_key(key), one, timer_values)
             set_key, add, handle, buffered = ctx.set_key, out.add, processor.handleInputRows, out.items
             for key, rows in data.groups(spec.input_format, spec.session_time_zone, spec.pandas_settings):
                 keys += 1
                 set_key(key)
-                add(handle(key, rows, timer_values))
+                add(handle(key if frame_key is None else frame_key(key), rows, timer_values))
                 if len(buffered) >= OUTPUT_BATCH_ROWS:
                     yield from clock.drain(out)
             # as in PySpark: the firing timer is listed while its handler runs, and deleted after it
             fired = ctx.expired_timers(spec.time.timer_deadline_ms(spec.batch_ts_ms))
+            timer_key = _timer_key(spec, data.schema) if fired and not own_keys else None
             for gk, expiry in fired:
                 key = ctx.decode_gk(gk)
                 ctx.set_key(key)
-                out.add(processor.handleExpiredTimer(key, timer_values, ExpiredTimerInfo(expiry)))
+                handler_key = key if timer_key is None else timer_key(key)
+                out.add(processor.handleExpiredTimer(handler_key, timer_values, ExpiredTimerInfo(expiry)))
                 ctx.delete_timer(expiry)
                 if out.pending() >= OUTPUT_BATCH_ROWS:
                     yield from clock.drain(out)
@@ -321,6 +335,59 @@ def _run_partition(
         if not committed:
             store.abort()
         raise
+
+
+def _timer_key(spec: TaskSpec, schema: pa.Schema) -> Callable[[tuple[Any, ...]], Any]:
+    """The key handleExpiredTimer gets, as PySpark's operator hands it: a ``Row`` of the key columns (the JVM
+    sends the timer's key back as one), its timestamps naive -- in local time in transformWithState
+    (``TimestampType.fromInternal``), wall times in the session time zone in transformWithStateInPandas."""
+    make = functools.partial(tuple.__new__, row_class(spec.key_columns))
+    types = [schema.field(c).type for c in spec.key_columns]
+    zoned = [i for i, t in enumerate(types) if pa.types.is_timestamp(t) and t.tz is not None]
+    if not zoned:
+        return make
+    zone = spec.session_time_zone if spec.input_format == "pandas" else None
+
+    def key(values: tuple[Any, ...]) -> Any:
+        out = list(values)
+        for i in zoned:
+            if out[i] is not None:
+                out[i] = _naive(out[i], zone)
+        return make(out)
+
+    return key
+
+
+def _frame_key(spec: TaskSpec, schema: pa.Schema) -> Callable[[tuple[Any, ...]], tuple[Any, ...]] | None:
+    """The key transformWithStateInPandas hands handleInputRows and handleInitialState: PySpark takes it from the
+    frame's rows, so a timestamp is a naive ``pandas.Timestamp`` (a ``TIMESTAMP`` a wall time in the session time
+    zone); None where that is the key as it is."""
+    if spec.input_format != "pandas":
+        return None
+    stamps = [i for i, c in enumerate(spec.key_columns) if pa.types.is_timestamp(schema.field(c).type)]
+    if not stamps:
+        return None
+    timestamp: Any = importlib.import_module("pandas").Timestamp
+    zone = spec.session_time_zone
+
+    def key(values: tuple[Any, ...]) -> tuple[Any, ...]:
+        out = list(values)
+        for i in stamps:
+            if out[i] is not None:
+                ts = timestamp(out[i])
+                out[i] = ts if ts.tzinfo is None else ts.tz_convert(zone).tz_localize(None)
+        return tuple(out)
+
+    return key
+
+
+def _naive(value: dt.datetime, zone: str | None) -> dt.datetime:
+    """`value` as a naive wall time in `zone` (None: local time)."""
+    if zone is None:
+        return value.astimezone().replace(tzinfo=None)
+    pandas: Any = importlib.import_module("pandas")
+    converted: dt.datetime = pandas.Timestamp(value).tz_convert(zone).tz_localize(None).to_pydatetime()
+    return converted
 
 
 def _build(spec: TaskSpec, partition: int) -> tuple[StateStore, PartitionBuild]:

@@ -85,4 +85,28 @@ def collect_initial_state(
     return table
 
 
-__all__ = ["Seed", "collect_initial_state", "initial_state_frame", "seed_of"]
+def in_time_zone(table: pa.Table, zone: str) -> pa.Table:
+    """`table` with its zoned timestamps (nested ones too) in `zone`, the session time zone: the driver collects the
+    rows in UTC, while a processor gets its input's timestamps in the session time zone, and PySpark hands it the
+    initial state's the same way (the same instants, another ``tzinfo``)."""
+    schema = pa.schema([f.with_type(_zoned(f.type, zone)) for f in table.schema], metadata=table.schema.metadata)
+    return table if schema.equals(table.schema) else table.cast(schema)
+
+
+def _zoned(t: pa.DataType, zone: str) -> pa.DataType:
+    if pa.types.is_timestamp(t):
+        return t if t.tz is None else pa.timestamp(t.unit, zone)
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_zoned(f.type, zone)) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(
+            t.key_field.with_type(_zoned(t.key_type, zone)), t.item_field.with_type(_zoned(t.item_type, zone))
+        )
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_zoned(t.value_type, zone)))
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_zoned(t.value_type, zone)))
+    return t
+
+
+__all__ = ["Seed", "collect_initial_state", "in_time_zone", "initial_state_frame", "seed_of"]

@@ -17,11 +17,14 @@ A processor written for PySpark computes on the frames it is given (``ts.astype(
   ``maxBytesPerBatch`` bytes (`PandasSettings`), as PySpark cuts its Arrow batches.
 
 Output frames go back through the output schema's Arrow types; a column that pandas' inference cannot
-cast (a ``dict`` column meant as a ``MapType``: inferred as a struct) is converted with the target type.
+cast (a ``dict`` column meant as a ``MapType``: inferred as a struct) is converted with the target type. A naive
+timestamp for a ``TIMESTAMP`` field (nested ones too) is a wall time in the session time zone, as PySpark takes it:
+an input timestamp handed back unchanged keeps its instant.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -291,9 +294,71 @@ def named_columns(pdf: Any, names: list[str]) -> Any:
     return pdf.iloc[:, : len(names)].set_axis(names, axis=1)
 
 
-def from_pandas(pdf: Any, fields: list[pa.Field], int_to_decimal: bool = False) -> list[pa.Array | pa.ChunkedArray]:
+def _zoned_output(t: pa.DataType, zone: str) -> Callable[[Any], Any] | None:
+    """The conversion of an output value of type `t` that localizes its naive timestamps for Spark's ``TIMESTAMP``
+    to `zone` (``TIMESTAMP_NTZ`` stays naive); None: `t` holds none."""
+    if pa.types.is_timestamp(t):
+        if t.tz is None:
+            return None
+        timestamp: Callable[[Any], Any] = importlib.import_module("pandas").Timestamp
+
+        def zoned(v: Any) -> Any:
+            if isinstance(v, dt.datetime) and v.tzinfo is None:  # a pandas.Timestamp is a datetime too
+                return timestamp(v).tz_localize(zone, ambiguous=False)
+            return v
+
+        return zoned
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        element = _zoned_output(t.value_type, zone)
+        if element is None:
+            return None
+        return lambda v: [None if x is None else element(x) for x in v]
+    if pa.types.is_map(t):
+        key, item = _zoned_output(t.key_type, zone), _zoned_output(t.item_type, zone)
+        if key is None and item is None:
+            return None
+        k, i = key or (lambda x: x), item or (lambda x: x)
+        return lambda v: [(k(a), None if b is None else i(b)) for a, b in (v.items() if isinstance(v, dict) else v)]
+    if pa.types.is_struct(t):
+        fields = [(f.name, _zoned_output(f.type, zone)) for f in t]
+        if all(c is None for _, c in fields):
+            return None
+
+        def struct(v: Any) -> Any:
+            if not isinstance(v, dict):  # a Row or tuple: its fields in order
+                v = dict(zip((n for n, _ in fields), v, strict=False))
+            return {n: v.get(n) if c is None or v.get(n) is None else c(v[n]) for n, c in fields}
+
+        return struct
+    return None
+
+
+def _localized(pdf: Any, fields: list[pa.Field], zone: str) -> Any:
+    """`pdf` with the naive timestamps of its ``TIMESTAMP`` fields taken as wall times in `zone` (the session time
+    zone), as PySpark's conversion takes them (standard time where a wall time is ambiguous); Arrow alone would take
+    them as UTC."""
+    changed: dict[str, Any] = {}
+    for f in fields:
+        convert = _zoned_output(f.type, zone)
+        if convert is None:
+            continue
+        column = pdf[f.name]
+        if column.dtype.kind == "M":
+            if getattr(column.dtype, "tz", None) is None:
+                changed[f.name] = column.dt.tz_localize(zone, ambiguous=False)
+        elif column.dtype == object:
+            changed[f.name] = column.map(convert, na_action="ignore")
+    return pdf.assign(**changed) if changed else pdf
+
+
+def from_pandas(
+    pdf: Any, fields: list[pa.Field], int_to_decimal: bool = False, time_zone: str = "UTC"
+) -> list[pa.Array | pa.ChunkedArray]:
     """The columns of `fields` from an output frame, each of its field's type. An integer column fills a decimal
-    field only with `int_to_decimal` (PySpark's ``intToDecimalCoercionEnabled``), else it fails as in PySpark."""
+    field only with `int_to_decimal` (PySpark's ``intToDecimalCoercionEnabled``), else it fails as in PySpark. Naive
+    timestamps are wall times in `time_zone` (the session's), as PySpark takes them."""
+    if time_zone != "UTC":
+        pdf = _localized(pdf, fields, time_zone)
     for f in fields:
         if pa.types.is_decimal(f.type) and pdf[f.name].dtype.kind in "iu":
             if int_to_decimal:  # a nullable integer column (Int64) keeps its nulls

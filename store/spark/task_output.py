@@ -27,9 +27,11 @@ _ITERATORS = frozenset({types.GeneratorType, list, type(iter(())), type(iter([])
 class OutputBuffer:
     """Buffers output rows or frames and turns them into record batches of the output schema."""
 
-    def __init__(self, schema: pa.Schema, int_to_decimal: bool = False) -> None:
+    def __init__(self, schema: pa.Schema, int_to_decimal: bool = False, time_zone: str = "UTC") -> None:
         self.schema = schema
         self.int_to_decimal = int_to_decimal
+        self.time_zone = time_zone
+        """The session time zone: a pandas frame's naive timestamps are wall times in it, as PySpark takes them."""
         self.user_fields = [f for f in schema if f.name != META_COL]
         self.with_meta = len(self.user_fields) < len(schema)
         """The schema ends with META_COL: null in the processor's rows, the result in `meta`'s row."""
@@ -113,7 +115,8 @@ class OutputBuffer:
             missing = [n for n in self.names if n not in item.columns]
             if missing:
                 raise StoreStateError(f"processor output lacks columns {missing} of the output schema")
-            arrays = from_pandas(item, self.user_fields, self.int_to_decimal) + self._no_meta(len(item))
+            arrays = from_pandas(item, self.user_fields, self.int_to_decimal, self.time_zone)
+            arrays += self._no_meta(len(item))
             yield from self._batches(pa.Table.from_arrays(arrays, schema=self.schema))
             return
         else:

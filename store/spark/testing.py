@@ -69,7 +69,7 @@ class TwsTester:
     a DDL string, a PySpark ``StructType`` or a ``pyarrow.Schema``. `initial_state` (rows in the same
     forms) reaches ``handleInitialState`` in the first batch. With ``event_time_column`` and
     ``watermark_delay`` the watermark and late rows follow Spark's rules unless a batch sets
-    ``watermark_ms`` itself.
+    ``watermark_ms`` itself. `session_time_zone` is Spark's ``spark.sql.session.timeZone``.
     """
 
     def __init__(
@@ -85,6 +85,7 @@ class TwsTester:
         initial_state: Any = None,
         max_key_groups: int = DEFAULT_MAX_KEY_GROUPS,
         directory: str | Path | None = None,
+        session_time_zone: str = "UTC",
     ) -> None:
         if input_format not in ("rows", "pandas"):
             raise ConfigurationError(f"input_format must be 'rows' or 'pandas', got {input_format!r}")
@@ -97,6 +98,8 @@ class TwsTester:
         self.delay_ms = 0 if watermark_delay is None else parse_delay_ms(watermark_delay)
         self.initial_state = None if initial_state is None else _to_table(initial_state)
         self.max_key_groups = max_key_groups
+        self.session_time_zone = session_time_zone
+        """Spark's ``spark.sql.session.timeZone``: the zone of pandas frames' naive timestamps, in and out."""
         self._tmp = None if directory is not None else tempfile.TemporaryDirectory(prefix="statekeeper-tws-")
         base = Path(directory if directory is not None else self._tmp.name)  # type: ignore[union-attr]
         self.root = (base / "checkpoint").as_uri()
@@ -176,6 +179,7 @@ class TwsTester:
             local_dir=self.local_dir,
             max_key_groups=self.max_key_groups,
             time=task_time,
+            session_time_zone=self.session_time_zone,
             initial_state=initial,
         )
 

@@ -39,7 +39,10 @@ FILES = [
     [("1", 10, 5), ("3", 120, 40), ("0", 30, 39)],
     [("1", 99, 10), ("0", 101, 50), ("3", 7, 51)],
 ]
-SEEDS = [("0", 789), ("3", 987)]
+SEEDS = [("0", 789, T0 + dt.timedelta(seconds=3)), ("3", 987, T0 + dt.timedelta(seconds=4))]
+SEED_SCHEMA = "id string, initVal int, initTime timestamp"
+LOS_ANGELES = {"spark.sql.session.timeZone": "America/Los_Angeles"}
+"""A session time zone other than UTC (the suite's), where naive timestamps and their zone show."""
 
 
 class _Collect:
@@ -92,6 +95,9 @@ CASES: dict[str, tuple[Callable[[bool], Any], str, bool, bool]] = {
     "ListStateTTL": (lambda pandas: p.ListStateTTL(pandas, ttl_ms=15_000), "ProcessingTime", False, False),
     "ReorderedOutput": (p.ReorderedOutput, "None", False, False),
     "StateTimestamps": (p.StateTimestamps, "None", False, False),
+    "ChainingOps": (p.ChainingOps, "None", False, False),
+    "InitialStateTime": (p.InitialStateTime, "None", False, True),
+    "TimerKeys": (p.TimerKeys, "ProcessingTime", False, False),
 }
 PAUSE_S = {"ListStateTTL": 10.0}
 """Batch k + 1 starts 10 s + batch k's duration after it: with a 15 s TTL, batch k + 1 sees batch k's elements
@@ -112,9 +118,11 @@ in test_tws_pyspark_semantics.py."""
 MATRIX = [(name, flavour) for name in CASES for flavour in ("rows", "pandas")]
 
 
-def parity(spark: Any, tmp_path: Path, name: str, flavour: str) -> dict[int, list[tuple[Any, ...]]]:
-    """Run case `name` in `flavour` on PySpark's operator and on ours; assert every batch's output is the
-    same; return PySpark's outputs per batch."""
+def parity(
+    spark: Any, tmp_path: Path, name: str, flavour: str, conf: dict[str, str] | None = None
+) -> dict[int, list[tuple[Any, ...]]]:
+    """Run case `name` in `flavour` on PySpark's operator and on ours (with the session settings `conf` too);
+    assert every batch's output is the same; return PySpark's outputs per batch."""
     factory, time_mode, watermark, with_initial = CASES[name]
     use_pandas = flavour == "pandas"
     output = type(factory(use_pandas)).OUTPUT
@@ -125,8 +133,9 @@ def parity(spark: Any, tmp_path: Path, name: str, flavour: str) -> dict[int, lis
         df = spark.readStream.schema(p.INPUT).option("maxFilesPerTrigger", 1).parquet(str(inputs))
         return df.withWatermark("eventTime", "5 seconds") if watermark else df
 
-    initial = spark.createDataFrame(SEEDS, "id string, initVal int").groupBy("id") if with_initial else None
-    for key, value in CONF.items():
+    initial = spark.createDataFrame(SEEDS, SEED_SCHEMA).groupBy("id") if with_initial else None
+    before = {key: spark.conf.get(key, None) for key in conf or {}}
+    for key, value in {**CONF, **(conf or {})}.items():
         spark.conf.set(key, value)
     try:
         expected = _Collect(PAUSE_S.get(name, 0.0))
@@ -157,6 +166,11 @@ def parity(spark: Any, tmp_path: Path, name: str, flavour: str) -> dict[int, lis
     finally:
         for key in CONF:
             spark.conf.unset(key)
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
     assert sorted(expected.batches) == list(range(len(FILES)))
     for b in range(len(FILES)):
         assert got.batches.get(b) == expected.batches[b], f"{name} ({flavour}) batch {b}"
@@ -170,6 +184,34 @@ def test_defect_processors_match_pyspark(spark: Any, tmp_path: Path, name: str, 
         assert ("1", 5) in outputs[3]
     if name == "EventTimeMax":  # seconds since the epoch, not microseconds
         assert ("0", str(int(T0.timestamp()) + 1)) in outputs[0]
+
+
+@pytest.mark.parametrize("flavour", ["rows", "pandas"])
+def test_output_timestamps_keep_their_instant_in_a_session_time_zone_like_pyspark(
+    spark: Any, tmp_path: Path, flavour: str
+) -> None:
+    """ChainingOps hands each key's first event time back unchanged, in a session time zone other than UTC: naive
+    in a pandas frame, a wall time in that zone, which PySpark takes in the zone again (statekeeper took it as UTC)."""
+    outputs = parity(spark, tmp_path, "ChainingOps", flavour, LOS_ANGELES)
+    assert ("0", dt.datetime.fromtimestamp(T0.timestamp())) in outputs[0]  # the first row's; collected as local time
+
+
+@pytest.mark.parametrize("flavour", ["rows", "pandas"])
+def test_initial_state_timestamps_are_in_the_session_time_zone_like_pyspark(
+    spark: Any, tmp_path: Path, flavour: str
+) -> None:
+    """handleInitialState reads a timestamp of the initial state as it reads the input's: in the session time zone
+    (statekeeper handed a Row the driver's UTC datetimes)."""
+    outputs = parity(spark, tmp_path, "InitialStateTime", flavour, LOS_ANGELES)
+    seen = "2023-12-31 16:00:03-08:00" if flavour == "rows" else "2023-12-31 16:00:03"
+    assert outputs[0] == [("0", f"('0',) {seen}")]
+
+
+@pytest.mark.parametrize("flavour", ["rows", "pandas"])
+def test_timer_keys_are_rows_like_pyspark(spark: Any, tmp_path: Path, flavour: str) -> None:
+    """handleExpiredTimer gets its key as a Row of the key columns (statekeeper handed it a plain tuple)."""
+    outputs = parity(spark, tmp_path, "TimerKeys", flavour)
+    assert ("0-expired", "Row(id='0') {'id': '0'}") in outputs[0]
 
 
 @pytest.mark.slow

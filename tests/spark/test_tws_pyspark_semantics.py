@@ -34,7 +34,8 @@ from statekeeper.store.formats.typed_schema import (
 )
 from statekeeper.store.spark.deleted_state import StateVariableDeletedError
 from statekeeper.store.spark.pandas_frames import from_pandas, to_pandas
-from statekeeper.store.spark.testing import TwsTester
+from statekeeper.store.spark.task_output import OutputBuffer
+from statekeeper.store.spark.testing import TwsTester, _arrow_output_schema
 from tests.spark.pyspark_tws import processors as p
 
 T0 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
@@ -131,6 +132,61 @@ def test_pandas_frames_are_indexed_from_zero_like_pyspark() -> None:
         with _tester(p.InitialStateSum(flavour == "pandas"), flavour, time_mode="None", initial_state=initial) as t:
             out = t.run(_rows(("0", 10, 0), ("0", 5, 0), ("1", 7, 0), ("3", 20, 0), ("3", 2, 0)))
             assert sorted(out) == [("0", "804", 10), ("1", "7", 7), ("3", "1009", 20)]
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_output_timestamps_are_wall_times_in_the_session_time_zone_like_pyspark(flavour: str) -> None:
+    """ChainingOps hands an input event time back unchanged: in a pandas frame it is naive, in the session time
+    zone, and PySpark takes a naive output timestamp in that zone (nested ones too), so the instant survives
+    (compared with PySpark's operator in test_pyspark_suite_parity.py)."""
+    zone = "America/Los_Angeles"
+    with _tester(p.ChainingOps(flavour == "pandas"), flavour, time_mode="None", session_time_zone=zone) as t:
+        assert t.run(_rows(("a", 1, 5), ("a", 2, 6))) == [("a", T0 + dt.timedelta(seconds=5))]
+    naive, ntz = pd.Timestamp("2024-01-01 12:00"), dt.datetime(2024, 1, 1, 12)
+    frame = pd.DataFrame({"ts": [naive], "ntz": [ntz], "s": [{"t": naive}], "l": [[naive]], "m": [{"k": naive}]})
+    schema = "ts timestamp, ntz timestamp_ntz, s struct<t: timestamp>, l array<timestamp>, m map<string, timestamp>"
+    out = OutputBuffer(_arrow_output_schema(schema), time_zone=zone)
+    out.add([frame])
+    (row,) = [r for b in out.drain() for r in b.to_pylist()]
+    noon = dt.datetime(2024, 1, 1, 20, tzinfo=dt.UTC)  # 12:00 in Los Angeles
+    assert (row["ts"], row["ntz"], row["s"], row["l"], row["m"]) == (noon, ntz, {"t": noon}, [noon], [("k", noon)])
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_initial_state_timestamps_are_in_the_session_time_zone_like_pyspark(flavour: str) -> None:
+    """handleInitialState reads the initial state's timestamps as the input's, in the session time zone, though the
+    driver collects them in UTC (compared with PySpark's operator in test_pyspark_suite_parity.py)."""
+    initial = pa.table({"id": ["0"], "initTime": pa.array([T0], pa.timestamp("us", tz="UTC"))})
+    processor = p.InitialStateTime(flavour == "pandas")
+    zone = "America/Los_Angeles"
+    with _tester(processor, flavour, time_mode="None", initial_state=initial, session_time_zone=zone) as t:
+        out = t.run(_rows(("0", 1, 0)))
+    assert out == [("0", "('0',) 2023-12-31 16:00:00" + ("-08:00" if flavour == "rows" else ""))]
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_timer_keys_are_rows_with_naive_timestamps_like_pyspark(flavour: str) -> None:
+    """PySpark hands handleExpiredTimer a Row of the key columns; a timestamp in it naive: in local time
+    (transformWithState), a wall time in the session time zone (transformWithStateInPandas), as its operator gives
+    them with local time Asia/Kolkata and the session's America/Los_Angeles. transformWithStateInPandas takes
+    handleInputRows' key from the frame: a naive pandas.Timestamp, in the session time zone."""
+    zone = "America/Los_Angeles"
+    with (
+        _local_time_zone("Asia/Kolkata"),
+        TwsTester(
+            p.TimerKeys(flavour == "pandas"),
+            ["id", "eventTime"],
+            p.TimerKeys.OUTPUT,
+            input_format=flavour,
+            session_time_zone=zone,
+        ) as t,
+    ):
+        out = t.run(_rows(("a", 1, 0)), processing_time_ms=1_000)
+    wall = dt.datetime(2024, 1, 1, 5, 30) if flavour == "rows" else dt.datetime(2023, 12, 31, 16)
+    fields = {"id": "a", "eventTime": wall}
+    assert ("a-expired", f"Row(id='a', eventTime={wall!r}) {fields}") in out
+    if flavour == "pandas":
+        assert ("a", repr(("a", pd.Timestamp(wall)))) in out
 
 
 @pytest.mark.parametrize(("time_mode", "late_kept"), [("None", True), ("ProcessingTime", True), ("EventTime", False)])

@@ -181,6 +181,59 @@ class InitialStateSum(_Flavour):
         yield self.emit(id=key[0], value=str(total), first=first)
 
 
+class ChainingOps(_Flavour):
+    """Emits each key's first event time unchanged (the suite's StatefulProcessorChainingOps, without the chained
+    aggregation): a pandas frame holds it naive, a wall time in the session time zone, which PySpark takes in that
+    zone again on the way out."""
+
+    OUTPUT = "id string, outputTimestamp timestamp"
+
+    def init(self, handle: Any) -> None:
+        pass
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        yield self.emit(id=key[0], outputTimestamp=self.column(rows, "eventTime")[0])
+
+
+class InitialStateTime(_Flavour):
+    """Keeps the initial state's time as handleInitialState reads it and emits it with the key's next input: for a
+    Row an aware datetime in the session time zone (as the input's timestamps), in a pandas frame a naive one."""
+
+    OUTPUT = "id string, initTime string"
+
+    def init(self, handle: Any) -> None:
+        self.seen = handle.getValueState("seen", "t string")
+
+    def handleInitialState(self, key: Any, initialState: Any, timerValues: Any) -> None:
+        t = initialState.at[0, "initTime"] if self.use_pandas else initialState.initTime
+        self.seen.update((f"{key!r} {t}",))
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        self.column(rows, "temperature")
+        seen = self.seen.get()
+        if seen is not None:
+            self.seen.clear()
+            yield self.emit(id=key[0], initTime=seen[0])
+
+
+class TimerKeys(_Flavour):
+    """Registers a past processing-time timer per key and emits the key each handler gets: handleInputRows a plain
+    tuple, handleExpiredTimer a Row of the key columns (fields by name too), as PySpark hands them."""
+
+    OUTPUT = "id string, key string"
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        self.column(rows, "temperature")
+        self.handle.registerTimer(1)
+        yield self.emit(id=key[0], key=repr(key))
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:
+        yield self.emit(id=f"{key[0]}-expired", key=f"{key!r} {key.asDict()}")
+
+
 class RowCounter(_Flavour):
     """Counts every row per id: with ``withWatermark`` on the input and time mode "None" or
     "ProcessingTime", late rows still arrive (defect 5)."""
