@@ -212,12 +212,18 @@ def _check_group_led(plan: RescalePlan, src: StateStore, q: int, cf: str, name: 
     lo, hi = plan.source_layout.groups_of(q)
     end = group_byte_range(lo, hi)[1]
     above = None if end is None else next(iter(src.column_family(cf).items(end)), None)
-    if len(first[0]) < 2 or not lo <= group_at(first[0]) < hi or above is not None:
-        key = first[0] if above is None else above[0]
+    if len(first[0]) < 2 or not lo <= group_at(first[0]) < hi:
         raise RescaleError(
-            f"{plan.describe()}: column family {cf!r} of {name} holds key {key[:16]!r}, which does not lead "
+            f"{plan.describe()}: column family {cf!r} of {name} holds key {first[0][:16]!r}, which does not lead "
             f"with one of the partition's key groups [{lo}, {hi}): pass the key-group rules of the store's writer "
-            "(rules=TypedStateKeys() for a statekeeper.store.spark operator, as `statekeeper rescale` does)"
+            "(rules=TypedStateKeys() for a statekeeper.store.spark operator, as `statekeeper rescale` does); with "
+            "them, the partition holds a key of a group it does not own"
+        )
+    if above is not None:
+        raise RescaleError(
+            f"{plan.describe()}: column family {cf!r} of {name} holds key {above[0][:16]!r} of key group "
+            f"{group_at(above[0])}, which the partition does not own (its groups are [{lo}, {hi})): its state holds a "
+            "key no partition of the new layout would get"
         )
 
 
