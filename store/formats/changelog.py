@@ -494,6 +494,8 @@ class ChangelogReader:
         the changelog's own bytes (a block claiming more than is left is a truncation)."""
         f, name = self._f, self.name
         records, size, crc = _SST_HEAD.unpack(_read_exact(f, _SST_HEAD.size, name, "a block header"))
+        if records > size:  # each record takes bytes of the file: a count past its size would reach the load's metrics
+            raise CorruptFileError(f"SST block {index} claims {records} records in a file of {size} bytes", name)
         running = zlib.crc32(head + struct.pack("<QQ", records, size))
         path = "" if sst_dir is None else os.path.join(sst_dir, f"replay-{index}-{os.getpid()}-{id(self):x}.sst")
         out = open(path, "wb") if path else None  # noqa: SIM115 - closed below

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+import rocksdict as rd
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -207,6 +208,35 @@ def test_an_sst_block_rocksdb_will_not_ingest_fails_the_load_naming_the_changelo
     with (
         StateStore(fm, "agg", 0, config=StoreConfig(local_dir=str(tmp / "w"))) as s,
         pytest.raises(CorruptFileError, match="SST block") as ei,
+    ):
+        s.load(1)
+    assert StoreId("agg", 0).changelog(1, cid) in str(ei.value)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(extra=st.integers(1, 2**64 - 1))
+def test_an_sst_block_claiming_more_records_than_bytes_fails_the_load_naming_the_changelog(
+    tmp_path_factory: pytest.TempPathFactory, extra: int
+) -> None:
+    """A real SST block whose header (its CRC right) claims more records than its file has bytes: the count reached
+    the load's replayed-records metric, and Spark's progress, as it stood."""
+    tmp = tmp_path_factory.mktemp("sst-count")
+    fm = open_file_manager(str(tmp / "root"))
+    sst = tmp / "block.sst"
+    w = rd.SstFileWriter(rd.Options(raw_mode=True))
+    w.open(str(sst))
+    w[b"k"] = b"v"
+    w.finish()
+    size = sst.stat().st_size
+    cid = new_checkpoint_id()
+    writer = ChangelogWriter(str(tmp / "c"), ChangelogHeader("agg", 0, 1, cid, ()))
+    writer.append_sst("default", str(sst), min(size + extra, 2**64 - 1))
+    writer.finish()
+    fm.put_file(str(tmp / "c"), StoreId("agg", 0).changelog(1, cid))
+    CommitLog(fm).commit(1, {"agg": [cid]})
+    with (
+        StateStore(fm, "agg", 0, config=StoreConfig(local_dir=str(tmp / "w"))) as s,
+        pytest.raises(CorruptFileError, match=r"claims \d+ records") as ei,
     ):
         s.load(1)
     assert StoreId("agg", 0).changelog(1, cid) in str(ei.value)
