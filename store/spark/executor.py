@@ -43,6 +43,7 @@ from statekeeper.store.spark.api import (
     BatchStatefulProcessor,
     ExpiredTimerInfo,
     StatefulProcessor,
+    TimerValues,
 )
 from statekeeper.store.spark.event_time import TaskTime
 from statekeeper.store.spark.follow import FOLLOWER, follows
@@ -250,15 +251,9 @@ def _run_partition(
                 add(handle(key if frame_key is None else frame_key(key), rows, timer_values))
                 if len(buffered) >= OUTPUT_BATCH_ROWS:
                     yield from clock.drain(out)
-            # as in PySpark: the firing timer is listed while its handler runs, and deleted after it
             fired = ctx.expired_timers(spec.time.timer_deadline_ms(spec.batch_ts_ms))
             timer_key = _timer_key(spec, data.schema) if fired and not own_keys else None
-            for gk, expiry in fired:
-                key = ctx.decode_gk(gk)
-                ctx.set_key(key)
-                handler_key = key if timer_key is None else timer_key(key)
-                out.add(processor.handleExpiredTimer(handler_key, timer_values, ExpiredTimerInfo(expiry)))
-                ctx.delete_timer(expiry)
+            for _ in fire_timers(ctx, processor, fired, timer_values, timer_key, out.add):
                 if out.pending() >= OUTPUT_BATCH_ROWS:
                     yield from clock.drain(out)
             ctx.clear_key()
@@ -335,6 +330,30 @@ def _run_partition(
         if not committed:
             store.abort()
         raise
+
+
+def fire_timers(
+    ctx: StateContext,
+    processor: StatefulProcessor,
+    fired: list[tuple[bytes, int]],
+    timer_values: TimerValues,
+    handler_key: Callable[[tuple[Any, ...]], Any] | None,
+    add: Callable[[Any], None],
+) -> Iterator[None]:
+    """Run ``handleExpiredTimer`` for each fired ``(gk, expiry)`` (`StateContext.expired_timers`), in time order, with
+    its key current; `add` takes (and consumes) each handler's output. As in PySpark, the firing timer is listed
+    while its handler runs, and deleted after it. Yields after each timer: the task drains its output then. Shared
+    with the tester (store/spark/tws_tester.py); `handler_key` shapes the key the handler gets (None: the tuple)."""
+    for gk, expiry in fired:
+        key = ctx.decode_gk(gk)
+        ctx.set_key(key)
+        add(
+            processor.handleExpiredTimer(
+                key if handler_key is None else handler_key(key), timer_values, ExpiredTimerInfo(expiry)
+            )
+        )
+        ctx.delete_timer(expiry)
+        yield
 
 
 def _timer_key(spec: TaskSpec, schema: pa.Schema) -> Callable[[tuple[Any, ...]], Any]:
@@ -537,4 +556,4 @@ def _task_attempt() -> tuple[int, int]:
     return int(tc.attemptNumber()), int(tc.taskAttemptId())
 
 
-__all__ = ["CACHE", "MARKER_COL", "META_COL", "PID_COL", "TaskSpec", "run_task"]
+__all__ = ["CACHE", "MARKER_COL", "META_COL", "PID_COL", "TaskSpec", "fire_timers", "run_task"]

@@ -167,15 +167,21 @@ class StateContext:
         self.encode_gk: Any = self._encode_first_gk
         """``key tuple -> stored grouping key`` (key group | order-preserving key bytes)."""
         if key_schema is not None:
-            if recorded is not None and not key_compatible(recorded, key_schema):
-                raise SchemaEvolutionError(
-                    f"the grouping key is {recorded.simple_string()} in the checkpoint and "
-                    f"{key_schema.simple_string()} now: keys cannot change their fields or types"
-                )
-            if recorded is None:
-                self._record_key_schema(key_schema)
+            self.use_key_schema(key_schema)
         if self.key_schema is not None and self._key_codec is None:
             self._use_key_codec(grouping_key_codec(self.key_schema))
+
+    def use_key_schema(self, key_schema: DataType) -> None:
+        """Check `key_schema` against the recorded grouping key, or record it: at construction, or later by a caller
+        that learns the key's type only from its first key (the tester, store/spark/tws_tester.py)."""
+        recorded = self.key_schema
+        if recorded is not None and not key_compatible(recorded, key_schema):
+            raise SchemaEvolutionError(
+                f"the grouping key is {recorded.simple_string()} in the checkpoint and "
+                f"{key_schema.simple_string()} now: keys cannot change their fields or types"
+            )
+        if recorded is None:
+            self._record_key_schema(key_schema)
 
     def _use_key_codec(self, codec: KeyCodec) -> None:
         self._key_codec = codec
@@ -215,9 +221,26 @@ class StateContext:
         self.key = None
         self.gk = None
 
+    def next_batch(self, now_ms: int) -> None:
+        """Go on with this context (and the variables declared on it) into the store's next attempt at batch time
+        `now_ms`, as the tester does, which initialises its processor once (store/spark/tws_tester.py): the batch's
+        counters start at 0, and writes still held in memory (an aborted attempt's) are dropped, not written."""
+        held, self._held = self._held, []
+        for state in held:
+            state.drop_held()
+        self.key = self.gk = None
+        self.now_ms = now_ms
+        self.rows_updated = self.rows_removed = self.rows_delta = self.ttl_removed = 0
+        self.api_counts = {}
+        self._flush_at_commit = False
+        self._schema_bytes = None
+        self._groups_recorded = read_max_key_groups(self._meta) is not None
+        if self.key_schema is not None and read_grouping_key(self._meta) is None:  # recorded in an aborted attempt
+            self._record_key_schema(self.key_schema)
+
     def hold(self, state: Any) -> None:
-        """`state` holds writes of the current key in memory until the next `flush` (a `flush()` method), at the
-        latest the store's commit."""
+        """`state` holds writes of the current key in memory until the next `flush` (a `flush()` method; `drop_held()`
+        forgets them), at the latest the store's commit."""
         if not self._flush_at_commit:
             self.store.before_commit(self.flush)
             self._flush_at_commit = True

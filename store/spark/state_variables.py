@@ -341,6 +341,10 @@ class ListState(_State):
         if earliest != self._held_earliest:  # else its index entry stands
             self._ctx.index_ttl(self._name_b, gk, earliest)
 
+    def drop_held(self) -> None:
+        """Forget the held list without writing it (its attempt was aborted: `StateContext.next_batch`)."""
+        self._held_gk, self._held, self._held_runs = None, [], []
+
     def clear(self) -> None:
         gk = self._gk()
         if self._held_gk == gk:

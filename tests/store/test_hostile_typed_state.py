@@ -198,6 +198,6 @@ def test_a_key_of_a_group_its_partition_does_not_own_fails_a_rescale_naming_it(
             s.load(1)
             os.makedirs(work := os.path.join(s.local_dir, "snap"))
             write_snapshot(fm, StoreId("agg", p), 1, s.checkpoint_id or "", s.db, work)
-    with pytest.raises(RescaleError, match="stray.*does not own"):
+    with pytest.raises(RescaleError, match=r"stray.*does not own"):
         execute_rescale(fm, plan_rescale(fm, "agg", 4))
     assert CommitLog(fm).latest() == 1
