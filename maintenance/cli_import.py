@@ -42,7 +42,11 @@ def add_commands(sub: Any, parents: list[argparse.ArgumentParser], positive_int:
     )
     p.add_argument("--partitions", type=positive_int, help="state partitions (default: the Spark operator's)")
     p.add_argument("--max-key-groups", type=positive_int, default=None, help="key groups (default 4096)")
-    p.add_argument("--batch-id", type=int, help="import this committed batch's state (default: the last committed)")
+    p.add_argument(
+        "--batch-id",
+        type=int,
+        help="import this committed batch's state (default: the last committed, which a continuation needs)",
+    )
     p.add_argument("--master", metavar="URL", help="Spark master (local[N], spark://...); default: Spark's own")
     p.set_defaults(func=cmd_import_spark_state, emit=emit)
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +52,8 @@ TTL_FIELD = "ttlExpirationMs"
 """The expiry beside each value of a TTL'd variable, as Spark's state data source reads it."""
 MAX_LOG_BYTES = 1 << 20
 """The most of a Spark offset or commit log file the import reads (their metadata line comes second)."""
+MAX_PROGRESS_DEPTH = 3
+"""The depth of Spark's progress layout (``sources/<source>/<batch>``): the continuation copies no deeper."""
 NO_TIMEOUT = -1
 """Spark's timeout timestamp of a group state without a pending timeout."""
 
@@ -96,6 +100,8 @@ class SparkOperatorState:
     """The event-time watermark the imported batch ran with (rows at or before it are late in the next)."""
     next_watermark_ms: int = 0
     """The watermark Spark's next batch runs with: the statekeeper query's first batch starts from it."""
+    other_operators: tuple[str, ...] = ()
+    """The checkpoint's other stateful operators (``"1 (dedupe)"``), whose state is not imported."""
 
     def describe(self) -> str:
         names = ", ".join(f"{v.name} ({v.kind})" for v in self.variables)
@@ -172,24 +178,87 @@ class CheckpointFiles:
             stream.close()
         return bytes(data).decode("utf-8", "replace")
 
-    def copy_progress(self, target: CheckpointFiles) -> list[str]:
-        """Copy `COPIED` (what exists of it) into `target`, which must be empty; returns what was copied."""
+    def _kind(self, name: str) -> str:
+        """``file``, ``dir``, ``link`` (not followed), ``other`` or ``missing``."""
+        if self._jvm is None:
+            try:
+                mode = os.lstat(self._local(name)).st_mode
+            except FileNotFoundError:
+                return "missing"
+            return next((k for k, test in _KINDS if test(mode)), "other")
+        path = self._path(name)
+        fs = path.getFileSystem(self._conf)
+        try:
+            status = fs.getFileLinkStatus(path)
+        except Exception:  # Py4J: java.io.FileNotFoundException
+            if fs.exists(path):
+                raise
+            return "missing"
+        return (
+            "link" if status.isSymlink() else "file" if status.isFile() else "dir" if status.isDirectory() else "other"
+        )
+
+    def progress_files(self) -> list[str]:
+        """The files of `COPIED` (names relative to the checkpoint). The checkpoint is untrusted: a symlink (its
+        target, anywhere, would be copied into the continuation), a special file or a tree deeper than Spark's
+        layout (``sources/<source>/<batch>``) is refused, naming it."""
+        found: list[str] = []
+        todo = list(COPIED)
+        while todo:
+            name = todo.pop()
+            kind = self._kind(name)
+            if kind == "missing":  # a log Spark has not written (a query without a file source: no sources/)
+                continue
+            if kind == "file":
+                found.append(name)
+            elif kind == "dir" and name.count("/") < MAX_PROGRESS_DEPTH - 1:
+                todo.extend(f"{name}/{child}" for child in self.names(name))
+            else:
+                what = {"dir": "a directory deeper than Spark's progress layout", "link": "a symlink"}.get(
+                    kind, "not a file or directory"
+                )
+                raise ConfigurationError(
+                    f"the Spark checkpoint {self.location!r} has {name!r}, {what}: Spark's progress "
+                    f"({', '.join(COPIED)}) holds only its own files, and the continuation copies nothing else"
+                )
+        return sorted(found)
+
+    def copy_progress(self, target: CheckpointFiles, files: list[str]) -> None:
+        """Copy `files` (`progress_files`, file by file: nothing is followed) into `target`, which must be empty."""
         if target.names(""):
             raise ConfigurationError(
                 f"the continuation checkpoint {target.location!r} is not empty: give a new location for the "
                 "statekeeper query (the Spark query's own location keeps its state, which the new plan refuses)"
             )
-        copied = [name for name in COPIED if self.exists(name)]
-        for name in copied:
+        for name in files:
             if self._jvm is None or target._jvm is None:
-                src, dst = self._local(name), target._local(name)
+                dst = target._local(name)
                 os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
-                (shutil.copytree if os.path.isdir(src) else shutil.copy2)(src, dst)
+                shutil.copyfile(self._local(name), dst, follow_symlinks=False)
                 continue
             src_path, dst_path = self._path(name), target._path(name)
             src_fs, dst_fs = src_path.getFileSystem(self._conf), dst_path.getFileSystem(target._conf)
             self._jvm.org.apache.hadoop.fs.FileUtil.copy(src_fs, src_path, dst_fs, dst_path, False, self._conf)
-        return copied
+
+    def remove(self, names: Iterable[str]) -> None:
+        """Delete `names` (files or trees) of this location, where they exist."""
+        for name in names:
+            if self._jvm is None:
+                path = self._local(name)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                elif os.path.lexists(path):
+                    os.remove(path)
+                continue
+            jpath = self._path(name)
+            jpath.getFileSystem(self._conf).delete(jpath, True)
+
+
+_KINDS: tuple[tuple[str, Callable[[int], bool]], ...] = (
+    ("link", stat.S_ISLNK),
+    ("file", stat.S_ISREG),
+    ("dir", stat.S_ISDIR),
+)
 
 
 def _log_entry(files: CheckpointFiles, name: str, field: str) -> int | None:
@@ -218,7 +287,7 @@ def watermarks(files: CheckpointFiles, batch: int) -> tuple[int, int]:
 
 def batch_numbers(names: list[str]) -> list[int]:
     """The batch ids among a Spark log directory's file names (``0``, ``1``, ... ; not ``.crc`` or temp files)."""
-    return sorted(int(n) for n in names if n.isdigit())
+    return sorted(int(n) for n in names if n.isascii() and n.isdigit())  # str.isdigit takes "²", int() does not
 
 
 def last_committed_batch(files: CheckpointFiles) -> int:
@@ -242,7 +311,30 @@ def describe_operator(
 
     `state_name` names the statekeeper ValueState that takes the single state of an
     ``applyInPandasWithState`` (default ``group_state``, as `ApplyInPandasWithState` names it) or of an
-    aggregation (default ``agg``)."""
+    aggregation (default ``agg``). What Spark cannot read of the checkpoint (a malformed log or metadata file)
+    is a `CorruptFileError` naming it, not a Py4J stack trace."""
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+    from pyspark.errors import PySparkException
+
+    try:
+        return _describe(spark, checkpoint, operator_id, state_name, batch_id)
+    except (Py4JError, PySparkException) as e:
+        raise CorruptFileError(
+            f"Spark's state data source cannot read operator {operator_id}: {spark_error(e)}; the checkpoint",
+            checkpoint,
+        ) from e
+
+
+def spark_error(e: BaseException) -> str:
+    """A Spark error's first informative line (not Py4J's "An error occurred while calling" or a stack frame)."""
+    lines = (ln.strip().removeprefix(": ") for ln in str(e).splitlines())
+    useful = [ln for ln in lines if ln and not ln.startswith(("An error occurred while calling", "at "))]
+    return (useful[0] if useful else type(e).__name__)[:1000]
+
+
+def _describe(
+    spark: SparkSession, checkpoint: str, operator_id: int, state_name: str | None, batch_id: int | None
+) -> SparkOperatorState:
     files = CheckpointFiles(spark, checkpoint)
     if not files.exists():
         raise ConfigurationError(f"the Spark checkpoint {checkpoint!r} does not exist")
@@ -250,16 +342,24 @@ def describe_operator(
     batch = last if batch_id is None else batch_id
     if not 0 <= batch <= last:
         raise ConfigurationError(f"batch {batch_id} is not committed in {checkpoint!r} (the last committed is {last})")
-    rows = [
-        r for r in spark.read.format("state-metadata").load(checkpoint).collect() if int(r["operatorId"]) == operator_id
-    ]
-    if not rows:
-        raise ConfigurationError(f"the Spark checkpoint {checkpoint!r} has no stateful operator {operator_id}")
+    every = spark.read.format("state-metadata").load(checkpoint).collect()
+    rows = [r for r in every if int(r["operatorId"]) == operator_id]
+    others = {int(r["operatorId"]): str(r["operatorName"]) for r in every if int(r["operatorId"]) != operator_id}
+    if not rows:  # Spark's state-metadata source lists none at all when state/ holds a stray directory
+        raise ConfigurationError(
+            f"the Spark checkpoint {checkpoint!r} has no stateful operator {operator_id} (Spark's state-metadata "
+            f"source lists {sorted(others) or 'none'}; state/ holds {files.names('state')[:20]})"
+        )
     meta = rows[0]
     name = str(meta["operatorName"])
     partitions = int(meta["numPartitions"])
     props = _operator_properties(meta["operatorProperties"], f"{checkpoint}/state/{operator_id}/_metadata")
     if name in TWS_OPERATORS:
+        if state_name is not None:
+            raise ConfigurationError(
+                f"state_name {state_name!r}: operator {operator_id} of {checkpoint!r} is a {name}, whose state "
+                "variables keep their own names (state_name names an applyInPandasWithState's or aggregation's state)"
+            )
         variables, timers = _tws_variables(spark, checkpoint, operator_id, batch, props)
         flavour = "transformWithState"
         probe = variables[0].spark_name if variables else None
@@ -270,8 +370,9 @@ def describe_operator(
         fields = value.fieldNames()
         column = "value.groupState" if group and "groupState" in fields else "value"
         spark_type = value["groupState"].dataType if column != "value" else value
+        spark_type = spark_type if group else unique_fields(spark_type)
         timers = "group_timeout" if group and "timeoutTimestamp" in fields else ""
-        var_name = state_name or ("group_state" if group else "agg")
+        var_name = validate_state_name(state_name or ("group_state" if group else "agg"))  # not in every task
         variables = [SparkVariable(var_name, "value", _schema(spark_type, var_name), None, None, column)]
         probe = None
     else:
@@ -284,9 +385,26 @@ def describe_operator(
     clash = [k for k in keys if k.startswith("__sk")]
     if clash:
         raise ConfigurationError(f"grouping key columns {clash} use statekeeper's reserved prefix '__sk'")
+    nested = [f for f in key_type.fields if f.dataType.typeName() in ("struct", "array", "map")]
+    if nested:  # refused here, not by every task of the job after it
+        raise ConfigurationError(
+            f"grouping key column {nested[0].name!r} of operator {operator_id} of {checkpoint!r} is a "
+            f"{nested[0].dataType.simpleString()} (a window() key is a struct): statekeeper groups by atomic "
+            "columns, so this state is not imported"
+        )
     marks = watermarks(files, batch)
     return SparkOperatorState(
-        checkpoint, operator_id, name, flavour, batch, partitions, keys, tuple(variables), timers, *marks
+        checkpoint,
+        operator_id,
+        name,
+        flavour,
+        batch,
+        partitions,
+        keys,
+        tuple(variables),
+        timers,
+        *marks,
+        other_operators=tuple(f"{i} ({others[i]})" for i in sorted(others)),
     )
 
 
@@ -349,6 +467,23 @@ def _ttl_inner(spark_type: Any, name: str, checkpoint: str) -> Any:
     return spark_type["value"].dataType
 
 
+def unique_fields(spark_type: Any) -> Any:
+    """An aggregation buffer's struct with each repeated field name suffixed by its position (``count(*), avg(v)``
+    buffers as ``count, sum, count``: read as ``count, sum, count_2``), which a statekeeper schema needs unique;
+    the processor replacing the aggregation declares these names."""
+    from pyspark.sql.types import StructField, StructType
+
+    seen: set[str] = set()
+    fields = []
+    for i, f in enumerate(spark_type.fields):
+        name = f.name
+        while name in seen:
+            name = f"{name}_{i}"
+        seen.add(name)
+        fields.append(StructField(name, f.dataType, f.nullable))
+    return StructType(fields)
+
+
 def _schema(spark_type: Any, what: str) -> DataType:
     schema = to_schema(spark_type, f"the schema of state {what!r}")
     assert schema is not None
@@ -384,11 +519,14 @@ def state_rows(spark: SparkSession, source: SparkOperatorState) -> DataFrame:
         if source.timers == "group_timeout":
             t = sf.col("value.timeoutTimestamp")
             timer = sf.when(t != sf.lit(NO_TIMEOUT), t)
+        value = sf.col(var.column)
+        if source.flavour == "aggregation":  # its buffer's names, made unique as describe_operator read them
+            value = value.cast(unique_fields(df.schema[var.column].dataType))
         parts.append(
             df.select(
                 "key.*",
                 sf.lit(i).alias(VAR_COL),
-                sf.col(var.column).alias(f"{VALUE_PREFIX}{i}"),
+                value.alias(f"{VALUE_PREFIX}{i}"),
                 timer.alias(TIMER_COL),
             )
         )

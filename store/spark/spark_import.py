@@ -15,7 +15,8 @@ A job that ran for months on Spark's own state store moves over without replayin
    ``B``: the import is committed only if every partition committed, and a failed import leaves only
    uncommitted files (orphans for maintenance) and can be run again. Before it, the event-time record of
    batch ``B`` (Spark's watermarks of ``B`` and ``B + 1``) is written as a batch writes its own, so a
-   query with event time continues from Spark's watermark.
+   query with event time continues from Spark's watermark, and the progress is copied to the continuation
+   (removed again if the copy or the commit fails).
 
 The statekeeper query continues at batch ``B + 1`` from a copy of the Spark checkpoint's progress
 (``continuation_checkpoint``): batch ``B + 1`` loads version 1 (store/spark/restart.py maps batch ids to
@@ -50,6 +51,7 @@ from statekeeper.store.spark.metrics import PartitionMetrics
 from statekeeper.store.spark.routing import routable, stored_key_column
 from statekeeper.store.spark.schemas import DEFAULT_MAX_KEY_GROUPS, NEVER, Runs, merge_runs, runs_earliest
 from statekeeper.store.spark.spark_checkpoint import (
+    COPIED,
     TIMER_COL,
     TTL_FIELD,
     VALUE_PREFIX,
@@ -58,6 +60,7 @@ from statekeeper.store.spark.spark_checkpoint import (
     SparkOperatorState,
     SparkVariable,
     describe_operator,
+    last_committed_batch,
     state_rows,
 )
 from statekeeper.store.spark.state import check_max_key_groups
@@ -271,10 +274,18 @@ def import_spark_state(
         raise ConfigurationError(
             f"{root} already holds committed state (version {commit_log.latest()}): import into a new state root"
         )
-    continuation = _prepare_continuation(spark, continuation_checkpoint)
+    continuation = _prepare_continuation(spark, continuation_checkpoint, spark_checkpoint, batch_id)
     source = describe_operator(
         spark, spark_checkpoint, operator_id=operator_id, state_name=state_name, batch_id=batch_id
     )
+    if continuation is not None and source.other_operators:
+        raise ConfigurationError(
+            f"{spark_checkpoint!r} has stateful operators besides {operator_id} ({source.operator_name}): "
+            f"{', '.join(source.other_operators)}, whose state is not imported; the continuation holds no state/, "
+            "so a query keeping them would not start on it (Spark: "
+            "STREAMING_STATEFUL_OPERATOR_MISSING_STATE_DIRECTORY) and one dropping them would lose their state: "
+            "import without continuation_checkpoint to read the state only"
+        )
     say(f"reading {source.describe()}")
     n = num_partitions or source.partitions
     groups = check_max_key_groups(max_key_groups)
@@ -319,11 +330,16 @@ def import_spark_state(
                 + detail[:2000]
             ) from e
     metas, keys, timers = _results(results, n)
-    _carry_watermark(fm, operator, source)
-    BatchRecords(fm, commit_log, operator).commit(
-        IMPORTED_VERSION, [m.checkpoint_id or "" for m in metas], source.batch_id, layout
-    )
     copied = continuation.copy_progress_from(spark, spark_checkpoint) if continuation else None
+    try:
+        _carry_watermark(fm, operator, source)
+        BatchRecords(fm, commit_log, operator).commit(
+            IMPORTED_VERSION, [m.checkpoint_id or "" for m in metas], source.batch_id, layout
+        )
+    except BaseException:
+        if continuation is not None:  # nothing committed: neither is the copy, so the import runs again
+            continuation.discard(spark)
+        raise
     summary = ImportSummary(
         operator=operator,
         root=root,
@@ -387,22 +403,50 @@ def _results(rows: Iterable[Any], n: int) -> tuple[list[PartitionMetrics], int, 
 @dataclass(frozen=True)
 class _Continuation:
     location: str
+    files: list[str]
+    """The Spark checkpoint's progress files, listed (and checked) before the job."""
 
     def copy_progress_from(self, spark: SparkSession, spark_checkpoint: str) -> str:
-        copied = CheckpointFiles(spark, spark_checkpoint).copy_progress(CheckpointFiles(spark, self.location))
-        log.info("statekeeper import: copied %s of %s to %s", copied, spark_checkpoint, self.location)
+        """Before the commit record: a copy that fails is removed (the location was empty) and nothing is
+        committed, so the import runs again as it would after a failed job."""
+        target = CheckpointFiles(spark, self.location)
+        try:
+            CheckpointFiles(spark, spark_checkpoint).copy_progress(target, self.files)
+        except ConfigurationError:  # occupied since the import started (another import's copy): not ours to remove
+            raise
+        except Exception as e:
+            self.discard(spark)
+            raise SparkImportError(
+                f"copying the progress of {spark_checkpoint} to the continuation checkpoint {self.location} failed; "
+                f"nothing was committed and the import can be run again: {str(e)[:2000]}"
+            ) from e
+        log.info("statekeeper import: copied %d files of %s to %s", len(self.files), spark_checkpoint, self.location)
         return self.location
 
+    def discard(self, spark: SparkSession) -> None:
+        """Remove the copy (the location was empty before it)."""
+        CheckpointFiles(spark, self.location).remove(COPIED)
 
-def _prepare_continuation(spark: SparkSession, location: str | None) -> _Continuation | None:
-    """Checked before the job (an occupied location fails the import before it writes anything)."""
+
+def _prepare_continuation(
+    spark: SparkSession, location: str | None, spark_checkpoint: str, batch_id: int | None
+) -> _Continuation | None:
+    """Checked before the job (an occupied location fails the import before it writes anything). The copied
+    progress continues after the last committed batch: the state of an earlier `batch_id` would skip the
+    input of the batches after it."""
     if location is None:
         return None
+    last = last_committed_batch(CheckpointFiles(spark, spark_checkpoint)) if batch_id is not None else None
+    if last is not None and batch_id is not None and batch_id < last:
+        raise ConfigurationError(
+            f"batch_id {batch_id} with a continuation checkpoint: {spark_checkpoint!r} has committed batches up to "
+            f"{last}, which the copied progress continues after; import the last committed batch to continue"
+        )
     if CheckpointFiles(spark, location).names(""):
         raise ConfigurationError(
             f"the continuation checkpoint {location!r} is not empty: give a new location for the statekeeper query"
         )
-    return _Continuation(location)
+    return _Continuation(location, CheckpointFiles(spark, spark_checkpoint).progress_files())
 
 
 class _Say:

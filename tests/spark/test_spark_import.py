@@ -96,6 +96,21 @@ class AggLike(StatefulProcessor):
         yield (key[0], n, s)
 
 
+class AggsLike(StatefulProcessor):
+    """What ``agg(count("*"), sum("value"), avg("value"))`` keeps: Spark's buffer ``count, sum, sum, count``, imported
+    with its repeated names made unique by position."""
+
+    def init(self, handle: Any) -> None:
+        self.agg = handle.getValueState("agg", "count long, sum long, sum_2 double, count_3 long")
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Iterator[tuple[Any, ...]]:
+        n, s, avg_sum, avg_n = self.agg.get() or (0, 0, 0.0, 0)
+        for r in rows:
+            n, s, avg_sum, avg_n = n + 1, s + r["value"], avg_sum + r["value"], avg_n + 1
+        self.agg.update((n, s, avg_sum, avg_n))
+        yield (key[0], n, s, avg_sum / avg_n)
+
+
 @dataclass(frozen=True)
 class Flavour:
     name: str
@@ -110,6 +125,12 @@ def _agg(df: Any) -> Any:
     from pyspark.sql import functions as sf
 
     return df.groupBy("user").agg(sf.count("*").alias("n"), sf.sum("value").alias("s"))
+
+
+def _aggs(df: Any) -> Any:
+    from pyspark.sql import functions as sf
+
+    return df.groupBy("user").agg(sf.count("*").alias("n"), sf.sum("value").alias("s"), sf.avg("value").alias("a"))
 
 
 def _group_state(df: Any) -> Any:
@@ -129,6 +150,14 @@ FLAVOURS = {
         "aggregation",
         _agg,
         lambda root, sink: StatefulOperator(root, "op", "user", AggLike(), OUT, num_partitions=2, sink=sink),
+        {"agg": None},
+    ),
+    "aggregations": Flavour(
+        "aggregations",
+        _aggs,
+        lambda root, sink: StatefulOperator(
+            root, "op", "user", AggsLike(), f"{OUT}, a double", num_partitions=2, sink=sink
+        ),
         {"agg": None},
     ),
     "applyInPandasWithState": Flavour(
@@ -346,6 +375,11 @@ def test_aggregation_moves_over_exactly_once_after_a_failed_import(spark_rocksdb
     move_over(spark_rocksdb, tmp_path, FLAVOURS["aggregation"], fail_first=True, via_cli=True)
 
 
+def test_several_aggregations_with_repeated_buffer_names_move_over(spark_rocksdb: Any, tmp_path: Path) -> None:
+    """count(*), sum and avg buffer as ``count, sum, sum, count``: imported (not refused as duplicate fields)."""
+    move_over(spark_rocksdb, tmp_path, FLAVOURS["aggregations"])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("flavour", ["applyInPandasWithState", "transformWithStateInPandas"])
 def test_stateful_functions_move_over_exactly_once(spark_rocksdb: Any, tmp_path: Path, flavour: str) -> None:
@@ -429,3 +463,166 @@ def test_the_writer_stores_each_kind_and_the_timers_as_the_state_api_reads_them(
     ctx.set_key(("b",))
     assert total.get() == (1, 3) and list(handle.listTimers()) == [1_000] and not recent.exists()
     again.close()
+
+
+def test_an_earlier_batch_with_a_continuation_is_refused_before_any_job(spark: Any, tmp_path: Path) -> None:
+    """The copied progress continues after the last committed batch: with the state of an earlier one the
+    statekeeper query would skip the batches between (it failed only at its first batch, after the import)."""
+    ckpt = tmp_path / "spark-ckpt"
+    (ckpt / "commits").mkdir(parents=True)
+    for name in ("0", "1", ".1.crc", "²"):  # "²" passes str.isdigit(), not int()
+        (ckpt / "commits" / name).write_text("v1\n{}")
+    root, continued = (tmp_path / "state").as_uri(), tmp_path / "continued"
+    with pytest.raises(ConfigurationError, match=r"batch_id 0 with a continuation.*committed batches up to 1"):
+        import_spark_state(spark, str(ckpt), root, "op", batch_id=0, continuation_checkpoint=str(continued))
+    assert not continued.exists() and not (tmp_path / "state").exists()
+
+
+def test_a_hostile_progress_tree_is_refused_and_a_failed_copy_commits_nothing(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A symlink in the Spark checkpoint's progress is refused before any job (its target was copied into the
+    continuation, and an unreadable one failed the copy after the commit, leaving a root that refuses a rerun).
+    The copy comes before the commit record: a copy that fails is removed, and the import runs again."""
+    from statekeeper.store.spark.spark_checkpoint import CheckpointFiles
+
+    all_dir, input_dir, spark_ckpt = tmp_path / "all", tmp_path / "in", tmp_path / "spark-ckpt"
+    write_inputs(all_dir, files=2, rows=40, keys=5, seed=3)
+    stage_files(all_dir, input_dir, range(2))
+    run_spark(spark, FLAVOURS["aggregation"], input_dir, spark_ckpt, CollectingSink())
+    secret = tmp_path / "elsewhere"
+    secret.mkdir()
+    (secret / "credentials").write_text("not Spark's")
+    (spark_ckpt / "offsets" / "evil").symlink_to(secret)
+    root, continued = (tmp_path / "state").as_uri(), tmp_path / "continued"
+    with pytest.raises(ConfigurationError, match="offsets/evil', a symlink"):
+        import_spark_state(spark, str(spark_ckpt), root, "op", continuation_checkpoint=str(continued))
+    assert not continued.exists() and not (tmp_path / "state").exists()
+    (spark_ckpt / "offsets" / "evil").unlink()
+
+    copy = CheckpointFiles.copy_progress
+
+    def half_then_fail(self: Any, target: Any, files: list[str]) -> None:
+        copy(self, target, files[: len(files) // 2])
+        raise OSError("injected: the copy stopped half way")
+
+    monkeypatch.setattr(CheckpointFiles, "copy_progress", half_then_fail)
+    with pytest.raises(SparkImportError, match=r"nothing was committed.*half way"):
+        import_spark_state(spark, str(spark_ckpt), root, "op", continuation_checkpoint=str(continued))
+    assert CommitLog(open_file_manager(root)).latest() == 0
+    assert not continued.exists() or not list(continued.iterdir())
+    monkeypatch.undo()
+
+    def no_commit(*args: Any, **kwargs: Any) -> None:
+        raise OSError("injected: the commit record was not written")
+
+    monkeypatch.setattr("statekeeper.store.spark.spark_import.BatchRecords.commit", no_commit)
+    with pytest.raises(OSError, match="commit record was not written"):
+        import_spark_state(spark, str(spark_ckpt), root, "op", continuation_checkpoint=str(continued))
+    assert CommitLog(open_file_manager(root)).latest() == 0
+    assert not continued.exists() or not list(continued.iterdir()), "the copy goes with the failed commit"
+    monkeypatch.undo()
+    done = import_spark_state(spark, str(spark_ckpt), root, "op", continuation_checkpoint=str(continued))
+    assert done.batch_id == 1 and CommitLog(open_file_manager(root)).latest() == 1
+    copied = sorted(str(p.relative_to(continued)) for p in continued.rglob("*") if p.is_file() and p.suffix != ".crc")
+    assert copied == ["commits/0", "commits/1", "metadata", "offsets/0", "offsets/1", "sources/0/0", "sources/0/1"]
+
+
+def test_a_window_key_is_refused_at_the_start_naming_the_column(spark: Any, tmp_path: Path) -> None:
+    """``groupBy(window(...), "user")`` keys its state by a struct, which statekeeper does not group by: refused
+    before the job (it failed in every task of the job, then again in the statekeeper query)."""
+    from pyspark.sql import functions as sf
+
+    all_dir, input_dir, spark_ckpt = tmp_path / "all", tmp_path / "in", tmp_path / "spark-ckpt"
+    write_inputs(all_dir, files=1, rows=40, keys=5, seed=3)
+    stage_files(all_dir, input_dir, range(1))
+    windowed = Flavour(
+        "window",
+        lambda df: df.groupBy(sf.window(sf.timestamp_millis("value"), "10 minutes"), "user").agg(sf.count("*")),
+        FLAVOURS["aggregation"].statekeeper,
+        {"agg": None},
+    )
+    run_spark(spark, windowed, input_dir, spark_ckpt, CollectingSink())
+    root = (tmp_path / "state").as_uri()
+    with pytest.raises(ConfigurationError, match=r"key column 'window' .* is a struct<start:timestamp,end:timestamp>"):
+        import_spark_state(spark, str(spark_ckpt), root, "op")
+    assert not (tmp_path / "state").exists()
+
+
+def test_a_continuation_of_a_query_with_another_stateful_operator_is_refused(spark: Any, tmp_path: Path) -> None:
+    """``dropDuplicates`` before the aggregation: its state is not imported, and the continuation (no ``state/``)
+    failed only when the statekeeper query started (STREAMING_STATEFUL_OPERATOR_MISSING_STATE_DIRECTORY)."""
+    from pyspark.sql import functions as sf
+
+    all_dir, input_dir, spark_ckpt = tmp_path / "all", tmp_path / "in", tmp_path / "spark-ckpt"
+    write_inputs(all_dir, files=1, rows=40, keys=5, seed=3)
+    stage_files(all_dir, input_dir, range(1))
+    two = Flavour(
+        "dedupe+agg",
+        lambda df: df.dropDuplicates(["user", "value"]).groupBy("user").agg(sf.count("*")),
+        FLAVOURS["aggregation"].statekeeper,
+        {"agg": None},
+    )
+    run_spark(spark, two, input_dir, spark_ckpt, CollectingSink())
+    root, continued = (tmp_path / "state").as_uri(), tmp_path / "continued"
+    with pytest.raises(ConfigurationError, match=r"besides 0 \(stateStoreSave\): 1 \(dedupe\)"):
+        import_spark_state(spark, str(spark_ckpt), root, "op", continuation_checkpoint=str(continued))
+    assert not continued.exists() and not (tmp_path / "state").exists()
+    assert import_spark_state(spark, str(spark_ckpt), root, "op").keys == 5  # the state alone: imported
+
+
+def test_what_spark_cannot_read_of_a_checkpoint_and_a_bad_state_name_are_named_at_the_start(
+    spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A malformed operator metadata or commit log failed with Spark's Py4J stack trace (the command line's too);
+    a stray directory in ``state/`` makes Spark's state-metadata source list no operator, which the error says; a
+    `state_name` statekeeper refuses is refused before the job."""
+    import shutil
+
+    from statekeeper.store.errors import CorruptFileError
+
+    all_dir, input_dir, good = tmp_path / "all", tmp_path / "in", tmp_path / "good"
+    write_inputs(all_dir, files=2, rows=40, keys=5, seed=3)
+    stage_files(all_dir, input_dir, range(2))
+    run_spark(spark, FLAVOURS["aggregation"], input_dir, good, CollectingSink())
+
+    def broken(name: str, path: str, content: str | None) -> str:
+        ckpt = tmp_path / name
+        shutil.copytree(good, ckpt)
+        if content is None:
+            (ckpt / path).mkdir()
+        else:
+            (ckpt / path).write_text(content)
+        return str(ckpt)
+
+    metadata = broken("metadata", "state/0/_metadata/metadata", "v1\n{not json")
+    with pytest.raises(CorruptFileError, match=r"cannot read operator 0: .*JsonParseException.*metadata"):
+        import_spark_state(spark, metadata, (tmp_path / "s1").as_uri(), "op")
+    commit = broken("commit", "commits/1", "garbage")
+    with pytest.raises(CorruptFileError, match=r"commits/1. \[MALFORMED_LOG_FILE\]"):
+        import_spark_state(spark, commit, (tmp_path / "s2").as_uri(), "op")
+    stray = broken("stray", "state/7", None)
+    with pytest.raises(ConfigurationError, match=r"no stateful operator 0 \(.* lists none; state/ holds \['0', '7'\]"):
+        import_spark_state(spark, stray, (tmp_path / "s3").as_uri(), "op")
+    with pytest.raises(ConfigurationError, match="invalid state variable name '__agg'"):  # failed in every task
+        import_spark_state(spark, str(good), (tmp_path / "s5").as_uri(), "op", state_name="__agg")
+    assert not (tmp_path / "s5").exists()
+    argv = ["import-spark-state", "--spark-checkpoint", metadata, "--root", (tmp_path / "s4").as_uri()]
+    assert cli_main([*argv, "--operator", "op"]) != 0
+    assert "JsonParseException" in capsys.readouterr().err
+
+
+def test_a_continuation_occupied_during_the_import_keeps_what_occupies_it(spark: Any, tmp_path: Path) -> None:
+    """Checked empty before the job, written by another import since: the copy is refused, and what the other
+    import copied stays (only a copy of this import's own is removed when it fails)."""
+    from statekeeper.store.spark.spark_import import _Continuation
+
+    ckpt, continued = tmp_path / "spark-ckpt", tmp_path / "continued"
+    (ckpt / "offsets").mkdir(parents=True)
+    (ckpt / "offsets" / "0").write_text("v1\n{}")
+    continuation = _Continuation(str(continued), ["offsets/0"])
+    (continued / "offsets").mkdir(parents=True)
+    (continued / "offsets" / "0").write_text("the other import's")
+    with pytest.raises(ConfigurationError, match="is not empty"):
+        continuation.copy_progress_from(spark, str(ckpt))
+    assert (continued / "offsets" / "0").read_text() == "the other import's"
