@@ -89,8 +89,13 @@ def _key_parts(typ: DataType, what: str, path: str, local_time: bool = False) ->
         encs = [e for e, _ in subs]
         decs = [d for _, d in subs]
         n = len(subs)
+        names = [f.name for f in typ.fields]
 
         def enc_struct(v: Any, out: list[bytes]) -> None:
+            if isinstance(v, dict):  # a struct as PySpark hands it in a key: by field name, not its keys' order
+                if sorted(v) != sorted(names):
+                    raise SchemaError(f"{what}: key {v!r} has fields {sorted(v)}, the schema {typ.simple_string()}")
+                v = [v[name] for name in names]
             if len(v) != n:
                 raise SchemaError(f"{what}: key {v!r} has {len(v)} fields, the schema {typ.simple_string()} has {n}")
             for e, x in zip(encs, v, strict=True):

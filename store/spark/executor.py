@@ -378,15 +378,16 @@ def _timer_key(spec: TaskSpec, schema: pa.Schema) -> Callable[[tuple[Any, ...]],
 
 
 def _frame_key(spec: TaskSpec, schema: pa.Schema) -> Callable[[tuple[Any, ...]], tuple[Any, ...]] | None:
-    """The key transformWithStateInPandas hands handleInputRows and handleInitialState: PySpark takes it from the
-    frame's rows, so a timestamp is a naive ``pandas.Timestamp`` (a ``TIMESTAMP`` a wall time in the session time
-    zone); None where that is the key as it is."""
-    if spec.input_format != "pandas":
+    """The key PySpark's operators hand handleInputRows and handleInitialState, where it is not the key as it is
+    (None): a struct is a ``dict`` (the task keeps it as a ``Row``, which hashes and encodes in field order); and
+    transformWithStateInPandas takes the key from the frame's rows, so a timestamp is a naive ``pandas.Timestamp``
+    (a ``TIMESTAMP`` a wall time in the session time zone)."""
+    types = [schema.field(c).type for c in spec.key_columns]
+    structs = [i for i, t in enumerate(types) if pa.types.is_struct(t)]
+    stamps = [i for i, t in enumerate(types) if pa.types.is_timestamp(t)] if spec.input_format == "pandas" else []
+    if not stamps and not structs:
         return None
-    stamps = [i for i, c in enumerate(spec.key_columns) if pa.types.is_timestamp(schema.field(c).type)]
-    if not stamps:
-        return None
-    timestamp: Any = importlib.import_module("pandas").Timestamp
+    timestamp: Any = importlib.import_module("pandas").Timestamp if stamps else None
     zone = spec.session_time_zone
 
     def key(values: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -395,6 +396,9 @@ def _frame_key(spec: TaskSpec, schema: pa.Schema) -> Callable[[tuple[Any, ...]],
             if out[i] is not None:
                 ts = timestamp(out[i])
                 out[i] = ts if ts.tzinfo is None else ts.tz_convert(zone).tz_localize(None)
+        for i in structs:
+            if out[i] is not None:
+                out[i] = out[i].asDict(recursive=True)
         return tuple(out)
 
     return key

@@ -415,10 +415,11 @@ def groups_of(
     starts = run_starts(data, key_columns)
     names = data.column_names
     key_idx = [names.index(k) for k in key_columns]
+    structs = any(pa.types.is_struct(data.schema.field(i).type) for i in key_idx)
     if input_format == "pandas":
         frame_rows = (frames or PandasSettings()).rows(data)
         at = pa.array(starts, pa.int64())
-        keys = list(zip(*(pylist(data.column(i).take(at)) for i in key_idx), strict=True))
+        keys = list(zip(*(key_values(data.column(i).take(at)) for i in key_idx), strict=True))
         if len(set(keys)) != len(keys):
             on_unsorted()
             order = _group_order(data, key_idx)
@@ -430,7 +431,10 @@ def groups_of(
     columns = [pylist(data.column(n)) for n in names]
     make = functools.partial(tuple.__new__, row_class(tuple(names)))
     rows = list(map(make, zip(*columns, strict=True)))
-    if len(key_idx) == 1:
+    if structs:  # a struct's value in a key is a Row, as PySpark hands it (and hashable, unlike a dict)
+        at = pa.array(starts, pa.int64())
+        keys = list(zip(*(key_values(data.column(i).take(at)) for i in key_idx), strict=True))
+    elif len(key_idx) == 1:
         col = columns[key_idx[0]]
         keys = [(col[s],) for s in starts.tolist()]
     else:
@@ -466,6 +470,21 @@ def pylist(column: pa.Array | pa.ChunkedArray) -> list[Any]:
     return values
 
 
+def key_values(column: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """A grouping-key column's Python values: :func:`pylist`'s, but a struct is a ``Row`` (nested ones too), as
+    PySpark hands a struct in a key."""
+    if not pa.types.is_struct(column.type):
+        return pylist(column)
+    return [_as_row(v, column.type) for v in column.to_pylist()]
+
+
+def _as_row(value: Any, t: pa.DataType) -> Any:
+    if value is None or not pa.types.is_struct(t):
+        return value
+    fields = list(t)
+    return tuple.__new__(row_class(tuple(f.name for f in fields)), [_as_row(value[f.name], f.type) for f in fields])
+
+
 def struct_tuples(column: pa.Array | pa.ChunkedArray) -> list[Any]:
     """Each value of a struct column as a tuple in field order (None where the struct is null), built field by
     field through :func:`pylist` (many times faster than a dict per value from ``to_pylist``); nested structs stay
@@ -491,11 +510,18 @@ def run_starts(table: pa.Table, key_columns: tuple[str, ...]) -> np.ndarray:
     change = np.zeros(n, np.bool_)
     change[0] = True
     for c in key_columns:
-        col = table.column(c)
-        a, b = col.slice(0, n - 1), col.slice(1)
-        differs = pc.or_(pc.fill_null(pc.not_equal(a, b), False), pc.xor(pc.is_null(a), pc.is_null(b)))
-        change[1:] |= differs.to_numpy()
+        for col in _comparable(table.column(c)):
+            a, b = col.slice(0, n - 1), col.slice(1)
+            differs = pc.or_(pc.fill_null(pc.not_equal(a, b), False), pc.xor(pc.is_null(a), pc.is_null(b)))
+            change[1:] |= differs.to_numpy()
     return np.flatnonzero(change)
+
+
+def _comparable(column: pa.ChunkedArray) -> list[pa.ChunkedArray]:
+    """`column`, or for a struct (which Arrow cannot compare) whether it is null and each of its fields'."""
+    if not pa.types.is_struct(column.type):
+        return [column]
+    return [pc.is_null(column), *(leaf for child in column.flatten() for leaf in _comparable(child))]
 
 
 def _group_order(data: pa.Table, key_idx: list[int]) -> tuple[list[int], list[tuple[tuple[Any, ...], int]]]:

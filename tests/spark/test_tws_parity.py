@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
 from statekeeper.store.spark import StatefulOperator
 from tests.spark.tws_processors import (
@@ -167,3 +168,55 @@ def test_pandas_flavour_time_mode_none_initial_state_match_pyspark(spark: Any, t
             sink=sink,
         ),
     )
+
+
+class WindowCount(StatefulProcessor):
+    """Rows per (window, user) key, the window a struct (PySpark hands it in the key as a dict), and its kind."""
+
+    def init(self, handle: Any) -> None:
+        self.n = handle.getValueState("n", "n long")
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
+        from pyspark.sql import Row
+
+        window, user = key
+        n = (self.n.get() or (0,))[0] + sum(1 for _ in rows)
+        self.n.update((n,))
+        yield Row(window=window, user=user, n=n, kind=type(window).__name__)
+
+
+def test_a_struct_key_window_matches_pyspark(spark: Any, tmp_path: Path) -> None:
+    """A grouping key holding a struct (Spark's `window`) reaches the processor as PySpark hands it (a dict), keys
+    its state and goes back out as a struct, as on PySpark's operator (it failed in every task: Arrow cannot compare
+    structs)."""
+    from pyspark.sql import functions as sf
+
+    inputs = tmp_path / "in"
+    _write_files(inputs)
+    out = "window struct<start: timestamp, end: timestamp>, user string, n long, kind string"
+
+    def stream() -> Any:
+        df = spark.readStream.schema(INPUT).option("maxFilesPerTrigger", 1).parquet(str(inputs))
+        return df.withColumn("window", sf.window("ts", "10 seconds"))
+
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+    try:
+        expected = _Collect()
+        _run(
+            stream()
+            .groupBy("window", "user")
+            .transformWithState(WindowCount(), out, "Update", "None")
+            .writeStream.foreachBatch(expected)
+            .option("checkpointLocation", str(tmp_path / "ref-ckpt"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        got = _Collect()
+        op = StatefulOperator(
+            (tmp_path / "state").as_uri(), "windows", ["window", "user"], WindowCount(), out, num_partitions=2, sink=got
+        )
+        _run(op.start(stream(), str(tmp_path / "ckpt"), trigger={"availableNow": True}))
+    finally:
+        spark.conf.unset("spark.sql.streaming.stateStore.providerClass")
+    assert sorted(expected.batches) == list(range(len(FILES)))
+    assert got.batches == expected.batches
