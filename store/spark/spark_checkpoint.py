@@ -389,8 +389,8 @@ def _describe(
     if nested:  # refused here, not by every task of the job after it
         raise ConfigurationError(
             f"grouping key column {nested[0].name!r} of operator {operator_id} of {checkpoint!r} is a "
-            f"{nested[0].dataType.simpleString()} (a window() key is a struct): statekeeper groups by atomic "
-            "columns, so this state is not imported"
+            f"{nested[0].dataType.simpleString()} (a window() key is a struct): the import takes atomic key "
+            "columns only, so this state is not imported"
         )
     marks = watermarks(files, batch)
     return SparkOperatorState(

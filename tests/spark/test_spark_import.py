@@ -529,8 +529,8 @@ def test_a_hostile_progress_tree_is_refused_and_a_failed_copy_commits_nothing(
 
 
 def test_a_window_key_is_refused_at_the_start_naming_the_column(spark: Any, tmp_path: Path) -> None:
-    """``groupBy(window(...), "user")`` keys its state by a struct, which statekeeper does not group by: refused
-    before the job (it failed in every task of the job, then again in the statekeeper query)."""
+    """``groupBy(window(...), "user")`` keys its state by a struct, which the import does not take: refused before
+    the job (it failed in every task of the job)."""
     from pyspark.sql import functions as sf
 
     all_dir, input_dir, spark_ckpt = tmp_path / "all", tmp_path / "in", tmp_path / "spark-ckpt"
