@@ -55,6 +55,15 @@ class DeleteOutcome:
         self.stopped = self.stopped or other.stopped
 
 
+class DeletionFencedError(LeaseLostError):
+    """A lost lease stopped deletions part way (fencing, invariant 15): `outcome` is what went before it was found
+    lost (and in the batches in flight then), so that a report counts every file the run did delete."""
+
+    def __init__(self, lost: LeaseLostError, outcome: DeleteOutcome) -> None:
+        super().__init__(str(lost))
+        self.outcome = outcome
+
+
 class CatalogMarks:
     """What one maintenance run tells the catalog about the files it deletes (thread-safe).
 
@@ -133,7 +142,8 @@ def delete_entries(
 
     A failing request stops the batches not yet started; what went and what failed is in the outcome
     (`stopped` tells the caller to skip dependent steps). A lost lease (`check` raising `LeaseLostError`,
-    the fencing of invariant 15) stops them too and is raised once the batches in flight are done.
+    the fencing of invariant 15) stops them too and is raised once the batches in flight are done, as a
+    `DeletionFencedError` holding what went before.
     """
     validate_deletable(entries)
     outcome = DeleteOutcome()
@@ -164,20 +174,23 @@ def delete_entries(
     else:
         futures: list[Future[DeleteResult | str]] = [pool.submit(run, b) for b in batches]
         results = [f.result() for f in futures]
-    if lost:
-        raise lost[0]
     for r in results:
         if isinstance(r, str):
             outcome.errors.append(r)
             continue
         outcome.deleted.extend(by_path[p] for p in r.deleted if p in by_path)
         outcome.errors.extend(f"cannot delete {p}: {why}" for p, why in sorted(r.errors.items()))
+    if lost:
+        raise DeletionFencedError(lost[0], outcome)
     abort = getattr(fm, "abort_incomplete_upload", None)
     for e in uploads:
         if stop.is_set():
             break
         if check is not None:
-            check()  # a lost lease is raised
+            try:
+                check()
+            except LeaseLostError as err:
+                raise DeletionFencedError(err, outcome) from None
         try:
             if not callable(abort):
                 raise ConfigurationError("the checkpoint backend has no multipart uploads")
@@ -226,15 +239,32 @@ class Deleter:
         manifests = [e for e in entries if e.kind == MANIFEST]
         ssts = [e for e in entries if e.kind == SST]
         rest = [e for e in entries if e.kind not in (MANIFEST, SST)]
-        first = self._delete(manifests, check, mark_expired=False)
-        outcome.merge(first)
-        if first.stopped:
-            outcome.errors.append(f"kept {len(ssts)} SST file(s): a manifest could not be deleted")
-            outcome.stopped = True
-        else:
-            outcome.merge(self._delete(ssts, check, mark_expired=False))
-        outcome.merge(self._delete(rest, check, mark_expired=False))
+        try:
+            first = self._delete(manifests, check, mark_expired=False)
+            outcome.merge(first)
+            if first.stopped:
+                outcome.errors.append(f"kept {len(ssts)} SST file(s): a manifest could not be deleted")
+                outcome.stopped = True
+            else:
+                outcome.merge(self._delete(ssts, check, mark_expired=False))
+            outcome.merge(self._delete(rest, check, mark_expired=False))
+        except DeletionFencedError as e:  # what the earlier steps deleted went all the same
+            outcome.merge(e.outcome)
+            raise DeletionFencedError(e, outcome) from None
         return outcome
+
+    def delete_fenced(
+        self, entries: Sequence[FileEntry], check: Callable[[], None] | None = None, *, in_order: bool = False
+    ) -> DeleteOutcome:
+        """`delete` (`delete_in_order` with `in_order`), a lost lease an error of the outcome instead of raised:
+        what went before it was found lost is in the outcome, and nothing more goes."""
+        try:
+            return self.delete_in_order(entries, check) if in_order else self.delete(entries, check)
+        except DeletionFencedError as e:
+            if str(e) not in e.outcome.errors:  # a batch that found it lost named it already
+                e.outcome.errors.append(str(e))
+            e.outcome.stopped = True
+            return e.outcome
 
     def _delete(
         self, entries: Sequence[FileEntry], check: Callable[[], None] | None, *, mark_expired: bool
@@ -247,9 +277,12 @@ class Deleter:
             out = delete_entries(
                 self.fm, entries, batch_size=self.settings.delete_batch_size, pool=self.pool, check=check
             )
-        except BaseException:
+        except BaseException as e:
+            went = e.outcome.deleted if isinstance(e, DeletionFencedError) else []
             if self.inventory is not None:
-                self.inventory.deleted(entries, (), failed=True)
+                self.inventory.deleted(entries, went, failed=True)
+            if self.marks is not None and went:
+                self.marks.deleted(went)
             raise
         if self.inventory is not None:
             self.inventory.deleted(entries, out.deleted, failed=bool(out.errors))
@@ -323,6 +356,7 @@ __all__ = [
     "CatalogMarks",
     "DeleteOutcome",
     "Deleter",
+    "DeletionFencedError",
     "catalog_marks",
     "delete_entries",
     "each_store",

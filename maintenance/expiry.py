@@ -73,7 +73,6 @@ def expire_versions(
         inv = inventory or scan_under_leases(fm, settings, catalog, progress=progress, stores=wanted)
         prove_bases(fm, inv, wanted if wanted is not None else inv.store_ids(), settings)
         root, plans = plan_deletions(inv, settings, wanted, report)
-        root_expired = [*root.expired_batches, *root.expired_commits]  # commit records last
         for p in plans:
             if p.latest is not None and p.retain_from is not None:
                 report.retained_versions += p.latest - p.retain_from + 1
@@ -85,6 +84,7 @@ def expire_versions(
         todo = [p for p in todo if p.store not in corrupt]
         if corrupt:  # the floor counted those bases: keep the commit records below them too
             root.expired_commits = []
+        root_expired = [*root.expired_batches, *root.expired_commits]  # commit records last
         if dry_run:
             for p in todo:
                 _account(report, str(p.store), p.expired, "would delete")
@@ -108,9 +108,9 @@ def expire_versions(
                     report.error(f"store {p.store}: {text}")
             with root_files_lease(fm, settings, catalog) if root_expired else nullcontext() as lease:
                 if lease is not None:  # None: another maintainer holds the root's files and deletes them
-                    out = deleter.delete(root.expired_batches, lease.check)
+                    out = deleter.delete_fenced(root.expired_batches, lease.check)
                     if not out.errors:  # a commit record outlives the batch file of its version
-                        out.merge(deleter.delete(root.expired_commits, lease.check))
+                        out.merge(deleter.delete_fenced(root.expired_commits, lease.check))
                     _account(report, None, out.deleted, "deleted")
                     for text in out.errors:
                         report.error(text)
@@ -144,7 +144,7 @@ def _expire_store(deleter: Deleter, inv: Inventory, store: StoreId, catalog: Cat
         corrupt = base_problem(fm, plan, manifests, work_dir=settings.work_dir) if plan.expired else None
         if corrupt is not None:
             return DeleteOutcome(errors=[corrupt], stopped=True)
-        return deleter.delete_in_order(plan.expired, lease.check)
+        return deleter.delete_fenced(plan.expired, lease.check, in_order=True)
 
 
 def prove_bases(

@@ -80,7 +80,7 @@ def clean_orphans(
                     report.error(f"store {p.store}: {text}")
             with root_files_lease(fm, settings, catalog) if root.orphans and wanted is None else nullcontext() as lease:
                 if lease is not None:  # None: another maintainer holds the root's files and deletes them
-                    out = deleter.delete([e for e, _ in root.orphans], lease.check)
+                    out = deleter.delete_fenced([e for e, _ in root.orphans], lease.check)
                     _account(report, out.deleted, dict(root.orphans), "deleted")
                     for text in out.errors:
                         report.error(text)
@@ -92,7 +92,7 @@ def _clean_store(
 ) -> tuple[DeleteOutcome, dict[FileEntry, str]]:
     with planned_store(inv, store, deleter.settings, catalog) as (plan, lease):
         entries = [e for e, _ in plan.orphans]
-        out = deleter.delete_in_order(entries, lease.check)
+        out = deleter.delete_fenced(entries, lease.check, in_order=True)
         return out, dict(plan.orphans)
 
 

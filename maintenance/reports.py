@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _NOT_METADATA = frozenset({"kind", "root", "errors", "warnings", "items", "run_id", "dry_run"})
+STATE_FIELDS = frozenset({"retained_versions", "blocked_stores", "kept_in_flight", "foreign_files"})
+"""Numbers that describe the root as a run found it, not work it did: what several runs found together is the
+newest run's number, never their sum (every run of a root finds the same foreign file again)."""
 
 
 @dataclass
@@ -95,12 +98,13 @@ class Report:
             "rows": self.rows(),
         }
 
-    def summary(self) -> str:
+    def done(self) -> str:
+        """What the run did, for `summary`."""
         verb = "would act on" if self.dry_run else "acted on"
-        text = (
-            f"{self.kind} {self.root}: {self.stores} store(s), {verb} {self.files} file(s), "
-            f"{self.bytes:,} bytes in {self.seconds:.2f}s"
-        )
+        return f"{verb} {self.files} file(s), {self.bytes:,} bytes"
+
+    def summary(self) -> str:
+        text = f"{self.kind} {self.root}: {self.stores} store(s), {self.done()} in {self.seconds:.2f}s"
         text += f"; {len(self.errors)} error(s)" if self.errors else ""
         return text + (f"; {len(self.warnings)} warning(s)" if self.warnings else "")
 
@@ -123,6 +127,10 @@ class SnapshotReport(Report):
     ssts_reused: int = 0
     max_chain_length: int = 0
     """Longest chain since a snapshot of any store before this run."""
+
+    def done(self) -> str:
+        # a dry run builds nothing: the files and bytes the builds would write are not known
+        return f"would snapshot {self.candidates}" if self.dry_run else super().done()
 
 
 @dataclass
@@ -243,4 +251,13 @@ def _recorded_in(catalog: Catalog | None, report: Report, orchestrator_run_id: s
             run.details = {k: v for k, v in report.metadata().items() if k not in ("stores", "files", "bytes")}
 
 
-__all__ = ["DeletionReport", "ExpiryReport", "OrphanReport", "Report", "SnapshotReport", "VerifyReport", "recorded"]
+__all__ = [
+    "STATE_FIELDS",
+    "DeletionReport",
+    "ExpiryReport",
+    "OrphanReport",
+    "Report",
+    "SnapshotReport",
+    "VerifyReport",
+    "recorded",
+]

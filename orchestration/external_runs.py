@@ -40,6 +40,7 @@ from dagster import (
     sensor,
 )
 
+from statekeeper.maintenance.reports import STATE_FIELDS
 from statekeeper.orchestration.assets import FOUND_MAX, KINDS, SNAPSHOTS
 from statekeeper.orchestration.checks import chain_check_evaluations, found_max
 from statekeeper.orchestration.config import ENV_EXTERNAL_RUNS_SENSOR, OrchestrationConfig
@@ -57,7 +58,7 @@ MAX_RUNS = 1000
 MAX_PENDING = 100
 """Runs still running that a root's cursor waits for at most (the oldest beyond are given up)."""
 ASSET_OF_KIND = {kind: asset for asset, kind in KINDS.items()}
-NOT_ADDITIVE = frozenset({"retained_versions"})
+NOT_ADDITIVE = STATE_FIELDS
 """Report numbers that are a state, not a count: the newest run's, not the sum."""
 MAXIMA = frozenset({"max_chain_length"})
 """Report numbers that are a maximum: the largest of the runs', not the sum."""

@@ -23,6 +23,7 @@ from typing import Any
 
 from dagster import (
     AssetMaterialization,
+    AssetObservation,
     Config,
     Failure,
     JobDefinition,
@@ -150,7 +151,9 @@ def _maintain(
         out = maintain_root(
             fm, run_id, asset_name, operation, catalog, maintenance, health=asset_name == SNAPSHOTS, **kwargs
         )
-        if out.errors:
+        if out.errors:  # what it did before it failed (files it deleted, snapshots it wrote), its errors named
+            metadata = {**out.metadata, "errors_text": MetadataValue.text("\n".join(out.errors)[:4000])}
+            context.log_event(AssetObservation(asset_key=asset_name, partition=root, metadata=metadata))
             return out.errors
         context.log_event(AssetMaterialization(asset_key=asset_name, partition=root, metadata=out.metadata))
         found = found_max(out.metadata) if asset_name == SNAPSHOTS else found

@@ -411,6 +411,8 @@ def build_checkpoint_sensor(
         ticks: list[RootTick] = []
         events: list[AssetMaterialization | AssetObservation] = []
         notes: list[str] = []
+        waiting = False  # a root whose work waits for the run queued for it
+        unknown = False  # a root the tick could not evaluate: whether it has work is not known
         roots = storage.root_uris()
         pending = pending_sensor_runs(context.instance)
         fleet_pending = pending.get(FLEET_TAG) if config.sensor_fleet_roots else None
@@ -430,6 +432,7 @@ def build_checkpoint_sensor(
                 except (StatekeeperError, CatalogError, OSError) as e:
                     context.log.error("checkpoint sensor: %s: %s", root, e)
                     notes.append(f"{root}: {e}")
+                    unknown = True
                     continue
                 for err in tick.sync_errors:
                     context.log.warning("catalog sync of %s: %s", root, err)
@@ -444,7 +447,8 @@ def build_checkpoint_sensor(
                 work += [f"expiry, bases moved to {', '.join(tick.moved_bases)}"] if tick.moved_bases else []
                 if tick.held:
                     context.log.info("%s: run %s is still queued; later: %s", root, queued, "; ".join(work))
-                    notes.append(f"{root}: waiting for queued run {queued}")
+                    notes.append(f"{root}: waiting for queued run {queued}, then {'; '.join(work)}")
+                    waiting = True
                 if tick.request is not None:
                     context.log.info("requested for %s: %s", root, "; ".join(work))
                     ticks.append(tick)
@@ -454,8 +458,9 @@ def build_checkpoint_sensor(
         if requests:
             return SensorResult(run_requests=requests, asset_events=events, cursor=state.dump())
         reason = "; ".join(notes) if notes else "no new commits"
+        what = "no run requested" if waiting or unknown else "no store crossed the threshold or moved its base"
         return SensorResult(
-            skip_reason=SkipReason(f"no store crossed the threshold or moved its base ({reason})"),
+            skip_reason=SkipReason(f"{what} ({reason})"),
             asset_events=events,
             cursor=state.dump(),
         )

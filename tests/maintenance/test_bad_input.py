@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
+from statekeeper.maintenance import snapshot_checks
 from statekeeper.maintenance.deletion import delete_entries, validate_deletable
 from statekeeper.maintenance.expiry import expire_versions
 from statekeeper.maintenance.file_kinds import CHANGELOG, FileEntry
@@ -249,3 +250,31 @@ def test_inventory_classifies_by_the_exact_layout() -> None:
     assert classify(tmp, temp_listing=True).kind == "temp"
     assert classify("state/agg/00000/changelogs/.notes.tmp", temp_listing=True).kind == "foreign"
     assert classify(tmp).kind == "foreign"  # a temp name in a normal listing (S3) is not ours
+
+
+def test_a_dry_run_over_a_corrupt_base_lists_only_what_expiry_deletes(
+    make_local_history: Callable[..., History], settings: MaintenanceSettings
+) -> None:
+    h = snapshotted_history(make_local_history, settings)
+    bad = h.stores[0]
+    snapshot_checks.forget()  # another maintainer process than the one that built the snapshots:
+    expire_versions(h.fm, settings, dry_run=True)  # it proves the bases (snapshot 9), so expiry may move onto them
+    inv = Inventory.scan(h.fm)
+    manifests = inv.files_of(bad).manifest_data
+    key = max(manifests)
+    older = {f.remote_name for k, m in manifests.items() if k != key for f in m.sst_files}
+    sst = bad.sst(min({f.remote_name for f in manifests[key].sst_files} - older))
+    data = bytearray(h.fm.read_bytes(sst))
+    data[len(data) // 2] ^= 0xFF  # same size, wrong checksum: the proven base is corrupt now
+    clobber(h.root, sst, bytes(data))
+    snapshot_checks.forget()  # a later maintainer process: it has not hashed that SST yet
+    before = all_files(h.root)
+    dry = expire_versions(h.fm, settings, dry_run=True)
+    assert all_files(h.root) == before
+    real = expire_versions(h.fm, settings)
+    gone = sorted(set(before) - set(all_files(h.root)))
+    assert real.blocked_stores == dry.blocked_stores == 1 and commit_path(1) in all_files(h.root)
+    assert sorted(r["path"] for r in real.rows()) == gone
+    assert sorted(r["path"] for r in dry.rows()) == gone, "the dry run lists exactly what the run deletes"
+    assert (real.files, real.bytes, real.commit_records) == (len(gone), sum(before[p] for p in gone), 0)
+    assert (dry.files, dry.bytes, dry.commit_records) == (real.files, real.bytes, real.commit_records)

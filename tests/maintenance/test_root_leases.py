@@ -345,3 +345,41 @@ def test_a_hold_of_a_process_gone_from_this_host_ends_at_once(tmp_path: Path, fa
     finally:
         proc.kill()
         proc.wait(timeout=60)
+
+
+@pytest.mark.parametrize("operation", ["expire", "clean-orphans"])
+def test_a_lease_lost_part_way_reports_every_file_that_went(
+    make_local_history: Callable[..., History],
+    settings: MaintenanceSettings,
+    catalog: Catalog,
+    monkeypatch: pytest.MonkeyPatch,
+    operation: str,
+) -> None:
+    """Fencing stops the deletions of a store whose lease was lost; what went before is in the report (files, bytes,
+    rows) and marked deleted in the catalog, as a run that was not stopped reports it."""
+    from statekeeper.maintenance import leasing
+    from statekeeper.maintenance.catalog_sync import sync_catalog
+
+    h = snapshotted_history(make_local_history, settings)
+    checks = [0]
+    check = leasing._Guard.check
+
+    def lost_after_three(guard: leasing._Guard) -> None:
+        checks[0] += 1
+        if checks[0] > 3:
+            raise LeaseLostError("another maintainer took it over (the test's)")
+        check(guard)
+
+    monkeypatch.setattr(leasing._Guard, "check", lost_after_three)
+    one_by_one = MaintenanceSettings(**{**settings.to_json(), "delete_batch_size": 1, "parallelism": 1})
+    sync_catalog(catalog, h.fm)
+    before = all_files(h.root)
+    op = expire_versions if operation == "expire" else clean_orphans
+    report = op(h.fm, one_by_one, catalog=catalog)
+    gone = sorted(set(before) - set(all_files(h.root)))
+    assert len([p for p in gone if p.startswith("state/")]) == 3, "three of the stores' files went before it was lost"
+    assert not report.ok and sum("took it over" in e for e in report.errors) == 2, "each store's loss named once"
+    assert sorted(r["path"] for r in report.rows() if r["action"] == "deleted") == gone
+    assert (report.files, report.bytes) == (len(gone), sum(before[p] for p in gone))
+    files = catalog.summary(h.fm.root_uri)["files"]
+    assert sum(states.get("deleted", {}).get("files", 0) for states in files.values()) == len(gone)

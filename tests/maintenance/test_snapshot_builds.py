@@ -124,6 +124,7 @@ def test_below_the_threshold_and_dry_run_write_nothing(
     dry = create_snapshots(h.fm, settings, dry_run=True)
     assert dry.candidates == 2 and dry.snapshots == 0
     assert [r["action"] for r in dry.rows()] == ["would snapshot"] * 2
+    assert "would snapshot 2 in" in dry.summary() and "file(s)" not in dry.summary(), "no count of files it cannot know"
     assert all_files(h.root) == before
 
 

@@ -123,3 +123,18 @@ def test_a_loop_that_falls_behind_fails_the_bounded_chain_check(orch: Orch) -> N
     found = checks(tick(orch, None))
     assert not found[CHAINS_BOUNDED].passed and not found[CHAINS].passed
     assert found[CHAINS_BOUNDED].metadata["stores_over_limit"].value == 1
+
+
+def test_numbers_that_describe_the_root_are_the_newest_runs_not_a_sum(orch: Orch) -> None:
+    orch.writer.commit(2)
+    cursor = tick(orch, None).cursor
+    fm = open_file_manager(orch.root)
+    with fm.create("notes/README.txt") as out:  # someone else's file: reported by every run, never deleted
+        out.write(b"not ours")
+    loop_cycle(orch)
+    loop_cycle(orch)
+
+    orphans = by_asset(tick(orch, cursor))[ORPHANS]
+    assert value(orphans, "runs") == 2
+    assert value(orphans, "foreign_files") == 1, "one foreign file under the root, however many runs saw it"
+    assert value(orphans, "kept_in_flight") == 0

@@ -220,3 +220,30 @@ def test_a_fleet_run_and_a_root_run_on_the_same_store_at_once_keep_to_its_lease(
 
 def _files(root: str) -> list[str]:
     return [i.path for i in open_file_manager(root).list("")]
+
+
+def test_a_roots_step_that_failed_part_way_reports_what_it_did(tmp_path: Path, db_url: str) -> None:
+    from statekeeper.maintenance.snapshot_builds import create_snapshots
+
+    fleet = Fleet(tmp_path, db_url)
+    orch = fleet.orch
+    try:
+        fleet.commit(THRESHOLD, fleet.a)
+        fm = open_file_manager(fleet.a)
+        create_snapshots(fm, orch.resources["maintenance"].settings())
+        fleet.commit(RETAIN + 1, fleet.a)
+        with fm.create("state/agg/00001/notes.txt") as out:  # a foreign file: store agg/1 is left untouched
+            out.write(b"not ours")
+        before = {i.path for i in fm.list("")}
+        result = fleet.run(fleet_request({fleet.a: ([], ["agg/0@1"])}, "fleet:part-way", {}), raise_on_error=False)
+        assert not result.success
+        gone = before - {i.path for i in fm.list("")}
+        assert gone and not any(p.startswith("state/agg/00001/") for p in gone), "agg/0 was expired all the same"
+        (record,) = orch.instance.fetch_observations(AssetKey(RETAINED), limit=5).records
+        seen = record.asset_observation
+        assert seen is not None and record.run_id == result.run_id
+        assert seen.asset_key == AssetKey(RETAINED) and seen.partition == fleet.a
+        assert seen.metadata["files"].value == len(gone), "the files the step deleted before it failed"
+        assert seen.metadata["blocked_stores"].value == 1 and "notes.txt" in str(seen.metadata["errors_text"].value)
+    finally:
+        fleet.close()

@@ -334,6 +334,7 @@ def test_no_second_run_while_the_sensors_run_of_the_root_is_queued(orch: Orch, s
     orch.writer.commit(THRESHOLD)  # crossings at 2 * THRESHOLD (the snapshot has not run)
     held = tick(orch, first.cursor)
     assert not held.run_requests and held.skip_reason is not None and queued.run_id in str(held.skip_reason)
+    assert "no store crossed" not in str(held.skip_reason) and f"agg/0@{2 * THRESHOLD}" in str(held.skip_reason)
     assert SensorCursor.parse(held.cursor).roots[orch.root].requested == {"agg/0": THRESHOLD, "agg/1": THRESHOLD}
     orch.instance.report_run_canceled(queued)  # it left the queue (a start does too)
     later = tick(orch, held.cursor)
