@@ -194,32 +194,16 @@ class TwsTester:
 
     def setProcessingTime(self, currentTimeMs: int) -> Any:
         """Move the processing time forward: a micro-batch without input (timers due fire, TTL rows expire)."""
-        if self._mode is not TimeMode.PROCESSING_TIME:
-            raise PySparkValueError(
-                errorClass="UNSUPPORTED_OPERATION",
-                messageParameters={"operation": "setProcessingTime with TimeMode other than ProcessingTime"},
-            )
-        if currentTimeMs <= self._processingTimeMs:
-            raise IllegalArgumentException(
-                message=f"Processing time must move forward. Current: {self._processingTimeMs} ms, provided: "
-                f"{currentTimeMs} ms."
-            )
-        self._processingTimeMs = self._ctx.now_ms = int(currentTimeMs)
+        self._processingTimeMs = self._ctx.now_ms = _forward(
+            self._mode, TimeMode.PROCESSING_TIME, "Processing time", self._processingTimeMs, currentTimeMs
+        )
         return self._run(None, None)
 
     def setWatermark(self, currentWatermarkMs: int) -> Any:
         """Move the watermark forward: a micro-batch without input (event-time timers due fire)."""
-        if self._mode is not TimeMode.EVENT_TIME:
-            raise PySparkValueError(
-                errorClass="UNSUPPORTED_OPERATION",
-                messageParameters={"operation": "setWatermark with TimeMode other than EventTime"},
-            )
-        if currentWatermarkMs <= self._watermarkMs:
-            raise IllegalArgumentException(
-                message=f"Watermark must move forward. Current: {self._watermarkMs} ms, provided: "
-                f"{currentWatermarkMs} ms."
-            )
-        self._watermarkMs = int(currentWatermarkMs)
+        self._watermarkMs = _forward(
+            self._mode, TimeMode.EVENT_TIME, "Watermark", self._watermarkMs, currentWatermarkMs
+        )
         return self._run(None, None)
 
     def close(self) -> None:
@@ -395,6 +379,20 @@ class TesterHandle:
 def _key_type(key: Any) -> DataType:
     """The grouping key's type, from its first value (None: string -- the only hint there is)."""
     return atomic("string") if key is None else infer(key, "the grouping key")
+
+
+def _forward(mode: TimeMode, needs: TimeMode, what: str, current: int, new: int) -> int:
+    """`new`, checked as PySpark's tester checks a time it is given: only in its time mode, and only forward."""
+    if mode is not needs:
+        setter = "setProcessingTime" if needs is TimeMode.PROCESSING_TIME else "setWatermark"
+        other = "ProcessingTime" if needs is TimeMode.PROCESSING_TIME else "EventTime"
+        raise PySparkValueError(
+            errorClass="UNSUPPORTED_OPERATION",
+            messageParameters={"operation": f"{setter} with TimeMode other than {other}"},
+        )
+    if new <= current:
+        raise IllegalArgumentException(message=f"{what} must move forward. Current: {current} ms, provided: {new} ms.")
+    return int(new)
 
 
 def _close(store: StateStore, tmp: tempfile.TemporaryDirectory[str]) -> None:
