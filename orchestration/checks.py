@@ -12,7 +12,7 @@
   materialization) nor after: maintenance is not keeping up (error). Evaluated after the run alone, it
   would see the chains the run had just reset and pass while the stores replayed far more.
 - ``no_orphans_past_grace`` (on ``orphan_cleanup``): a dry run of orphan cleanup finds no orphan older
-  than the grace period.
+  than the grace period, and could look everywhere (a store it could not look into fails the check).
 """
 
 import warnings
@@ -224,10 +224,14 @@ def build_checks(partitions: PartitionsDefinition) -> list[AssetChecksDefinition
                 )
             values = report.metadata()
             files = int(values.get("files", 0))
+            errors = report_errors(report)
             md = numeric(values)
             md["orphans_past_grace"] = MetadataValue.int(files)
+            md["errors"] = MetadataValue.int(len(errors))
             md["details"] = table(report.rows())
-            return AssetCheckResult(passed=files == 0, metadata=md, severity=AssetCheckSeverity.WARN)
+            if errors:  # a store the dry run could not look into (blocked, leased) may hold orphans it did not count
+                md["first_errors"] = MetadataValue.md("\n".join(f"- {e}" for e in errors[:20]))
+            return AssetCheckResult(passed=files == 0 and not errors, metadata=md, severity=AssetCheckSeverity.WARN)
 
     return [
         retained_versions_loadable,

@@ -176,3 +176,22 @@ def test_snapshot_config_names_stores_and_the_versions_they_were_requested_at() 
 def test_a_bad_store_in_the_snapshot_config_is_named(spec: str) -> None:
     with pytest.raises(ConfigurationError, match=f"invalid store '{spec}'"):
         parse_stores(["agg/1", spec])
+
+
+def test_the_orphan_check_run_alone_fails_where_its_dry_run_could_not_look(orch: Orch) -> None:
+    """A store holding a foreign file is left alone by orphan cleanup, so its orphans go uncounted: the check (run
+    alone, as from the Checks tab) fails naming the file, not passes with 0 orphans beside the error."""
+    from dagster import AssetCheckKey
+
+    orch.writer.commit(2)
+    orch.writer.losing_attempt()
+    orch.writer.commit(1)
+    foreign = "state/agg/00000/changelogs/00000000000000000001_nothex.changelog"
+    with open_file_manager(orch.root).create(foreign) as f:
+        f.write(b"not ours")
+    job = orch.defs.resolve_job_def(JOB_NAMES[ORPHANS]).get_subset(
+        asset_selection=set(), asset_check_selection={AssetCheckKey(AssetKey(ORPHANS), NO_ORPHANS)}
+    )
+    result = job.execute_in_process(partition_key=orch.root, instance=orch.instance, raise_on_error=False)
+    passed, chk = check(result, NO_ORPHANS)
+    assert not passed and chk["errors"] >= 1 and foreign in chk["first_errors"]
