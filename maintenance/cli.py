@@ -3,8 +3,8 @@
 Exit codes: 0 success; 1 the operation found or hit errors (named on stderr and in ``--json``);
 2 bad usage or configuration (nothing was changed; the ``STATEKEEPER_*`` settings, the root, ``--store`` and
 ``--operator`` are checked before any work); 141 stdout was closed early (``| head``). ``--json`` prints one JSON
-document on stdout; a report's errors and warnings go to stderr, once each. ``COMMAND --help`` lists the flags
-that command reads.
+document on stdout (``maintain``: one line per cycle, JSON Lines); a report's errors and warnings go to stderr, once
+each. ``COMMAND --help`` lists the flags that command reads.
 The catalog database comes from ``--db``, else ``STATEKEEPER_DB_URL``, else the embedded SQLite file
 (``$STATEKEEPER_HOME/catalog.db``, migrated on first use); ``--no-catalog`` runs without one (no run is
 recorded; the stores' leases are kept in the checkpoint root either way). Settings default to the
@@ -197,7 +197,9 @@ def _options(*used: str) -> list[_Parser]:
 
 def build_parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
-    common.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    common.add_argument(
+        "--json", action="store_true", help="print one JSON document on stdout (maintain: one line per cycle)"
+    )
     common.add_argument("--db", metavar="URL", help="catalog database URL (default: $STATEKEEPER_DB_URL or SQLite)")
     common.add_argument("-v", "--verbose", action="count", default=0, help="log more (repeat for debug)")
     common.add_argument("--all", action="store_true", help=f"print every row, not the first {MAX_ROWS}")

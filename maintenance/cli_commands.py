@@ -448,7 +448,7 @@ def cmd_maintain(args: argparse.Namespace) -> int:
             "listing_seconds": result.listing_seconds,
             "reports": [r.to_json() for r in result.reports],
         }
-        emit(args, doc, result.summary)
+        emit(args, doc, result.summary, line=True)
         sys.stdout.flush()
         for r in result.reports:
             log_problems(r, warnings=False)

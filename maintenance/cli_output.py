@@ -35,10 +35,11 @@ def row_limit(args: argparse.Namespace) -> int | None:
     return None if getattr(args, "all", False) else MAX_ROWS
 
 
-def emit(args: argparse.Namespace, document: Any, text: Callable[[], str]) -> None:
-    """Print `document` as JSON with ``--json``, else the text `text` builds."""
+def emit(args: argparse.Namespace, document: Any, text: Callable[[], str], *, line: bool = False) -> None:
+    """Print `document` as JSON with ``--json`` (`line`: on one line, a JSON Lines record of a stream such as the
+    maintain loop's cycles), else the text `text` builds."""
     if args.json:
-        json.dump(document, sys.stdout, indent=2, default=str, sort_keys=False)
+        json.dump(document, sys.stdout, indent=None if line else 2, default=str, sort_keys=False)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(text() + "\n")

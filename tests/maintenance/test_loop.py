@@ -61,7 +61,7 @@ def test_the_maintain_command(make_local_history: Callable[..., History], tmp_pa
     ops = ["--retain", "3", "--threshold", "4", "--grace", "0", "--load-grace", "0"]
     home = tmp_path / "home"
     proc = run_cli("maintain", h.root, other.root, *ops, "--every", "0", "--cycles", "2", "--json", home=home)
-    docs = [json.loads(chunk) for chunk in proc.stdout.replace("}\n{", "}\x00{").split("\x00")]
+    docs = [json.loads(line) for line in proc.stdout.splitlines()]  # JSON Lines: one document per cycle
     assert [d["cycle"] for d in docs] == [1, 2]
     assert all(0 < d["listing_seconds"] < d["seconds"] for d in docs), "where a cycle's time went: its listing"
     assert all(r["seconds"] > 0 for d in docs for r in d["reports"]), "... and each operation"
