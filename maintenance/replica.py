@@ -39,7 +39,7 @@ from statekeeper.store.files.read_ahead import ReadAhead
 from statekeeper.store.formats.changelog import ChangelogReader
 from statekeeper.store.formats.snapshot import SnapshotManifest
 from statekeeper.store.layout import StoreId
-from statekeeper.store.load_plan import check_header, check_parent
+from statekeeper.store.load_plan import check_full_state, check_header, check_parent
 from statekeeper.store.loading import ChangelogReplay
 from statekeeper.store.rocks import (
     DEFAULT_CF,
@@ -331,11 +331,8 @@ class Replica:
         check_header(self.store, reader.header, version, checkpoint_id, name)
         if parent_id is not None:
             check_parent(self.store, reader.header, parent_id, name)
-        if full_state and reader.header.lineage:
-            raise LineageError(
-                f"the commit record of version {version} of store {self.store} declares its changelog full-state, "
-                f"but its header extends {reader.header.lineage[0]}: {name}"
-            )
+        if full_state:
+            check_full_state(self.store, reader.header, name)
         reader.check_footer()
         return replay.add(reader)
 

@@ -44,7 +44,7 @@ from statekeeper.store.files.base import FileInfo
 from statekeeper.store.formats.changelog import read_header
 from statekeeper.store.formats.snapshot import SnapshotManifest, SstFile
 from statekeeper.store.layout import StoreId
-from statekeeper.store.load_plan import check_header
+from statekeeper.store.load_plan import check_full_state, check_header
 from statekeeper.store.snapshot import file_sha256, restore_snapshot
 from statekeeper.store.snapshot_content import check_restored
 
@@ -357,13 +357,9 @@ def full_state_problem(fm: CheckpointFileManager, store: StoreId, base: tuple[in
         with fm.open(path) as f:
             header = read_header(f, name)
         check_header(store, header, *base, name)
+        check_full_state(store, header, name)
     except (StatekeeperError, OSError) as e:
-        return f"the full-state changelog {name} cannot be read ({e}); expiry keeps the changelogs below it"
-    if header.lineage:
-        return (
-            f"the commit record of version {base[0]} declares the changelog {name} full-state, but its header "
-            f"names a lineage from {header.lineage[0]}; expiry keeps the changelogs a load replays below it"
-        )
+        return f"{e}; expiry keeps the changelogs a load replays below it"
     return None
 
 

@@ -39,7 +39,7 @@ from statekeeper.store.errors import CheckpointError, LineageError, StatekeeperE
 from statekeeper.store.files import CheckpointFileManager
 from statekeeper.store.formats.changelog import ChangelogReader, Lineage
 from statekeeper.store.layout import StoreId
-from statekeeper.store.load_plan import check_header, fall_back, resolve_load_plan
+from statekeeper.store.load_plan import check_full_state, check_header, fall_back, resolve_load_plan
 from statekeeper.store.snapshot import file_sha256
 from statekeeper.store.state_store import StateStore, StoreConfig
 
@@ -329,8 +329,8 @@ def _verify_changelog(
         check_header(store, h, version, cid, name)
         if version > 1 and h.lineage and h.lineage[0][0] != version - 1:
             raise LineageError(f"changelog lineage does not start at version {version - 1}: {name}")
-        if version > 1 and full_state and h.lineage:
-            raise LineageError(f"the commit record declares a full-state changelog, its header a lineage: {name}")
+        if version > 1 and full_state:
+            check_full_state(store, h, name)
         for u, uid in h.lineage:
             if u in committed and committed[u] != uid:
                 raise LineageError(f"changelog lineage names ({u}, {uid}), which is not the committed attempt: {name}")

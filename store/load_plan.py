@@ -507,6 +507,17 @@ def check_parent(store: StoreId, header: ChangelogHeader, parent_id: str, name: 
         )
 
 
+def check_full_state(store: StoreId, header: ChangelogHeader, name: str) -> None:
+    """Raise `LineageError` unless a changelog its commit record declares full-state (a rescale or rollback wrote
+    it: a chain starts there) names no lineage: the record is a claim, and a changelog of changes replayed from the
+    empty state builds a state without everything before it (expiry, taking it as a base, deletes what it needs)."""
+    if header.lineage:
+        raise LineageError(
+            f"the commit record of version {header.version} of store {store} declares its changelog full-state, but "
+            f"its header extends {header.lineage[0]}: {name}"
+        )
+
+
 __all__ = [
     "CheckpointPlanSource",
     "LoadPlan",
@@ -514,6 +525,7 @@ __all__ = [
     "PlanSource",
     "Ref",
     "SkippedSnapshot",
+    "check_full_state",
     "check_header",
     "check_parent",
     "committed_range",

@@ -42,6 +42,7 @@ from statekeeper.store.load_plan import (
     LoadSource,
     Ref,
     SkippedSnapshot,
+    check_full_state,
     check_header,
     fall_back,
     resolve_load_plan,
@@ -276,13 +277,12 @@ class PlanExecution:
         # commit record to that): its header must say so too, or it holds changes, not the state before them
         from_empty = plan.source is LoadSource.EMPTY and bool(plan.replay) and plan.replay[0][0] > 1
         for reader in read_changelogs(self.fm, self.store_id, plan.replay, self._work, self.config.read_ahead):
-            if from_empty and reader.header.lineage:
-                raise CorruptFileError(
-                    f"replayed from the empty state as its commit record declares a full-state changelog, but its "
-                    f"header extends {reader.header.lineage[0]}",
-                    reader.name,
-                )
-            from_empty = False
+            if from_empty:
+                try:
+                    check_full_state(self.store_id, reader.header, reader.name)
+                except LineageError as e:  # the load's error for a file that is not what it claims
+                    raise CorruptFileError(str(e), reader.name) from None
+                from_empty = False
             records += replay.add(reader)
         replay.write()
         if bulk and records:
